@@ -1,0 +1,31 @@
+// chorus::Error — the one exception type for user mistakes and runtime failures.
+// Messages name the op or component, what was given, and what was expected, so a user can fix the
+// call without reading chorus's source. CHORUS_CHECK builds such a message with fmt.
+#pragma once
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace chorus {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error(message) {}
+};
+
+// Throws chorus::Error with a fmt-formatted message. Used by every argument check.
+template <typename... Args>
+[[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {
+  throw Error(fmt::format(format, std::forward<Args>(args)...));
+}
+
+}  // namespace chorus
+
+// CHORUS_CHECK(cond, "op: got {}, expected {}", a, b): throws chorus::Error when cond is false.
+#define CHORUS_CHECK(cond, ...)        \
+  do {                                 \
+    if (!(cond)) ::chorus::fail(__VA_ARGS__); \
+  } while (0)
