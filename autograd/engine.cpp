@@ -1,0 +1,264 @@
+#include "autograd/engine.h"
+
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autograd/grad_mode.h"
+#include "tensor/ops.h"
+
+namespace chorus::autograd {
+namespace {
+
+struct GraphTask {
+  std::vector<std::function<void()>> callbacks;
+};
+thread_local GraphTask* g_current_task = nullptr;
+
+// Sums a gradient that was broadcast in the forward back to the shape it must have.
+Tensor sum_to_shape(const Tensor& g, const Shape& shape) {
+  if (g.sizes() == shape) return g;
+  const int64_t lead = g.dim() - static_cast<int64_t>(shape.size());
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < g.dim(); ++d) {
+    if (d < lead || (shape[d - lead] == 1 && g.size(d) != 1)) dims.push_back(d);
+  }
+  Tensor r = dims.empty() ? g : sum(g, dims, /*keepdim=*/true);
+  if (lead > 0 || r.sizes() != shape) r = r.reshape(shape);
+  return r;
+}
+
+// Makes the gradient for output `nr` of `fn` match its recorded shape, dtype and device.
+Tensor conform(const Tensor& g, const Node& fn, uint32_t nr) {
+  const Node::OutputMeta& meta = const_cast<Node&>(fn).output_meta()[nr];
+  Tensor r = g;
+  if (r.sizes() != meta.shape) {
+    if (!is_expandable_to(meta.shape, r.sizes())) {
+      fail("autograd: {} received a gradient of shape {} for an output of shape {}", fn.name(),
+           shape_str(r.sizes()), shape_str(meta.shape));
+    }
+    r = sum_to_shape(r, meta.shape);
+  }
+  if (r.dtype() != meta.dtype) r = r.to(meta.dtype);
+  if (r.device() != meta.device) r = r.to(meta.device);
+  return r;
+}
+
+struct ReadyOrder {
+  bool operator()(const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) const {
+    // priority_queue pops the largest: AccumulateGrad first, then the highest sequence number.
+    if (a->is_accumulate_grad() != b->is_accumulate_grad()) return b->is_accumulate_grad();
+    return a->sequence_nr() < b->sequence_nr();
+  }
+};
+
+}  // namespace
+
+Engine& Engine::get() {
+  static Engine engine;
+  return engine;
+}
+
+bool Engine::is_running() const { return g_current_task != nullptr; }
+
+void Engine::queue_callback(std::function<void()> callback) {
+  if (g_current_task == nullptr) {
+    fail("Engine::queue_callback: no backward pass is running on this thread; call it from a hook "
+         "that runs during backward()");
+  }
+  g_current_task->callbacks.push_back(std::move(callback));
+}
+
+TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& grad_roots, bool keep_graph,
+                           const std::vector<Edge>& inputs) {
+  // 1. Count, for each node reachable from the roots, how many edges lead into it.
+  std::unordered_map<Node*, int> dependencies;
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> stack;
+  for (const Edge& e : roots) {
+    if (e.valid() && seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
+  }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next_edges()) {
+      if (!e.valid()) continue;
+      ++dependencies[e.fn.get()];
+      if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
+    }
+  }
+
+  // 2. For autograd::grad: only nodes on a path to a captured input need to run, and no leaf
+  //    accumulates.
+  const bool capture_mode = !inputs.empty();
+  std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> capture_at;  // node -> (input_nr, slot)
+  std::unordered_set<Node*> needed;
+  TensorList captured(inputs.size());
+  if (capture_mode) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].valid()) capture_at[inputs[i].fn.get()].emplace_back(inputs[i].input_nr, i);
+    }
+    // A node is needed if a captured node is reachable from it: iterate to a fixed point in reverse
+    // topological order by repeated passes (graphs here are small enough).
+    for (auto& [n, v] : capture_at) needed.insert(n);
+    bool changed = true;
+    while (changed) {
+      changed = false;
+      for (Node* n : seen) {
+        if (needed.count(n)) continue;
+        for (const Edge& e : n->next_edges()) {
+          if (e.valid() && needed.count(e.fn.get())) {
+            needed.insert(n);
+            changed = true;
+            break;
+          }
+        }
+      }
+    }
+  }
+
+  // 3. Seed the input buffers of the roots and run nodes as they become ready.
+  std::unordered_map<Node*, TensorList> buffers;
+  std::unordered_map<Node*, std::shared_ptr<Node>> owners;
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, ReadyOrder> ready;
+  auto add_to_buffer = [&](const Edge& e, Tensor g) {
+    TensorList& buf = buffers[e.fn.get()];
+    if (buf.empty()) buf.resize(e.fn->output_meta().size());
+    Tensor& slot = buf[e.input_nr];
+    slot = slot.defined() ? add(slot, g) : std::move(g);
+    owners.emplace(e.fn.get(), e.fn);
+  };
+  for (size_t i = 0; i < roots.size(); ++i) {
+    if (roots[i].valid()) add_to_buffer(roots[i], grad_roots[i]);
+  }
+  for (const Edge& e : roots) {
+    if (e.valid() && dependencies[e.fn.get()] == 0) {
+      dependencies[e.fn.get()] = -1;  // queued
+      ready.push(e.fn);
+    }
+  }
+
+  GraphTask task;
+  GraphTask* previous_task = g_current_task;
+  g_current_task = &task;
+  NoGradGuard no_grad;
+  try {
+    while (!ready.empty()) {
+      std::shared_ptr<Node> node = ready.top();
+      ready.pop();
+      TensorList grads = std::move(buffers[node.get()]);
+      buffers.erase(node.get());
+      grads.resize(node->output_meta().size());
+      for (size_t i = 0; i < grads.size(); ++i) {
+        const auto& meta = node->output_meta()[i];
+        if (!grads[i].defined()) grads[i] = zeros(meta.shape, {.dtype = meta.dtype, .device = meta.device});
+      }
+      // Tensor hooks of non-leaf outputs see (or replace) the summed gradient.
+      for (auto& [nr, hooks] : node->tensor_hooks()) {
+        auto copy = hooks;
+        for (auto& [id, hook] : copy) {
+          Tensor r = hook(grads[nr]);
+          if (r.defined()) grads[nr] = conform(r, *node, nr);
+        }
+      }
+      if (capture_mode) {
+        auto it = capture_at.find(node.get());
+        if (it != capture_at.end()) {
+          for (auto [nr, slot] : it->second) captured[slot] = grads[nr];
+        }
+        if (!needed.count(node.get()) || node->is_accumulate_grad()) continue;
+      }
+      TensorList input_grads = node->apply(std::move(grads));
+      if (!keep_graph) node->release_saved();
+      auto& edges = node->next_edges();
+      for (size_t i = 0; i < edges.size(); ++i) {
+        const Edge& e = edges[i];
+        if (!e.valid()) continue;
+        if (i < input_grads.size() && input_grads[i].defined()) {
+          add_to_buffer(e, conform(input_grads[i], *e.fn, e.input_nr));
+        }
+        int& deps = dependencies[e.fn.get()];
+        if (--deps == 0) {
+          deps = -1;
+          auto owner = owners.find(e.fn.get());
+          ready.push(owner != owners.end() ? owner->second : e.fn);
+        }
+      }
+    }
+    // Callbacks may queue further callbacks; run until none are left.
+    for (size_t i = 0; i < task.callbacks.size(); ++i) {
+      auto cb = std::move(task.callbacks[i]);
+      cb();
+    }
+  } catch (...) {
+    g_current_task = previous_task;
+    throw;
+  }
+  g_current_task = previous_task;
+  return captured;
+}
+
+namespace {
+
+void make_roots(const TensorList& tensors, const TensorList& grad_tensors, const char* what,
+                std::vector<Edge>& roots, TensorList& grads) {
+  if (!grad_tensors.empty() && grad_tensors.size() != tensors.size()) {
+    fail("{}: got {} tensors but {} gradients; pass one gradient per tensor (or none)", what,
+         tensors.size(), grad_tensors.size());
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    if (!t.defined()) fail("{}: tensor {} is undefined", what, i);
+    if (!t.requires_grad()) {
+      fail("{}: element {} of tensors does not require grad and does not have a grad_fn (shape {}); "
+           "did you forget requires_grad_() on a leaf, or compute it under NoGradGuard?",
+           what, i, shape_str(t.sizes()));
+    }
+    Tensor g = grad_tensors.empty() ? Tensor() : grad_tensors[i];
+    if (!g.defined()) {
+      if (t.numel() != 1) {
+        fail("{}: grad can be implicitly created only for scalar outputs; got a tensor of shape {} — "
+             "pass a gradient of that shape", what, shape_str(t.sizes()));
+      }
+      g = ones_like(t);
+    } else if (g.sizes() != t.sizes()) {
+      fail("{}: gradient of shape {} does not match the tensor's shape {}", what, shape_str(g.sizes()),
+           shape_str(t.sizes()));
+    }
+    roots.push_back(gradient_edge(t));
+    grads.push_back(g);
+  }
+}
+
+}  // namespace
+
+void backward(const TensorList& tensors, const TensorList& grad_tensors, bool retain_graph) {
+  std::vector<Edge> roots;
+  TensorList grads;
+  make_roots(tensors, grad_tensors, "backward", roots, grads);
+  Engine::get().execute(roots, grads, retain_graph);
+}
+
+TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
+                bool retain_graph, bool allow_unused) {
+  std::vector<Edge> roots;
+  TensorList grads;
+  make_roots(outputs, grad_outputs, "autograd::grad", roots, grads);
+  std::vector<Edge> input_edges;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined() || !inputs[i].requires_grad()) {
+      fail("autograd::grad: input {} does not require grad", i);
+    }
+    input_edges.push_back(gradient_edge(inputs[i]));
+  }
+  TensorList result = Engine::get().execute(roots, grads, retain_graph, input_edges);
+  for (size_t i = 0; i < result.size(); ++i) {
+    if (!result[i].defined() && !allow_unused) {
+      fail("autograd::grad: input {} (shape {}) was not used in the graph of the outputs; pass "
+           "allow_unused=true if this is expected", i, shape_str(inputs[i].sizes()));
+    }
+  }
+  return result;
+}
+
+}  // namespace chorus::autograd

@@ -1,0 +1,157 @@
+#include "autograd/node.h"
+
+#include <atomic>
+
+#include "autograd/grad_mode.h"
+#include "tensor/ops.h"
+
+namespace chorus::autograd {
+namespace {
+std::atomic<uint64_t> g_next_sequence_nr{0};
+thread_local bool g_grad_enabled = true;
+}  // namespace
+
+bool GradMode::is_enabled() { return g_grad_enabled; }
+void GradMode::set_enabled(bool enabled) { g_grad_enabled = enabled; }
+
+SavedTensor::SavedTensor(const Tensor& t) {
+  if (t.defined()) {
+    data_ = alias_without_history(t);
+    saved_version_ = t.version();
+  }
+}
+
+Tensor SavedTensor::unpack(const char* op) const {
+  if (data_.defined() && data_.version() != saved_version_) {
+    fail("autograd: one of the variables needed for gradient computation has been modified by an "
+         "inplace operation: a tensor of shape {} saved by {} is at version {}; expected version {} "
+         "instead. Use an out-of-place op, or clone() the tensor before modifying it.",
+         shape_str(data_.sizes()), op, data_.version(), saved_version_);
+  }
+  return data_;
+}
+
+Node::Node(std::string name)
+    : name_(std::move(name)), sequence_nr_(g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
+
+int Node::add_tensor_hook(uint32_t output_nr, TensorHook hook) {
+  int id = next_hook_id_++;
+  tensor_hooks_[output_nr].emplace_back(id, std::move(hook));
+  return id;
+}
+
+void Node::remove_tensor_hook(uint32_t output_nr, int id) {
+  auto it = tensor_hooks_.find(output_nr);
+  if (it == tensor_hooks_.end()) return;
+  auto& v = it->second;
+  std::erase_if(v, [id](const auto& p) { return p.first == id; });
+}
+
+TensorList FunctionNode::apply(TensorList&& grad_outputs) {
+  if (!backward_) {
+    fail("autograd: trying to backward through the graph a second time (or directly access saved "
+         "tensors after they have already been freed) at {}. Saved intermediate values of the graph "
+         "are freed when you call backward(); pass retain_graph=true to backward the first time if "
+         "you need to backward through the graph again.",
+         name());
+  }
+  return backward_(grad_outputs);
+}
+
+AccumulateGrad::AccumulateGrad(const Tensor& leaf) : Node("AccumulateGrad"), leaf_(leaf.impl_ptr()) {
+  add_output(leaf);
+}
+
+Tensor AccumulateGrad::leaf() const {
+  auto impl = leaf_.lock();
+  return impl ? Tensor(impl) : Tensor();
+}
+
+TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
+  Tensor leaf_tensor = leaf();
+  if (!leaf_tensor.defined()) return {};
+  AutogradMeta& meta = leaf_tensor.unsafe_impl()->ensure_autograd_meta();
+  Tensor g = std::move(grad_outputs[0]);
+  // Copy the hook list: a hook may remove itself.
+  auto hooks = meta.hooks;
+  for (auto& [id, hook] : hooks) {
+    Tensor replaced = hook(g);
+    if (replaced.defined()) g = replaced;
+  }
+  if (!meta.grad.defined()) {
+    // Steal the incoming buffer when nothing else refers to it; otherwise keep our own copy so a
+    // later in-place accumulation cannot write into someone else's tensor.
+    bool sole_owner = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
+    meta.grad = sole_owner ? g : g.clone();
+  } else {
+    meta.grad.add_(g);
+  }
+  auto post_hooks = meta.post_accumulate_hooks;
+  for (auto& [id, hook] : post_hooks) hook(leaf_tensor);
+  return {};
+}
+
+bool any_requires_grad(std::initializer_list<const Tensor*> tensors) {
+  if (!GradMode::is_enabled()) return false;
+  for (const Tensor* t : tensors) {
+    if (t != nullptr && t->defined() && t->requires_grad()) return true;
+  }
+  return false;
+}
+
+bool any_requires_grad(const TensorList& tensors) {
+  if (!GradMode::is_enabled()) return false;
+  for (const Tensor& t : tensors) {
+    if (t.defined() && t.requires_grad()) return true;
+  }
+  return false;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  AutogradMeta& meta = t.unsafe_impl()->ensure_autograd_meta();
+  if (meta.grad_fn) return {meta.grad_fn, meta.output_nr};
+  std::shared_ptr<Node> acc = meta.grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t);
+    meta.grad_accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+std::shared_ptr<Node> record(const char* name, const TensorList& inputs, const TensorList& outputs,
+                             BackwardFn backward) {
+  auto node = std::make_shared<FunctionNode>(name, std::move(backward));
+  node->next_edges().reserve(inputs.size());
+  for (const Tensor& in : inputs) node->next_edges().push_back(gradient_edge(in));
+  for (const Tensor& out : outputs) {
+    AutogradMeta& meta = out.unsafe_impl()->ensure_autograd_meta();
+    meta.grad_fn = node;
+    meta.output_nr = node->add_output(out);
+    meta.requires_grad = false;  // a non-leaf requires grad through its grad_fn
+  }
+  return node;
+}
+
+void check_inplace(const Tensor& self, const char* op, bool will_record) {
+  if (GradMode::is_enabled() && self.requires_grad() && self.is_leaf()) {
+    fail("{}: a leaf tensor that requires grad (shape {}) is being used in an in-place operation. "
+         "Wrap the update in NoGradGuard (as optimizers do), or apply the op out of place.",
+         op, shape_str(self.sizes()));
+  }
+  const AutogradMeta* meta = self.unsafe_impl()->autograd_meta();
+  if (will_record && meta != nullptr && meta->is_view) {
+    // Recording on a view would leave its base with a stale history (a silently wrong gradient).
+    fail("{}: in-place modification of a view (shape {}) with an operand that requires grad is not "
+         "supported by chorus's autograd; use the out-of-place op, or clone() the view first.",
+         op, shape_str(self.sizes()));
+  }
+}
+
+void rebase_history(const Tensor& self, const std::shared_ptr<Node>& node) {
+  AutogradMeta& meta = self.unsafe_impl()->ensure_autograd_meta();
+  meta.grad_fn = node;
+  meta.output_nr = 0;
+}
+
+}  // namespace chorus::autograd

@@ -1,0 +1,76 @@
+#include "autograd/ops/common.h"
+
+namespace chorus::ops {
+
+void check_defined(const Tensor& t, const char* op, const char* arg) {
+  if (!t.defined()) fail("{}: argument '{}' is an undefined tensor", op, arg);
+}
+
+void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
+  if (a.device() != b.device()) {
+    fail("{}: expected all tensors on the same device, got {} and {}", op, a.device().str(), b.device().str());
+  }
+}
+
+void check_cpu(const Tensor& t, const char* op) {
+  if (!t.device().is_cpu()) {
+    fail("{}: got a tensor on {}, but this op has no kernel for that device yet", op, t.device().str());
+  }
+}
+
+namespace {
+enum class Category { Bool = 0, Integral = 1, Floating = 2 };
+Category category(DType d) {
+  if (d == DType::Bool) return Category::Bool;
+  return is_floating(d) ? Category::Floating : Category::Integral;
+}
+}  // namespace
+
+DType result_type(const Tensor& a, const Tensor& b) {
+  const bool a0 = a.dim() == 0, b0 = b.dim() == 0;
+  if (a0 == b0) return promote_types(a.dtype(), b.dtype());
+  // One side is 0-d: it decides only if its category is higher.
+  const Tensor& dim_t = a0 ? b : a;
+  const Tensor& zero_t = a0 ? a : b;
+  if (category(zero_t.dtype()) > category(dim_t.dtype())) {
+    return zero_t.dtype();
+  }
+  return dim_t.dtype();
+}
+
+DType result_type(const Tensor& a, const Scalar& b) {
+  Category sc = b.kind() == Scalar::Kind::Bool ? Category::Bool
+                : b.kind() == Scalar::Kind::Int ? Category::Integral
+                                                : Category::Floating;
+  if (sc > category(a.dtype())) return sc == Category::Floating ? DType::Float32 : DType::Int64;
+  return a.dtype();
+}
+
+Tensor cast(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : to_dtype(t, dtype); }
+
+Tensor scalar_to_tensor(const Scalar& value, DType dtype, Device device) {
+  Tensor t = make_tensor({}, dtype, Device::cpu());
+  cpu::fill(t, value);
+  return device.is_cpu() ? t : to_device(t, device);
+}
+
+Tensor new_output(const Shape& shape, DType dtype, Device device) { return make_tensor(shape, dtype, device); }
+
+std::string dtypes_str(const Tensor& a, const Tensor& b) {
+  return fmt::format("{} and {}", dtype_name(a.dtype()), dtype_name(b.dtype()));
+}
+
+Tensor reshaped_result(const Tensor& fresh, const Shape& shape) {
+  return Tensor(std::make_shared<TensorImpl>(fresh.storage(), fresh.storage_offset(), shape,
+                                             contiguous_strides(shape), fresh.dtype()));
+}
+
+void mark_view(const Tensor& out) { out.unsafe_impl()->ensure_autograd_meta().is_view = true; }
+
+Tensor make_view(const Tensor& base, const Shape& sizes, const Strides& strides, int64_t storage_offset) {
+  Tensor v(std::make_shared<TensorImpl>(base.storage(), storage_offset, sizes, strides, base.dtype()));
+  mark_view(v);
+  return v;
+}
+
+}  // namespace chorus::ops

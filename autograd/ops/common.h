@@ -1,0 +1,49 @@
+// Shared helpers of the op layer: argument checks with uniform messages, PyTorch's result-type
+// rules, and moving inputs into the dtype a kernel computes in. Every op uses these, so a given
+// mistake gets the same message from every op.
+#pragma once
+
+#include <string>
+
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "kernels/cpu/kernels.h"
+#include "tensor/ops.h"
+
+namespace chorus::ops {
+
+namespace cpu = ::chorus::kernels::cpu;
+using autograd::SavedTensor;
+
+// Throws naming `op` when t is undefined.
+void check_defined(const Tensor& t, const char* op, const char* arg);
+// Throws naming `op` and both devices when they differ.
+void check_same_device(const Tensor& a, const Tensor& b, const char* op);
+// CPU only until the CUDA backend lands: a CUDA tensor gets a clear error naming the op.
+void check_cpu(const Tensor& t, const char* op);
+
+// Result dtype of a binary op between two tensors, as in PyTorch: a 0-d tensor decides only when
+// its category (bool < integer < float) is higher (int64 tensor + 0-d float64 -> float64;
+// float16 tensor + 0-d float32 -> float16). A Scalar of a higher category gives int64 / float32.
+DType result_type(const Tensor& a, const Tensor& b);
+DType result_type(const Tensor& a, const Scalar& b);
+
+// `t` converted to dtype (no copy when it already is).
+Tensor cast(const Tensor& t, DType dtype);
+// A 0-d tensor holding `value` in `dtype` on `device`.
+Tensor scalar_to_tensor(const Scalar& value, DType dtype, Device device);
+// Allocates an output of `shape`.
+Tensor new_output(const Shape& shape, DType dtype, Device device);
+
+std::string dtypes_str(const Tensor& a, const Tensor& b);
+
+// A fresh, contiguous, history-free result given another shape of the same numel (not a view in
+// the autograd sense: nothing else refers to its storage).
+Tensor reshaped_result(const Tensor& fresh, const Shape& shape);
+
+// Marks `out` as a view (in-place ops on it must not record history).
+void mark_view(const Tensor& out);
+// A view of `base` with new geometry (shares storage, no history).
+Tensor make_view(const Tensor& base, const Shape& sizes, const Strides& strides, int64_t storage_offset);
+
+}  // namespace chorus::ops

@@ -1,0 +1,156 @@
+// Matrix products with PyTorch semantics: mm, bmm, addmm as kernels with backward formulas, and
+// matmul composed from them (1-D promotion, batch broadcasting) so its gradient follows for free.
+#include "autograd/ops/common.h"
+
+namespace chorus {
+namespace {
+
+using namespace ops;
+
+void check_matmul_args(const char* name, const Tensor& a, const Tensor& b) {
+  check_defined(a, name, "input");
+  check_defined(b, name, "mat2");
+  check_same_device(a, b, name);
+  check_cpu(a, name);
+  if (a.dtype() != b.dtype()) {
+    fail("{}: expected both operands to have the same dtype, got {} (shape {}) and {} (shape {})", name,
+         dtype_name(a.dtype()), shape_str(a.sizes()), dtype_name(b.dtype()), shape_str(b.sizes()));
+  }
+  if (a.dtype() == kBool) fail("{}: not implemented for bool tensors", name);
+}
+
+}  // namespace
+
+Tensor mm(const Tensor& a, const Tensor& b) {
+  check_matmul_args("mm", a, b);
+  if (a.dim() != 2 || b.dim() != 2) {
+    fail("mm: expected 2-D tensors, got shapes {} and {}", shape_str(a.sizes()), shape_str(b.sizes()));
+  }
+  if (a.size(1) != b.size(0)) {
+    fail("mm: mat1 and mat2 shapes cannot be multiplied ({}x{} and {}x{})", a.size(0), a.size(1), b.size(0), b.size(1));
+  }
+  const DType cd = compute_dtype(a.dtype());
+  Tensor out = new_output({a.size(0), b.size(1)}, cd, a.device());
+  cpu::gemm(out, cast(a, cd), cast(b, cd), 1.0, 0.0);
+  out = cast(out, a.dtype());
+  if (autograd::any_requires_grad({&a, &b})) {
+    SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(a.requires_grad() ? b : Tensor());
+    const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+    autograd::record("MmBackward", {a, b}, {out}, [sa, sb, need_a, need_b](const TensorList& g) -> TensorList {
+      return {need_a ? mm(g[0], t(sb.unpack("mm"))) : Tensor(), need_b ? mm(t(sa.unpack("mm")), g[0]) : Tensor()};
+    });
+  }
+  return out;
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  check_matmul_args("bmm", a, b);
+  if (a.dim() != 3 || b.dim() != 3) {
+    fail("bmm: expected 3-D tensors, got shapes {} and {}", shape_str(a.sizes()), shape_str(b.sizes()));
+  }
+  if (a.size(0) != b.size(0) || a.size(2) != b.size(1)) {
+    fail("bmm: expected shapes [b, n, m] and [b, m, p], got {} and {}", shape_str(a.sizes()), shape_str(b.sizes()));
+  }
+  const DType cd = compute_dtype(a.dtype());
+  Tensor out = new_output({a.size(0), a.size(1), b.size(2)}, cd, a.device());
+  cpu::bmm(out, cast(a, cd), cast(b, cd));
+  out = cast(out, a.dtype());
+  if (autograd::any_requires_grad({&a, &b})) {
+    SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(a.requires_grad() ? b : Tensor());
+    const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+    autograd::record("BmmBackward", {a, b}, {out}, [sa, sb, need_a, need_b](const TensorList& g) -> TensorList {
+      return {need_a ? bmm(g[0], transpose(sb.unpack("bmm"), 1, 2)) : Tensor(),
+              need_b ? bmm(transpose(sa.unpack("bmm"), 1, 2), g[0]) : Tensor()};
+    });
+  }
+  return out;
+}
+
+Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Scalar& beta, const Scalar& alpha) {
+  check_matmul_args("addmm", a, b);
+  check_defined(bias, "addmm", "self");
+  if (a.dim() != 2 || b.dim() != 2) {
+    fail("addmm: expected 2-D matrices, got shapes {} and {}", shape_str(a.sizes()), shape_str(b.sizes()));
+  }
+  if (a.size(1) != b.size(0)) {
+    fail("addmm: mat1 and mat2 shapes cannot be multiplied ({}x{} and {}x{})", a.size(0), a.size(1), b.size(0), b.size(1));
+  }
+  const Shape out_shape{a.size(0), b.size(1)};
+  if (!is_expandable_to(bias.sizes(), out_shape)) {
+    fail("addmm: bias of shape {} cannot be broadcast to the product's shape {}", shape_str(bias.sizes()), shape_str(out_shape));
+  }
+  if (bias.dtype() != a.dtype()) {
+    fail("addmm: bias has dtype {} but the matrices have {}", dtype_name(bias.dtype()), dtype_name(a.dtype()));
+  }
+  const DType cd = compute_dtype(a.dtype());
+  Tensor out = new_output(out_shape, cd, a.device());
+  const double beta_v = beta.to_double();
+  if (beta_v != 0.0) cpu::copy(out, cast(bias, cd));
+  cpu::gemm(out, cast(a, cd), cast(b, cd), alpha.to_double(), beta_v);
+  out = cast(out, a.dtype());
+  if (autograd::any_requires_grad({&bias, &a, &b})) {
+    SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(a.requires_grad() ? b : Tensor());
+    const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+    const double alpha_v = alpha.to_double();
+    autograd::record("AddmmBackward", {bias, a, b}, {out},
+                     [sa, sb, need_a, need_b, alpha_v, beta_v](const TensorList& g) -> TensorList {
+                       Tensor gs = alpha_v == 1.0 ? g[0] : mul(g[0], alpha_v);
+                       return {beta_v == 1.0 ? g[0] : mul(g[0], beta_v),
+                               need_a ? mm(gs, t(sb.unpack("addmm"))) : Tensor(),
+                               need_b ? mm(t(sa.unpack("addmm")), gs) : Tensor()};
+                     });
+  }
+  return out;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  check_matmul_args("matmul", a, b);
+  const int64_t da = a.dim(), db = b.dim();
+  if (da == 0 || db == 0) {
+    fail("matmul: both arguments need at least 1 dimension, got shapes {} and {}", shape_str(a.sizes()), shape_str(b.sizes()));
+  }
+  auto inner_mismatch = [&](int64_t ka, int64_t kb) {
+    if (ka != kb) {
+      fail("matmul: shapes {} and {} cannot be multiplied (inner sizes {} and {} differ)", shape_str(a.sizes()),
+           shape_str(b.sizes()), ka, kb);
+    }
+  };
+  if (da == 1 && db == 1) {
+    inner_mismatch(a.size(0), b.size(0));
+    return reshape(mm(reshape(a, {1, -1}), reshape(b, {-1, 1})), {});
+  }
+  if (da == 2 && db == 1) {
+    inner_mismatch(a.size(1), b.size(0));
+    return reshape(mm(a, unsqueeze(b, 1)), {a.size(0)});
+  }
+  if (da == 1 && db == 2) {
+    inner_mismatch(a.size(0), b.size(0));
+    return reshape(mm(unsqueeze(a, 0), b), {b.size(1)});
+  }
+  if (da == 2 && db == 2) return mm(a, b);
+  // Batched. A 2-D (or 1-D) right operand folds the batch into the rows: one large GEMM.
+  if (db <= 2) {
+    Tensor bb = db == 1 ? unsqueeze(b, 1) : b;
+    inner_mismatch(a.size(-1), bb.size(0));
+    Shape out_shape(a.sizes().begin(), a.sizes().end() - 1);
+    if (db == 2) out_shape.push_back(bb.size(1));
+    Tensor flat = mm(reshape(a, {-1, a.size(-1)}), bb);
+    return reshape(flat, out_shape);
+  }
+  Tensor aa = da == 1 ? unsqueeze(a, 0) : a;
+  inner_mismatch(aa.size(-1), b.size(-2));
+  const int64_t n = aa.size(-2), m = aa.size(-1), p = b.size(-1);
+  Shape batch_a(aa.sizes().begin(), aa.sizes().end() - 2), batch_b(b.sizes().begin(), b.sizes().end() - 2);
+  Shape batch = broadcast_shapes("matmul", batch_a, batch_b);
+  const int64_t nb = numel_of(batch);
+  Shape ea = batch, eb = batch;
+  ea.insert(ea.end(), {n, m});
+  eb.insert(eb.end(), {m, p});
+  Tensor out = bmm(reshape(expand(aa, ea), {nb, n, m}), reshape(expand(b, eb), {nb, m, p}));
+  Shape out_shape = batch;
+  if (da > 1) out_shape.push_back(n);
+  out_shape.push_back(p);
+  return reshape(out, out_shape);
+}
+
+}  // namespace chorus

@@ -1,0 +1,113 @@
+// Matrix products through Eigen. A strided 2-D view whose columns are contiguous maps as a
+// row-major matrix, one whose rows are contiguous (a transposed view) maps as column-major: either
+// way Eigen's packed GEMM reads it in place, so t() and transpose() never cost a copy. Only views
+// contiguous in neither dim are copied first.
+#include <Eigen/Core>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/parallel.h"
+
+namespace chorus::kernels::cpu {
+namespace {
+
+template <typename T, int Order>
+using MatMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, Eigen::Unaligned,
+                          Eigen::OuterStride<>>;
+
+// Calls f(map) with an Eigen map of the 2-D view at `ptr` (rows x cols, strides rs, cs).
+template <typename T, typename P, typename F>
+void with_map(P* ptr, int64_t rows, int64_t cols, int64_t rs, int64_t cs, const F& f) {
+  using Q = std::remove_const_t<P>;
+  if (cs == 1 || cols == 1) {
+    MatMap<Q, Eigen::RowMajor> m(const_cast<Q*>(ptr), rows, cols, Eigen::OuterStride<>(std::max<int64_t>(rs, cols)));
+    f(m);
+  } else {  // rs == 1 (checked by the caller)
+    MatMap<Q, Eigen::ColMajor> m(const_cast<Q*>(ptr), rows, cols, Eigen::OuterStride<>(std::max<int64_t>(cs, rows)));
+    f(m);
+  }
+}
+
+bool mappable(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  return cs == 1 || rs == 1 || rows == 1 || cols == 1;
+}
+
+Tensor dense(const Tensor& t) {
+  Tensor out = make_tensor(t.sizes(), t.dtype(), t.device());
+  copy(out, t);
+  return out;
+}
+
+// Normalizes a 2-D view's strides for mapping: a size-1 dim may carry any stride.
+void strides_2d(const Tensor& t, int64_t& rs, int64_t& cs) {
+  rs = t.size(0) == 1 ? t.size(1) : t.stride(0);
+  cs = t.size(1) == 1 ? 1 : t.stride(1);
+  if (t.size(1) == 1 && t.size(0) != 1) { cs = 1; }
+}
+
+template <typename T>
+void gemm_typed(const Tensor& c, const Tensor& a, const Tensor& b, T alpha, T beta) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  int64_t ars, acs, brs, bcs, crs, ccs;
+  strides_2d(a, ars, acs);
+  strides_2d(b, brs, bcs);
+  strides_2d(c, crs, ccs);
+  with_map<T>(static_cast<const T*>(a.raw_data_ptr()), m, k, ars, acs, [&](const auto& A) {
+    with_map<T>(static_cast<const T*>(b.raw_data_ptr()), k, n, brs, bcs, [&](const auto& B) {
+      with_map<T>(static_cast<T*>(c.raw_data_ptr()), m, n, crs, ccs, [&](auto& C) {
+        if (k == 0) {
+          if (beta == T(0)) C.setZero();
+          else C *= beta;
+          return;
+        }
+        if (beta == T(0)) {
+          C.noalias() = alpha * (A * B);
+        } else {
+          if (beta != T(1)) C *= beta;
+          C.noalias() += alpha * (A * B);
+        }
+      });
+    });
+  });
+}
+
+}  // namespace
+
+void gemm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, double beta) {
+  Tensor aa = mappable(a.size(0), a.size(1), a.stride(0), a.stride(1)) ? a : dense(a);
+  Tensor bb = mappable(b.size(0), b.size(1), b.stride(0), b.stride(1)) ? b : dense(b);
+  const bool c_ok = mappable(c.size(0), c.size(1), c.stride(0), c.stride(1));
+  Tensor cc = c_ok ? c : dense(c);
+  Eigen::setNbThreads(num_threads());
+  CHORUS_DISPATCH_COMPUTE(c.dtype(), "matmul", [&]<typename T>() {
+    if constexpr (std::is_same_v<T, bool>) {
+      fail("matmul: not defined for bool tensors");
+    } else {
+      gemm_typed<T>(cc, aa, bb, static_cast<T>(alpha), static_cast<T>(beta));
+    }
+  });
+  if (!c_ok) copy(c, cc);
+}
+
+void bmm(const Tensor& c, const Tensor& a, const Tensor& b) {
+  const int64_t batch = a.size(0);
+  const int64_t flops_per = a.size(1) * a.size(2) * b.size(2);
+  auto one = [&](int64_t i) {
+    auto sel = [i](const Tensor& t) {
+      return Tensor(std::make_shared<TensorImpl>(t.storage(), t.storage_offset() + i * t.stride(0),
+                                                 Shape{t.size(1), t.size(2)},
+                                                 Strides{t.stride(1), t.stride(2)}, t.dtype()));
+    };
+    gemm(sel(c), sel(a), sel(b), 1.0, 0.0);
+  };
+  // Many small products: one per thread (Eigen runs single-threaded inside a parallel region).
+  // Few large ones: in sequence, each using every thread inside Eigen.
+  if (batch >= num_threads() && flops_per < (1 << 21)) {
+    parallel_for(0, batch, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) one(i);
+    });
+  } else {
+    for (int64_t i = 0; i < batch; ++i) one(i);
+  }
+}
+
+}  // namespace chorus::kernels::cpu

@@ -1,0 +1,165 @@
+// The elementwise iteration every pointwise CPU kernel uses. Operands are broadcast to one shape
+// (stride 0 on broadcast dims), dims that are contiguous across all operands are merged, and the
+// work is cut into runs along the innermost dim. The inner loop is a template parameter, so the
+// per-element work is inlined and vectorized: no virtual call or std::function per element.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cpu/parallel.h"
+#include "tensor/tensor.h"
+
+namespace chorus::kernels::cpu {
+
+template <int N>
+struct StridedIter {
+  Shape shape;                                 // merged dims, innermost last
+  std::array<char*, N> base{};                 // operand 0 is the output
+  std::array<std::vector<int64_t>, N> stride;  // byte strides per operand per dim
+  int64_t numel = 0;
+};
+
+// Builds the iteration of `operands` (all already broadcastable to `shape`; operand 0 has it).
+template <int N>
+StridedIter<N> make_iter(const Shape& shape, const std::array<const Tensor*, N>& operands) {
+  StridedIter<N> it;
+  it.numel = numel_of(shape);
+  const size_t nd = shape.size();
+  // Broadcast strides in bytes, trailing-aligned.
+  std::array<std::vector<int64_t>, N> strides;
+  for (int k = 0; k < N; ++k) {
+    const Tensor& t = *operands[k];
+    it.base[k] = static_cast<char*>(t.raw_data_ptr());
+    strides[k].assign(nd, 0);
+    const size_t off = nd - t.sizes().size();
+    const int64_t es = static_cast<int64_t>(t.element_size());
+    for (size_t d = 0; d < t.sizes().size(); ++d) {
+      strides[k][d + off] = t.sizes()[d] == 1 ? 0 : t.strides()[d] * es;
+    }
+  }
+  // Merge adjacent dims when every operand steps through them as one; drop size-1 dims.
+  Shape merged;
+  std::array<std::vector<int64_t>, N> mstride;
+  for (size_t d = 0; d < nd; ++d) {
+    if (shape[d] == 1) continue;
+    bool can_merge = !merged.empty();
+    for (int k = 0; k < N && can_merge; ++k) {
+      can_merge = mstride[k].back() == strides[k][d] * shape[d];
+    }
+    if (can_merge) {
+      merged.back() *= shape[d];
+      for (int k = 0; k < N; ++k) mstride[k].back() = strides[k][d];
+    } else {
+      merged.push_back(shape[d]);
+      for (int k = 0; k < N; ++k) mstride[k].push_back(strides[k][d]);
+    }
+  }
+  if (merged.empty()) {  // a single element
+    merged.push_back(1);
+    for (int k = 0; k < N; ++k) mstride[k].push_back(0);
+  }
+  it.shape = std::move(merged);
+  it.stride = std::move(mstride);
+  return it;
+}
+
+// Calls loop(ptrs, inner_strides, n) for runs of the innermost dim covering linear indices
+// [begin, end) of the iteration.
+template <int N, typename Loop>
+void for_each_run(const StridedIter<N>& it, int64_t begin, int64_t end, const Loop& loop) {
+  const int nd = static_cast<int>(it.shape.size());
+  const int64_t inner = it.shape[nd - 1];
+  std::array<int64_t, N> inner_stride;
+  for (int k = 0; k < N; ++k) inner_stride[k] = it.stride[k][nd - 1];
+  // Multi-index of `begin` over the outer dims.
+  std::vector<int64_t> idx(nd, 0);
+  int64_t rem = begin;
+  for (int d = nd - 1; d >= 0; --d) {
+    idx[d] = rem % it.shape[d];
+    rem /= it.shape[d];
+  }
+  std::array<char*, N> ptr;
+  for (int k = 0; k < N; ++k) {
+    ptr[k] = it.base[k];
+    for (int d = 0; d < nd; ++d) ptr[k] += idx[d] * it.stride[k][d];
+  }
+  int64_t pos = begin;
+  while (pos < end) {
+    int64_t n = std::min(inner - idx[nd - 1], end - pos);
+    loop(ptr.data(), inner_stride.data(), n);
+    pos += n;
+    if (pos >= end) break;
+    // Advance to the start of the next run: the innermost index wraps, carry into outer dims.
+    for (int k = 0; k < N; ++k) ptr[k] += (inner - idx[nd - 1]) * inner_stride[k] - inner * inner_stride[k];
+    idx[nd - 1] = 0;
+    for (int d = nd - 2; d >= 0; --d) {
+      ++idx[d];
+      for (int k = 0; k < N; ++k) ptr[k] += it.stride[k][d];
+      if (idx[d] < it.shape[d]) break;
+      for (int k = 0; k < N; ++k) ptr[k] -= it.shape[d] * it.stride[k][d];
+      idx[d] = 0;
+    }
+  }
+}
+
+template <int N, typename Loop>
+void run_parallel(const StridedIter<N>& it, const Loop& loop, int64_t grain = kGrainSize) {
+  parallel_for(0, it.numel, grain,
+               [&](int64_t begin, int64_t end) { for_each_run<N>(it, begin, end, loop); });
+}
+
+// out[i] = f(a[i])
+template <typename Out, typename A, typename F>
+void unary_loop(const StridedIter<2>& it, const F& f) {
+  run_parallel<2>(it, [&](char** p, const int64_t* s, int64_t n) {
+    if (s[0] == sizeof(Out) && s[1] == sizeof(A)) {
+      Out* __restrict o = reinterpret_cast<Out*>(p[0]);
+      const A* __restrict a = reinterpret_cast<const A*>(p[1]);
+      for (int64_t i = 0; i < n; ++i) o[i] = f(a[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        *reinterpret_cast<Out*>(p[0] + i * s[0]) = f(*reinterpret_cast<const A*>(p[1] + i * s[1]));
+      }
+    }
+  });
+}
+
+// out[i] = f(a[i], b[i]), with fast paths for contiguous runs and a broadcast scalar on either side.
+template <typename Out, typename A, typename B, typename F>
+void binary_loop(const StridedIter<3>& it, const F& f) {
+  run_parallel<3>(it, [&](char** p, const int64_t* s, int64_t n) {
+    Out* o = reinterpret_cast<Out*>(p[0]);
+    const A* a = reinterpret_cast<const A*>(p[1]);
+    const B* b = reinterpret_cast<const B*>(p[2]);
+    if (s[0] == sizeof(Out) && s[1] == sizeof(A) && s[2] == sizeof(B)) {
+      for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
+    } else if (s[0] == sizeof(Out) && s[1] == sizeof(A) && s[2] == 0) {
+      const B bv = *b;
+      for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], bv);
+    } else if (s[0] == sizeof(Out) && s[1] == 0 && s[2] == sizeof(B)) {
+      const A av = *a;
+      for (int64_t i = 0; i < n; ++i) o[i] = f(av, b[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        *reinterpret_cast<Out*>(p[0] + i * s[0]) = f(*reinterpret_cast<const A*>(p[1] + i * s[1]),
+                                                     *reinterpret_cast<const B*>(p[2] + i * s[2]));
+      }
+    }
+  });
+}
+
+// out[i] = f(a[i], b[i], c[i])
+template <typename Out, typename A, typename B, typename C, typename F>
+void ternary_loop(const StridedIter<4>& it, const F& f) {
+  run_parallel<4>(it, [&](char** p, const int64_t* s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      *reinterpret_cast<Out*>(p[0] + i * s[0]) = f(*reinterpret_cast<const A*>(p[1] + i * s[1]),
+                                                   *reinterpret_cast<const B*>(p[2] + i * s[2]),
+                                                   *reinterpret_cast<const C*>(p[3] + i * s[3]));
+    }
+  });
+}
+
+}  // namespace chorus::kernels::cpu

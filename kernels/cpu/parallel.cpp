@@ -1,0 +1,23 @@
+#include "kernels/cpu/parallel.h"
+
+#include <atomic>
+#include <thread>
+
+namespace chorus::kernels::cpu {
+namespace {
+std::atomic<int> g_threads{0};  // 0: not set yet, use the hardware's cores
+}
+
+int num_threads() {
+  int t = g_threads.load(std::memory_order_relaxed);
+  if (t > 0) return t;
+  unsigned hw = std::thread::hardware_concurrency();
+  return hw == 0 ? 1 : static_cast<int>(hw);
+}
+
+void set_num_threads(int threads) {
+  g_threads.store(threads, std::memory_order_relaxed);
+  omp_set_num_threads(threads);
+}
+
+}  // namespace chorus::kernels::cpu

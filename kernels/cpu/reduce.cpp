@@ -1,0 +1,287 @@
+// Reductions (sum, prod, max, min over any dims), arg-reductions, and softmax. Every reduction is
+// brought to one of two dense layouts without copying where strides allow:
+//   rows:    out[m] = reduce_r in[m * row_stride + r]   (reduced dims innermost; e.g. sum(-1))
+//   columns: out[m] = reduce_r in[r * col_stride + m]   (kept dims innermost; e.g. sum(0) of a bias
+//            gradient) — vectorized over m, which reads memory in order;
+// anything else is first copied into the row layout.
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <type_traits>
+
+#include "kernels/cpu/convert.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/loops.h"
+
+namespace chorus::kernels::cpu {
+namespace {
+
+Tensor restrided(const Tensor& t, const Shape& sizes, const Strides& strides) {
+  return Tensor(std::make_shared<TensorImpl>(t.storage(), t.storage_offset(), sizes, strides, t.dtype()));
+}
+
+Tensor dense_copy(const Tensor& t) {
+  Tensor out = make_tensor(t.sizes(), t.dtype(), t.device());
+  copy(out, t);
+  return out;
+}
+
+template <typename Acc, ReduceOp Op>
+struct Reducer {
+  static Acc identity() {
+    if constexpr (Op == ReduceOp::Sum) return Acc(0);
+    else if constexpr (Op == ReduceOp::Prod) return Acc(1);
+    else if constexpr (Op == ReduceOp::Max) return std::numeric_limits<Acc>::lowest();
+    else return std::numeric_limits<Acc>::max();
+  }
+  static Acc combine(Acc acc, Acc x) {
+    if constexpr (Op == ReduceOp::Sum) return acc + x;
+    else if constexpr (Op == ReduceOp::Prod) return acc * x;
+    else if constexpr (Op == ReduceOp::Max) {
+      if constexpr (std::is_floating_point_v<Acc>) return (x != x || x > acc) ? x : acc;  // NaN sticks
+      else return x > acc ? x : acc;
+    } else {
+      if constexpr (std::is_floating_point_v<Acc>) return (x != x || x < acc) ? x : acc;
+      else return x < acc ? x : acc;
+    }
+  }
+};
+
+template <typename T, typename Acc, typename Out, ReduceOp Op>
+void reduce_layout(const Tensor& out, const Tensor& in, int64_t M, int64_t R, int64_t sm, int64_t sr) {
+  using Red = Reducer<Acc, Op>;
+  const T* x = static_cast<const T*>(in.raw_data_ptr());
+  Out* o = static_cast<Out*>(out.raw_data_ptr());
+  if (sr == 1 || R == 1) {
+    // Rows. With few rows, split each row across threads and combine the partial results.
+    if (M < num_threads() && R > kGrainSize) {
+      for (int64_t m = 0; m < M; ++m) {
+        const T* row = x + m * sm;
+        const int chunks = num_threads();
+        std::vector<Acc> partial(chunks, Red::identity());
+        parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+          for (int64_t c = c0; c < c1; ++c) {
+            Acc acc = Red::identity();
+            const int64_t lo = R * c / chunks, hi = R * (c + 1) / chunks;
+            for (int64_t r = lo; r < hi; ++r) acc = Red::combine(acc, static_cast<Acc>(row[r]));
+            partial[c] = acc;
+          }
+        });
+        Acc acc = Red::identity();
+        for (Acc p : partial) acc = Red::combine(acc, p);
+        o[m] = static_cast<Out>(acc);
+      }
+      return;
+    }
+    parallel_for(0, M, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(R, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t m = lo; m < hi; ++m) {
+        const T* row = x + m * sm;
+        Acc acc = Red::identity();
+        if constexpr (Op == ReduceOp::Sum && std::is_floating_point_v<Acc>) {
+          // Eight independent partial sums let the compiler vectorize the reduction.
+          Acc lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+          int64_t r = 0;
+          for (; r + 8 <= R; r += 8)
+            for (int j = 0; j < 8; ++j) lanes[j] += static_cast<Acc>(row[r + j]);
+          for (; r < R; ++r) acc += static_cast<Acc>(row[r]);
+          for (int j = 0; j < 8; ++j) acc += lanes[j];
+        } else {
+          for (int64_t r = 0; r < R; ++r) acc = Red::combine(acc, static_cast<Acc>(row[r]));
+        }
+        o[m] = static_cast<Out>(acc);
+      }
+    });
+    return;
+  }
+  // Columns (sm == 1): accumulate row by row into a buffer of M accumulators.
+  parallel_for(0, M, std::max<int64_t>(64, kGrainSize / std::max<int64_t>(R, 1)), [&](int64_t lo, int64_t hi) {
+    std::vector<Acc> acc(static_cast<size_t>(hi - lo), Red::identity());
+    for (int64_t r = 0; r < R; ++r) {
+      const T* row = x + r * sr + lo;
+      for (int64_t m = 0; m < hi - lo; ++m) acc[m] = Red::combine(acc[m], static_cast<Acc>(row[m]));
+    }
+    for (int64_t m = lo; m < hi; ++m) o[m] = static_cast<Out>(acc[m - lo]);
+  });
+}
+
+template <ReduceOp Op>
+void reduce_dispatch(const Tensor& out, const Tensor& in, int64_t M, int64_t R, int64_t sm, int64_t sr) {
+  CHORUS_DISPATCH_COMPUTE(in.dtype(), "reduce", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T>) {
+      // float32 sums and products accumulate in float64; max/min need no extra precision.
+      using Acc = std::conditional_t<(Op == ReduceOp::Sum || Op == ReduceOp::Prod), double, T>;
+      reduce_layout<T, Acc, T, Op>(out, in, M, R, sm, sr);
+    } else if constexpr (Op == ReduceOp::Sum || Op == ReduceOp::Prod) {
+      reduce_layout<T, int64_t, int64_t, Op>(out, in, M, R, sm, sr);
+    } else if constexpr (std::is_same_v<T, bool>) {
+      reduce_layout<T, int, bool, Op>(out, in, M, R, sm, sr);
+    } else {
+      reduce_layout<T, T, T, Op>(out, in, M, R, sm, sr);
+    }
+  });
+}
+
+}  // namespace
+
+void reduce(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<int64_t>& dims) {
+  const int64_t nd = in.dim();
+  std::vector<bool> reduced(nd, false);
+  for (int64_t d : dims) reduced[d] = true;
+  Shape psizes;
+  Strides pstrides;
+  int64_t M = 1, R = 1;
+  for (int64_t d = 0; d < nd; ++d)
+    if (!reduced[d]) { psizes.push_back(in.sizes()[d]); pstrides.push_back(in.strides()[d]); M *= in.sizes()[d]; }
+  for (int64_t d = 0; d < nd; ++d)
+    if (reduced[d]) { psizes.push_back(in.sizes()[d]); pstrides.push_back(in.strides()[d]); R *= in.sizes()[d]; }
+  if (M == 0) return;
+  Tensor src = restrided(in, psizes, pstrides);
+  Strides mr;
+  int64_t sm = 0, sr = 0;
+  const bool viewable = compute_view_strides(psizes, pstrides, {M, R}, mr);
+  if (viewable) {
+    sm = mr[0];
+    sr = mr[1];
+  }
+  const bool rows = viewable && (sr == 1 || R == 1);
+  const bool columns = viewable && !rows && (sm == 1 || M == 1);
+  if (!rows && !columns) {
+    src = dense_copy(src);
+    sm = R;
+    sr = 1;
+  }
+  Tensor dense_out = out.is_contiguous() ? out : make_tensor(out.sizes(), out.dtype(), out.device());
+  switch (op) {
+    case ReduceOp::Sum: reduce_dispatch<ReduceOp::Sum>(dense_out, src, M, R, sm, sr); break;
+    case ReduceOp::Prod: reduce_dispatch<ReduceOp::Prod>(dense_out, src, M, R, sm, sr); break;
+    case ReduceOp::Max: reduce_dispatch<ReduceOp::Max>(dense_out, src, M, R, sm, sr); break;
+    case ReduceOp::Min: reduce_dispatch<ReduceOp::Min>(dense_out, src, M, R, sm, sr); break;
+  }
+  if (!dense_out.is_same(out)) copy(out, dense_out);
+}
+
+namespace {
+// `in` with `dim` moved last, densely copied unless it already is dense in that layout.
+Tensor dim_last_dense(const Tensor& in, int64_t dim, int64_t& M, int64_t& R) {
+  Shape s = in.sizes();
+  Strides st = in.strides();
+  R = s[dim];
+  s.erase(s.begin() + dim);
+  st.erase(st.begin() + dim);
+  s.push_back(in.sizes()[dim]);
+  st.push_back(in.strides()[dim]);
+  M = R == 0 ? 0 : in.numel() / R;
+  Tensor v = restrided(in, s, st);
+  return v.is_contiguous() ? v : dense_copy(v);
+}
+}  // namespace
+
+void arg_reduce(bool is_max, const Tensor& values, const Tensor& indices, const Tensor& in, int64_t dim) {
+  int64_t M, R;
+  Tensor x = dim_last_dense(in, dim, M, R);
+  Tensor vals = values.is_contiguous() ? values : make_tensor(values.sizes(), values.dtype(), values.device());
+  Tensor idx = indices.is_contiguous() ? indices : make_tensor(indices.sizes(), kInt64, indices.device());
+  CHORUS_DISPATCH_COMPUTE(in.dtype(), is_max ? "max" : "min", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    T* pv = vals.data_ptr<T>();
+    int64_t* pi = idx.data_ptr<int64_t>();
+    parallel_for(0, M, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(R, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t m = lo; m < hi; ++m) {
+        const T* row = px + m * R;
+        T best = row[0];
+        int64_t best_i = 0;
+        for (int64_t r = 1; r < R; ++r) {
+          T v = row[r];
+          bool better;
+          if constexpr (std::is_floating_point_v<T>) {
+            if (best != best) break;  // NaN already found: it is the answer
+            better = (v != v) || (is_max ? v > best : v < best);
+          } else {
+            better = is_max ? v > best : v < best;
+          }
+          if (better) { best = v; best_i = r; }
+        }
+        pv[m] = best;
+        pi[m] = best_i;
+      }
+    });
+  });
+  if (!vals.is_same(values)) copy(values, vals);
+  if (!idx.is_same(indices)) copy(indices, idx);
+}
+
+void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) {
+  int64_t M, R;
+  Tensor x = dim_last_dense(in, dim, M, R);
+  Tensor y = make_tensor(x.sizes(), x.dtype(), x.device());
+  CHORUS_DISPATCH_FLOATING(in.dtype(), log ? "log_softmax" : "softmax", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    T* py = y.data_ptr<T>();
+    parallel_for(0, M, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(R, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t m = lo; m < hi; ++m) {
+        const T* row = px + m * R;
+        T* orow = py + m * R;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (int64_t r = 0; r < R; ++r) mx = row[r] > mx ? row[r] : mx;
+        if (mx == -std::numeric_limits<T>::infinity()) mx = 0;  // all -inf: avoid inf - inf
+        double sum = 0;
+        if (log) {
+          for (int64_t r = 0; r < R; ++r) sum += std::exp(row[r] - mx);
+          T lse = mx + static_cast<T>(std::log(sum));
+          for (int64_t r = 0; r < R; ++r) orow[r] = row[r] - lse;
+        } else {
+          for (int64_t r = 0; r < R; ++r) {
+            orow[r] = std::exp(row[r] - mx);
+            sum += orow[r];
+          }
+          T inv = static_cast<T>(1.0 / sum);
+          for (int64_t r = 0; r < R; ++r) orow[r] *= inv;
+        }
+      }
+    });
+  });
+  // y is laid out with dim last; write it back through the matching permuted view of out.
+  Shape s = out.sizes();
+  Strides st = out.strides();
+  s.erase(s.begin() + dim);
+  st.erase(st.begin() + dim);
+  s.push_back(out.sizes()[dim]);
+  st.push_back(out.strides()[dim]);
+  copy(restrided(out, s, st), y);
+}
+
+void softmax_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& out, int64_t dim, bool log) {
+  int64_t M, R;
+  Tensor g = dim_last_dense(grad_out, dim, M, R);
+  Tensor y = dim_last_dense(out, dim, M, R);
+  Tensor gi = make_tensor(g.sizes(), g.dtype(), g.device());
+  CHORUS_DISPATCH_FLOATING(out.dtype(), "softmax_backward", [&]<typename T>() {
+    const T* pg = g.data_ptr<T>();
+    const T* py = y.data_ptr<T>();
+    T* pi = gi.data_ptr<T>();
+    parallel_for(0, M, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(R, 1)), [&](int64_t lo, int64_t hi) {
+      for (int64_t m = lo; m < hi; ++m) {
+        const T* gr = pg + m * R;
+        const T* yr = py + m * R;
+        T* ir = pi + m * R;
+        double acc = 0;
+        if (log) {
+          for (int64_t r = 0; r < R; ++r) acc += gr[r];
+          for (int64_t r = 0; r < R; ++r) ir[r] = gr[r] - std::exp(yr[r]) * static_cast<T>(acc);
+        } else {
+          for (int64_t r = 0; r < R; ++r) acc += static_cast<double>(gr[r]) * yr[r];
+          for (int64_t r = 0; r < R; ++r) ir[r] = yr[r] * (gr[r] - static_cast<T>(acc));
+        }
+      }
+    });
+  });
+  Shape s = grad_in.sizes();
+  Strides st = grad_in.strides();
+  s.erase(s.begin() + dim);
+  st.erase(st.begin() + dim);
+  s.push_back(grad_in.sizes()[dim]);
+  st.push_back(grad_in.strides()[dim]);
+  copy(restrided(grad_in, s, st), gi);
+}
+
+}  // namespace chorus::kernels::cpu

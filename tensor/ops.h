@@ -1,0 +1,202 @@
+// The op API: every tensor operation chorus offers, as free functions in namespace chorus.
+// Each has one entry point (in autograd/ops/) that checks its arguments and throws chorus::Error
+// naming the op and what was given, runs the kernel for the tensors' device, and, when grad mode is
+// on and an input requires grad, records the backward node. Names and semantics follow PyTorch.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/generator.h"
+#include "tensor/tensor.h"
+
+namespace chorus {
+
+// ---------------------------------------------------------------- factories
+Tensor empty(const Shape& shape, const TensorOptions& options = {});
+Tensor zeros(const Shape& shape, const TensorOptions& options = {});
+Tensor ones(const Shape& shape, const TensorOptions& options = {});
+Tensor full(const Shape& shape, const Scalar& value, const TensorOptions& options = {});
+Tensor empty_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, const Scalar& value);
+// [0, end) and [start, end) by step; the dtype defaults to int64 when every bound is an integer.
+Tensor arange(const Scalar& end, std::optional<TensorOptions> options = std::nullopt);
+Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step = 1,
+              std::optional<TensorOptions> options = std::nullopt);
+Tensor linspace(double start, double end, int64_t steps, const TensorOptions& options = {});
+Tensor eye(int64_t n, std::optional<int64_t> m = std::nullopt, const TensorOptions& options = {});
+// Random factories draw from `generator`, or from the default generator (seeded by manual_seed).
+Tensor rand(const Shape& shape, const TensorOptions& options = {}, Generator* generator = nullptr);
+Tensor randn(const Shape& shape, const TensorOptions& options = {}, Generator* generator = nullptr);
+Tensor randint(int64_t low, int64_t high, const Shape& shape,
+               const TensorOptions& options = {.dtype = kInt64}, Generator* generator = nullptr);
+Tensor rand_like(const Tensor& t, Generator* generator = nullptr);
+Tensor randn_like(const Tensor& t, Generator* generator = nullptr);
+// Copies host values into a new tensor (shape defaults to 1-D of the values' length).
+template <typename T>
+Tensor tensor(const std::vector<T>& values, std::optional<Shape> shape = std::nullopt,
+              const TensorOptions& options = {.dtype = dtype_of<T>::value});
+template <typename T>
+Tensor tensor(std::initializer_list<T> values, std::optional<Shape> shape = std::nullopt) {
+  return tensor(std::vector<T>(values), std::move(shape), TensorOptions{.dtype = dtype_of<T>::value});
+}
+Tensor scalar_tensor(const Scalar& value, const TensorOptions& options = {});
+// Wraps memory chorus does not own; `deleter` (optional) runs when the last view is gone.
+Tensor from_blob(void* data, const Shape& shape, const TensorOptions& options = {},
+                 std::function<void(void*)> deleter = nullptr);
+Tensor from_blob(void* data, const Shape& shape, const Strides& strides,
+                 const TensorOptions& options = {}, std::function<void(void*)> deleter = nullptr);
+
+// ---------------------------------------------------------------- views and shape
+Tensor view(const Tensor& t, const Shape& shape);
+Tensor reshape(const Tensor& t, const Shape& shape);
+Tensor permute(const Tensor& t, const std::vector<int64_t>& dims);
+Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1);
+Tensor t(const Tensor& t);  // 2-D transpose (0-D and 1-D returned as they are)
+Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length);
+Tensor slice(const Tensor& t, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> end,
+             int64_t step = 1);
+Tensor select(const Tensor& t, int64_t dim, int64_t index);
+Tensor squeeze(const Tensor& t);
+Tensor squeeze(const Tensor& t, int64_t dim);
+Tensor unsqueeze(const Tensor& t, int64_t dim);
+Tensor expand(const Tensor& t, const Shape& shape);  // -1 keeps a size
+Tensor flatten(const Tensor& t, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor as_strided(const Tensor& t, const Shape& sizes, const Strides& strides,
+                  std::optional<int64_t> storage_offset = std::nullopt);
+Tensor contiguous(const Tensor& t);
+Tensor clone(const Tensor& t);
+Tensor to_dtype(const Tensor& t, DType dtype);
+Tensor to_device(const Tensor& t, Device device);
+Tensor& copy_(Tensor& dst, const Tensor& src);
+Tensor& fill_(Tensor& t, const Scalar& value);
+Tensor& zero_(Tensor& t);
+
+// ---------------------------------------------------------------- elementwise
+// Binary ops broadcast (NumPy rules) and promote dtypes (PyTorch rules: a Scalar only lifts the
+// category, e.g. int tensor * 2.5 -> float32, float16 tensor * 2.0 stays float16).
+Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
+Tensor add(const Tensor& a, const Scalar& b);
+Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
+Tensor sub(const Tensor& a, const Scalar& b);
+Tensor rsub(const Tensor& a, const Scalar& b);  // b - a
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Scalar& b);
+Tensor div(const Tensor& a, const Tensor& b);  // true division: integers divide as floats
+Tensor div(const Tensor& a, const Scalar& b);
+Tensor rdiv(const Tensor& a, const Scalar& b);  // b / a
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor pow(const Tensor& a, const Scalar& exponent);
+Tensor pow(const Tensor& a, const Tensor& exponent);
+Tensor pow(const Scalar& base, const Tensor& exponent);
+
+Tensor neg(const Tensor& t);
+Tensor abs(const Tensor& t);
+Tensor exp(const Tensor& t);
+Tensor log(const Tensor& t);
+Tensor log1p(const Tensor& t);
+Tensor sqrt(const Tensor& t);
+Tensor rsqrt(const Tensor& t);
+Tensor tanh(const Tensor& t);
+Tensor sigmoid(const Tensor& t);
+Tensor relu(const Tensor& t);
+// approximate: "none" (erf form, the default) or "tanh".
+Tensor gelu(const Tensor& t, const std::string& approximate = "none");
+Tensor sin(const Tensor& t);
+Tensor cos(const Tensor& t);
+Tensor clamp(const Tensor& t, std::optional<Scalar> min, std::optional<Scalar> max);
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& condition, const Tensor& a, const Scalar& b);
+
+// Comparisons and logical ops return bool tensors and are not differentiable.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Scalar& b);
+Tensor ne(const Tensor& a, const Scalar& b);
+Tensor lt(const Tensor& a, const Scalar& b);
+Tensor le(const Tensor& a, const Scalar& b);
+Tensor gt(const Tensor& a, const Scalar& b);
+Tensor ge(const Tensor& a, const Scalar& b);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor logical_xor(const Tensor& a, const Tensor& b);
+Tensor logical_not(const Tensor& t);
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
+bool equal(const Tensor& a, const Tensor& b);  // same shape and every element equal
+
+// In-place forms (bump the version counter; record history when autograd needs it).
+Tensor& add_(Tensor& t, const Tensor& other, const Scalar& alpha = 1);
+Tensor& add_(Tensor& t, const Scalar& other);
+Tensor& sub_(Tensor& t, const Tensor& other, const Scalar& alpha = 1);
+Tensor& mul_(Tensor& t, const Tensor& other);
+Tensor& mul_(Tensor& t, const Scalar& other);
+Tensor& div_(Tensor& t, const Tensor& other);
+Tensor& div_(Tensor& t, const Scalar& other);
+Tensor& clamp_(Tensor& t, std::optional<Scalar> min, std::optional<Scalar> max);
+Tensor& masked_fill_(Tensor& t, const Tensor& mask, const Scalar& value);
+
+// ---------------------------------------------------------------- reductions
+// `dims` empty means all dims. Integer and bool inputs sum to int64, as in PyTorch.
+Tensor sum(const Tensor& t, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& t, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor prod(const Tensor& t, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+Tensor var(const Tensor& t, const std::vector<int64_t>& dims = {}, bool unbiased = true,
+           bool keepdim = false);
+Tensor std(const Tensor& t, const std::vector<int64_t>& dims = {}, bool unbiased = true,
+           bool keepdim = false);
+Tensor amax(const Tensor& t, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& t, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor max(const Tensor& t);  // over all elements
+Tensor min(const Tensor& t);
+// Values and int64 indices along one dim (the first index among equal values).
+std::pair<Tensor, Tensor> max(const Tensor& t, int64_t dim, bool keepdim = false);
+std::pair<Tensor, Tensor> min(const Tensor& t, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& t, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+Tensor argmin(const Tensor& t, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+// p-norm (p = 2 default; p = inf for max-abs) over dims.
+Tensor norm(const Tensor& t, double p = 2.0, const std::vector<int64_t>& dims = {},
+            bool keepdim = false);
+Tensor logsumexp(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor softmax(const Tensor& t, int64_t dim);
+Tensor log_softmax(const Tensor& t, int64_t dim);
+
+// ---------------------------------------------------------------- linear algebra
+Tensor matmul(const Tensor& a, const Tensor& b);  // 1-D, 2-D and batched with broadcasting
+Tensor mm(const Tensor& a, const Tensor& b);
+Tensor bmm(const Tensor& a, const Tensor& b);
+// beta * bias + alpha * (a @ b), bias broadcast to [n, m].
+Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Scalar& beta = 1,
+             const Scalar& alpha = 1);
+
+// ---------------------------------------------------------------- joining, indexing
+Tensor cat(const TensorList& tensors, int64_t dim = 0);
+Tensor stack(const TensorList& tensors, int64_t dim = 0);
+TensorList split(const Tensor& t, int64_t split_size, int64_t dim = 0);
+TensorList split(const Tensor& t, const std::vector<int64_t>& split_sizes, int64_t dim = 0);
+TensorList chunk(const Tensor& t, int64_t chunks, int64_t dim = 0);
+Tensor index_select(const Tensor& t, int64_t dim, const Tensor& index);
+Tensor gather(const Tensor& t, int64_t dim, const Tensor& index);
+Tensor scatter(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor scatter(const Tensor& t, int64_t dim, const Tensor& index, const Scalar& value);
+Tensor scatter_add(const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor masked_fill(const Tensor& t, const Tensor& mask, const Scalar& value);
+// t[indices]: an int64 tensor selects along dim 0 (any index shape); a bool mask of t's leading
+// shape selects the true elements (masked_select semantics, 1-D result over the masked dims).
+Tensor index(const Tensor& t, const Tensor& indices);
+Tensor one_hot(const Tensor& labels, int64_t num_classes = -1);
+
+// ---------------------------------------------------------------- threads
+// CPU kernels use this many threads for large tensors (default: the machine's cores).
+void set_num_threads(int threads);
+int get_num_threads();
+
+}  // namespace chorus

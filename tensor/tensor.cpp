@@ -1,0 +1,136 @@
+// Tensor metadata and autograd-metadata accessors. Everything that runs a kernel (copies, views
+// with history, printing, item) is implemented in the op layer, autograd/ops/.
+#include "tensor/tensor.h"
+
+namespace chorus {
+
+TensorImpl::TensorImpl(Storage storage, int64_t storage_offset, Shape sizes, Strides strides,
+                       DType dtype)
+    : storage_(std::move(storage)),
+      storage_offset_(storage_offset),
+      sizes_(std::move(sizes)),
+      strides_(std::move(strides)),
+      dtype_(dtype) {
+  refresh();
+}
+
+void TensorImpl::set_sizes_and_strides(Shape sizes, Strides strides, int64_t storage_offset) {
+  sizes_ = std::move(sizes);
+  strides_ = std::move(strides);
+  storage_offset_ = storage_offset;
+  refresh();
+}
+
+void TensorImpl::refresh() {
+  numel_ = numel_of(sizes_);
+  // Contiguous means row-major dense; dims of size 1 may have any stride (as in PyTorch).
+  is_contiguous_ = true;
+  int64_t expected = 1;
+  for (size_t i = sizes_.size(); i-- > 0;) {
+    if (sizes_[i] == 1) continue;
+    if (strides_[i] != expected) {
+      is_contiguous_ = numel_ == 0;
+      break;
+    }
+    expected *= sizes_[i];
+  }
+}
+
+AutogradMeta& TensorImpl::ensure_autograd_meta() {
+  if (!autograd_) autograd_ = std::make_unique<AutogradMeta>();
+  return *autograd_;
+}
+
+namespace {
+TensorImpl& checked(const std::shared_ptr<TensorImpl>& impl, const char* what) {
+  if (!impl) fail("{}: called on an undefined tensor", what);
+  return *impl;
+}
+const Tensor kUndefined;
+const std::shared_ptr<autograd::Node> kNoNode;
+}  // namespace
+
+const Shape& Tensor::sizes() const { return checked(impl_, "sizes").sizes(); }
+const Strides& Tensor::strides() const { return checked(impl_, "strides").strides(); }
+int64_t Tensor::dim() const { return static_cast<int64_t>(checked(impl_, "dim").sizes().size()); }
+int64_t Tensor::size(int64_t d) const { return sizes()[wrap_dim("size", d, dim())]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim("stride", d, dim())]; }
+int64_t Tensor::numel() const { return checked(impl_, "numel").numel(); }
+int64_t Tensor::storage_offset() const { return checked(impl_, "storage_offset").storage_offset(); }
+DType Tensor::dtype() const { return checked(impl_, "dtype").dtype(); }
+Device Tensor::device() const { return checked(impl_, "device").device(); }
+TensorOptions Tensor::options() const { return {.dtype = dtype(), .device = device()}; }
+size_t Tensor::element_size() const { return chorus::element_size(dtype()); }
+size_t Tensor::nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
+bool Tensor::is_contiguous() const { return checked(impl_, "is_contiguous").is_contiguous(); }
+bool Tensor::is_floating_point() const { return is_floating(dtype()); }
+const Storage& Tensor::storage() const { return checked(impl_, "storage").storage(); }
+void* Tensor::raw_data_ptr() const { return checked(impl_, "data_ptr").data(); }
+
+void Tensor::check_dtype_for_access(DType requested, const char* what) const {
+  if (dtype() != requested) {
+    fail("{}: tensor has dtype {}, but {} was requested", what, dtype_name(dtype()),
+         dtype_name(requested));
+  }
+}
+
+bool Tensor::requires_grad() const {
+  const AutogradMeta* meta = checked(impl_, "requires_grad").autograd_meta();
+  return meta != nullptr && (meta->requires_grad || meta->grad_fn != nullptr);
+}
+
+bool Tensor::is_leaf() const {
+  const AutogradMeta* meta = checked(impl_, "is_leaf").autograd_meta();
+  return meta == nullptr || meta->grad_fn == nullptr;
+}
+
+const Tensor& Tensor::grad() const {
+  const AutogradMeta* meta = checked(impl_, "grad").autograd_meta();
+  return meta ? meta->grad : kUndefined;
+}
+
+Tensor& Tensor::mutable_grad() { return checked(impl_, "mutable_grad").ensure_autograd_meta().grad; }
+
+void Tensor::set_grad(const Tensor& grad) {
+  if (grad.defined() && grad.sizes() != sizes()) {
+    fail("set_grad: gradient has shape {} but the tensor has shape {}", shape_str(grad.sizes()),
+         shape_str(sizes()));
+  }
+  mutable_grad() = grad;
+}
+
+const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
+  const AutogradMeta* meta = checked(impl_, "grad_fn").autograd_meta();
+  return meta ? meta->grad_fn : kNoNode;
+}
+
+uint32_t Tensor::output_nr() const {
+  const AutogradMeta* meta = checked(impl_, "output_nr").autograd_meta();
+  return meta ? meta->output_nr : 0;
+}
+
+uint32_t Tensor::version() const { return storage()->version(); }
+void Tensor::bump_version() const { storage()->bump_version(); }
+
+bool Tensor::retains_grad() const {
+  const AutogradMeta* meta = checked(impl_, "retains_grad").autograd_meta();
+  return meta != nullptr && meta->retains_grad;
+}
+
+Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
+  for (int64_t s : shape) {
+    if (s < 0) fail("empty: negative dimension {} in shape {}", s, shape_str(shape));
+  }
+  size_t nbytes = static_cast<size_t>(numel_of(shape)) * element_size(dtype);
+  auto storage = std::make_shared<StorageImpl>(nbytes, device);
+  return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, shape, contiguous_strides(shape),
+                                             dtype));
+}
+
+Tensor alias_without_history(const Tensor& t) {
+  const TensorImpl& impl = checked(t.impl_ptr(), "detach");
+  return Tensor(std::make_shared<TensorImpl>(impl.storage(), impl.storage_offset(), impl.sizes(),
+                                             impl.strides(), impl.dtype()));
+}
+
+}  // namespace chorus
