@@ -117,6 +117,12 @@ bool Tensor::retains_grad() const {
   return meta != nullptr && meta->retains_grad;
 }
 
+void Tensor::set_data(const Tensor& new_data) const {
+  checked(impl_, "set_data");
+  checked(new_data.impl_ptr(), "set_data");
+  impl_->set_data(*new_data.unsafe_impl());
+}
+
 Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
   for (int64_t s : shape) {
     if (s < 0) fail("empty: negative dimension {} in shape {}", s, shape_str(shape));

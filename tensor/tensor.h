@@ -112,6 +112,9 @@ class Tensor {
   // Leaves only: runs right after .grad was updated by backward (where data parallelism attaches).
   HookHandle register_post_accumulate_grad_hook(std::function<void(Tensor&)> hook) const;
   Tensor detach() const;  // same storage, no history
+  // Makes this tensor (and every handle sharing its impl) hold new_data's storage, geometry and
+  // dtype, keeping its autograd identity: what Module::to() uses so layers' members stay valid.
+  void set_data(const Tensor& new_data) const;
   Tensor& detach_();
 
   // ---- conversion and copies ----
@@ -245,6 +248,11 @@ class TensorImpl {
   AutogradMeta& ensure_autograd_meta();
   void reset_autograd_meta() { autograd_.reset(); }
 
+  void set_data(const TensorImpl& other) {
+    storage_ = other.storage_;
+    dtype_ = other.dtype_;
+    set_sizes_and_strides(other.sizes_, other.strides_, other.storage_offset_);
+  }
   // Used by detach_() and in-place shape changes; keeps the derived fields in sync.
   void set_sizes_and_strides(Shape sizes, Strides strides, int64_t storage_offset);
 

@@ -26,7 +26,9 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
     return;
   }
   int64_t chunks = std::min<int64_t>(threads, (n + grain - 1) / grain);
+#ifdef _OPENMP  // translation units built without -fopenmp (outside kernels/) run chunks in turn
 #pragma omp parallel for num_threads(static_cast<int>(chunks)) schedule(static, 1)
+#endif
   for (int64_t c = 0; c < chunks; ++c) {
     int64_t lo = begin + n * c / chunks;
     int64_t hi = begin + n * (c + 1) / chunks;

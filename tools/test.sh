@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The one test entry point (CI runs it through .ci/run): setup, build everything, run every test
+# this machine can run, and end with one line "N passed, N failed" counting Catch2 test cases.
+# Extra arguments go to `bazel test` (e.g. --test_filter=..., --runs_per_test=3).
+# Exits non-zero when bazel fails (build error, failing test) or any test case failed.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash tools/setup.sh
+
+# Tests tagged "gpu" need a device; without one they are still built (linking included) by
+# `bazel test //...`, just not run.
+filters=()
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  filters=(--test_tag_filters=-gpu)
+fi
+
+output="$(mktemp)"
+trap 'rm -f "$output"' EXIT
+set +e
+# --keep_going: a target that fails to build must not stop every other test from running.
+bazel test //... -c opt --keep_going "${filters[@]}" "$@" 2>&1 | tee "$output"
+bazel_rc=${PIPESTATUS[0]}
+set -e
+
+# --- Count Catch2 test cases ----------------------------------------------------------------
+# Bazel's summary names every test target of this invocation with its status; reading only those
+# targets' logs keeps stale logs (deleted targets, earlier runs) out of the count. A cached PASSED
+# target still has its log from the run that produced the cached result.
+passed=0
+failed=0
+testlogs=bazel-testlogs  # the convenience symlink: this invocation's (-c opt) test logs
+
+# Adds one test log's Catch2 summary to passed/failed; returns 1 when the log has no summary.
+count_log() {
+  local log="$1" line n word rest part parts
+  line="$(grep -E '^All tests passed \(|^test cases: ' "$log" | tail -n 1)" || return 1
+  if [[ "$line" =~ ^All\ tests\ passed\ \([0-9]+\ assertions?\ in\ ([0-9]+)\ test\ cases?\) ]]; then
+    passed=$((passed + BASH_REMATCH[1]))
+    return 0
+  fi
+  # "test cases: 5 | 3 passed | 1 failed | 1 failed as expected" (parts absent when zero).
+  IFS='|' read -ra parts <<<"${line#test cases:}"
+  for part in "${parts[@]:1}"; do
+    read -r n word rest <<<"$part"
+    if [[ "$word" == passed || ( "$word" == failed && "$rest" == "as expected" ) ]]; then
+      passed=$((passed + n))
+    elif [[ "$word" == failed ]]; then
+      failed=$((failed + n))
+    fi
+  done
+}
+
+status_re='^(//[^ ]+:[^ ]+) +(\(cached\) )?(PASSED|FLAKY|FAILED TO BUILD|FAILED|TIMEOUT|NO STATUS|INCOMPLETE|REMOTE FAILURE)'
+while IFS= read -r line; do
+  [[ "$line" =~ $status_re ]] || continue
+  label="${BASH_REMATCH[1]}"
+  status="${BASH_REMATCH[3]}"
+  dir="$testlogs/${label#//}"
+  dir="${dir/://}"
+  failed_before=$failed
+  have_summary=0
+  # Not built or not run: a log there (if any) is from an earlier build; do not read it.
+  if [[ "$status" != "NO STATUS" && "$status" != "FAILED TO BUILD" ]]; then
+    # One log per target, or one per shard / run.
+    for log in "$dir/test.log" "$dir"/shard_*_of_*/test.log "$dir"/run_*_of_*/test.log \
+      "$dir"/shard_*_of_*/run_*_of_*/test.log; do
+      [[ -f "$log" ]] && count_log "$log" && have_summary=1
+    done
+  fi
+  if [[ "$status" == PASSED || "$status" == FLAKY ]]; then
+    # A passing test that is not a Catch2 binary counts as one passed test.
+    ((have_summary)) || passed=$((passed + 1))
+  elif ((failed == failed_before)); then
+    # Failed without any failed test case in its summary: crash, timeout, not built, sanitizer.
+    failed=$((failed + 1))
+  fi
+done <"$output"
+
+if ((${#filters[@]})); then
+  skipped="$(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null | wc -l)"
+  echo "(no GPU here: $skipped gpu-tagged test target(s) built but not run)"
+fi
+echo "$passed passed, $failed failed"
+if ((bazel_rc != 0 || failed > 0)); then
+  exit 1
+fi
