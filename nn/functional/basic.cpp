@@ -1,0 +1,87 @@
+// linear, activations, dropout and embedding. Most are compositions of differentiable ops; dropout
+// and embedding record their own, simpler backward.
+#include "nn/functional/basic.h"
+
+#include "autograd/node.h"
+#include "autograd/ops/common.h"
+#include "tensor/ops.h"
+
+namespace chorus::nn::functional {
+
+using autograd::SavedTensor;
+
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  ops::check_defined(input, "linear", "input");
+  ops::check_defined(weight, "linear", "weight");
+  if (weight.dim() != 2) fail("linear: weight must be 2-D [out_features, in_features], got shape {}", shape_str(weight.sizes()));
+  if (input.dim() == 0 || input.size(-1) != weight.size(1)) {
+    fail("linear: input of shape {} does not match in_features={} of weight {} (expected [..., {}])",
+         shape_str(input.sizes()), weight.size(1), shape_str(weight.sizes()), weight.size(1));
+  }
+  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != weight.size(0))) {
+    fail("linear: bias of shape {} does not match out_features={}", shape_str(bias.sizes()), weight.size(0));
+  }
+  // 2-D input with a bias: one fused GEMM (bias broadcast into the output, then += x @ W^T).
+  if (input.dim() == 2 && bias.defined()) return addmm(bias, input, weight.t());
+  Tensor out = matmul(input, weight.t());
+  return bias.defined() ? add(out, bias) : out;
+}
+
+Tensor relu(const Tensor& input) { return chorus::relu(input); }
+Tensor gelu(const Tensor& input, const std::string& approximate) { return chorus::gelu(input, approximate); }
+Tensor silu(const Tensor& input) { return mul(input, chorus::sigmoid(input)); }
+Tensor tanh(const Tensor& input) { return chorus::tanh(input); }
+Tensor sigmoid(const Tensor& input) { return chorus::sigmoid(input); }
+Tensor softmax(const Tensor& input, int64_t dim) { return chorus::softmax(input, dim); }
+Tensor log_softmax(const Tensor& input, int64_t dim) { return chorus::log_softmax(input, dim); }
+
+Tensor dropout(const Tensor& input, double p, bool training, Generator* generator) {
+  ops::check_defined(input, "dropout", "input");
+  if (p < 0.0 || p > 1.0) fail("dropout: probability has to be between 0 and 1, but got {}", p);
+  if (!training || p == 0.0) return input;
+  if (!input.is_floating_point()) fail("dropout: expected a floating-point input, got {}", dtype_name(input.dtype()));
+  if (p == 1.0) return mul(input, 0.0);
+  // mask holds 0 or 1/(1-p): one multiply forward, the same multiply backward.
+  Tensor u = rand(input.sizes(), {.dtype = input.dtype() == kFloat64 ? kFloat64 : kFloat32}, generator);
+  Tensor mask;
+  {
+    NoGradGuard no_grad;
+    mask = mul(ge(u, p).to(input.dtype()), 1.0 / (1.0 - p));
+  }
+  return mul(input, mask);
+}
+
+Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx) {
+  ops::check_defined(indices, "embedding", "indices");
+  ops::check_defined(weight, "embedding", "weight");
+  if (weight.dim() != 2) fail("embedding: weight must be 2-D [num_embeddings, dim], got {}", shape_str(weight.sizes()));
+  if (indices.dtype() != kInt64 && indices.dtype() != kInt32) {
+    fail("embedding: expected int64 or int32 indices, got {}", dtype_name(indices.dtype()));
+  }
+  const int64_t num = weight.size(0);
+  std::optional<int64_t> pad = padding_idx;
+  if (pad && *pad < 0) *pad += num;
+  if (pad && (*pad < 0 || *pad >= num)) fail("embedding: padding_idx {} must be within the {} embeddings", *padding_idx, num);
+  Tensor flat = indices.to(kInt64).contiguous().reshape({-1});
+  Tensor rows;
+  {
+    NoGradGuard no_grad;  // the gradient is recorded below with padding handled
+    rows = index_select(weight, 0, flat);
+  }
+  Shape shape = indices.sizes();
+  shape.push_back(weight.size(1));
+  Tensor out = ops::reshaped_result(rows, shape);
+  if (autograd::any_requires_grad({&weight})) {
+    const Shape wshape = weight.sizes();
+    autograd::record("EmbeddingBackward", {weight}, {out}, [flat, pad, wshape](const TensorList& g) -> TensorList {
+      Tensor g2 = g[0].contiguous().reshape({-1, wshape[1]});
+      if (pad) g2 = masked_fill(g2, eq(flat, *pad).unsqueeze(1), 0);
+      Tensor gw = zeros(wshape, g2.options());
+      kernels::cpu::index_add(gw, 0, flat, g2);
+      return {gw};
+    });
+  }
+  return out;
+}
+
+}  // namespace chorus::nn::functional

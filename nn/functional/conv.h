@@ -1,0 +1,25 @@
+// Convolution and pooling, functional forms (NCHW, float32/float64; float16/bfloat16 computed in
+// float32). Each records its backward when an input requires grad. Shapes follow PyTorch:
+// out = floor((in + 2*padding - dilation*(kernel-1) - 1) / stride) + 1.
+#pragma once
+
+#include <array>
+#include <optional>
+
+#include "tensor/tensor.h"
+
+namespace chorus::nn::functional {
+
+using Pair = std::array<int64_t, 2>;
+
+// input [N, C_in, H, W], weight [C_out, C_in/groups, kH, kW], bias [C_out] or undefined.
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), Pair stride = {1, 1},
+              Pair padding = {0, 0}, Pair dilation = {1, 1}, int64_t groups = 1);
+// stride defaults to kernel_size (as in PyTorch) when not given.
+Tensor max_pool2d(const Tensor& input, Pair kernel_size, std::optional<Pair> stride = std::nullopt,
+                  Pair padding = {0, 0}, Pair dilation = {1, 1}, bool ceil_mode = false);
+Tensor avg_pool2d(const Tensor& input, Pair kernel_size, std::optional<Pair> stride = std::nullopt,
+                  Pair padding = {0, 0}, bool ceil_mode = false, bool count_include_pad = true);
+Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size);
+
+}  // namespace chorus::nn::functional

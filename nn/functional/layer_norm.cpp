@@ -1,0 +1,60 @@
+// layer_norm: a fused forward (per-row mean and rstd, then the affine output) and a fused backward.
+#include "autograd/node.h"
+#include "autograd/ops/common.h"
+#include "kernels/cpu/nn_basic.h"
+#include "nn/functional/normalization.h"
+#include "tensor/ops.h"
+
+namespace chorus::nn::functional {
+
+using autograd::SavedTensor;
+
+Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  ops::check_defined(input, "layer_norm", "input");
+  ops::check_cpu(input, "layer_norm");
+  const int64_t k = static_cast<int64_t>(normalized_shape.size());
+  if (k == 0 || k > input.dim() ||
+      !std::equal(normalized_shape.begin(), normalized_shape.end(), input.sizes().end() - k)) {
+    fail("layer_norm: normalized_shape {} must match the trailing dims of the input's shape {}",
+         shape_str(normalized_shape), shape_str(input.sizes()));
+  }
+  for (const Tensor* p : {&weight, &bias}) {
+    if (p->defined() && p->sizes() != normalized_shape) {
+      fail("layer_norm: weight/bias of shape {} must have normalized_shape {}", shape_str(p->sizes()),
+           shape_str(normalized_shape));
+    }
+  }
+  if (!input.is_floating_point()) fail("layer_norm: expected a floating-point input, got {}", dtype_name(input.dtype()));
+  const DType cd = compute_dtype(input.dtype());
+  const int64_t cols = numel_of(normalized_shape);
+  const int64_t rows = cols == 0 ? 0 : input.numel() / cols;
+  Tensor x = ops::cast(alias_without_history(input), cd).contiguous();
+  Tensor w = weight.defined() ? ops::cast(alias_without_history(weight), cd).contiguous() : Tensor();
+  Tensor b = bias.defined() ? ops::cast(alias_without_history(bias), cd).contiguous() : Tensor();
+  Tensor out = make_tensor(input.sizes(), cd, input.device());
+  Tensor mean = make_tensor({rows}, cd, input.device());
+  Tensor rstd = make_tensor({rows}, cd, input.device());
+  kernels::cpu::layer_norm(out, mean, rstd, x, w, b, rows, cols, eps);
+  out = ops::cast(out, input.dtype());
+  if (autograd::any_requires_grad({&input, &weight, &bias})) {
+    const bool need_x = input.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
+               need_b = bias.defined() && bias.requires_grad();
+    SavedTensor sx(x), sw(w);
+    const Shape in_shape = input.sizes(), nshape = normalized_shape;
+    autograd::record("LayerNormBackward", {input, weight, bias}, {out},
+                     [=](const TensorList& g) -> TensorList {
+                       Tensor xv = sx.unpack("layer_norm");
+                       Tensor wv = sw.unpack("layer_norm");
+                       Tensor gv = ops::cast(g[0], xv.dtype()).contiguous();
+                       Tensor gx = need_x ? make_tensor(in_shape, xv.dtype(), xv.device()) : Tensor();
+                       Tensor gw = need_w ? make_tensor(nshape, xv.dtype(), xv.device()) : Tensor();
+                       Tensor gb = need_b ? make_tensor(nshape, xv.dtype(), xv.device()) : Tensor();
+                       kernels::cpu::layer_norm_backward(gx, gw, gb, gv, xv, mean, rstd, wv, rows, cols);
+                       return {gx, gw, gb};
+                     });
+  }
+  return out;
+}
+
+}  // namespace chorus::nn::functional

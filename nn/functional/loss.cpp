@@ -1,0 +1,209 @@
+// Losses. cross_entropy is one fused kernel (stable log-softmax, label smoothing, class weights,
+// ignore_index) with a fused backward; the others are compositions of differentiable ops except
+// binary_cross_entropy_with_logits, whose backward is written out to stay exact at x = 0.
+#include "nn/functional/loss.h"
+
+#include "autograd/node.h"
+#include "autograd/ops/common.h"
+#include "kernels/cpu/nn_basic.h"
+#include "tensor/ops.h"
+
+namespace chorus::nn::functional {
+
+using autograd::SavedTensor;
+
+namespace {
+
+Tensor reduce(const Tensor& losses, Reduction reduction) {
+  switch (reduction) {
+    case Reduction::None: return losses;
+    case Reduction::Sum: return sum(losses);
+    case Reduction::Mean: return mean(losses);
+  }
+  return losses;
+}
+
+// Moves the class dim (1) last and flattens: [N, C, d...] -> [N*d..., C]; target -> [N*d...].
+void flatten_classes(const char* name, const Tensor& input, const Tensor& target, Tensor& logits2d, Tensor& target1d,
+                     Shape& loss_shape) {
+  ops::check_defined(input, name, "input");
+  ops::check_defined(target, name, "target");
+  if (input.dim() < 2) {
+    fail("{}: expected input of shape [N, C] or [N, C, d1, ...], got {}", name, shape_str(input.sizes()));
+  }
+  if (target.dtype() != kInt64 && target.dtype() != kInt32) {
+    fail("{}: expected class indices of dtype int64 as target, got {} (probability targets are not supported)", name,
+         dtype_name(target.dtype()));
+  }
+  Shape expected{input.size(0)};
+  for (int64_t d = 2; d < input.dim(); ++d) expected.push_back(input.size(d));
+  if (target.sizes() != expected) {
+    fail("{}: target of shape {} does not match input of shape {} (expected target shape {})", name,
+         shape_str(target.sizes()), shape_str(input.sizes()), shape_str(expected));
+  }
+  loss_shape = expected;
+  Tensor x = input;
+  if (input.dim() > 2) {
+    std::vector<int64_t> perm{0};
+    for (int64_t d = 2; d < input.dim(); ++d) perm.push_back(d);
+    perm.push_back(1);
+    x = permute(x, perm);
+  }
+  logits2d = reshape(x, {-1, input.size(1)});
+  target1d = target.to(kInt64).contiguous().reshape({-1});
+}
+
+void check_targets(const char* name, const Tensor& target1d, int64_t classes, int64_t ignore_index) {
+  const int64_t* p = target1d.data_ptr<int64_t>();
+  for (int64_t i = 0; i < target1d.numel(); ++i) {
+    if (p[i] != ignore_index && (p[i] < 0 || p[i] >= classes)) {
+      fail("{}: target {} is out of bounds for {} classes (expected a class index in [0, {}) or ignore_index {})", name,
+           p[i], classes, classes, ignore_index);
+    }
+  }
+}
+
+}  // namespace
+
+Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& options) {
+  Tensor logits2d, target1d;
+  Shape loss_shape;
+  flatten_classes("cross_entropy", input, target, logits2d, target1d, loss_shape);
+  const int64_t C = input.size(1);
+  if (options.label_smoothing < 0.0 || options.label_smoothing > 1.0) {
+    fail("cross_entropy: label_smoothing must be in [0, 1], got {}", options.label_smoothing);
+  }
+  if (options.weight.defined() && (options.weight.dim() != 1 || options.weight.size(0) != C)) {
+    fail("cross_entropy: weight of shape {} must have one entry per class ({})", shape_str(options.weight.sizes()), C);
+  }
+  if (!input.is_floating_point()) fail("cross_entropy: expected floating-point logits, got {}", dtype_name(input.dtype()));
+  check_targets("cross_entropy", target1d, C, options.ignore_index);
+  const DType cd = compute_dtype(input.dtype());
+  Tensor x = ops::cast(alias_without_history(logits2d), cd).contiguous();
+  Tensor cw = options.weight.defined() ? ops::cast(options.weight, cd).contiguous() : Tensor();
+  const int64_t rows = x.size(0);
+  Tensor losses = make_tensor({rows}, cd, x.device());
+  Tensor row_weight = make_tensor({rows}, cd, x.device());
+  Tensor probs = make_tensor({rows, C}, cd, x.device());
+  kernels::cpu::cross_entropy(losses, row_weight, probs, x, target1d, cw, options.ignore_index, options.label_smoothing);
+
+  // Reduction inside the op, so the backward knows each row's scale: mean divides by the summed
+  // target weights of the non-ignored rows (the count when unweighted), as PyTorch.
+  Tensor out;
+  double denom = 1.0;
+  if (options.reduction == Reduction::None) {
+    out = ops::reshaped_result(losses, loss_shape);
+  } else {
+    double total = 0;
+    CHORUS_DISPATCH_FLOATING(cd, "cross_entropy", [&]<typename T>() {
+      const T* pl = losses.data_ptr<T>();
+      const T* pw = row_weight.data_ptr<T>();
+      double s = 0, w = 0;
+      for (int64_t i = 0; i < rows; ++i) {
+        s += pl[i];
+        w += pw[i];
+      }
+      total = s;
+      if (options.reduction == Reduction::Mean) denom = w;
+    });
+    // All targets ignored: mean is 0/0 = nan, as PyTorch.
+    out = full({}, total / denom, {.dtype = cd});
+  }
+  out = ops::cast(out, input.dtype());
+  if (autograd::any_requires_grad({&input})) {
+    const Reduction reduction = options.reduction;
+    const int64_t ignore = options.ignore_index;
+    const double smoothing = options.label_smoothing;
+    const Shape logits_shape = logits2d.sizes();
+    autograd::record("CrossEntropyBackward", {logits2d}, {out},
+                     [=](const TensorList& g) -> TensorList {
+                       // row_scale[r] = upstream gradient of row r (divided by the mean's denominator).
+                       Tensor scale;
+                       if (reduction == Reduction::None) {
+                         scale = ops::cast(g[0], cd).contiguous().reshape({-1});
+                       } else {
+                         scale = mul(ones({rows}, {.dtype = cd}), ops::cast(g[0], cd).item().to_double() / denom);
+                       }
+                       Tensor grad = make_tensor({rows, C}, cd, probs.device());
+                       kernels::cpu::cross_entropy_backward(grad, scale, probs, target1d, cw, ignore, smoothing);
+                       return {grad};
+                     });
+  }
+  return out;
+}
+
+Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options) {
+  Tensor logp2d, target1d;
+  Shape loss_shape;
+  flatten_classes("nll_loss", input, target, logp2d, target1d, loss_shape);
+  const int64_t C = input.size(1);
+  check_targets("nll_loss", target1d, C, options.ignore_index);
+  Tensor valid = ne(target1d, options.ignore_index);
+  Tensor safe = where(valid, target1d, zeros_like(target1d));
+  Tensor picked = gather(logp2d, 1, safe.unsqueeze(1)).squeeze(1);
+  Tensor w = valid.to(input.dtype());
+  if (options.weight.defined()) w = mul(w, index_select(options.weight.to(input.dtype()), 0, safe));
+  Tensor losses = neg(mul(picked, w));
+  switch (options.reduction) {
+    case Reduction::None: return reshape(losses, loss_shape);
+    case Reduction::Sum: return sum(losses);
+    case Reduction::Mean: return div(sum(losses), sum(w));
+  }
+  return losses;
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  ops::check_defined(input, "mse_loss", "input");
+  ops::check_defined(target, "mse_loss", "target");
+  if (input.sizes() != target.sizes()) {
+    fail("mse_loss: input of shape {} and target of shape {} must have the same shape", shape_str(input.sizes()),
+         shape_str(target.sizes()));
+  }
+  Tensor d = sub(input, target);
+  return reduce(mul(d, d), reduction);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, Reduction reduction,
+                                        const Tensor& pos_weight) {
+  ops::check_defined(input, "binary_cross_entropy_with_logits", "input");
+  ops::check_defined(target, "binary_cross_entropy_with_logits", "target");
+  if (input.sizes() != target.sizes()) {
+    fail("binary_cross_entropy_with_logits: target size {} must be the same as input size {}", shape_str(target.sizes()),
+         shape_str(input.sizes()));
+  }
+  Tensor losses;
+  Tensor x = alias_without_history(input), y = alias_without_history(target);
+  {
+    NoGradGuard no_grad;
+    // softplus(-x) = max(-x, 0) + log1p(exp(-|x|));  loss = (1 - y) x + (1 + (pw - 1) y) softplus(-x)
+    Tensor sp = add(relu(neg(x)), log1p(exp(neg(abs(x)))));
+    Tensor coef = pos_weight.defined() ? add(mul(y, sub(pos_weight, 1.0)), 1.0) : ones_like(x);
+    losses = add(mul(rsub(y, 1.0), x), mul(coef, sp));
+  }
+  if (autograd::any_requires_grad({&input, &target})) {
+    SavedTensor sx(x), sy(y), spw(pos_weight);
+    autograd::record("BinaryCrossEntropyWithLogitsBackward", {input, target}, {losses},
+                     [sx, sy, spw](const TensorList& g) -> TensorList {
+                       Tensor xv = sx.unpack("binary_cross_entropy_with_logits");
+                       Tensor yv = sy.unpack("binary_cross_entropy_with_logits");
+                       Tensor pw = spw.unpack("binary_cross_entropy_with_logits");
+                       Tensor s = sigmoid(xv);
+                       // d/dx = (1 + (pw - 1) y) s - pw y   (= s - y without pos_weight)
+                       // d/dy = -x + (pw - 1) softplus(-x) (= -x without pos_weight)
+                       Tensor gx, gy;
+                       if (pw.defined()) {
+                         Tensor coef = add(mul(yv, sub(pw, 1.0)), 1.0);
+                         gx = sub(mul(coef, s), mul(pw, yv));
+                         Tensor sp = add(relu(neg(xv)), log1p(exp(neg(abs(xv)))));
+                         gy = sub(mul(sub(pw, 1.0), sp), xv);
+                       } else {
+                         gx = sub(s, yv);
+                         gy = neg(xv);
+                       }
+                       return {mul(g[0], gx), mul(g[0], gy)};
+                     });
+  }
+  return reduce(losses, reduction);
+}
+
+}  // namespace chorus::nn::functional

@@ -1,0 +1,47 @@
+// Dropout, Embedding and LayerNorm modules.
+#pragma once
+
+#include <optional>
+
+#include "nn/module.h"
+
+namespace chorus::nn {
+
+// Seeded through the default generator (manual_seed) unless given its own; identity in eval().
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& input) override;
+  double p;
+
+ protected:
+  std::string extra_repr() const override;
+};
+
+// weight [num_embeddings, embedding_dim] ~ N(0, 1); the padding_idx row starts at zero and gets
+// no gradient.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, std::optional<int64_t> padding_idx = std::nullopt);
+  Tensor forward(const Tensor& indices) override;
+  int64_t num_embeddings, embedding_dim;
+  std::optional<int64_t> padding_idx;
+  Tensor weight;
+
+ protected:
+  std::string extra_repr() const override;
+};
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
+  Tensor forward(const Tensor& input) override;
+  Shape normalized_shape;
+  double eps;
+  Tensor weight, bias;  // ones / zeros; undefined without elementwise_affine
+
+ protected:
+  std::string extra_repr() const override;
+};
+
+}  // namespace chorus::nn

@@ -1,0 +1,11 @@
+// Everything in nn: Module, layers, containers, functional forms, init.
+#pragma once
+
+#include "nn/activation.h"
+#include "nn/container.h"
+#include "nn/functional.h"
+#include "nn/init.h"
+#include "nn/layers.h"
+#include "nn/linear.h"
+#include "nn/module.h"
+#include "nn/transformer.h"

@@ -1,0 +1,166 @@
+#include "nn/transformer.h"
+
+#include <cmath>
+#include <limits>
+
+#include "autograd/grad_mode.h"
+#include "nn/functional/basic.h"
+#include "nn/init.h"
+#include "tensor/ops.h"
+
+namespace chorus::nn {
+
+namespace F = functional;
+
+MultiheadAttention::MultiheadAttention(int64_t e, int64_t h, MultiheadAttentionOptions opts)
+    : Module("MultiheadAttention"), embed_dim(e), num_heads(h), head_dim(h > 0 ? e / h : 0), options(opts) {
+  if (e <= 0 || h <= 0 || e % h != 0) {
+    fail("MultiheadAttention: embed_dim ({}) must be positive and divisible by num_heads ({})", e, h);
+  }
+  in_proj_weight = register_parameter("in_proj_weight", empty({3 * e, e}));
+  if (opts.bias) in_proj_bias = register_parameter("in_proj_bias", empty({3 * e}));
+  out_proj = register_module("out_proj", std::make_shared<Linear>(e, e, opts.bias));
+  reset_parameters();
+}
+
+void MultiheadAttention::reset_parameters() {
+  init::xavier_uniform_(in_proj_weight);
+  if (in_proj_bias.defined()) init::zeros_(in_proj_bias);
+  if (out_proj->bias.defined()) init::zeros_(out_proj->bias);
+}
+
+std::string MultiheadAttention::extra_repr() const {
+  return fmt::format("embed_dim={}, num_heads={}, batch_first={}", embed_dim, num_heads, options.batch_first);
+}
+
+MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                                       const Tensor& key_padding_mask, bool need_weights,
+                                                       const Tensor& attn_mask, bool average_attn_weights,
+                                                       bool is_causal) {
+  for (const Tensor* t : {&query, &key, &value}) {
+    if (!t->defined() || t->dim() != 3 || t->size(2) != embed_dim) {
+      fail("MultiheadAttention: expected query, key and value of shape [{}, E={}] , got {}",
+           options.batch_first ? "N, L" : "L, N", embed_dim, t->defined() ? shape_str(t->sizes()) : "undefined");
+    }
+  }
+  // Work in [N, L, E].
+  Tensor q_in = options.batch_first ? query : query.transpose(0, 1);
+  Tensor k_in = options.batch_first ? key : key.transpose(0, 1);
+  Tensor v_in = options.batch_first ? value : value.transpose(0, 1);
+  const int64_t N = q_in.size(0), L = q_in.size(1), S = k_in.size(1);
+  if (k_in.size(0) != N || v_in.size(0) != N || v_in.size(1) != S) {
+    fail("MultiheadAttention: batch or sequence sizes disagree: query {}, key {}, value {}", shape_str(query.sizes()),
+         shape_str(key.sizes()), shape_str(value.sizes()));
+  }
+  const int64_t E = embed_dim, H = num_heads, D = head_dim;
+  auto proj = [&](const Tensor& x, int64_t i) {
+    Tensor w = in_proj_weight.narrow(0, i * E, E);
+    Tensor b = in_proj_bias.defined() ? in_proj_bias.narrow(0, i * E, E) : Tensor();
+    // [N, T, E] -> [N, H, T, D]
+    return F::linear(x, w, b).reshape({N, x.size(1), H, D}).permute({0, 2, 1, 3});
+  };
+  Tensor q = proj(q_in, 0), k = proj(k_in, 1), v = proj(v_in, 2);
+  Tensor scores = div(matmul(q, k.transpose(-2, -1)), std::sqrt(static_cast<double>(D)));  // [N, H, L, S]
+
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  auto apply_mask = [&](const Tensor& mask, const char* what) {
+    Tensor m = mask;
+    if (m.dim() == 2) {
+      if (m.size(0) != L || m.size(1) != S) {
+        fail("MultiheadAttention: {} of shape {} must be [L={}, S={}]", what, shape_str(m.sizes()), L, S);
+      }
+    } else if (m.dim() == 3) {
+      if (m.size(0) != N * H || m.size(1) != L || m.size(2) != S) {
+        fail("MultiheadAttention: {} of shape {} must be [N*H={}, L={}, S={}]", what, shape_str(m.sizes()), N * H, L, S);
+      }
+      m = m.reshape({N, H, L, S});
+    } else {
+      fail("MultiheadAttention: {} must be 2-D or 3-D, got shape {}", what, shape_str(m.sizes()));
+    }
+    scores = m.dtype() == kBool ? masked_fill(scores, m, neg_inf) : add(scores, m.to(scores.dtype()));
+  };
+  if (attn_mask.defined()) apply_mask(attn_mask, "attn_mask");
+  if (is_causal) {
+    Tensor causal = gt(arange(S).unsqueeze(0), arange(L).unsqueeze(1));  // true above the diagonal
+    scores = masked_fill(scores, causal, neg_inf);
+  }
+  if (key_padding_mask.defined()) {
+    if (key_padding_mask.dim() != 2 || key_padding_mask.size(0) != N || key_padding_mask.size(1) != S) {
+      fail("MultiheadAttention: key_padding_mask of shape {} must be [N={}, S={}]", shape_str(key_padding_mask.sizes()),
+           N, S);
+    }
+    Tensor m = key_padding_mask.reshape({N, 1, 1, S});
+    scores = m.dtype() == kBool ? masked_fill(scores, m, neg_inf) : add(scores, m.to(scores.dtype()));
+  }
+  Tensor attn = softmax(scores, -1);
+  Tensor attn_used = F::dropout(attn, options.dropout, is_training());
+  Tensor out = matmul(attn_used, v).permute({0, 2, 1, 3}).reshape({N, L, E});
+  out = out_proj->forward(out);
+  if (!options.batch_first) out = out.transpose(0, 1);
+  Output result{out, Tensor()};
+  if (need_weights) result.weights = average_attn_weights ? mean(attn, {1}) : attn;
+  return result;
+}
+
+Tensor MultiheadAttention::forward(const Tensor& x) { return forward(x, x, x, Tensor(), false).output; }
+
+TransformerEncoderLayer::TransformerEncoderLayer(int64_t d_model, int64_t nhead, TransformerEncoderLayerOptions opts)
+    : Module("TransformerEncoderLayer"), options(opts) {
+  if (opts.activation != "relu" && opts.activation != "gelu") {
+    fail("TransformerEncoderLayer: activation must be 'relu' or 'gelu', got '{}'", opts.activation);
+  }
+  self_attn = register_module("self_attn", std::make_shared<MultiheadAttention>(
+                                               d_model, nhead,
+                                               MultiheadAttentionOptions{.dropout = opts.dropout, .batch_first = opts.batch_first}));
+  linear1 = register_module("linear1", std::make_shared<Linear>(d_model, opts.dim_feedforward));
+  dropout = register_module("dropout", std::make_shared<Dropout>(opts.dropout));
+  linear2 = register_module("linear2", std::make_shared<Linear>(opts.dim_feedforward, d_model));
+  norm1 = register_module("norm1", std::make_shared<LayerNorm>(Shape{d_model}, opts.layer_norm_eps));
+  norm2 = register_module("norm2", std::make_shared<LayerNorm>(Shape{d_model}, opts.layer_norm_eps));
+  dropout1 = register_module("dropout1", std::make_shared<Dropout>(opts.dropout));
+  dropout2 = register_module("dropout2", std::make_shared<Dropout>(opts.dropout));
+}
+
+Tensor TransformerEncoderLayer::self_attention_block(const Tensor& x, const Tensor& mask, const Tensor& padding,
+                                                     bool is_causal) {
+  return dropout1->forward(self_attn->forward(x, x, x, padding, false, mask, true, is_causal).output);
+}
+
+Tensor TransformerEncoderLayer::feed_forward_block(const Tensor& x) {
+  Tensor h = linear1->forward(x);
+  h = options.activation == "gelu" ? F::gelu(h) : F::relu(h);
+  return dropout2->forward(linear2->forward(dropout->forward(h)));
+}
+
+Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mask, const Tensor& src_key_padding_mask,
+                                        bool is_causal) {
+  Tensor x = src;
+  if (options.norm_first) {
+    x = add(x, self_attention_block(norm1->forward(x), src_mask, src_key_padding_mask, is_causal));
+    x = add(x, feed_forward_block(norm2->forward(x)));
+  } else {
+    x = norm1->forward(add(x, self_attention_block(x, src_mask, src_key_padding_mask, is_causal)));
+    x = norm2->forward(add(x, feed_forward_block(x)));
+  }
+  return x;
+}
+
+TransformerEncoder::TransformerEncoder(int64_t d_model, int64_t nhead, int64_t num_layers,
+                                       TransformerEncoderLayerOptions opts, bool final_norm)
+    : Module("TransformerEncoder") {
+  if (num_layers <= 0) fail("TransformerEncoder: num_layers must be positive, got {}", num_layers);
+  layers = register_module("layers", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < num_layers; ++i) layers->push_back(std::make_shared<TransformerEncoderLayer>(d_model, nhead, opts));
+  if (final_norm) norm = register_module("norm", std::make_shared<LayerNorm>(Shape{d_model}, opts.layer_norm_eps));
+}
+
+Tensor TransformerEncoder::forward(const Tensor& src, const Tensor& mask, const Tensor& src_key_padding_mask,
+                                   bool is_causal) {
+  Tensor x = src;
+  for (const auto& m : *layers) {
+    x = std::static_pointer_cast<TransformerEncoderLayer>(m)->forward(x, mask, src_key_padding_mask, is_causal);
+  }
+  return norm ? norm->forward(x) : x;
+}
+
+}  // namespace chorus::nn

@@ -1,0 +1,90 @@
+// MultiheadAttention, TransformerEncoderLayer and TransformerEncoder with PyTorch's parameter names
+// (in_proj_weight, in_proj_bias, out_proj.*, self_attn.*, linear1/2, norm1/2), so state dicts map
+// one to one. Masks follow PyTorch: a bool mask is true where attention is NOT allowed; a float
+// mask is added to the scores.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "nn/container.h"
+#include "nn/layers.h"
+#include "nn/linear.h"
+#include "nn/module.h"
+
+namespace chorus::nn {
+
+struct MultiheadAttentionOptions {
+  double dropout = 0.0;  // on the attention weights, in training
+  bool bias = true;
+  bool batch_first = false;  // inputs [N, L, E] instead of [L, N, E]
+};
+
+class MultiheadAttention : public Module {
+ public:
+  MultiheadAttention(int64_t embed_dim, int64_t num_heads, MultiheadAttentionOptions options = {});
+
+  struct Output {
+    Tensor output;   // like query
+    Tensor weights;  // [N, L, S] averaged over heads ([N, H, L, S] if not averaged); undefined if not needed
+  };
+  // key_padding_mask: [N, S] (bool: true = padding, or float added). attn_mask: [L, S] or [N*H, L, S].
+  // is_causal builds the causal mask itself (position i sees keys 0..i).
+  Output forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& key_padding_mask = Tensor(),
+                 bool need_weights = true, const Tensor& attn_mask = Tensor(), bool average_attn_weights = true,
+                 bool is_causal = false);
+  // Self-attention without masks (for Sequential).
+  Tensor forward(const Tensor& x) override;
+  void reset_parameters();
+
+  int64_t embed_dim, num_heads, head_dim;
+  MultiheadAttentionOptions options;
+  Tensor in_proj_weight, in_proj_bias;
+  std::shared_ptr<Linear> out_proj;
+
+ protected:
+  std::string extra_repr() const override;
+};
+
+struct TransformerEncoderLayerOptions {
+  int64_t dim_feedforward = 2048;
+  double dropout = 0.1;
+  std::string activation = "relu";  // "relu" or "gelu"
+  double layer_norm_eps = 1e-5;
+  bool batch_first = false;
+  bool norm_first = false;  // pre-norm (x + f(norm(x))) instead of post-norm (norm(x + f(x)))
+};
+
+class TransformerEncoderLayer : public Module {
+ public:
+  TransformerEncoderLayer(int64_t d_model, int64_t nhead, TransformerEncoderLayerOptions options = {});
+  Tensor forward(const Tensor& src, const Tensor& src_mask, const Tensor& src_key_padding_mask = Tensor(),
+                 bool is_causal = false);
+  Tensor forward(const Tensor& src) override { return forward(src, Tensor()); }
+
+  TransformerEncoderLayerOptions options;
+  std::shared_ptr<MultiheadAttention> self_attn;
+  std::shared_ptr<Linear> linear1, linear2;
+  std::shared_ptr<Dropout> dropout, dropout1, dropout2;
+  std::shared_ptr<LayerNorm> norm1, norm2;
+
+ private:
+  Tensor self_attention_block(const Tensor& x, const Tensor& mask, const Tensor& padding, bool is_causal);
+  Tensor feed_forward_block(const Tensor& x);
+};
+
+// num_layers encoder layers ("layers.0", ...) and an optional final LayerNorm ("norm"). Each layer
+// is initialized independently (PyTorch deep-copies one layer, so its layers start identical).
+class TransformerEncoder : public Module {
+ public:
+  TransformerEncoder(int64_t d_model, int64_t nhead, int64_t num_layers, TransformerEncoderLayerOptions options = {},
+                     bool final_norm = false);
+  Tensor forward(const Tensor& src, const Tensor& mask, const Tensor& src_key_padding_mask = Tensor(),
+                 bool is_causal = false);
+  Tensor forward(const Tensor& src) override { return forward(src, Tensor()); }
+
+  std::shared_ptr<ModuleList> layers;
+  std::shared_ptr<LayerNorm> norm;  // null without final_norm
+};
+
+}  // namespace chorus::nn
