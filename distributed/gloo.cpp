@@ -1,0 +1,357 @@
+#include "distributed/gloo.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "autograd/grad_mode.h"
+#include "tensor/ops.h"
+
+namespace chorus::distributed {
+namespace {
+
+// Gloo's rendezvous reads and writes connection details through this adapter over our Store.
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  explicit GlooStoreAdapter(std::shared_ptr<distributed::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key, Bytes(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    Bytes b = store_->get(key);
+    return std::vector<char>(b.begin(), b.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { store_->wait(keys); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    store_->wait(keys, timeout);
+  }
+
+ private:
+  std::shared_ptr<distributed::Store> store_;
+};
+
+std::string default_hostname() {
+  const char* master = std::getenv("MASTER_ADDR");
+  const std::string m = master ? master : "";
+  if (m.empty() || m == "localhost" || m.rfind("127.", 0) == 0 || m == "::1") return "127.0.0.1";
+  char name[256] = {0};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
+  return name;
+}
+
+// Elementwise reductions for Gloo over chorus's dtypes. float16 and bfloat16 reduce in float32.
+template <typename T, typename Op>
+void reduce_into(void* out, const void* a, const void* b, size_t n, Op op) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      o[i] = T(op(static_cast<float>(x[i]), static_cast<float>(y[i])));
+    } else {
+      o[i] = op(x[i], y[i]);
+    }
+  }
+}
+
+template <typename T>
+gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg:  // summed here, divided by the group size afterwards
+      return [](void* o, const void* a, const void* b, size_t n) { reduce_into<T>(o, a, b, n, [](auto x, auto y) { return x + y; }); };
+    case ReduceOp::Max:
+      return [](void* o, const void* a, const void* b, size_t n) { reduce_into<T>(o, a, b, n, [](auto x, auto y) { return x > y ? x : y; }); };
+    case ReduceOp::Min:
+      return [](void* o, const void* a, const void* b, size_t n) { reduce_into<T>(o, a, b, n, [](auto x, auto y) { return x < y ? x : y; }); };
+  }
+  return nullptr;
+}
+
+// A contiguous tensor to hand to Gloo, and a way to write results back when we had to copy.
+struct Staged {
+  Tensor original;
+  Tensor buffer;
+  explicit Staged(const Tensor& t) : original(t), buffer(t.is_contiguous() ? t : t.contiguous()) {}
+  void write_back() {
+    if (!buffer.is_same(original)) {
+      NoGradGuard no_grad;
+      Tensor o = original;
+      o.copy_(buffer);
+    }
+  }
+};
+
+}  // namespace
+
+ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, GlooOptions options)
+    : ProcessGroup(rank, size), options_(std::move(options)) {
+  if (!store) fail("ProcessGroupGloo: store is null");
+  if (size < 1 || rank < 0 || rank >= size) {
+    fail("ProcessGroupGloo: rank {} is not valid for a group of size {} (expected 0 <= rank < size)", rank, size);
+  }
+  gloo::transport::tcp::attr attr;
+  attr.hostname = options_.hostname.empty() ? default_hostname() : options_.hostname;
+  std::shared_ptr<gloo::transport::Device> device;
+  try {
+    device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context->setTimeout(options_.timeout);
+    GlooStoreAdapter adapter(store);
+    context->connectFullMesh(adapter, device);
+    context_ = context;
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    fail("ProcessGroupGloo: rank {} of {} could not connect to its peers on {} within {} ms: {}", rank, size,
+         attr.hostname, options_.timeout.count(), e.what());
+  }
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+ProcessGroupGloo::~ProcessGroupGloo() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void ProcessGroupGloo::worker_loop() {
+  while (true) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop requested and nothing left
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();
+  }
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::enqueue(const char* op, TensorList result, std::function<void(uint32_t)> body) {
+  const uint64_t seq = sequence_++;
+  const std::string description = fmt::format("ProcessGroupGloo {} (sequence number {}, rank {} of {}, timeout {} ms)",
+                                              op, seq, rank_, size_, options_.timeout.count());
+  auto work = std::make_shared<Work>(description);
+  auto task = [work, result = std::move(result), body = std::move(body), seq, description]() mutable {
+    try {
+      body(static_cast<uint32_t>(seq));
+      work->finish(std::move(result));
+    } catch (const std::exception& e) {
+      work->finish({}, std::make_exception_ptr(Error(fmt::format("{} failed: {}", description, e.what()))));
+    }
+  };
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(task));
+  }
+  cv_.notify_one();
+  return work;
+}
+
+void ProcessGroupGloo::check_tensor(const Tensor& t, const char* op) const {
+  if (!t.defined()) fail("ProcessGroupGloo {}: got an undefined tensor", op);
+  if (!t.device().is_cpu()) {
+    fail("ProcessGroupGloo {}: tensor on {}; this build stages only CPU tensors through Gloo", op, t.device().str());
+  }
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::allreduce(const TensorList& tensors, ReduceOp op) {
+  for (const Tensor& t : tensors) check_tensor(t, "allreduce");
+  auto ctx = context_;
+  auto timeout = options_.timeout;
+  const int size = size_;
+  return enqueue("allreduce", tensors, [=](uint32_t tag) {
+    for (const Tensor& t : tensors) {
+      Staged s(t);
+      if (s.buffer.numel() == 0) continue;
+      gloo::AllreduceOptions opts(ctx);
+      opts.setTag(tag);
+      opts.setTimeout(timeout);
+      CHORUS_DISPATCH_ALL(s.buffer.dtype(), "allreduce", [&]<typename T>() {
+        if constexpr (std::is_same_v<T, bool>) {
+          fail("allreduce: bool tensors are not supported");
+        } else {
+          opts.setOutput(static_cast<T*>(s.buffer.raw_data_ptr()), static_cast<size_t>(s.buffer.numel()));
+          opts.setReduceFunction(reduce_function<T>(op));
+        }
+      });
+      gloo::allreduce(opts);
+      if (op == ReduceOp::Avg) {
+        NoGradGuard no_grad;
+        if (!s.buffer.is_floating_point()) {
+          fail("allreduce: avg needs a floating-point tensor, got {}", dtype_name(s.buffer.dtype()));
+        }
+        s.buffer.div_(static_cast<double>(size));
+      }
+      s.write_back();
+    }
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::broadcast(const TensorList& tensors, int root) {
+  for (const Tensor& t : tensors) check_tensor(t, "broadcast");
+  if (root < 0 || root >= size_) fail("ProcessGroupGloo broadcast: root {} is not a rank of a group of size {}", root, size_);
+  auto ctx = context_;
+  auto timeout = options_.timeout;
+  return enqueue("broadcast", tensors, [=](uint32_t tag) {
+    for (const Tensor& t : tensors) {
+      Staged s(t);
+      if (s.buffer.numel() == 0) continue;
+      gloo::BroadcastOptions opts(ctx);
+      opts.setTag(tag);
+      opts.setTimeout(timeout);
+      opts.setRoot(root);
+      CHORUS_DISPATCH_ALL(s.buffer.dtype(), "broadcast", [&]<typename T>() {
+        using G = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
+        opts.setOutput(reinterpret_cast<G*>(s.buffer.raw_data_ptr()), static_cast<size_t>(s.buffer.numel()));
+      });
+      gloo::broadcast(opts);
+      s.write_back();
+    }
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::allgather(const TensorList& outputs, const Tensor& input) {
+  check_tensor(input, "allgather");
+  if (static_cast<int>(outputs.size()) != size_) {
+    fail("ProcessGroupGloo allgather: expected {} output tensors (one per rank), got {}", size_, outputs.size());
+  }
+  for (const Tensor& o : outputs) {
+    check_tensor(o, "allgather");
+    if (o.sizes() != input.sizes() || o.dtype() != input.dtype()) {
+      fail("ProcessGroupGloo allgather: every output must match the input ({} {}), got {} {}", shape_str(input.sizes()),
+           dtype_name(input.dtype()), shape_str(o.sizes()), dtype_name(o.dtype()));
+    }
+  }
+  auto ctx = context_;
+  auto timeout = options_.timeout;
+  const int size = size_;
+  return enqueue("allgather", outputs, [=](uint32_t tag) {
+    Tensor in = input.contiguous();
+    const int64_t n = in.numel();
+    Tensor flat = empty({size * n}, {.dtype = in.dtype()});
+    if (n > 0) {
+      gloo::AllgatherOptions opts(ctx);
+      opts.setTag(tag);
+      opts.setTimeout(timeout);
+      CHORUS_DISPATCH_ALL(in.dtype(), "allgather", [&]<typename T>() {
+        using G = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
+        opts.setInput(reinterpret_cast<G*>(in.raw_data_ptr()), static_cast<size_t>(n));
+        opts.setOutput(reinterpret_cast<G*>(flat.raw_data_ptr()), static_cast<size_t>(size * n));
+      });
+      gloo::allgather(opts);
+    }
+    NoGradGuard no_grad;
+    for (int r = 0; r < size; ++r) {
+      Tensor o = outputs[r];
+      o.copy_(flat.narrow(0, r * n, n).view(in.sizes()));
+    }
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp op) {
+  check_tensor(output, "reduce_scatter");
+  if (static_cast<int>(inputs.size()) != size_) {
+    fail("ProcessGroupGloo reduce_scatter: expected {} input tensors (one per rank), got {}", size_, inputs.size());
+  }
+  for (const Tensor& i : inputs) {
+    check_tensor(i, "reduce_scatter");
+    if (i.sizes() != output.sizes() || i.dtype() != output.dtype()) {
+      fail("ProcessGroupGloo reduce_scatter: every input must match the output ({} {}), got {} {}",
+           shape_str(output.sizes()), dtype_name(output.dtype()), shape_str(i.sizes()), dtype_name(i.dtype()));
+    }
+  }
+  // Allreduce of the concatenated inputs, keeping this rank's block: the same result as a
+  // dedicated reduce-scatter with (size - 1) / size more traffic, which Gloo's TCP path can afford.
+  auto ctx = context_;
+  auto timeout = options_.timeout;
+  const int size = size_, rank = rank_;
+  return enqueue("reduce_scatter", {output}, [=](uint32_t tag) {
+    Tensor flat = cat([&] {
+      TensorList flat_inputs;
+      for (const Tensor& i : inputs) flat_inputs.push_back(i.reshape({-1}));
+      return flat_inputs;
+    }());
+    gloo::AllreduceOptions opts(ctx);
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    CHORUS_DISPATCH_ALL(flat.dtype(), "reduce_scatter", [&]<typename T>() {
+      if constexpr (std::is_same_v<T, bool>) {
+        fail("reduce_scatter: bool tensors are not supported");
+      } else {
+        opts.setOutput(static_cast<T*>(flat.raw_data_ptr()), static_cast<size_t>(flat.numel()));
+        opts.setReduceFunction(reduce_function<T>(op));
+      }
+    });
+    if (flat.numel() > 0) gloo::allreduce(opts);
+    NoGradGuard no_grad;
+    const int64_t n = output.numel();
+    Tensor mine = flat.narrow(0, rank * n, n).view(output.sizes());
+    if (op == ReduceOp::Avg) mine = mine.div(static_cast<double>(size));
+    Tensor o = output;
+    o.copy_(mine);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::barrier() {
+  auto ctx = context_;
+  auto timeout = options_.timeout;
+  return enqueue("barrier", {}, [=](uint32_t tag) {
+    gloo::BarrierOptions opts(ctx);
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    gloo::barrier(opts);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::send(const Tensor& tensor, int dst, int tag) {
+  check_tensor(tensor, "send");
+  if (dst < 0 || dst >= size_ || dst == rank_) {
+    fail("ProcessGroupGloo send: destination {} is not another rank of a group of size {} (this is rank {})", dst, size_, rank_);
+  }
+  auto ctx = context_;
+  auto timeout = options_.timeout;
+  const int rank = rank_;
+  return enqueue("send", {tensor}, [=](uint32_t) {
+    Tensor t = tensor.contiguous();
+    auto buf = ctx->createUnboundBuffer(t.raw_data_ptr(), t.nbytes());
+    // Slot: (user tag, src, dst) so concurrent pairs never match each other's messages.
+    const uint64_t slot = (static_cast<uint64_t>(tag) << 32) | (static_cast<uint64_t>(rank) << 16) | static_cast<uint64_t>(dst);
+    buf->send(dst, slot);
+    if (!buf->waitSend(timeout)) fail("send to rank {} did not complete", dst);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::recv(const Tensor& tensor, int src, int tag) {
+  check_tensor(tensor, "recv");
+  if (src < 0 || src >= size_ || src == rank_) {
+    fail("ProcessGroupGloo recv: source {} is not another rank of a group of size {} (this is rank {})", src, size_, rank_);
+  }
+  auto ctx = context_;
+  auto timeout = options_.timeout;
+  const int rank = rank_;
+  return enqueue("recv", {tensor}, [=](uint32_t) {
+    Staged s(tensor);
+    auto buf = ctx->createUnboundBuffer(s.buffer.raw_data_ptr(), s.buffer.nbytes());
+    const uint64_t slot = (static_cast<uint64_t>(tag) << 32) | (static_cast<uint64_t>(src) << 16) | static_cast<uint64_t>(rank);
+    buf->recv(src, slot);
+    if (!buf->waitRecv(timeout)) fail("recv from rank {} did not complete", src);
+    s.write_back();
+  });
+}
+
+}  // namespace chorus::distributed

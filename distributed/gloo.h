@@ -1,0 +1,63 @@
+// ProcessGroupGloo: collectives over TCP with Gloo (Debian libgloo-dev). One worker thread runs the
+// group's operations in the order they were issued, so every rank runs the same sequence; each op
+// carries the group's timeout, and a failure (timeout, a dead peer) becomes a chorus::Error naming
+// the op, its sequence number, this rank, the group size and the timeout.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "distributed/process_group.h"
+#include "distributed/store.h"
+
+namespace gloo {
+class Context;
+}
+
+namespace chorus::distributed {
+
+struct GlooOptions {
+  std::chrono::milliseconds timeout{300000};
+  // Address this process listens on for its peers. Empty: 127.0.0.1 when MASTER_ADDR is a loopback
+  // address (or unset), else this machine's hostname.
+  std::string hostname;
+};
+
+class ProcessGroupGloo : public ProcessGroup {
+ public:
+  ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, GlooOptions options = {});
+  ~ProcessGroupGloo() override;
+  std::string backend_name() const override { return "gloo"; }
+
+  std::shared_ptr<Work> allreduce(const TensorList& tensors, ReduceOp op = ReduceOp::Sum) override;
+  std::shared_ptr<Work> broadcast(const TensorList& tensors, int root) override;
+  std::shared_ptr<Work> allgather(const TensorList& outputs, const Tensor& input) override;
+  std::shared_ptr<Work> reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp op = ReduceOp::Sum) override;
+  std::shared_ptr<Work> barrier() override;
+  std::shared_ptr<Work> send(const Tensor& tensor, int dst, int tag = 0) override;
+  std::shared_ptr<Work> recv(const Tensor& tensor, int src, int tag = 0) override;
+
+  std::chrono::milliseconds timeout() const { return options_.timeout; }
+
+ private:
+  // Queues `body` on the worker thread; the Work finishes with `result` or the error body threw.
+  std::shared_ptr<Work> enqueue(const char* op, TensorList result, std::function<void(uint32_t tag)> body);
+  void worker_loop();
+  void check_tensor(const Tensor& t, const char* op) const;
+
+  GlooOptions options_;
+  std::shared_ptr<gloo::Context> context_;
+  uint64_t sequence_ = 0;
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace chorus::distributed

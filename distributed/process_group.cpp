@@ -1,0 +1,72 @@
+#include "distributed/process_group.h"
+
+namespace chorus::distributed {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "unknown";
+}
+
+bool Work::is_completed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_;
+}
+
+bool Work::is_success() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_ && !error_;
+}
+
+std::exception_ptr Work::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (timeout) {
+    if (!done_cv_.wait_for(lock, *timeout, [&] { return done_; })) {
+      fail("{}: not finished after waiting {} ms", description_, timeout->count());
+    }
+  } else {
+    done_cv_.wait(lock, [&] { return done_; });
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+void Work::then(std::function<void(Work&)> fn) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!done_) {
+      callbacks_.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn(*this);
+}
+
+void Work::finish(TensorList result, std::exception_ptr error) {
+  std::vector<std::function<void(Work&)>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    result_ = std::move(result);
+    error_ = error;
+    done_ = true;
+    callbacks.swap(callbacks_);
+  }
+  done_cv_.notify_all();
+  for (auto& cb : callbacks) cb(*this);
+}
+
+std::shared_ptr<Work> completed_work(std::string description, TensorList result) {
+  auto w = std::make_shared<Work>(std::move(description));
+  w->finish(std::move(result));
+  return w;
+}
+
+}  // namespace chorus::distributed

@@ -1,0 +1,581 @@
+// Stores. The TCP protocol is deliberately small: every request and reply is a frame
+//   [u32 body length][body]   with body = [u8 command][u32 arg count]([u32 length][bytes])*
+// in little-endian. The server is one thread polling all connections; a frame longer than
+// max_frame_bytes or whose arguments overrun it is a protocol error that closes that one connection
+// (a stray or hostile client cannot crash or stall the server). Waiting for keys is done by the
+// client (check, back off, retry) so the server never blocks.
+#include "distributed/store.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/file.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "tensor/error.h"
+
+namespace chorus::distributed {
+namespace {
+
+enum Command : uint8_t { kSet = 1, kGet, kAdd, kCompareSet, kCheck, kDelete, kNumKeys };
+
+using Clock = std::chrono::steady_clock;
+
+void put_u32(Bytes& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+uint32_t get_u32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
+}
+Bytes i64_bytes(int64_t v) {
+  Bytes b(8);
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
+  return b;
+}
+int64_t bytes_i64(const Bytes& b) {
+  if (b.size() != 8) fail("Store: expected an 8-byte integer value, got {} bytes", b.size());
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(b[i]) << (8 * i);
+  return static_cast<int64_t>(v);
+}
+Bytes to_bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
+
+Bytes encode(uint8_t command, const std::vector<Bytes>& args) {
+  Bytes body{command};
+  put_u32(body, static_cast<uint32_t>(args.size()));
+  for (const Bytes& a : args) {
+    put_u32(body, static_cast<uint32_t>(a.size()));
+    body.insert(body.end(), a.begin(), a.end());
+  }
+  Bytes frame;
+  put_u32(frame, static_cast<uint32_t>(body.size()));
+  frame.insert(frame.end(), body.begin(), body.end());
+  return frame;
+}
+
+// Parses a request body; false on any inconsistency.
+bool decode(const Bytes& body, uint8_t& command, std::vector<Bytes>& args) {
+  if (body.size() < 5) return false;
+  command = body[0];
+  const uint32_t n = get_u32(&body[1]);
+  size_t pos = 5;
+  if (n > body.size()) return false;
+  args.clear();
+  for (uint32_t i = 0; i < n; ++i) {
+    if (pos + 4 > body.size()) return false;
+    const uint32_t len = get_u32(&body[pos]);
+    pos += 4;
+    if (len > body.size() - pos) return false;
+    args.emplace_back(body.begin() + static_cast<std::ptrdiff_t>(pos), body.begin() + static_cast<std::ptrdiff_t>(pos + len));
+    pos += len;
+  }
+  return pos == body.size();
+}
+
+// Blocking I/O with a deadline.
+void send_all(int fd, const uint8_t* data, size_t n, Clock::time_point deadline, const std::string& who) {
+  while (n > 0) {
+    pollfd p{fd, POLLOUT, 0};
+    const int ms = static_cast<int>(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
+    if (::poll(&p, 1, ms) <= 0) fail("{}: timed out sending to the store", who);
+    const ssize_t k = ::send(fd, data, n, MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      fail("{}: send failed: {}", who, std::strerror(errno));
+    }
+    data += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+void recv_all(int fd, uint8_t* data, size_t n, Clock::time_point deadline, const std::string& who) {
+  while (n > 0) {
+    pollfd p{fd, POLLIN, 0};
+    const int ms = static_cast<int>(std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count()));
+    const int r = ::poll(&p, 1, ms);
+    if (r == 0) fail("{}: timed out waiting for the store server's reply", who);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      fail("{}: poll failed: {}", who, std::strerror(errno));
+    }
+    const ssize_t k = ::recv(fd, data, n, 0);
+    if (k == 0) fail("{}: the store server closed the connection (did rank 0 exit?)", who);
+    if (k < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      fail("{}: recv failed: {}", who, std::strerror(errno));
+    }
+    data += k;
+    n -= static_cast<size_t>(k);
+  }
+}
+
+}  // namespace
+
+void Store::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  auto backoff = std::chrono::milliseconds(1);
+  while (!check(keys)) {
+    if (Clock::now() >= deadline) {
+      std::vector<std::string> missing;
+      for (const auto& k : keys) if (!check({k})) missing.push_back(k);
+      fail("Store::wait: keys [{}] were not set within {} ms", fmt::join(missing, ", "), timeout.count());
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(20));
+  }
+}
+
+// ------------------------------------------------------------------------------------ server
+class TCPStore::Server {
+ public:
+  Server(int port, uint32_t max_frame) : max_frame_(max_frame) {
+    listen_fd_ = ::socket(AF_INET6, SOCK_STREAM, 0);
+    bool v6 = listen_fd_ >= 0;
+    if (!v6) listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (listen_fd_ < 0) fail("TCPStore server: socket() failed: {}", std::strerror(errno));
+    int one = 1;
+    ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    int rc;
+    if (v6) {
+      int zero = 0;  // accept IPv4 too
+      ::setsockopt(listen_fd_, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+      sockaddr_in6 addr{};
+      addr.sin6_family = AF_INET6;
+      addr.sin6_addr = in6addr_any;
+      addr.sin6_port = htons(static_cast<uint16_t>(port));
+      rc = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    } else {
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_ANY);
+      addr.sin_port = htons(static_cast<uint16_t>(port));
+      rc = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    }
+    if (rc != 0) {
+      const int err = errno;
+      ::close(listen_fd_);
+      fail("TCPStore server: cannot bind port {}: {} (is another job using MASTER_PORT={}?)", port, std::strerror(err), port);
+    }
+    if (::listen(listen_fd_, 1024) != 0) fail("TCPStore server: listen failed: {}", std::strerror(errno));
+    sockaddr_storage bound{};
+    socklen_t len = sizeof(bound);
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &len);
+    port_ = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                              : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+    if (::pipe(wake_) != 0) fail("TCPStore server: pipe failed: {}", std::strerror(errno));
+    thread_ = std::thread([this] { loop(); });
+  }
+
+  ~Server() {
+    stop_ = true;
+    const char c = 0;
+    (void)!::write(wake_[1], &c, 1);
+    thread_.join();
+    for (auto& [fd, buf] : clients_) ::close(fd);
+    ::close(listen_fd_);
+    ::close(wake_[0]);
+    ::close(wake_[1]);
+  }
+
+  int port() const { return port_; }
+
+ private:
+  void loop() {
+    while (!stop_) {
+      std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+      for (auto& [fd, buf] : clients_) fds.push_back({fd, POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), -1) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      if (fds[1].revents) break;
+      if (fds[0].revents & POLLIN) {
+        const int fd = ::accept(listen_fd_, nullptr, nullptr);
+        if (fd >= 0) {
+          int one = 1;
+          ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+          clients_[fd] = Bytes();
+        }
+      }
+      for (size_t i = 2; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        if (!serve(fds[i].fd)) {
+          ::close(fds[i].fd);
+          clients_.erase(fds[i].fd);
+        }
+      }
+    }
+  }
+
+  // Reads what is available from one client and answers complete frames; false drops the client.
+  bool serve(int fd) {
+    uint8_t chunk[65536];
+    const ssize_t k = ::recv(fd, chunk, sizeof(chunk), MSG_DONTWAIT);
+    if (k == 0) return false;
+    if (k < 0) return errno == EAGAIN || errno == EINTR;
+    Bytes& buf = clients_[fd];
+    buf.insert(buf.end(), chunk, chunk + k);
+    while (buf.size() >= 4) {
+      const uint32_t len = get_u32(buf.data());
+      if (len > max_frame_) return false;  // oversized frame: protocol error
+      if (buf.size() < 4 + static_cast<size_t>(len)) break;
+      Bytes body(buf.begin() + 4, buf.begin() + 4 + len);
+      buf.erase(buf.begin(), buf.begin() + 4 + len);
+      uint8_t command;
+      std::vector<Bytes> args;
+      if (!decode(body, command, args)) return false;
+      Bytes reply;
+      if (!handle(command, args, reply)) return false;
+      Bytes frame;
+      put_u32(frame, static_cast<uint32_t>(reply.size()));
+      frame.insert(frame.end(), reply.begin(), reply.end());
+      try {
+        send_all(fd, frame.data(), frame.size(), Clock::now() + std::chrono::seconds(30), "TCPStore server");
+      } catch (const Error&) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  bool handle(uint8_t command, const std::vector<Bytes>& a, Bytes& reply) {
+    auto key = [&](size_t i) { return std::string(a[i].begin(), a[i].end()); };
+    switch (command) {
+      case kSet:
+        if (a.size() != 2) return false;
+        data_[key(0)] = a[1];
+        return true;
+      case kGet: {
+        if (a.size() != 1) return false;
+        auto it = data_.find(key(0));
+        reply.push_back(it != data_.end());
+        if (it != data_.end()) reply.insert(reply.end(), it->second.begin(), it->second.end());
+        return true;
+      }
+      case kAdd: {
+        if (a.size() != 2 || a[1].size() != 8) return false;
+        auto it = data_.find(key(0));
+        int64_t v = 0;
+        if (it != data_.end()) {
+          if (it->second.size() != 8) return false;
+          v = bytes_i64(it->second);
+        }
+        v += bytes_i64(a[1]);
+        data_[key(0)] = i64_bytes(v);
+        reply = i64_bytes(v);
+        return true;
+      }
+      case kCompareSet: {
+        if (a.size() != 3) return false;
+        auto it = data_.find(key(0));
+        const bool matches = it == data_.end() ? a[1].empty() : it->second == a[1];
+        if (matches) data_[key(0)] = a[2];
+        reply = data_.count(key(0)) ? data_[key(0)] : Bytes();
+        return true;
+      }
+      case kCheck: {
+        bool all = true;
+        for (size_t i = 0; i < a.size(); ++i) all = all && data_.count(key(i)) > 0;
+        reply.push_back(all);
+        return true;
+      }
+      case kDelete:
+        if (a.size() != 1) return false;
+        reply.push_back(data_.erase(key(0)) > 0);
+        return true;
+      case kNumKeys:
+        reply = i64_bytes(static_cast<int64_t>(data_.size()));
+        return true;
+      default:
+        return false;  // unknown command
+    }
+  }
+
+  uint32_t max_frame_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  int wake_[2] = {-1, -1};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::map<int, Bytes> clients_;
+  std::map<std::string, Bytes> data_;
+};
+
+// ------------------------------------------------------------------------------------ client
+TCPStore::TCPStore(const std::string& host, int port, TCPStoreOptions options)
+    : Store(options.timeout), host_(host), port_(port), options_(options), mutex_(std::make_unique<std::mutex>()) {
+  if (options.is_server) {
+    server_ = std::make_unique<Server>(port, options.max_frame_bytes);
+    port_ = server_->port();
+  }
+  // Connect, retrying until the timeout: workers usually start before rank 0's server is up.
+  const auto deadline = Clock::now() + options.timeout;
+  const std::string who = fmt::format("TCPStore({}:{})", host_, port_);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  std::string last_error;
+  while (true) {
+    addrinfo* res = nullptr;
+    const int gai = ::getaddrinfo(host_.c_str(), std::to_string(port_).c_str(), &hints, &res);
+    if (gai != 0) {
+      last_error = ::gai_strerror(gai);
+    } else {
+      for (addrinfo* ai = res; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
+        const int fd = ::socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+        if (fd < 0) continue;
+        if (::connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+          fd_ = fd;
+        } else {
+          last_error = std::strerror(errno);
+          ::close(fd);
+        }
+      }
+      ::freeaddrinfo(res);
+    }
+    if (fd_ >= 0) break;
+    if (Clock::now() >= deadline) {
+      fail("{}: could not connect within {} ms ({}); is rank 0 running and MASTER_ADDR/MASTER_PORT right?", who,
+           options.timeout.count(), last_error);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  int one = 1;
+  ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (options.is_server && options.num_workers > 0) {
+    // Every process (this one included) checks in; the server waits for all of them.
+    add("__chorus_workers", 1);
+    const auto until = Clock::now() + options.timeout;
+    while (add("__chorus_workers", 0) < options.num_workers) {
+      if (Clock::now() >= until) {
+        fail("{}: only {} of {} workers connected within {} ms", who, add("__chorus_workers", 0), options.num_workers,
+             options.timeout.count());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  } else if (options.num_workers > 0) {
+    add("__chorus_workers", 1);
+  }
+}
+
+TCPStore::~TCPStore() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Bytes TCPStore::request(uint8_t command, const std::vector<Bytes>& args) {
+  std::lock_guard<std::mutex> lock(*mutex_);
+  const std::string who = fmt::format("TCPStore({}:{})", host_, port_);
+  const Bytes frame = encode(command, args);
+  const auto deadline = Clock::now() + timeout_;
+  send_all(fd_, frame.data(), frame.size(), deadline, who);
+  uint8_t header[4];
+  recv_all(fd_, header, 4, deadline, who);
+  const uint32_t len = get_u32(header);
+  if (len > options_.max_frame_bytes) fail("{}: reply of {} bytes exceeds the frame limit", who, len);
+  Bytes reply(len);
+  if (len > 0) recv_all(fd_, reply.data(), len, deadline, who);
+  return reply;
+}
+
+void TCPStore::set(const std::string& key, const Bytes& value) { request(kSet, {to_bytes(key), value}); }
+
+Bytes TCPStore::get(const std::string& key) {
+  const auto deadline = Clock::now() + timeout_;
+  auto backoff = std::chrono::milliseconds(1);
+  while (true) {
+    Bytes r = request(kGet, {to_bytes(key)});
+    if (!r.empty() && r[0] == 1) return Bytes(r.begin() + 1, r.end());
+    if (Clock::now() >= deadline) fail("TCPStore::get: key '{}' was not set within {} ms", key, timeout_.count());
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(20));
+  }
+}
+
+int64_t TCPStore::add(const std::string& key, int64_t delta) { return bytes_i64(request(kAdd, {to_bytes(key), i64_bytes(delta)})); }
+
+Bytes TCPStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
+  return request(kCompareSet, {to_bytes(key), expected, desired});
+}
+
+bool TCPStore::check(const std::vector<std::string>& keys) {
+  std::vector<Bytes> args;
+  for (const auto& k : keys) args.push_back(to_bytes(k));
+  Bytes r = request(kCheck, args);
+  return !r.empty() && r[0] == 1;
+}
+
+bool TCPStore::delete_key(const std::string& key) {
+  Bytes r = request(kDelete, {to_bytes(key)});
+  return !r.empty() && r[0] == 1;
+}
+
+int64_t TCPStore::num_keys() { return bytes_i64(request(kNumKeys, {})); }
+
+// ------------------------------------------------------------------------------------ file store
+namespace {
+
+// The file is a log of records [u32 key length][key][u32 value length or 0xffffffff = deleted][value];
+// the last record of a key wins. Every operation holds an flock for its whole read-modify-write.
+class LockedFile {
+ public:
+  LockedFile(const std::string& path, const char* who) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail("{}: cannot open '{}': {}", who, path, std::strerror(errno));
+    if (::flock(fd_, LOCK_EX) != 0) {
+      ::close(fd_);
+      fail("{}: cannot lock '{}': {}", who, path, std::strerror(errno));
+    }
+  }
+  ~LockedFile() {
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+  std::map<std::string, Bytes> read(const char* who) {
+    std::map<std::string, Bytes> out;
+    Bytes all;
+    ::lseek(fd_, 0, SEEK_SET);
+    uint8_t buf[65536];
+    ssize_t k;
+    while ((k = ::read(fd_, buf, sizeof(buf))) > 0) all.insert(all.end(), buf, buf + k);
+    size_t pos = 0;
+    while (pos < all.size()) {
+      if (pos + 4 > all.size()) fail("{}: '{}' is corrupt (truncated record)", who, path_);
+      const uint32_t kl = get_u32(&all[pos]);
+      pos += 4;
+      if (pos + kl + 4 > all.size()) fail("{}: '{}' is corrupt (truncated key)", who, path_);
+      std::string key(all.begin() + static_cast<std::ptrdiff_t>(pos), all.begin() + static_cast<std::ptrdiff_t>(pos + kl));
+      pos += kl;
+      const uint32_t vl = get_u32(&all[pos]);
+      pos += 4;
+      if (vl == 0xffffffffu) {
+        out.erase(key);
+        continue;
+      }
+      if (pos + vl > all.size()) fail("{}: '{}' is corrupt (truncated value)", who, path_);
+      out[key] = Bytes(all.begin() + static_cast<std::ptrdiff_t>(pos), all.begin() + static_cast<std::ptrdiff_t>(pos + vl));
+      pos += vl;
+    }
+    return out;
+  }
+  void append(const std::string& key, const Bytes* value, const char* who) {
+    Bytes rec;
+    put_u32(rec, static_cast<uint32_t>(key.size()));
+    rec.insert(rec.end(), key.begin(), key.end());
+    put_u32(rec, value ? static_cast<uint32_t>(value->size()) : 0xffffffffu);
+    if (value) rec.insert(rec.end(), value->begin(), value->end());
+    ::lseek(fd_, 0, SEEK_END);
+    size_t off = 0;
+    while (off < rec.size()) {
+      const ssize_t k = ::write(fd_, rec.data() + off, rec.size() - off);
+      if (k < 0) {
+        if (errno == EINTR) continue;
+        fail("{}: cannot write '{}': {}", who, path_, std::strerror(errno));
+      }
+      off += static_cast<size_t>(k);
+    }
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+}  // namespace
+
+FileStore::FileStore(std::string path, std::chrono::milliseconds timeout) : Store(timeout), path_(std::move(path)) {
+  LockedFile f(path_, "FileStore");  // creates it, and proves we can lock it
+}
+
+void FileStore::set(const std::string& key, const Bytes& value) {
+  LockedFile f(path_, "FileStore::set");
+  f.append(key, &value, "FileStore::set");
+}
+
+Bytes FileStore::get(const std::string& key) {
+  wait({key});
+  LockedFile f(path_, "FileStore::get");
+  auto data = f.read("FileStore::get");
+  auto it = data.find(key);
+  if (it == data.end()) fail("FileStore::get: key '{}' disappeared while reading", key);
+  return it->second;
+}
+
+int64_t FileStore::add(const std::string& key, int64_t delta) {
+  LockedFile f(path_, "FileStore::add");
+  auto data = f.read("FileStore::add");
+  int64_t v = 0;
+  if (auto it = data.find(key); it != data.end()) v = bytes_i64(it->second);
+  v += delta;
+  Bytes b = i64_bytes(v);
+  f.append(key, &b, "FileStore::add");
+  return v;
+}
+
+Bytes FileStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
+  LockedFile f(path_, "FileStore::compare_set");
+  auto data = f.read("FileStore::compare_set");
+  auto it = data.find(key);
+  const bool matches = it == data.end() ? expected.empty() : it->second == expected;
+  if (matches) {
+    f.append(key, &desired, "FileStore::compare_set");
+    return desired;
+  }
+  return it == data.end() ? Bytes() : it->second;
+}
+
+bool FileStore::check(const std::vector<std::string>& keys) {
+  LockedFile f(path_, "FileStore::check");
+  auto data = f.read("FileStore::check");
+  return std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return data.count(k) > 0; });
+}
+
+bool FileStore::delete_key(const std::string& key) {
+  LockedFile f(path_, "FileStore::delete_key");
+  auto data = f.read("FileStore::delete_key");
+  if (!data.count(key)) return false;
+  f.append(key, nullptr, "FileStore::delete_key");
+  return true;
+}
+
+int64_t FileStore::num_keys() {
+  LockedFile f(path_, "FileStore::num_keys");
+  return static_cast<int64_t>(f.read("FileStore::num_keys").size());
+}
+
+// ------------------------------------------------------------------------------------ prefix store
+PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> store)
+    : Store(store ? store->timeout() : kDefaultStoreTimeout), prefix_(std::move(prefix)), store_(std::move(store)) {
+  if (!store_) fail("PrefixStore: the underlying store is null");
+}
+
+void PrefixStore::set(const std::string& k, const Bytes& value) { store_->set(key(k), value); }
+Bytes PrefixStore::get(const std::string& k) { return store_->get(key(k)); }
+int64_t PrefixStore::add(const std::string& k, int64_t delta) { return store_->add(key(k), delta); }
+Bytes PrefixStore::compare_set(const std::string& k, const Bytes& e, const Bytes& d) { return store_->compare_set(key(k), e, d); }
+bool PrefixStore::check(const std::vector<std::string>& keys) {
+  std::vector<std::string> full;
+  for (const auto& k : keys) full.push_back(key(k));
+  return store_->check(full);
+}
+bool PrefixStore::delete_key(const std::string& k) { return store_->delete_key(key(k)); }
+int64_t PrefixStore::num_keys() { return store_->num_keys(); }
+void PrefixStore::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  std::vector<std::string> full;
+  for (const auto& k : keys) full.push_back(key(k));
+  store_->wait(full, timeout);
+}
+
+}  // namespace chorus::distributed
