@@ -129,7 +129,9 @@ TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& gra
     owners.emplace(e.fn.get(), e.fn);
   };
   for (size_t i = 0; i < roots.size(); ++i) {
-    if (roots[i].valid()) add_to_buffer(roots[i], grad_roots[i]);
+    // A seed of another dtype is cast like any gradient along an edge: otherwise a leaf root's .grad
+    // (or a retained one) would take the seed's dtype.
+    if (roots[i].valid()) add_to_buffer(roots[i], conform(grad_roots[i], *roots[i].fn, roots[i].input_nr));
   }
   for (const Edge& e : roots) {
     if (e.valid() && dependencies[e.fn.get()] == 0) {
@@ -161,9 +163,12 @@ TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& gra
           if (r.defined()) grads[nr] = conform(r, *node, nr);
         }
       }
+      for (auto& [nr, retain] : node->retain_grad_hooks()) retain(grads[nr]);
       if (capture_mode) {
         auto it = capture_at.find(node.get());
         if (it != capture_at.end()) {
+          // A leaf's hooks run inside AccumulateGrad::apply, which capture mode skips.
+          if (node->is_accumulate_grad()) grads[0] = static_cast<AccumulateGrad&>(*node).run_tensor_hooks(grads[0]);
           for (auto [nr, slot] : it->second) captured[slot] = grads[nr];
         }
         if (!needed.count(node.get()) || node->is_accumulate_grad()) continue;

@@ -22,7 +22,9 @@ double* element(const Tensor& t, int64_t k) {
 Tensor flat_output(const std::function<Tensor(const TensorList&)>& f, const TensorList& inputs) {
   Tensor y = f(inputs);
   if (!y.defined()) fail("gradcheck: the function returned an undefined tensor");
-  return y.to(kFloat64).contiguous().reshape({-1});
+  // clone(): the output may be a view of an input (view ops, to() to the same dtype), and the
+  // perturbed input is restored before the two outputs are compared.
+  return y.to(kFloat64).reshape({-1}).clone();
 }
 
 }  // namespace

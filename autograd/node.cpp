@@ -34,6 +34,26 @@ Tensor SavedTensor::unpack(const char* op) const {
 Node::Node(std::string name)
     : name_(std::move(name)), sequence_nr_(g_next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
 
+Node::~Node() {
+  // Left to the default, the last reference to a long chain destroys it recursively (each node's
+  // edges release the next node) and a graph of ~100k ops (a loss summed over many steps without
+  // detach) overflows the stack. Instead, take over the edges of every node this one owns last,
+  // so each is destroyed with no edges left.
+  std::vector<std::shared_ptr<Node>> owned;
+  for (Edge& e : next_edges_) {
+    if (e.fn) owned.push_back(std::move(e.fn));
+  }
+  while (!owned.empty()) {
+    std::shared_ptr<Node> n = std::move(owned.back());
+    owned.pop_back();
+    if (n.use_count() == 1) {
+      for (Edge& e : n->next_edges_) {
+        if (e.fn) owned.push_back(std::move(e.fn));
+      }
+    }
+  }
+}
+
 int Node::add_tensor_hook(uint32_t output_nr, TensorHook hook) {
   int id = next_hook_id_++;
   tensor_hooks_[output_nr].emplace_back(id, std::move(hook));
@@ -67,17 +87,23 @@ Tensor AccumulateGrad::leaf() const {
   return impl ? Tensor(impl) : Tensor();
 }
 
-TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
+Tensor AccumulateGrad::run_tensor_hooks(Tensor g) const {
   Tensor leaf_tensor = leaf();
-  if (!leaf_tensor.defined()) return {};
-  AutogradMeta& meta = leaf_tensor.unsafe_impl()->ensure_autograd_meta();
-  Tensor g = std::move(grad_outputs[0]);
+  if (!leaf_tensor.defined()) return g;
   // Copy the hook list: a hook may remove itself.
-  auto hooks = meta.hooks;
+  auto hooks = leaf_tensor.unsafe_impl()->ensure_autograd_meta().hooks;
   for (auto& [id, hook] : hooks) {
     Tensor replaced = hook(g);
     if (replaced.defined()) g = replaced;
   }
+  return g;
+}
+
+TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
+  Tensor leaf_tensor = leaf();
+  if (!leaf_tensor.defined()) return {};
+  AutogradMeta& meta = leaf_tensor.unsafe_impl()->ensure_autograd_meta();
+  Tensor g = run_tensor_hooks(std::move(grad_outputs[0]));
   if (!meta.grad.defined()) {
     // Steal the incoming buffer when nothing else refers to it; otherwise keep our own copy so a
     // later in-place accumulation cannot write into someone else's tensor.

@@ -42,7 +42,8 @@ using TensorHook = std::function<Tensor(const Tensor&)>;
 class Node : public std::enable_shared_from_this<Node> {
  public:
   explicit Node(std::string name);
-  virtual ~Node() = default;
+  // Unlinks the nodes it owns last iteratively, so dropping a deep graph cannot overflow the stack.
+  virtual ~Node();
 
   // Gradients of the inputs (one per next edge; undefined where none) from the gradients of the
   // outputs (one per output, never undefined: the engine fills zeros).
@@ -73,6 +74,11 @@ class Node : public std::enable_shared_from_this<Node> {
   int add_tensor_hook(uint32_t output_nr, TensorHook hook);
   void remove_tensor_hook(uint32_t output_nr, int id);
   std::map<uint32_t, std::vector<std::pair<int, TensorHook>>>& tensor_hooks() { return tensor_hooks_; }
+  // The retain_grad() hook of an output. Kept apart so the engine runs it after that output's
+  // other hooks: .grad then holds the gradient they produced, whatever the registration order
+  // (as in PyTorch).
+  void set_retain_grad_hook(uint32_t output_nr, TensorHook hook) { retain_grad_hooks_[output_nr] = std::move(hook); }
+  std::map<uint32_t, TensorHook>& retain_grad_hooks() { return retain_grad_hooks_; }
 
  private:
   std::string name_;
@@ -80,6 +86,7 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<Edge> next_edges_;
   std::vector<OutputMeta> output_meta_;
   std::map<uint32_t, std::vector<std::pair<int, TensorHook>>> tensor_hooks_;
+  std::map<uint32_t, TensorHook> retain_grad_hooks_;
   int next_hook_id_ = 0;
 };
 
@@ -104,6 +111,9 @@ class AccumulateGrad final : public Node {
   explicit AccumulateGrad(const Tensor& leaf);
   TensorList apply(TensorList&& grad_outputs) override;
   bool is_accumulate_grad() const override { return true; }
+  // The leaf's tensor hooks applied to `grad` (what apply() accumulates). autograd::grad captures
+  // a leaf's gradient without running apply(), and calls this so hooks act as on non-leaves.
+  Tensor run_tensor_hooks(Tensor grad) const;
   // The leaf, or an undefined tensor if it no longer exists.
   Tensor leaf() const;
 

@@ -206,9 +206,11 @@ Tensor gather(const Tensor& t, int64_t dim, const Tensor& index) {
   if (out.numel() > 0) cpu::gather(out, alias_without_history(t), d, idx);
   if (autograd::any_requires_grad({&t})) {
     const Shape in_shape = t.sizes();
-    autograd::record("GatherBackward", {t}, {out}, [in_shape, d, idx](const TensorList& g) -> TensorList {
+    // Saved with its version: idx may share the caller's index tensor, which they could modify.
+    SavedTensor sidx(idx);
+    autograd::record("GatherBackward", {t}, {out}, [in_shape, d, sidx](const TensorList& g) -> TensorList {
       Tensor gi = zeros(in_shape, g[0].options());
-      cpu::scatter(gi, d, idx, g[0].contiguous(), true);
+      cpu::scatter(gi, d, sidx.unpack("gather"), g[0].contiguous(), true);
       return {gi};
     });
   }
@@ -235,8 +237,12 @@ Tensor scatter_impl(const char* name, const Tensor& t, int64_t dim, const Tensor
   if (autograd::any_requires_grad({&t}) || (need_src && autograd::GradMode::is_enabled())) {
     TensorList inputs{t};
     if (!src_is_scalar) inputs.push_back(src);
+    const Shape src_shape = src.sizes();
+    // Saved with its version: idx may share the caller's index tensor, which they could modify.
+    SavedTensor sidx(idx);
     autograd::record(accumulate ? "ScatterAddBackward" : "ScatterBackward", inputs, {out},
-                     [d, idx, accumulate, need_src](const TensorList& g) -> TensorList {
+                     [d, sidx, name, accumulate, need_src, src_shape](const TensorList& g) -> TensorList {
+                       Tensor idx = sidx.unpack(name);
                        Tensor gt = g[0];
                        if (!accumulate) {  // overwritten positions got no gradient from self
                          gt = g[0].clone();
@@ -244,7 +250,19 @@ Tensor scatter_impl(const char* name, const Tensor& t, int64_t dim, const Tensor
                          cpu::scatter(gt, d, idx, z, false);
                        }
                        TensorList r{gt};
-                       if (need_src) r.push_back(gather(g[0], d, idx));
+                       if (need_src) {
+                         Tensor gs = gather(g[0], d, idx);
+                         if (gs.sizes() != src_shape) {
+                           // src may be larger than index (only its leading index-shaped block is
+                           // read); the rest of src gets a zero gradient.
+                           Tensor padded = zeros(src_shape, gs.options());
+                           Tensor block = padded;
+                           for (int64_t k = 0; k < gs.dim(); ++k) block = narrow(block, k, 0, gs.size(k));
+                           cpu::copy(block, gs);
+                           gs = padded;
+                         }
+                         r.push_back(gs);
+                       }
                        return r;
                      });
   }
@@ -288,9 +306,9 @@ Tensor& masked_fill_(Tensor& t, const Tensor& mask, const Scalar& value) {
   cpu::copy(t, result);
   t.bump_version();
   if (record) {
-    Tensor m = mask;
+    SavedTensor m(mask);  // with its version: the caller may modify the mask afterwards
     autograd::record("MaskedFillBackward", {t}, {t}, [m](const TensorList& g) -> TensorList {
-      return {masked_fill(g[0], m, 0)};
+      return {masked_fill(g[0], m.unpack("masked_fill_"), 0)};
     });
   }
   return t;

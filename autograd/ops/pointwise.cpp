@@ -455,6 +455,14 @@ Tensor& inplace_binary(BinaryOp op, const char* name, Tensor& self, const Tensor
   const bool record = autograd::any_requires_grad({&self, &other}) && is_floating(self.dtype());
   autograd::check_inplace(self, name, record);
   Tensor self_before = record && other.requires_grad() && op == BinaryOp::Mul ? clone(alias_without_history(self)) : Tensor();
+  // Save `other` (with its version) before writing self: when it shares self's storage
+  // (a.mul_(a), a.div_(a.detach())) the write bumps that version, so backward reports the
+  // overwrite instead of computing with the new values.
+  autograd::BackwardFn backward;
+  if (record) {
+    Tensor other_saved = op == BinaryOp::Mul || op == BinaryOp::Div ? other : Tensor();
+    backward = backward_maker(self_before, other_saved, alpha);
+  }
   const DType cd = compute_dtype(promote_types(rt, self.dtype()));
   if (self.dtype() == cd) {
     cpu::binary(op, self, self, cast(other, cd), alpha);
@@ -464,10 +472,7 @@ Tensor& inplace_binary(BinaryOp op, const char* name, Tensor& self, const Tensor
     cpu::copy(self, tmp);
   }
   self.bump_version();
-  if (record) {
-    Tensor other_saved = op == BinaryOp::Mul || op == BinaryOp::Div ? other : Tensor();
-    autograd::record(name, {self, other}, {self}, backward_maker(self_before, other_saved, alpha));
-  }
+  if (record) autograd::record(name, {self, other}, {self}, std::move(backward));
   return self;
 }
 

@@ -159,12 +159,13 @@ std::pair<Tensor, Tensor> extreme_dim(bool is_max, const Tensor& t, int64_t dim,
   indices = reshaped_result(indices, final_shape);
   if (autograd::any_requires_grad({&t})) {
     const Shape in_shape = t.sizes();
-    Tensor idx = indices;  // int64, never modified by chorus after this
+    // Saved with its version: the indices are returned to the caller, who may modify them.
+    SavedTensor sidx(indices);
     autograd::record(is_max ? "MaxBackward" : "MinBackward", {t}, {values},
-                     [in_shape, idx, d, keepdim](const TensorList& g) -> TensorList {
+                     [in_shape, sidx, d, keepdim, name](const TensorList& g) -> TensorList {
                        if (in_shape.empty()) return {g[0]};
                        Tensor gk = keep_dims(g[0], in_shape, {d}, keepdim).contiguous();
-                       Tensor ik = keep_dims(idx, in_shape, {d}, keepdim).contiguous();
+                       Tensor ik = keep_dims(sidx.unpack(name), in_shape, {d}, keepdim).contiguous();
                        Tensor gi = zeros(in_shape, gk.options());
                        cpu::scatter(gi, d, ik, gk, false);
                        return {gi};

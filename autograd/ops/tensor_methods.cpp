@@ -37,7 +37,7 @@ void Tensor::retain_grad() const {
   if (meta.retains_grad) return;
   meta.retains_grad = true;
   std::weak_ptr<TensorImpl> weak = impl_;
-  meta.grad_fn->add_tensor_hook(meta.output_nr, [weak](const Tensor& g) -> Tensor {
+  meta.grad_fn->set_retain_grad_hook(meta.output_nr, [weak](const Tensor& g) -> Tensor {
     if (auto impl = weak.lock()) {
       AutogradMeta& m = impl->ensure_autograd_meta();
       m.grad = m.grad.defined() ? chorus::add(m.grad, g) : g.clone();

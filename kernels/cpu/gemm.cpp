@@ -27,10 +27,6 @@ void with_map(P* ptr, int64_t rows, int64_t cols, int64_t rs, int64_t cs, const 
   }
 }
 
-bool mappable(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  return cs == 1 || rs == 1 || rows == 1 || cols == 1;
-}
-
 Tensor dense(const Tensor& t) {
   Tensor out = make_tensor(t.sizes(), t.dtype(), t.device());
   copy(out, t);
@@ -42,6 +38,17 @@ void strides_2d(const Tensor& t, int64_t& rs, int64_t& cs) {
   rs = t.size(0) == 1 ? t.size(1) : t.stride(0);
   cs = t.size(1) == 1 ? 1 : t.stride(1);
   if (t.size(1) == 1 && t.size(0) != 1) { cs = 1; }
+}
+
+// with_map reads a view in place only when one dim is unit-stride and the other steps over whole
+// rows (columns). An expanded (stride-0) or overlapping view is not such a matrix: mapping it with
+// the widened outer stride would read the wrong elements (e.g. the stride-0 gradient that
+// sum(dim=0) sends into mm's backward), so it is copied first.
+bool mappable(const Tensor& t) {
+  int64_t rs, cs;
+  strides_2d(t, rs, cs);
+  const int64_t rows = t.size(0), cols = t.size(1);
+  return (cs == 1 && (rows == 1 || rs >= cols)) || (rs == 1 && (cols == 1 || cs >= rows));
 }
 
 template <typename T>
@@ -73,9 +80,9 @@ void gemm_typed(const Tensor& c, const Tensor& a, const Tensor& b, T alpha, T be
 }  // namespace
 
 void gemm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, double beta) {
-  Tensor aa = mappable(a.size(0), a.size(1), a.stride(0), a.stride(1)) ? a : dense(a);
-  Tensor bb = mappable(b.size(0), b.size(1), b.stride(0), b.stride(1)) ? b : dense(b);
-  const bool c_ok = mappable(c.size(0), c.size(1), c.stride(0), c.stride(1));
+  Tensor aa = mappable(a) ? a : dense(a);
+  Tensor bb = mappable(b) ? b : dense(b);
+  const bool c_ok = mappable(c);
   Tensor cc = c_ok ? c : dense(c);
   Eigen::setNbThreads(num_threads());
   CHORUS_DISPATCH_COMPUTE(c.dtype(), "matmul", [&]<typename T>() {
