@@ -42,7 +42,7 @@ void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
 void Work::then(std::function<void(Work&)> fn) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!done_) {
+    if (!has_result_) {
       callbacks_.push_back(std::move(fn));
       return;
     }
@@ -51,16 +51,22 @@ void Work::then(std::function<void(Work&)> fn) {
 }
 
 void Work::finish(TensorList result, std::exception_ptr error) {
+  // Callbacks run before waiters wake, as a future's continuations would: whoever returns from
+  // wait() sees everything the callbacks recorded (e.g. DDP's communication timings).
   std::vector<std::function<void(Work&)>> callbacks;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     result_ = std::move(result);
     error_ = error;
-    done_ = true;
+    has_result_ = true;
     callbacks.swap(callbacks_);
   }
-  done_cv_.notify_all();
   for (auto& cb : callbacks) cb(*this);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+  }
+  done_cv_.notify_all();
 }
 
 std::shared_ptr<Work> completed_work(std::string description, TensorList result) {

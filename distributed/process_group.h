@@ -46,6 +46,7 @@ class Work {
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
+  bool has_result_ = false;  // set before callbacks run; done_ after
   std::exception_ptr error_;
   TensorList result_;
   std::vector<std::function<void(Work&)>> callbacks_;

@@ -1,6 +1,7 @@
 // Everything in nn: Module, layers, containers, functional forms, init.
 #pragma once
 
+#include "autograd/grad_mode.h"
 #include "nn/activation.h"
 #include "nn/container.h"
 #include "nn/functional.h"

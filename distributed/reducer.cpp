@@ -1,0 +1,332 @@
+#include "distributed/reducer.h"
+
+#include <algorithm>
+#include <map>
+#include <unordered_set>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "tensor/ops.h"
+
+namespace chorus::distributed {
+
+using Clock = std::chrono::steady_clock;
+
+std::shared_ptr<Work> allreduce_hook(ProcessGroup& group, Bucket& bucket) { return group.allreduce({bucket.buffer}); }
+
+namespace {
+std::shared_ptr<Work> compressed_hook(ProcessGroup& group, Bucket& bucket, DType wire) {
+  if (!bucket.buffer.is_floating_point()) return group.allreduce({bucket.buffer});
+  Tensor compressed = bucket.buffer.to(wire);
+  return group.allreduce({compressed});  // result()[0] is the compressed sum; the reducer casts it back
+}
+}  // namespace
+
+std::shared_ptr<Work> fp16_compress_hook(ProcessGroup& group, Bucket& bucket) { return compressed_hook(group, bucket, kFloat16); }
+std::shared_ptr<Work> bf16_compress_hook(ProcessGroup& group, Bucket& bucket) { return compressed_hook(group, bucket, kBFloat16); }
+
+Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names, std::shared_ptr<ProcessGroup> group,
+                 ReducerOptions options)
+    : params_(std::move(params)), names_(std::move(names)), group_(std::move(group)), options_(options),
+      comm_hook_(allreduce_hook) {
+  const size_t n = params_.size();
+  marked_.assign(n, false);
+  locally_used_.assign(n, false);
+  unused_this_iteration_.assign(n, false);
+  // Gradients arrive roughly last layer first, so the initial buckets take parameters in reverse
+  // registration order; after the first iteration they are rebuilt in the order actually seen.
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = n - 1 - i;
+  build_buckets(order);
+  for (size_t i = 0; i < n; ++i) {
+    hooks_.push_back(params_[i].register_post_accumulate_grad_hook([this, i](Tensor&) { mark_ready(i); }));
+  }
+}
+
+Reducer::~Reducer() {
+  for (auto& h : hooks_) h.remove();
+  // Never leave a collective running against buffers we are about to free.
+  for (auto& b : buckets_) {
+    if (b.work) {
+      try {
+        b.work->wait();
+      } catch (...) {
+      }
+    }
+  }
+}
+
+void Reducer::register_comm_hook(CommHook hook) {
+  if (!hook) fail("DistributedDataParallel::register_comm_hook: the hook is empty");
+  comm_hook_ = std::move(hook);
+}
+
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  NoGradGuard no_grad;
+  struct Open {
+    std::vector<size_t> params;
+    int64_t bytes = 0;
+    bool is_first = true;
+  };
+  std::map<std::pair<int, std::string>, Open> open;  // per (dtype, device)
+  std::vector<std::vector<size_t>> closed;
+  for (size_t i : order) {
+    const Tensor& p = params_[i];
+    auto key = std::make_pair(static_cast<int>(p.dtype()), p.device().str());
+    Open& o = open[key];
+    o.params.push_back(i);
+    o.bytes += static_cast<int64_t>(p.nbytes());
+    const int64_t cap = o.is_first ? options_.first_bucket_cap_bytes : options_.bucket_cap_bytes;
+    if (o.bytes >= cap) {
+      closed.push_back(std::move(o.params));
+      o.params.clear();
+      o.bytes = 0;
+      o.is_first = false;
+    }
+  }
+  for (auto& [k, o] : open) if (!o.params.empty()) closed.push_back(std::move(o.params));
+  // Buckets launch in the order their first gradient is expected.
+  std::vector<size_t> position(params_.size());
+  for (size_t k = 0; k < order.size(); ++k) position[order[k]] = k;
+  std::sort(closed.begin(), closed.end(), [&](const auto& a, const auto& b) { return position[a[0]] < position[b[0]]; });
+
+  std::vector<Tensor> old_grads;
+  if (options_.gradient_as_bucket_view) for (auto& p : params_) old_grads.push_back(p.grad());
+  buckets_.clear();
+  location_.assign(params_.size(), {0, 0});
+  for (size_t bi = 0; bi < closed.size(); ++bi) {
+    Bucket b;
+    b.index = bi;
+    b.params = closed[bi];
+    int64_t total = 0;
+    for (size_t i : b.params) {
+      b.offsets.push_back(total);
+      total += params_[i].numel();
+    }
+    const Tensor& first = params_[b.params[0]];
+    b.buffer = zeros({total}, {.dtype = first.dtype(), .device = first.device()});
+    for (size_t s = 0; s < b.params.size(); ++s) {
+      const Tensor& p = params_[b.params[s]];
+      b.views.push_back(b.buffer.narrow(0, b.offsets[s], p.numel()).view(p.sizes()));
+      location_[b.params[s]] = {bi, s};
+    }
+    buckets_.push_back(std::move(b));
+  }
+  if (options_.gradient_as_bucket_view) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      auto [bi, s] = location_[i];
+      Tensor view = buckets_[bi].views[s];
+      if (old_grads[i].defined()) view.copy_(old_grads[i]);
+      if (old_grads[i].defined()) params_[i].mutable_grad() = view;
+    }
+  }
+}
+
+std::vector<std::vector<size_t>> Reducer::bucket_assignment() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& b : buckets_) out.push_back(b.params);
+  return out;
+}
+
+void Reducer::set_forward_times(Clock::time_point start, Clock::time_point end) {
+  forward_start_ = start;
+  forward_end_ = end;
+}
+
+std::string Reducer::unready_parameter_names() const {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < params_.size(); ++i) if (!marked_[i]) names.push_back(names_[i]);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+void Reducer::prepare_for_forward() {
+  if (incomplete_) {
+    incomplete_ = false;
+    fail("DistributedDataParallel: Expected to have finished reduction in the prior iteration before starting a "
+         "new one. This error indicates that your module has parameters that were not used in producing loss. You "
+         "can enable unused parameter detection by passing find_unused_parameters=true to DDPOptions, and by making "
+         "sure all forward outputs participate in calculating loss. Parameters which did not receive grad for rank "
+         "{}: {}",
+         group_->rank(), unready_parameter_names());
+  }
+}
+
+void Reducer::prepare_for_backward(const TensorList& outputs) {
+  NoGradGuard no_grad;
+  expect_hooks_ = true;
+  finalize_queued_ = false;
+  next_to_launch_ = 0;
+  std::fill(marked_.begin(), marked_.end(), false);
+  std::fill(locally_used_.begin(), locally_used_.end(), false);
+  arrival_order_.clear();
+  for (auto& b : buckets_) {
+    b.pending = b.params.size();
+    b.work.reset();
+    b.first_ready = b.last_ready = b.launched = b.finished = Clock::time_point();
+  }
+  if (!options_.find_unused_parameters) return;
+  if (!(options_.static_graph && static_unused_known_)) {
+    // Walk the graph from the outputs; a parameter whose AccumulateGrad is not reached gets no
+    // gradient this iteration and is marked ready now, so its bucket does not wait forever.
+    std::unordered_set<const TensorImpl*> reached;
+    std::unordered_set<const autograd::Node*> seen;
+    std::vector<autograd::Node*> stack;
+    for (const Tensor& out : outputs) {
+      if (out.defined() && out.grad_fn()) stack.push_back(out.grad_fn().get());
+    }
+    while (!stack.empty()) {
+      autograd::Node* n = stack.back();
+      stack.pop_back();
+      if (!seen.insert(n).second) continue;
+      if (n->is_accumulate_grad()) {
+        Tensor leaf = static_cast<autograd::AccumulateGrad*>(n)->leaf();
+        if (leaf.defined()) reached.insert(leaf.unsafe_impl());
+      }
+      for (const auto& e : n->next_edges()) if (e.valid()) stack.push_back(e.fn.get());
+    }
+    for (size_t i = 0; i < params_.size(); ++i) unused_this_iteration_[i] = !reached.count(params_[i].unsafe_impl());
+    static_unused_known_ = true;
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!unused_this_iteration_[i]) continue;
+    auto [bi, s] = location_[i];
+    Bucket& b = buckets_[bi];
+    b.views[s].zero_();  // contributes nothing to the sum
+    marked_[i] = true;
+    --b.pending;
+  }
+  launch_ready_buckets();
+}
+
+void Reducer::mark_ready(size_t i) {
+  if (!require_sync_) return;  // no_sync(): gradients accumulate locally
+  if (!expect_hooks_) {
+    // A backward through the module without DDP's forward (e.g. the module called directly): DDP
+    // reduces nothing here, as PyTorch does when forward bypassed the wrapper.
+    return;
+  }
+  if (marked_[i]) {
+    fail("DistributedDataParallel: Expected to mark a variable ready only once. This error is caused by one of the "
+         "following reasons: 1) use of a module parameter outside the forward function, 2) reused parameters in "
+         "multiple reentrant backward passes, or 3) backward called twice in one iteration (e.g. retain_graph) "
+         "without no_sync(). Parameter {} (index {}) on rank {} has been marked as ready twice.",
+         names_[i], i, group_->rank());
+  }
+  const auto now = Clock::now();
+  if (!finalize_queued_) {
+    finalize_queued_ = true;
+    first_ready_ = now;
+    autograd::Engine::get().queue_callback([this] { finalize(); });
+  }
+  NoGradGuard no_grad;
+  auto [bi, s] = location_[i];
+  Bucket& b = buckets_[bi];
+  Tensor& grad = params_[i].mutable_grad();
+  Tensor view = b.views[s];
+  const double scale = 1.0 / static_cast<double>(group_->size());
+  // Pre-divide by the world size so the allreduce's sum is already the average.
+  if (grad.defined() && grad.unsafe_impl()->storage() == view.storage() && grad.storage_offset() == view.storage_offset()) {
+    if (scale != 1.0) view.mul_(scale);
+  } else {
+    if (grad.defined()) view.copy_(grad);
+    else view.zero_();
+    if (scale != 1.0) view.mul_(scale);
+    if (options_.gradient_as_bucket_view) grad = view;
+  }
+  marked_[i] = true;
+  locally_used_[i] = true;
+  arrival_order_.push_back(i);
+  if (b.first_ready == Clock::time_point()) b.first_ready = now;
+  b.last_ready = Clock::now();
+  if (--b.pending == 0) launch_ready_buckets();
+}
+
+void Reducer::launch_ready_buckets() {
+  // Strictly in bucket order: a later bucket that is ready waits for the earlier ones, so every
+  // rank issues identical collective sequences even when gradients arrive in different orders.
+  while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
+    Bucket& b = buckets_[next_to_launch_++];
+    b.launched = Clock::now();
+    b.work = comm_hook_(*group_, b);
+    Bucket* bp = &b;
+    b.work->then([bp](Work&) { bp->finished = Clock::now(); });
+  }
+}
+
+void Reducer::finalize() {
+  NoGradGuard no_grad;
+  const auto backward_end = Clock::now();
+  expect_hooks_ = false;
+  if (next_to_launch_ < buckets_.size()) {
+    // Some parameter got no gradient: its bucket never launched. Raised at the next forward (as
+    // PyTorch does), with the names of the parameters that were not ready.
+    incomplete_ = true;
+    return;
+  }
+  for (auto& b : buckets_) {
+    b.work->wait();
+    const TensorList& result = b.work->result();
+    if (!result.empty() && !result[0].is_same(b.buffer)) b.buffer.copy_(result[0]);
+  }
+  std::vector<bool> globally_used(params_.size(), true);
+  if (options_.find_unused_parameters) {
+    // One extra small collective, issued after all buckets on every rank, tells which parameters
+    // were used anywhere; those used nowhere keep their .grad untouched.
+    Tensor used = zeros({static_cast<int64_t>(params_.size())}, {.dtype = kInt32});
+    int32_t* pu = used.data_ptr<int32_t>();
+    for (size_t i = 0; i < params_.size(); ++i) pu[i] = locally_used_[i] ? 1 : 0;
+    group_->allreduce({used})->wait();
+    for (size_t i = 0; i < params_.size(); ++i) globally_used[i] = pu[i] > 0;
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!globally_used[i]) continue;
+    auto [bi, s] = location_[i];
+    Tensor view = buckets_[bi].views[s];
+    Tensor& grad = params_[i].mutable_grad();
+    if (options_.gradient_as_bucket_view) {
+      grad = view;
+    } else if (grad.defined() && grad.sizes() == view.sizes()) {
+      grad.copy_(view);
+    } else {
+      grad = view.clone();
+    }
+  }
+  // Statistics: every iteration for the first 10, then every 100th.
+  if (iteration_ < 10 || iteration_ % 100 == 0) {
+    IterationStats st;
+    st.iteration = iteration_;
+    auto us = [&](Clock::time_point t) { return std::chrono::duration<double, std::micro>(t - forward_start_).count(); };
+    st.forward_ms = std::chrono::duration<double, std::milli>(forward_end_ - forward_start_).count();
+    st.backward_ms = std::chrono::duration<double, std::milli>(backward_end - forward_end_).count();
+    for (const auto& b : buckets_) {
+      if (b.launched == Clock::time_point()) continue;
+      const double comm = std::chrono::duration<double, std::milli>(b.finished - b.launched).count();
+      const double overlap = std::chrono::duration<double, std::milli>(std::min(b.finished, backward_end) - b.launched).count();
+      st.communication_ms += comm;
+      st.overlapped_ms += std::max(0.0, overlap);
+      if (b.first_ready != Clock::time_point()) {
+        st.spans.push_back({fmt::format("backward: bucket {} gradients", b.index), us(b.first_ready), us(b.last_ready), 0});
+      }
+      st.spans.push_back({fmt::format("allreduce bucket {} ({} KiB)", b.index, b.buffer.nbytes() / 1024), us(b.launched),
+                          us(b.finished), 1});
+    }
+    st.spans.push_back({"forward", 0.0, us(forward_end_), 0});
+    stats_.push_back(std::move(st));
+  }
+  // Rebuild the buckets once, in the order gradients arrived in the first iteration, as rank 0
+  // saw it (every rank must use the same layout).
+  if (!rebuilt_ && arrival_order_.size() == params_.size() && !options_.find_unused_parameters) {
+    Tensor order = zeros({static_cast<int64_t>(params_.size())}, {.dtype = kInt64});
+    int64_t* po = order.data_ptr<int64_t>();
+    for (size_t k = 0; k < arrival_order_.size(); ++k) po[k] = static_cast<int64_t>(arrival_order_[k]);
+    group_->broadcast({order}, 0)->wait();
+    std::vector<size_t> agreed(params_.size());
+    for (size_t k = 0; k < agreed.size(); ++k) agreed[k] = static_cast<size_t>(po[k]);
+    build_buckets(agreed);
+    rebuilt_ = true;
+  }
+  ++iteration_;
+}
+
+}  // namespace chorus::distributed
