@@ -11,8 +11,12 @@ std::atomic<int> g_threads{0};  // 0: not set yet, use the hardware's cores
 int num_threads() {
   int t = g_threads.load(std::memory_order_relaxed);
   if (t > 0) return t;
-  unsigned hw = std::thread::hardware_concurrency();
-  return hw == 0 ? 1 : static_cast<int>(hw);
+  // hardware_concurrency() reads sysfs (open/read/close) on every call: ask once.
+  static const int hw = [] {
+    unsigned n = std::thread::hardware_concurrency();
+    return n == 0 ? 1 : static_cast<int>(n);
+  }();
+  return hw;
 }
 
 void set_num_threads(int threads) {
