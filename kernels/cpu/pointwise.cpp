@@ -34,7 +34,8 @@ void unary_typed(UnaryOp op, const StridedIter<2>& it) {
       unary_loop<T, T>(it, [](T x) { return static_cast<T>((T(0) < x) - (x < T(0))); });
       return;
     case UnaryOp::Relu:
-      unary_loop<T, T>(it, [](T x) { return x > T(0) ? x : T(0); });
+      // NaN propagates, as PyTorch's relu: only values below zero become zero.
+      unary_loop<T, T>(it, [](T x) { return x < T(0) ? T(0) : x; });
       return;
     case UnaryOp::LogicalNot:
       fail("internal: LogicalNot goes through logical_not_typed");
@@ -83,6 +84,37 @@ void unary(UnaryOp op, const Tensor& out, const Tensor& in) {
   CHORUS_DISPATCH_COMPUTE(in.dtype(), "unary op", [&]<typename T>() { unary_typed<T>(op, it); });
 }
 
+namespace {
+
+// Exact integer power by squaring (wrapping like PyTorch on overflow). Negative exponents give the
+// integer result PyTorch gives: 1 for base 1, +-1 for base -1, 0 otherwise.
+template <typename T>
+T integer_pow(T base, T exp) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return exp ? base : true;
+  } else {
+    if constexpr (std::is_signed_v<T>) {
+      if (exp < 0) {
+        if (base == 1) return T(1);
+        if (base == -1) return (exp % 2 == 0) ? T(1) : T(-1);
+        return T(0);
+      }
+    }
+    using U = std::make_unsigned_t<T>;
+    U result = 1;
+    U b = static_cast<U>(base);
+    auto e = static_cast<U>(exp);
+    while (e) {
+      if (e & 1u) result = static_cast<U>(result * b);
+      b = static_cast<U>(b * b);
+      e >>= 1;
+    }
+    return static_cast<T>(result);
+  }
+}
+
+}  // namespace
+
 void pow_scalar(const Tensor& out, const Tensor& in, double exponent) {
   if (out.numel() == 0) return;
   auto it = make_iter<2>(out.sizes(), {&out, &in});
@@ -94,9 +126,8 @@ void pow_scalar(const Tensor& out, const Tensor& in, double exponent) {
       else if (exponent == 1.0) unary_loop<T, T>(it, [](T x) { return x; });
       else unary_loop<T, T>(it, [e](T x) { return std::pow(x, e); });
     } else {
-      unary_loop<T, T>(it, [exponent](T x) {
-        return static_cast<T>(std::llround(std::pow(static_cast<double>(x), exponent)));
-      });
+      const auto e = static_cast<T>(exponent);
+      unary_loop<T, T>(it, [e](T x) { return integer_pow(x, e); });
     }
   });
 }
@@ -156,9 +187,7 @@ void arithmetic_typed(BinaryOp op, const StridedIter<3>& it, const Scalar& alpha
       return;
     case BinaryOp::Pow:
       if constexpr (std::is_floating_point_v<T>) binary_loop<T, T, T>(it, [](T x, T y) { return std::pow(x, y); });
-      else binary_loop<T, T, T>(it, [](T x, T y) {
-        return static_cast<T>(std::llround(std::pow(static_cast<double>(x), static_cast<double>(y))));
-      });
+      else binary_loop<T, T, T>(it, [](T x, T y) { return integer_pow(x, y); });
       return;
     default:
       break;
