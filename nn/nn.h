@@ -3,7 +3,9 @@
 
 #include "autograd/grad_mode.h"
 #include "nn/activation.h"
+#include "nn/batchnorm.h"
 #include "nn/container.h"
+#include "nn/conv.h"
 #include "nn/functional.h"
 #include "nn/init.h"
 #include "nn/layers.h"

@@ -1,0 +1,510 @@
+#include "kernels/cpu/conv.h"
+
+#include <Eigen/Core>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/parallel.h"
+
+namespace chorus::kernels::cpu {
+namespace {
+
+template <typename T>
+using RowMat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <typename T>
+using ConstMap = Eigen::Map<const RowMat<T>>;
+template <typename T>
+using MutMap = Eigen::Map<RowMat<T>>;
+
+bool is_pointwise(const Window2d& w) {
+  return w.kernel_h == 1 && w.kernel_w == 1 && w.stride_h == 1 && w.stride_w == 1 && w.pad_h == 0 &&
+         w.pad_w == 0;
+}
+
+// col [C*kH*kW, OH*OW] from one sample's C planes.
+template <typename T>
+void im2col(T* col, const T* x, int64_t channels, const Window2d& w) {
+  const int64_t ohw = w.out_h * w.out_w;
+  for (int64_t c = 0; c < channels; ++c) {
+    const T* plane = x + c * w.in_h * w.in_w;
+    for (int64_t ki = 0; ki < w.kernel_h; ++ki) {
+      for (int64_t kj = 0; kj < w.kernel_w; ++kj) {
+        T* row = col + ((c * w.kernel_h + ki) * w.kernel_w + kj) * ohw;
+        for (int64_t oh = 0; oh < w.out_h; ++oh) {
+          T* dst = row + oh * w.out_w;
+          const int64_t ih = oh * w.stride_h - w.pad_h + ki * w.dilation_h;
+          if (ih < 0 || ih >= w.in_h) {
+            std::fill(dst, dst + w.out_w, T(0));
+            continue;
+          }
+          const T* src = plane + ih * w.in_w;
+          const int64_t iw0 = kj * w.dilation_w - w.pad_w;
+          if (w.stride_w == 1 && iw0 >= 0 && iw0 + w.out_w <= w.in_w) {
+            std::copy(src + iw0, src + iw0 + w.out_w, dst);
+            continue;
+          }
+          for (int64_t ow = 0; ow < w.out_w; ++ow) {
+            const int64_t iw = ow * w.stride_w + iw0;
+            dst[ow] = (iw >= 0 && iw < w.in_w) ? src[iw] : T(0);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Adds col [C*kH*kW, OH*OW] back into one sample's C planes (the adjoint of im2col).
+template <typename T>
+void col2im_add(T* x, const T* col, int64_t channels, const Window2d& w) {
+  const int64_t ohw = w.out_h * w.out_w;
+  for (int64_t c = 0; c < channels; ++c) {
+    T* plane = x + c * w.in_h * w.in_w;
+    for (int64_t ki = 0; ki < w.kernel_h; ++ki) {
+      for (int64_t kj = 0; kj < w.kernel_w; ++kj) {
+        const T* row = col + ((c * w.kernel_h + ki) * w.kernel_w + kj) * ohw;
+        for (int64_t oh = 0; oh < w.out_h; ++oh) {
+          const int64_t ih = oh * w.stride_h - w.pad_h + ki * w.dilation_h;
+          if (ih < 0 || ih >= w.in_h) continue;
+          const T* src = row + oh * w.out_w;
+          T* dst = plane + ih * w.in_w;
+          const int64_t iw0 = kj * w.dilation_w - w.pad_w;
+          for (int64_t ow = 0; ow < w.out_w; ++ow) {
+            const int64_t iw = ow * w.stride_w + iw0;
+            if (iw >= 0 && iw < w.in_w) dst[iw] += src[ow];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Splits the batch into one chunk per thread, each running single-threaded GEMMs (Eigen stays on
+// one thread inside a parallel region); a batch of one sample runs its GEMMs on every thread.
+template <typename F>
+void over_batch(int64_t batch, const F& f) {
+  const int64_t chunks = std::min<int64_t>(num_threads(), batch);
+  if (chunks <= 1) {
+    Eigen::setNbThreads(num_threads());
+    f(0, 0, batch);
+    return;
+  }
+  parallel_for(0, chunks, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t c = lo; c < hi; ++c) f(c, batch * c / chunks, batch * (c + 1) / chunks);
+  });
+}
+
+int64_t batch_chunks(int64_t batch) { return std::max<int64_t>(1, std::min<int64_t>(num_threads(), batch)); }
+
+template <typename T>
+void conv2d_typed(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
+                  int64_t groups) {
+  const int64_t n = x.size(0), c_in = x.size(1), c_out = weight.size(0);
+  const int64_t cg = c_in / groups, og = c_out / groups;
+  const int64_t ckk = cg * w.kernel_h * w.kernel_w, ohw = w.out_h * w.out_w, hw = w.in_h * w.in_w;
+  const T* px = x.data_ptr<T>();
+  const T* pw = weight.data_ptr<T>();
+  const T* pb = bias.defined() ? bias.data_ptr<T>() : nullptr;
+  T* po = out.data_ptr<T>();
+  const bool pointwise = is_pointwise(w);
+  over_batch(n, [&](int64_t, int64_t lo, int64_t hi) {
+    std::vector<T> col(pointwise ? 0 : static_cast<size_t>(ckk * ohw));
+    for (int64_t s = lo; s < hi; ++s) {
+      for (int64_t g = 0; g < groups; ++g) {
+        const T* xg = px + (s * c_in + g * cg) * hw;
+        const T* src = xg;
+        if (!pointwise) {
+          im2col(col.data(), xg, cg, w);
+          src = col.data();
+        }
+        MutMap<T> o(po + (s * c_out + g * og) * ohw, og, ohw);
+        o.noalias() = ConstMap<T>(pw + g * og * ckk, og, ckk) * ConstMap<T>(src, ckk, ohw);
+        if (pb) {
+          for (int64_t k = 0; k < og; ++k) o.row(k).array() += pb[g * og + k];
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void conv2d_backward_typed(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                           const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Window2d& w,
+                           int64_t groups) {
+  const int64_t n = x.size(0), c_in = x.size(1), c_out = weight.size(0);
+  const int64_t cg = c_in / groups, og = c_out / groups;
+  const int64_t ckk = cg * w.kernel_h * w.kernel_w, ohw = w.out_h * w.out_w, hw = w.in_h * w.in_w;
+  const T* px = x.data_ptr<T>();
+  const T* pw = weight.data_ptr<T>();
+  const T* pg = grad_out.data_ptr<T>();
+  T* pgx = grad_x.defined() ? grad_x.data_ptr<T>() : nullptr;
+  const bool want_w = grad_weight.defined(), want_b = grad_bias.defined();
+  const bool pointwise = is_pointwise(w);
+  // Per-chunk partial parameter gradients, summed afterwards: no atomics, deterministic for a
+  // given thread count.
+  const int64_t chunks = batch_chunks(n);
+  std::vector<std::vector<T>> part_w(chunks), part_b(chunks);
+  over_batch(n, [&](int64_t chunk, int64_t lo, int64_t hi) {
+    std::vector<T> col(pointwise ? 0 : static_cast<size_t>(ckk * ohw));
+    if (want_w) part_w[chunk].assign(static_cast<size_t>(c_out * ckk), T(0));
+    if (want_b) part_b[chunk].assign(static_cast<size_t>(c_out), T(0));
+    for (int64_t s = lo; s < hi; ++s) {
+      for (int64_t g = 0; g < groups; ++g) {
+        ConstMap<T> go(pg + (s * c_out + g * og) * ohw, og, ohw);
+        ConstMap<T> wg(pw + g * og * ckk, og, ckk);
+        if (want_w) {
+          const T* xg = px + (s * c_in + g * cg) * hw;
+          const T* src = xg;
+          if (!pointwise) {
+            im2col(col.data(), xg, cg, w);
+            src = col.data();
+          }
+          MutMap<T> dw(part_w[chunk].data() + g * og * ckk, og, ckk);
+          dw.noalias() += go * ConstMap<T>(src, ckk, ohw).transpose();
+        }
+        if (want_b) {
+          for (int64_t k = 0; k < og; ++k) part_b[chunk][g * og + k] += go.row(k).sum();
+        }
+        if (pgx) {
+          T* gxg = pgx + (s * c_in + g * cg) * hw;
+          if (pointwise) {
+            MutMap<T>(gxg, cg, hw).noalias() = wg.transpose() * go;
+          } else {
+            MutMap<T> dcol(col.data(), ckk, ohw);
+            dcol.noalias() = wg.transpose() * go;
+            std::fill(gxg, gxg + cg * hw, T(0));
+            col2im_add(gxg, col.data(), cg, w);
+          }
+        }
+      }
+    }
+  });
+  if (want_w) {
+    T* dst = grad_weight.data_ptr<T>();
+    std::fill(dst, dst + c_out * ckk, T(0));
+    for (const auto& p : part_w)
+      for (int64_t i = 0; i < c_out * ckk; ++i) dst[i] += p[i];
+  }
+  if (want_b) {
+    T* dst = grad_bias.data_ptr<T>();
+    std::fill(dst, dst + c_out, T(0));
+    for (const auto& p : part_b)
+      for (int64_t i = 0; i < c_out; ++i) dst[i] += p[i];
+  }
+}
+
+int64_t plane_grain(int64_t plane_work) { return std::max<int64_t>(1, kGrainSize / std::max<int64_t>(plane_work, 1)); }
+
+}  // namespace
+
+void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
+            int64_t groups) {
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "conv2d", [&]<typename T>() { conv2d_typed<T>(out, x, weight, bias, w, groups); });
+}
+
+void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_out,
+                     const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups) {
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "conv2d_backward", [&]<typename T>() {
+    conv2d_backward_typed<T>(grad_x, grad_weight, grad_bias, grad_out, x, weight, w, groups);
+  });
+}
+
+// ------------------------------------------------------------------ pooling
+void max_pool2d(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& w) {
+  const int64_t planes = out.numel() / std::max<int64_t>(1, w.out_h * w.out_w);
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    T* po = out.data_ptr<T>();
+    int64_t* pi = indices.data_ptr<int64_t>();
+    const int64_t work = w.out_h * w.out_w * w.kernel_h * w.kernel_w;
+    parallel_for(0, planes, plane_grain(work), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        const T* plane = px + p * w.in_h * w.in_w;
+        T* op = po + p * w.out_h * w.out_w;
+        int64_t* ip = pi + p * w.out_h * w.out_w;
+        for (int64_t oh = 0; oh < w.out_h; ++oh) {
+          int64_t h0 = oh * w.stride_h - w.pad_h;
+          const int64_t h1 = std::min(h0 + (w.kernel_h - 1) * w.dilation_h + 1, w.in_h);
+          while (h0 < 0) h0 += w.dilation_h;
+          for (int64_t ow = 0; ow < w.out_w; ++ow) {
+            int64_t w0 = ow * w.stride_w - w.pad_w;
+            const int64_t w1 = std::min(w0 + (w.kernel_w - 1) * w.dilation_w + 1, w.in_w);
+            while (w0 < 0) w0 += w.dilation_w;
+            // As PyTorch: the first in-range element starts the search; NaN wins.
+            int64_t best_i = h0 * w.in_w + w0;
+            T best = -std::numeric_limits<T>::infinity();
+            for (int64_t ih = h0; ih < h1; ih += w.dilation_h) {
+              for (int64_t iw = w0; iw < w1; iw += w.dilation_w) {
+                const T v = plane[ih * w.in_w + iw];
+                if (v > best || std::isnan(v)) {
+                  best = v;
+                  best_i = ih * w.in_w + iw;
+                  if (std::isnan(v)) goto done;
+                }
+              }
+            }
+          done:
+            op[oh * w.out_w + ow] = best;
+            ip[oh * w.out_w + ow] = best_i;
+          }
+        }
+      }
+    });
+  });
+}
+
+void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices) {
+  const int64_t planes = grad_x.size(0) * grad_x.size(1);
+  const int64_t in_plane = grad_x.size(2) * grad_x.size(3);
+  const int64_t out_plane = grad_out.size(2) * grad_out.size(3);
+  CHORUS_DISPATCH_FLOATING(grad_x.dtype(), "max_pool2d_backward", [&]<typename T>() {
+    T* gx = grad_x.data_ptr<T>();
+    const T* go = grad_out.data_ptr<T>();
+    const int64_t* pi = indices.data_ptr<int64_t>();
+    parallel_for(0, planes, plane_grain(in_plane + out_plane), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        T* dst = gx + p * in_plane;
+        std::fill(dst, dst + in_plane, T(0));
+        for (int64_t o = 0; o < out_plane; ++o) dst[pi[p * out_plane + o]] += go[p * out_plane + o];
+      }
+    });
+  });
+}
+
+namespace {
+
+// avg_pool2d's window [h0, h1) x [w0, w1) clipped to the input, and its divisor, as PyTorch.
+struct AvgCell {
+  int64_t h0, h1, w0, w1;
+  int64_t divisor;
+};
+
+AvgCell avg_cell(const Window2d& w, int64_t oh, int64_t ow, bool count_include_pad) {
+  int64_t h0 = oh * w.stride_h - w.pad_h, w0 = ow * w.stride_w - w.pad_w;
+  int64_t h1 = std::min(h0 + w.kernel_h, w.in_h + w.pad_h), w1 = std::min(w0 + w.kernel_w, w.in_w + w.pad_w);
+  const int64_t padded = (h1 - h0) * (w1 - w0);
+  h0 = std::max<int64_t>(h0, 0);
+  w0 = std::max<int64_t>(w0, 0);
+  h1 = std::min(h1, w.in_h);
+  w1 = std::min(w1, w.in_w);
+  const int64_t divisor = count_include_pad ? padded : (h1 - h0) * (w1 - w0);
+  return {h0, h1, w0, w1, std::max<int64_t>(divisor, 1)};
+}
+
+}  // namespace
+
+void avg_pool2d(const Tensor& out, const Tensor& x, const Window2d& w, bool count_include_pad) {
+  const int64_t planes = out.numel() / std::max<int64_t>(1, w.out_h * w.out_w);
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "avg_pool2d", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    T* po = out.data_ptr<T>();
+    parallel_for(0, planes, plane_grain(w.out_h * w.out_w * w.kernel_h * w.kernel_w), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        const T* plane = px + p * w.in_h * w.in_w;
+        for (int64_t oh = 0; oh < w.out_h; ++oh) {
+          for (int64_t ow = 0; ow < w.out_w; ++ow) {
+            const AvgCell c = avg_cell(w, oh, ow, count_include_pad);
+            T s = 0;
+            for (int64_t ih = c.h0; ih < c.h1; ++ih)
+              for (int64_t iw = c.w0; iw < c.w1; ++iw) s += plane[ih * w.in_w + iw];
+            po[(p * w.out_h + oh) * w.out_w + ow] = s / static_cast<T>(c.divisor);
+          }
+        }
+      }
+    });
+  });
+}
+
+void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, const Window2d& w, bool count_include_pad) {
+  const int64_t planes = grad_out.numel() / std::max<int64_t>(1, w.out_h * w.out_w);
+  CHORUS_DISPATCH_FLOATING(grad_x.dtype(), "avg_pool2d_backward", [&]<typename T>() {
+    T* gx = grad_x.data_ptr<T>();
+    const T* go = grad_out.data_ptr<T>();
+    parallel_for(0, planes, plane_grain(w.out_h * w.out_w * w.kernel_h * w.kernel_w), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        T* plane = gx + p * w.in_h * w.in_w;
+        std::fill(plane, plane + w.in_h * w.in_w, T(0));
+        for (int64_t oh = 0; oh < w.out_h; ++oh) {
+          for (int64_t ow = 0; ow < w.out_w; ++ow) {
+            const AvgCell c = avg_cell(w, oh, ow, count_include_pad);
+            const T g = go[(p * w.out_h + oh) * w.out_w + ow] / static_cast<T>(c.divisor);
+            for (int64_t ih = c.h0; ih < c.h1; ++ih)
+              for (int64_t iw = c.w0; iw < c.w1; ++iw) plane[ih * w.in_w + iw] += g;
+          }
+        }
+      }
+    });
+  });
+}
+
+namespace {
+
+int64_t adaptive_start(int64_t o, int64_t in, int64_t out) { return (o * in) / out; }
+int64_t adaptive_end(int64_t o, int64_t in, int64_t out) { return ((o + 1) * in + out - 1) / out; }
+
+}  // namespace
+
+void adaptive_avg_pool2d(const Tensor& out, const Tensor& x, int64_t in_h, int64_t in_w, int64_t out_h,
+                         int64_t out_w) {
+  const int64_t planes = out.numel() / std::max<int64_t>(1, out_h * out_w);
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "adaptive_avg_pool2d", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    T* po = out.data_ptr<T>();
+    parallel_for(0, planes, plane_grain(in_h * in_w), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        const T* plane = px + p * in_h * in_w;
+        for (int64_t oh = 0; oh < out_h; ++oh) {
+          const int64_t h0 = adaptive_start(oh, in_h, out_h), h1 = adaptive_end(oh, in_h, out_h);
+          for (int64_t ow = 0; ow < out_w; ++ow) {
+            const int64_t w0 = adaptive_start(ow, in_w, out_w), w1 = adaptive_end(ow, in_w, out_w);
+            T s = 0;
+            for (int64_t ih = h0; ih < h1; ++ih)
+              for (int64_t iw = w0; iw < w1; ++iw) s += plane[ih * in_w + iw];
+            po[(p * out_h + oh) * out_w + ow] = s / static_cast<T>((h1 - h0) * (w1 - w0));
+          }
+        }
+      }
+    });
+  });
+}
+
+void adaptive_avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, int64_t in_h, int64_t in_w,
+                                  int64_t out_h, int64_t out_w) {
+  const int64_t planes = grad_out.numel() / std::max<int64_t>(1, out_h * out_w);
+  CHORUS_DISPATCH_FLOATING(grad_x.dtype(), "adaptive_avg_pool2d_backward", [&]<typename T>() {
+    T* gx = grad_x.data_ptr<T>();
+    const T* go = grad_out.data_ptr<T>();
+    parallel_for(0, planes, plane_grain(in_h * in_w), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        T* plane = gx + p * in_h * in_w;
+        std::fill(plane, plane + in_h * in_w, T(0));
+        for (int64_t oh = 0; oh < out_h; ++oh) {
+          const int64_t h0 = adaptive_start(oh, in_h, out_h), h1 = adaptive_end(oh, in_h, out_h);
+          for (int64_t ow = 0; ow < out_w; ++ow) {
+            const int64_t w0 = adaptive_start(ow, in_w, out_w), w1 = adaptive_end(ow, in_w, out_w);
+            const T g = go[(p * out_h + oh) * out_w + ow] / static_cast<T>((h1 - h0) * (w1 - w0));
+            for (int64_t ih = h0; ih < h1; ++ih)
+              for (int64_t iw = w0; iw < w1; ++iw) plane[ih * in_w + iw] += g;
+          }
+        }
+      }
+    });
+  });
+}
+
+// ------------------------------------------------------------------ batch norm
+void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_rstd, const Tensor& x,
+                const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                bool use_batch_stats, double momentum, double eps, int64_t n, int64_t c, int64_t s) {
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "batch_norm", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    T* po = out.data_ptr<T>();
+    const T* pw = weight.defined() ? weight.data_ptr<T>() : nullptr;
+    const T* pb = bias.defined() ? bias.data_ptr<T>() : nullptr;
+    T* pm = save_mean.data_ptr<T>();
+    T* pr = save_rstd.data_ptr<T>();
+    const bool update = use_batch_stats && running_mean.defined();
+    T* rm = running_mean.defined() ? running_mean.data_ptr<T>() : nullptr;
+    T* rv = running_var.defined() ? running_var.data_ptr<T>() : nullptr;
+    const int64_t count = n * s;
+    parallel_for(0, c, plane_grain(count), [&](int64_t lo, int64_t hi) {
+      for (int64_t ch = lo; ch < hi; ++ch) {
+        double mean, var;
+        if (use_batch_stats) {
+          // Two passes in double: stable when the mean is large against the spread.
+          double sum = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const T* row = px + (i * c + ch) * s;
+            for (int64_t j = 0; j < s; ++j) sum += row[j];
+          }
+          mean = sum / static_cast<double>(count);
+          double sq = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const T* row = px + (i * c + ch) * s;
+            for (int64_t j = 0; j < s; ++j) {
+              const double d = row[j] - mean;
+              sq += d * d;
+            }
+          }
+          var = sq / static_cast<double>(count);
+          if (update) {
+            const double unbiased = count > 1 ? sq / static_cast<double>(count - 1) : var;
+            rm[ch] = static_cast<T>((1 - momentum) * rm[ch] + momentum * mean);
+            rv[ch] = static_cast<T>((1 - momentum) * rv[ch] + momentum * unbiased);
+          }
+        } else {
+          mean = rm[ch];
+          var = rv[ch];
+        }
+        const double rstd = 1.0 / std::sqrt(var + eps);
+        pm[ch] = static_cast<T>(mean);
+        pr[ch] = static_cast<T>(rstd);
+        // y = x * scale + shift
+        const T scale = static_cast<T>(rstd * (pw ? pw[ch] : 1.0));
+        const T shift = static_cast<T>((pb ? pb[ch] : 0.0) - mean * rstd * (pw ? pw[ch] : 1.0));
+        for (int64_t i = 0; i < n; ++i) {
+          const T* row = px + (i * c + ch) * s;
+          T* orow = po + (i * c + ch) * s;
+          for (int64_t j = 0; j < s; ++j) orow[j] = row[j] * scale + shift;
+        }
+      }
+    });
+  });
+}
+
+void batch_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                         const Tensor& grad_out, const Tensor& x, const Tensor& save_mean, const Tensor& save_rstd,
+                         const Tensor& weight, bool use_batch_stats, int64_t n, int64_t c, int64_t s) {
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "batch_norm_backward", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    const T* pg = grad_out.data_ptr<T>();
+    const T* pw = weight.defined() ? weight.data_ptr<T>() : nullptr;
+    const T* pm = save_mean.data_ptr<T>();
+    const T* pr = save_rstd.data_ptr<T>();
+    T* gx = grad_x.defined() ? grad_x.data_ptr<T>() : nullptr;
+    T* gw = grad_weight.defined() ? grad_weight.data_ptr<T>() : nullptr;
+    T* gb = grad_bias.defined() ? grad_bias.data_ptr<T>() : nullptr;
+    const int64_t count = n * s;
+    parallel_for(0, c, plane_grain(2 * count), [&](int64_t lo, int64_t hi) {
+      for (int64_t ch = lo; ch < hi; ++ch) {
+        const double mean = pm[ch], rstd = pr[ch];
+        double sum_g = 0, sum_gx = 0;  // sum(g), sum(g * xhat)
+        for (int64_t i = 0; i < n; ++i) {
+          const T* xr = px + (i * c + ch) * s;
+          const T* gr = pg + (i * c + ch) * s;
+          for (int64_t j = 0; j < s; ++j) {
+            sum_g += gr[j];
+            sum_gx += gr[j] * (xr[j] - mean);
+          }
+        }
+        sum_gx *= rstd;
+        if (gw) gw[ch] = static_cast<T>(sum_gx);
+        if (gb) gb[ch] = static_cast<T>(sum_g);
+        if (!gx) continue;
+        const double w = pw ? pw[ch] : 1.0;
+        if (use_batch_stats) {
+          // gx = w * rstd * (g - mean(g) - xhat * mean(g * xhat))
+          const T k = static_cast<T>(w * rstd);
+          const T mg = static_cast<T>(sum_g / count);
+          const T mgx = static_cast<T>(sum_gx / count * rstd);  // folded: xhat * rstd-scaled term
+          const T m = static_cast<T>(mean);
+          for (int64_t i = 0; i < n; ++i) {
+            const T* xr = px + (i * c + ch) * s;
+            const T* gr = pg + (i * c + ch) * s;
+            T* out = gx + (i * c + ch) * s;
+            for (int64_t j = 0; j < s; ++j) out[j] = k * (gr[j] - mg - (xr[j] - m) * mgx);
+          }
+        } else {
+          const T k = static_cast<T>(w * rstd);
+          for (int64_t i = 0; i < n; ++i) {
+            const T* gr = pg + (i * c + ch) * s;
+            T* out = gx + (i * c + ch) * s;
+            for (int64_t j = 0; j < s; ++j) out[j] = k * gr[j];
+          }
+        }
+      }
+    });
+  });
+}
+
+}  // namespace chorus::kernels::cpu

@@ -1,0 +1,54 @@
+// CPU kernels for convolution, pooling and batch normalization (NCHW, contiguous, float32 or
+// float64). Convolution is im2col + Eigen GEMM per sample and group, threads over the batch; a 1x1
+// stride-1 unpadded convolution skips im2col and multiplies the input in place.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace chorus::kernels::cpu {
+
+// Geometry of a 2-D window op (convolution or pooling) over one [H, W] plane.
+struct Window2d {
+  int64_t in_h = 0, in_w = 0;
+  int64_t out_h = 0, out_w = 0;
+  int64_t kernel_h = 1, kernel_w = 1;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+};
+
+// out [N, C_out, OH, OW]; x [N, C_in, H, W]; weight [C_out, C_in/groups, kH, kW]; bias [C_out] or
+// undefined.
+void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
+            int64_t groups);
+// Any of grad_x, grad_weight, grad_bias may be undefined (not wanted). grad_out [N, C_out, OH, OW].
+void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_out,
+                     const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups);
+
+// x [N*C planes of H x W]; out and indices (int64, flat h*W+w into the input plane) [planes, OH, OW].
+void max_pool2d(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& w);
+void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices);
+void avg_pool2d(const Tensor& out, const Tensor& x, const Window2d& w, bool count_include_pad);
+void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, const Window2d& w, bool count_include_pad);
+// Window of output cell o over an input of `in` cells split into `out` parts, as PyTorch:
+// [floor(o*in/out), ceil((o+1)*in/out)).
+void adaptive_avg_pool2d(const Tensor& out, const Tensor& x, int64_t in_h, int64_t in_w, int64_t out_h,
+                         int64_t out_w);
+void adaptive_avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, int64_t in_h, int64_t in_w,
+                                  int64_t out_h, int64_t out_w);
+
+// x viewed as [N, C, S] (contiguous). Training (use_batch_stats): per-channel batch mean and biased
+// variance; writes save_mean and save_rstd [C]; and when running_mean/var are defined, updates them
+// with momentum and the unbiased variance. Eval: normalizes with running_mean/var (save_* get
+// those statistics, for backward). weight/bias [C] or undefined.
+void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_rstd, const Tensor& x,
+                const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                bool use_batch_stats, double momentum, double eps, int64_t n, int64_t c, int64_t s);
+// Gradients of batch_norm; use_batch_stats selects the training-mode formula (statistics depend on x).
+void batch_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                         const Tensor& grad_out, const Tensor& x, const Tensor& save_mean, const Tensor& save_rstd,
+                         const Tensor& weight, bool use_batch_stats, int64_t n, int64_t c, int64_t s);
+
+}  // namespace chorus::kernels::cpu

@@ -1,0 +1,83 @@
+// batch_norm: fused per-channel statistics and affine output, running-statistics update, and a fused
+// backward (training formula when batch statistics were used, the affine one in eval).
+#include "autograd/node.h"
+#include "autograd/ops/common.h"
+#include "autograd/grad_mode.h"
+#include "kernels/cpu/conv.h"
+#include "nn/functional/normalization.h"
+#include "tensor/ops.h"
+
+namespace chorus::nn::functional {
+
+using autograd::SavedTensor;
+
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  ops::check_defined(input, "batch_norm", "input");
+  ops::check_cpu(input, "batch_norm");
+  if (input.dim() < 2) {
+    fail("batch_norm: expected an input of at least 2 dims [N, C, ...], got shape {}", shape_str(input.sizes()));
+  }
+  if (!input.is_floating_point()) {
+    fail("batch_norm: expected a floating-point input, got {}", dtype_name(input.dtype()));
+  }
+  const int64_t n = input.size(0), c = input.size(1);
+  const int64_t s = c == 0 || n == 0 ? 0 : input.numel() / (n * c);
+  const Tensor* named[] = {&running_mean, &running_var, &weight, &bias};
+  const char* names[] = {"running_mean", "running_var", "weight", "bias"};
+  for (int i = 0; i < 4; ++i) {
+    if (named[i]->defined() && (named[i]->dim() != 1 || named[i]->size(0) != c)) {
+      fail("batch_norm: {} must have shape [{}] (the input's channel dim, input shape {}), got {}", names[i], c,
+           shape_str(input.sizes()), shape_str(named[i]->sizes()));
+    }
+  }
+  if (running_mean.defined() != running_var.defined()) {
+    fail("batch_norm: running_mean and running_var must be given together");
+  }
+  if (!training && !running_mean.defined()) {
+    fail("batch_norm: eval mode needs running_mean and running_var (a layer built with track_running_stats=false "
+         "normalizes with batch statistics instead)");
+  }
+  if (training && n * s <= 1) {
+    fail("batch_norm: expected more than 1 value per channel when training, got input of shape {}",
+         shape_str(input.sizes()));
+  }
+  const DType cd = compute_dtype(input.dtype());
+  auto compute = [cd](const Tensor& t) {
+    return t.defined() ? ops::cast(alias_without_history(t), cd).contiguous() : Tensor();
+  };
+  Tensor x = compute(input), w = compute(weight), b = compute(bias);
+  // The running statistics are updated in place; a float16 buffer goes through a float copy.
+  Tensor rm = compute(running_mean), rv = compute(running_var);
+  Tensor out = make_tensor(input.sizes(), cd, input.device());
+  Tensor save_mean = make_tensor({c}, cd, input.device());
+  Tensor save_rstd = make_tensor({c}, cd, input.device());
+  kernels::cpu::batch_norm(out, save_mean, save_rstd, x, w, b, rm, rv, training, momentum, eps, n, c, s);
+  if (training && running_mean.defined()) {
+    NoGradGuard no_grad;
+    for (auto [buf, upd] : {std::pair{running_mean, rm}, std::pair{running_var, rv}}) {
+      if (buf.raw_data_ptr() != upd.raw_data_ptr()) Tensor(buf).copy_(upd);  // bumps the version
+      else buf.bump_version();
+    }
+  }
+  out = ops::cast(out, input.dtype());
+  if (autograd::any_requires_grad({&input, &weight, &bias})) {
+    const bool need_x = input.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
+               need_b = bias.defined() && bias.requires_grad();
+    SavedTensor sx(x), sw(w);
+    autograd::record("NativeBatchNormBackward", {input, weight, bias}, {out},
+                     [=](const TensorList& g) -> TensorList {
+                       Tensor xv = sx.unpack("batch_norm"), wv = sw.unpack("batch_norm");
+                       Tensor gv = ops::cast(g[0], xv.dtype()).contiguous();
+                       Tensor gx = need_x ? make_tensor(xv.sizes(), xv.dtype(), xv.device()) : Tensor();
+                       Tensor gw = need_w ? make_tensor({c}, xv.dtype(), xv.device()) : Tensor();
+                       Tensor gb = need_b ? make_tensor({c}, xv.dtype(), xv.device()) : Tensor();
+                       kernels::cpu::batch_norm_backward(gx, gw, gb, gv, xv, save_mean, save_rstd, wv, training,
+                                                         n, c, s);
+                       return {gx, gw, gb};
+                     });
+  }
+  return out;
+}
+
+}  // namespace chorus::nn::functional

@@ -1,0 +1,216 @@
+// conv2d and pooling: argument checks with PyTorch's messages in spirit (what was given, what was
+// expected), the CPU kernels of kernels/cpu/conv.h, and their backward nodes.
+#include "nn/functional/conv.h"
+
+#include "autograd/node.h"
+#include "autograd/ops/common.h"
+#include "kernels/cpu/conv.h"
+#include "tensor/ops.h"
+
+namespace chorus::nn::functional {
+
+using autograd::SavedTensor;
+using kernels::cpu::Window2d;
+
+namespace {
+
+std::string pair_str(Pair p) { return fmt::format("({}, {})", p[0], p[1]); }
+
+void check_positive(const char* op, const char* what, Pair p, int64_t min_value) {
+  if (p[0] < min_value || p[1] < min_value) {
+    fail("{}: {} must be >= {} in both dims, got {}", op, what, min_value, pair_str(p));
+  }
+}
+
+// A 3-D input [C, H, W] is one unbatched sample, as in PyTorch; it runs as a batch of one.
+Tensor batched_input(const Tensor& input, const char* op, bool& unbatched) {
+  ops::check_defined(input, op, "input");
+  ops::check_cpu(input, op);
+  if (input.dim() != 3 && input.dim() != 4) {
+    fail("{}: expected a 3-D [C, H, W] or 4-D [N, C, H, W] input, got shape {}", op, shape_str(input.sizes()));
+  }
+  if (!input.is_floating_point()) {
+    fail("{}: expected a floating-point input, got {}", op, dtype_name(input.dtype()));
+  }
+  unbatched = input.dim() == 3;
+  return unbatched ? input.unsqueeze(0) : input;
+}
+
+Tensor unbatch(const Tensor& out, bool unbatched) { return unbatched ? out.squeeze(0) : out; }
+
+// Output extent of a window op, as PyTorch's pooling_output_shape / conv formula.
+int64_t out_extent(int64_t in, int64_t kernel, int64_t pad, int64_t stride, int64_t dilation, bool ceil_mode) {
+  const int64_t span = in + 2 * pad - dilation * (kernel - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+  int64_t out = (span < 0 ? -1 : span / stride) + 1;
+  // With ceil_mode the last window must start inside the input or its left padding.
+  if (ceil_mode && out > 0 && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+Window2d make_window(const char* op, const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation,
+                     bool ceil_mode) {
+  Window2d w;
+  w.in_h = x.size(2);
+  w.in_w = x.size(3);
+  w.kernel_h = kernel[0];
+  w.kernel_w = kernel[1];
+  w.stride_h = stride[0];
+  w.stride_w = stride[1];
+  w.pad_h = padding[0];
+  w.pad_w = padding[1];
+  w.dilation_h = dilation[0];
+  w.dilation_w = dilation[1];
+  w.out_h = out_extent(w.in_h, w.kernel_h, w.pad_h, w.stride_h, w.dilation_h, ceil_mode);
+  w.out_w = out_extent(w.in_w, w.kernel_w, w.pad_w, w.stride_w, w.dilation_w, ceil_mode);
+  if (w.out_h <= 0 || w.out_w <= 0) {
+    fail("{}: input of spatial size ({}, {}) is too small for kernel {} with padding {}, dilation {} (output "
+         "would be ({}, {}))",
+         op, w.in_h, w.in_w, pair_str(kernel), pair_str(padding), pair_str(dilation), w.out_h, w.out_w);
+  }
+  return w;
+}
+
+void check_pool_args(const char* op, Pair kernel, Pair stride, Pair padding, Pair dilation) {
+  check_positive(op, "kernel_size", kernel, 1);
+  check_positive(op, "stride", stride, 1);
+  check_positive(op, "dilation", dilation, 1);
+  check_positive(op, "padding", padding, 0);
+  if (padding[0] * 2 > kernel[0] || padding[1] * 2 > kernel[1]) {
+    fail("{}: padding {} must be at most half of kernel_size {}", op, pair_str(padding), pair_str(kernel));
+  }
+}
+
+Tensor compute_view(const Tensor& t, DType cd) { return ops::cast(alias_without_history(t), cd).contiguous(); }
+
+}  // namespace
+
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding, Pair dilation,
+              int64_t groups) {
+  bool unbatched = false;
+  const Tensor in4 = batched_input(input, "conv2d", unbatched);
+  ops::check_defined(weight, "conv2d", "weight");
+  ops::check_same_device(input, weight, "conv2d");
+  if (weight.dim() != 4) {
+    fail("conv2d: expected a 4-D weight [C_out, C_in/groups, kH, kW], got shape {}", shape_str(weight.sizes()));
+  }
+  if (groups < 1) fail("conv2d: groups must be positive, got {}", groups);
+  check_positive("conv2d", "stride", stride, 1);
+  check_positive("conv2d", "dilation", dilation, 1);
+  check_positive("conv2d", "padding", padding, 0);
+  const int64_t c_in = in4.size(1), c_out = weight.size(0);
+  if (c_in % groups != 0 || c_out % groups != 0) {
+    fail("conv2d: input channels {} and output channels {} must both be divisible by groups {}", c_in, c_out,
+         groups);
+  }
+  if (weight.size(1) * groups != c_in) {
+    fail("conv2d: input of shape {} has {} channels, but weight of shape {} with groups={} expects {} channels",
+         shape_str(input.sizes()), c_in, shape_str(weight.sizes()), groups, weight.size(1) * groups);
+  }
+  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != c_out)) {
+    fail("conv2d: bias must have shape [{}], got {}", c_out, shape_str(bias.sizes()));
+  }
+  if (input.dtype() != weight.dtype() || (bias.defined() && bias.dtype() != input.dtype())) {
+    fail("conv2d: input ({}), weight ({}) and bias must have the same dtype", dtype_name(input.dtype()),
+         dtype_name(weight.dtype()));
+  }
+  const Window2d w = make_window("conv2d", in4, {weight.size(2), weight.size(3)}, stride, padding, dilation, false);
+  const DType cd = compute_dtype(input.dtype());
+  Tensor x = compute_view(in4, cd);
+  Tensor wt = compute_view(weight, cd);
+  Tensor b = bias.defined() ? compute_view(bias, cd) : Tensor();
+  Tensor out = make_tensor({x.size(0), c_out, w.out_h, w.out_w}, cd, input.device());
+  kernels::cpu::conv2d(out, x, wt, b, w, groups);
+  out = ops::cast(out, input.dtype());
+  if (autograd::any_requires_grad({&in4, &weight, &bias})) {
+    const bool need_x = in4.requires_grad(), need_w = weight.requires_grad(),
+               need_b = bias.defined() && bias.requires_grad();
+    SavedTensor sx(x), sw(wt);
+    autograd::record("ConvolutionBackward", {in4, weight, bias}, {out}, [=](const TensorList& g) -> TensorList {
+      Tensor xv = sx.unpack("conv2d"), wv = sw.unpack("conv2d");
+      Tensor gv = ops::cast(g[0], xv.dtype()).contiguous();
+      Tensor gx = need_x ? make_tensor(xv.sizes(), xv.dtype(), xv.device()) : Tensor();
+      Tensor gw = need_w ? make_tensor(wv.sizes(), xv.dtype(), xv.device()) : Tensor();
+      Tensor gb = need_b ? make_tensor({wv.size(0)}, xv.dtype(), xv.device()) : Tensor();
+      kernels::cpu::conv2d_backward(gx, gw, gb, gv, xv, wv, w, groups);
+      return {gx, gw, gb};
+    });
+  }
+  return unbatch(out, unbatched);
+}
+
+Tensor max_pool2d(const Tensor& input, Pair kernel_size, std::optional<Pair> stride, Pair padding, Pair dilation,
+                  bool ceil_mode) {
+  bool unbatched = false;
+  const Tensor in4 = batched_input(input, "max_pool2d", unbatched);
+  const Pair st = stride.value_or(kernel_size);
+  check_pool_args("max_pool2d", kernel_size, st, padding, dilation);
+  const Window2d w = make_window("max_pool2d", in4, kernel_size, st, padding, dilation, ceil_mode);
+  const DType cd = compute_dtype(input.dtype());
+  Tensor x = compute_view(in4, cd);
+  const Shape out_shape{x.size(0), x.size(1), w.out_h, w.out_w};
+  Tensor out = make_tensor(out_shape, cd, input.device());
+  Tensor indices = make_tensor(out_shape, kInt64, input.device());
+  kernels::cpu::max_pool2d(out, indices, x, w);
+  out = ops::cast(out, input.dtype());
+  if (autograd::any_requires_grad({&in4})) {
+    const Shape in_shape = x.sizes();
+    autograd::record("MaxPool2DWithIndicesBackward", {in4}, {out}, [=](const TensorList& g) -> TensorList {
+      Tensor gv = ops::cast(g[0], cd).contiguous();
+      Tensor gx = make_tensor(in_shape, cd, gv.device());
+      kernels::cpu::max_pool2d_backward(gx, gv, indices);
+      return {gx};
+    });
+  }
+  return unbatch(out, unbatched);
+}
+
+Tensor avg_pool2d(const Tensor& input, Pair kernel_size, std::optional<Pair> stride, Pair padding, bool ceil_mode,
+                  bool count_include_pad) {
+  bool unbatched = false;
+  const Tensor in4 = batched_input(input, "avg_pool2d", unbatched);
+  const Pair st = stride.value_or(kernel_size);
+  check_pool_args("avg_pool2d", kernel_size, st, padding, {1, 1});
+  const Window2d w = make_window("avg_pool2d", in4, kernel_size, st, padding, {1, 1}, ceil_mode);
+  const DType cd = compute_dtype(input.dtype());
+  Tensor x = compute_view(in4, cd);
+  Tensor out = make_tensor({x.size(0), x.size(1), w.out_h, w.out_w}, cd, input.device());
+  kernels::cpu::avg_pool2d(out, x, w, count_include_pad);
+  out = ops::cast(out, input.dtype());
+  if (autograd::any_requires_grad({&in4})) {
+    const Shape in_shape = x.sizes();
+    autograd::record("AvgPool2DBackward", {in4}, {out}, [=](const TensorList& g) -> TensorList {
+      Tensor gv = ops::cast(g[0], cd).contiguous();
+      Tensor gx = make_tensor(in_shape, cd, gv.device());
+      kernels::cpu::avg_pool2d_backward(gx, gv, w, count_include_pad);
+      return {gx};
+    });
+  }
+  return unbatch(out, unbatched);
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
+  bool unbatched = false;
+  const Tensor in4 = batched_input(input, "adaptive_avg_pool2d", unbatched);
+  check_positive("adaptive_avg_pool2d", "output_size", output_size, 1);
+  const int64_t in_h = in4.size(2), in_w = in4.size(3), out_h = output_size[0], out_w = output_size[1];
+  if (in_h == 0 || in_w == 0) {
+    fail("adaptive_avg_pool2d: input of shape {} has an empty spatial dim", shape_str(input.sizes()));
+  }
+  const DType cd = compute_dtype(input.dtype());
+  Tensor x = compute_view(in4, cd);
+  Tensor out = make_tensor({x.size(0), x.size(1), out_h, out_w}, cd, input.device());
+  kernels::cpu::adaptive_avg_pool2d(out, x, in_h, in_w, out_h, out_w);
+  out = ops::cast(out, input.dtype());
+  if (autograd::any_requires_grad({&in4})) {
+    const Shape in_shape = x.sizes();
+    autograd::record("AdaptiveAvgPool2DBackward", {in4}, {out}, [=](const TensorList& g) -> TensorList {
+      Tensor gv = ops::cast(g[0], cd).contiguous();
+      Tensor gx = make_tensor(in_shape, cd, gv.device());
+      kernels::cpu::adaptive_avg_pool2d_backward(gx, gv, in_h, in_w, out_h, out_w);
+      return {gx};
+    });
+  }
+  return unbatch(out, unbatched);
+}
+
+}  // namespace chorus::nn::functional
