@@ -1,0 +1,313 @@
+#include "nn/serialize.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "tensor/generator.h"
+#include "tensor/ops.h"
+
+namespace chorus::nn {
+
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian; so is this code");
+
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // as the reference implementation's limit
+
+const char* st_dtype(DType d) {
+  switch (d) {
+    case kFloat64: return "F64";
+    case kFloat32: return "F32";
+    case kFloat16: return "F16";
+    case kBFloat16: return "BF16";
+    case kInt64: return "I64";
+    case kInt32: return "I32";
+    case kUInt8: return "U8";
+    case kBool: return "BOOL";
+  }
+  return "?";
+}
+
+bool parse_dtype(const std::string& s, DType& out) {
+  static const std::map<std::string, DType> table = {{"F64", kFloat64}, {"F32", kFloat32}, {"F16", kFloat16},
+                                                     {"BF16", kBFloat16}, {"I64", kInt64}, {"I32", kInt32},
+                                                     {"U8", kUInt8},     {"BOOL", kBool}};
+  auto it = table.find(s);
+  if (it == table.end()) return false;
+  out = it->second;
+  return true;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+void fsync_path(const std::string& path, bool directory) {
+  int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+void atomic_write(const std::string& path, const std::string& bytes) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) fail("save {}: folder {} does not exist", path, dir.string());
+  const std::string tmp = (dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) fail("save {}: cannot create temporary file {}: {}", path, tmp, errno_text());
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string why = errno_text();
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      fail("save {}: writing {} failed after {} of {} bytes: {}", path, tmp, done, bytes.size(), why);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const std::string why = errno_text();
+    ::unlink(tmp.c_str());
+    fail("save {}: flushing {} failed: {}", path, tmp, why);
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = errno_text();
+    ::unlink(tmp.c_str());
+    fail("save {}: renaming {} over it failed: {}", path, tmp, why);
+  }
+  fsync_path(dir.string(), true);  // the rename itself reaches the disk
+}
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header["__metadata__"] = meta;
+  }
+  std::set<std::string> seen;
+  std::vector<Tensor> dense;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    if (name.empty() || name == "__metadata__") fail("save_safetensors {}: invalid tensor name '{}'", path, name);
+    if (!seen.insert(name).second) fail("save_safetensors {}: tensor name '{}' appears twice", path, name);
+    if (!t.defined()) fail("save_safetensors {}: tensor '{}' is undefined", path, name);
+    if (!t.device().is_cpu()) {
+      fail("save_safetensors {}: tensor '{}' is on {}; move it to the CPU first", path, name, t.device().str());
+    }
+    Tensor c = t.detach().contiguous();
+    const uint64_t bytes = static_cast<uint64_t>(c.numel()) * c.element_size();
+    header[name] = {{"dtype", st_dtype(c.dtype())}, {"shape", c.sizes()}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    dense.push_back(c);
+  }
+  std::string head = header.dump();
+  head.append((8 - head.size() % 8) % 8, ' ');  // data starts 8-byte aligned, as the reference writer does
+  std::string out;
+  out.reserve(8 + head.size() + offset);
+  const uint64_t n = head.size();
+  out.append(reinterpret_cast<const char*>(&n), 8);
+  out += head;
+  for (const Tensor& c : dense) {
+    out.append(static_cast<const char*>(c.raw_data_ptr()), static_cast<size_t>(c.numel()) * c.element_size());
+  }
+  atomic_write(path, out);
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("load_safetensors: cannot open {}: {}", path, errno_text());
+  in.seekg(0, std::ios::end);
+  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  if (file_size < 8) fail("load_safetensors {}: file is {} bytes, too short for the 8-byte header length", path, file_size);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  if (n > kMaxHeaderBytes) fail("load_safetensors {}: header length {} exceeds the limit of {} bytes", path, n, kMaxHeaderBytes);
+  if (n > file_size - 8) {
+    fail("load_safetensors {}: header length {} runs past the end of the file ({} bytes): truncated or corrupt", path, n,
+         file_size);
+  }
+  std::string head(n, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(n));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(head);
+  } catch (const std::exception& e) {
+    fail("load_safetensors {}: header is not valid JSON: {}", path, e.what());
+  }
+  if (!header.is_object()) fail("load_safetensors {}: header must be a JSON object", path);
+  const uint64_t data_size = file_size - 8 - n;
+  SafetensorsFile result;
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const nlohmann::json& v = it.value();
+    if (name == "__metadata__") {
+      if (!v.is_object()) fail("load_safetensors {}: __metadata__ must be an object of strings", path);
+      for (auto m = v.begin(); m != v.end(); ++m) {
+        if (!m.value().is_string()) fail("load_safetensors {}: __metadata__ value for '{}' is not a string", path, m.key());
+        result.metadata[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    auto bad = [&](const std::string& what) { fail("load_safetensors {}: tensor '{}': {}", path, name, what); };
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets")) {
+      bad("entry must have dtype, shape and data_offsets");
+    }
+    Entry e;
+    e.name = name;
+    if (!v["dtype"].is_string() || !parse_dtype(v["dtype"].get<std::string>(), e.dtype)) {
+      bad(fmt::format("unsupported dtype {}", v["dtype"].dump()));
+    }
+    if (!v["shape"].is_array()) bad("shape must be an array");
+    uint64_t numel = 1;
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned()) bad(fmt::format("shape {} must hold non-negative integers", v["shape"].dump()));
+      const uint64_t dim = d.get<uint64_t>();
+      if (dim != 0 && numel > (uint64_t(1) << 62) / dim) bad(fmt::format("shape {} is too large", v["shape"].dump()));
+      numel *= dim;
+      e.shape.push_back(static_cast<int64_t>(dim));
+    }
+    const auto& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned()) {
+      bad("data_offsets must be [begin, end]");
+    }
+    e.begin = off[0].get<uint64_t>();
+    e.end = off[1].get<uint64_t>();
+    if (e.begin > e.end || e.end > data_size) {
+      bad(fmt::format("data_offsets [{}, {}] outside the data section of {} bytes (truncated file?)", e.begin, e.end,
+                      data_size));
+    }
+    const uint64_t want = numel * element_size(e.dtype);
+    if (e.end - e.begin != want) {
+      bad(fmt::format("shape {} of {} needs {} bytes, but data_offsets span {}", v["shape"].dump(),
+                      dtype_name(e.dtype), want, e.end - e.begin));
+    }
+    entries.push_back(std::move(e));
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < entries.size(); ++i) {
+    if (entries[i].begin < entries[i - 1].end) {
+      fail("load_safetensors {}: tensors '{}' and '{}' overlap in the data section", path, entries[i - 1].name,
+           entries[i].name);
+    }
+  }
+  for (const Entry& e : entries) {
+    Tensor t = empty(e.shape, TensorOptions{.dtype = e.dtype});
+    in.seekg(static_cast<std::streamoff>(8 + n + e.begin));
+    in.read(static_cast<char*>(t.raw_data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
+    if (!in) fail("load_safetensors {}: reading tensor '{}' failed (file changed while reading?)", path, e.name);
+    result.tensors.emplace_back(e.name, t);
+  }
+  return result;
+}
+
+// ------------------------------------------------------------------ checkpoints
+namespace {
+
+constexpr const char* kFormatKey = "format";
+constexpr const char* kFormat = "chorus-checkpoint-1";
+const char* const kSections[] = {"model.", "optimizer.", "scheduler."};
+
+int64_t parse_int(const Metadata& m, const std::string& key, const std::string& path) {
+  auto it = m.find(key);
+  if (it == m.end()) fail("load checkpoint {}: metadata has no '{}'", path, key);
+  try {
+    size_t used = 0;
+    long long v = std::stoll(it->second, &used);
+    if (used != it->second.size()) throw std::invalid_argument(it->second);
+    return v;
+  } catch (const std::exception&) {
+    fail("load checkpoint {}: metadata '{}' = '{}' is not an integer", path, key, it->second);
+  }
+}
+
+uint64_t parse_u64(const Metadata& m, const std::string& key, const std::string& path) {
+  auto it = m.find(key);
+  if (it == m.end()) fail("load checkpoint {}: metadata has no '{}'", path, key);
+  try {
+    size_t used = 0;
+    unsigned long long v = std::stoull(it->second, &used);
+    if (used != it->second.size() || it->second.empty() || it->second[0] == '-') throw std::invalid_argument(it->second);
+    return v;
+  } catch (const std::exception&) {
+    fail("load checkpoint {}: metadata '{}' = '{}' is not an unsigned integer", path, key, it->second);
+  }
+}
+
+}  // namespace
+
+void Checkpoint::capture_rng() {
+  rng_seed = default_generator().seed();
+  rng_offset = default_generator().offset();
+}
+
+void Checkpoint::restore_rng() const { default_generator().set_state(rng_seed, rng_offset); }
+
+void Checkpoint::save(const std::string& path) const {
+  NamedTensors all;
+  const NamedTensors* parts[] = {&model, &optimizer, &scheduler};
+  for (int s = 0; s < 3; ++s) {
+    for (const auto& [name, t] : *parts[s]) all.emplace_back(kSections[s] + name, t);
+  }
+  Metadata meta = extra;
+  meta[kFormatKey] = kFormat;
+  meta["epoch"] = std::to_string(epoch);
+  meta["step"] = std::to_string(step);
+  // 64-bit values as strings: JSON numbers lose precision above 2^53.
+  meta["rng_seed"] = std::to_string(rng_seed);
+  meta["rng_offset"] = std::to_string(rng_offset);
+  save_safetensors(path, all, meta);
+}
+
+Checkpoint Checkpoint::load(const std::string& path) {
+  SafetensorsFile file = load_safetensors(path);
+  auto format = file.metadata.find(kFormatKey);
+  if (format == file.metadata.end() || format->second != kFormat) {
+    fail("load checkpoint {}: not a chorus checkpoint (metadata format is '{}', expected '{}')", path,
+         format == file.metadata.end() ? "" : format->second, kFormat);
+  }
+  Checkpoint c;
+  NamedTensors* parts[] = {&c.model, &c.optimizer, &c.scheduler};
+  for (auto& [name, t] : file.tensors) {
+    bool placed = false;
+    for (int s = 0; s < 3 && !placed; ++s) {
+      const std::string prefix = kSections[s];
+      if (name.rfind(prefix, 0) == 0) {
+        parts[s]->emplace_back(name.substr(prefix.size()), t);
+        placed = true;
+      }
+    }
+    if (!placed) fail("load checkpoint {}: tensor '{}' belongs to no section (model., optimizer., scheduler.)", path, name);
+  }
+  c.epoch = parse_int(file.metadata, "epoch", path);
+  c.step = parse_int(file.metadata, "step", path);
+  c.rng_seed = parse_u64(file.metadata, "rng_seed", path);
+  c.rng_offset = parse_u64(file.metadata, "rng_offset", path);
+  for (auto& [k, v] : file.metadata) {
+    if (k != kFormatKey && k != "epoch" && k != "step" && k != "rng_seed" && k != "rng_offset") c.extra[k] = v;
+  }
+  return c;
+}
+
+}  // namespace chorus::nn
