@@ -1,0 +1,59 @@
+// init_process_group: joins this process to a job, as torch.distributed.init_process_group.
+//
+//   auto group = distributed::init_process_group();          // env://: RANK, WORLD_SIZE,
+//                                                             // MASTER_ADDR, MASTER_PORT (chorusrun sets them)
+//   auto evens = distributed::new_group({0, 2});             // every rank calls it, in the same order
+//
+// Rank 0 hosts a TCPStore at MASTER_ADDR:MASTER_PORT; every rank connects to it, and the backend's
+// rendezvous runs through it. With CHORUS_DISTRIBUTED_DEBUG=DETAIL every group is wrapped in
+// ProcessGroupDebug, which checks before each collective that all ranks call the same one.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distributed/process_group.h"
+#include "distributed/store.h"
+
+namespace chorus::distributed {
+
+struct InitOptions {
+  std::string backend = "gloo";  // "gloo"; "nccl" once the CUDA backend exists
+  // "env://" (default): rank, world size and the store address come from the environment.
+  // "tcp://host:port": the store address is given; rank and world_size below (or RANK/WORLD_SIZE).
+  // "file:///path": a FileStore at path (one machine or a shared file system).
+  std::string init_method = "env://";
+  int rank = -1;        // -1: from RANK
+  int world_size = -1;  // -1: from WORLD_SIZE
+  // Timeout of the rendezvous and of every collective on the groups created (per collective).
+  std::chrono::milliseconds timeout{300000};
+  // A store made by the caller replaces init_method's.
+  std::shared_ptr<Store> store;
+};
+
+// Creates the default group. Missing or malformed environment variables, a rank outside
+// [0, world_size), an unknown backend, or a second call without destroy_process_group() ->
+// chorus::Error saying which and what was expected.
+std::shared_ptr<ProcessGroup> init_process_group(InitOptions options = {});
+bool is_initialized();
+// The default group; chorus::Error when init_process_group() has not run.
+std::shared_ptr<ProcessGroup> default_group();
+int get_rank();
+int get_world_size();
+// The store the default group rendezvoused through (e.g. for a job's own keys).
+std::shared_ptr<Store> default_store();
+// Drops the default group (its worker thread stops once no one else holds it).
+void destroy_process_group();
+
+// A group of the given ranks of the default group (sorted, unique, each in range). Every rank of
+// the default group must call it, in the same order, as in PyTorch; ranks outside `ranks` get a
+// nullptr. Within the new group, ranks are renumbered 0..n-1 in ascending order of their global rank.
+std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks,
+                                        std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+// Reads an environment variable as an integer; chorus::Error naming it when missing or malformed.
+int env_int(const char* name);
+
+}  // namespace chorus::distributed

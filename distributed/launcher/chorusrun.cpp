@@ -1,0 +1,258 @@
+// chorusrun: starts the worker processes of a data-parallel job, with torchrun's conventions.
+//
+//   chorusrun --nproc-per-node 2 bazel-bin/examples/mnist/mnist --epochs 3
+//   chorusrun --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 8 train ...   # on each node
+//
+// Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and
+// MASTER_PORT (and OMP_NUM_THREADS=cores/nproc when unset and nproc > 1, so workers do not
+// oversubscribe the cores). Every line a worker prints is prefixed with "[rank]: ". SIGINT and
+// SIGTERM are forwarded to the workers. When a worker fails, the others are stopped (SIGTERM, then
+// SIGKILL after a grace period) and chorusrun exits with the failed worker's code (128 + signal
+// when it was killed by a signal).
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+volatile sig_atomic_t g_signal = 0;
+void on_signal(int sig) { g_signal = sig; }
+
+struct Worker {
+  int rank = 0, local_rank = 0;
+  pid_t pid = -1;
+  int out_fd = -1, err_fd = -1;
+  std::string out_buf, err_buf;
+  bool running = true;
+  int exit_code = 0;
+};
+
+void write_all(int fd, const std::string& s) {
+  size_t done = 0;
+  while (done < s.size()) {
+    ssize_t n = ::write(fd, s.data() + done, s.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    done += static_cast<size_t>(n);
+  }
+}
+
+// Emits the complete lines in buf with the worker's prefix; keeps a partial last line (unless flush).
+void emit_lines(std::string& buf, int fd, const std::string& prefix, bool flush) {
+  size_t start = 0;
+  for (size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1) {
+    write_all(fd, prefix + buf.substr(start, nl - start + 1));
+  }
+  buf.erase(0, start);
+  if (flush && !buf.empty()) {
+    write_all(fd, prefix + buf + "\n");
+    buf.clear();
+  }
+}
+
+// Reads what is available on fd into buf; returns false at end of file.
+bool drain(int& fd, std::string& buf) {
+  char chunk[65536];
+  ssize_t n = ::read(fd, chunk, sizeof(chunk));
+  if (n > 0) {
+    buf.append(chunk, static_cast<size_t>(n));
+    return true;
+  }
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+  ::close(fd);
+  fd = -1;
+  return false;
+}
+
+int code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"chorusrun: launch the worker processes of a chorus data-parallel job (torchrun conventions)"};
+  int nproc = 1, nnodes = 1, node_rank = 0, master_port = 29500;
+  double grace_s = 10.0;
+  std::string master_addr = "127.0.0.1";
+  std::vector<std::string> command;
+  app.add_option("--nproc-per-node,--nproc_per_node", nproc, "worker processes on this node")->check(CLI::PositiveNumber);
+  app.add_option("--nnodes", nnodes, "number of nodes")->check(CLI::PositiveNumber);
+  app.add_option("--node-rank,--node_rank", node_rank, "this node's index in [0, nnodes)")->check(CLI::NonNegativeNumber);
+  app.add_option("--master-addr,--master_addr", master_addr, "address of the node running rank 0");
+  app.add_option("--master-port,--master_port", master_port, "port of rank 0's store")->check(CLI::Range(1, 65535));
+  app.add_option("--grace-period", grace_s, "seconds between SIGTERM and SIGKILL when stopping workers");
+  app.prefix_command();  // everything from the first non-option on is the program and its arguments
+  app.footer("Usage: chorusrun [options] program [program arguments...]");
+  try {
+    app.parse(argc, argv);
+    command = app.remaining();
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (command.empty()) {
+    std::fprintf(stderr, "chorusrun: no program given (usage: chorusrun [options] program [args...]; see --help)\n");
+    return 2;
+  }
+  if (node_rank >= nnodes) {
+    std::fprintf(stderr, "chorusrun: --node-rank %d must be less than --nnodes %d\n", node_rank, nnodes);
+    return 2;
+  }
+  const int world = nproc * nnodes;
+  const unsigned cores = std::thread::hardware_concurrency();
+  const bool set_threads = nproc > 1 && std::getenv("OMP_NUM_THREADS") == nullptr;
+  const int threads = std::max(1, static_cast<int>(cores) / nproc);
+  if (set_threads) {
+    std::fprintf(stderr, "chorusrun: setting OMP_NUM_THREADS=%d for each of %d workers (%u cores); set it to override\n",
+                 threads, nproc, cores);
+  }
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+
+  std::vector<Worker> workers(nproc);
+  for (int local = 0; local < nproc; ++local) {
+    Worker& w = workers[local];
+    w.local_rank = local;
+    w.rank = node_rank * nproc + local;
+    int out[2], err[2];
+    if (::pipe(out) != 0 || ::pipe(err) != 0) {
+      std::perror("chorusrun: pipe");
+      return 1;
+    }
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      std::perror("chorusrun: fork");
+      return 1;
+    }
+    if (pid == 0) {
+      ::setpgid(0, 0);  // the worker's own process group: a terminal's Ctrl-C reaches it through us
+      ::dup2(out[1], STDOUT_FILENO);
+      ::dup2(err[1], STDERR_FILENO);
+      ::close(out[0]);
+      ::close(out[1]);
+      ::close(err[0]);
+      ::close(err[1]);
+      ::setenv("RANK", std::to_string(w.rank).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+      ::setenv("GROUP_RANK", std::to_string(node_rank).c_str(), 1);
+      ::setenv("MASTER_ADDR", master_addr.c_str(), 1);
+      ::setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
+      if (set_threads) ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+      std::vector<char*> args;
+      for (std::string& s : command) args.push_back(s.data());
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      std::fprintf(stderr, "chorusrun: cannot run %s: %s\n", args[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    ::close(err[1]);
+    w.pid = pid;
+    w.out_fd = out[0];
+    w.err_fd = err[0];
+  }
+
+  int failed_code = 0, failed_rank = -1;
+  bool stopping = false;
+  auto stop_started = std::chrono::steady_clock::now();
+  bool killed = false;
+  auto signal_all = [&](int sig) {
+    for (Worker& w : workers)
+      if (w.running) ::kill(w.pid, sig);
+  };
+
+  for (;;) {
+    if (g_signal != 0) {
+      const int sig = g_signal;
+      g_signal = 0;
+      std::fprintf(stderr, "chorusrun: got signal %d, forwarding it to the workers\n", sig);
+      signal_all(sig);
+      if (!stopping) {
+        stopping = true;
+        stop_started = std::chrono::steady_clock::now();
+        if (failed_code == 0) failed_code = 128 + sig;
+      }
+    }
+    // Output: poll every open pipe for up to 100 ms.
+    std::vector<pollfd> fds;
+    std::vector<std::pair<int, bool>> owners;  // (worker, is_stdout)
+    for (int i = 0; i < nproc; ++i) {
+      if (workers[i].out_fd >= 0) fds.push_back({workers[i].out_fd, POLLIN, 0}), owners.push_back({i, true});
+      if (workers[i].err_fd >= 0) fds.push_back({workers[i].err_fd, POLLIN, 0}), owners.push_back({i, false});
+    }
+    if (!fds.empty()) {
+      int ready = ::poll(fds.data(), fds.size(), 100);
+      if (ready > 0) {
+        for (size_t k = 0; k < fds.size(); ++k) {
+          if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+          Worker& w = workers[owners[k].first];
+          const std::string prefix = "[" + std::to_string(w.rank) + "]: ";
+          if (owners[k].second) {
+            const bool open = drain(w.out_fd, w.out_buf);
+            emit_lines(w.out_buf, STDOUT_FILENO, prefix, !open);
+          } else {
+            const bool open = drain(w.err_fd, w.err_buf);
+            emit_lines(w.err_buf, STDERR_FILENO, prefix, !open);
+          }
+        }
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    // Exits.
+    bool any_running = false;
+    for (Worker& w : workers) {
+      if (!w.running) continue;
+      int status = 0;
+      pid_t r = ::waitpid(w.pid, &status, WNOHANG);
+      if (r == w.pid) {
+        w.running = false;
+        w.exit_code = code_of(status);
+        if (w.exit_code != 0 && failed_rank < 0 && !stopping) {
+          failed_rank = w.rank;
+          failed_code = w.exit_code;
+          std::fprintf(stderr, "chorusrun: worker rank %d (pid %d) exited with code %d; stopping the other workers\n",
+                       w.rank, static_cast<int>(w.pid), w.exit_code);
+          stopping = true;
+          stop_started = std::chrono::steady_clock::now();
+          signal_all(SIGTERM);
+        }
+      } else {
+        any_running = true;
+      }
+    }
+    if (stopping && any_running && !killed &&
+        std::chrono::steady_clock::now() - stop_started > std::chrono::duration<double>(grace_s)) {
+      std::fprintf(stderr, "chorusrun: workers still running %.0f s after SIGTERM; sending SIGKILL\n", grace_s);
+      signal_all(SIGKILL);
+      killed = true;
+    }
+    bool pipes_open = false;
+    for (const Worker& w : workers) pipes_open |= w.out_fd >= 0 || w.err_fd >= 0;
+    if (!any_running && !pipes_open) break;
+    if (!any_running && killed) break;  // a grandchild may hold a pipe open; do not wait for it
+  }
+  return failed_code;
+}
