@@ -1,0 +1,6 @@
+// Everything in optim/: optimizers, learning-rate schedulers, gradient clipping.
+#pragma once
+
+#include "optim/clip_grad.h"
+#include "optim/optimizer.h"
+#include "optim/schedulers.h"

@@ -1,0 +1,120 @@
+// Optimizers, as torch::optim: parameter groups with their own options, step(), zero_grad(), and
+// state_dict()/load_state_dict() as named tensors (so a checkpoint holds them as safetensors):
+//   param_groups.<g>.<option>         0-d float64 (lr, momentum, betas as beta1/beta2, ...)
+//   state.<i>.<buffer>                per parameter i (global index over all groups, in order):
+//                                     momentum_buffer, exp_avg, exp_avg_sq, max_exp_avg_sq, step
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace chorus::optim {
+
+using nn::NamedTensors;
+
+// One group's hyperparameters by name ("lr", "momentum", ...). Every optimizer fills its defaults.
+using Options = std::map<std::string, double>;
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  Options options;  // unset keys take the optimizer's defaults when the group is added
+  double lr() const { return options.at("lr"); }
+  void set_lr(double lr) { options["lr"] = lr; }
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  virtual void step() = 0;
+  // set_to_none (the default, as PyTorch 2) drops .grad; otherwise gradients are zeroed in place.
+  void zero_grad(bool set_to_none = true);
+  void add_param_group(ParamGroup group);
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  const Options& defaults() const { return defaults_; }
+
+  NamedTensors state_dict() const;
+  // Checks the group count, parameter count and each buffer's shape; chorus::Error on mismatch.
+  void load_state_dict(const NamedTensors& state);
+
+ protected:
+  Optimizer(std::string name, std::vector<ParamGroup> groups, Options defaults);
+  // Per-parameter state buffers, created on first use.
+  std::map<std::string, Tensor>& state_of(const Tensor& param);
+  virtual void check_options(const Options& options) const = 0;
+
+  std::string name_;
+  Options defaults_;
+  std::vector<ParamGroup> groups_;
+  std::map<const void*, std::map<std::string, Tensor>> state_;  // keyed by TensorImpl
+
+ private:
+  int64_t global_index(const Tensor& p) const;
+};
+
+// Wraps a plain parameter list as one group.
+std::vector<ParamGroup> single_group(const std::vector<Tensor>& params);
+
+struct SGDOptions {
+  double lr = 1e-3;
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+  Options to_map() const;
+};
+
+// p -= lr * v, v = momentum * v + (1 - dampening) * (g + wd * p) (v = g on the first step);
+// nesterov uses g + momentum * v.
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<ParamGroup> groups, SGDOptions options);
+  SGD(const std::vector<Tensor>& params, SGDOptions options) : SGD(single_group(params), options) {}
+  void step() override;
+
+ protected:
+  void check_options(const Options& o) const override;
+};
+
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // Adam: L2 added to the gradient; AdamW: decoupled (default 0.01)
+  bool amsgrad = false;
+  Options to_map() const;
+};
+
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<ParamGroup> groups, AdamOptions options);
+  Adam(const std::vector<Tensor>& params, AdamOptions options) : Adam(single_group(params), options) {}
+  void step() override;
+
+ protected:
+  Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions options, bool decoupled);
+  void check_options(const Options& o) const override;
+  bool decoupled_;
+};
+
+// Adam with decoupled weight decay: p *= 1 - lr * weight_decay before the Adam update.
+class AdamW : public Adam {
+ public:
+  static AdamOptions default_options() {
+    AdamOptions o;
+    o.weight_decay = 1e-2;
+    return o;
+  }
+  AdamW(std::vector<ParamGroup> groups, AdamOptions options = default_options());
+  AdamW(const std::vector<Tensor>& params, AdamOptions options = default_options())
+      : AdamW(single_group(params), options) {}
+};
+
+}  // namespace chorus::optim
