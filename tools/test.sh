@@ -19,7 +19,9 @@ output="$(mktemp)"
 trap 'rm -f "$output"' EXIT
 set +e
 # --keep_going: a target that fails to build must not stop every other test from running.
-bazel test //... -c opt --keep_going "${filters[@]}" "$@" 2>&1 | tee "$output"
+# Tests that read the installed data (MNIST, Fashion-MNIST) find it where setup.sh put it.
+bazel test //... -c opt --keep_going --test_env=CHORUS_DATA_DIR="${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}" \
+  "${filters[@]}" "$@" 2>&1 | tee "$output"
 bazel_rc=${PIPESTATUS[0]}
 set -e
 

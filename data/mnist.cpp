@@ -1,0 +1,121 @@
+#include "data/mnist.h"
+
+#include <zlib.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "tensor/ops.h"
+
+namespace chorus::data {
+
+std::string default_data_dir() {
+  if (const char* env = std::getenv("CHORUS_DATA_DIR"); env != nullptr && *env != '\0') return env;
+  const char* home = std::getenv("HOME");
+  return std::string(home != nullptr && *home != '\0' ? home : "/root") + "/.cache/chorus/data";
+}
+
+namespace {
+
+// The whole (decompressed) content of a raw or gzip file.
+std::string read_maybe_gzip(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");  // reads raw files unchanged, too
+  if (f == nullptr) fail("read_idx: cannot open {}", path);
+  std::string out;
+  char chunk[1 << 16];
+  for (;;) {
+    const int n = gzread(f, chunk, sizeof(chunk));
+    if (n < 0) {
+      int code = 0;
+      const std::string why = gzerror(f, &code);
+      gzclose(f);
+      fail("read_idx: {} is corrupt (gzip error: {})", path, why);
+    }
+    if (n == 0) break;
+    out.append(chunk, static_cast<size_t>(n));
+  }
+  const bool truncated_gzip = !gzdirect(f) && gzeof(f) == 0;
+  gzclose(f);
+  if (truncated_gzip) fail("read_idx: {} ends in the middle of its gzip stream (truncated download?)", path);
+  return out;
+}
+
+uint32_t big_endian(const unsigned char* p) {
+  return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | uint32_t(p[3]);
+}
+
+}  // namespace
+
+Tensor read_idx(const std::string& path) {
+  if (!std::filesystem::exists(path)) fail("read_idx: file {} does not exist", path);
+  const std::string bytes = read_maybe_gzip(path);
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  if (bytes.size() < 4) fail("read_idx: {} is {} bytes, too short for an idx header", path, bytes.size());
+  const uint32_t magic = big_endian(p);
+  if ((magic >> 8) != 0x08) {
+    fail("read_idx: {} has magic 0x{:08x}; expected an idx file of unsigned bytes (0x00000801 or 0x00000803)", path, magic);
+  }
+  const int dims = static_cast<int>(magic & 0xff);
+  if (dims < 1 || dims > 4) fail("read_idx: {} declares {} dims; expected 1 to 4", path, dims);
+  const size_t header = 4 + 4 * static_cast<size_t>(dims);
+  if (bytes.size() < header) fail("read_idx: {} is truncated inside its header", path);
+  Shape shape;
+  uint64_t count = 1;
+  for (int d = 0; d < dims; ++d) {
+    shape.push_back(big_endian(p + 4 + 4 * d));
+    count *= static_cast<uint64_t>(shape.back());
+  }
+  if (bytes.size() - header != count) {
+    fail("read_idx: {} has dims {} ({} bytes of data) but holds {} bytes after the header (truncated or corrupt)", path,
+         shape_str(shape), count, bytes.size() - header);
+  }
+  Tensor t = empty(shape, TensorOptions{.dtype = kUInt8});
+  if (count > 0) std::memcpy(t.raw_data_ptr(), p + header, count);
+  return t;
+}
+
+namespace {
+
+std::string find_file(const std::string& root, const std::string& name, const char* dataset) {
+  for (const std::string& candidate : {root + "/" + name, root + "/" + name + ".gz"}) {
+    if (std::filesystem::exists(candidate)) return candidate;
+  }
+  fail("{}: {} not found in {} (neither {} nor {}.gz). Run tools/setup.sh to install it, or point --data-dir / "
+       "CHORUS_DATA_DIR at the folder that holds mnist/ and fashion-mnist/",
+       dataset, name, root, name, name);
+}
+
+}  // namespace
+
+MNIST::MNIST(const std::string& root, Split split, MNISTOptions options)
+    : MNIST(root, split, options, kMean, kStd, "MNIST") {}
+
+MNIST::MNIST(const std::string& root, Split split, MNISTOptions options, double mean, double std, const char* name) {
+  const std::string prefix = split == Split::Train ? "train" : "t10k";
+  Tensor images = read_idx(find_file(root, prefix + "-images-idx3-ubyte", name));
+  Tensor labels = read_idx(find_file(root, prefix + "-labels-idx1-ubyte", name));
+  if (images.dim() != 3 || images.size(1) != 28 || images.size(2) != 28) {
+    fail("{}: images file holds shape {}; expected [N, 28, 28]", name, shape_str(images.sizes()));
+  }
+  if (labels.dim() != 1 || labels.size(0) != images.size(0)) {
+    fail("{}: {} labels for {} images", name, labels.dim() == 1 ? labels.size(0) : -1, images.size(0));
+  }
+  Tensor x = images.to(kFloat32).div(255.0).unsqueeze(1);
+  if (options.normalize) x = x.sub(mean).div(std);
+  images_ = x.contiguous();
+  targets_ = labels.to(kInt64);
+}
+
+Example MNIST::get(int64_t index) const {
+  check_index(index);
+  return {images_.select(0, index), targets_.select(0, index)};
+}
+
+Batch MNIST::get_batch(const std::vector<int64_t>& indices) const {
+  for (int64_t i : indices) check_index(i);
+  Tensor idx = tensor(indices);
+  return {index_select(images_, 0, idx), index_select(targets_, 0, idx)};
+}
+
+}  // namespace chorus::data
