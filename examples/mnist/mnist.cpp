@@ -1,0 +1,304 @@
+// Trains an MLP or a small CNN on MNIST or Fashion-MNIST, on one process or data-parallel under
+// chorusrun:
+//
+//   bazel-bin/examples/mnist/mnist --model cnn --epochs 3
+//   bazel-bin/distributed/launcher/chorusrun --nproc-per-node 2 bazel-bin/examples/mnist/mnist
+//
+// --batch-size is the global batch: under N processes each takes batch/N of it from its
+// DistributedSampler shard, so the same flags train the same way at any world size. Rank 0 prints a
+// progress line every few seconds, writes checkpoints (--checkpoint-dir, --resume) and, at the end,
+// one JSON line {"summary": {...}}.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "data/data.h"
+#include "distributed/ddp.h"
+#include "distributed/init.h"
+#include "nn/nn.h"
+#include "nn/serialize.h"
+#include "optim/optim.h"
+#include "tensor/ops.h"
+
+using namespace chorus;
+namespace F = chorus::nn::functional;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Flags {
+  std::string dataset = "mnist";
+  std::string model = "cnn";
+  int epochs = 3;
+  int64_t batch_size = 64;
+  double lr = -1;  // per optimizer default below
+  std::string optimizer = "adam";
+  uint64_t seed = 1;
+  std::string checkpoint_dir;
+  bool resume = false;
+  int threads = 0;
+  std::string data_dir;
+  std::string trace;
+  double log_every_s = 5;
+  int workers = 1;
+};
+
+std::shared_ptr<nn::Sequential> make_model(const std::string& kind) {
+  auto net = std::make_shared<nn::Sequential>();
+  if (kind == "mlp") {
+    net->push_back(std::make_shared<nn::Flatten>());
+    net->push_back(std::make_shared<nn::Linear>(784, 512));
+    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(std::make_shared<nn::Linear>(512, 256));
+    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(std::make_shared<nn::Linear>(256, 10));
+  } else if (kind == "cnn") {
+    // Two conv-BN-ReLU blocks with 2x2 max pooling (28 -> 14 -> 7), then a linear head.
+    net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(1, 32, 3).padding(1).bias(false)));
+    net->push_back(std::make_shared<nn::BatchNorm2d>(32));
+    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(std::make_shared<nn::MaxPool2d>(2));
+    net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(32, 64, 3).padding(1).bias(false)));
+    net->push_back(std::make_shared<nn::BatchNorm2d>(64));
+    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(std::make_shared<nn::MaxPool2d>(2));
+    net->push_back(std::make_shared<nn::Flatten>());
+    net->push_back(std::make_shared<nn::Linear>(64 * 7 * 7, 10));
+  } else {
+    fail("mnist: --model must be mlp or cnn, got '{}'", kind);
+  }
+  return net;
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const Flags& f, const std::vector<Tensor>& params) {
+  if (f.optimizer == "sgd") {
+    return std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = f.lr > 0 ? f.lr : 0.05, .momentum = 0.9,
+                                                                  .weight_decay = 5e-4, .nesterov = true});
+  }
+  if (f.optimizer == "adam") return std::make_unique<optim::Adam>(params, optim::AdamOptions{.lr = f.lr > 0 ? f.lr : 2e-3});
+  if (f.optimizer == "adamw") {
+    optim::AdamOptions o = optim::AdamW::default_options();
+    o.lr = f.lr > 0 ? f.lr : 2e-3;
+    return std::make_unique<optim::AdamW>(params, o);
+  }
+  fail("mnist: --optimizer must be sgd, adam or adamw, got '{}'", f.optimizer);
+}
+
+std::string eta_str(double seconds) {
+  const int s = static_cast<int>(seconds + 0.5);
+  return s >= 60 ? fmt::format("{}m{:02d}s", s / 60, s % 60) : fmt::format("{}s", s);
+}
+
+// Correct predictions and count over this rank's strided share of the test set (every
+// world_size-th example, no padding), summed over ranks.
+std::pair<int64_t, int64_t> evaluate(nn::Module& model, const data::Dataset& test, int rank, int world,
+                                     const std::shared_ptr<distributed::ProcessGroup>& group) {
+  NoGradGuard no_grad;
+  model.eval();
+  int64_t correct = 0, count = 0;
+  std::vector<int64_t> indices;
+  for (int64_t i = rank; i < test.size(); i += world) indices.push_back(i);
+  for (size_t start = 0; start < indices.size(); start += 500) {
+    std::vector<int64_t> chunk(indices.begin() + start, indices.begin() + std::min(indices.size(), start + 500));
+    data::Batch b = test.get_batch(chunk);
+    Tensor pred = model.forward(b.data).argmax(1);
+    correct += pred.eq(b.target).sum().item<int64_t>();
+    count += b.size();
+  }
+  model.train();
+  if (group) {
+    Tensor t = tensor<int64_t>({correct, count});
+    group->allreduce({t})->wait();
+    correct = t[0].item<int64_t>();
+    count = t[1].item<int64_t>();
+  }
+  return {correct, count};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"Train an MLP or CNN on MNIST / Fashion-MNIST with chorus (run under chorusrun for DDP)"};
+  app.add_option("--dataset", f.dataset, "mnist or fashion-mnist")->check(CLI::IsMember({"mnist", "fashion-mnist"}));
+  app.add_option("--model", f.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}));
+  app.add_option("--epochs", f.epochs, "passes over the training set")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", f.batch_size, "global batch size (split across processes)")->check(CLI::PositiveNumber);
+  app.add_option("--lr", f.lr, "peak learning rate (default: 0.05 for sgd, 2e-3 for adam/adamw)");
+  app.add_option("--optimizer", f.optimizer, "sgd (nesterov momentum 0.9), adam or adamw")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
+  app.add_option("--seed", f.seed, "seed of initialization and shuffling");
+  app.add_option("--checkpoint-dir", f.checkpoint_dir, "write checkpoint.safetensors here after each epoch");
+  app.add_flag("--resume", f.resume, "continue from the checkpoint in --checkpoint-dir");
+  app.add_option("--threads", f.threads, "CPU threads per process (default: OMP_NUM_THREADS or all cores)");
+  app.add_option("--data-dir", f.data_dir, "folder holding mnist/ and fashion-mnist/ (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");
+  app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration to this file");
+  app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
+  app.add_option("--workers", f.workers, "DataLoader worker threads");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const auto t_start = Clock::now();
+    if (f.threads > 0) set_num_threads(f.threads);
+    if (f.resume && f.checkpoint_dir.empty()) fail("mnist: --resume needs --checkpoint-dir");
+
+    // Data parallel when launched with a world size (chorusrun sets WORLD_SIZE).
+    std::shared_ptr<distributed::ProcessGroup> group;
+    int rank = 0, world = 1;
+    if (const char* ws = std::getenv("WORLD_SIZE"); ws != nullptr && std::atoi(ws) > 1) {
+      group = distributed::init_process_group();
+      rank = group->rank();
+      world = group->size();
+    }
+    if (f.batch_size % world != 0) fail("mnist: --batch-size {} must be divisible by the {} processes", f.batch_size, world);
+    const int64_t local_batch = f.batch_size / world;
+    auto log = [rank](const std::string& line) {
+      if (rank == 0) {
+        std::fputs((line + "\n").c_str(), stdout);
+        std::fflush(stdout);
+      }
+    };
+
+    const std::string root = (f.data_dir.empty() ? data::default_data_dir() : f.data_dir) + "/" + f.dataset;
+    std::shared_ptr<data::Dataset> train, test;
+    if (f.dataset == "mnist") {
+      train = std::make_shared<data::MNIST>(root, data::Split::Train);
+      test = std::make_shared<data::MNIST>(root, data::Split::Test);
+    } else {
+      train = std::make_shared<data::FashionMNIST>(root, data::Split::Train);
+      test = std::make_shared<data::FashionMNIST>(root, data::Split::Test);
+    }
+    auto sampler = std::make_shared<data::DistributedSampler>(train->size(), world, rank, true, f.seed);
+    data::DataLoader loader(train, {.batch_size = local_batch, .drop_last = true, .num_workers = f.workers,
+                                    .sampler = sampler});
+
+    manual_seed(f.seed);
+    auto net = make_model(f.model);
+    std::shared_ptr<nn::Module> model = net;
+    std::shared_ptr<distributed::DistributedDataParallel> ddp;
+    if (group) {
+      ddp = std::make_shared<distributed::DistributedDataParallel>(net, group);
+      model = ddp;
+    }
+    auto opt = make_optimizer(f, net->parameters());
+    const int64_t steps_per_epoch = loader.size();
+    const int64_t total_steps = steps_per_epoch * f.epochs;
+    optim::WarmupDecayLR sched(*opt, std::min<int64_t>(100, total_steps / 10), total_steps,
+                               optim::WarmupDecayLR::Decay::Cosine);
+
+    int start_epoch = 0;
+    int64_t step = 0;
+    const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
+    if (f.resume) {
+      nn::Checkpoint c = nn::Checkpoint::load(ckpt_path);
+      net->load_state_dict(c.model);
+      opt->load_state_dict(c.optimizer);
+      sched.load_state_dict(c.scheduler);
+      c.restore_rng();
+      start_epoch = static_cast<int>(c.epoch);
+      step = c.step;
+      log(fmt::format("resumed from {} at epoch {}, step {}", ckpt_path, start_epoch, step));
+    }
+    if (!f.checkpoint_dir.empty() && rank == 0) std::filesystem::create_directories(f.checkpoint_dir);
+
+    log(fmt::format("training {} on {} ({} train / {} test), {} parameters, world size {}, batch {} ({} per process), "
+                    "{} threads per process",
+                    f.model, f.dataset, train->size(), test->size(),
+                    [&] {
+                      int64_t n = 0;
+                      for (const Tensor& p : net->parameters()) n += p.numel();
+                      return n;
+                    }(),
+                    world, f.batch_size, local_batch, get_num_threads()));
+
+    double last_loss = 0, epoch_loss_sum = 0;
+    int64_t epoch_loss_n = 0, samples = 0;
+    const auto t_train = Clock::now();
+    auto t_log = t_train;
+    bool traced = false;
+    for (int epoch = start_epoch; epoch < f.epochs; ++epoch) {
+      loader.set_epoch(epoch);
+      epoch_loss_sum = 0;
+      epoch_loss_n = 0;
+      int64_t correct = 0, seen = 0, in_epoch = 0;
+      for (data::Batch& b : loader) {
+        opt->zero_grad();
+        Tensor logits = model->forward(b.data);
+        Tensor loss = F::cross_entropy(logits, b.target);
+        loss.backward();
+        opt->step();
+        sched.step();
+        ++step;
+        ++in_epoch;
+        last_loss = loss.item<float>();
+        epoch_loss_sum += last_loss;
+        ++epoch_loss_n;
+        {
+          NoGradGuard no_grad;
+          correct += logits.argmax(1).eq(b.target).sum().item<int64_t>();
+        }
+        seen += b.size();
+        samples += b.size() * world;
+        if (ddp && !f.trace.empty() && !traced && step >= 3 && rank == 0) {
+          ddp->write_chrome_trace(f.trace);
+          traced = true;
+          log(fmt::format("wrote the Chrome trace of one iteration to {}", f.trace));
+        }
+        const auto now = Clock::now();
+        if (std::chrono::duration<double>(now - t_log).count() >= f.log_every_s || in_epoch == steps_per_epoch) {
+          t_log = now;
+          const double elapsed = std::chrono::duration<double>(now - t_train).count();
+          const double rate = samples / std::max(elapsed, 1e-9);
+          const double left = static_cast<double>(total_steps - step) * f.batch_size / std::max(rate, 1e-9);
+          log(fmt::format("epoch {}/{} step {}/{} loss {:.4f} acc {:.2f}% {:.0f} samples/s ETA {}", epoch + 1, f.epochs,
+                          in_epoch, steps_per_epoch, epoch_loss_sum / epoch_loss_n, 100.0 * correct / seen, rate,
+                          eta_str(left)));
+        }
+      }
+      auto [test_correct, test_count] = evaluate(*net, *test, rank, world, group);
+      log(fmt::format("epoch {} done: train loss {:.4f}, test accuracy {:.2f}% ({}/{})", epoch + 1,
+                      epoch_loss_sum / std::max<int64_t>(epoch_loss_n, 1), 100.0 * test_correct / test_count,
+                      test_correct, test_count));
+      if (!ckpt_path.empty() && rank == 0) {
+        nn::Checkpoint c;
+        c.model = net->state_dict();
+        c.optimizer = opt->state_dict();
+        c.scheduler = sched.state_dict();
+        c.epoch = epoch + 1;
+        c.step = step;
+        c.capture_rng();
+        c.extra = {{"dataset", f.dataset}, {"model", f.model}};
+        c.save(ckpt_path);
+        log(fmt::format("saved {}", ckpt_path));
+      }
+    }
+    const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
+    auto [test_correct, test_count] = evaluate(*net, *test, rank, world, group);
+    nlohmann::json summary = {
+        {"dataset", f.dataset},
+        {"model", f.model},
+        {"optimizer", f.optimizer},
+        {"test_accuracy", static_cast<double>(test_correct) / std::max<int64_t>(test_count, 1)},
+        {"train_loss", epoch_loss_n ? epoch_loss_sum / epoch_loss_n : 0.0},
+        {"last_batch_loss", last_loss},
+        {"epochs", f.epochs},
+        {"steps", step},
+        {"batch_size", f.batch_size},
+        {"samples_per_s", samples / std::max(train_s, 1e-9)},
+        {"wall_s", std::chrono::duration<double>(Clock::now() - t_start).count()},
+        {"world_size", world},
+        {"threads_per_process", get_num_threads()},
+    };
+    log(nlohmann::json{{"summary", summary}}.dump());
+    if (group) {
+      group->barrier()->wait();  // rank 0 hosts the store: keep it up until everyone is done
+      distributed::destroy_process_group();
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mnist: error: %s\n", e.what());
+    return 1;
+  }
+}
