@@ -1,5 +1,7 @@
 #include "data/mnist.h"
 
+#include <pwd.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cstdlib>
@@ -12,8 +14,15 @@ namespace chorus::data {
 
 std::string default_data_dir() {
   if (const char* env = std::getenv("CHORUS_DATA_DIR"); env != nullptr && *env != '\0') return env;
-  const char* home = std::getenv("HOME");
-  return std::string(home != nullptr && *home != '\0' ? home : "/root") + "/.cache/chorus/data";
+  std::string home;
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
+    home = h;
+  } else if (const passwd* pw = ::getpwuid(::getuid()); pw != nullptr && pw->pw_dir != nullptr) {
+    home = pw->pw_dir;  // bazel test runs without HOME; the password database still knows it
+  } else {
+    home = ".";
+  }
+  return home + "/.cache/chorus/data";
 }
 
 namespace {

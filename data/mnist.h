@@ -11,7 +11,7 @@
 
 namespace chorus::data {
 
-// $CHORUS_DATA_DIR, else $HOME/.cache/chorus/data.
+// $CHORUS_DATA_DIR, else $HOME/.cache/chorus/data (HOME from the password database when unset).
 std::string default_data_dir();
 
 // Reads an idx file (magic 0x00000801 uint8 vectors, 0x00000803 uint8 images; big-endian dims),

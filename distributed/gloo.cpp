@@ -326,14 +326,26 @@ std::shared_ptr<Work> ProcessGroupGloo::send(const Tensor& tensor, int dst, int 
   auto ctx = context_;
   auto timeout = options_.timeout;
   const int rank = rank_;
-  return enqueue("send", {tensor}, [=](uint32_t) {
-    Tensor t = tensor.contiguous();
-    auto buf = ctx->createUnboundBuffer(t.raw_data_ptr(), t.nbytes());
-    // Slot: (user tag, src, dst) so concurrent pairs never match each other's messages.
-    const uint64_t slot = (static_cast<uint64_t>(tag) << 32) | (static_cast<uint64_t>(rank) << 16) | static_cast<uint64_t>(dst);
-    buf->send(dst, slot);
-    if (!buf->waitSend(timeout)) fail("send to rank {} did not complete", dst);
-  });
+  // Point-to-point ops do not go through the worker queue: a send waits for its matching recv,
+  // and queued behind it a later recv (isend then irecv, as in a ring) could never be posted.
+  // The buffer is posted here, at once, and a waiter thread finishes the Work.
+  const uint64_t seq = sequence_++;
+  auto work = std::make_shared<Work>(fmt::format("ProcessGroupGloo send to rank {} (sequence number {}, rank {} of {}, "
+                                                 "timeout {} ms)", dst, seq, rank, size_, timeout.count()));
+  Tensor t = tensor.contiguous();
+  auto buf = std::shared_ptr<gloo::transport::UnboundBuffer>(ctx->createUnboundBuffer(t.raw_data_ptr(), t.nbytes()));
+  // Slot: (user tag, src, dst) so concurrent pairs never match each other's messages.
+  const uint64_t slot = (static_cast<uint64_t>(tag) << 32) | (static_cast<uint64_t>(rank) << 16) | static_cast<uint64_t>(dst);
+  buf->send(dst, slot);
+  std::thread([work, buf, t, tensor, timeout, dst, ctx] {
+    try {
+      if (!buf->waitSend(timeout)) fail("send to rank {} did not complete", dst);
+      work->finish({tensor});
+    } catch (const std::exception& e) {
+      work->finish({}, std::make_exception_ptr(Error(fmt::format("{} failed: {}", work->description(), e.what()))));
+    }
+  }).detach();
+  return work;
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::recv(const Tensor& tensor, int src, int tag) {
@@ -344,14 +356,24 @@ std::shared_ptr<Work> ProcessGroupGloo::recv(const Tensor& tensor, int src, int 
   auto ctx = context_;
   auto timeout = options_.timeout;
   const int rank = rank_;
-  return enqueue("recv", {tensor}, [=](uint32_t) {
-    Staged s(tensor);
-    auto buf = ctx->createUnboundBuffer(s.buffer.raw_data_ptr(), s.buffer.nbytes());
-    const uint64_t slot = (static_cast<uint64_t>(tag) << 32) | (static_cast<uint64_t>(src) << 16) | static_cast<uint64_t>(rank);
-    buf->recv(src, slot);
-    if (!buf->waitRecv(timeout)) fail("recv from rank {} did not complete", src);
-    s.write_back();
-  });
+  const uint64_t seq = sequence_++;
+  auto work = std::make_shared<Work>(fmt::format("ProcessGroupGloo recv from rank {} (sequence number {}, rank {} of "
+                                                 "{}, timeout {} ms)", src, seq, rank, size_, timeout.count()));
+  auto s = std::make_shared<Staged>(tensor);
+  auto buf = std::shared_ptr<gloo::transport::UnboundBuffer>(
+      ctx->createUnboundBuffer(s->buffer.raw_data_ptr(), s->buffer.nbytes()));
+  const uint64_t slot = (static_cast<uint64_t>(tag) << 32) | (static_cast<uint64_t>(src) << 16) | static_cast<uint64_t>(rank);
+  buf->recv(src, slot);
+  std::thread([work, buf, s, tensor, timeout, src, ctx] {
+    try {
+      if (!buf->waitRecv(timeout)) fail("recv from rank {} did not complete", src);
+      s->write_back();
+      work->finish({tensor});
+    } catch (const std::exception& e) {
+      work->finish({}, std::make_exception_ptr(Error(fmt::format("{} failed: {}", work->description(), e.what()))));
+    }
+  }).detach();
+  return work;
 }
 
 }  // namespace chorus::distributed

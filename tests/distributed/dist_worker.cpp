@@ -1,0 +1,421 @@
+// One rank of a multi-process test: multiprocess_test starts world_size copies of this program
+// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set as chorusrun sets them), each runs the scenario
+// named by argv[1] against real Gloo process groups over loopback, and exits 0 when everything it
+// checked held. A failed check prints what and exits 1; expected errors are asserted here too.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "distributed/ddp.h"
+#include "distributed/init.h"
+#include "nn/nn.h"
+#include "tensor/ops.h"
+
+using namespace chorus;
+using namespace chorus::distributed;
+namespace F = chorus::nn::functional;
+
+namespace {
+
+int g_failures = 0;
+int g_rank = 0;
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    std::fprintf(stderr, "rank %d: CHECK FAILED: %s\n", g_rank, what.c_str());
+    ++g_failures;
+  }
+}
+
+// Runs f, expecting a chorus::Error whose message contains every one of `parts`.
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts, const std::string& what) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts) check(msg.find(p) != std::string::npos, what + ": message lacks '" + p + "': " + msg);
+    std::printf("rank %d: expected error: %s\n", g_rank, msg.c_str());
+    return;
+  }
+  check(false, what + ": no error was raised");
+}
+
+double max_abs(const Tensor& t) { return t.to(kFloat64).abs().max().item<double>(); }
+
+// ------------------------------------------------------------------ collectives
+// Rank r's input for a dtype: deterministic, different per rank, exactly representable in every dtype.
+Tensor rank_input(int rank, DType dt, const Shape& shape) {
+  // Small integers (exact in every dtype): (i mod 7) - 3 + 2 * rank.
+  std::vector<double> v(static_cast<size_t>(numel_of(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(i % 7) - 3.0 + 2.0 * rank;
+  return tensor(v).reshape(shape).to(dt);
+}
+
+void scenario_collectives(ProcessGroup& pg) {
+  const int rank = pg.rank(), world = pg.size();
+  const Shape shape{3, 5};
+  for (DType dt : {kFloat32, kFloat64, kBFloat16, kFloat16, kInt64, kInt32}) {
+    const std::string name = dtype_name(dt);
+    // Expected reductions over ranks, computed locally in double.
+    Tensor sum = zeros(shape, {.dtype = kFloat64}), mx = full(shape, -1e9, {.dtype = kFloat64}),
+           mn = full(shape, 1e9, {.dtype = kFloat64});
+    for (int r = 0; r < world; ++r) {
+      Tensor x = rank_input(r, kFloat64, shape);
+      sum = sum + x;
+      mx = maximum(mx, x);
+      mn = minimum(mn, x);
+    }
+    std::vector<std::pair<ReduceOp, Tensor>> cases = {{ReduceOp::Sum, sum}, {ReduceOp::Max, mx}, {ReduceOp::Min, mn}};
+    if (is_floating(dt)) cases.push_back({ReduceOp::Avg, sum / static_cast<double>(world)});
+    for (auto& [op, expected] : cases) {
+      Tensor t = rank_input(rank, dt, shape);
+      pg.allreduce({t}, op)->wait();
+      const double tol = dt == kBFloat16 ? 0.05 : dt == kFloat16 ? 0.01 : 1e-9;
+      check(t.dtype() == dt, "allreduce keeps the dtype " + name);
+      check(max_abs(t.to(kFloat64) - expected) <= tol * (1 + max_abs(expected)),
+            fmt::format("allreduce op {} dtype {}", static_cast<int>(op), name));
+    }
+    for (int root = 0; root < world; ++root) {
+      Tensor t = rank_input(rank, dt, shape);
+      pg.broadcast({t}, root)->wait();
+      check(max_abs(t.to(kFloat64) - rank_input(root, kFloat64, shape)) == 0, "broadcast from root " + std::to_string(root) + " " + name);
+    }
+    TensorList outs;
+    for (int r = 0; r < world; ++r) outs.push_back(zeros(shape, {.dtype = dt}));
+    pg.allgather(outs, rank_input(rank, dt, shape))->wait();
+    for (int r = 0; r < world; ++r) {
+      check(max_abs(outs[r].to(kFloat64) - rank_input(r, kFloat64, shape)) == 0, "allgather slot " + std::to_string(r) + " " + name);
+    }
+    // reduce_scatter: rank r's input i is rank_input(r) + i; output on rank i is the sum over r.
+    TensorList ins;
+    for (int i = 0; i < world; ++i) ins.push_back((rank_input(rank, kFloat64, shape) + static_cast<double>(i)).to(dt));
+    Tensor out = zeros(shape, {.dtype = dt});
+    pg.reduce_scatter(out, ins, ReduceOp::Sum)->wait();
+    Tensor want = sum + static_cast<double>(rank * world);
+    check(max_abs(out.to(kFloat64) - want) <= (dt == kBFloat16 ? 0.05 : 0.01) * (1 + max_abs(want)), "reduce_scatter " + name);
+    // send/recv around a ring: both posted before either is waited on (isend + irecv).
+    if (world > 1) {
+      const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+      Tensor got = zeros(shape, {.dtype = dt});
+      auto s = pg.send(rank_input(rank, dt, shape), next, 7);
+      auto r = pg.recv(got, prev, 7);
+      s->wait();
+      r->wait();
+      check(max_abs(got.to(kFloat64) - rank_input(prev, kFloat64, shape)) == 0, "send/recv ring " + name);
+    }
+  }
+  // Non-contiguous tensors reduce in place too.
+  Tensor base = rank_input(rank, kFloat32, {4, 6});
+  Tensor view = base.t();
+  pg.allreduce({view})->wait();
+  Tensor expect = zeros({4, 6});
+  for (int r = 0; r < world; ++r) expect = expect + rank_input(r, kFloat32, {4, 6});
+  check(max_abs(base - expect) == 0, "allreduce of a transposed view writes through to its base");
+  auto w = pg.barrier();
+  w->wait();
+  check(w->is_completed(), "barrier completes");
+}
+
+// ------------------------------------------------------------------ DDP equivalence
+std::shared_ptr<nn::Sequential> make_model(const std::string& kind, DType dt) {
+  manual_seed(42);  // the same initial parameters everywhere (DDP would broadcast them anyway)
+  auto net = std::make_shared<nn::Sequential>();
+  if (kind == "mlp") {
+    net->push_back(std::make_shared<nn::Linear>(12, 32));
+    net->push_back(std::make_shared<nn::Tanh>());
+    net->push_back(std::make_shared<nn::Linear>(32, 16));
+    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(std::make_shared<nn::Linear>(16, 5));
+  } else if (kind == "cnn") {
+    net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(2, 6, 3).padding(1)));
+    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(std::make_shared<nn::MaxPool2d>(2));
+    net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(6, 8, 3)));
+    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(1));
+    net->push_back(std::make_shared<nn::Flatten>());
+    net->push_back(std::make_shared<nn::Linear>(8, 5));
+  } else {  // transformer: [B, T, 8] -> encoder -> mean over T -> linear
+    nn::TransformerEncoderLayerOptions o;
+    o.dim_feedforward = 16;
+    o.dropout = 0.0;
+    o.activation = "gelu";
+    o.batch_first = true;
+    net->push_back(std::make_shared<nn::TransformerEncoder>(8, 2, 2, o));
+  }
+  net->to(dt);
+  return net;
+}
+
+Tensor run_model(nn::Module& m, const std::string& kind, const Tensor& x, nn::Linear* head) {
+  Tensor y = m.forward(x);
+  if (kind == "transformer") y = head->forward(y.mean({1}));
+  return y;
+}
+
+Tensor make_inputs(const std::string& kind, int64_t n, DType dt) {
+  manual_seed(7);
+  if (kind == "mlp") return randn({n, 12}, {.dtype = dt});
+  if (kind == "cnn") return randn({n, 2, 8, 8}, {.dtype = dt});
+  return randn({n, 4, 8}, {.dtype = dt});
+}
+
+void sgd_momentum(const std::vector<Tensor>& params, std::vector<Tensor>& bufs, double lr) {
+  NoGradGuard no_grad;
+  if (bufs.empty())
+    for (const Tensor& p : params) bufs.push_back(zeros_like(p));
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].grad().defined()) continue;
+    bufs[i].mul_(0.9).add_(params[i].grad());
+    Tensor p = params[i];
+    p.sub_(bufs[i], lr);
+  }
+}
+
+void scenario_ddp_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string& kind, DType dt, double cap_mb,
+                              bool as_view) {
+  const int rank = pg->rank(), world = pg->size();
+  const int64_t per_rank = 3, total = per_rank * world;
+  Tensor x = make_inputs(kind, total, dt);
+  manual_seed(8);
+  Tensor y = randint(0, 5, {total});
+  // The transformer's linear head lives inside the DDP module via a wrapper Sequential.
+  auto body = make_model(kind, dt);
+  auto ref_body = make_model(kind, dt);
+  std::shared_ptr<nn::Linear> head, ref_head;
+  if (kind == "transformer") {
+    manual_seed(43);
+    head = std::make_shared<nn::Linear>(8, 5);
+    manual_seed(43);
+    ref_head = std::make_shared<nn::Linear>(8, 5);
+    head->to(dt);
+    ref_head->to(dt);
+    body->register_module("head", head);
+    ref_body->register_module("head", ref_head);
+  }
+  DDPOptions opts;
+  opts.bucket_cap_mb = cap_mb;
+  opts.first_bucket_cap_mb = std::min(cap_mb, 1.0);
+  opts.gradient_as_bucket_view = as_view;
+  DistributedDataParallel ddp(body, pg, opts);
+  std::vector<Tensor> bufs, ref_bufs;
+  for (int step = 0; step < 10; ++step) {
+    body->zero_grad();
+    ref_body->zero_grad();
+    Tensor xs = x.narrow(0, rank * per_rank, per_rank), ys = y.narrow(0, rank * per_rank, per_rank);
+    Tensor out = ddp.forward([&] { return run_model(*body, kind, xs, head.get()); });
+    F::cross_entropy(out, ys).backward();
+    sgd_momentum(body->parameters(), bufs, 0.05);
+    F::cross_entropy(run_model(*ref_body, kind, x, ref_head.get()), y).backward();
+    sgd_momentum(ref_body->parameters(), ref_bufs, 0.05);
+  }
+  const double tol = dt == kFloat64 ? 1e-9 : 1e-4;
+  auto a = body->named_parameters(), b = ref_body->named_parameters();
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double rel = max_abs(a[i].second - b[i].second) / std::max(1e-12, max_abs(b[i].second));
+    worst = std::max(worst, rel);
+    check(rel <= tol, fmt::format("{} {} cap {} view {}: parameter {} differs from single-process training by {:.3g} "
+                                  "relative",
+                                  kind, dtype_name(dt), cap_mb, as_view, a[i].first, rel));
+  }
+  std::printf("rank %d: ddp %s %s cap %.4g MiB view %d: %zu buckets, worst relative difference %.3g\n", rank, kind.c_str(),
+              dtype_name(dt), cap_mb, as_view, ddp.reducer().buckets().size(), worst);
+}
+
+// no_sync for 3 micro-batches then a synced 4th equals one step on the 4x batch.
+void scenario_no_sync(const std::shared_ptr<ProcessGroup>& pg) {
+  const int rank = pg->rank(), world = pg->size();
+  const int64_t micro = 2, k = 4;
+  Tensor x = make_inputs("mlp", micro * k * world, kFloat64);
+  manual_seed(9);
+  Tensor y = randint(0, 5, {micro * k * world});
+  auto model = make_model("mlp", kFloat64), ref = make_model("mlp", kFloat64);
+  DistributedDataParallel ddp(model, pg);
+  for (int64_t i = 0; i < k; ++i) {
+    // Rank r's i-th micro-batch: rows [(r*k + i) * micro, +micro).
+    Tensor xs = x.narrow(0, (rank * k + i) * micro, micro), ys = y.narrow(0, (rank * k + i) * micro, micro);
+    if (i < k - 1) {
+      auto guard = ddp.no_sync();
+      F::cross_entropy(ddp.forward(xs), ys).backward();
+    } else {
+      F::cross_entropy(ddp.forward(xs), ys).backward();
+    }
+  }
+  // Reference: the sum over all micro-batches of their mean losses, averaged over ranks
+  // == mean over the whole batch times k.
+  (F::cross_entropy(ref->forward(x), y) * static_cast<double>(k)).backward();
+  auto a = model->named_parameters(), b = ref->named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double rel = max_abs(a[i].second.grad() - b[i].second.grad()) / max_abs(b[i].second.grad());
+    check(rel < 1e-10, fmt::format("no_sync: gradient of {} differs by {:.3g} relative", a[i].first, rel));
+  }
+}
+
+// A branch used only on rank 0; another used by no rank.
+struct Branchy : nn::Module {
+  std::shared_ptr<nn::Linear> trunk, rank0_only, never;
+  Branchy() : nn::Module("Branchy") {
+    manual_seed(11);
+    trunk = register_module("trunk", std::make_shared<nn::Linear>(4, 4));
+    rank0_only = register_module("rank0_only", std::make_shared<nn::Linear>(4, 4));
+    never = register_module("never", std::make_shared<nn::Linear>(4, 4));
+    to(kFloat64);
+  }
+  bool use_branch = false;
+  Tensor forward(const Tensor& x) override {
+    Tensor h = trunk->forward(x);
+    if (use_branch) h = rank0_only->forward(h);
+    return h;
+  }
+};
+
+void scenario_find_unused(const std::shared_ptr<ProcessGroup>& pg) {
+  const int rank = pg->rank(), world = pg->size();
+  auto model = std::make_shared<Branchy>();
+  model->use_branch = rank == 0;
+  DDPOptions opts;
+  opts.find_unused_parameters = true;
+  DistributedDataParallel ddp(model, pg, opts);
+  manual_seed(12);
+  Tensor x = randn({world * 2, 4}, {.dtype = kFloat64});
+  for (int it = 0; it < 2; ++it) {
+    model->zero_grad();
+    ddp.forward(x.narrow(0, rank * 2, 2)).pow(2).sum().backward();
+  }
+  // Reference gradients on one process: the sum over ranks of each rank's loss, divided by world.
+  auto ref = std::make_shared<Branchy>();
+  Tensor total = zeros({}, {.dtype = kFloat64});
+  for (int r = 0; r < world; ++r) {
+    ref->use_branch = r == 0;
+    total = total + ref->forward(x.narrow(0, r * 2, 2)).pow(2).sum();
+  }
+  (total / static_cast<double>(world)).backward();
+  for (auto& [name, p] : model->named_parameters()) {
+    Tensor rp;
+    for (auto& [n2, q] : ref->named_parameters())
+      if (n2 == name) rp = q;
+    if (name.rfind("never", 0) == 0) {
+      check(!p.grad().defined(), "find_unused: a parameter unused on every rank keeps .grad undefined: " + name);
+      continue;
+    }
+    check(p.grad().defined(), "find_unused: gradient defined for " + name);
+    if (p.grad().defined()) {
+      const double rel = max_abs(p.grad() - rp.grad()) / std::max(1e-12, max_abs(rp.grad()));
+      check(rel < 1e-10, fmt::format("find_unused: gradient of {} differs by {:.3g}", name, rel));
+    }
+  }
+}
+
+void scenario_prior_iteration(const std::shared_ptr<ProcessGroup>& pg) {
+  auto model = std::make_shared<Branchy>();
+  DistributedDataParallel ddp(model, pg);  // no find_unused_parameters; rank0_only/never never used
+  Tensor x = randn({2, 4}, {.dtype = kFloat64});
+  ddp.forward(x).sum().backward();
+  expect_error([&] { ddp.forward(x).sum().backward(); },
+               {"Expected to have finished reduction in the prior iteration", "rank0_only.weight", "never.bias"},
+               "prior-iteration error");
+}
+
+void scenario_model_mismatch(const std::shared_ptr<ProcessGroup>& pg) {
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(std::make_shared<nn::Linear>(4, pg->rank() == 1 ? 6 : 5));
+  expect_error([&] { DistributedDataParallel ddp(model, pg); }, {"rank 1", "0.weight"}, "model mismatch at construction");
+}
+
+void scenario_killed_rank(const std::shared_ptr<ProcessGroup>& pg) {
+  Tensor t = ones({1000});
+  pg->allreduce({t})->wait();  // everyone is up
+  if (pg->rank() == 1) {
+    std::fflush(stdout);
+    ::_exit(0);  // dies without a word
+  }
+  const auto start = std::chrono::steady_clock::now();
+  expect_error([&] {
+    for (int i = 0; i < 3; ++i) pg->allreduce({t})->wait();
+  }, {"allreduce"}, "a collective with a dead peer");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  check(s < 20.0, fmt::format("the dead peer was noticed within the timeout (took {:.1f} s)", s));
+}
+
+void scenario_timeout(const std::shared_ptr<ProcessGroup>& pg) {
+  Tensor t = ones({10});
+  pg->allreduce({t})->wait();
+  if (pg->rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(6));  // misses rank 0's next collective
+    return;
+  }
+  expect_error([&] { pg->allreduce({t})->wait(); }, {"allreduce", "sequence number 1", "timeout 2000 ms"},
+               "collective timeout");
+}
+
+void scenario_debug_mismatch(const std::shared_ptr<ProcessGroup>& pg) {
+  Tensor t = ones({pg->rank() == 0 ? 4 : 5});
+  expect_error([&] { pg->allreduce({t})->wait(); }, {"rank 0", "rank 1", "[4]", "[5]"}, "debug-mode collective mismatch");
+}
+
+void scenario_new_group(const std::shared_ptr<ProcessGroup>& pg) {
+  const int rank = pg->rank();
+  auto evens = new_group({0, 2});
+  auto odds = new_group({1, 3});
+  auto mine = rank % 2 == 0 ? evens : odds;
+  check((rank % 2 == 0 ? odds : evens) == nullptr, "non-members get no group");
+  check(mine && mine->size() == 2 && mine->rank() == rank / 2, "subgroup rank and size");
+  Tensor t = full({3}, static_cast<double>(rank));
+  mine->allreduce({t})->wait();
+  const double want = rank % 2 == 0 ? 0 + 2 : 1 + 3;
+  check(t[0].item<float>() == want, fmt::format("subgroup allreduce gives {} (got {})", want, t[0].item<float>()));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: dist_worker <scenario> [args]\n");
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  try {
+    InitOptions init;
+    if (scenario == "timeout" || scenario == "killed_rank") init.timeout = std::chrono::milliseconds(2000);
+    auto pg = init_process_group(init);
+    g_rank = pg->rank();
+    if (scenario == "collectives") scenario_collectives(*pg);
+    else if (scenario == "ddp") {
+      const std::string kind = argv[2];
+      const DType dt = std::string(argv[3]) == "float64" ? kFloat64 : kFloat32;
+      scenario_ddp_equivalence(pg, kind, dt, std::atof(argv[4]), std::string(argv[5]) == "1");
+    } else if (scenario == "no_sync") scenario_no_sync(pg);
+    else if (scenario == "find_unused") scenario_find_unused(pg);
+    else if (scenario == "prior_iteration") scenario_prior_iteration(pg);
+    else if (scenario == "model_mismatch") scenario_model_mismatch(pg);
+    else if (scenario == "killed_rank") scenario_killed_rank(pg);
+    else if (scenario == "timeout") scenario_timeout(pg);
+    else if (scenario == "debug_mismatch") scenario_debug_mismatch(pg);
+    else if (scenario == "new_group") scenario_new_group(pg);
+    else {
+      std::fprintf(stderr, "dist_worker: unknown scenario %s\n", scenario.c_str());
+      return 2;
+    }
+    if (scenario != "killed_rank" && scenario != "timeout" && scenario != "debug_mismatch" &&
+        scenario != "model_mismatch") {
+      pg->barrier()->wait();  // rank 0 hosts the store: nobody leaves before everyone is done
+    } else {
+      std::fflush(stdout);
+      std::fflush(stderr);
+      ::_exit(g_failures == 0 ? 0 : 1);  // a group with a dead or stuck peer: skip orderly teardown
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: unexpected error in %s: %s\n", g_rank, scenario.c_str(), e.what());
+    return 1;
+  }
+  std::fflush(stdout);
+  return g_failures == 0 ? 0 : 1;
+}
