@@ -1,22 +1,28 @@
 // The README's example, compiled with every build so it cannot go stale.
-#include <iostream>
-
-#include "autograd/grad_mode.h"
-#include "tensor/ops.h"
+#include "data/data.h"
+#include "distributed/ddp.h"
+#include "distributed/init.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
 using namespace chorus;
+namespace F = nn::functional;
 
-int main() {
-  manual_seed(0);
-  Tensor x = randn({64, 16});                                  // a batch of inputs
-  Tensor y = randn({64, 1});                                   // regression targets
-  Tensor w = randn({16, 1}, {.requires_grad = true});          // a linear model
-  Tensor b = zeros({1}, {.requires_grad = true});
-  for (int step = 0; step < 100; ++step) {
-    Tensor loss = (matmul(x, w) + b - y).pow(2).mean();        // broadcasting, autograd
-    w.mutable_grad() = Tensor(); b.mutable_grad() = Tensor();  // clear old gradients
-    loss.backward();
-    NoGradGuard no_grad;                                       // update without recording
-    w.sub_(w.grad(), 0.1); b.sub_(b.grad(), 0.1);
+int main() {  // run it with: chorusrun --nproc-per-node 2 ./program
+  auto group = distributed::init_process_group();                  // RANK, WORLD_SIZE from chorusrun
+  auto train = std::make_shared<data::MNIST>(data::default_data_dir() + "/mnist", data::Split::Train);
+  data::DataLoader loader(train, {.batch_size = 32, .sampler = std::make_shared<data::DistributedSampler>(
+                                                        train->size(), group->size(), group->rank())});
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(1, 16, 3).padding(1)));
+  net->push_back(std::make_shared<nn::ReLU>());
+  net->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(4));
+  net->push_back(std::make_shared<nn::Flatten>());
+  net->push_back(std::make_shared<nn::Linear>(16 * 4 * 4, 10));
+  distributed::DistributedDataParallel model(net, group);          // gradients averaged across ranks
+  optim::Adam opt(net->parameters(), {.lr = 1e-3});
+  for (data::Batch& b : loader) {
+    opt.zero_grad();
+    F::cross_entropy(model.forward(b.data), b.target).backward();  // allreduce overlaps backward
+    opt.step();
   }
-  std::cout << w.t() << "\n";                                  // prints like PyTorch
 }
