@@ -252,6 +252,38 @@ TEST_CASE("MultiheadAttention gradients of inputs and every parameter pass gradc
                             {q, k, v}));
 }
 
+TEST_CASE("MultiheadAttention in training returns the attention weights after dropout, the ones applied to V",
+          "[nn][attention]") {
+  Generator gen(405);
+  manual_seed(405);
+  const int64_t N = 2, L = 6, E = 4, H = 2, D = 2;
+  nn::MultiheadAttention mha(E, H, {.dropout = 0.5, .batch_first = true});
+  mha.to(kFloat64);
+  randomize_biases(mha, gen);
+  Tensor x = randn({N, L, E}, {.dtype = kFloat64}, &gen);
+  auto out = mha.forward(x, x, x, Tensor(), true, Tensor(), /*average_attn_weights=*/false);
+  // Recompute the output from the returned per-head weights: out_proj(concat_h(W_h V_h)).
+  const Vec w = doubles(out.weights), ipw = doubles(mha.in_proj_weight), ipb = doubles(mha.in_proj_bias);
+  const Vec V = ref_linear(doubles(x), N * L, Vec(ipw.begin() + 2 * E * E, ipw.end()), Vec(ipb.begin() + 2 * E, ipb.end()),
+                           E, E);
+  Vec concat(N * L * E, 0.0);
+  int64_t dropped = 0;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t j = 0; j < L; ++j) {
+          const double a = w[((n * H + h) * L + i) * L + j];
+          dropped += a == 0.0;
+          for (int64_t d = 0; d < D; ++d) concat[(n * L + i) * E + h * D + d] += a * V[(n * L + j) * E + h * D + d];
+        }
+  CHECK(dropped > 0);  // 144 weights at p = 0.5: some were dropped
+  check_close(out.output,
+              ref_linear(concat, N * L, doubles(mha.out_proj->weight), doubles(mha.out_proj->bias), E, E), 1e-12);
+  mha.eval();
+  Vec rows = doubles(mha.forward(x, x, x).weights.sum({-1}));
+  for (double r : rows) CHECK(r == Approx(1.0));
+}
+
 TEST_CASE("MultiheadAttention rejects bad head counts, shapes and masks", "[nn][attention][errors]") {
   CHECK_THAT(error_message([] { nn::MultiheadAttention(6, 4); }), Catch::Contains("divisible by num_heads (4)"));
   nn::MultiheadAttention mha(4, 2, {.batch_first = true});
