@@ -97,7 +97,14 @@ std::vector<std::shared_ptr<Module>> Module::children() const {
 std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const { return children_; }
 
 std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_modules() {
-  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out{{"", shared_from_this()}};
+  // The entry for this module is a shared_ptr to it, so it must be owned by one (shared_from_this
+  // would throw a bare std::bad_weak_ptr otherwise).
+  std::shared_ptr<Module> self = weak_from_this().lock();
+  if (!self) {
+    fail("{}::named_modules: the module must be owned by a std::shared_ptr (create it with std::make_shared)",
+         type_name_);
+  }
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> out{{"", self}};
   for (const auto& [n, m] : children_) {
     for (auto& [sub, mod] : m->named_modules()) out.emplace_back(sub.empty() ? n : n + "." + sub, mod);
   }

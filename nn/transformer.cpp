@@ -98,7 +98,8 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
   out = out_proj->forward(out);
   if (!options.batch_first) out = out.transpose(0, 1);
   Output result{out, Tensor()};
-  if (need_weights) result.weights = average_attn_weights ? mean(attn, {1}) : attn;
+  // The weights returned are the ones applied to the values: after dropout in training, as PyTorch.
+  if (need_weights) result.weights = average_attn_weights ? mean(attn_used, {1}) : attn_used;
   return result;
 }
 

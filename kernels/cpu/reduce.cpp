@@ -227,8 +227,10 @@ void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) {
         double sum = 0;
         if (log) {
           for (int64_t r = 0; r < R; ++r) sum += std::exp(row[r] - mx);
-          T lse = mx + static_cast<T>(std::log(sum));
-          for (int64_t r = 0; r < R; ++r) orow[r] = row[r] - lse;
+          // (x - max) - log(sum), in this order, as PyTorch: folding max + log(sum) first rounds to
+          // the spacing of max (about 1e-3 at 1e4 in float32) and loses every digit below it.
+          const T log_sum = static_cast<T>(std::log(sum));
+          for (int64_t r = 0; r < R; ++r) orow[r] = (row[r] - mx) - log_sum;
         } else {
           for (int64_t r = 0; r < R; ++r) {
             orow[r] = std::exp(row[r] - mx);

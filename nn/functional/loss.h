@@ -8,8 +8,10 @@ namespace chorus::nn::functional {
 
 enum class Reduction { None, Mean, Sum };
 
+// `Tensor weight{}` (not `Tensor weight;`): a default member initializer keeps GCC's
+// -Wmissing-field-initializers quiet when callers leave it out of a designated initializer.
 struct CrossEntropyOptions {
-  Tensor weight;               // optional per-class weights [C]
+  Tensor weight{};             // optional per-class weights [C]
   int64_t ignore_index = -100;  // targets equal to it contribute nothing (and are not counted)
   double label_smoothing = 0.0;
   Reduction reduction = Reduction::Mean;
@@ -19,7 +21,7 @@ struct CrossEntropyOptions {
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& options = {});
 
 struct NLLLossOptions {
-  Tensor weight;
+  Tensor weight{};
   int64_t ignore_index = -100;
   Reduction reduction = Reduction::Mean;
 };
