@@ -60,6 +60,13 @@ Reducer::~Reducer() {
 void Reducer::register_comm_hook(CommHook hook) {
   if (!hook) fail("DistributedDataParallel::register_comm_hook: the hook is empty");
   comm_hook_ = std::move(hook);
+  custom_hook_ = true;
+}
+
+bool Reducer::identity_reduction() const {
+  // One rank, the default allreduce, gradients not bucket views: the average is the gradient
+  // itself, so no copies in or out (the hook, the views and the statistics still behave the same).
+  return group_->size() == 1 && !custom_hook_ && !options_.gradient_as_bucket_view;
 }
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
@@ -222,6 +229,15 @@ void Reducer::mark_ready(size_t i) {
   NoGradGuard no_grad;
   auto [bi, s] = location_[i];
   Bucket& b = buckets_[bi];
+  if (identity_reduction()) {
+    marked_[i] = true;
+    locally_used_[i] = true;
+    arrival_order_.push_back(i);
+    if (b.first_ready == Clock::time_point()) b.first_ready = now;
+    b.last_ready = Clock::now();
+    if (--b.pending == 0) launch_ready_buckets();
+    return;
+  }
   Tensor& grad = params_[i].mutable_grad();
   Tensor view = b.views[s];
   const double scale = 1.0 / static_cast<double>(group_->size());
@@ -248,7 +264,7 @@ void Reducer::launch_ready_buckets() {
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     Bucket& b = buckets_[next_to_launch_++];
     b.launched = Clock::now();
-    b.work = comm_hook_(*group_, b);
+    b.work = identity_reduction() ? completed_work("allreduce (world size 1)", {b.buffer}) : comm_hook_(*group_, b);
     Bucket* bp = &b;
     b.work->then([bp](Work&) { bp->finished = Clock::now(); });
   }
@@ -269,8 +285,9 @@ void Reducer::finalize() {
     const TensorList& result = b.work->result();
     if (!result.empty() && !result[0].is_same(b.buffer)) b.buffer.copy_(result[0]);
   }
-  std::vector<bool> globally_used(params_.size(), true);
-  if (options_.find_unused_parameters) {
+  const bool identity = identity_reduction();
+  std::vector<bool> globally_used(params_.size(), !identity);
+  if (!identity && options_.find_unused_parameters) {
     // One extra small collective, issued after all buckets on every rank, tells which parameters
     // were used anywhere; those used nowhere keep their .grad untouched.
     Tensor used = zeros({static_cast<int64_t>(params_.size())}, {.dtype = kInt32});

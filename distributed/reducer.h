@@ -91,6 +91,8 @@ class Reducer {
   ReducerOptions options_;
   std::vector<HookHandle> hooks_;
   CommHook comm_hook_;
+  bool custom_hook_ = false;
+  bool identity_reduction() const;
 
   std::vector<Bucket> buckets_;
   std::vector<std::pair<size_t, size_t>> location_;  // param -> (bucket, slot)

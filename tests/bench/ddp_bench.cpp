@@ -1,0 +1,154 @@
+// DDP benchmarks (tables; not pass/fail). Modes:
+//
+//   ddp_bench overhead            one process: DDP at world size 1 against plain training of the
+//                                 same model, step time (forward + backward + SGD step)
+//   chorusrun --nproc-per-node 2 ddp_bench overlap
+//                                 backward + gradient sync with 25 MiB buckets (allreduce overlapping
+//                                 backward) against one bucket reduced after backward, same run
+//   chorusrun --nproc-per-node N ddp_bench allreduce
+//                                 Gloo allreduce of float32 buffers from 1 KiB to 64 MiB: time,
+//                                 algbw = bytes / time, busbw = algbw * 2 (N - 1) / N (nccl-tests)
+//
+// tools/bench_ddp.sh runs all of them.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "distributed/ddp.h"
+#include "distributed/init.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "tensor/ops.h"
+#include "tests/bench/bench_util.h"
+
+using namespace chorus;
+namespace F = chorus::nn::functional;
+
+namespace {
+
+// An MLP of `layers` hidden layers of `width`: many parameters (gradients) per unit of compute.
+std::shared_ptr<nn::Sequential> mlp(int64_t in, int64_t width, int layers) {
+  manual_seed(3);
+  auto net = std::make_shared<nn::Sequential>();
+  int64_t d = in;
+  for (int i = 0; i < layers; ++i) {
+    net->push_back(std::make_shared<nn::Linear>(d, width));
+    net->push_back(std::make_shared<nn::ReLU>());
+    d = width;
+  }
+  net->push_back(std::make_shared<nn::Linear>(d, 10));
+  return net;
+}
+
+int64_t param_bytes(nn::Module& m) {
+  int64_t n = 0;
+  for (const Tensor& p : m.parameters()) n += p.numel() * 4;
+  return n;
+}
+
+void overhead(int steps) {
+  auto group = distributed::init_process_group(
+      {.init_method = "tcp://127.0.0.1:0", .rank = 0, .world_size = 1,
+       .store = std::make_shared<distributed::TCPStore>("127.0.0.1", 0, distributed::TCPStoreOptions{.is_server = true})});
+  std::printf("DDP at world size 1 against plain training, step = forward + backward + SGD step, median of %d\n\n", steps);
+  std::printf("| model | threads | plain ms | DDP ms | DDP / plain |\n|---|---|---|---|---|\n");
+  struct M {
+    const char* name;
+    int64_t in, width;
+    int layers;
+    int64_t batch;
+  };
+  for (M m : {M{"MLP 784-1024x4-10, batch 64", 784, 1024, 4, 64}, M{"MLP 256-256x8-10, batch 32", 256, 256, 8, 32}}) {
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      Tensor x = randn({m.batch, m.in});
+      Tensor y = randint(0, 10, {m.batch});
+      auto plain = mlp(m.in, m.width, m.layers);
+      optim::SGD po(plain->parameters(), {.lr = 0.01, .momentum = 0.9});
+      auto wrapped = mlp(m.in, m.width, m.layers);
+      distributed::DistributedDataParallel ddp(wrapped, group);
+      optim::SGD dopt(wrapped->parameters(), {.lr = 0.01, .momentum = 0.9});
+      // Interleave the two so drifts in machine speed hit both alike.
+      double tp = 0, td = 0;
+      for (int round = 0; round < 3; ++round) {
+        tp += bench::median_time([&] { po.zero_grad(); F::cross_entropy(plain->forward(x), y).backward(); po.step(); }, 3, steps);
+        td += bench::median_time([&] { dopt.zero_grad(); F::cross_entropy(ddp.forward(x), y).backward(); dopt.step(); }, 3, steps);
+      }
+      std::printf("| %s | %d | %.3f | %.3f | %.3f |\n", m.name, threads, tp / 3 * 1e3, td / 3 * 1e3, td / tp);
+      std::fflush(stdout);
+    }
+  }
+  distributed::destroy_process_group();
+}
+
+void overlap(int steps) {
+  auto group = distributed::init_process_group();
+  const int rank = group->rank(), world = group->size();
+  auto model25 = mlp(1024, 2048, 6), model1 = mlp(1024, 2048, 6);
+  distributed::DistributedDataParallel bucketed(model25, group, {.bucket_cap_mb = 25});
+  distributed::DistributedDataParallel single(model1, group, {.bucket_cap_mb = 1e6, .first_bucket_cap_mb = 1e6});
+  manual_seed(5 + rank);
+  Tensor x = randn({32, 1024});
+  Tensor y = randint(0, 10, {32});
+  double t25 = 0, t1 = 0, comm25 = 0, ovl25 = 0, comm1 = 0;
+  for (int round = 0; round < 3; ++round) {
+    t25 += bench::median_time([&] { model25->zero_grad(); F::cross_entropy(bucketed.forward(x), y).backward(); }, 3, steps);
+    t1 += bench::median_time([&] { model1->zero_grad(); F::cross_entropy(single.forward(x), y).backward(); }, 3, steps);
+  }
+  for (const auto& s : bucketed.stats()) comm25 += s.communication_ms, ovl25 += s.overlapped_ms;
+  for (const auto& s : single.stats()) comm1 += s.communication_ms;
+  if (rank == 0) {
+    std::printf("Overlap: %d ranks, MLP 1024-2048x6-10 (%.1f MiB of float32 gradients), batch 32 per rank, "
+                "forward + backward + sync, median of %d (x3 rounds)\n\n",
+                world, param_bytes(*model25) / 1048576.0, steps);
+    std::printf("| buckets | count | step ms | mean comm ms | mean comm overlapped with backward ms |\n|---|---|---|---|---|\n");
+    std::printf("| 25 MiB (first 1 MiB) | %zu | %.2f | %.2f | %.2f |\n", bucketed.reducer().buckets().size(), t25 / 3 * 1e3,
+                comm25 / bucketed.stats().size(), ovl25 / bucketed.stats().size());
+    std::printf("| one bucket after backward | %zu | %.2f | %.2f | 0 |\n", single.reducer().buckets().size(), t1 / 3 * 1e3,
+                comm1 / single.stats().size());
+    std::printf("\nspeed-up from overlap: %.3f\n", t1 / t25);
+  }
+  group->barrier()->wait();
+  distributed::destroy_process_group();
+}
+
+void allreduce(int reps) {
+  auto group = distributed::init_process_group();
+  const int world = group->size();
+  if (group->rank() == 0) {
+    std::printf("Gloo allreduce (sum) of float32, %d ranks on one machine (loopback TCP), median of %d\n\n", world, reps);
+    std::printf("| bytes | time us | algbw GB/s | busbw GB/s |\n|---|---|---|---|\n");
+  }
+  for (int64_t bytes = 1024; bytes <= (64ll << 20); bytes *= 4) {
+    Tensor t = ones({bytes / 4});
+    const double s = bench::median_time([&] { group->allreduce({t})->wait(); }, 3, bytes >= (16 << 20) ? 7 : reps);
+    const double algbw = static_cast<double>(bytes) / s / 1e9;
+    if (group->rank() == 0) {
+      std::printf("| %lld | %.1f | %.3f | %.3f |\n", static_cast<long long>(bytes), s * 1e6, algbw,
+                  algbw * 2.0 * (world - 1) / world);
+      std::fflush(stdout);
+    }
+  }
+  group->barrier()->wait();
+  distributed::destroy_process_group();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const int steps = argc > 2 ? std::atoi(argv[2]) : 20;
+  try {
+    if (mode == "overhead") overhead(steps);
+    else if (mode == "overlap") overlap(steps);
+    else if (mode == "allreduce") allreduce(steps);
+    else {
+      std::fprintf(stderr, "usage: ddp_bench overhead|overlap|allreduce [steps]\n");
+      return 2;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
