@@ -21,6 +21,23 @@ void check_matmul_args(const char* name, const Tensor& a, const Tensor& b) {
 
 }  // namespace
 
+namespace {
+
+// Gradients laid out like their inputs (PyTorch's mm_mat1/mat2_backward): a transposed view
+// (weight.t() inside linear) gets its gradient computed as (g^T a)^T, so after the t() backward
+// the parameter's gradient is contiguous and AccumulateGrad can keep it without a strided copy.
+bool is_transposed_2d(const Tensor& t) {
+  return t.dim() == 2 && t.size(0) > 1 && t.size(1) > 1 && t.stride(0) == 1 && t.stride(1) == t.size(0);
+}
+Tensor mat2_grad(const Tensor& mat1, const Tensor& g, bool mat2_transposed) {
+  return mat2_transposed ? t(mm(t(g), mat1)) : mm(t(mat1), g);
+}
+Tensor mat1_grad(const Tensor& g, const Tensor& mat2, bool mat1_transposed) {
+  return mat1_transposed ? t(mm(mat2, t(g))) : mm(g, t(mat2));
+}
+
+}  // namespace
+
 Tensor mm(const Tensor& a, const Tensor& b) {
   check_matmul_args("mm", a, b);
   if (a.dim() != 2 || b.dim() != 2) {
@@ -36,8 +53,10 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   if (autograd::any_requires_grad({&a, &b})) {
     SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(a.requires_grad() ? b : Tensor());
     const bool need_a = a.requires_grad(), need_b = b.requires_grad();
-    autograd::record("MmBackward", {a, b}, {out}, [sa, sb, need_a, need_b](const TensorList& g) -> TensorList {
-      return {need_a ? mm(g[0], t(sb.unpack("mm"))) : Tensor(), need_b ? mm(t(sa.unpack("mm")), g[0]) : Tensor()};
+    const bool a_t = is_transposed_2d(a), b_t = is_transposed_2d(b);
+    autograd::record("MmBackward", {a, b}, {out}, [sa, sb, need_a, need_b, a_t, b_t](const TensorList& g) -> TensorList {
+      return {need_a ? mat1_grad(g[0], sb.unpack("mm"), a_t) : Tensor(),
+              need_b ? mat2_grad(sa.unpack("mm"), g[0], b_t) : Tensor()};
     });
   }
   return out;
@@ -92,12 +111,13 @@ Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Scalar&
     SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(a.requires_grad() ? b : Tensor());
     const bool need_a = a.requires_grad(), need_b = b.requires_grad();
     const double alpha_v = alpha.to_double();
+    const bool a_t = is_transposed_2d(a), b_t = is_transposed_2d(b);
     autograd::record("AddmmBackward", {bias, a, b}, {out},
-                     [sa, sb, need_a, need_b, alpha_v, beta_v](const TensorList& g) -> TensorList {
+                     [sa, sb, need_a, need_b, alpha_v, beta_v, a_t, b_t](const TensorList& g) -> TensorList {
                        Tensor gs = alpha_v == 1.0 ? g[0] : mul(g[0], alpha_v);
                        return {beta_v == 1.0 ? g[0] : mul(g[0], beta_v),
-                               need_a ? mm(gs, t(sb.unpack("addmm"))) : Tensor(),
-                               need_b ? mm(t(sa.unpack("addmm")), gs) : Tensor()};
+                               need_a ? mat1_grad(gs, sb.unpack("addmm"), a_t) : Tensor(),
+                               need_b ? mat2_grad(sa.unpack("addmm"), gs, b_t) : Tensor()};
                      });
   }
   return out;
