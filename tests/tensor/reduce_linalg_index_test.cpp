@@ -1,0 +1,281 @@
+// Forward results of reductions, linear algebra, joining/splitting and indexing ops against plain
+// loops in double over the elements (read through each tensor's own strides), on seeded random
+// inputs in contiguous and non-contiguous layouts; plus the errors bad arguments get.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+#include "tests/tensor/tensor_testing.h"
+
+namespace chorus {
+namespace {
+
+using testing::values;
+
+// Reference reduction over `dims` of a row-major value list of `shape`: f(accumulated list).
+std::vector<double> reduce_ref(const std::vector<double>& v, const Shape& shape, std::vector<int64_t> dims,
+                               const std::function<double(const std::vector<double>&)>& f, Shape* out_shape) {
+  const int64_t nd = static_cast<int64_t>(shape.size());
+  std::vector<bool> reduced(nd, dims.empty());
+  for (int64_t d : dims) reduced[(d + nd) % nd] = true;
+  Shape out;
+  for (int64_t d = 0; d < nd; ++d)
+    if (!reduced[d]) out.push_back(shape[d]);
+  *out_shape = out;
+  std::vector<std::vector<double>> groups(static_cast<size_t>(testing::count_of(out)));
+  for (int64_t i = 0; i < static_cast<int64_t>(v.size()); ++i) {
+    auto idx = testing::unravel(i, shape);
+    int64_t o = 0;
+    for (int64_t d = 0; d < nd; ++d)
+      if (!reduced[d]) o = o * shape[d] + idx[d];
+    groups[o].push_back(v[i]);
+  }
+  std::vector<double> r;
+  for (auto& g : groups) r.push_back(f(g));
+  return r;
+}
+
+double vsum(const std::vector<double>& g) {
+  double s = 0;
+  for (double x : g) s += x;
+  return s;
+}
+
+TEST_CASE("sum, mean, var, std, prod, amax, norm, logsumexp over any dims match loops in double", "[tensor][reduce]") {
+  Generator gen(101);
+  const Shape shape{3, 4, 5};
+  const std::vector<std::vector<int64_t>> dim_sets = {{}, {0}, {1}, {2}, {-1}, {0, 2}, {1, 2}, {0, 1, 2}};
+  for (testing::Layout layout : {testing::Layout::Contiguous, testing::Layout::Transposed, testing::Layout::StepSliced}) {
+    Tensor x = testing::random_layout(shape, kFloat64, layout, gen);
+    const std::vector<double> v = values(x);
+    for (const auto& dims : dim_sets) {
+      INFO("layout " << testing::layout_name(layout) << " dims size " << dims.size());
+      Shape out;
+      auto mean_of = [](const std::vector<double>& g) { return vsum(g) / static_cast<double>(g.size()); };
+      auto var_of = [&](const std::vector<double>& g, bool unbiased) {
+        const double m = mean_of(g);
+        double s = 0;
+        for (double a : g) s += (a - m) * (a - m);
+        return s / static_cast<double>(g.size() - (unbiased ? 1 : 0));
+      };
+      const std::vector<double> sums = reduce_ref(v, shape, dims, vsum, &out);
+      CHECK(testing::matches(sum(x, dims), out, sums));
+      CHECK(testing::matches(mean(x, dims), out, reduce_ref(v, shape, dims, mean_of, &out)));
+      CHECK(testing::matches(var(x, dims, true), out,
+                             reduce_ref(v, shape, dims, [&](auto& g) { return var_of(g, true); }, &out)));
+      CHECK(testing::matches(var(x, dims, false), out,
+                             reduce_ref(v, shape, dims, [&](auto& g) { return var_of(g, false); }, &out)));
+      CHECK(testing::matches(chorus::std(x, dims, true), out,
+                             reduce_ref(v, shape, dims, [&](auto& g) { return std::sqrt(var_of(g, true)); }, &out)));
+      CHECK(testing::matches(amax(x, dims), out,
+                             reduce_ref(v, shape, dims, [](auto& g) { return *std::max_element(g.begin(), g.end()); }, &out)));
+      CHECK(testing::matches(norm(x, 2.0, dims), out, reduce_ref(v, shape, dims, [](auto& g) {
+                               double s = 0;
+                               for (double a : g) s += a * a;
+                               return std::sqrt(s);
+                             }, &out)));
+      CHECK(testing::matches(norm(x, 1.0, dims), out, reduce_ref(v, shape, dims, [](auto& g) {
+                               double s = 0;
+                               for (double a : g) s += std::abs(a);
+                               return s;
+                             }, &out)));
+      if (!dims.empty()) {
+        CHECK(testing::matches(logsumexp(x, dims), out, reduce_ref(v, shape, dims, [](auto& g) {
+                                 double s = 0;
+                                 for (double a : g) s += std::exp(a);
+                                 return std::log(s);
+                               }, &out)));
+      }
+    }
+    // keepdim keeps reduced dims as size 1.
+    CHECK(sum(x, {1}, true).sizes() == Shape{3, 1, 5});
+    CHECK(mean(x, {0, 2}, true).sizes() == Shape{1, 4, 1});
+    for (int64_t d = 0; d < 3; ++d) {
+      Shape out;
+      const std::vector<double> products = reduce_ref(v, shape, {d}, [](auto& g) {
+        double p = 1;
+        for (double a : g) p *= a;
+        return p;
+      }, &out);
+      CHECK(testing::matches(prod(x, d), out, products));
+    }
+  }
+  // logsumexp is stable for large inputs; sums of int tensors stay int64 (as PyTorch).
+  Tensor big = tensor(std::vector<double>{1000, 1000});
+  CHECK(logsumexp(big, {0}).item<double>() == Approx(1000 + std::log(2.0)));
+  Tensor ints = tensor<int32_t>({1, 2, 3, 4});
+  CHECK(sum(ints).dtype() == kInt64);
+  CHECK(sum(ints).item<int64_t>() == 10);
+  CHECK(mean(tensor(std::vector<float>{1, 2, 3, 4})).item<float>() == 2.5f);
+}
+
+TEST_CASE("max/min with indices and argmax/argmin follow PyTorch (first index on ties, NaN wins)", "[tensor][reduce]") {
+  Tensor x = tensor(std::vector<float>{3, 7, 7, 1, -2, 5, 0, 5, 9, 9, -1, 2}).reshape({3, 4});
+  auto [vals, idx] = max(x, 1);
+  CHECK(testing::matches_exactly(vals, {3}, {7, 5, 9}));
+  CHECK(testing::matches_exactly(idx, {3}, {1, 1, 0}));
+  auto [mvals, midx] = min(x, 0, true);
+  CHECK(testing::matches_exactly(mvals, {1, 4}, {-2, 5, -1, 1}));
+  CHECK(testing::matches_exactly(midx, {1, 4}, {1, 1, 2, 0}));
+  CHECK(argmax(x).item<int64_t>() == 8);
+  CHECK(testing::matches_exactly(argmin(x, 1), {3}, {3, 0, 2}));
+  CHECK(max(x).item<float>() == 9);
+  CHECK(min(x).item<float>() == -2);
+  Tensor with_nan = tensor(std::vector<float>{1, NAN, 3});
+  CHECK(std::isnan(max(with_nan).item<float>()));
+  CHECK(argmax(with_nan).item<int64_t>() == 1);
+  CHECK_THROWS_WITH(max(x, 2), Catch::Contains("dim 2 is out of range") && Catch::Contains("[-2, 1]"));
+  CHECK_THROWS_WITH(sum(x, {5}), Catch::Contains("out of range"));
+  CHECK_THROWS_WITH(max(zeros({0})), Catch::Contains("size 0") && Catch::Contains("no identity"));
+}
+
+// ------------------------------------------------------------------ linear algebra
+std::vector<double> matmul_ref(const std::vector<double>& a, const std::vector<double>& b, int64_t m, int64_t k, int64_t n) {
+  std::vector<double> c(m * n, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t p = 0; p < k; ++p) c[i * n + j] += a[i * k + p] * b[p * n + j];
+  return c;
+}
+
+TEST_CASE("mm, addmm, bmm and matmul (1-D, 2-D, batched, broadcast) match loops in double", "[tensor][linalg]") {
+  Generator gen(102);
+  for (DType dt : {kFloat32, kFloat64}) {
+    for (testing::Layout la : {testing::Layout::Contiguous, testing::Layout::Transposed, testing::Layout::StepSliced}) {
+      INFO(dtype_name(dt) << " " << testing::layout_name(la));
+      Tensor a = testing::random_layout({5, 7}, dt, la, gen), b = testing::random_layout({7, 3}, dt, la, gen);
+      const auto ref = matmul_ref(values(a), values(b), 5, 7, 3);
+      CHECK(testing::matches(mm(a, b), {5, 3}, ref));
+      CHECK(testing::matches(matmul(a, b), {5, 3}, ref));
+      Tensor bias = testing::random_tensor({3}, dt, gen);
+      std::vector<double> expect = ref, bv = values(bias);
+      for (int64_t i = 0; i < 15; ++i) expect[i] = 0.5 * bv[i % 3] + 2.0 * ref[i];
+      CHECK(testing::matches(addmm(bias, a, b, 0.5, 2.0), {5, 3}, expect));
+    }
+    // Batched with broadcasting: [2, 1, 4, 3] @ [5, 3, 2] -> [2, 5, 4, 2].
+    Tensor a = testing::random_tensor({2, 1, 4, 3}, dt, gen), b = testing::random_tensor({5, 3, 2}, dt, gen);
+    Tensor c = matmul(a, b);
+    REQUIRE(c.sizes() == Shape{2, 5, 4, 2});
+    const auto av = values(a), bv = values(b);
+    std::vector<double> expect;
+    for (int64_t i = 0; i < 2; ++i)
+      for (int64_t j = 0; j < 5; ++j) {
+        std::vector<double> ai(av.begin() + i * 12, av.begin() + (i + 1) * 12), bj(bv.begin() + j * 6, bv.begin() + (j + 1) * 6);
+        auto r = matmul_ref(ai, bj, 4, 3, 2);
+        expect.insert(expect.end(), r.begin(), r.end());
+      }
+    CHECK(testing::matches(c, {2, 5, 4, 2}, expect));
+    Tensor x = testing::random_tensor({4, 3, 6}, dt, gen), y = testing::random_tensor({4, 6, 2}, dt, gen);
+    const auto xv = values(x), yv = values(y);
+    expect.clear();
+    for (int64_t i = 0; i < 4; ++i) {
+      auto r = matmul_ref({xv.begin() + i * 18, xv.begin() + (i + 1) * 18}, {yv.begin() + i * 12, yv.begin() + (i + 1) * 12}, 3, 6, 2);
+      expect.insert(expect.end(), r.begin(), r.end());
+    }
+    CHECK(testing::matches(bmm(x, y), {4, 3, 2}, expect));
+    // 1-D cases: dot, vector @ matrix, matrix @ vector.
+    Tensor v = testing::random_tensor({6}, dt, gen), w = testing::random_tensor({6}, dt, gen);
+    CHECK(testing::matches(matmul(v, w), {}, {matmul_ref(values(v), values(w), 1, 6, 1)[0]}));
+    Tensor m = testing::random_tensor({6, 3}, dt, gen);
+    CHECK(testing::matches(matmul(v, m), {3}, matmul_ref(values(v), values(m), 1, 6, 3)));
+    Tensor m2 = testing::random_tensor({3, 6}, dt, gen);
+    CHECK(testing::matches(matmul(m2, v), {3}, matmul_ref(values(m2), values(v), 3, 6, 1)));
+  }
+  CHECK_THROWS_WITH(mm(zeros({2, 3}), zeros({4, 2})), Catch::Contains("2x3 and 4x2"));
+  CHECK_THROWS_WITH(matmul(zeros({2, 3}), zeros({2, 3})), Catch::Contains("cannot be multiplied"));
+  CHECK_THROWS_WITH(bmm(zeros({2, 3}), zeros({2, 3})), Catch::Contains("3-D"));
+}
+
+// ------------------------------------------------------------------ joining, splitting, indexing
+TEST_CASE("cat, stack, split and chunk place every element where PyTorch does", "[tensor][join]") {
+  Generator gen(103);
+  Tensor a = testing::random_tensor({2, 3}, kFloat64, gen), b = testing::random_tensor({4, 3}, kFloat64, gen);
+  Tensor c = cat({a, b.t().contiguous().t()}, 0);
+  std::vector<double> expect = values(a), bv = values(b);
+  expect.insert(expect.end(), bv.begin(), bv.end());
+  CHECK(testing::matches(c, {6, 3}, expect));
+  Tensor r = testing::random_tensor({2, 1}, kFloat64, gen);
+  Tensor d = cat({a, r}, 1);
+  CHECK(testing::matches(d, {2, 4}, {values(a)[0], values(a)[1], values(a)[2], values(r)[0], values(a)[3], values(a)[4],
+                                     values(a)[5], values(r)[1]}));
+  Tensor s = stack({a, a * 2.0}, 1);
+  REQUIRE(s.sizes() == Shape{2, 2, 3});
+  CHECK(values(s)[3] == 2.0 * values(a)[0]);
+  auto parts = split(b, 3, 0);
+  REQUIRE(parts.size() == 2u);
+  CHECK(parts[1].sizes() == Shape{1, 3});
+  CHECK(values(parts[1])[0] == bv[9]);
+  auto sized = split(b, std::vector<int64_t>{1, 3}, 0);
+  CHECK(sized[1].sizes() == Shape{3, 3});
+  auto ch = chunk(testing::random_tensor({7}, kFloat64, gen), 3);
+  CHECK(ch.size() == 3u);
+  CHECK(ch[2].sizes() == Shape{1});
+  CHECK_THROWS_WITH(cat({a, b}, 1), Catch::Contains("[2, 3]") && Catch::Contains("[4, 3]"));
+  CHECK_THROWS_WITH(stack({a, b}), Catch::Contains("equal size") && Catch::Contains("[4, 3] at entry 1"));
+  CHECK_THROWS_WITH(split(b, std::vector<int64_t>{1, 2}, 0), Catch::Contains("sum"));
+}
+
+TEST_CASE("index_select, gather, scatter, scatter_add, masked_fill, index and one_hot", "[tensor][index]") {
+  Generator gen(104);
+  Tensor x = testing::random_tensor({4, 5}, kFloat64, gen);
+  const auto xv = values(x);
+  Tensor idx = tensor<int64_t>({3, 0, 3});
+  Tensor sel = index_select(x, 0, idx);
+  std::vector<double> expect;
+  for (int64_t r : {3, 0, 3})
+    for (int64_t c = 0; c < 5; ++c) expect.push_back(xv[r * 5 + c]);
+  CHECK(testing::matches(sel, {3, 5}, expect));
+  CHECK(testing::matches(index(x, idx), {3, 5}, expect));
+  Tensor cols = index_select(x.t(), 1, tensor<int64_t>({1}));  // a transposed input
+  CHECK(testing::matches(cols, {5, 1}, {xv[5], xv[6], xv[7], xv[8], xv[9]}));
+  // gather along dim 1: out[i][j] = x[i][g[i][j]].
+  Tensor g = tensor<int64_t>({4, 0, 1, 1, 2, 2, 3, 0}).reshape({4, 2});
+  Tensor gathered = gather(x, 1, g);
+  const int64_t gv[8] = {4, 0, 1, 1, 2, 2, 3, 0};
+  expect.clear();
+  for (int64_t i = 0; i < 4; ++i)
+    for (int64_t j = 0; j < 2; ++j) expect.push_back(xv[i * 5 + gv[i * 2 + j]]);
+  CHECK(testing::matches(gathered, {4, 2}, expect));
+  // scatter writes src at the indexed positions; scatter_add accumulates duplicates.
+  Tensor src = testing::random_tensor({4, 2}, kFloat64, gen);
+  const auto sv = values(src);
+  std::vector<double> sa = xv;
+  for (int64_t i = 0; i < 4; ++i)
+    for (int64_t j = 0; j < 2; ++j) sa[i * 5 + gv[i * 2 + j]] += sv[i * 2 + j];
+  CHECK(testing::matches(scatter(x, 1, tensor<int64_t>({4, 0, 1, 3, 2, 0, 3, 0}).reshape({4, 2}), src), {4, 5},
+                         [&] {
+                           std::vector<double> r = xv;
+                           const int64_t u[8] = {4, 0, 1, 3, 2, 0, 3, 0};
+                           for (int64_t i = 0; i < 4; ++i)
+                             for (int64_t j = 0; j < 2; ++j) r[i * 5 + u[i * 2 + j]] = sv[i * 2 + j];
+                           return r;
+                         }()));
+  CHECK(testing::matches(scatter_add(x, 1, g, src), {4, 5}, sa));
+  Tensor mask = gt(x, 0.0);
+  std::vector<double> mf = xv;
+  for (double& v : mf)
+    if (v > 0) v = -7;
+  CHECK(testing::matches(masked_fill(x, mask, -7.0), {4, 5}, mf));
+  CHECK(testing::matches_exactly(one_hot(tensor<int64_t>({2, 0, 1}), 4), {3, 4}, {0, 0, 1, 0, 1, 0, 0, 0, 0, 1, 0, 0}));
+  CHECK(one_hot(tensor<int64_t>({2, 0, 1})).size(1) == 3);
+  CHECK_THROWS_WITH(index_select(x, 0, tensor<int64_t>({4})), Catch::Contains("index 4 is out of bounds for dim 0 with size 4"));
+  CHECK_THROWS_WITH(gather(x, 1, tensor<int64_t>({9}).reshape({1, 1})), Catch::Contains("index 9 is out of bounds for dim 1 with size 5"));
+  CHECK_THROWS_WITH(index_select(x, 0, tensor(std::vector<float>{1})), Catch::Contains("int64") );
+  CHECK_THROWS_WITH(one_hot(tensor<int64_t>({5}), 3), Catch::Contains("5"));
+}
+
+TEST_CASE("printing looks like PyTorch's and item() converts", "[tensor][print]") {
+  Tensor t = tensor(std::vector<float>{1.5f, -2.0f, 3.25f, 0.0f}).reshape({2, 2});
+  const std::string s = t.str();
+  CHECK_THAT(s, Catch::StartsWith("tensor([["));
+  CHECK_THAT(s, Catch::Contains("1.5000") && Catch::Contains("-2.0000") && Catch::Contains("3.2500"));
+  CHECK_THAT(tensor<int64_t>({1, 2}).str(), Catch::Contains("tensor([1, 2])"));
+  CHECK_THAT(tensor(std::vector<double>{1.0}).str(), Catch::Contains("dtype=torch.float64") || Catch::Contains("float64"));
+  CHECK(tensor<int64_t>({7}).item<double>() == 7.0);
+  CHECK_THROWS_WITH(t.item<float>(), Catch::Contains("4 elements"));
+}
+
+}  // namespace
+}  // namespace chorus
