@@ -178,10 +178,12 @@ int main(int argc, char** argv) {
   bool stopping = false;
   auto stop_started = std::chrono::steady_clock::now();
   bool killed = false;
+  // Each worker leads its own process group: a signal reaches what it started, too.
   auto signal_all = [&](int sig) {
     for (Worker& w : workers)
-      if (w.running) ::kill(w.pid, sig);
+      if (w.running) ::kill(-w.pid, sig);
   };
+  auto all_exited_at = std::chrono::steady_clock::time_point();
 
   for (;;) {
     if (g_signal != 0) {
@@ -252,7 +254,12 @@ int main(int argc, char** argv) {
     bool pipes_open = false;
     for (const Worker& w : workers) pipes_open |= w.out_fd >= 0 || w.err_fd >= 0;
     if (!any_running && !pipes_open) break;
-    if (!any_running && killed) break;  // a grandchild may hold a pipe open; do not wait for it
+    // A process a worker left behind may hold its output pipe open: read what comes for a
+    // second after the last worker exits, then stop waiting for it.
+    if (!any_running && all_exited_at == std::chrono::steady_clock::time_point()) {
+      all_exited_at = std::chrono::steady_clock::now();
+    }
+    if (!any_running && std::chrono::steady_clock::now() - all_exited_at > std::chrono::seconds(1)) break;
   }
   return failed_code;
 }
