@@ -98,6 +98,7 @@ TensorList DistributedDataParallel::run_forward(const std::function<TensorList()
   const auto start = Clock::now();
   const bool grad = autograd::GradMode::is_enabled();
   if (grad) reducer_->prepare_for_forward();
+  if (joining_) join_round(true);
   if (options_.broadcast_buffers && group_->size() > 1) {
     TensorList buffers = module_->buffers();
     if (!buffers.empty()) {
@@ -121,6 +122,56 @@ Tensor DistributedDataParallel::forward(const std::function<Tensor()>& call) {
 }
 
 TensorList DistributedDataParallel::forward_multi(const std::function<TensorList()>& call) { return run_forward(call); }
+
+int64_t DistributedDataParallel::join_round(bool active) {
+  Tensor flags = zeros({group_->size()}, {.dtype = kInt64});
+  if (active) flags.data_ptr<int64_t>()[group_->rank()] = 1;
+  group_->allreduce({flags})->wait();
+  const int64_t* f = flags.data_ptr<int64_t>();
+  int64_t count = 0;
+  int highest = -1;
+  for (int r = 0; r < group_->size(); ++r) {
+    count += f[r];
+    if (f[r] > 0) highest = r;
+  }
+  if (count > 0) last_active_rank_ = highest;
+  return count;
+}
+
+void DistributedDataParallel::join(const std::function<void()>& loop) {
+  if (joining_) fail("DistributedDataParallel::join: already inside join()");
+  joining_ = true;
+  last_active_rank_ = -1;
+  try {
+    loop();
+  } catch (...) {
+    joining_ = false;
+    throw;
+  }
+  joining_ = false;
+  if (group_->size() == 1) return;
+  if (!reducer_->rebuilt() && !options_.find_unused_parameters) {
+    fail("DistributedDataParallel::join: rank {} ran no training iteration before joining; every rank needs at "
+         "least one (the bucket layout is agreed in the first)",
+         group_->rank());
+  }
+  // Shadow the ranks that still have data until none has.
+  while (join_round(false) > 0) {
+    NoGradGuard no_grad;
+    if (options_.broadcast_buffers) {
+      TensorList buffers = module_->buffers();
+      if (!buffers.empty()) group_->broadcast(buffers, 0)->wait();
+    }
+    reducer_->shadow_backward();
+  }
+  // Everyone takes the state of the rank that trained last.
+  if (last_active_rank_ >= 0) {
+    NoGradGuard no_grad;
+    TensorList state = module_->parameters();
+    for (const Tensor& b : module_->buffers()) state.push_back(b);
+    if (!state.empty()) group_->broadcast(state, last_active_rank_)->wait();
+  }
+}
 
 void DistributedDataParallel::write_chrome_trace(const std::string& path, int64_t iteration) const {
   const auto& all = reducer_->stats();

@@ -56,6 +56,16 @@ class DistributedDataParallel : public nn::Module {
 
   void register_comm_hook(CommHook hook) { reducer_->register_comm_hook(std::move(hook)); }
 
+  // Uneven inputs (PyTorch's Join): runs `loop` (this rank's training loop) so that ranks with
+  // fewer batches do not hang the others. Inside, each forward first agrees which ranks still
+  // have data (one small allreduce). A rank whose loop has returned keeps answering the others'
+  // collectives — buffer broadcasts, and every gradient bucket with zeros, so gradients stay
+  // divided by the initial world size as PyTorch's default — until every rank is done; then all
+  // ranks take the parameters and buffers of the highest rank that trained last. Every forward
+  // inside must be a training step followed by a synced backward, and every rank must have run at
+  // least one iteration before joining.
+  void join(const std::function<void()>& loop);
+
   const std::shared_ptr<nn::Module>& module() const { return module_; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return group_; }
   Reducer& reducer() { return *reducer_; }
@@ -72,6 +82,10 @@ class DistributedDataParallel : public nn::Module {
   std::shared_ptr<ProcessGroup> group_;
   DDPOptions options_;
   std::unique_ptr<Reducer> reducer_;
+  bool joining_ = false;
+  int last_active_rank_ = -1;  // highest rank that had data in the latest join round with any
+  // One join round: allreduce of which ranks still have data; returns how many do.
+  int64_t join_round(bool active);
 };
 
 }  // namespace chorus::distributed

@@ -346,4 +346,17 @@ void Reducer::finalize() {
   ++iteration_;
 }
 
+void Reducer::shadow_backward() {
+  NoGradGuard no_grad;
+  for (Bucket& b : buckets_) {
+    b.buffer.zero_();
+    auto work = comm_hook_(*group_, b);
+    work->wait();
+  }
+  if (options_.find_unused_parameters) {
+    Tensor used = zeros({static_cast<int64_t>(params_.size())}, {.dtype = kInt32});
+    group_->allreduce({used})->wait();
+  }
+}
+
 }  // namespace chorus::distributed

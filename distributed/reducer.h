@@ -71,6 +71,10 @@ class Reducer {
   void set_require_sync(bool sync) { require_sync_ = sync; }
   bool require_sync() const { return require_sync_; }
   void register_comm_hook(CommHook hook);
+  // join(): on a rank out of data, answers one iteration of the others' gradient collectives
+  // (every bucket, in order, with zeros; and the unused-parameter allreduce) without touching .grad.
+  void shadow_backward();
+  bool rebuilt() const { return rebuilt_; }
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // Bucket layout as parameter indices per bucket (for tests and the scaling projection).

@@ -374,6 +374,48 @@ void scenario_new_group(const std::shared_ptr<ProcessGroup>& pg) {
   check(t[0].item<float>() == want, fmt::format("subgroup allreduce gives {} (got {})", want, t[0].item<float>()));
 }
 
+// Uneven inputs: rank r has 2 + r batches. With join(), training ends on every rank, and every
+// rank ends with the parameters of single-process training where step i sums the losses of the
+// ranks that still had data and divides by the world size.
+void scenario_join(const std::shared_ptr<ProcessGroup>& pg) {
+  const int rank = pg->rank(), world = pg->size();
+  const int64_t per = 2, max_steps = 2 + world - 1;
+  Tensor x = make_inputs("mlp", per * world * max_steps, kFloat64);
+  manual_seed(13);
+  Tensor y = randint(0, 5, {per * world * max_steps});
+  auto batch = [&](int r, int64_t i, bool target) {
+    const Tensor& t = target ? y : x;
+    return t.narrow(0, (i * world + r) * per, per);
+  };
+  auto model = make_model("mlp", kFloat64), ref = make_model("mlp", kFloat64);
+  DistributedDataParallel ddp(model, pg);
+  int64_t steps = 0;
+  ddp.join([&] {
+    for (int64_t i = 0; i < 2 + rank; ++i) {
+      model->zero_grad();
+      F::cross_entropy(ddp.forward(batch(rank, i, false)), batch(rank, i, true)).backward();
+      NoGradGuard no_grad;
+      for (Tensor& p : model->parameters()) p.sub_(p.grad(), 0.1);
+      ++steps;
+    }
+  });
+  check(steps == 2 + rank, "this rank ran all its own batches");
+  for (int64_t i = 0; i < max_steps; ++i) {
+    ref->zero_grad();
+    Tensor total = zeros({}, {.dtype = kFloat64});
+    for (int r = 0; r < world; ++r)
+      if (i < 2 + r) total = total + F::cross_entropy(ref->forward(batch(r, i, false)), batch(r, i, true));
+    (total / static_cast<double>(world)).backward();
+    NoGradGuard no_grad;
+    for (Tensor& p : ref->parameters()) p.sub_(p.grad(), 0.1);
+  }
+  auto a = model->named_parameters(), b = ref->named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double rel = max_abs(a[i].second - b[i].second) / std::max(1e-12, max_abs(b[i].second));
+    check(rel < 1e-9, fmt::format("join: parameter {} differs from the reference by {:.3g} relative", a[i].first, rel));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -400,6 +442,7 @@ int main(int argc, char** argv) {
     else if (scenario == "timeout") scenario_timeout(pg);
     else if (scenario == "debug_mismatch") scenario_debug_mismatch(pg);
     else if (scenario == "new_group") scenario_new_group(pg);
+    else if (scenario == "join") scenario_join(pg);
     else {
       std::fprintf(stderr, "dist_worker: unknown scenario %s\n", scenario.c_str());
       return 2;

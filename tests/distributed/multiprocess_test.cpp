@@ -174,3 +174,8 @@ TEST_CASE("debug mode catches ranks calling mismatched collectives", "[distribut
 TEST_CASE("new_group makes subgroups with their own rank numbering", "[distributed][groups]") {
   require_all_ok(run_workers(4, {"new_group"}));
 }
+
+TEST_CASE("join lets ranks with fewer batches finish while the others train on", "[distributed][ddp][join]") {
+  require_all_ok(run_workers(2, {"join"}));
+  require_all_ok(run_workers(3, {"join"}));
+}
