@@ -229,17 +229,17 @@ void Reducer::mark_ready(size_t i) {
   NoGradGuard no_grad;
   auto [bi, s] = location_[i];
   Bucket& b = buckets_[bi];
-  if (identity_reduction()) {
-    marked_[i] = true;
-    locally_used_[i] = true;
-    arrival_order_.push_back(i);
-    if (b.first_ready == Clock::time_point()) b.first_ready = now;
-    b.last_ready = Clock::now();
-    if (--b.pending == 0) launch_ready_buckets();
-    return;
-  }
+  if (!identity_reduction()) copy_into_bucket(i, b.views[s]);
+  marked_[i] = true;
+  locally_used_[i] = true;
+  arrival_order_.push_back(i);
+  if (b.first_ready == Clock::time_point()) b.first_ready = now;
+  b.last_ready = Clock::now();
+  if (--b.pending == 0) launch_ready_buckets();
+}
+
+void Reducer::copy_into_bucket(size_t i, Tensor view) {
   Tensor& grad = params_[i].mutable_grad();
-  Tensor view = b.views[s];
   const double scale = 1.0 / static_cast<double>(group_->size());
   // Pre-divide by the world size so the allreduce's sum is already the average.
   if (grad.defined() && grad.unsafe_impl()->storage() == view.storage() && grad.storage_offset() == view.storage_offset()) {
@@ -250,12 +250,6 @@ void Reducer::mark_ready(size_t i) {
     if (scale != 1.0) view.mul_(scale);
     if (options_.gradient_as_bucket_view) grad = view;
   }
-  marked_[i] = true;
-  locally_used_[i] = true;
-  arrival_order_.push_back(i);
-  if (b.first_ready == Clock::time_point()) b.first_ready = now;
-  b.last_ready = Clock::now();
-  if (--b.pending == 0) launch_ready_buckets();
 }
 
 void Reducer::launch_ready_buckets() {

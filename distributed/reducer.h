@@ -85,6 +85,8 @@ class Reducer {
  private:
   void build_buckets(const std::vector<size_t>& order);
   void mark_ready(size_t param);
+  // Copies parameter i's gradient into its bucket view, pre-divided by the world size.
+  void copy_into_bucket(size_t i, Tensor view);
   void launch_ready_buckets();
   void finalize();
   std::string unready_parameter_names() const;
