@@ -40,14 +40,16 @@ void im2col(T* col, const T* x, int64_t channels, const Window2d& w) {
           }
           const T* src = plane + ih * w.in_w;
           const int64_t iw0 = kj * w.dilation_w - w.pad_w;
-          if (w.stride_w == 1 && iw0 >= 0 && iw0 + w.out_w <= w.in_w) {
-            std::copy(src + iw0, src + iw0 + w.out_w, dst);
-            continue;
+          // Output columns whose input column is inside the row: [lo, hi); zeros around them.
+          const int64_t lo = iw0 >= 0 ? 0 : std::min(w.out_w, (-iw0 + w.stride_w - 1) / w.stride_w);
+          const int64_t hi = iw0 >= w.in_w ? lo : std::max(lo, std::min(w.out_w, (w.in_w - 1 - iw0) / w.stride_w + 1));
+          std::fill(dst, dst + lo, T(0));
+          if (w.stride_w == 1) {
+            std::copy(src + lo + iw0, src + hi + iw0, dst + lo);
+          } else {
+            for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = src[ow * w.stride_w + iw0];
           }
-          for (int64_t ow = 0; ow < w.out_w; ++ow) {
-            const int64_t iw = ow * w.stride_w + iw0;
-            dst[ow] = (iw >= 0 && iw < w.in_w) ? src[iw] : T(0);
-          }
+          std::fill(dst + hi, dst + w.out_w, T(0));
         }
       }
     }
@@ -69,9 +71,12 @@ void col2im_add(T* x, const T* col, int64_t channels, const Window2d& w) {
           const T* src = row + oh * w.out_w;
           T* dst = plane + ih * w.in_w;
           const int64_t iw0 = kj * w.dilation_w - w.pad_w;
-          for (int64_t ow = 0; ow < w.out_w; ++ow) {
-            const int64_t iw = ow * w.stride_w + iw0;
-            if (iw >= 0 && iw < w.in_w) dst[iw] += src[ow];
+          const int64_t lo = iw0 >= 0 ? 0 : std::min(w.out_w, (-iw0 + w.stride_w - 1) / w.stride_w);
+          const int64_t hi = iw0 >= w.in_w ? lo : std::max(lo, std::min(w.out_w, (w.in_w - 1 - iw0) / w.stride_w + 1));
+          if (w.stride_w == 1) {
+            for (int64_t ow = lo; ow < hi; ++ow) dst[ow + iw0] += src[ow];
+          } else {
+            for (int64_t ow = lo; ow < hi; ++ow) dst[ow * w.stride_w + iw0] += src[ow];
           }
         }
       }
@@ -412,15 +417,18 @@ void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_r
         double mean, var;
         if (use_batch_stats) {
           // Two passes in double: stable when the mean is large against the spread.
+          // simd reductions: partial sums per lane (reassociated), vectorized.
           double sum = 0;
           for (int64_t i = 0; i < n; ++i) {
             const T* row = px + (i * c + ch) * s;
+            _Pragma("omp simd reduction(+ : sum)")
             for (int64_t j = 0; j < s; ++j) sum += row[j];
           }
           mean = sum / static_cast<double>(count);
           double sq = 0;
           for (int64_t i = 0; i < n; ++i) {
             const T* row = px + (i * c + ch) * s;
+            _Pragma("omp simd reduction(+ : sq)")
             for (int64_t j = 0; j < s; ++j) {
               const double d = row[j] - mean;
               sq += d * d;
@@ -472,6 +480,7 @@ void batch_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
         for (int64_t i = 0; i < n; ++i) {
           const T* xr = px + (i * c + ch) * s;
           const T* gr = pg + (i * c + ch) * s;
+          _Pragma("omp simd reduction(+ : sum_g, sum_gx)")
           for (int64_t j = 0; j < s; ++j) {
             sum_g += gr[j];
             sum_gx += gr[j] * (xr[j] - mean);
