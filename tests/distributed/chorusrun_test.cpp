@@ -58,7 +58,7 @@ TEST_CASE("chorusrun gives each worker torchrun's environment and prefixes its l
 
 TEST_CASE("a failing worker stops the others and its exit code is chorusrun's", "[distributed][chorusrun]") {
   Run r = run("--nproc-per-node 3 --grace-period 5 bash -c "
-              "'if [ $RANK = 1 ]; then sleep 0.3; exit 7; fi; trap \"echo stopped $RANK; exit 0\" TERM; sleep 60 & wait'");
+              "'if [ $RANK = 1 ]; then sleep 0.7; exit 7; fi; trap \"echo stopped $RANK; exit 0\" TERM; sleep 60 & wait'");
   INFO(r.output);
   CHECK(r.code == 7);
   CHECK(r.seconds < 20);
@@ -66,7 +66,7 @@ TEST_CASE("a failing worker stops the others and its exit code is chorusrun's", 
   CHECK_THAT(r.output, Catch::Contains("[0]: stopped 0") && Catch::Contains("[2]: stopped 2"));
   // A worker that ignores SIGTERM is killed after the grace period.
   Run k = run("--nproc-per-node 2 --grace-period 1 bash -c "
-              "'if [ $RANK = 0 ]; then exit 3; fi; trap \"\" TERM; while :; do sleep 0.2; done'");
+              "'if [ $RANK = 0 ]; then sleep 0.7; exit 3; fi; trap \"\" TERM; while :; do sleep 0.2; done'");
   INFO(k.output);
   CHECK(k.code == 3);
   CHECK(k.seconds < 15);
