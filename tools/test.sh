@@ -64,9 +64,16 @@ while IFS= read -r line; do
   have_summary=0
   # Not built or not run: a log there (if any) is from an earlier build; do not read it.
   if [[ "$status" != "NO STATUS" && "$status" != "FAILED TO BUILD" ]]; then
-    # One log per target, or one per shard / run.
-    for log in "$dir/test.log" "$dir"/shard_*_of_*/test.log "$dir"/run_*_of_*/test.log \
-      "$dir"/shard_*_of_*/run_*_of_*/test.log; do
+    # One log per target, or one per shard / run. Shard and run folders stay behind after a
+    # later plain run, so they count only when not older than the target's own test.log.
+    logs=()
+    for log in "$dir"/shard_*_of_*/test.log "$dir"/run_*_of_*/test.log "$dir"/shard_*_of_*/run_*_of_*/test.log; do
+      [[ -f "$log" ]] || continue
+      [[ -f "$dir/test.log" && "$log" -ot "$dir/test.log" ]] && continue
+      logs+=("$log")
+    done
+    ((${#logs[@]})) || logs=("$dir/test.log")
+    for log in "${logs[@]}"; do
       [[ -f "$log" ]] && count_log "$log" && have_summary=1
     done
   fi
