@@ -95,6 +95,7 @@ struct Staged {
 
 ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, GlooOptions options)
     : ProcessGroup(rank, size), options_(std::move(options)) {
+  ignore_sigpipe();
   if (!store) fail("ProcessGroupGloo: store is null");
   if (size < 1 || rank < 0 || rank >= size) {
     fail("ProcessGroupGloo: rank {} is not valid for a group of size {} (expected 0 <= rank < size)", rank, size);

@@ -1,5 +1,7 @@
 #include "distributed/process_group.h"
 
+#include <signal.h>
+
 namespace chorus::distributed {
 
 const char* reduce_op_name(ReduceOp op) {
@@ -73,6 +75,17 @@ std::shared_ptr<Work> completed_work(std::string description, TensorList result)
   auto w = std::make_shared<Work>(std::move(description));
   w->finish(std::move(result));
   return w;
+}
+
+void ignore_sigpipe() {
+  static const bool done = [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      ::signal(SIGPIPE, SIG_IGN);
+    }
+    return true;
+  }();
+  (void)done;
 }
 
 }  // namespace chorus::distributed

@@ -55,6 +55,12 @@ class Work {
 // A Work that has already finished (world size 1, or an op computed locally).
 std::shared_ptr<Work> completed_work(std::string description, TensorList result);
 
+// A write to a socket whose peer died raises SIGPIPE, whose default action kills the process
+// before the write can fail with an error. Stores and process groups call this once: when
+// SIGPIPE still has its default action it is ignored (as Python does at start-up), so a dead
+// peer becomes a chorus::Error on the live ranks. A handler the program installed is kept.
+void ignore_sigpipe();
+
 class ProcessGroup {
  public:
   ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}

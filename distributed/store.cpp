@@ -6,6 +6,8 @@
 // client (check, back off, retry) so the server never blocks.
 #include "distributed/store.h"
 
+#include "distributed/process_group.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -317,6 +319,7 @@ class TCPStore::Server {
 // ------------------------------------------------------------------------------------ client
 TCPStore::TCPStore(const std::string& host, int port, TCPStoreOptions options)
     : Store(options.timeout), host_(host), port_(port), options_(options), mutex_(std::make_unique<std::mutex>()) {
+  ignore_sigpipe();
   if (options.is_server) {
     server_ = std::make_unique<Server>(port, options.max_frame_bytes);
     port_ = server_->port();

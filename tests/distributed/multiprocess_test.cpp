@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <ctime>
+#include <random>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -20,17 +22,22 @@
 
 namespace {
 
+// A free port below the kernel's ephemeral range (32768-60999): ports from bind(0) are ephemeral
+// ones, which the many client connections of concurrently running tests can take between our probe
+// and rank 0's bind.
 int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  static std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(time(nullptr)));
+  for (;;) {
+    const int port = 20000 + static_cast<int>(rng() % 12000);
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::close(fd);
+    if (ok) return port;
+  }
 }
 
 std::string worker_path() {
@@ -52,8 +59,8 @@ struct Result {
 };
 
 // Runs `world` workers of a scenario; kills them all after `limit_s` seconds (a hang is a failure).
-Result run_workers(int world, const std::vector<std::string>& args, const std::vector<std::string>& extra_env = {},
-                   double limit_s = 120) {
+Result run_workers_once(int world, const std::vector<std::string>& args, const std::vector<std::string>& extra_env,
+                        double limit_s) {
   const int port = free_port();
   const std::string exe = worker_path();
   std::vector<pid_t> pids;
@@ -110,6 +117,18 @@ Result run_workers(int world, const std::vector<std::string>& args, const std::v
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   for (int i = 0; i < world; ++i) r.output += "---- rank " + std::to_string(i) + "\n" + slurp(logs[i]);
+  return r;
+}
+
+// A port can still be taken between the probe and rank 0's bind; then the job is run again on
+// another port (at most 3 tries), as a user would rerun it.
+Result run_workers(int world, const std::vector<std::string>& args, const std::vector<std::string>& extra_env = {},
+                   double limit_s = 120) {
+  Result r;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    r = run_workers_once(world, args, extra_env, limit_s);
+    if (r.output.find("cannot bind port") == std::string::npos) break;
+  }
   return r;
 }
 
