@@ -1,0 +1,169 @@
+#include "examples/models/bert.h"
+
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+#include "nn/init.h"
+#include "tensor/ops.h"
+
+namespace chorus::models {
+namespace {
+namespace F = nn::functional;
+
+// A Module holding named children, to build Hugging Face's nesting (attention.self.query, ...).
+class Holder : public nn::Module {
+ public:
+  explicit Holder(const char* type) : nn::Module(type) {}
+  Tensor forward(const Tensor& x) override { return x; }
+};
+
+}  // namespace
+
+BertConfig BertConfig::named(const std::string& name) {
+  BertConfig c;
+  int64_t layers = 0, hidden = 0;
+  if (name == "tiny") layers = 2, hidden = 128;
+  else if (name == "mini") layers = 4, hidden = 256;
+  else if (name == "small") layers = 4, hidden = 512;
+  else if (name == "base") layers = 12, hidden = 768;
+  else fail("BertConfig: unknown configuration '{}' (expected tiny, mini, small or base)", name);
+  c.num_hidden_layers = layers;
+  c.hidden_size = hidden;
+  c.num_attention_heads = hidden / 64;
+  c.intermediate_size = 4 * hidden;
+  return c;
+}
+
+class BertSelfAttention : public nn::Module {
+ public:
+  explicit BertSelfAttention(const BertConfig& c) : nn::Module("BertSelfAttention"), heads(c.num_attention_heads) {
+    query = register_module("query", std::make_shared<nn::Linear>(c.hidden_size, c.hidden_size));
+    key = register_module("key", std::make_shared<nn::Linear>(c.hidden_size, c.hidden_size));
+    value = register_module("value", std::make_shared<nn::Linear>(c.hidden_size, c.hidden_size));
+    dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.attention_probs_dropout_prob));
+  }
+  // x [B, T, H]; additive_mask [B, 1, 1, T] or undefined.
+  Tensor forward(const Tensor& x, const Tensor& additive_mask) {
+    const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = h / heads;
+    auto split = [&](const Tensor& y) { return y.reshape({b, t, heads, d}).permute({0, 2, 1, 3}); };
+    Tensor q = split(query->forward(x)), k = split(key->forward(x)), v = split(value->forward(x));
+    Tensor scores = matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(d)));
+    if (additive_mask.defined()) scores = scores + additive_mask;
+    Tensor probs = dropout->forward(softmax(scores, -1));
+    return matmul(probs, v).permute({0, 2, 1, 3}).reshape({b, t, h});
+  }
+  Tensor forward(const Tensor& x) override { return forward(x, Tensor()); }
+  int64_t heads;
+  std::shared_ptr<nn::Linear> query, key, value;
+  std::shared_ptr<nn::Dropout> dropout;
+};
+
+class BertLayer : public nn::Module {
+ public:
+  explicit BertLayer(const BertConfig& c) : nn::Module("BertLayer") {
+    auto attention = register_module("attention", std::make_shared<Holder>("BertAttention"));
+    self = attention->register_module("self", std::make_shared<BertSelfAttention>(c));
+    auto attn_out = attention->register_module("output", std::make_shared<Holder>("BertSelfOutput"));
+    attn_dense = attn_out->register_module("dense", std::make_shared<nn::Linear>(c.hidden_size, c.hidden_size));
+    attn_norm = attn_out->register_module("LayerNorm", std::make_shared<nn::LayerNorm>(Shape{c.hidden_size}, c.layer_norm_eps));
+    attn_drop = attn_out->register_module("dropout", std::make_shared<nn::Dropout>(c.hidden_dropout_prob));
+    auto inter = register_module("intermediate", std::make_shared<Holder>("BertIntermediate"));
+    inter_dense = inter->register_module("dense", std::make_shared<nn::Linear>(c.hidden_size, c.intermediate_size));
+    auto out = register_module("output", std::make_shared<Holder>("BertOutput"));
+    out_dense = out->register_module("dense", std::make_shared<nn::Linear>(c.intermediate_size, c.hidden_size));
+    out_norm = out->register_module("LayerNorm", std::make_shared<nn::LayerNorm>(Shape{c.hidden_size}, c.layer_norm_eps));
+    out_drop = out->register_module("dropout", std::make_shared<nn::Dropout>(c.hidden_dropout_prob));
+  }
+  Tensor forward(const Tensor& x, const Tensor& additive_mask) {
+    Tensor a = attn_norm->forward(x + attn_drop->forward(attn_dense->forward(self->forward(x, additive_mask))));
+    Tensor i = F::gelu(inter_dense->forward(a));
+    return out_norm->forward(a + out_drop->forward(out_dense->forward(i)));
+  }
+  Tensor forward(const Tensor& x) override { return forward(x, Tensor()); }
+  std::shared_ptr<BertSelfAttention> self;
+  std::shared_ptr<nn::Linear> attn_dense, inter_dense, out_dense;
+  std::shared_ptr<nn::LayerNorm> attn_norm, out_norm;
+  std::shared_ptr<nn::Dropout> attn_drop, out_drop;
+};
+
+BertEmbeddings::BertEmbeddings(const BertConfig& c) : nn::Module("BertEmbeddings") {
+  word_embeddings = register_module("word_embeddings", std::make_shared<nn::Embedding>(c.vocab_size, c.hidden_size, 0));
+  position_embeddings =
+      register_module("position_embeddings", std::make_shared<nn::Embedding>(c.max_position_embeddings, c.hidden_size));
+  token_type_embeddings =
+      register_module("token_type_embeddings", std::make_shared<nn::Embedding>(c.type_vocab_size, c.hidden_size));
+  LayerNorm = register_module("LayerNorm", std::make_shared<nn::LayerNorm>(Shape{c.hidden_size}, c.layer_norm_eps));
+  dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.hidden_dropout_prob));
+}
+
+Tensor BertEmbeddings::forward(const Tensor& input_ids, const Tensor& token_type_ids) {
+  if (input_ids.dim() != 2) fail("BertEmbeddings: input_ids must be [batch, sequence], got {}", shape_str(input_ids.sizes()));
+  const int64_t t = input_ids.size(1);
+  if (t > position_embeddings->num_embeddings) {
+    fail("BertEmbeddings: sequence length {} exceeds max_position_embeddings {}", t, position_embeddings->num_embeddings);
+  }
+  Tensor positions = arange(0, t, 1, TensorOptions{.dtype = kInt64}).unsqueeze(0);
+  Tensor types = token_type_ids.defined() ? token_type_ids : zeros(input_ids.sizes(), {.dtype = kInt64});
+  Tensor e = word_embeddings->forward(input_ids) + position_embeddings->forward(positions) +
+             token_type_embeddings->forward(types);
+  return dropout->forward(LayerNorm->forward(e));
+}
+
+BertModel::BertModel(const BertConfig& c) : nn::Module("BertModel"), config(c) {
+  if (c.hidden_size % c.num_attention_heads != 0) {
+    fail("BertModel: hidden_size {} is not a multiple of num_attention_heads {}", c.hidden_size, c.num_attention_heads);
+  }
+  embeddings = register_module("embeddings", std::make_shared<BertEmbeddings>(c));
+  auto encoder = register_module("encoder", std::make_shared<Holder>("BertEncoder"));
+  layers = encoder->register_module("layer", std::make_shared<nn::ModuleList>());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(std::make_shared<BertLayer>(c));
+  auto pooler = register_module("pooler", std::make_shared<Holder>("BertPooler"));
+  pooler_dense = pooler->register_module("dense", std::make_shared<nn::Linear>(c.hidden_size, c.hidden_size));
+}
+
+Tensor BertModel::forward(const Tensor& input_ids, const Tensor& token_type_ids, const Tensor& attention_mask) {
+  Tensor h = embeddings->forward(input_ids, token_type_ids);
+  Tensor additive;
+  if (attention_mask.defined()) {
+    // 0 where attended, a large negative number on padding (Hugging Face uses the dtype's minimum).
+    additive = ((1.0 - attention_mask.to(h.dtype())) * -1e9).reshape({h.size(0), 1, 1, h.size(1)});
+  }
+  for (size_t i = 0; i < layers->size(); ++i) h = std::static_pointer_cast<BertLayer>((*layers)[i])->forward(h, additive);
+  return h;
+}
+
+Tensor BertModel::pool(const Tensor& hidden) { return tanh(pooler_dense->forward(hidden.select(1, 0))); }
+
+BertForPreTraining::BertForPreTraining(const BertConfig& c) : nn::Module("BertForPreTraining") {
+  bert = register_module("bert", std::make_shared<BertModel>(c));
+  auto cls = register_module("cls", std::make_shared<Holder>("BertPreTrainingHeads"));
+  auto predictions = cls->register_module("predictions", std::make_shared<Holder>("BertLMPredictionHead"));
+  auto transform = predictions->register_module("transform", std::make_shared<Holder>("BertPredictionHeadTransform"));
+  transform_dense_ = transform->register_module("dense", std::make_shared<nn::Linear>(c.hidden_size, c.hidden_size));
+  transform_norm_ = transform->register_module("LayerNorm", std::make_shared<nn::LayerNorm>(Shape{c.hidden_size}, c.layer_norm_eps));
+  decoder_bias_ = predictions->register_parameter("bias", zeros({c.vocab_size}));
+  seq_relationship_ = cls->register_module("seq_relationship", std::make_shared<nn::Linear>(c.hidden_size, 2));
+  // BERT's initialization: N(0, initializer_range) weights, zero biases, LayerNorm ones/zeros;
+  // the padding row of the word embeddings stays zero.
+  NoGradGuard no_grad;
+  for (auto& [name, p] : named_parameters()) {
+    const bool norm = name.find("LayerNorm") != std::string::npos;
+    const bool is_bias = name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0;
+    Tensor t = p;
+    if (norm) (is_bias ? nn::init::zeros_(t) : nn::init::ones_(t));
+    else if (is_bias) nn::init::zeros_(t);
+    else nn::init::normal_(t, 0.0, c.initializer_range);
+  }
+  bert->embeddings->word_embeddings->weight.select(0, 0).zero_();
+}
+
+BertOutputs BertForPreTraining::forward(const Tensor& input_ids, const Tensor& token_type_ids,
+                                        const Tensor& attention_mask) {
+  Tensor h = bert->forward(input_ids, token_type_ids, attention_mask);
+  Tensor t = transform_norm_->forward(F::gelu(transform_dense_->forward(h)));
+  // Tied decoder: logits = t @ E^T + bias.
+  Tensor logits = matmul(t, bert->embeddings->word_embeddings->weight.t()) + decoder_bias_;
+  return {logits, seq_relationship_->forward(bert->pool(h))};
+}
+
+}  // namespace chorus::models
