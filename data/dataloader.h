@@ -25,7 +25,7 @@ struct DataLoaderOptions {
   bool drop_last = false;
   int num_workers = 0;      // 0: batches are made on the consuming thread
   int prefetch_factor = 2;  // batches in flight per worker
-  std::shared_ptr<Sampler> sampler;  // replaces shuffle/seed (e.g. a DistributedSampler)
+  std::shared_ptr<Sampler> sampler{};  // replaces shuffle/seed (e.g. a DistributedSampler)
 };
 
 class DataLoader {
