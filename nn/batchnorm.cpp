@@ -53,6 +53,9 @@ Tensor BatchNormBase::forward(const Tensor& input) {
   }
   // Without running statistics, eval also normalizes with batch statistics (as PyTorch).
   const bool use_batch_stats = is_training() || !track_running_stats;
+  if (is_training() && sync_ && sync_->world_size() > 1) {
+    return functional::sync_batch_norm(input, running_mean, running_var, weight, bias, factor, eps, sync_);
+  }
   return functional::batch_norm(input, running_mean, running_var, weight, bias, use_batch_stats, factor, eps);
 }
 

@@ -10,9 +10,23 @@
 
 namespace chorus::nn {
 
+// Sums tensors over the processes of a data-parallel job. nn knows nothing of process groups:
+// distributed::convert_sync_batchnorm installs one built on a ProcessGroup, which turns every
+// BatchNorm into a synchronized one (PyTorch's SyncBatchNorm).
+class CrossReplicaSum {
+ public:
+  virtual ~CrossReplicaSum() = default;
+  virtual void all_reduce_sum(Tensor& t) = 0;  // in place, float64
+  virtual int world_size() const = 0;
+};
+
 class BatchNormBase : public Module {
  public:
   Tensor forward(const Tensor& input) override;
+  // With a CrossReplicaSum over more than one process, training uses the statistics of the whole
+  // job's batch (and the input gradient accounts for every process's loss); eval is unchanged.
+  void set_sync(std::shared_ptr<CrossReplicaSum> sync) { sync_ = std::move(sync); }
+  const std::shared_ptr<CrossReplicaSum>& sync() const { return sync_; }
   void reset_running_stats();
   void reset_parameters();
 
@@ -27,6 +41,9 @@ class BatchNormBase : public Module {
                 bool track_running_stats);
   virtual void check_input_dim(const Tensor& input) const = 0;
   std::string extra_repr() const override;
+
+ private:
+  std::shared_ptr<CrossReplicaSum> sync_;
 };
 
 // Input [N, C] or [N, C, L].

@@ -4,6 +4,7 @@
 #include "autograd/ops/common.h"
 #include "autograd/grad_mode.h"
 #include "kernels/cpu/conv.h"
+#include "nn/batchnorm.h"
 #include "nn/functional/normalization.h"
 #include "tensor/ops.h"
 
@@ -76,6 +77,67 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
                                                          n, c, s);
                        return {gx, gw, gb};
                      });
+  }
+  return out;
+}
+
+Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                       const Tensor& weight, const Tensor& bias, double momentum, double eps,
+                       const std::shared_ptr<CrossReplicaSum>& sync) {
+  ops::check_defined(input, "sync_batch_norm", "input");
+  if (!sync) fail("sync_batch_norm: no CrossReplicaSum given");
+  if (input.dim() < 2) fail("sync_batch_norm: expected an input of at least 2 dims [N, C, ...], got {}", shape_str(input.sizes()));
+  const int64_t n = input.size(0), c = input.size(1);
+  const int64_t s = c == 0 || n == 0 ? 0 : input.numel() / (n * c);
+  const DType cd = compute_dtype(input.dtype());
+  // Per-channel sums over this process's batch, then over every process.
+  Tensor x = ops::cast(alias_without_history(input), cd).contiguous().reshape({n, c, s});
+  Tensor x64 = x.to(kFloat64);
+  Tensor stats = cat({x64.sum({0, 2}), x64.mul(x64).sum({0, 2}), full({1}, static_cast<double>(n * s), {.dtype = kFloat64})});
+  sync->all_reduce_sum(stats);
+  const double count = stats[2 * c].item<double>();
+  if (count <= 1) fail("sync_batch_norm: expected more than 1 value per channel over all processes, got {}", count);
+  Tensor mean = stats.narrow(0, 0, c) / count;
+  Tensor var = (stats.narrow(0, c, c) / count - mean.mul(mean)).clamp_(Scalar(0.0), std::nullopt);
+  if (running_mean.defined()) {
+    NoGradGuard no_grad;
+    Tensor rm = running_mean, rv = running_var;
+    rm.copy_(rm.to(kFloat64) * (1 - momentum) + mean * momentum);
+    rv.copy_(rv.to(kFloat64) * (1 - momentum) + var * (momentum * count / (count - 1)));
+  }
+  // Normalize with the job's statistics (the kernel's eval path takes them as given).
+  Tensor mean_c = mean.to(cd), var_c = var.to(cd);
+  Tensor w = weight.defined() ? ops::cast(alias_without_history(weight), cd).contiguous() : Tensor();
+  Tensor b = bias.defined() ? ops::cast(alias_without_history(bias), cd).contiguous() : Tensor();
+  Tensor out = make_tensor(input.sizes(), cd, input.device());
+  Tensor save_mean = make_tensor({c}, cd, input.device()), save_rstd = make_tensor({c}, cd, input.device());
+  kernels::cpu::batch_norm(out, save_mean, save_rstd, x, w, b, mean_c, var_c, false, 0.0, eps, n, c, s);
+  out = ops::cast(out, input.dtype());
+  if (autograd::any_requires_grad({&input, &weight, &bias})) {
+    const bool need_x = input.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
+               need_b = bias.defined() && bias.requires_grad();
+    SavedTensor sx(x), sw(w);
+    const Shape in_shape = input.sizes();
+    autograd::record("SyncBatchNormBackward", {input, weight, bias}, {out}, [=](const TensorList& g) -> TensorList {
+      Tensor xv = sx.unpack("sync_batch_norm"), wv = sw.unpack("sync_batch_norm");
+      Tensor gv = ops::cast(g[0], xv.dtype()).contiguous().reshape({n, c, s});
+      // This process's sum(g) and sum(g * xhat) per channel (the eval-mode kernel gives them as
+      // the bias and weight gradients), then summed over every process for the input gradient.
+      Tensor gw = make_tensor({c}, xv.dtype(), xv.device()), gb = make_tensor({c}, xv.dtype(), xv.device());
+      kernels::cpu::batch_norm_backward(Tensor(), gw, gb, gv, xv, save_mean, save_rstd, wv, false, n, c, s);
+      Tensor gx;
+      if (need_x) {
+        Tensor sums = cat({gb.to(kFloat64), gw.to(kFloat64)});
+        sync->all_reduce_sum(sums);
+        Tensor mean_g = (sums.narrow(0, 0, c) / count).to(xv.dtype()).reshape({1, c, 1});
+        Tensor mean_gxhat = (sums.narrow(0, c, c) / count).to(xv.dtype()).reshape({1, c, 1});
+        Tensor rstd = save_rstd.reshape({1, c, 1});
+        Tensor xhat = (xv - save_mean.reshape({1, c, 1})) * rstd;
+        Tensor scale = wv.defined() ? wv.reshape({1, c, 1}) * rstd : rstd;
+        gx = ((gv - mean_g - xhat * mean_gxhat) * scale).reshape(in_shape);
+      }
+      return {gx, need_w ? gw : Tensor(), need_b ? gb : Tensor()};
+    });
   }
   return out;
 }

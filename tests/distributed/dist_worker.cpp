@@ -15,6 +15,7 @@
 
 #include "distributed/ddp.h"
 #include "distributed/init.h"
+#include "distributed/sync_batchnorm.h"
 #include "nn/nn.h"
 #include "tensor/ops.h"
 
@@ -416,6 +417,51 @@ void scenario_join(const std::shared_ptr<ProcessGroup>& pg) {
   }
 }
 
+// SyncBatchNorm under DDP: each rank trains on its shard; parameters and running statistics end
+// equal to single-process training with plain BatchNorm on the whole batch.
+void scenario_syncbn(const std::shared_ptr<ProcessGroup>& pg) {
+  const int rank = pg->rank(), world = pg->size();
+  auto make = [] {
+    manual_seed(21);
+    auto net = std::make_shared<nn::Sequential>();
+    net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(2, 4, 3).padding(1)));
+    net->push_back(std::make_shared<nn::BatchNorm2d>(4));
+    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(2));
+    net->push_back(std::make_shared<nn::Flatten>());
+    net->push_back(std::make_shared<nn::Linear>(16, 8));
+    net->push_back(std::make_shared<nn::BatchNorm1d>(8));
+    net->push_back(std::make_shared<nn::Linear>(8, 3));
+    net->to(kFloat64);
+    return net;
+  };
+  const int64_t per = 3, total = per * world;
+  manual_seed(22);
+  Tensor x = randn({total, 2, 6, 6}, {.dtype = kFloat64});
+  Tensor y = randint(0, 3, {total});
+  auto model = make(), ref = make();
+  check(convert_sync_batchnorm(*model, pg) == 2, "both BatchNorm layers converted");
+  DistributedDataParallel ddp(model, pg);
+  for (int step = 0; step < 4; ++step) {
+    model->zero_grad();
+    ref->zero_grad();
+    F::cross_entropy(ddp.forward(x.narrow(0, rank * per, per)), y.narrow(0, rank * per, per)).backward();
+    F::cross_entropy(ref->forward(x), y).backward();
+    NoGradGuard no_grad;
+    for (Tensor& p : model->parameters()) p.sub_(p.grad(), 0.1);
+    for (Tensor& p : ref->parameters()) p.sub_(p.grad(), 0.1);
+  }
+  auto a = model->state_dict(), b = ref->state_dict();
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!is_floating(a[i].second.dtype())) {
+      check(a[i].second.item<int64_t>() == b[i].second.item<int64_t>(), "num_batches_tracked " + a[i].first);
+      continue;
+    }
+    const double rel = max_abs(a[i].second - b[i].second) / std::max(1e-12, max_abs(b[i].second));
+    check(rel < 1e-9, fmt::format("syncbn: {} differs from single-process BatchNorm by {:.3g} relative", a[i].first, rel));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -443,6 +489,7 @@ int main(int argc, char** argv) {
     else if (scenario == "debug_mismatch") scenario_debug_mismatch(pg);
     else if (scenario == "new_group") scenario_new_group(pg);
     else if (scenario == "join") scenario_join(pg);
+    else if (scenario == "syncbn") scenario_syncbn(pg);
     else {
       std::fprintf(stderr, "dist_worker: unknown scenario %s\n", scenario.c_str());
       return 2;

@@ -198,3 +198,10 @@ TEST_CASE("join lets ranks with fewer batches finish while the others train on",
   require_all_ok(run_workers(2, {"join"}));
   require_all_ok(run_workers(3, {"join"}));
 }
+
+TEST_CASE("SyncBatchNorm under DDP equals BatchNorm on the whole batch", "[distributed][syncbn]") {
+  for (int world = 1; world <= 3; ++world) {
+    INFO("world size " << world);
+    require_all_ok(run_workers(world, {"syncbn"}));
+  }
+}
