@@ -117,6 +117,11 @@ int64_t DataLoader::size() const {
   return options_.drop_last ? n / b : (n + b - 1) / b;
 }
 
+void DataLoader::skip_batches(int64_t k) {
+  if (k < 0 || k > size()) fail("DataLoader::skip_batches: {} is outside [0, {}] batches per epoch", k, size());
+  skip_ = k;
+}
+
 DataLoader::Iterator DataLoader::begin() {
   sampler_->set_epoch(epoch_);
   ++epoch_;
@@ -132,6 +137,8 @@ DataLoader::Iterator DataLoader::begin() {
     if (options_.drop_last && end - start < static_cast<size_t>(options_.batch_size)) break;
     batches.emplace_back(order.begin() + start, order.begin() + end);
   }
+  batches.erase(batches.begin(), batches.begin() + std::min<size_t>(batches.size(), static_cast<size_t>(skip_)));
+  skip_ = 0;
   Iterator it;
   if (batches.empty()) return it;
   it.epoch_ = std::make_shared<Epoch>(dataset_, std::move(batches), options_.num_workers, options_.prefetch_factor);

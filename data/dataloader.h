@@ -51,6 +51,10 @@ class DataLoader {
   // Number of batches per epoch.
   int64_t size() const;
   void set_epoch(int64_t epoch) { epoch_ = epoch; }
+  // The next pass starts at its batch k (0 <= k <= size()) without loading the batches before it:
+  // resuming mid-epoch from a checkpoint sees exactly the batches the interrupted run had not. Only
+  // the next pass; later ones start at 0.
+  void skip_batches(int64_t k);
   int64_t epoch() const { return epoch_; }
   const DataLoaderOptions& options() const { return options_; }
   const Dataset& dataset() const { return *dataset_; }
@@ -60,6 +64,7 @@ class DataLoader {
   DataLoaderOptions options_;
   std::shared_ptr<Sampler> sampler_;
   int64_t epoch_ = 0;
+  int64_t skip_ = 0;
 };
 
 }  // namespace chorus::data

@@ -64,7 +64,7 @@ ResNet::ResNet(bool bottleneck, std::vector<int64_t> layers, ResNetOptions o) : 
         "conv1", std::make_shared<nn::Conv2d>(nn::Conv2dOptions(o.in_channels, 64, 7).stride(2).padding(3).bias(false)));
   }
   bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(64));
-  if (!o.small_input) maxpool = register_module("maxpool", std::make_shared<nn::MaxPool2d>(nn::Pair{3, 3}, nn::Pair{2, 2}, nn::Pair{1, 1}));
+  if (o.stem_max_pool.value_or(!o.small_input)) maxpool = register_module("maxpool", std::make_shared<nn::MaxPool2d>(nn::Pair{3, 3}, nn::Pair{2, 2}, nn::Pair{1, 1}));
   layer1 = register_module("layer1", make_layer(bottleneck, 64, layers[0], 1));
   layer2 = register_module("layer2", make_layer(bottleneck, 128, layers[1], 2));
   layer3 = register_module("layer3", make_layer(bottleneck, 256, layers[2], 2));

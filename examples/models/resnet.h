@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "nn/nn.h"
@@ -17,6 +18,10 @@ struct ResNetOptions {
   // For 28x28 / 32x32 inputs (Fashion-MNIST, CIFAR): a 3x3 stride-1 stem and no max pooling. The
   // parameter names stay torchvision's; only conv1's shape changes.
   bool small_input = false;
+  // The 3x3 stride-2 max pooling after the stem: by default there with the ImageNet stem and not with
+  // small_input. small_input with max pooling (28 -> 14 at layer1) costs a quarter of the compute of
+  // small_input alone; Fashion-MNIST training uses it (examples/resnet).
+  std::optional<bool> stem_max_pool{};
   // Zero the last BatchNorm weight of each residual branch (torchvision's zero_init_residual).
   bool zero_init_residual = false;
 };
@@ -49,7 +54,7 @@ class ResNet : public nn::Module {
 
   std::shared_ptr<nn::Conv2d> conv1;
   std::shared_ptr<nn::BatchNorm2d> bn1;
-  std::shared_ptr<nn::MaxPool2d> maxpool;  // null with small_input
+  std::shared_ptr<nn::MaxPool2d> maxpool;  // null without stem max pooling
   std::shared_ptr<nn::Sequential> layer1, layer2, layer3, layer4;
   std::shared_ptr<nn::AdaptiveAvgPool2d> avgpool;
   std::shared_ptr<nn::Linear> fc;

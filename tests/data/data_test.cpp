@@ -75,6 +75,23 @@ TEST_CASE("shuffling is reproducible for a seed, differs per epoch, and workers 
   CHECK(visit(a) == a1);  // set_epoch replays an epoch (resuming)
 }
 
+TEST_CASE("skip_batches resumes mid-epoch: the rest of that epoch, then whole epochs again", "[data][loader]") {
+  for (int workers : {0, 2}) {
+    INFO("workers " << workers);
+    data::DataLoader full(numbered(50), {.batch_size = 7, .shuffle = true, .seed = 3, .num_workers = workers});
+    std::vector<int64_t> e0 = visit(full), e1 = visit(full);
+    data::DataLoader resumed(numbered(50), {.batch_size = 7, .shuffle = true, .seed = 3, .num_workers = workers});
+    resumed.set_epoch(0);
+    resumed.skip_batches(3);
+    CHECK(visit(resumed) == std::vector<int64_t>(e0.begin() + 21, e0.end()));
+    CHECK(visit(resumed) == e1);  // the skip applied to one pass only
+    resumed.skip_batches(resumed.size());
+    CHECK(visit(resumed).empty());
+    CHECK_THROWS_WITH(resumed.skip_batches(9), Catch::Contains("9 is outside [0, 8]"));
+    CHECK_THROWS_WITH(resumed.skip_batches(-1), Catch::Contains("outside"));
+  }
+}
+
 TEST_CASE("DistributedSampler: disjoint shards that cover the data, padded as PyTorch", "[data][sampler]") {
   for (bool shuffle : {false, true}) {
     std::vector<int64_t> all;

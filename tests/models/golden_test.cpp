@@ -1,0 +1,193 @@
+// Golden tests: chorus's ResNet-18 and BERT-tiny against PyTorch 1.13. tools/make_golden.py (run by
+// hand with Debian's python3-torch) wrote tests/models/golden/*.safetensors: the weights in closed
+// form (scale.<name>; the formula is below and in the script), the inputs, and PyTorch's outputs,
+// loss, parameter gradients (whole or sampled, plus L1/L2 norms over all elements) and, for ResNet,
+// BatchNorm running statistics after the training-mode forward, all computed in float64. chorus
+// rebuilds the same float32 weights bit for bit and runs forward and backward twice:
+// - in float64, which must agree within 1e-4 relative (to the largest magnitude in each compared
+//   tensor); it agrees to about 1e-7, the float32 rounding of the stored results;
+// - in float32: BERT within 1e-4 (worst 5.4e-6); ResNet within 1e-3, because float32 round-off
+//   alone moves PyTorch's own float32 gradients up to 2.1e-5 off its float64 ones here and chorus's
+//   float32 gradient of layer4.1.conv2.weight is 6.4e-4 off (every other tensor within 3.5e-5).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "examples/models/bert.h"
+#include "examples/models/resnet.h"
+#include "nn/serialize.h"
+#include "tensor/ops.h"
+
+namespace chorus {
+namespace {
+
+namespace F = nn::functional;
+double tolerance = 1e-4;  // set per run below
+constexpr int64_t kFullLimit = 2048, kSamples = 512;
+
+std::map<std::string, Tensor> load_golden(const std::string& file) {
+  nn::SafetensorsFile f = nn::load_safetensors("tests/models/golden/" + file);
+  std::map<std::string, Tensor> out;
+  for (auto& [name, t] : f.tensors) out[name] = t;
+  return out;
+}
+
+uint32_t fnv1a32(const std::string& s) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : s) h = (h ^ c) * 16777619u;
+  return h;
+}
+
+// offset + scale * ((((i + 1) * 2654435761 + fnv1a32(name)) mod 2^32 >> 20) - 2048) / 2048, exact in
+// float32 because scale is a power of two.
+void fill_closed_form(const std::string& name, Tensor& p, float scale, float offset) {
+  float* d = p.data_ptr<float>();
+  const uint32_t salt = fnv1a32(name);
+  for (int64_t i = 0; i < p.numel(); ++i) {
+    const uint32_t code = static_cast<uint32_t>(i + 1) * 2654435761u + salt;
+    const int32_t v = static_cast<int32_t>(code >> 20) - 2048;
+    d[i] = offset + scale * static_cast<float>(v) / 2048.0f;
+  }
+}
+
+// Sets every parameter from the golden file; the file must name exactly chorus's parameters.
+void load_weights(nn::Module& model, const std::map<std::string, Tensor>& golden) {
+  std::set<std::string> expected;
+  for (auto& [name, t] : golden) {
+    if (name.rfind("scale.", 0) == 0) expected.insert(name.substr(6));
+  }
+  std::set<std::string> ours;
+  NoGradGuard no_grad;
+  for (auto& [name, p] : model.named_parameters()) {
+    ours.insert(name);
+    INFO("parameter " << name);
+    REQUIRE(golden.count("scale." + name));
+    const Tensor& so = golden.at("scale." + name);
+    Tensor target = p;
+    fill_closed_form(name, target, so[0].item<float>(), so[1].item<float>());
+  }
+  CHECK(ours == expected);
+}
+
+double worst_relative = 0;  // over every comparison of a test case, reported at its end
+std::string worst_what;
+
+// max |actual - expected| <= tolerance * max |expected|.
+void check_close(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  Tensor a = actual.to(kFloat64).contiguous().reshape({-1});
+  Tensor e = expected.to(kFloat64).contiguous().reshape({-1});
+  INFO(what);
+  REQUIRE(a.numel() == e.numel());
+  const double scale = e.abs().max().item<double>();
+  const double err = (a - e).abs().max().item<double>();
+  INFO("max |error| " << err << ", max |expected| " << scale);
+  CHECK(err <= tolerance * std::max(scale, 1e-30));
+  if (err / std::max(scale, 1e-30) > worst_relative) {
+    worst_relative = err / std::max(scale, 1e-30);
+    worst_what = what;
+  }
+}
+
+// The gradient entries the script stored: all of them up to 2048, else floor(k * numel / 512).
+Tensor sampled(const Tensor& grad) {
+  Tensor flat = grad.contiguous().reshape({-1});
+  const int64_t n = flat.numel();
+  if (n <= kFullLimit) return flat;
+  std::vector<int64_t> idx(kSamples);
+  for (int64_t k = 0; k < kSamples; ++k) idx[k] = k * n / kSamples;
+  return flat.index_select(0, tensor<int64_t>(idx));
+}
+
+void check_gradients(nn::Module& model, const std::map<std::string, Tensor>& golden) {
+  std::map<std::string, Tensor> grads;
+  for (auto& [name, p] : model.named_parameters()) grads[name] = p.grad();
+  for (auto& [name, p] : model.named_parameters()) {
+    REQUIRE(p.grad().defined());
+    if (name.ends_with(".self.key.bias")) {
+      // The key bias adds q . b_k to every score of a query: softmax does not see it, so its gradient
+      // is zero (PyTorch's float64 gives ~1e-18, round-off). chorus's must be round-off too: tiny
+      // next to the key weight's gradient.
+      const double key_weight = grads.at(name.substr(0, name.size() - 4) + "weight").abs().max().item<double>();
+      CHECK(golden.at("gradnorm." + name)[1].item<double>() < 1e-12);
+      CHECK(p.grad().abs().max().item<double>() < 1e-5 * key_weight);
+      continue;
+    }
+    check_close(sampled(p.grad()), golden.at("grad." + name), "gradient of " + name);
+    Tensor g = p.grad().to(kFloat64);
+    Tensor norms = stack({g.abs().sum(), (g * g).sum().sqrt()}, 0);
+    check_close(norms, golden.at("gradnorm." + name), "L1 and L2 norms of the gradient of " + name);
+  }
+}
+
+void run_resnet(DType dtype) {
+  auto golden = load_golden("resnet18.safetensors");
+  auto model = models::resnet18();
+  load_weights(*model, golden);
+  model->to(dtype);
+  model->train();
+  Tensor logits = model->forward(golden.at("input").to(dtype));
+  check_close(logits, golden.at("logits"), "logits");
+  Tensor loss = F::cross_entropy(logits, golden.at("target"));
+  check_close(loss.reshape({1}), golden.at("loss"), "loss");
+  loss.backward();
+  check_gradients(*model, golden);
+  int64_t buffers = 0;
+  for (auto& [name, b] : model->named_buffers()) {
+    if (name.find("running") == std::string::npos) continue;
+    check_close(b, golden.at("buffer." + name), "buffer " + name);
+    ++buffers;
+  }
+  CHECK(buffers == 40);  // running_mean and running_var of 20 BatchNorm layers
+  WARN("ResNet-18 in " << dtype_name(dtype) << ": worst relative error " << worst_relative << " (" << worst_what << ")");
+  worst_relative = 0;
+}
+
+TEST_CASE("ResNet-18 matches PyTorch in float64: logits, loss, every gradient, BatchNorm statistics", "[models][golden]") {
+  tolerance = 1e-4;
+  run_resnet(kFloat64);
+}
+
+TEST_CASE("ResNet-18 matches PyTorch in float32 within its round-off", "[models][golden]") {
+  tolerance = 1e-3;
+  run_resnet(kFloat32);
+}
+
+void run_bert(DType dtype) {
+  auto golden = load_golden("bert_tiny.safetensors");
+  models::BertConfig config = models::BertConfig::named("tiny");
+  config.hidden_dropout_prob = 0;
+  config.attention_probs_dropout_prob = 0;
+  models::BertForPreTraining model(config);
+  load_weights(model, golden);
+  model.to(dtype);
+  model.train();
+  models::BertOutputs out =
+      model.forward(golden.at("input_ids"), golden.at("token_type_ids"), golden.at("attention_mask"));
+  REQUIRE(out.prediction_logits.sizes() == Shape{2, 12, 30522});
+  check_close(out.prediction_logits.index_select(2, golden.at("vocab_sample")), golden.at("prediction_logits_sample"),
+              "masked-LM logits (64 vocabulary columns)");
+  check_close(out.seq_relationship_logits, golden.at("seq_relationship_logits"), "NSP logits");
+  Tensor mlm = F::cross_entropy(out.prediction_logits.reshape({-1, 30522}), golden.at("mlm_labels").reshape({-1}));
+  Tensor loss = mlm + F::cross_entropy(out.seq_relationship_logits, golden.at("nsp_labels"));
+  check_close(mlm.reshape({1}), golden.at("mlm_loss"), "masked-LM loss");
+  check_close(loss.reshape({1}), golden.at("loss"), "loss");
+  loss.backward();
+  check_gradients(model, golden);
+  WARN("BERT-tiny in " << dtype_name(dtype) << ": worst relative error " << worst_relative << " (" << worst_what << ")");
+  worst_relative = 0;
+}
+
+TEST_CASE("BERT-tiny matches PyTorch in float64: masked-LM and NSP logits, loss, every gradient", "[models][golden]") {
+  tolerance = 1e-4;
+  run_bert(kFloat64);
+}
+
+TEST_CASE("BERT-tiny matches PyTorch in float32 too", "[models][golden]") {
+  tolerance = 1e-4;
+  run_bert(kFloat32);
+}
+
+}  // namespace
+}  // namespace chorus
