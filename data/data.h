@@ -1,4 +1,5 @@
-// Everything in data/: datasets, samplers, the DataLoader, MNIST / Fashion-MNIST.
+// Everything in data/: datasets, samplers, the DataLoader, MNIST / Fashion-MNIST, WordPiece and
+// masked-LM text data.
 #pragma once
 
 #include "data/dataloader.h"
@@ -6,3 +7,4 @@
 #include "data/mnist.h"
 #include "data/sampler.h"
 #include "data/tokenizer.h"
+#include "data/mlm.h"

