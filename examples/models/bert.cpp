@@ -166,4 +166,32 @@ BertOutputs BertForPreTraining::forward(const Tensor& input_ids, const Tensor& t
   return {logits, seq_relationship_->forward(bert->pool(h))};
 }
 
+Tensor BertForPreTraining::masked_lm_logits(const Tensor& hidden, const Tensor& positions) {
+  if (hidden.dim() != 3) fail("BertForPreTraining::masked_lm_logits: expected hidden [B, T, H], got {}", hidden.sizes());
+  Tensor picked = index_select(hidden.reshape({-1, hidden.size(2)}), 0, positions);
+  Tensor t = transform_norm_->forward(F::gelu(transform_dense_->forward(picked)));
+  return matmul(t, bert->embeddings->word_embeddings->weight.t()) + decoder_bias_;
+}
+
+Tensor BertForPreTraining::masked_lm_loss(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels,
+                                          Tensor* logits, Tensor* targets) {
+  if (labels.sizes() != input_ids.sizes()) {
+    fail("BertForPreTraining::masked_lm_loss: labels {} must have the shape of input_ids {}", labels.sizes(),
+         input_ids.sizes());
+  }
+  Tensor flat = labels.reshape({-1}).contiguous();
+  std::vector<int64_t> positions;
+  const int64_t* y = flat.data_ptr<int64_t>();
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    if (y[i] != -100) positions.push_back(i);
+  }
+  if (positions.empty()) fail("BertForPreTraining::masked_lm_loss: no position has a label (all are -100)");
+  Tensor pos = tensor<int64_t>(positions);
+  Tensor out = masked_lm_logits(bert->forward(input_ids, Tensor(), attention_mask), pos);
+  Tensor target = index_select(flat, 0, pos);
+  if (logits) *logits = out;
+  if (targets) *targets = target;
+  return F::cross_entropy(out, target);
+}
+
 }  // namespace chorus::models

@@ -70,6 +70,15 @@ class BertForPreTraining : public nn::Module {
   BertOutputs forward(const Tensor& input_ids, const Tensor& token_type_ids, const Tensor& attention_mask);
   // Masked-LM logits only.
   Tensor forward(const Tensor& input_ids) override { return forward(input_ids, Tensor(), Tensor()).prediction_logits; }
+  // The masked-LM head on chosen positions only: hidden [B, T, H] from bert->forward, positions
+  // int64 [K] indexing the flattened B*T tokens -> logits [K, vocab]. Pretraining predicts ~15% of
+  // the tokens; running the head and the 30,522-way decoder on those alone (as NVIDIA's BERT does)
+  // gives the same loss and gradients as the full head with ignored labels, at a fraction of the cost.
+  Tensor masked_lm_logits(const Tensor& hidden, const Tensor& positions);
+  // Mean cross-entropy over the positions whose label is not -100 (labels [B, T]), through
+  // masked_lm_logits; the logits come back in *logits when asked (rows in position order).
+  Tensor masked_lm_loss(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels,
+                        Tensor* logits = nullptr, Tensor* targets = nullptr);
   std::shared_ptr<BertModel> bert;
 
  private:

@@ -77,3 +77,48 @@ TEST_CASE("BERT-tiny: shapes, initialization, padding mask, masked-LM loss at in
 
 }  // namespace
 }  // namespace chorus
+
+namespace chorus {
+namespace {
+
+TEST_CASE("masked_lm_loss on the labeled positions equals the full head with ignored labels", "[models][bert]") {
+  manual_seed(4);
+  models::BertConfig c = models::BertConfig::named("tiny");
+  c.hidden_dropout_prob = 0;
+  c.attention_probs_dropout_prob = 0;
+  c.vocab_size = 500;
+  models::BertForPreTraining m(c);
+  Tensor ids = randint(5, 500, {3, 10});
+  Tensor mask = ones({3, 10}, TensorOptions{.dtype = kInt64});
+  Tensor labels = full({3, 10}, int64_t{-100}, TensorOptions{.dtype = kInt64});
+  for (auto [i, j] : std::vector<std::pair<int, int>>{{0, 1}, {0, 7}, {1, 4}, {2, 0}, {2, 9}}) {
+    labels[i][j].fill_(ids[i][j].item<int64_t>() + 1);
+  }
+  Tensor logits, targets;
+  Tensor picked = m.masked_lm_loss(ids, mask, labels, &logits, &targets);
+  CHECK(logits.sizes() == Shape{5, 500});
+  CHECK(targets[3].item<int64_t>() == ids[2][0].item<int64_t>() + 1);
+  picked.backward();
+  std::map<std::string, Tensor> g1;
+  for (auto& [name, p] : m.named_parameters()) {
+    if (!p.grad().defined()) continue;  // the pooler and the NSP head take no part
+    g1[name] = p.grad().clone();
+    p.grad().zero_();
+  }
+  CHECK(g1.size() == m.named_parameters().size() - 4);
+  Tensor full_logits = m.forward(ids, Tensor(), mask).prediction_logits;
+  Tensor reference = nn::functional::cross_entropy(full_logits.reshape({-1, 500}), labels.reshape({-1}));
+  CHECK(picked.item<double>() == Approx(reference.item<double>()).epsilon(1e-5));
+  reference.backward();
+  for (auto& [name, p] : m.named_parameters()) {
+    if (!g1.count(name)) continue;
+    INFO(name);
+    CHECK(allclose(g1.at(name), p.grad(), 1e-4, 1e-6));
+  }
+  CHECK_THROWS_WITH(m.masked_lm_loss(ids, mask, full({3, 10}, int64_t{-100}, TensorOptions{.dtype = kInt64})),
+                    Catch::Contains("no position has a label"));
+  CHECK_THROWS_WITH(m.masked_lm_loss(ids, mask, labels.reshape({30})), Catch::Contains("must have the shape"));
+}
+
+}  // namespace
+}  // namespace chorus
