@@ -3,7 +3,9 @@
 // thread count: (a) an MLP 784-512-256-10 at batch 128; (b) a small ResNet (3x3 stem 3->32 + BN +
 // ReLU; basic residual blocks at 32, 64 (stride 2) and 128 (stride 2) channels with 1x1 projection
 // shortcuts; global average pooling; linear to 10) at batch 32 of 3x32x32. Median of the timed
-// steps after warm-up; prints the ratio chorus / libtorch (below 1: chorus is faster).
+// steps after warm-up; prints the ratio chorus / libtorch (below 1: chorus is faster). Then the
+// models of examples/: (c) ResNet-18 (torchvision's, 1000 classes) at batch 16 of 3x64x64; (d)
+// BERT-mini masked-LM at batch 8 of 128 tokens with AdamW.
 //
 //   bazel run -c opt //tests/bench:train_step_bench -- [--steps 20] [--warmup 5]
 #include <torch/torch.h>
@@ -13,6 +15,8 @@
 #include <cstring>
 #include <string>
 
+#include "examples/models/bert.h"
+#include "examples/models/resnet.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
@@ -103,7 +107,163 @@ torch::nn::Sequential torch_mlp() {
   return tn::Sequential(tn::Linear(784, 512), tn::ReLU(), tn::Linear(512, 256), tn::ReLU(), tn::Linear(256, 10));
 }
 
+torch::nn::Sequential torch_resnet18() {
+  namespace tn = torch::nn;
+  tn::Sequential net(tn::Conv2d(tn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false)), tn::BatchNorm2d(64),
+                     tn::ReLU(), tn::MaxPool2d(tn::MaxPool2dOptions(3).stride(2).padding(1)));
+  int64_t in = 64;
+  for (int64_t planes : {64, 128, 256, 512}) {
+    net->push_back(TorchBlock(in, planes, planes == 64 ? 1 : 2));
+    net->push_back(TorchBlock(planes, planes, 1));
+    in = planes;
+  }
+  net->push_back(tn::AdaptiveAvgPool2d(tn::AdaptiveAvgPool2dOptions({1, 1})));
+  net->push_back(tn::Flatten());
+  net->push_back(tn::Linear(512, 1000));
+  return net;
+}
+
+// BERT-mini for masked-LM pretraining in libtorch, as examples/models/bert.h: post-norm layers, erf
+// GELU, LayerNorm eps 1e-12, dropout 0.1, tied decoder; the head runs on the masked positions only
+// (chorus's masked_lm_loss does the same), so both sides do the same arithmetic.
+struct TorchBertLayerImpl : torch::nn::Module {
+  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, o{nullptr}, up{nullptr}, down{nullptr};
+  torch::nn::LayerNorm n1{nullptr}, n2{nullptr};
+  int64_t heads;
+  TorchBertLayerImpl(int64_t h, int64_t heads_) : heads(heads_) {
+    namespace tn = torch::nn;
+    q = register_module("q", tn::Linear(h, h));
+    k = register_module("k", tn::Linear(h, h));
+    v = register_module("v", tn::Linear(h, h));
+    o = register_module("o", tn::Linear(h, h));
+    up = register_module("up", tn::Linear(h, 4 * h));
+    down = register_module("down", tn::Linear(4 * h, h));
+    n1 = register_module("n1", tn::LayerNorm(tn::LayerNormOptions({h}).eps(1e-12)));
+    n2 = register_module("n2", tn::LayerNorm(tn::LayerNormOptions({h}).eps(1e-12)));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    namespace tf = torch::nn::functional;
+    const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = h / heads;
+    auto split = [&](const torch::Tensor& y) { return y.view({b, t, heads, d}).transpose(1, 2); };
+    torch::Tensor scores = torch::matmul(split(q(x)), split(k(x)).transpose(-1, -2)) / std::sqrt(static_cast<double>(d));
+    torch::Tensor probs = tf::dropout(scores.softmax(-1), tf::DropoutFuncOptions().p(0.1).training(is_training()));
+    torch::Tensor ctx = torch::matmul(probs, split(v(x))).transpose(1, 2).reshape({b, t, h});
+    torch::Tensor a = n1(x + tf::dropout(o(ctx), tf::DropoutFuncOptions().p(0.1).training(is_training())));
+    torch::Tensor f = down(torch::gelu(up(a)));
+    return n2(a + tf::dropout(f, tf::DropoutFuncOptions().p(0.1).training(is_training())));
+  }
+};
+TORCH_MODULE(TorchBertLayer);
+
+struct TorchBertImpl : torch::nn::Module {
+  torch::nn::Embedding word{nullptr}, pos{nullptr}, type{nullptr};
+  torch::nn::LayerNorm emb_norm{nullptr}, head_norm{nullptr};
+  torch::nn::ModuleList layers;
+  torch::nn::Linear head{nullptr};
+  torch::Tensor decoder_bias;
+  TorchBertImpl(int64_t vocab, int64_t h, int64_t n_layers, int64_t heads) {
+    namespace tn = torch::nn;
+    word = register_module("word", tn::Embedding(vocab, h));
+    pos = register_module("pos", tn::Embedding(512, h));
+    type = register_module("type", tn::Embedding(2, h));
+    emb_norm = register_module("emb_norm", tn::LayerNorm(tn::LayerNormOptions({h}).eps(1e-12)));
+    layers = register_module("layers", tn::ModuleList());
+    for (int64_t i = 0; i < n_layers; ++i) layers->push_back(TorchBertLayer(h, heads));
+    head = register_module("head", tn::Linear(h, h));
+    head_norm = register_module("head_norm", tn::LayerNorm(tn::LayerNormOptions({h}).eps(1e-12)));
+    decoder_bias = register_parameter("decoder_bias", torch::zeros({vocab}));
+    for (auto& p : parameters()) {
+      if (p.dim() == 2) torch::nn::init::normal_(p, 0.0, 0.02);
+    }
+  }
+  torch::Tensor loss(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& targets) {
+    namespace tf = torch::nn::functional;
+    const int64_t t = ids.size(1);
+    torch::Tensor x = word(ids) + pos(torch::arange(t)).unsqueeze(0) + type(torch::zeros_like(ids));
+    x = tf::dropout(emb_norm(x), tf::DropoutFuncOptions().p(0.1).training(is_training()));
+    for (auto& layer : *layers) x = layer->as<TorchBertLayer>()->forward(x);
+    torch::Tensor picked = x.reshape({-1, x.size(2)}).index_select(0, positions);
+    torch::Tensor z = head_norm(torch::gelu(head(picked)));
+    return tf::cross_entropy(torch::matmul(z, word->weight.t()) + decoder_bias, targets);
+  }
+};
+TORCH_MODULE(TorchBert);
+
 // ------------------------------------------------------------------ timing
+// The issue-6 models: ResNet-18 (torchvision's, 1000 classes) at batch 16 of 3x64x64 with SGD
+// momentum, and BERT-mini masked-LM (batch 8 of 128 tokens, 15% predicted) with AdamW.
+void models_step(int steps, int warmup) {
+  for (int threads : {1, 2}) {
+    chorus::set_num_threads(threads);
+    torch::set_num_threads(threads);
+    {
+      chorus::manual_seed(1);
+      auto cmodel = chorus::models::resnet18();
+      chorus::optim::SGD copt(cmodel->parameters(), {.lr = 0.01, .momentum = 0.9});
+      chorus::Tensor cx = chorus::randn({16, 3, 64, 64});
+      chorus::Tensor cy = chorus::randint(0, 1000, {16});
+      const double tc = chorus::bench::median_time(
+          [&] {
+            copt.zero_grad();
+            CF::cross_entropy(cmodel->forward(cx), cy).backward();
+            copt.step();
+          },
+          warmup, steps);
+      torch::manual_seed(1);
+      torch::nn::Sequential tmodel = torch_resnet18();
+      torch::optim::SGD topt(tmodel->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+      torch::Tensor tx = torch::randn({16, 3, 64, 64});
+      torch::Tensor ty = torch::randint(0, 1000, {16}, torch::kLong);
+      const double tt = chorus::bench::median_time(
+          [&] {
+            topt.zero_grad();
+            torch::nn::functional::cross_entropy(tmodel->forward(tx), ty).backward();
+            topt.step();
+          },
+          warmup, steps);
+      std::printf("| ResNet-18, batch 16 x 3x64x64 | %d | %.2f | %.2f | %.2f |\n", threads, tc * 1e3, tt * 1e3, tc / tt);
+      std::fflush(stdout);
+    }
+    {
+      // The same token ids and masked positions for both.
+      const int64_t b = 8, t = 128, vocab = 30522;
+      chorus::manual_seed(2);
+      chorus::Tensor ids = chorus::randint(999, vocab, {b, t});
+      std::vector<int64_t> positions;
+      for (int64_t i = 0; i < b * t; ++i) {
+        if (i % 7 == 3) positions.push_back(i);  // 14% of the tokens
+      }
+      chorus::Tensor labels = chorus::full({b, t}, int64_t{-100}, chorus::TensorOptions{.dtype = chorus::kInt64});
+      for (int64_t i : positions) labels.reshape({-1})[i].fill_(ids.reshape({-1})[i].item<int64_t>());
+      chorus::models::BertForPreTraining cmodel(chorus::models::BertConfig::named("mini"));
+      chorus::optim::AdamW copt(cmodel.parameters());
+      const double tc = chorus::bench::median_time(
+          [&] {
+            copt.zero_grad();
+            cmodel.masked_lm_loss(ids, chorus::Tensor(), labels).backward();
+            copt.step();
+          },
+          warmup, steps);
+      torch::manual_seed(2);
+      torch::Tensor tids = torch::from_blob(ids.data_ptr<int64_t>(), {b, t}, torch::kLong).clone();
+      torch::Tensor tpos = torch::tensor(positions, torch::kLong);
+      torch::Tensor ttargets = tids.reshape({-1}).index_select(0, tpos);
+      TorchBert tmodel(vocab, 256, 4, 4);
+      torch::optim::AdamW topt(tmodel->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+      const double tt = chorus::bench::median_time(
+          [&] {
+            topt.zero_grad();
+            tmodel->loss(tids, tpos, ttargets).backward();
+            topt.step();
+          },
+          warmup, steps);
+      std::printf("| BERT-mini masked LM, batch 8 x 128 tokens | %d | %.2f | %.2f | %.2f |\n", threads, tc * 1e3,
+                  tt * 1e3, tc / tt);
+      std::fflush(stdout);
+    }
+  }
+}
+
 struct Case {
   const char* name;
   bool resnet;
@@ -154,5 +314,6 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
+  models_step(steps, warmup);
   return 0;
 }
