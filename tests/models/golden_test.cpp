@@ -4,11 +4,15 @@
 // loss, parameter gradients (whole or sampled, plus L1/L2 norms over all elements) and, for ResNet,
 // BatchNorm running statistics after the training-mode forward, all computed in float64. chorus
 // rebuilds the same float32 weights bit for bit and runs forward and backward twice:
-// - in float64, which must agree within 1e-4 relative (to the largest magnitude in each compared
-//   tensor); it agrees to about 1e-7, the float32 rounding of the stored results;
-// - in float32: BERT within 1e-4 (worst 5.4e-6); ResNet within 1e-3, because float32 round-off
-//   alone moves PyTorch's own float32 gradients up to 2.1e-5 off its float64 ones here and chorus's
-//   float32 gradient of layer4.1.conv2.weight is 6.4e-4 off (every other tensor within 3.5e-5).
+// - in float64, everything within 1e-4 relative (to the largest magnitude in each compared tensor);
+//   it agrees to about 6e-8, the float32 rounding of the stored results;
+// - in float32, within 1e-4 too: BERT entirely (worst 5.4e-6); ResNet's outputs, loss, BatchNorm
+//   statistics and the final layer's gradients. ResNet's other float32 gradients are knife-edge for
+//   any implementation: some ReLU inputs sit within 2.6e-7 of zero (relative to their tensor's
+//   largest), so round-off can flip a ReLU and move every gradient below it by percents. PyTorch's
+//   own float32 happens to stay within 2.1e-5 of its float64 here, chorus's within 6.4e-4; computing
+//   BatchNorm's output as (x - mean) * scale + bias instead of x * scale + shift (both correct)
+//   flipped one and moved them by 44%. The float64 run checks those gradients exactly.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -121,7 +125,7 @@ void check_gradients(nn::Module& model, const std::map<std::string, Tensor>& gol
   }
 }
 
-void run_resnet(DType dtype) {
+void run_resnet(DType dtype, bool every_gradient) {
   auto golden = load_golden("resnet18.safetensors");
   auto model = models::resnet18();
   load_weights(*model, golden);
@@ -132,7 +136,12 @@ void run_resnet(DType dtype) {
   Tensor loss = F::cross_entropy(logits, golden.at("target"));
   check_close(loss.reshape({1}), golden.at("loss"), "loss");
   loss.backward();
-  check_gradients(*model, golden);
+  if (every_gradient) {
+    check_gradients(*model, golden);
+  } else {
+    check_close(sampled(model->fc->weight.grad()), golden.at("grad.fc.weight"), "gradient of fc.weight");
+    check_close(model->fc->bias.grad(), golden.at("grad.fc.bias"), "gradient of fc.bias");
+  }
   int64_t buffers = 0;
   for (auto& [name, b] : model->named_buffers()) {
     if (name.find("running") == std::string::npos) continue;
@@ -146,12 +155,12 @@ void run_resnet(DType dtype) {
 
 TEST_CASE("ResNet-18 matches PyTorch in float64: logits, loss, every gradient, BatchNorm statistics", "[models][golden]") {
   tolerance = 1e-4;
-  run_resnet(kFloat64);
+  run_resnet(kFloat64, true);
 }
 
-TEST_CASE("ResNet-18 matches PyTorch in float32 within its round-off", "[models][golden]") {
-  tolerance = 1e-3;
-  run_resnet(kFloat32);
+TEST_CASE("ResNet-18 matches PyTorch in float32: logits, loss, BatchNorm statistics, fc gradients", "[models][golden]") {
+  tolerance = 1e-4;
+  run_resnet(kFloat32, false);
 }
 
 void run_bert(DType dtype) {
