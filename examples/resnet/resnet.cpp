@@ -6,8 +6,8 @@
 //   bazel-bin/examples/resnet/resnet --synthetic --arch resnet50 --batch-size 8 --steps 10
 //
 // Fashion-MNIST (1x28x28) uses the small-input stem (3x3 stride 1) with the stem's max pooling, SGD
-// with Nesterov momentum, a linear warm-up and cosine decay, random horizontal flips and shifts of up
-// to 2 pixels. --batch-size is the global batch: each of N processes takes batch/N from its
+// with Nesterov momentum, a linear warm-up and cosine decay, random horizontal flips (and, with
+// --shift, random shifts). --batch-size is the global batch: each of N processes takes batch/N from its
 // DistributedSampler shard. Rank 0 prints progress lines, writes a checkpoint every
 // --checkpoint-every steps (and at each epoch's end), and ends with one JSON line
 // {"summary": {...}}. --resume continues from the checkpoint, mid-epoch included, on the same
@@ -41,16 +41,18 @@ struct Flags {
   int64_t image_size = 224;  // --synthetic
   int64_t steps = 20;        // --synthetic: timed steps (after --warmup)
   int64_t warmup = 3;
-  int epochs = 3;
+  int epochs = 5;
   int64_t batch_size = 128;
   double lr = 0.1;
   double weight_decay = 5e-4;
   bool augment = true;
+  int64_t shift = 0;
   bool sync_bn = false;
   uint64_t seed = 1;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int64_t max_steps = 0;
+  int64_t test_limit = 0;
   bool resume = false;
   int threads = 0;
   std::string data_dir;
@@ -98,12 +100,14 @@ void augment(Tensor& batch, int64_t shift, uint64_t seed, int rank, int64_t step
 
 // Correct predictions and count over this rank's strided share of the test set (every world-th
 // example), summed over ranks.
-std::pair<int64_t, int64_t> evaluate(nn::Module& model, const data::Dataset& test, const examples::Job& job) {
+std::pair<int64_t, int64_t> evaluate(nn::Module& model, const data::Dataset& test, int64_t limit,
+                                     const examples::Job& job) {
   NoGradGuard no_grad;
   model.eval();
   int64_t correct = 0, count = 0;
   std::vector<int64_t> indices;
-  for (int64_t i = job.rank; i < test.size(); i += job.world) indices.push_back(i);
+  const int64_t n = limit > 0 ? std::min(limit, test.size()) : test.size();
+  for (int64_t i = job.rank; i < n; i += job.world) indices.push_back(i);
   for (size_t start = 0; start < indices.size(); start += 250) {
     std::vector<int64_t> chunk(indices.begin() + start, indices.begin() + std::min(indices.size(), start + 250));
     data::Batch b = test.get_batch(chunk);
@@ -235,7 +239,7 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
     epoch_loss_n = 0;
     int64_t correct = 0, seen = 0;
     for (data::Batch& b : loader) {
-      if (f.augment) augment(b.data, 2, f.seed, job.rank, step);
+      if (f.augment) augment(b.data, f.shift, f.seed, job.rank, step);
       opt.zero_grad();
       Tensor logits = model->forward(b.data);
       Tensor loss = F::cross_entropy(logits, b.target);
@@ -271,7 +275,7 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
       if (step == stop_step) break;
     }
     if (step - epoch * steps_per_epoch < steps_per_epoch) break;  // stopped by --max-steps
-    auto [test_correct, test_count] = evaluate(*net, *test, job);
+    auto [test_correct, test_count] = evaluate(*net, *test, f.test_limit, job);
     test_accuracy.push_back(static_cast<double>(test_correct) / std::max<int64_t>(test_count, 1));
     job.log(fmt::format("epoch {} done: train loss {:.4f}, test accuracy {:.2f}% ({}/{})", epoch + 1,
                         epoch_loss_sum / std::max<int64_t>(epoch_loss_n, 1), 100.0 * test_accuracy.back(), test_correct,
@@ -280,7 +284,7 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
   }
   const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
   if (test_accuracy.empty()) {  // resumed after the last step: evaluate what was loaded
-    auto [test_correct, test_count] = evaluate(*net, *test, job);
+    auto [test_correct, test_count] = evaluate(*net, *test, f.test_limit, job);
     test_accuracy.push_back(static_cast<double>(test_correct) / std::max<int64_t>(test_count, 1));
   }
   return {{"mode", "fashion-mnist"},
@@ -310,7 +314,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", f.batch_size, "global batch size (split across processes)")->check(CLI::PositiveNumber);
   app.add_option("--lr", f.lr, "peak learning rate (SGD, Nesterov momentum 0.9)")->check(CLI::PositiveNumber);
   app.add_option("--weight-decay", f.weight_decay, "L2 weight decay")->check(CLI::NonNegativeNumber);
-  app.add_option("--augment", f.augment, "random flips and 2-pixel shifts (true/false)");
+  app.add_option("--augment", f.augment, "random horizontal flips, and shifts of up to --shift pixels (true/false)");
+  app.add_option("--shift", f.shift, "largest random shift in pixels with --augment (0: flips only)")->check(CLI::Range(0, 8));
   app.add_flag("--sync-bn", f.sync_bn, "BatchNorm statistics over all processes (SyncBatchNorm)");
   app.add_option("--seed", f.seed, "seed of initialization, shuffling and augmentation");
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "write checkpoint.safetensors here");
@@ -318,6 +323,8 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max-steps", f.max_steps, "stop after this many steps, as if interrupted (the schedule still spans "
                  "--epochs; 0: no limit)")->check(CLI::NonNegativeNumber);
+  app.add_option("--test-limit", f.test_limit, "evaluate on the first N test images only (0: all 10,000)")
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--resume", f.resume, "continue from the checkpoint in --checkpoint-dir");
   app.add_option("--threads", f.threads, "CPU threads per process (default: OMP_NUM_THREADS or all cores)");
   app.add_option("--data-dir", f.data_dir, "folder holding fashion-mnist/ (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");

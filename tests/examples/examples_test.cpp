@@ -1,0 +1,140 @@
+// examples/bert and examples/resnet as a user runs them, on the installed data: a few training
+// steps; an interrupted run (--max-steps) resumed from its checkpoint ends bit for bit where the
+// uninterrupted run does (same batches, masks, augmentation and optimizer state); BERT's masked-LM
+// loss starts near ln 30522; BERT under chorusrun with 2 processes and gradient accumulation; and
+// bad flags are refused with a message.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string binary(const std::string& path) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  return (srcdir ? std::string(srcdir) + "/chorus/" : std::string("bazel-bin/")) + path;
+}
+
+std::string scratch(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  fs::path p = fs::path(tmp ? tmp : "/tmp") / ("examples_test_" + std::to_string(::getpid())) / name;
+  fs::remove_all(p);
+  return p.string();
+}
+
+struct Run {
+  int code;
+  std::string output;
+  nlohmann::json summary;  // the {"summary": ...} line's object, if any
+};
+
+Run run(const std::string& cmd) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  Run r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, nullptr};
+  const size_t at = out.rfind("{\"summary\":");
+  if (at != std::string::npos) r.summary = nlohmann::json::parse(out.substr(at, out.find('\n', at) - at))["summary"];
+  return r;
+}
+
+TEST_CASE("bert: a resumed run ends exactly where the uninterrupted one does", "[examples][bert]") {
+  const std::string bert = binary("examples/bert/bert") +
+                           " --config tiny --seq-len 32 --batch-size 8 --steps 4 --eval-sequences 16 --threads 1 "
+                           "--checkpoint-every 2 --log-every 0";
+  const std::string whole = scratch("bert_whole"), parts = scratch("bert_parts");
+  Run a = run(bert + " --checkpoint-dir " + whole);
+  INFO(a.output);
+  REQUIRE(a.code == 0);
+  CHECK(a.summary["steps"] == 4);
+  CHECK(std::abs(a.summary["heldout_loss_before"].get<double>() - std::log(30522.0)) < 0.3);
+  CHECK(std::abs(a.summary["first_step_loss"].get<double>() - std::log(30522.0)) < 0.3);
+  CHECK(a.summary["heldout_predictions"].get<int64_t>() > 50);
+  Run b1 = run(bert + " --checkpoint-dir " + parts + " --max-steps 2");
+  INFO(b1.output);
+  REQUIRE(b1.code == 0);
+  CHECK(b1.summary["steps"] == 2);
+  Run b2 = run(bert + " --checkpoint-dir " + parts + " --resume");
+  INFO(b2.output);
+  REQUIRE(b2.code == 0);
+  CHECK(b2.output.find("resumed from") != std::string::npos);
+  CHECK(b2.summary["steps"] == 4);
+  CHECK(b2.summary["last_step_loss"].get<double>() == a.summary["last_step_loss"].get<double>());
+  CHECK(b2.summary["heldout_loss"].get<double>() == a.summary["heldout_loss"].get<double>());
+  CHECK(b1.summary["last_step_loss"].get<double>() != a.summary["last_step_loss"].get<double>());
+}
+
+TEST_CASE("bert: 2 processes with gradient accumulation through no_sync", "[examples][bert]") {
+  const int port = 21000 + static_cast<int>(::getpid() % 8000);
+  Run r = run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " + std::to_string(port) + " " +
+              binary("examples/bert/bert") +
+              " --config tiny --seq-len 32 --batch-size 8 --accumulate 2 --steps 3 --eval-sequences 16 --log-every 0 "
+              "--trace " + scratch("bert_trace.json"));
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(r.summary["world_size"] == 2);
+  CHECK(r.summary["accumulate"] == 2);
+  CHECK(r.summary["steps"] == 3);
+  CHECK(r.output.find("wrote the Chrome trace") != std::string::npos);
+  CHECK(r.summary["last_step_loss"].get<double>() < r.summary["first_step_loss"].get<double>());
+}
+
+TEST_CASE("resnet: a resumed run mid-epoch ends exactly where the uninterrupted one does", "[examples][resnet]") {
+  const std::string resnet = binary("examples/resnet/resnet") +
+                             " --batch-size 16 --epochs 1 --test-limit 64 --threads 1 --log-every 0 "
+                             "--checkpoint-every 2 --shift 2";
+  const std::string whole = scratch("resnet_whole"), parts = scratch("resnet_parts");
+  Run a = run(resnet + " --max-steps 4 --checkpoint-dir " + whole);
+  INFO(a.output);
+  REQUIRE(a.code == 0);
+  CHECK(a.summary["steps"] == 4);
+  CHECK(a.summary["mode"] == "fashion-mnist");
+  Run b1 = run(resnet + " --checkpoint-dir " + parts + " --max-steps 2");
+  INFO(b1.output);
+  REQUIRE(b1.code == 0);
+  Run b2 = run(resnet + " --max-steps 4 --checkpoint-dir " + parts + " --resume");
+  INFO(b2.output);
+  REQUIRE(b2.code == 0);
+  CHECK(b2.summary["steps"] == 4);
+  CHECK(b2.summary["last_batch_loss"].get<double>() == a.summary["last_batch_loss"].get<double>());
+  CHECK(b2.summary["test_accuracy"].get<double>() == a.summary["test_accuracy"].get<double>());
+}
+
+TEST_CASE("resnet --synthetic times ImageNet-shaped batches", "[examples][resnet]") {
+  Run r = run(binary("examples/resnet/resnet") +
+              " --synthetic --arch resnet18 --image-size 64 --batch-size 4 --steps 2 --warmup 1 --threads 1");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(r.summary["mode"] == "synthetic");
+  CHECK(r.summary["images_per_s"].get<double>() > 0);
+}
+
+TEST_CASE("the examples refuse bad flags with a message", "[examples]") {
+  Run r = run(binary("examples/resnet/resnet") + " --resume");
+  CHECK(r.code != 0);
+  CHECK(r.output.find("--resume needs --checkpoint-dir") != std::string::npos);
+  r = run(binary("examples/bert/bert") + " --batch-size 10 --accumulate 4");
+  CHECK(r.code != 0);
+  CHECK(r.output.find("must be divisible by 1 processes x --accumulate 4") != std::string::npos);
+  r = run(binary("examples/bert/bert") + " --config huge");
+  CHECK(r.code != 0);
+  CHECK(r.output.find("--config") != std::string::npos);
+  r = run(binary("examples/resnet/resnet") + " --checkpoint-dir " + scratch("empty") + " --resume");
+  CHECK(r.code != 0);
+  CHECK(r.output.find("resnet: error:") != std::string::npos);
+}
+
+}  // namespace
