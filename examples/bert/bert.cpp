@@ -197,29 +197,16 @@ int main(int argc, char** argv) {
     int64_t step = 0;
     const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
     if (f.resume) {
-      nn::Checkpoint c = nn::Checkpoint::load(ckpt_path);
-      if (c.extra.count("config") && c.extra.at("config") != f.config) {
-        fail("bert: the checkpoint {} holds BERT-{}, not the --config {} asked for", ckpt_path, c.extra.at("config"), f.config);
-      }
-      model->load_state_dict(c.model);
-      opt->load_state_dict(c.optimizer);
-      sched.load_state_dict(c.scheduler);
-      c.restore_rng();
-      step = c.step;
+      step = examples::load_checkpoint(ckpt_path, *model, *opt, sched,
+                                       {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}})
+                 .step;
       job.log(fmt::format("resumed from {} at step {}", ckpt_path, step));
     }
     if (!ckpt_path.empty() && job.rank == 0) std::filesystem::create_directories(f.checkpoint_dir);
     auto save = [&] {
       if (ckpt_path.empty() || job.rank != 0) return;
-      nn::Checkpoint c;
-      c.model = model->state_dict();
-      c.optimizer = opt->state_dict();
-      c.scheduler = sched.state_dict();
-      c.epoch = step / steps_per_epoch;
-      c.step = step;
-      c.capture_rng();
-      c.extra = {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}};
-      c.save(ckpt_path);
+      examples::save_checkpoint(ckpt_path, *model, *opt, sched, step / steps_per_epoch, step,
+                                {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}});
       job.log(fmt::format("saved {} at step {}", ckpt_path, step));
     };
 

@@ -1,5 +1,6 @@
 // What the example programs share: joining the job chorusrun started (or running alone), rank-0
-// logging, ETA strings and parameter counts.
+// logging, ETA strings, parameter counts, test-set accuracy summed over ranks, and checkpoints of
+// model + optimizer + scheduler + generator.
 #pragma once
 
 #include <cstdio>
@@ -7,8 +8,12 @@
 #include <memory>
 #include <string>
 
+#include "data/dataset.h"
 #include "distributed/init.h"
 #include "nn/nn.h"
+#include "nn/serialize.h"
+#include "optim/optim.h"
+#include "tensor/ops.h"
 
 namespace chorus::examples {
 
@@ -53,6 +58,66 @@ inline int64_t count_parameters(nn::Module& m) {
   int64_t n = 0;
   for (const Tensor& p : m.parameters()) n += p.numel();
   return n;
+}
+
+// Correct predictions and count over this rank's strided share (every world-th example) of the
+// first `limit` examples of `test` (0: all), summed over ranks; the model is in eval mode meanwhile.
+inline std::pair<int64_t, int64_t> classification_accuracy(nn::Module& model, const data::Dataset& test, int64_t limit,
+                                                            const Job& job) {
+  NoGradGuard no_grad;
+  model.eval();
+  int64_t correct = 0, count = 0;
+  std::vector<int64_t> indices;
+  const int64_t n = limit > 0 ? std::min(limit, test.size()) : test.size();
+  for (int64_t i = job.rank; i < n; i += job.world) indices.push_back(i);
+  for (size_t start = 0; start < indices.size(); start += 250) {
+    std::vector<int64_t> chunk(indices.begin() + start, indices.begin() + std::min(indices.size(), start + 250));
+    data::Batch b = test.get_batch(chunk);
+    correct += model.forward(b.data).argmax(1).eq(b.target).sum().item<int64_t>();
+    count += b.size();
+  }
+  model.train();
+  if (job.group) {
+    Tensor t = tensor<int64_t>({correct, count});
+    job.group->allreduce({t})->wait();
+    correct = t[0].item<int64_t>();
+    count = t[1].item<int64_t>();
+  }
+  return {correct, count};
+}
+
+// Training state, written atomically by rank 0 (every rank holds the same after a synced step).
+inline void save_checkpoint(const std::string& path, nn::Module& model, const optim::Optimizer& opt,
+                            const optim::LRScheduler& sched, int64_t epochs_done, int64_t step, nn::Metadata extra) {
+  nn::Checkpoint c;
+  c.model = model.state_dict();
+  c.optimizer = opt.state_dict();
+  c.scheduler = sched.state_dict();
+  c.epoch = epochs_done;
+  c.step = step;
+  c.capture_rng();
+  c.extra = std::move(extra);
+  c.save(path);
+}
+
+// Restores what save_checkpoint wrote (generator included) and returns it for its step and extras.
+// Each key of `expect` must have the same value in the checkpoint's extras (e.g. the model's
+// name), checked before any state is loaded, so resuming with other flags fails with a clear
+// message instead of a shape mismatch.
+inline nn::Checkpoint load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt,
+                                      optim::LRScheduler& sched, const nn::Metadata& expect = {}) {
+  nn::Checkpoint c = nn::Checkpoint::load(path);
+  for (const auto& [key, value] : expect) {
+    auto it = c.extra.find(key);
+    if (it != c.extra.end() && it->second != value) {
+      fail("the checkpoint {} was written with {} {}, not the {} asked for now", path, key, it->second, value);
+    }
+  }
+  model.load_state_dict(c.model);
+  opt.load_state_dict(c.optimizer);
+  sched.load_state_dict(c.scheduler);
+  c.restore_rng();
+  return c;
 }
 
 }  // namespace chorus::examples

@@ -17,6 +17,7 @@
 #include "data/data.h"
 #include "distributed/ddp.h"
 #include "distributed/init.h"
+#include "examples/common/example_util.h"
 #include "nn/nn.h"
 #include "nn/serialize.h"
 #include "optim/optim.h"
@@ -86,37 +87,6 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Flags& f, const std::vect
   fail("mnist: --optimizer must be sgd, adam or adamw, got '{}'", f.optimizer);
 }
 
-std::string eta_str(double seconds) {
-  const int s = static_cast<int>(seconds + 0.5);
-  return s >= 60 ? fmt::format("{}m{:02d}s", s / 60, s % 60) : fmt::format("{}s", s);
-}
-
-// Correct predictions and count over this rank's strided share of the test set (every
-// world_size-th example, no padding), summed over ranks.
-std::pair<int64_t, int64_t> evaluate(nn::Module& model, const data::Dataset& test, int rank, int world,
-                                     const std::shared_ptr<distributed::ProcessGroup>& group) {
-  NoGradGuard no_grad;
-  model.eval();
-  int64_t correct = 0, count = 0;
-  std::vector<int64_t> indices;
-  for (int64_t i = rank; i < test.size(); i += world) indices.push_back(i);
-  for (size_t start = 0; start < indices.size(); start += 500) {
-    std::vector<int64_t> chunk(indices.begin() + start, indices.begin() + std::min(indices.size(), start + 500));
-    data::Batch b = test.get_batch(chunk);
-    Tensor pred = model.forward(b.data).argmax(1);
-    correct += pred.eq(b.target).sum().item<int64_t>();
-    count += b.size();
-  }
-  model.train();
-  if (group) {
-    Tensor t = tensor<int64_t>({correct, count});
-    group->allreduce({t})->wait();
-    correct = t[0].item<int64_t>();
-    count = t[1].item<int64_t>();
-  }
-  return {correct, count};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -144,22 +114,12 @@ int main(int argc, char** argv) {
     if (f.threads > 0) set_num_threads(f.threads);
     if (f.resume && f.checkpoint_dir.empty()) fail("mnist: --resume needs --checkpoint-dir");
 
-    // Data parallel when launched with a world size (chorusrun sets WORLD_SIZE).
-    std::shared_ptr<distributed::ProcessGroup> group;
-    int rank = 0, world = 1;
-    if (const char* ws = std::getenv("WORLD_SIZE"); ws != nullptr && std::atoi(ws) > 1) {
-      group = distributed::init_process_group();
-      rank = group->rank();
-      world = group->size();
-    }
+    examples::Job job = examples::Job::join();
+    const int rank = job.rank, world = job.world;
+    const auto& group = job.group;
     if (f.batch_size % world != 0) fail("mnist: --batch-size {} must be divisible by the {} processes", f.batch_size, world);
     const int64_t local_batch = f.batch_size / world;
-    auto log = [rank](const std::string& line) {
-      if (rank == 0) {
-        std::fputs((line + "\n").c_str(), stdout);
-        std::fflush(stdout);
-      }
-    };
+    auto log = [&job](const std::string& line) { job.log(line); };
 
     const std::string root = (f.data_dir.empty() ? data::default_data_dir() : f.data_dir) + "/" + f.dataset;
     std::shared_ptr<data::Dataset> train, test;
@@ -192,11 +152,7 @@ int main(int argc, char** argv) {
     int64_t step = 0;
     const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
     if (f.resume) {
-      nn::Checkpoint c = nn::Checkpoint::load(ckpt_path);
-      net->load_state_dict(c.model);
-      opt->load_state_dict(c.optimizer);
-      sched.load_state_dict(c.scheduler);
-      c.restore_rng();
+      nn::Checkpoint c = examples::load_checkpoint(ckpt_path, *net, *opt, sched, {{"dataset", f.dataset}, {"model", f.model}});
       start_epoch = static_cast<int>(c.epoch);
       step = c.step;
       log(fmt::format("resumed from {} at epoch {}, step {}", ckpt_path, start_epoch, step));
@@ -206,11 +162,7 @@ int main(int argc, char** argv) {
     log(fmt::format("training {} on {} ({} train / {} test), {} parameters, world size {}, batch {} ({} per process), "
                     "{} threads per process",
                     f.model, f.dataset, train->size(), test->size(),
-                    [&] {
-                      int64_t n = 0;
-                      for (const Tensor& p : net->parameters()) n += p.numel();
-                      return n;
-                    }(),
+                    examples::count_parameters(*net),
                     world, f.batch_size, local_batch, get_num_threads()));
 
     double last_loss = 0, epoch_loss_sum = 0;
@@ -254,28 +206,20 @@ int main(int argc, char** argv) {
           const double left = static_cast<double>(total_steps - step) * f.batch_size / std::max(rate, 1e-9);
           log(fmt::format("epoch {}/{} step {}/{} loss {:.4f} acc {:.2f}% {:.0f} samples/s ETA {}", epoch + 1, f.epochs,
                           in_epoch, steps_per_epoch, epoch_loss_sum / epoch_loss_n, 100.0 * correct / seen, rate,
-                          eta_str(left)));
+                          examples::eta_str(left)));
         }
       }
-      auto [test_correct, test_count] = evaluate(*net, *test, rank, world, group);
+      auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, 0, job);
       log(fmt::format("epoch {} done: train loss {:.4f}, test accuracy {:.2f}% ({}/{})", epoch + 1,
                       epoch_loss_sum / std::max<int64_t>(epoch_loss_n, 1), 100.0 * test_correct / test_count,
                       test_correct, test_count));
       if (!ckpt_path.empty() && rank == 0) {
-        nn::Checkpoint c;
-        c.model = net->state_dict();
-        c.optimizer = opt->state_dict();
-        c.scheduler = sched.state_dict();
-        c.epoch = epoch + 1;
-        c.step = step;
-        c.capture_rng();
-        c.extra = {{"dataset", f.dataset}, {"model", f.model}};
-        c.save(ckpt_path);
+        examples::save_checkpoint(ckpt_path, *net, *opt, sched, epoch + 1, step, {{"dataset", f.dataset}, {"model", f.model}});
         log(fmt::format("saved {}", ckpt_path));
       }
     }
     const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
-    auto [test_correct, test_count] = evaluate(*net, *test, rank, world, group);
+    auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, 0, job);
     nlohmann::json summary = {
         {"dataset", f.dataset},
         {"model", f.model},
@@ -292,10 +236,7 @@ int main(int argc, char** argv) {
         {"threads_per_process", get_num_threads()},
     };
     log(nlohmann::json{{"summary", summary}}.dump());
-    if (group) {
-      group->barrier()->wait();  // rank 0 hosts the store: keep it up until everyone is done
-      distributed::destroy_process_group();
-    }
+    job.finish();
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mnist: error: %s\n", e.what());

@@ -98,32 +98,6 @@ void augment(Tensor& batch, int64_t shift, uint64_t seed, int rank, int64_t step
   }
 }
 
-// Correct predictions and count over this rank's strided share of the test set (every world-th
-// example), summed over ranks.
-std::pair<int64_t, int64_t> evaluate(nn::Module& model, const data::Dataset& test, int64_t limit,
-                                     const examples::Job& job) {
-  NoGradGuard no_grad;
-  model.eval();
-  int64_t correct = 0, count = 0;
-  std::vector<int64_t> indices;
-  const int64_t n = limit > 0 ? std::min(limit, test.size()) : test.size();
-  for (int64_t i = job.rank; i < n; i += job.world) indices.push_back(i);
-  for (size_t start = 0; start < indices.size(); start += 250) {
-    std::vector<int64_t> chunk(indices.begin() + start, indices.begin() + std::min(indices.size(), start + 250));
-    data::Batch b = test.get_batch(chunk);
-    correct += model.forward(b.data).argmax(1).eq(b.target).sum().item<int64_t>();
-    count += b.size();
-  }
-  model.train();
-  if (job.group) {
-    Tensor t = tensor<int64_t>({correct, count});
-    job.group->allreduce({t})->wait();
-    correct = t[0].item<int64_t>();
-    count = t[1].item<int64_t>();
-  }
-  return {correct, count};
-}
-
 std::shared_ptr<distributed::DistributedDataParallel> wrap(const std::shared_ptr<models::ResNet>& net,
                                                            examples::Job& job, const Flags& f) {
   if (!job.group) return nullptr;
@@ -193,30 +167,14 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
   int64_t step = 0;
   const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
   if (f.resume) {
-    nn::Checkpoint c = nn::Checkpoint::load(ckpt_path);
-    if (c.extra.count("arch") && c.extra.at("arch") != f.arch) {
-      fail("resnet: the checkpoint {} holds a {}, not the --arch {} asked for", ckpt_path, c.extra.at("arch"), f.arch);
-    }
-    net->load_state_dict(c.model);
-    opt.load_state_dict(c.optimizer);
-    sched.load_state_dict(c.scheduler);
-    c.restore_rng();
-    step = c.step;
+    step = examples::load_checkpoint(ckpt_path, *net, opt, sched, {{"arch", f.arch}}).step;
     job.log(fmt::format("resumed from {} at step {} (epoch {}, batch {})", ckpt_path, step, step / steps_per_epoch + 1,
                         step % steps_per_epoch));
   }
   if (!f.checkpoint_dir.empty() && job.rank == 0) std::filesystem::create_directories(f.checkpoint_dir);
   auto save = [&](int64_t epochs_done) {
     if (ckpt_path.empty() || job.rank != 0) return;
-    nn::Checkpoint c;
-    c.model = net->state_dict();
-    c.optimizer = opt.state_dict();
-    c.scheduler = sched.state_dict();
-    c.epoch = epochs_done;
-    c.step = step;
-    c.capture_rng();
-    c.extra = {{"arch", f.arch}, {"dataset", "fashion-mnist"}};
-    c.save(ckpt_path);
+    examples::save_checkpoint(ckpt_path, *net, opt, sched, epochs_done, step, {{"arch", f.arch}, {"dataset", "fashion-mnist"}});
     job.log(fmt::format("saved {} at step {}", ckpt_path, step));
   };
 
@@ -275,7 +233,7 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
       if (step == stop_step) break;
     }
     if (step - epoch * steps_per_epoch < steps_per_epoch) break;  // stopped by --max-steps
-    auto [test_correct, test_count] = evaluate(*net, *test, f.test_limit, job);
+    auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, f.test_limit, job);
     test_accuracy.push_back(static_cast<double>(test_correct) / std::max<int64_t>(test_count, 1));
     job.log(fmt::format("epoch {} done: train loss {:.4f}, test accuracy {:.2f}% ({}/{})", epoch + 1,
                         epoch_loss_sum / std::max<int64_t>(epoch_loss_n, 1), 100.0 * test_accuracy.back(), test_correct,
@@ -284,7 +242,7 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
   }
   const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
   if (test_accuracy.empty()) {  // resumed after the last step: evaluate what was loaded
-    auto [test_correct, test_count] = evaluate(*net, *test, f.test_limit, job);
+    auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, f.test_limit, job);
     test_accuracy.push_back(static_cast<double>(test_correct) / std::max<int64_t>(test_count, 1));
   }
   return {{"mode", "fashion-mnist"},
