@@ -114,7 +114,10 @@ nlohmann::json run_synthetic(const Flags& f, examples::Job& job, int64_t local_b
   auto net = make_model(f, false, 3, 1000);
   auto ddp = wrap(net, job, f);
   std::shared_ptr<nn::Module> model = ddp ? std::static_pointer_cast<nn::Module>(ddp) : net;
-  optim::SGD opt(net->parameters(), {.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay});
+  // Goyal et al.'s linear scaling (lr 0.1 per 256 images): the same random batch every step at
+  // lr 0.1 and batch 8 diverges, and a throughput run should still train sanely.
+  optim::SGD opt(net->parameters(), {.lr = f.lr * static_cast<double>(f.batch_size) / 256.0, .momentum = 0.9,
+                                     .weight_decay = f.weight_decay});
   Tensor x = randn({local_batch, 3, f.image_size, f.image_size});
   Tensor y = randint(0, 1000, {local_batch});
   job.log(fmt::format("synthetic {} at {}x{}: {} parameters, world size {}, batch {} ({} per process), {} threads per process",
