@@ -273,10 +273,7 @@ int main(int argc, char** argv) {
         loss_window += step_loss;
         ++window_n;
         step_loss = 0;
-        if (ddp && !f.trace.empty() && step == 3 && job.rank == 0) {
-          ddp->write_chrome_trace(f.trace);
-          job.log(fmt::format("wrote the Chrome trace of one iteration to {}", f.trace));
-        }
+        if (step == 3) examples::write_trace(ddp.get(), f.trace, job);
         const auto now = Clock::now();
         if (std::chrono::duration<double>(now - t_log).count() >= f.log_every_s || step == stop) {
           t_log = now;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "data/dataset.h"
+#include "distributed/ddp.h"
 #include "distributed/init.h"
 #include "nn/nn.h"
 #include "nn/serialize.h"
@@ -58,6 +59,14 @@ inline int64_t count_parameters(nn::Module& m) {
   int64_t n = 0;
   for (const Tensor& p : m.parameters()) n += p.numel();
   return n;
+}
+
+// Rank 0 writes the Chrome trace of DDP's latest iteration to `path` and says so; nothing without
+// DDP or without a path.
+inline void write_trace(const distributed::DistributedDataParallel* ddp, const std::string& path, const Job& job) {
+  if (!ddp || path.empty() || job.rank != 0) return;
+  ddp->write_chrome_trace(path);
+  job.log(fmt::format("wrote the Chrome trace of one iteration to {}", path));
 }
 
 // Correct predictions and count over this rank's strided share (every world-th example) of the

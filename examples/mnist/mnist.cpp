@@ -193,10 +193,9 @@ int main(int argc, char** argv) {
         }
         seen += b.size();
         samples += b.size() * world;
-        if (ddp && !f.trace.empty() && !traced && step >= 3 && rank == 0) {
-          ddp->write_chrome_trace(f.trace);
+        if (!traced && step >= 3) {
+          examples::write_trace(ddp.get(), f.trace, job);
           traced = true;
-          log(fmt::format("wrote the Chrome trace of one iteration to {}", f.trace));
         }
         const auto now = Clock::now();
         if (std::chrono::duration<double>(now - t_log).count() >= f.log_every_s || in_epoch == steps_per_epoch) {

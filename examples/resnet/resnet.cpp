@@ -15,7 +15,6 @@
 // CPU.
 #include <CLI/CLI.hpp>
 #include <chrono>
-#include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -136,10 +135,7 @@ nlohmann::json run_synthetic(const Flags& f, examples::Job& job, int64_t local_b
     if (i >= f.warmup) times.push_back(dt);
     job.log(fmt::format("step {}/{}{} {:.3f} s loss {:.4f}", i + 1, f.warmup + f.steps, i < f.warmup ? " (warm-up)" : "",
                         dt, loss_value));
-    if (ddp && !f.trace.empty() && i == f.warmup && job.rank == 0) {
-      ddp->write_chrome_trace(f.trace);
-      job.log(fmt::format("wrote the Chrome trace of one iteration to {}", f.trace));
-    }
+    if (i == f.warmup) examples::write_trace(ddp.get(), f.trace, job);
   }
   std::sort(times.begin(), times.end());
   const double median = times.empty() ? 0 : times[times.size() / 2];
@@ -217,10 +213,9 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
       }
       seen += b.size();
       samples += b.size() * job.world;
-      if (ddp && !f.trace.empty() && !traced && epoch_loss_n >= 3 && job.rank == 0) {
-        ddp->write_chrome_trace(f.trace);
+      if (epoch_loss_n == 3 && !traced) {  // the third step of this run (resumed or not)
+        examples::write_trace(ddp.get(), f.trace, job);
         traced = true;
-        job.log(fmt::format("wrote the Chrome trace of one iteration to {}", f.trace));
       }
       const int64_t in_epoch = step - epoch * steps_per_epoch;
       const auto now = Clock::now();
