@@ -5,21 +5,31 @@
 namespace chorus {
 
 Device Device::parse(const std::string& text) {
+  auto bad = [&]() { fail("Device: cannot parse '{}' (expected 'cpu', 'cuda', 'cuda:N', 'sim' or 'sim:N')", text); };
   if (text == "cpu") return cpu();
-  if (text == "cuda") return cuda(0);
-  if (text.rfind("cuda:", 0) == 0 && text.size() > 5) {
-    int index = 0;
-    for (size_t i = 5; i < text.size(); ++i) {
-      if (text[i] < '0' || text[i] > '9' || index > 1000000) {
-        fail("Device: cannot parse '{}' (expected 'cpu', 'cuda' or 'cuda:N')", text);
+  for (auto [prefix, type] : {std::pair<const char*, DeviceType>{"cuda", DeviceType::CUDA}, {"sim", DeviceType::Sim}}) {
+    const std::string p = prefix;
+    if (text == p) return {type, 0};
+    if (text.rfind(p + ":", 0) == 0 && text.size() > p.size() + 1) {
+      int index = 0;
+      for (size_t i = p.size() + 1; i < text.size(); ++i) {
+        if (text[i] < '0' || text[i] > '9' || index > 1000000) bad();
+        index = index * 10 + (text[i] - '0');
       }
-      index = index * 10 + (text[i] - '0');
+      return {type, index};
     }
-    return cuda(index);
   }
-  fail("Device: cannot parse '{}' (expected 'cpu', 'cuda' or 'cuda:N')", text);
+  bad();
+  return cpu();
 }
 
-std::string Device::str() const { return is_cpu() ? "cpu" : fmt::format("cuda:{}", index); }
+std::string Device::str() const {
+  switch (type) {
+    case DeviceType::CPU: return "cpu";
+    case DeviceType::CUDA: return fmt::format("cuda:{}", index);
+    case DeviceType::Sim: return fmt::format("sim:{}", index);
+  }
+  return "?";
+}
 
 }  // namespace chorus

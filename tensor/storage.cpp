@@ -97,7 +97,7 @@ class CpuAllocator final : public Allocator {
 
 struct Registry {
   std::mutex mutex;
-  Allocator* allocators[2] = {nullptr, nullptr};
+  Allocator* allocators[3] = {nullptr, nullptr, nullptr};
 };
 
 Registry& registry() {
@@ -125,7 +125,7 @@ Allocator* allocator_for(Device device) {
   if (a == nullptr) {
     fail("no allocator for device {}: this build of chorus has no {} backend (CUDA tensors need "
          "chorus built with a CUDA toolkit and a machine with a CUDA device)",
-         device.str(), device.is_cuda() ? "CUDA" : "such");
+         device.str(), device.is_cuda() ? "CUDA" : device.is_sim() ? "sim" : "such");
   }
   return a;
 }

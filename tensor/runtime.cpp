@@ -1,0 +1,254 @@
+// Stream, Event, current streams, the stream pool and guards over the registered DeviceRuntimes.
+// Written once for every device type; the backends only implement DeviceRuntime.
+#include "tensor/runtime.h"
+
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+#include "tensor/error.h"
+
+namespace chorus {
+namespace {
+
+constexpr int kTypes = 3;
+constexpr int kPoolSize = 8;  // per device and priority; streams are reused round-robin
+
+struct PerDevice {
+  std::once_flag pool_once;
+  std::array<StreamHandle, kPoolSize> pool[2]{};  // [0] normal, [1] high priority
+  std::atomic<uint32_t> next[2]{0, 0};
+};
+
+struct Registry {
+  std::mutex mutex;
+  DeviceRuntime* runtimes[kTypes] = {nullptr, nullptr, nullptr};
+  std::unordered_map<int, std::unique_ptr<PerDevice>> devices[kTypes];
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();  // leaked: streams outlive static destruction order
+  return *r;
+}
+
+std::atomic<uint64_t> g_host_syncs{0};
+
+const char* type_name(DeviceType type) {
+  switch (type) {
+    case DeviceType::CPU: return "CPU";
+    case DeviceType::CUDA: return "CUDA";
+    case DeviceType::Sim: return "sim";
+  }
+  return "?";
+}
+
+PerDevice& per_device(Device device) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto& slot = r.devices[static_cast<int>(device.type)][device.index];
+  if (!slot) slot = std::make_unique<PerDevice>();
+  return *slot;
+}
+
+// The thread's current stream per device, as handles (null: the default stream).
+struct ThreadState {
+  std::unordered_map<int, StreamHandle> current[kTypes];
+  int device[kTypes] = {0, 0, 0};
+};
+thread_local ThreadState t_state;
+
+void check_not_cpu(Device device, const char* what) {
+  if (device.is_cpu()) fail("{}: the CPU has no streams or events (got device cpu)", what);
+}
+
+}  // namespace
+
+void register_runtime(DeviceType type, DeviceRuntime* runtime) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.runtimes[static_cast<int>(type)] = runtime;
+}
+
+bool has_runtime(DeviceType type) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.runtimes[static_cast<int>(type)] != nullptr;
+}
+
+int device_count(DeviceType type) {
+  if (type == DeviceType::CPU) return 1;
+  DeviceRuntime* rt = nullptr;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    rt = r.runtimes[static_cast<int>(type)];
+  }
+  return rt ? rt->device_count() : 0;
+}
+
+DeviceRuntime& runtime_for(Device device, const char* what) {
+  check_not_cpu(device, what);
+  DeviceRuntime* rt = nullptr;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    rt = r.runtimes[static_cast<int>(device.type)];
+  }
+  if (rt == nullptr) {
+    fail("{}: no {} device: this build of chorus has no {} backend (device {} requested; CUDA needs chorus "
+         "built where a CUDA toolkit is installed)",
+         what, type_name(device.type), type_name(device.type), device.str());
+  }
+  const int count = rt->device_count();
+  if (count == 0) {
+    fail("{}: no {} device: {} (device {} requested)", what, type_name(device.type), rt->unavailable_reason(),
+         device.str());
+  }
+  if (device.index < 0 || device.index >= count) {
+    fail("{}: device {} does not exist: this machine has {} {} device(s), indices 0..{}", what, device.str(), count,
+         type_name(device.type), count - 1);
+  }
+  return *rt;
+}
+
+uint64_t host_sync_count() { return g_host_syncs.load(std::memory_order_relaxed); }
+void note_host_sync() { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
+
+// ---- Stream ------------------------------------------------------------------------------------
+
+bool Stream::query() const { return runtime_for(device_, "Stream::query").query_stream(handle_); }
+
+void Stream::synchronize() const {
+  note_host_sync();
+  runtime_for(device_, "Stream::synchronize").synchronize_stream(handle_);
+}
+
+void Stream::wait(const Event& event) const { event.block(*this); }
+
+Stream default_stream(Device device) {
+  return Stream(device, runtime_for(device, "default_stream").default_stream(device.index));
+}
+
+Stream current_stream(Device device) {
+  DeviceRuntime& rt = runtime_for(device, "current_stream");
+  auto& map = t_state.current[static_cast<int>(device.type)];
+  auto it = map.find(device.index);
+  if (it == map.end() || it->second == nullptr) return Stream(device, rt.default_stream(device.index));
+  return Stream(device, it->second);
+}
+
+void set_current_stream(const Stream& stream) {
+  runtime_for(stream.device(), "set_current_stream");
+  t_state.current[static_cast<int>(stream.device().type)][stream.device().index] = stream.handle();
+}
+
+Stream stream_from_pool(Device device, bool high_priority) {
+  DeviceRuntime& rt = runtime_for(device, "stream_from_pool");
+  PerDevice& pd = per_device(device);
+  std::call_once(pd.pool_once, [&] {
+    for (int p = 0; p < 2; ++p)
+      for (auto& s : pd.pool[p]) s = rt.create_stream(device.index, p == 1);
+  });
+  const int p = high_priority ? 1 : 0;
+  const uint32_t i = pd.next[p].fetch_add(1, std::memory_order_relaxed) % kPoolSize;
+  return Stream(device, pd.pool[p][i]);
+}
+
+void synchronize(Device device) {
+  if (device.is_cpu()) return;
+  note_host_sync();
+  runtime_for(device, "synchronize").synchronize_device(device.index);
+}
+
+int current_device_index(DeviceType type) { return t_state.device[static_cast<int>(type)]; }
+
+// ---- Event -------------------------------------------------------------------------------------
+
+struct Event::State {
+  Device device;
+  DeviceRuntime* runtime;
+  EventHandle handle;
+  ~State() { runtime->destroy_event(handle); }
+};
+
+void Event::record(const Stream& stream) {
+  DeviceRuntime& rt = runtime_for(stream.device(), "Event::record");
+  if (state_ && state_->device != stream.device()) {
+    fail("Event::record: the event belongs to {} but the stream to {}", state_->device.str(), stream.device().str());
+  }
+  if (!state_) {
+    state_ = std::make_shared<State>(State{stream.device(), &rt, rt.create_event(stream.device().index, enable_timing_)});
+  }
+  rt.record_event(state_->handle, stream.handle());
+}
+
+void Event::record() {
+  if (!state_) fail("Event::record(): an event never recorded has no device; call record(stream) first");
+  record(current_stream(state_->device));
+}
+
+void Event::block(const Stream& stream) const {
+  if (!state_) return;
+  if (state_->device.type != stream.device().type) {
+    fail("Event::block: event of {} cannot order a stream of {}", state_->device.str(), stream.device().str());
+  }
+  runtime_for(stream.device(), "Stream::wait").stream_wait_event(stream.handle(), state_->handle);
+}
+
+bool Event::query() const { return !state_ || state_->runtime->query_event(state_->handle); }
+
+void Event::synchronize() const {
+  if (!state_) return;
+  note_host_sync();
+  state_->runtime->synchronize_event(state_->handle);
+}
+
+double Event::elapsed_time(const Event& end) const {
+  if (!enable_timing_ || !end.enable_timing_) {
+    fail("Event::elapsed_time: both events need Event(/*enable_timing=*/true)");
+  }
+  if (!state_ || !end.state_) fail("Event::elapsed_time: both events must have been recorded");
+  if (!query() || !end.query()) fail("Event::elapsed_time: both events must have completed (synchronize first)");
+  return state_->runtime->elapsed_ms(state_->handle, end.state_->handle);
+}
+
+Device Event::device() const {
+  if (!state_) fail("Event::device: the event was never recorded");
+  return state_->device;
+}
+
+EventHandle Event::handle() const { return state_ ? state_->handle : nullptr; }
+
+// ---- Guards ------------------------------------------------------------------------------------
+
+StreamGuard::StreamGuard(const Stream& stream)
+    : previous_(current_stream(stream.device())),
+      previous_device_(current_device_index(stream.device().type)) {
+  t_state.device[static_cast<int>(stream.device().type)] = stream.device().index;
+  runtime_for(stream.device(), "StreamGuard").set_device(stream.device().index);
+  set_current_stream(stream);
+}
+
+StreamGuard::~StreamGuard() {
+  t_state.current[static_cast<int>(previous_.device().type)][previous_.device().index] = previous_.handle();
+  t_state.device[static_cast<int>(previous_.device().type)] = previous_device_;
+  if (DeviceRuntime* rt = registry().runtimes[static_cast<int>(previous_.device().type)]) {
+    rt->set_device(previous_device_);
+  }
+}
+
+DeviceGuard::DeviceGuard(Device device) : type_(device.type) {
+  if (device.is_cpu()) return;
+  runtime_for(device, "DeviceGuard").set_device(device.index);
+  previous_ = t_state.device[static_cast<int>(type_)];
+  t_state.device[static_cast<int>(type_)] = device.index;
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ < 0) return;
+  t_state.device[static_cast<int>(type_)] = previous_;
+  if (DeviceRuntime* rt = registry().runtimes[static_cast<int>(type_)]) rt->set_device(previous_);
+}
+
+}  // namespace chorus

@@ -1,0 +1,375 @@
+// The sim DeviceRuntime: memory (PROT_NONE segments with a per-segment access count), streams
+// (worker threads with ordered queues), events (generation counters). See sim.h for the model.
+#include "tensor/sim/sim.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "tensor/error.h"
+#include "tensor/runtime.h"
+
+namespace chorus::sim {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::atomic<uint32_t> g_delay_us{0};
+std::atomic<uint64_t> g_tasks{0};
+
+uint32_t env_u32(const char* name, uint32_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  unsigned long x = std::strtoul(v, &end, 10);
+  if (*end != '\0') fail("{}={}: expected a non-negative integer", name, v);
+  return static_cast<uint32_t>(x);
+}
+
+// ---- Memory ------------------------------------------------------------------------------------
+
+struct Segment {
+  size_t bytes = 0;
+  int device = 0;
+  int active = 0;  // tasks running that use this segment
+};
+
+class Memory {
+ public:
+  Memory() : protect_(env_u32("CHORUS_SIM_PROTECT", 1) != 0) {}
+
+  void* allocate(int device, size_t nbytes, size_t capacity) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    const size_t bytes = std::max<size_t>(page, (nbytes + page - 1) / page * page);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (in_use_[device] + bytes > capacity) return nullptr;
+    void* p = ::mmap(nullptr, bytes, protect_ ? PROT_NONE : PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                     -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    segments_[reinterpret_cast<uintptr_t>(p)] = Segment{bytes, device, 0};
+    in_use_[device] += bytes;
+    return p;
+  }
+
+  void release(int device, void* ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = segments_.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == segments_.end() || it->second.device != device) {
+      fail("sim: free of {} which is not a segment of sim:{}", ptr, device);
+    }
+    ::munmap(ptr, it->second.bytes);
+    in_use_[device] -= it->second.bytes;
+    segments_.erase(it);
+  }
+
+  size_t in_use(int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return in_use_[device];
+  }
+
+  // Opens (delta +1) or closes (-1) the segments holding `buffers` for a task. Pointers outside
+  // every segment (host memory) are ignored.
+  void access(const std::vector<const void*>& buffers, int delta) {
+    if (!protect_ || buffers.empty()) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const void* b : buffers) {
+      const auto addr = reinterpret_cast<uintptr_t>(b);
+      auto it = segments_.upper_bound(addr);
+      if (it == segments_.begin()) continue;
+      --it;
+      if (addr >= it->first + it->second.bytes) continue;
+      Segment& s = it->second;
+      const int before = s.active;
+      s.active += delta;
+      if (before == 0 && s.active == 1) {
+        ::mprotect(reinterpret_cast<void*>(it->first), s.bytes, PROT_READ | PROT_WRITE);
+      } else if (before == 1 && s.active == 0) {
+        ::mprotect(reinterpret_cast<void*>(it->first), s.bytes, PROT_NONE);
+      }
+    }
+  }
+
+  bool protect() const { return protect_; }
+
+ private:
+  const bool protect_;
+  std::mutex mutex_;
+  std::map<uintptr_t, Segment> segments_;
+  std::map<int, size_t> in_use_;
+};
+
+// ---- Events ------------------------------------------------------------------------------------
+
+struct SimEvent {
+  int device = 0;
+  bool timing = false;
+  std::mutex mutex;
+  std::condition_variable cv;
+  uint64_t recorded = 0;   // generation of the last record() call
+  uint64_t completed = 0;  // highest generation its stream has reached
+  Clock::time_point when;  // when `completed` was reached
+
+  void complete(uint64_t generation) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (generation > completed) {
+        completed = generation;
+        when = Clock::now();
+      }
+    }
+    cv.notify_all();
+  }
+  void wait_for(uint64_t generation) {
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [&] { return completed >= generation; });
+  }
+};
+
+// ---- Streams -----------------------------------------------------------------------------------
+
+struct Task {
+  std::function<void()> fn;
+  std::vector<const void*> buffers;
+  bool is_wait = false;  // a stream-waits-event task (runs no user code, takes no delay)
+};
+
+class SimStream {
+ public:
+  SimStream(int device, Memory* memory) : device_(device), memory_(memory), worker_([this] { run(); }) {
+    worker_.detach();  // streams live as long as the process, as CUDA's
+  }
+
+  int device() const { return device_; }
+
+  void submit(Task task) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(std::move(task));
+      ++submitted_;
+    }
+    cv_.notify_all();
+  }
+
+  bool idle() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_ == submitted_;
+  }
+
+  void synchronize() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const uint64_t target = submitted_;
+    done_cv_.wait(lock, [&] { return done_ >= target; });
+  }
+
+ private:
+  void run() {
+    std::minstd_rand rng(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(this) >> 4));
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return !queue_.empty(); });
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      const uint32_t delay = g_delay_us.load(std::memory_order_relaxed);
+      if (delay > 0 && !task.is_wait) {
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % (delay + 1)));
+      }
+      memory_->access(task.buffers, +1);
+      task.fn();  // kernels never throw on the stream (the op layer checked their arguments)
+      memory_->access(task.buffers, -1);
+      g_tasks.fetch_add(1, std::memory_order_relaxed);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++done_;
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  const int device_;
+  Memory* memory_;
+  std::mutex mutex_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<Task> queue_;
+  uint64_t submitted_ = 0, done_ = 0;
+  std::thread worker_;
+};
+
+// ---- The runtime -------------------------------------------------------------------------------
+
+class SimRuntime final : public DeviceRuntime {
+ public:
+  SimRuntime() : count_(static_cast<int>(env_u32("CHORUS_SIM_DEVICES", 2))) {
+    g_delay_us.store(env_u32("CHORUS_SIM_DELAY_US", 0));
+    capacity_.assign(count_, size_t(16) << 30);
+    default_streams_.resize(count_, nullptr);
+  }
+
+  DeviceType type() const override { return DeviceType::Sim; }
+  int device_count() override { return count_; }
+  void set_device(int) override {}
+
+  void* malloc(int device, size_t nbytes) override {
+    size_t cap;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      cap = capacity_[device];
+    }
+    return memory_.allocate(device, nbytes, cap);
+  }
+  void free(int device, void* ptr) override { memory_.release(device, ptr); }
+  size_t total_memory(int device) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return capacity_[device];
+  }
+  void* host_malloc(size_t nbytes) override {
+    void* p = std::aligned_alloc(64, std::max<size_t>(64, (nbytes + 63) / 64 * 64));
+    if (p == nullptr) fail("sim: out of host memory allocating {} pinned bytes", nbytes);
+    return p;
+  }
+  void host_free(void* ptr) override { std::free(ptr); }
+
+  StreamHandle create_stream(int device, bool /*high_priority*/) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    streams_.push_back(std::make_unique<SimStream>(device, &memory_));
+    return streams_.back().get();
+  }
+  StreamHandle default_stream(int device) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (default_streams_[device] == nullptr) {
+      streams_.push_back(std::make_unique<SimStream>(device, &memory_));
+      default_streams_[device] = streams_.back().get();
+    }
+    return default_streams_[device];
+  }
+  bool query_stream(StreamHandle s) override { return as_stream(s)->idle(); }
+  void synchronize_stream(StreamHandle s) override { as_stream(s)->synchronize(); }
+  void synchronize_device(int device) override {
+    std::vector<SimStream*> all;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& s : streams_)
+        if (s->device() == device) all.push_back(s.get());
+    }
+    for (SimStream* s : all) s->synchronize();
+  }
+
+  void memcpy_async(void* dst, const void* src, size_t nbytes, CopyKind, StreamHandle s) override {
+    if (nbytes == 0) return;
+    as_stream(s)->submit(Task{[=] { std::memcpy(dst, src, nbytes); }, {dst, src}});
+  }
+
+  void launch_host_task(StreamHandle s, std::function<void()> fn, std::vector<const void*> buffers) override {
+    as_stream(s)->submit(Task{std::move(fn), std::move(buffers)});
+  }
+
+  // An EventHandle is a heap-held shared_ptr: tasks that record or wait take their own reference,
+  // so dropping an Event with work pending neither blocks the host nor frees what a stream uses.
+  EventHandle create_event(int device, bool enable_timing) override {
+    auto ev = std::make_shared<SimEvent>();
+    ev->device = device;
+    ev->timing = enable_timing;
+    return new std::shared_ptr<SimEvent>(std::move(ev));
+  }
+  void destroy_event(EventHandle e) override { delete static_cast<std::shared_ptr<SimEvent>*>(e); }
+  void record_event(EventHandle e, StreamHandle s) override {
+    std::shared_ptr<SimEvent> ev = shared_event(e);
+    uint64_t generation;
+    {
+      std::lock_guard<std::mutex> lock(ev->mutex);
+      generation = ++ev->recorded;
+    }
+    as_stream(s)->submit(Task{[ev, generation] { ev->complete(generation); }, {}, true});
+  }
+  void stream_wait_event(StreamHandle s, EventHandle e) override {
+    std::shared_ptr<SimEvent> ev = shared_event(e);
+    uint64_t generation;
+    {
+      std::lock_guard<std::mutex> lock(ev->mutex);
+      generation = ev->recorded;  // captured now: a later record() does not move this wait
+    }
+    if (generation == 0) return;
+    as_stream(s)->submit(Task{[ev, generation] { ev->wait_for(generation); }, {}, true});
+  }
+  bool query_event(EventHandle e) override {
+    auto* ev = as_event(e);
+    std::lock_guard<std::mutex> lock(ev->mutex);
+    return ev->completed >= ev->recorded;
+  }
+  void synchronize_event(EventHandle e) override {
+    auto* ev = as_event(e);
+    uint64_t target;
+    {
+      std::lock_guard<std::mutex> lock(ev->mutex);
+      target = ev->recorded;
+    }
+    ev->wait_for(target);
+  }
+  double elapsed_ms(EventHandle start, EventHandle end) override {
+    auto* a = as_event(start);
+    auto* b = as_event(end);
+    std::scoped_lock lock(a->mutex, b->mutex);
+    return std::chrono::duration<double, std::milli>(b->when - a->when).count();
+  }
+
+  void set_capacity(int device, size_t bytes) {
+    check_device(device, "set_memory_capacity");
+    std::lock_guard<std::mutex> lock(mutex_);
+    capacity_[device] = bytes;
+  }
+  size_t in_use(int device) {
+    check_device(device, "memory_in_use");
+    return memory_.in_use(device);
+  }
+  bool protect() const { return memory_.protect(); }
+
+ private:
+  static SimStream* as_stream(StreamHandle s) { return static_cast<SimStream*>(s); }
+  static SimEvent* as_event(EventHandle e) { return static_cast<std::shared_ptr<SimEvent>*>(e)->get(); }
+  static std::shared_ptr<SimEvent> shared_event(EventHandle e) { return *static_cast<std::shared_ptr<SimEvent>*>(e); }
+  void check_device(int device, const char* what) {
+    if (device < 0 || device >= count_) fail("sim::{}: no device sim:{} (there are {})", what, device, count_);
+  }
+
+  const int count_;
+  std::mutex mutex_;
+  std::vector<size_t> capacity_;
+  Memory memory_;
+  std::vector<std::unique_ptr<SimStream>> streams_;
+  std::vector<SimStream*> default_streams_;
+};
+
+SimRuntime& runtime() {
+  static SimRuntime* rt = new SimRuntime();  // leaked: worker threads run until the process exits
+  return *rt;
+}
+
+// Registers at static-initialization time, as every backend does.
+const bool g_registered = [] {
+  register_runtime(DeviceType::Sim, &runtime());
+  return true;
+}();
+
+}  // namespace
+
+void set_delay_us(uint32_t max_delay_us) { g_delay_us.store(max_delay_us); }
+uint32_t delay_us() { return g_delay_us.load(); }
+void set_memory_capacity(int device, size_t bytes) { runtime().set_capacity(device, bytes); }
+size_t memory_in_use(int device) { return runtime().in_use(device); }
+bool protection_enabled() { return runtime().protect(); }
+uint64_t tasks_run() { return g_tasks.load(); }
+
+}  // namespace chorus::sim

@@ -1,0 +1,34 @@
+// The simulated device ("sim"): a CUDA-like device run on the CPU, so that everything chorus builds
+// over the device runtime — streams, events, the caching allocator, the communication stream, DDP
+// on a device — runs in CI without a GPU (as PyTorch's OpenReg test backend does).
+//
+// - Each stream is a worker thread running its queue in order; streams run concurrently.
+// - Device memory is host memory mapped PROT_NONE: a host read or write of it crashes, as on a GPU.
+//   A task names the device buffers it uses; their segments are readable and writable while any
+//   task using them runs (a per-segment count; mprotect is process-wide, so this is a guard against
+//   host access, not a per-thread fence). CHORUS_SIM_PROTECT=0 turns the guard off for speed.
+// - An event carries a generation counter: record() bumps it and the stream marks it complete when
+//   it gets there; stream.wait(event) captures the generation at the call (cudaStreamWaitEvent's
+//   documented semantics: a later record does not affect an earlier wait).
+// - Delay injection: CHORUS_SIM_DELAY_US=N (or set_delay_us) sleeps a random 0..N us before every
+//   task, so a missing synchronization shows up as a wrong result in tests.
+// - CHORUS_SIM_DEVICES (default 2) devices, each with a settable capacity (default 16 GiB).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace chorus::sim {
+
+// Maximum random delay before each task, in microseconds (0: none).
+void set_delay_us(uint32_t max_delay_us);
+uint32_t delay_us();
+// Memory the device may hand out in total (raw segments); allocation beyond it fails as OOM.
+void set_memory_capacity(int device, size_t bytes);
+size_t memory_in_use(int device);
+// Whether device memory is PROT_NONE outside tasks (the default; CHORUS_SIM_PROTECT=0 turns it off).
+bool protection_enabled();
+// Number of tasks run so far on all sim streams (tests use it to see work went to the device).
+uint64_t tasks_run();
+
+}  // namespace chorus::sim
