@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "autograd/grad_mode.h"
-#include "kernels/cpu/kernels.h"
 #include "tensor/ops.h"
 
 namespace chorus::nn::init {
@@ -45,8 +44,8 @@ double calculate_gain(const std::string& nonlinearity, double param) {
 Tensor& uniform_(Tensor& t, double low, double high, Generator* gen) {
   check_floating(t, "uniform_");
   Generator& g = gen ? *gen : default_generator();
-  Tensor v = make_tensor(t.sizes(), kFloat64, kCPU);
-  kernels::cpu::uniform(v, low, high, g);
+  // low + (high - low) * u in float64, the arithmetic of a uniform fill, drawn on t's device.
+  Tensor v = rand(t.sizes(), {.dtype = kFloat64, .device = t.device()}, &g).mul(high - low).add(low);
   assign(t, v);
   return t;
 }
@@ -55,8 +54,7 @@ Tensor& normal_(Tensor& t, double mean, double std, Generator* gen) {
   check_floating(t, "normal_");
   if (std < 0) fail("init::normal_: std must be non-negative, got {}", std);
   Generator& g = gen ? *gen : default_generator();
-  Tensor v = make_tensor(t.sizes(), kFloat64, kCPU);
-  kernels::cpu::normal(v, mean, std, g);
+  Tensor v = randn(t.sizes(), {.dtype = kFloat64, .device = t.device()}, &g).mul(std).add(mean);
   assign(t, v);
   return t;
 }
@@ -69,8 +67,7 @@ Tensor& trunc_normal_(Tensor& t, double mean, double std, double a, double b, Ge
   // the normal quantile. Exact and without rejection loops.
   auto cdf = [](double x) { return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))); };
   const double lo = cdf((a - mean) / std), hi = cdf((b - mean) / std);
-  Tensor u = make_tensor(t.sizes(), kFloat64, kCPU);
-  kernels::cpu::uniform(u, 2 * lo - 1, 2 * hi - 1, g);
+  Tensor u = rand(t.sizes(), {.dtype = kFloat64}, &g).mul((2 * hi - 1) - (2 * lo - 1)).add(2 * lo - 1);
   double* p = u.data_ptr<double>();
   for (int64_t i = 0; i < u.numel(); ++i) {
     // erfinv via Newton steps on erf (a few iterations suffice in double).

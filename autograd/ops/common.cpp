@@ -12,9 +12,18 @@ void check_same_device(const Tensor& a, const Tensor& b, const char* op) {
   }
 }
 
-void check_cpu(const Tensor& t, const char* op) {
-  if (!t.device().is_cpu()) {
-    fail("{}: got a tensor on {}, but this op has no kernel for that device yet", op, t.device().str());
+void check_kernels(const Tensor& t, const char* op) {
+  if (!t.device().is_cpu()) kernels::kernel_table(t.device(), op);  // throws "no CUDA device ..." if none
+}
+
+void random_fill(kernels::RandomKind kind, const Tensor& t, double a, double b, Generator& gen) {
+  const uint64_t first = gen.reserve_blocks(kernels::philox_blocks(kind, t.dtype(), t.numel()));
+  switch (kind) {
+    case kernels::RandomKind::Uniform: kernels::uniform_at(t, a, b, gen.seed(), first); break;
+    case kernels::RandomKind::Normal: kernels::normal_at(t, a, b, gen.seed(), first); break;
+    case kernels::RandomKind::Int:
+      kernels::random_int_at(t, static_cast<int64_t>(a), static_cast<int64_t>(b), gen.seed(), first);
+      break;
   }
 }
 
@@ -49,9 +58,9 @@ DType result_type(const Tensor& a, const Scalar& b) {
 Tensor cast(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : to_dtype(t, dtype); }
 
 Tensor scalar_to_tensor(const Scalar& value, DType dtype, Device device) {
-  Tensor t = make_tensor({}, dtype, Device::cpu());
-  cpu::fill(t, value);
-  return device.is_cpu() ? t : to_device(t, device);
+  Tensor t = make_tensor({}, dtype, device);
+  kernels::fill(t, value);  // on the device: a scalar never goes through a host temporary
+  return t;
 }
 
 Tensor new_output(const Shape& shape, DType dtype, Device device) { return make_tensor(shape, dtype, device); }

@@ -7,20 +7,26 @@
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
-#include "kernels/cpu/kernels.h"
+#include "kernels/dispatch.h"
 #include "tensor/ops.h"
 
 namespace chorus::ops {
 
-namespace cpu = ::chorus::kernels::cpu;
+using kernels::BinaryOp;
+using kernels::ReduceOp;
+using kernels::UnaryOp;
 using autograd::SavedTensor;
 
 // Throws naming `op` when t is undefined.
 void check_defined(const Tensor& t, const char* op, const char* arg);
 // Throws naming `op` and both devices when they differ.
 void check_same_device(const Tensor& a, const Tensor& b, const char* op);
-// CPU only until the CUDA backend lands: a CUDA tensor gets a clear error naming the op.
-void check_cpu(const Tensor& t, const char* op);
+// Throws naming `op` when t's device has no kernels in this build ("no CUDA device ...").
+void check_kernels(const Tensor& t, const char* op);
+
+// Fills `t` (any device) with random numbers from `gen`: the Philox blocks are reserved on the host
+// here, so the kernel may run later on a stream and still give the numbers the CPU would.
+void random_fill(kernels::RandomKind kind, const Tensor& t, double a, double b, Generator& gen);
 
 // Result dtype of a binary op between two tensors, as in PyTorch: a 0-d tensor decides only when
 // its category (bool < integer < float) is higher (int64 tensor + 0-d float64 -> float64;

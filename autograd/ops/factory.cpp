@@ -13,10 +13,10 @@ Tensor finish(Tensor t, const TensorOptions& options) {
   return t;
 }
 
-Tensor cpu_then_move(const Shape& shape, const TensorOptions& options, const std::function<void(const Tensor&)>& fill_fn) {
-  Tensor t = make_tensor(shape, options.dtype, kCPU);
+// Allocates on the requested device and fills there (kernels run on the device's current stream).
+Tensor filled(const Shape& shape, const TensorOptions& options, const std::function<void(const Tensor&)>& fill_fn) {
+  Tensor t = make_tensor(shape, options.dtype, options.device);
   fill_fn(t);
-  if (!options.device.is_cpu()) t = to_device(t, options.device);
   return finish(t, options);
 }
 
@@ -27,7 +27,7 @@ Tensor empty(const Shape& shape, const TensorOptions& options) {
 }
 
 Tensor full(const Shape& shape, const Scalar& value, const TensorOptions& options) {
-  return cpu_then_move(shape, options, [&](const Tensor& t) { cpu::fill(t, value); });
+  return filled(shape, options, [&](const Tensor& t) { kernels::fill(t, value); });
 }
 Tensor zeros(const Shape& shape, const TensorOptions& options) { return full(shape, 0, options); }
 Tensor ones(const Shape& shape, const TensorOptions& options) { return full(shape, 1, options); }
@@ -54,46 +54,46 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, std::o
     opts.dtype = start.is_integral() && end.is_integral() && step.is_integral() ? kInt64 : kFloat32;
   }
   const int64_t n = static_cast<int64_t>(std::ceil((e - s) / st));
-  return cpu_then_move({n}, opts, [&](const Tensor& t) { cpu::arange(t, s, st); });
+  return filled({n}, opts, [&](const Tensor& t) { kernels::arange(t, s, st); });
 }
 
 Tensor linspace(double start, double end, int64_t steps, const TensorOptions& options) {
   if (steps < 0) fail("linspace: number of steps must be non-negative, got {}", steps);
   const double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0.0;
-  return cpu_then_move({steps}, options, [&](const Tensor& t) {
-    cpu::arange(t, start, step);
+  return filled({steps}, options, [&](const Tensor& t) {
+    kernels::arange(t, start, step);
     // The last value is exactly `end`, as in PyTorch (no accumulated rounding).
-    if (steps > 1) cpu::fill(narrow(t, 0, steps - 1, 1), end);
+    if (steps > 1) kernels::fill(narrow(t, 0, steps - 1, 1), end);
   });
 }
 
 Tensor eye(int64_t n, std::optional<int64_t> m, const TensorOptions& options) {
   const int64_t cols = m.value_or(n);
   if (n < 0 || cols < 0) fail("eye: sizes must be non-negative, got n={} m={}", n, cols);
-  return cpu_then_move({n, cols}, options, [&](const Tensor& t) {
-    cpu::fill(t, 0);
+  return filled({n, cols}, options, [&](const Tensor& t) {
+    kernels::fill(t, 0);
     const int64_t d = std::min(n, cols);
-    if (d > 0) cpu::fill(as_strided(t, {d}, {cols + 1}, 0), 1);
+    if (d > 0) kernels::fill(as_strided(t, {d}, {cols + 1}, 0), 1);
   });
 }
 
 Tensor rand(const Shape& shape, const TensorOptions& options, Generator* generator) {
   if (!is_floating(options.dtype)) fail("rand: expected a floating-point dtype, got {}", dtype_name(options.dtype));
   Generator& gen = generator ? *generator : default_generator();
-  return cpu_then_move(shape, options, [&](const Tensor& t) { cpu::uniform(t, 0.0, 1.0, gen); });
+  return filled(shape, options, [&](const Tensor& t) { random_fill(kernels::RandomKind::Uniform, t, 0.0, 1.0, gen); });
 }
 
 Tensor randn(const Shape& shape, const TensorOptions& options, Generator* generator) {
   if (!is_floating(options.dtype)) fail("randn: expected a floating-point dtype, got {}", dtype_name(options.dtype));
   Generator& gen = generator ? *generator : default_generator();
-  return cpu_then_move(shape, options, [&](const Tensor& t) { cpu::normal(t, 0.0, 1.0, gen); });
+  return filled(shape, options, [&](const Tensor& t) { random_fill(kernels::RandomKind::Normal, t, 0.0, 1.0, gen); });
 }
 
 Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOptions& options, Generator* generator) {
   if (high <= low) fail("randint: expected low < high, got low={} high={}", low, high);
   if (options.dtype == kBool) fail("randint: bool is not a valid dtype for randint");
   Generator& gen = generator ? *generator : default_generator();
-  return cpu_then_move(shape, options, [&](const Tensor& t) { cpu::random_int(t, low, high, gen); });
+  return filled(shape, options, [&](const Tensor& t) { random_fill(kernels::RandomKind::Int, t, static_cast<double>(low), static_cast<double>(high), gen); });
 }
 
 Tensor rand_like(const Tensor& t, Generator* generator) { return rand(t.sizes(), t.options(), generator); }
@@ -109,7 +109,7 @@ Tensor tensor(const std::vector<T>& values, std::optional<Shape> shape, const Te
   std::vector<T> copy_of = values;
   Tensor src = from_blob(copy_of.data(), s, {.dtype = dtype_of<T>::value});
   Tensor out = make_tensor(s, options.dtype, kCPU);
-  cpu::copy(out, src);
+  kernels::copy(out, src);
   if (!options.device.is_cpu()) out = to_device(out, options.device);
   return finish(out, options);
 }
@@ -128,7 +128,7 @@ Tensor tensor<bool>(const std::vector<bool>& values, std::optional<Shape> shape,
   std::vector<uint8_t> bytes(values.begin(), values.end());
   Tensor t = tensor<uint8_t>(bytes, shape, {.dtype = kUInt8});
   Tensor out = make_tensor(t.sizes(), options.dtype, kCPU);
-  cpu::copy(out, t);
+  kernels::copy(out, t);
   if (!options.device.is_cpu()) out = to_device(out, options.device);
   return finish(out, options);
 }

@@ -91,7 +91,7 @@ Tensor cat(const TensorList& tensors, int64_t dim) {
   int64_t offset = 0;
   for (const Tensor& t : tensors) {
     Tensor target = alias_without_history(out);
-    cpu::copy(narrow(target, d, offset, t.size(d)), t);
+    kernels::copy(narrow(target, d, offset, t.size(d)), t);
     sizes.push_back(t.size(d));
     offset += t.size(d);
   }
@@ -172,7 +172,7 @@ TensorList chunk(const Tensor& t, int64_t chunks, int64_t dim) {
 
 Tensor index_select(const Tensor& t, int64_t dim, const Tensor& index) {
   check_defined(t, "index_select", "input");
-  check_cpu(t, "index_select");
+  check_kernels(t, "index_select");
   Tensor idx = index_as_int64(index, "index_select");
   if (idx.dim() > 1) fail("index_select: index must be 0-D or 1-D, got shape {}", shape_str(index.sizes()));
   Tensor x = t.dim() == 0 ? reshape(alias_without_history(t), {1}) : alias_without_history(t);
@@ -181,14 +181,14 @@ Tensor index_select(const Tensor& t, int64_t dim, const Tensor& index) {
   Shape shape = x.sizes();
   shape[d] = idx.numel();
   Tensor out = new_output(shape, t.dtype(), t.device());
-  cpu::index_select(out, x, d, idx);
+  kernels::index_select(out, x, d, idx);
   if (t.dim() == 0) out = reshaped_result(out, index.dim() == 0 ? Shape{} : Shape{idx.numel()});
   if (autograd::any_requires_grad({&t})) {
     const Shape in_shape = x.sizes();
     const Shape orig_shape = t.sizes();
     autograd::record("IndexSelectBackward", {t}, {out}, [in_shape, orig_shape, d, idx](const TensorList& g) -> TensorList {
       Tensor gi = zeros(in_shape, g[0].options());
-      cpu::index_add(gi, d, idx, g[0].reshape([&] { Shape s = in_shape; s[d] = idx.numel(); return s; }()));
+      kernels::index_add(gi, d, idx, g[0].reshape([&] { Shape s = in_shape; s[d] = idx.numel(); return s; }()));
       return {gi.reshape(orig_shape)};
     });
   }
@@ -197,20 +197,20 @@ Tensor index_select(const Tensor& t, int64_t dim, const Tensor& index) {
 
 Tensor gather(const Tensor& t, int64_t dim, const Tensor& index) {
   check_defined(t, "gather", "input");
-  check_cpu(t, "gather");
+  check_kernels(t, "gather");
   Tensor idx = index_as_int64(index, "gather");
   const int64_t d = wrap_dim("gather", dim, t.dim());
   check_gather_shapes("gather", t, d, idx, nullptr);
   check_index_range(idx, t.dim() == 0 ? 1 : t.size(d), "gather", d);
   Tensor out = new_output(idx.sizes(), t.dtype(), t.device());
-  if (out.numel() > 0) cpu::gather(out, alias_without_history(t), d, idx);
+  if (out.numel() > 0) kernels::gather(out, alias_without_history(t), d, idx);
   if (autograd::any_requires_grad({&t})) {
     const Shape in_shape = t.sizes();
     // Saved with its version: idx may share the caller's index tensor, which they could modify.
     SavedTensor sidx(idx);
     autograd::record("GatherBackward", {t}, {out}, [in_shape, d, sidx](const TensorList& g) -> TensorList {
       Tensor gi = zeros(in_shape, g[0].options());
-      cpu::scatter(gi, d, sidx.unpack("gather"), g[0].contiguous(), true);
+      kernels::scatter(gi, d, sidx.unpack("gather"), g[0].contiguous(), true);
       return {gi};
     });
   }
@@ -221,7 +221,7 @@ namespace {
 Tensor scatter_impl(const char* name, const Tensor& t, int64_t dim, const Tensor& index, const Tensor& src,
                     bool accumulate, bool src_is_scalar) {
   check_defined(t, name, "input");
-  check_cpu(t, name);
+  check_kernels(t, name);
   Tensor idx = index_as_int64(index, name);
   const int64_t d = wrap_dim(name, dim, t.dim());
   check_gather_shapes(name, t, d, idx, src_is_scalar ? nullptr : &src);
@@ -232,7 +232,7 @@ Tensor scatter_impl(const char* name, const Tensor& t, int64_t dim, const Tensor
   }
   Tensor out = clone(alias_without_history(t));
   Tensor s = src_is_scalar ? expand(src, idx.sizes()) : alias_without_history(src);
-  if (idx.numel() > 0) cpu::scatter(out, d, idx, s, accumulate);
+  if (idx.numel() > 0) kernels::scatter(out, d, idx, s, accumulate);
   const bool need_src = !src_is_scalar && src.requires_grad();
   if (autograd::any_requires_grad({&t}) || (need_src && autograd::GradMode::is_enabled())) {
     TensorList inputs{t};
@@ -247,7 +247,7 @@ Tensor scatter_impl(const char* name, const Tensor& t, int64_t dim, const Tensor
                        if (!accumulate) {  // overwritten positions got no gradient from self
                          gt = g[0].clone();
                          Tensor z = zeros(idx.sizes(), g[0].options());
-                         cpu::scatter(gt, d, idx, z, false);
+                         kernels::scatter(gt, d, idx, z, false);
                        }
                        TensorList r{gt};
                        if (need_src) {
@@ -258,7 +258,7 @@ Tensor scatter_impl(const char* name, const Tensor& t, int64_t dim, const Tensor
                            Tensor padded = zeros(src_shape, gs.options());
                            Tensor block = padded;
                            for (int64_t k = 0; k < gs.dim(); ++k) block = narrow(block, k, 0, gs.size(k));
-                           cpu::copy(block, gs);
+                           kernels::copy(block, gs);
                            gs = padded;
                          }
                          r.push_back(gs);
@@ -303,7 +303,7 @@ Tensor& masked_fill_(Tensor& t, const Tensor& mask, const Scalar& value) {
     autograd::NoGradGuard guard;
     result = masked_fill(t, mask, value);
   }
-  cpu::copy(t, result);
+  kernels::copy(t, result);
   t.bump_version();
   if (record) {
     SavedTensor m(mask);  // with its version: the caller may modify the mask afterwards
@@ -358,7 +358,7 @@ Tensor one_hot(const Tensor& labels, int64_t num_classes) {
   shape.push_back(num_classes);
   Tensor out = zeros(shape, {.dtype = kInt64});
   Tensor ones_src = ones(idx.sizes(), {.dtype = kInt64}).unsqueeze(-1);
-  cpu::scatter(out, out.dim() - 1, idx.unsqueeze(-1), ones_src, false);
+  kernels::scatter(out, out.dim() - 1, idx.unsqueeze(-1), ones_src, false);
   return out;
 }
 

@@ -11,7 +11,7 @@ void check_matmul_args(const char* name, const Tensor& a, const Tensor& b) {
   check_defined(a, name, "input");
   check_defined(b, name, "mat2");
   check_same_device(a, b, name);
-  check_cpu(a, name);
+  check_kernels(a, name);
   if (a.dtype() != b.dtype()) {
     fail("{}: expected both operands to have the same dtype, got {} (shape {}) and {} (shape {})", name,
          dtype_name(a.dtype()), shape_str(a.sizes()), dtype_name(b.dtype()), shape_str(b.sizes()));
@@ -48,7 +48,7 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   }
   const DType cd = compute_dtype(a.dtype());
   Tensor out = new_output({a.size(0), b.size(1)}, cd, a.device());
-  cpu::gemm(out, cast(a, cd), cast(b, cd), 1.0, 0.0);
+  kernels::gemm(out, cast(a, cd), cast(b, cd), 1.0, 0.0);
   out = cast(out, a.dtype());
   if (autograd::any_requires_grad({&a, &b})) {
     SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(a.requires_grad() ? b : Tensor());
@@ -72,7 +72,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   }
   const DType cd = compute_dtype(a.dtype());
   Tensor out = new_output({a.size(0), a.size(1), b.size(2)}, cd, a.device());
-  cpu::bmm(out, cast(a, cd), cast(b, cd));
+  kernels::bmm(out, cast(a, cd), cast(b, cd));
   out = cast(out, a.dtype());
   if (autograd::any_requires_grad({&a, &b})) {
     SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(a.requires_grad() ? b : Tensor());
@@ -104,8 +104,8 @@ Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Scalar&
   const DType cd = compute_dtype(a.dtype());
   Tensor out = new_output(out_shape, cd, a.device());
   const double beta_v = beta.to_double();
-  if (beta_v != 0.0) cpu::copy(out, cast(bias, cd));
-  cpu::gemm(out, cast(a, cd), cast(b, cd), alpha.to_double(), beta_v);
+  if (beta_v != 0.0) kernels::copy(out, cast(bias, cd));
+  kernels::gemm(out, cast(a, cd), cast(b, cd), alpha.to_double(), beta_v);
   out = cast(out, a.dtype());
   if (autograd::any_requires_grad({&bias, &a, &b})) {
     SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(a.requires_grad() ? b : Tensor());

@@ -9,8 +9,8 @@ namespace chorus {
 namespace {
 
 using namespace ops;
-using cpu::BinaryOp;
-using cpu::UnaryOp;
+using kernels::BinaryOp;
+using kernels::UnaryOp;
 
 bool category_fits(DType result, DType out) {
   auto cat = [](DType d) { return d == DType::Bool ? 0 : is_floating(d) ? 2 : 1; };
@@ -24,11 +24,11 @@ Tensor binary_kernel(BinaryOp op, const char* name, const Tensor& a, const Tenso
   check_defined(a, name, "input");
   check_defined(b, name, "other");
   check_same_device(a, b, name);
-  check_cpu(a, name);
+  check_kernels(a, name);
   const Shape shape = broadcast_shapes(name, a.sizes(), b.sizes());
   const DType cd = compute_dtype(out_dtype);
   Tensor out = new_output(shape, cd, a.device());
-  cpu::binary(op, out, cast(a, cd), cast(b, cd), alpha);
+  kernels::binary(op, out, cast(a, cd), cast(b, cd), alpha);
   return cast(out, out_dtype);
 }
 
@@ -36,22 +36,22 @@ Tensor compare_kernel(BinaryOp op, const char* name, const Tensor& a, const Tens
   check_defined(a, name, "input");
   check_defined(b, name, "other");
   check_same_device(a, b, name);
-  check_cpu(a, name);
+  check_kernels(a, name);
   const Shape shape = broadcast_shapes(name, a.sizes(), b.sizes());
   const DType cd = compute_dtype(result_type(a, b));
   Tensor out = new_output(shape, kBool, a.device());
-  cpu::binary(op, out, cast(a, cd), cast(b, cd));
+  kernels::binary(op, out, cast(a, cd), cast(b, cd));
   return out;
 }
 
 Tensor unary_kernel(UnaryOp op, const char* name, const Tensor& t, bool float_only) {
   check_defined(t, name, "input");
-  check_cpu(t, name);
+  check_kernels(t, name);
   DType out_dtype = t.dtype();
   if (float_only && !is_floating(out_dtype)) out_dtype = kFloat32;  // exp(int) is float, as in PyTorch
   const DType cd = compute_dtype(out_dtype);
   Tensor out = new_output(t.sizes(), cd, t.device());
-  cpu::unary(op, out, cast(t, cd));
+  kernels::unary(op, out, cast(t, cd));
   return cast(out, out_dtype);
 }
 
@@ -182,7 +182,7 @@ Tensor minimum(const Tensor& a, const Tensor& b) { return min_max(false, a, b); 
 // ------------------------------------------------------------------ pow
 Tensor pow(const Tensor& a, const Scalar& exponent) {
   check_defined(a, "pow", "input");
-  check_cpu(a, "pow");
+  check_kernels(a, "pow");
   DType dt = result_type(a, exponent);
   if (!is_floating(dt) && exponent.is_integral() && exponent.to<int64_t>() < 0) {
     fail("pow: integers to negative integer powers are not allowed (got a {} tensor and exponent {})",
@@ -190,7 +190,7 @@ Tensor pow(const Tensor& a, const Scalar& exponent) {
   }
   const DType cd = compute_dtype(dt);
   Tensor out = new_output(a.sizes(), cd, a.device());
-  cpu::pow_scalar(out, cast(a, cd), exponent.to_double());
+  kernels::pow_scalar(out, cast(a, cd), exponent.to_double());
   out = cast(out, dt);
   if (autograd::any_requires_grad({&a}) && differentiable(out)) {
     SavedTensor sa(a);
@@ -241,7 +241,7 @@ Tensor abs(const Tensor& t) {
     autograd::record("AbsBackward", {t}, {out}, [st](const TensorList& g) -> TensorList {
       Tensor x = st.unpack("abs");
       Tensor sign = new_output(x.sizes(), x.dtype(), x.device());
-      cpu::unary(UnaryOp::Sign, sign, x);
+      kernels::unary(UnaryOp::Sign, sign, x);
       return {mul(g[0], sign)};
     });
   }
@@ -278,7 +278,7 @@ namespace {
 Tensor fused_backward(BinaryOp op, const Tensor& g, const Tensor& saved) {
   const DType cd = compute_dtype(g.dtype());
   Tensor out = new_output(g.sizes(), cd, g.device());
-  cpu::binary(op, out, cast(g, cd), cast(saved, cd));
+  kernels::binary(op, out, cast(g, cd), cast(saved, cd));
   return cast(out, g.dtype());
 }
 }  // namespace
@@ -325,14 +325,14 @@ Tensor gelu(const Tensor& t, const std::string& approximate) {
 // ------------------------------------------------------------------ clamp, where
 Tensor clamp(const Tensor& t, std::optional<Scalar> min, std::optional<Scalar> max) {
   check_defined(t, "clamp", "input");
-  check_cpu(t, "clamp");
+  check_kernels(t, "clamp");
   if (!min && !max) fail("clamp: at least one of min and max must be given");
   DType dt = t.dtype();
   if (min) dt = result_type(make_tensor({0}, dt, kCPU), *min);
   if (max) dt = result_type(make_tensor({0}, dt, kCPU), *max);
   const DType cd = compute_dtype(dt);
   Tensor out = new_output(t.sizes(), cd, t.device());
-  cpu::clamp(out, cast(t, cd), min ? &*min : nullptr, max ? &*max : nullptr);
+  kernels::clamp(out, cast(t, cd), min ? &*min : nullptr, max ? &*max : nullptr);
   out = cast(out, dt);
   if (autograd::any_requires_grad({&t})) {
     SavedTensor st(t);
@@ -356,11 +356,11 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   }
   check_same_device(condition, a, "where");
   check_same_device(a, b, "where");
-  check_cpu(a, "where");
+  check_kernels(a, "where");
   const Shape shape = broadcast_shapes("where", broadcast_shapes("where", condition.sizes(), a.sizes()), b.sizes());
   const DType dt = result_type(a, b);
   Tensor out = new_output(shape, dt, a.device());
-  cpu::where(out, condition, cast(a, dt), cast(b, dt));
+  kernels::where(out, condition, cast(a, dt), cast(b, dt));
   if (autograd::any_requires_grad({&a, &b}) && differentiable(out)) {
     SavedTensor sc(condition);
     autograd::record("WhereBackward", {a, b}, {out}, [sc](const TensorList& g) -> TensorList {
@@ -402,9 +402,9 @@ Tensor logical_or(const Tensor& a, const Tensor& b) { return compare_kernel(Bina
 Tensor logical_xor(const Tensor& a, const Tensor& b) { return compare_kernel(BinaryOp::LogicalXor, "logical_xor", a, b); }
 Tensor logical_not(const Tensor& t) {
   check_defined(t, "logical_not", "input");
-  check_cpu(t, "logical_not");
+  check_kernels(t, "logical_not");
   Tensor out = new_output(t.sizes(), kBool, t.device());
-  cpu::unary(UnaryOp::LogicalNot, out, cast(t, compute_dtype(t.dtype())));
+  kernels::unary(UnaryOp::LogicalNot, out, cast(t, compute_dtype(t.dtype())));
   return out;
 }
 
@@ -440,7 +440,7 @@ Tensor& inplace_binary(BinaryOp op, const char* name, Tensor& self, const Tensor
   check_defined(self, name, "self");
   check_defined(other, name, "other");
   check_same_device(self, other, name);
-  check_cpu(self, name);
+  check_kernels(self, name);
   DType rt = result_type(self, other);
   if (op == BinaryOp::Div && !is_floating(rt)) rt = kFloat32;
   if (!category_fits(rt, self.dtype())) {
@@ -465,11 +465,11 @@ Tensor& inplace_binary(BinaryOp op, const char* name, Tensor& self, const Tensor
   }
   const DType cd = compute_dtype(promote_types(rt, self.dtype()));
   if (self.dtype() == cd) {
-    cpu::binary(op, self, self, cast(other, cd), alpha);
+    kernels::binary(op, self, self, cast(other, cd), alpha);
   } else {
     Tensor tmp = new_output(self.sizes(), cd, self.device());
-    cpu::binary(op, tmp, cast(self, cd), cast(other, cd), alpha);
-    cpu::copy(self, tmp);
+    kernels::binary(op, tmp, cast(self, cd), cast(other, cd), alpha);
+    kernels::copy(self, tmp);
   }
   self.bump_version();
   if (record) autograd::record(name, {self, other}, {self}, std::move(backward));
@@ -546,7 +546,7 @@ Tensor& clamp_(Tensor& t, std::optional<Scalar> min, std::optional<Scalar> max) 
     if (max) keep = logical_and(keep, le(t, *max));
     mask = SavedTensor(keep);
   }
-  cpu::copy(t, result);
+  kernels::copy(t, result);
   t.bump_version();
   if (record) {
     autograd::record("ClampBackward", {t}, {t}, [mask](const TensorList& g) -> TensorList {

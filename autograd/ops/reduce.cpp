@@ -22,11 +22,11 @@ Shape reduced_shape(const Shape& in, const std::vector<int64_t>& dims, bool keep
 }
 
 // Runs a kernel reduction into a fresh tensor of the reduced shape (keepdim applied as a view).
-Tensor run_reduce(cpu::ReduceOp op, const Tensor& t, const std::vector<int64_t>& dims, bool keepdim, DType out_dtype) {
+Tensor run_reduce(kernels::ReduceOp op, const Tensor& t, const std::vector<int64_t>& dims, bool keepdim, DType out_dtype) {
   const DType cd = compute_dtype(t.dtype());
   const DType out_cd = compute_dtype(out_dtype);
   Tensor out = new_output(reduced_shape(t.sizes(), dims, false), out_cd, t.device());
-  cpu::reduce(op, out, cast(t, cd), dims);
+  kernels::reduce(op, out, cast(t, cd), dims);
   out = cast(out, out_dtype);
   if (keepdim) out = reshaped_result(out, reduced_shape(t.sizes(), dims, true));
   return out;
@@ -41,10 +41,10 @@ Tensor keep_dims(const Tensor& g, const Shape& in_shape, const std::vector<int64
 
 Tensor sum(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
   check_defined(t, "sum", "input");
-  check_cpu(t, "sum");
+  check_kernels(t, "sum");
   const std::vector<int64_t> d = wrap_dims("sum", dims, t.dim());
   const DType out_dtype = is_floating(t.dtype()) ? t.dtype() : kInt64;
-  Tensor out = run_reduce(cpu::ReduceOp::Sum, t, d, keepdim, out_dtype);
+  Tensor out = run_reduce(kernels::ReduceOp::Sum, t, d, keepdim, out_dtype);
   if (autograd::any_requires_grad({&t})) {
     const Shape in_shape = t.sizes();
     autograd::record("SumBackward", {t}, {out}, [in_shape, d, keepdim](const TensorList& g) -> TensorList {
@@ -67,11 +67,11 @@ Tensor mean(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
 
 Tensor prod(const Tensor& t, std::optional<int64_t> dim, bool keepdim) {
   check_defined(t, "prod", "input");
-  check_cpu(t, "prod");
+  check_kernels(t, "prod");
   if (!dim) return prod(reshape(t, {-1}), 0, false);
   const std::vector<int64_t> d{wrap_dim("prod", *dim, t.dim())};
   const DType out_dtype = is_floating(t.dtype()) ? t.dtype() : kInt64;
-  Tensor out = run_reduce(cpu::ReduceOp::Prod, t, t.dim() == 0 ? std::vector<int64_t>{} : d, keepdim, out_dtype);
+  Tensor out = run_reduce(kernels::ReduceOp::Prod, t, t.dim() == 0 ? std::vector<int64_t>{} : d, keepdim, out_dtype);
   if (autograd::any_requires_grad({&t})) {
     SavedTensor st(t);
     const Shape in_shape = t.sizes();
@@ -113,7 +113,7 @@ namespace {
 Tensor extreme(bool is_max, const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
   const char* name = is_max ? "amax" : "amin";
   check_defined(t, name, "input");
-  check_cpu(t, name);
+  check_kernels(t, name);
   const std::vector<int64_t> d = wrap_dims(name, dims, t.dim());
   for (int64_t i : d) {
     if (t.sizes()[i] == 0) {
@@ -122,7 +122,7 @@ Tensor extreme(bool is_max, const Tensor& t, const std::vector<int64_t>& dims, b
     }
   }
   if (t.numel() == 0 && d.empty()) fail("{}: cannot reduce an empty tensor", name);
-  Tensor out = run_reduce(is_max ? cpu::ReduceOp::Max : cpu::ReduceOp::Min, t, d, keepdim, t.dtype());
+  Tensor out = run_reduce(is_max ? kernels::ReduceOp::Max : kernels::ReduceOp::Min, t, d, keepdim, t.dtype());
   if (autograd::any_requires_grad({&t})) {
     SavedTensor st(t), so(out);
     const Shape in_shape = t.sizes();
@@ -142,7 +142,7 @@ Tensor extreme(bool is_max, const Tensor& t, const std::vector<int64_t>& dims, b
 std::pair<Tensor, Tensor> extreme_dim(bool is_max, const Tensor& t, int64_t dim, bool keepdim) {
   const char* name = is_max ? "max" : "min";
   check_defined(t, name, "input");
-  check_cpu(t, name);
+  check_kernels(t, name);
   Tensor x = t.dim() == 0 ? reshape(t, {1}) : t;
   const int64_t d = wrap_dim(name, dim, x.dim());
   if (x.sizes()[d] == 0) {
@@ -152,7 +152,7 @@ std::pair<Tensor, Tensor> extreme_dim(bool is_max, const Tensor& t, int64_t dim,
   Shape out_shape = reduced_shape(x.sizes(), {d}, false);
   Tensor values = new_output(out_shape, cd, t.device());
   Tensor indices = new_output(out_shape, kInt64, t.device());
-  cpu::arg_reduce(is_max, values, indices, cast(alias_without_history(x), cd), d);
+  kernels::arg_reduce(is_max, values, indices, cast(alias_without_history(x), cd), d);
   values = cast(values, t.dtype());
   Shape final_shape = t.dim() == 0 ? Shape{} : reduced_shape(x.sizes(), {d}, keepdim);
   values = reshaped_result(values, final_shape);
@@ -167,7 +167,7 @@ std::pair<Tensor, Tensor> extreme_dim(bool is_max, const Tensor& t, int64_t dim,
                        Tensor gk = keep_dims(g[0], in_shape, {d}, keepdim).contiguous();
                        Tensor ik = keep_dims(sidx.unpack(name), in_shape, {d}, keepdim).contiguous();
                        Tensor gi = zeros(in_shape, gk.options());
-                       cpu::scatter(gi, d, ik, gk, false);
+                       kernels::scatter(gi, d, ik, gk, false);
                        return {gi};
                      });
   }
@@ -243,13 +243,13 @@ namespace {
 Tensor softmax_impl(const Tensor& t, int64_t dim, bool log) {
   const char* name = log ? "log_softmax" : "softmax";
   check_defined(t, name, "input");
-  check_cpu(t, name);
+  check_kernels(t, name);
   if (!is_floating(t.dtype())) fail("{}: expected a floating-point tensor, got {}", name, dtype_name(t.dtype()));
   Tensor x = t.dim() == 0 ? reshape(alias_without_history(t), {1}) : alias_without_history(t);
   const int64_t d = wrap_dim(name, dim, x.dim());
   const DType cd = compute_dtype(t.dtype());
   Tensor out = new_output(x.sizes(), cd, t.device());
-  if (x.numel() > 0) cpu::softmax(out, cast(x, cd), d, log);
+  if (x.numel() > 0) kernels::softmax(out, cast(x, cd), d, log);
   out = reshaped_result(cast(out, t.dtype()), t.sizes());
   if (autograd::any_requires_grad({&t})) {
     SavedTensor so(out);
@@ -259,7 +259,7 @@ Tensor softmax_impl(const Tensor& t, int64_t dim, bool log) {
                        Tensor y1 = y.dim() == 0 ? y.reshape({1}) : y;
                        const DType cd2 = compute_dtype(y.dtype());
                        Tensor gi = new_output(y1.sizes(), cd2, y.device());
-                       if (y1.numel() > 0) cpu::softmax_backward(gi, cast(g[0].reshape(y1.sizes()), cd2), cast(y1, cd2), d, log);
+                       if (y1.numel() > 0) kernels::softmax_backward(gi, cast(g[0].reshape(y1.sizes()), cd2), cast(y1, cd2), d, log);
                        return {reshaped_result(cast(gi, y.dtype()), y.sizes())};
                      });
   }

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "autograd/ops/common.h"
+#include "tensor/runtime.h"
 
 namespace chorus {
 namespace {
@@ -105,7 +106,7 @@ Tensor slice(const Tensor& t, int64_t dim, std::optional<int64_t> start, std::op
                            [in_shape, d, lo, hi, step](const TensorList& g) -> TensorList {
                              Tensor gi = zeros(in_shape, g[0].options());
                              Tensor target = slice(gi, d, lo, hi, step);
-                             cpu::copy(target, g[0]);
+                             kernels::copy(target, g[0]);
                              return {gi};
                            });
 }
@@ -144,7 +145,7 @@ Tensor select(const Tensor& t, int64_t dim, int64_t index) {
   return view_with_history(t, s, st, t.storage_offset() + index * t.stride(d), "SelectBackward",
                            [in_shape, d, index](const TensorList& g) -> TensorList {
                              Tensor gi = zeros(in_shape, g[0].options());
-                             cpu::copy(select(gi, d, index), g[0]);
+                             kernels::copy(select(gi, d, index), g[0]);
                              return {gi};
                            });
 }
@@ -261,7 +262,7 @@ Tensor as_strided(const Tensor& t, const Shape& sizes, const Strides& strides, s
                              Tensor positions = arange(0, n, 1, TensorOptions{.dtype = kInt64});
                              Tensor picked = as_strided(positions, sizes, strides, offset - in_offset).contiguous();
                              Tensor gi = zeros({n}, g[0].options());
-                             cpu::index_add(gi, 0, picked.reshape({-1}), g[0].contiguous().reshape({-1}));
+                             kernels::index_add(gi, 0, picked.reshape({-1}), g[0].contiguous().reshape({-1}));
                              return {gi.reshape(in_shape)};
                            });
 }
@@ -274,7 +275,7 @@ Tensor contiguous(const Tensor& t) {
 Tensor clone(const Tensor& t) {
   check_defined(t, "clone", "input");
   Tensor out = make_tensor(t.sizes(), t.dtype(), t.device());
-  cpu::copy(out, t);
+  kernels::copy(out, t);
   if (autograd::any_requires_grad({&t})) {
     autograd::record("CloneBackward", {t}, {out}, [](const TensorList& g) -> TensorList { return {g[0]}; });
   }
@@ -285,7 +286,7 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
   check_defined(t, "to", "input");
   if (t.dtype() == dtype) return t;
   Tensor out = make_tensor(t.sizes(), dtype, t.device());
-  cpu::copy(out, t);
+  kernels::copy(out, t);
   if (autograd::any_requires_grad({&t}) && is_floating(dtype)) {
     // The engine casts the gradient back to the input's dtype.
     autograd::record("ToCopyBackward", {t}, {out}, [](const TensorList& g) -> TensorList { return {g[0]}; });
@@ -293,34 +294,80 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
   return out;
 }
 
+namespace {
+
+// Copies contiguous `src` into contiguous `dst` (same dtype and numel) on another device, ordered
+// on the current streams. Host-to-device returns at once (the runtime has read the host memory by
+// then: CUDA stages pageable memory, sim snapshots it); device-to-host blocks until the data is
+// there, as PyTorch's blocking copies do.
+void copy_across_devices(const Tensor& dst, const Tensor& src) {
+  const size_t nbytes = static_cast<size_t>(src.numel()) * src.element_size();
+  if (nbytes == 0) return;
+  const Device from = src.device(), to = dst.device();
+  if (from.is_cpu()) {
+    DeviceRuntime& rt = runtime_for(to, "to");
+    rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), nbytes, CopyKind::HostToDevice, current_stream(to).handle());
+  } else if (to.is_cpu()) {
+    DeviceRuntime& rt = runtime_for(from, "to");
+    const Stream stream = current_stream(from);
+    rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), nbytes, CopyKind::DeviceToHost, stream.handle());
+    stream.synchronize();
+  } else if (from.type != to.type) {
+    copy_across_devices(dst, to_device(src, kCPU));  // no direct path between device types
+  } else {
+    // Another device of the same type: the copy runs on the destination's current stream after the
+    // work the source's current stream has submitted, and the host waits for it so that `src` may
+    // be freed on return.
+    DeviceRuntime& rt = runtime_for(to, "to");
+    Event ready;
+    ready.record(current_stream(from));
+    const Stream stream = current_stream(to);
+    stream.wait(ready);
+    rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), nbytes, CopyKind::DeviceToDevice, stream.handle());
+    stream.synchronize();
+  }
+}
+
+}  // namespace
+
 Tensor to_device(const Tensor& t, Device device) {
   check_defined(t, "to", "input");
   if (t.device() == device) return t;
-  // Allocating on a device without a backend raises the allocator's clear error.
+  if (!device.is_cpu()) runtime_for(device, "to");  // "no CUDA device ..." before anything else
+  Tensor src = contiguous(alias_without_history(t));
   Tensor out = make_tensor(t.sizes(), t.dtype(), device);
-  fail("to: copies between {} and {} need the CUDA backend", t.device().str(), out.device().str());
+  copy_across_devices(out, src);
+  if (autograd::any_requires_grad({&t}) && is_floating(t.dtype())) {
+    autograd::record("ToCopyBackward", {t}, {out}, [from = t.device()](const TensorList& g) -> TensorList {
+      return {to_device(g[0], from)};
+    });
+  }
+  return out;
 }
 
 Tensor& copy_(Tensor& dst, const Tensor& src) {
   check_defined(dst, "copy_", "self");
   check_defined(src, "copy_", "src");
-  check_cpu(dst, "copy_");
-  check_cpu(src, "copy_");
+  check_kernels(dst, "copy_");
+  check_kernels(src, "copy_");
   if (!is_expandable_to(src.sizes(), dst.sizes())) {
     fail("copy_: source of shape {} cannot be broadcast to the destination's shape {}", shape_str(src.sizes()),
          shape_str(dst.sizes()));
   }
   const bool record = autograd::any_requires_grad({&dst, &src}) && is_floating(dst.dtype());
   autograd::check_inplace(dst, "copy_", record);
-  if (dst.storage() == src.storage() && !(dst.storage_offset() == src.storage_offset() && dst.strides() == src.strides())) {
-    cpu::copy(dst, clone(alias_without_history(src)));  // overlapping memory: go through a temporary
+  if (dst.device() != src.device()) {
+    kernels::copy(dst, to_device(alias_without_history(src), dst.device()));  // then convert and broadcast there
+  } else if (dst.storage() == src.storage() &&
+             !(dst.storage_offset() == src.storage_offset() && dst.strides() == src.strides())) {
+    kernels::copy(dst, clone(alias_without_history(src)));  // overlapping memory: go through a temporary
   } else {
-    cpu::copy(dst, src);
+    kernels::copy(dst, src);
   }
   dst.bump_version();
   if (record) {
-    autograd::record("CopyBackwards", {dst, src}, {dst}, [](const TensorList& g) -> TensorList {
-      return {zeros_like(g[0]), g[0]};
+    autograd::record("CopyBackwards", {dst, src}, {dst}, [from = src.device()](const TensorList& g) -> TensorList {
+      return {zeros_like(g[0]), to_device(g[0], from)};
     });
   }
   return dst;
@@ -328,10 +375,10 @@ Tensor& copy_(Tensor& dst, const Tensor& src) {
 
 Tensor& fill_(Tensor& t, const Scalar& value) {
   check_defined(t, "fill_", "self");
-  check_cpu(t, "fill_");
+  check_kernels(t, "fill_");
   const bool record = autograd::any_requires_grad({&t});
   autograd::check_inplace(t, "fill_", record);
-  cpu::fill(t, value);
+  kernels::fill(t, value);
   t.bump_version();
   if (record) {
     autograd::record("FillBackward", {t}, {t}, [](const TensorList& g) -> TensorList { return {zeros_like(g[0])}; });

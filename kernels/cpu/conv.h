@@ -5,19 +5,12 @@
 
 #include <cstdint>
 
+#include "kernels/kernel_types.h"
 #include "tensor/tensor.h"
 
 namespace chorus::kernels::cpu {
 
-// Geometry of a 2-D window op (convolution or pooling) over one [H, W] plane.
-struct Window2d {
-  int64_t in_h = 0, in_w = 0;
-  int64_t out_h = 0, out_w = 0;
-  int64_t kernel_h = 1, kernel_w = 1;
-  int64_t stride_h = 1, stride_w = 1;
-  int64_t pad_h = 0, pad_w = 0;
-  int64_t dilation_h = 1, dilation_w = 1;
-};
+using kernels::Window2d;
 
 // out [N, C_out, OH, OW]; x [N, C_in, H, W]; weight [C_out, C_in/groups, kH, kW]; bias [C_out] or
 // undefined.

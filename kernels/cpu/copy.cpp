@@ -55,7 +55,7 @@ namespace {
 // depends only on the generator's state and not on the thread count.
 template <typename T, typename Draw>
 void philox_fill(const Tensor& out, Generator& gen, int per_block, const Draw& draw) {
-  Tensor dense = out.is_contiguous() ? out : make_tensor(out.sizes(), out.dtype(), out.device());
+  Tensor dense = out.is_contiguous() ? out : make_tensor(out.sizes(), out.dtype(), kCPU);
   const int64_t n = dense.numel();
   const uint64_t blocks = static_cast<uint64_t>((n + per_block - 1) / per_block);
   const uint64_t seed = gen.seed();

@@ -28,7 +28,7 @@ void with_map(P* ptr, int64_t rows, int64_t cols, int64_t rs, int64_t cs, const 
 }
 
 Tensor dense(const Tensor& t) {
-  Tensor out = make_tensor(t.sizes(), t.dtype(), t.device());
+  Tensor out = make_tensor(t.sizes(), t.dtype(), kCPU);
   copy(out, t);
   return out;
 }

@@ -23,7 +23,7 @@ Tensor select_view(const Tensor& t, int64_t dim, int64_t i) {
 
 const int64_t* index_data(const Tensor& index, Tensor& holder) {
   holder = index.is_contiguous() ? index : [&] {
-    Tensor d = make_tensor(index.sizes(), kInt64, index.device());
+    Tensor d = make_tensor(index.sizes(), kInt64, kCPU);
     copy(d, index);
     return d;
   }();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/kernel_types.h"
 #include "tensor/generator.h"
 #include "tensor/scalar.h"
 #include "tensor/tensor.h"
@@ -16,32 +17,19 @@ namespace chorus::kernels::cpu {
 void copy(const Tensor& dst, const Tensor& src);
 void fill(const Tensor& dst, const Scalar& value);
 
-enum class UnaryOp {
-  Neg, Abs, Exp, Log, Log1p, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, GeluErf, GeluTanh, Sin, Cos,
-  Sign, LogicalNot, Reciprocal
-};
+using kernels::UnaryOp;
 // out = op(in); out and in have the same dtype except LogicalNot (out bool).
 void unary(UnaryOp op, const Tensor& out, const Tensor& in);
 void pow_scalar(const Tensor& out, const Tensor& in, double exponent);
 void clamp(const Tensor& out, const Tensor& in, const Scalar* min, const Scalar* max);
 
-enum class BinaryOp {
-  Add, Sub, Mul, Div, Max, Min, Pow,  // arithmetic: out dtype = input dtype
-  Eq, Ne, Lt, Le, Gt, Ge,             // comparisons: out is bool
-  LogicalAnd, LogicalOr, LogicalXor,  // logical: out is bool, inputs any dtype
-  // Fused backward helpers (a = grad_out, b = saved value): keep backward memory-bound.
-  ReluBackward,     // a * (b > 0)
-  TanhBackward,     // a * (1 - b*b), b = tanh output
-  SigmoidBackward,  // a * b * (1 - b), b = sigmoid output
-  GeluErfBackward,  // a * gelu'(b), b = input
-  GeluTanhBackward,
-};
+using kernels::BinaryOp;
 // out = a op b (op Add/Sub compute a + alpha*b). a and b broadcast to out's shape and share a dtype.
 void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
 // out = cond ? a : b (cond bool; a, b of out's dtype; all broadcast).
 void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b);
 
-enum class ReduceOp { Sum, Prod, Max, Min };
+using kernels::ReduceOp;
 // Reduces `in` over `dims` (sorted, unique) into `out`, whose shape is in's with those dims removed
 // (keepdim handled by the caller as a view). out may be of a wider dtype for Sum/Prod (int64 for
 // integers); float32 sums accumulate in float64.
@@ -73,6 +61,11 @@ void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor
 void uniform(const Tensor& out, double low, double high, Generator& gen);
 void normal(const Tensor& out, double mean, double std, Generator& gen);
 void random_int(const Tensor& out, int64_t low, int64_t high, Generator& gen);
+// The same fills from an explicit Philox position (the blocks were reserved by the caller; see
+// kernels::philox_blocks): what the device-independent kernel table calls.
+void uniform_at(const Tensor& out, double low, double high, uint64_t seed, uint64_t first_block);
+void normal_at(const Tensor& out, double mean, double std, uint64_t seed, uint64_t first_block);
+void random_int_at(const Tensor& out, int64_t low, int64_t high, uint64_t seed, uint64_t first_block);
 // out[i] = start + i * step (1-D contiguous out).
 void arange(const Tensor& out, double start, double step);
 

@@ -21,7 +21,7 @@ Tensor restrided(const Tensor& t, const Shape& sizes, const Strides& strides) {
 }
 
 Tensor dense_copy(const Tensor& t) {
-  Tensor out = make_tensor(t.sizes(), t.dtype(), t.device());
+  Tensor out = make_tensor(t.sizes(), t.dtype(), kCPU);
   copy(out, t);
   return out;
 }
@@ -150,7 +150,7 @@ void reduce(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<
     sm = R;
     sr = 1;
   }
-  Tensor dense_out = out.is_contiguous() ? out : make_tensor(out.sizes(), out.dtype(), out.device());
+  Tensor dense_out = out.is_contiguous() ? out : make_tensor(out.sizes(), out.dtype(), kCPU);
   switch (op) {
     case ReduceOp::Sum: reduce_dispatch<ReduceOp::Sum>(dense_out, src, M, R, sm, sr); break;
     case ReduceOp::Prod: reduce_dispatch<ReduceOp::Prod>(dense_out, src, M, R, sm, sr); break;
@@ -179,8 +179,8 @@ Tensor dim_last_dense(const Tensor& in, int64_t dim, int64_t& M, int64_t& R) {
 void arg_reduce(bool is_max, const Tensor& values, const Tensor& indices, const Tensor& in, int64_t dim) {
   int64_t M, R;
   Tensor x = dim_last_dense(in, dim, M, R);
-  Tensor vals = values.is_contiguous() ? values : make_tensor(values.sizes(), values.dtype(), values.device());
-  Tensor idx = indices.is_contiguous() ? indices : make_tensor(indices.sizes(), kInt64, indices.device());
+  Tensor vals = values.is_contiguous() ? values : make_tensor(values.sizes(), values.dtype(), kCPU);
+  Tensor idx = indices.is_contiguous() ? indices : make_tensor(indices.sizes(), kInt64, kCPU);
   CHORUS_DISPATCH_COMPUTE(in.dtype(), is_max ? "max" : "min", [&]<typename T>() {
     const T* px = x.data_ptr<T>();
     T* pv = vals.data_ptr<T>();
@@ -213,7 +213,7 @@ void arg_reduce(bool is_max, const Tensor& values, const Tensor& indices, const 
 void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) {
   int64_t M, R;
   Tensor x = dim_last_dense(in, dim, M, R);
-  Tensor y = make_tensor(x.sizes(), x.dtype(), x.device());
+  Tensor y = make_tensor(x.sizes(), x.dtype(), kCPU);
   CHORUS_DISPATCH_FLOATING(in.dtype(), log ? "log_softmax" : "softmax", [&]<typename T>() {
     const T* px = x.data_ptr<T>();
     T* py = y.data_ptr<T>();
@@ -256,7 +256,7 @@ void softmax_backward(const Tensor& grad_in, const Tensor& grad_out, const Tenso
   int64_t M, R;
   Tensor g = dim_last_dense(grad_out, dim, M, R);
   Tensor y = dim_last_dense(out, dim, M, R);
-  Tensor gi = make_tensor(g.sizes(), g.dtype(), g.device());
+  Tensor gi = make_tensor(g.sizes(), g.dtype(), kCPU);
   CHORUS_DISPATCH_FLOATING(out.dtype(), "softmax_backward", [&]<typename T>() {
     const T* pg = g.data_ptr<T>();
     const T* py = y.data_ptr<T>();

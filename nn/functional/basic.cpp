@@ -77,7 +77,7 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
       Tensor g2 = g[0].contiguous().reshape({-1, wshape[1]});
       if (pad) g2 = masked_fill(g2, eq(flat, *pad).unsqueeze(1), 0);
       Tensor gw = zeros(wshape, g2.options());
-      kernels::cpu::index_add(gw, 0, flat, g2);
+      kernels::index_add(gw, 0, flat, g2);
       return {gw};
     });
   }

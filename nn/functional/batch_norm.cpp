@@ -3,7 +3,7 @@
 #include "autograd/node.h"
 #include "autograd/ops/common.h"
 #include "autograd/grad_mode.h"
-#include "kernels/cpu/conv.h"
+#include "kernels/dispatch.h"
 #include "nn/batchnorm.h"
 #include "nn/functional/normalization.h"
 #include "tensor/ops.h"
@@ -15,7 +15,7 @@ using autograd::SavedTensor;
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
   ops::check_defined(input, "batch_norm", "input");
-  ops::check_cpu(input, "batch_norm");
+  ops::check_kernels(input, "batch_norm");
   if (input.dim() < 2) {
     fail("batch_norm: expected an input of at least 2 dims [N, C, ...], got shape {}", shape_str(input.sizes()));
   }
@@ -53,7 +53,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   Tensor out = make_tensor(input.sizes(), cd, input.device());
   Tensor save_mean = make_tensor({c}, cd, input.device());
   Tensor save_rstd = make_tensor({c}, cd, input.device());
-  kernels::cpu::batch_norm(out, save_mean, save_rstd, x, w, b, rm, rv, training, momentum, eps, n, c, s);
+  kernels::batch_norm(out, save_mean, save_rstd, x, w, b, rm, rv, training, momentum, eps, n, c, s);
   if (training && running_mean.defined()) {
     NoGradGuard no_grad;
     for (auto [buf, upd] : {std::pair{running_mean, rm}, std::pair{running_var, rv}}) {
@@ -73,7 +73,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
                        Tensor gx = need_x ? make_tensor(xv.sizes(), xv.dtype(), xv.device()) : Tensor();
                        Tensor gw = need_w ? make_tensor({c}, xv.dtype(), xv.device()) : Tensor();
                        Tensor gb = need_b ? make_tensor({c}, xv.dtype(), xv.device()) : Tensor();
-                       kernels::cpu::batch_norm_backward(gx, gw, gb, gv, xv, save_mean, save_rstd, wv, training,
+                       kernels::batch_norm_backward(gx, gw, gb, gv, xv, save_mean, save_rstd, wv, training,
                                                          n, c, s);
                        return {gx, gw, gb};
                      });
@@ -111,7 +111,7 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
   Tensor b = bias.defined() ? ops::cast(alias_without_history(bias), cd).contiguous() : Tensor();
   Tensor out = make_tensor(input.sizes(), cd, input.device());
   Tensor save_mean = make_tensor({c}, cd, input.device()), save_rstd = make_tensor({c}, cd, input.device());
-  kernels::cpu::batch_norm(out, save_mean, save_rstd, x, w, b, mean_c, var_c, false, 0.0, eps, n, c, s);
+  kernels::batch_norm(out, save_mean, save_rstd, x, w, b, mean_c, var_c, false, 0.0, eps, n, c, s);
   out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&input, &weight, &bias})) {
     const bool need_x = input.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
@@ -124,7 +124,7 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
       // This process's sum(g) and sum(g * xhat) per channel (the eval-mode kernel gives them as
       // the bias and weight gradients), then summed over every process for the input gradient.
       Tensor gw = make_tensor({c}, xv.dtype(), xv.device()), gb = make_tensor({c}, xv.dtype(), xv.device());
-      kernels::cpu::batch_norm_backward(Tensor(), gw, gb, gv, xv, save_mean, save_rstd, wv, false, n, c, s);
+      kernels::batch_norm_backward(Tensor(), gw, gb, gv, xv, save_mean, save_rstd, wv, false, n, c, s);
       Tensor gx;
       if (need_x) {
         Tensor sums = cat({gb.to(kFloat64), gw.to(kFloat64)});

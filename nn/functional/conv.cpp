@@ -4,13 +4,13 @@
 
 #include "autograd/node.h"
 #include "autograd/ops/common.h"
-#include "kernels/cpu/conv.h"
+#include "kernels/dispatch.h"
 #include "tensor/ops.h"
 
 namespace chorus::nn::functional {
 
 using autograd::SavedTensor;
-using kernels::cpu::Window2d;
+using kernels::Window2d;
 
 namespace {
 
@@ -25,7 +25,7 @@ void check_positive(const char* op, const char* what, Pair p, int64_t min_value)
 // A 3-D input [C, H, W] is one unbatched sample, as in PyTorch; it runs as a batch of one.
 Tensor batched_input(const Tensor& input, const char* op, bool& unbatched) {
   ops::check_defined(input, op, "input");
-  ops::check_cpu(input, op);
+  ops::check_kernels(input, op);
   if (input.dim() != 3 && input.dim() != 4) {
     fail("{}: expected a 3-D [C, H, W] or 4-D [N, C, H, W] input, got shape {}", op, shape_str(input.sizes()));
   }
@@ -119,7 +119,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pai
   Tensor wt = compute_view(weight, cd);
   Tensor b = bias.defined() ? compute_view(bias, cd) : Tensor();
   Tensor out = make_tensor({x.size(0), c_out, w.out_h, w.out_w}, cd, input.device());
-  kernels::cpu::conv2d(out, x, wt, b, w, groups);
+  kernels::conv2d(out, x, wt, b, w, groups);
   out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&in4, &weight, &bias})) {
     const bool need_x = in4.requires_grad(), need_w = weight.requires_grad(),
@@ -131,7 +131,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pai
       Tensor gx = need_x ? make_tensor(xv.sizes(), xv.dtype(), xv.device()) : Tensor();
       Tensor gw = need_w ? make_tensor(wv.sizes(), xv.dtype(), xv.device()) : Tensor();
       Tensor gb = need_b ? make_tensor({wv.size(0)}, xv.dtype(), xv.device()) : Tensor();
-      kernels::cpu::conv2d_backward(gx, gw, gb, gv, xv, wv, w, groups);
+      kernels::conv2d_backward(gx, gw, gb, gv, xv, wv, w, groups);
       return {gx, gw, gb};
     });
   }
@@ -150,14 +150,14 @@ Tensor max_pool2d(const Tensor& input, Pair kernel_size, std::optional<Pair> str
   const Shape out_shape{x.size(0), x.size(1), w.out_h, w.out_w};
   Tensor out = make_tensor(out_shape, cd, input.device());
   Tensor indices = make_tensor(out_shape, kInt64, input.device());
-  kernels::cpu::max_pool2d(out, indices, x, w);
+  kernels::max_pool2d(out, indices, x, w);
   out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&in4})) {
     const Shape in_shape = x.sizes();
     autograd::record("MaxPool2DWithIndicesBackward", {in4}, {out}, [=](const TensorList& g) -> TensorList {
       Tensor gv = ops::cast(g[0], cd).contiguous();
       Tensor gx = make_tensor(in_shape, cd, gv.device());
-      kernels::cpu::max_pool2d_backward(gx, gv, indices);
+      kernels::max_pool2d_backward(gx, gv, indices);
       return {gx};
     });
   }
@@ -174,14 +174,14 @@ Tensor avg_pool2d(const Tensor& input, Pair kernel_size, std::optional<Pair> str
   const DType cd = compute_dtype(input.dtype());
   Tensor x = compute_view(in4, cd);
   Tensor out = make_tensor({x.size(0), x.size(1), w.out_h, w.out_w}, cd, input.device());
-  kernels::cpu::avg_pool2d(out, x, w, count_include_pad);
+  kernels::avg_pool2d(out, x, w, count_include_pad);
   out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&in4})) {
     const Shape in_shape = x.sizes();
     autograd::record("AvgPool2DBackward", {in4}, {out}, [=](const TensorList& g) -> TensorList {
       Tensor gv = ops::cast(g[0], cd).contiguous();
       Tensor gx = make_tensor(in_shape, cd, gv.device());
-      kernels::cpu::avg_pool2d_backward(gx, gv, w, count_include_pad);
+      kernels::avg_pool2d_backward(gx, gv, w, count_include_pad);
       return {gx};
     });
   }
@@ -199,14 +199,14 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
   const DType cd = compute_dtype(input.dtype());
   Tensor x = compute_view(in4, cd);
   Tensor out = make_tensor({x.size(0), x.size(1), out_h, out_w}, cd, input.device());
-  kernels::cpu::adaptive_avg_pool2d(out, x, in_h, in_w, out_h, out_w);
+  kernels::adaptive_avg_pool2d(out, x, in_h, in_w, out_h, out_w);
   out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&in4})) {
     const Shape in_shape = x.sizes();
     autograd::record("AdaptiveAvgPool2DBackward", {in4}, {out}, [=](const TensorList& g) -> TensorList {
       Tensor gv = ops::cast(g[0], cd).contiguous();
       Tensor gx = make_tensor(in_shape, cd, gv.device());
-      kernels::cpu::adaptive_avg_pool2d_backward(gx, gv, in_h, in_w, out_h, out_w);
+      kernels::adaptive_avg_pool2d_backward(gx, gv, in_h, in_w, out_h, out_w);
       return {gx};
     });
   }

@@ -1,7 +1,7 @@
 // layer_norm: a fused forward (per-row mean and rstd, then the affine output) and a fused backward.
 #include "autograd/node.h"
 #include "autograd/ops/common.h"
-#include "kernels/cpu/nn_basic.h"
+#include "kernels/dispatch.h"
 #include "nn/functional/normalization.h"
 #include "tensor/ops.h"
 
@@ -12,7 +12,7 @@ using autograd::SavedTensor;
 Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
   ops::check_defined(input, "layer_norm", "input");
-  ops::check_cpu(input, "layer_norm");
+  ops::check_kernels(input, "layer_norm");
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   if (k == 0 || k > input.dim() ||
       !std::equal(normalized_shape.begin(), normalized_shape.end(), input.sizes().end() - k)) {
@@ -35,7 +35,7 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
   Tensor out = make_tensor(input.sizes(), cd, input.device());
   Tensor mean = make_tensor({rows}, cd, input.device());
   Tensor rstd = make_tensor({rows}, cd, input.device());
-  kernels::cpu::layer_norm(out, mean, rstd, x, w, b, rows, cols, eps);
+  kernels::layer_norm(out, mean, rstd, x, w, b, rows, cols, eps);
   out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&input, &weight, &bias})) {
     const bool need_x = input.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
@@ -50,7 +50,7 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
                        Tensor gx = need_x ? make_tensor(in_shape, xv.dtype(), xv.device()) : Tensor();
                        Tensor gw = need_w ? make_tensor(nshape, xv.dtype(), xv.device()) : Tensor();
                        Tensor gb = need_b ? make_tensor(nshape, xv.dtype(), xv.device()) : Tensor();
-                       kernels::cpu::layer_norm_backward(gx, gw, gb, gv, xv, mean, rstd, wv, rows, cols);
+                       kernels::layer_norm_backward(gx, gw, gb, gv, xv, mean, rstd, wv, rows, cols);
                        return {gx, gw, gb};
                      });
   }

@@ -5,7 +5,7 @@
 
 #include "autograd/node.h"
 #include "autograd/ops/common.h"
-#include "kernels/cpu/nn_basic.h"
+#include "kernels/dispatch.h"
 #include "tensor/ops.h"
 
 namespace chorus::nn::functional {
@@ -85,7 +85,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
   Tensor losses = make_tensor({rows}, cd, x.device());
   Tensor row_weight = make_tensor({rows}, cd, x.device());
   Tensor probs = make_tensor({rows, C}, cd, x.device());
-  kernels::cpu::cross_entropy(losses, row_weight, probs, x, target1d, cw, options.ignore_index, options.label_smoothing);
+  kernels::cross_entropy(losses, row_weight, probs, x, target1d, cw, options.ignore_index, options.label_smoothing);
 
   // Reduction inside the op, so the backward knows each row's scale: mean divides by the summed
   // target weights of the non-ignored rows (the count when unweighted), as PyTorch.
@@ -125,7 +125,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
                          scale = mul(ones({rows}, {.dtype = cd}), ops::cast(g[0], cd).item().to_double() / denom);
                        }
                        Tensor grad = make_tensor({rows, C}, cd, probs.device());
-                       kernels::cpu::cross_entropy_backward(grad, scale, probs, target1d, cw, ignore, smoothing);
+                       kernels::cross_entropy_backward(grad, scale, probs, target1d, cw, ignore, smoothing);
                        return {grad};
                      });
   }

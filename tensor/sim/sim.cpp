@@ -19,6 +19,7 @@
 
 #include "tensor/error.h"
 #include "tensor/runtime.h"
+#include "tensor/storage.h"
 
 namespace chorus::sim {
 namespace {
@@ -267,8 +268,16 @@ class SimRuntime final : public DeviceRuntime {
     for (SimStream* s : all) s->synchronize();
   }
 
-  void memcpy_async(void* dst, const void* src, size_t nbytes, CopyKind, StreamHandle s) override {
+  void memcpy_async(void* dst, const void* src, size_t nbytes, CopyKind kind, StreamHandle s) override {
     if (nbytes == 0) return;
+    if (kind == CopyKind::HostToDevice) {
+      // As CUDA with pageable memory: the source is read before the call returns (staged), so the
+      // caller may reuse it at once.
+      auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
+                                                        static_cast<const char*>(src) + nbytes);
+      as_stream(s)->submit(Task{[=] { std::memcpy(dst, staged->data(), nbytes); }, {dst}});
+      return;
+    }
     as_stream(s)->submit(Task{[=] { std::memcpy(dst, src, nbytes); }, {dst, src}});
   }
 
@@ -357,9 +366,25 @@ SimRuntime& runtime() {
   return *rt;
 }
 
+// Uncached device memory straight from the runtime (until the caching allocator takes over).
+class RawAllocator final : public Allocator {
+ public:
+  void* allocate(size_t nbytes, Device device) override {
+    void* p = runtime_for(device, "sim allocator").malloc(device.index, nbytes);
+    if (p == nullptr) {
+      fail("{} out of memory: tried to allocate {} bytes; {} in use of {}", device.str(), nbytes,
+           runtime().in_use(device.index), runtime().total_memory(device.index));
+    }
+    return p;
+  }
+  void deallocate(void* ptr, Device device) override { runtime().free(device.index, ptr); }
+};
+
 // Registers at static-initialization time, as every backend does.
 const bool g_registered = [] {
   register_runtime(DeviceType::Sim, &runtime());
+  static RawAllocator allocator;
+  register_allocator(DeviceType::Sim, &allocator);
   return true;
 }();
 

@@ -1,0 +1,88 @@
+// The sim device's kernel table: every cpu kernel, enqueued on the current stream of the tensors'
+// sim device and run by that stream's worker thread, as a CUDA kernel is launched on the current
+// stream. The wrapper is generated once for every entry of CHORUS_KERNEL_LIST (kernels/kernel_table.h).
+//
+// What a task holds: tensor arguments become history-free aliases (same storage, sizes, strides,
+// dtype), so the task keeps the memory alive until it has run. Pointer arguments (clamp's bounds)
+// are copied by value. The buffers named to the runtime are the storages' base pointers: the sim
+// device opens exactly those segments while the task runs, so a kernel that touched memory it was
+// not given would crash, as a host read of device memory does.
+#include <optional>
+#include <tuple>
+#include <type_traits>
+
+#include "kernels/cpu/conv.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/nn_basic.h"
+#include "kernels/dispatch.h"
+#include "tensor/runtime.h"
+
+namespace chorus::kernels::sim {
+namespace {
+
+// How an argument of type A is held by the task and handed back to the kernel.
+template <typename A>
+struct Held {
+  using type = std::decay_t<A>;
+  static type hold(A a) { return a; }
+  static A pass(const type& h) { return h; }
+};
+template <>
+struct Held<const Tensor&> {
+  using type = Tensor;
+  static Tensor hold(const Tensor& t) { return t.defined() ? alias_without_history(t) : Tensor(); }
+  static const Tensor& pass(const Tensor& h) { return h; }
+};
+template <>
+struct Held<const Scalar*> {
+  using type = std::optional<Scalar>;
+  static type hold(const Scalar* s) { return s ? std::optional<Scalar>(*s) : std::nullopt; }
+  static const Scalar* pass(const type& h) { return h ? &*h : nullptr; }
+};
+
+template <typename A>
+void name_buffer(std::vector<const void*>& buffers, const A& a) {
+  if constexpr (std::is_same_v<std::decay_t<A>, Tensor>) {
+    if (a.defined() && a.storage()) buffers.push_back(a.storage()->data());
+  }
+}
+
+template <auto Kernel>
+struct OnStream;
+
+template <typename... A, void (*Kernel)(A...)>
+struct OnStream<Kernel> {
+  static void run(A... args) {
+    const Device device = detail::device_of(args...);
+    std::vector<const void*> buffers;
+    (name_buffer(buffers, args), ...);
+    auto held = std::make_tuple(Held<A>::hold(args)...);
+    const Stream stream = current_stream(device);
+    runtime_for(device, "sim kernel")
+        .launch_host_task(stream.handle(),
+                          [held = std::move(held)]() {
+                            std::apply([](const auto&... h) { Kernel(Held<A>::pass(h)...); }, held);
+                          },
+                          std::move(buffers));
+  }
+};
+
+const KernelTable& sim_table() {
+  static const KernelTable table = [] {
+    KernelTable t;
+    t.device_name = "sim";
+#define CHORUS_SIM_ENTRY(name, params, args) t.name = &OnStream<&cpu::name>::run;
+    CHORUS_KERNEL_LIST(CHORUS_SIM_ENTRY)
+#undef CHORUS_SIM_ENTRY
+    return t;
+  }();
+  return table;
+}
+
+const bool g_registered = [] {
+  register_kernel_table(DeviceType::Sim, &sim_table());
+  return true;
+}();
+
+}  // namespace
+}  // namespace chorus::kernels::sim
