@@ -43,6 +43,13 @@ const char* type_name(DeviceType type) {
   return "?";
 }
 
+// The registered runtime of `type` or nullptr, read under the lock (registration may race with use).
+DeviceRuntime* registered_runtime(DeviceType type) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  return r.runtimes[static_cast<int>(type)];
+}
+
 PerDevice& per_device(Device device) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -165,11 +172,16 @@ int current_device_index(DeviceType type) { return t_state.device[static_cast<in
 
 // ---- Event -------------------------------------------------------------------------------------
 
+// Owns the runtime event: built in place and never copied (a copy's destructor would destroy the
+// handle the original still uses).
 struct Event::State {
+  State(Device d, DeviceRuntime* rt, EventHandle h) : device(d), runtime(rt), handle(h) {}
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  ~State() { runtime->destroy_event(handle); }
   Device device;
   DeviceRuntime* runtime;
   EventHandle handle;
-  ~State() { runtime->destroy_event(handle); }
 };
 
 void Event::record(const Stream& stream) {
@@ -178,7 +190,7 @@ void Event::record(const Stream& stream) {
     fail("Event::record: the event belongs to {} but the stream to {}", state_->device.str(), stream.device().str());
   }
   if (!state_) {
-    state_ = std::make_shared<State>(State{stream.device(), &rt, rt.create_event(stream.device().index, enable_timing_)});
+    state_ = std::make_shared<State>(stream.device(), &rt, rt.create_event(stream.device().index, enable_timing_));
   }
   rt.record_event(state_->handle, stream.handle());
 }
@@ -233,7 +245,7 @@ StreamGuard::StreamGuard(const Stream& stream)
 StreamGuard::~StreamGuard() {
   t_state.current[static_cast<int>(previous_.device().type)][previous_.device().index] = previous_.handle();
   t_state.device[static_cast<int>(previous_.device().type)] = previous_device_;
-  if (DeviceRuntime* rt = registry().runtimes[static_cast<int>(previous_.device().type)]) {
+  if (DeviceRuntime* rt = registered_runtime(previous_.device().type)) {
     rt->set_device(previous_device_);
   }
 }
@@ -248,7 +260,7 @@ DeviceGuard::DeviceGuard(Device device) : type_(device.type) {
 DeviceGuard::~DeviceGuard() {
   if (previous_ < 0) return;
   t_state.device[static_cast<int>(type_)] = previous_;
-  if (DeviceRuntime* rt = registry().runtimes[static_cast<int>(type_)]) rt->set_device(previous_);
+  if (DeviceRuntime* rt = registered_runtime(type_)) rt->set_device(previous_);
 }
 
 }  // namespace chorus

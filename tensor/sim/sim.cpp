@@ -19,7 +19,6 @@
 
 #include "tensor/error.h"
 #include "tensor/runtime.h"
-#include "tensor/storage.h"
 
 namespace chorus::sim {
 namespace {
@@ -191,6 +190,9 @@ class SimStream {
       memory_->access(task.buffers, +1);
       task.fn();  // kernels never throw on the stream (the op layer checked their arguments)
       memory_->access(task.buffers, -1);
+      // Destroy what the task captured (tensors kept alive for it) before it counts as done: a
+      // host that synchronized the stream must see those tensors freed.
+      task = Task{};
       g_tasks.fetch_add(1, std::memory_order_relaxed);
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -330,6 +332,7 @@ class SimRuntime final : public DeviceRuntime {
   double elapsed_ms(EventHandle start, EventHandle end) override {
     auto* a = as_event(start);
     auto* b = as_event(end);
+    if (a == b) return 0.0;  // one mutex cannot be locked twice
     std::scoped_lock lock(a->mutex, b->mutex);
     return std::chrono::duration<double, std::milli>(b->when - a->when).count();
   }
@@ -361,35 +364,22 @@ class SimRuntime final : public DeviceRuntime {
   std::vector<SimStream*> default_streams_;
 };
 
+// Created and registered on first use, so that any static initializer may call it.
 SimRuntime& runtime() {
-  static SimRuntime* rt = new SimRuntime();  // leaked: worker threads run until the process exits
+  static SimRuntime* rt = [] {
+    auto* r = new SimRuntime();  // leaked: worker threads run until the process exits
+    register_runtime(DeviceType::Sim, r);
+    return r;
+  }();
   return *rt;
 }
 
-// Uncached device memory straight from the runtime (until the caching allocator takes over).
-class RawAllocator final : public Allocator {
- public:
-  void* allocate(size_t nbytes, Device device) override {
-    void* p = runtime_for(device, "sim allocator").malloc(device.index, nbytes);
-    if (p == nullptr) {
-      fail("{} out of memory: tried to allocate {} bytes; {} in use of {}", device.str(), nbytes,
-           runtime().in_use(device.index), runtime().total_memory(device.index));
-    }
-    return p;
-  }
-  void deallocate(void* ptr, Device device) override { runtime().free(device.index, ptr); }
-};
-
 // Registers at static-initialization time, as every backend does.
-const bool g_registered = [] {
-  register_runtime(DeviceType::Sim, &runtime());
-  static RawAllocator allocator;
-  register_allocator(DeviceType::Sim, &allocator);
-  return true;
-}();
+const bool g_registered = (runtime(), true);
 
 }  // namespace
 
+DeviceRuntime& device_runtime() { return runtime(); }
 void set_delay_us(uint32_t max_delay_us) { g_delay_us.store(max_delay_us); }
 uint32_t delay_us() { return g_delay_us.load(); }
 void set_memory_capacity(int device, size_t bytes) { runtime().set_capacity(device, bytes); }

@@ -18,7 +18,16 @@
 #include <cstddef>
 #include <cstdint>
 
+namespace chorus {
+class DeviceRuntime;
+}
+
 namespace chorus::sim {
+
+// The sim DeviceRuntime, registered for DeviceType::Sim on first use: code that runs at static
+// initialization (the caching allocator's installation) calls this instead of runtime_for, whose
+// registry entry might not be there yet (initialization order across files is unspecified).
+DeviceRuntime& device_runtime();
 
 // Maximum random delay before each task, in microseconds (0: none).
 void set_delay_us(uint32_t max_delay_us);

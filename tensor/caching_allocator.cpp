@@ -1,0 +1,470 @@
+// The caching device allocator (design in caching_allocator.h): pools, best fit, split and merge,
+// stream ownership, record_stream events, the out-of-memory retry, statistics, and the per-type
+// registry behind the user API.
+#include "tensor/caching_allocator.h"
+
+#include <algorithm>
+#include <deque>
+#include <set>
+#include <unordered_map>
+#include <utility>
+
+#include "tensor/error.h"
+
+namespace chorus {
+
+struct CachingAllocator::Block {
+  StreamHandle stream = nullptr;
+  size_t size = 0;
+  size_t requested = 0;  // bytes asked for, while allocated
+  char* ptr = nullptr;
+  BlockPool* pool = nullptr;
+  bool allocated = false;
+  int event_count = 0;                 // recorded events not yet completed ([Record Stream])
+  std::set<StreamHandle> stream_uses;  // streams other than `stream` that used the block
+  Block* prev = nullptr;               // neighbours in the segment, in address order
+  Block* next = nullptr;
+
+  bool mergeable() const { return !allocated && event_count == 0 && stream_uses.empty(); }
+};
+
+namespace {
+
+// Pool order: stream first ([Stream Ownership]: a lookup never crosses streams), then best fit.
+struct BySizeOrder {
+  template <typename B>
+  bool operator()(const B* a, const B* b) const {
+    if (a->stream != b->stream) return std::less<StreamHandle>()(a->stream, b->stream);
+    if (a->size != b->size) return a->size < b->size;
+    return std::less<char*>()(a->ptr, b->ptr);
+  }
+};
+struct ByAddress {
+  template <typename B>
+  bool operator()(const B* a, const B* b) const {
+    return std::less<char*>()(a->ptr, b->ptr);
+  }
+};
+
+std::string format_size(size_t bytes) {
+  if (bytes < 1024) return fmt::format("{} bytes", bytes);
+  if (bytes < (size_t(1) << 20)) return fmt::format("{:.2f} KiB", bytes / 1024.0);
+  if (bytes < (size_t(1) << 30)) return fmt::format("{:.2f} MiB", bytes / double(1 << 20));
+  return fmt::format("{:.2f} GiB", bytes / double(1 << 30));
+}
+
+const char* type_name(DeviceType type) {
+  switch (type) {
+    case DeviceType::CPU: return "cpu";
+    case DeviceType::CUDA: return "cuda";
+    case DeviceType::Sim: return "sim";
+  }
+  return "?";
+}
+
+}  // namespace
+
+struct CachingAllocator::BlockPool {
+  explicit BlockPool(bool small) : is_small(small) {}
+  std::set<Block*, BySizeOrder> blocks;
+  const bool is_small;
+};
+
+struct CachingAllocator::DeviceState {
+  explicit DeviceState(Device d) : device(d) {}
+  const Device device;
+  std::mutex mutex;
+  BlockPool small{true};
+  BlockPool large{false};
+  std::unordered_map<void*, Block*> live;    // allocated blocks by address
+  std::set<Block*, ByAddress> segments;      // the first block of every segment
+  // Per stream, events recorded for freed blocks, oldest first ([Record Stream]).
+  std::map<StreamHandle, std::deque<std::pair<EventHandle, Block*>>> pending;
+  std::vector<EventHandle> spare_events;     // completed events, for reuse
+  std::vector<EventHandle> all_events;       // every event created (destroyed with the allocator)
+  MemoryStats stats;
+};
+
+CachingAllocator::CachingAllocator(DeviceRuntime& runtime) : runtime_(runtime) {}
+
+CachingAllocator::~CachingAllocator() {
+  for (auto& [index, st] : states_) {
+    synchronize_events(*st);
+    std::lock_guard<std::mutex> lock(st->mutex);
+    process_events(*st);
+    release_cached_segments(*st);
+    for (EventHandle e : st->all_events) runtime_.destroy_event(e);
+    // Segments with live blocks stay with the runtime (their tensors still use them); their Block
+    // records are dropped with the pools.
+    for (BlockPool* pool : {&st->small, &st->large})
+      for (Block* b : pool->blocks) delete b;
+    for (auto& [ptr, b] : st->live) delete b;
+  }
+}
+
+size_t CachingAllocator::round_size(size_t nbytes) {
+  if (nbytes < kMinBlockSize) return kMinBlockSize;
+  return (nbytes + kMinBlockSize - 1) / kMinBlockSize * kMinBlockSize;
+}
+
+size_t CachingAllocator::segment_size(size_t rounded) {
+  if (rounded <= kSmallSize) return kSmallBuffer;
+  if (rounded < kMinLargeAlloc) return kLargeBuffer;
+  return (rounded + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
+}
+
+CachingAllocator::DeviceState& CachingAllocator::state(Device device, const char* what) {
+  if (device.type != runtime_.type()) {
+    fail("CachingAllocator::{}: device {} is not a {} device (this allocator serves {} memory)", what, device.str(),
+         type_name(runtime_.type()), type_name(runtime_.type()));
+  }
+  std::lock_guard<std::mutex> lock(states_mutex_);
+  auto it = states_.find(device.index);
+  if (it != states_.end()) return *it->second;
+  const int count = runtime_.device_count();
+  if (device.index < 0 || device.index >= count) {
+    fail("CachingAllocator::{}: device {} does not exist ({} {} device(s))", what, device.str(), count,
+         type_name(device.type));
+  }
+  return *states_.emplace(device.index, std::make_unique<DeviceState>(device)).first->second;
+}
+
+// ---- Allocation ------------------------------------------------------------------------------
+
+void* CachingAllocator::allocate(size_t nbytes, Device device) {
+  DeviceState& st = state(device, "allocate");
+  if (nbytes == 0) return nullptr;
+  // [Stream Ownership]: the block belongs to the stream work on `device` goes to from this thread.
+  const StreamHandle stream = current_stream(device).handle();
+  const size_t size = round_size(nbytes);
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    process_events(st);
+    BlockPool& pool = size <= kSmallSize ? st.small : st.large;
+    Block* block = find_free_block(pool, stream, size);
+    if (block == nullptr) block = new_segment(st, pool, stream, segment_size(size));
+    if (block != nullptr) return hand_out(st, block, size, nbytes);
+  }
+  return allocate_slow(st, size, nbytes, stream, device);
+}
+
+// Nothing cached fits and the runtime refused a segment. Blocks waiting for other streams' events
+// and free cached segments may be what holds the memory: wait for the events (without the lock: a
+// stream task may be freeing a tensor right now), retry the pool, empty the cache, retry once more.
+void* CachingAllocator::allocate_slow(DeviceState& st, size_t size, size_t nbytes, StreamHandle stream,
+                                      Device device) {
+  synchronize_events(st);
+  std::lock_guard<std::mutex> lock(st.mutex);
+  ++st.stats.num_alloc_retries;
+  process_events(st);
+  BlockPool& pool = size <= kSmallSize ? st.small : st.large;
+  Block* block = find_free_block(pool, stream, size);
+  if (block == nullptr) {
+    release_cached_segments(st);
+    block = new_segment(st, pool, stream, segment_size(size));
+  }
+  if (block != nullptr) return hand_out(st, block, size, nbytes);
+
+  ++st.stats.num_ooms;
+  const size_t total = runtime_.total_memory(device.index);
+  const size_t reserved = st.stats.reserved_bytes;
+  const size_t free = total > reserved ? total - reserved : 0;
+  fail("{} out of memory: tried to allocate {} ({} bytes); {} allocated by tensors, {} reserved by chorus, {} free of "
+       "{} total (free memory less than the {} segment needed, or taken by others)",
+       device.str(), format_size(nbytes), nbytes, format_size(st.stats.allocated_bytes), format_size(reserved),
+       format_size(free), format_size(total), format_size(segment_size(size)));
+}
+
+CachingAllocator::Block* CachingAllocator::find_free_block(BlockPool& pool, StreamHandle stream, size_t size) {
+  Block key;
+  key.stream = stream;
+  key.size = size;
+  auto it = pool.blocks.lower_bound(&key);
+  if (it == pool.blocks.end() || (*it)->stream != stream) return nullptr;
+  Block* block = *it;
+  pool.blocks.erase(it);
+  return block;
+}
+
+CachingAllocator::Block* CachingAllocator::new_segment(DeviceState& st, BlockPool& pool, StreamHandle stream,
+                                                       size_t size) {
+  void* ptr = runtime_.malloc(st.device.index, size);
+  if (ptr == nullptr) return nullptr;
+  auto* block = new Block;
+  block->stream = stream;
+  block->size = size;
+  block->ptr = static_cast<char*>(ptr);
+  block->pool = &pool;
+  st.segments.insert(block);
+  MemoryStats& s = st.stats;
+  s.reserved_bytes += size;
+  s.peak_reserved_bytes = std::max(s.peak_reserved_bytes, s.reserved_bytes);
+  ++s.num_device_mallocs;
+  return block;
+}
+
+// `block` (out of its pool) serves a request of `size` rounded bytes: split off the rest when it is
+// worth keeping as a block of its own, then mark it allocated.
+void* CachingAllocator::hand_out(DeviceState& st, Block* block, size_t size, size_t nbytes) {
+  const size_t rest = block->size - size;
+  const bool split = block->pool->is_small ? rest >= kMinBlockSize : rest > kSmallSize;
+  if (split) {
+    auto* remaining = new Block;
+    remaining->stream = block->stream;
+    remaining->size = rest;
+    remaining->ptr = block->ptr + size;
+    remaining->pool = block->pool;
+    remaining->prev = block;
+    remaining->next = block->next;
+    if (block->next != nullptr) block->next->prev = remaining;
+    block->next = remaining;
+    block->size = size;
+    block->pool->blocks.insert(remaining);
+  }
+  block->allocated = true;
+  block->requested = nbytes;
+  st.live.emplace(block->ptr, block);
+  MemoryStats& s = st.stats;
+  s.allocated_bytes += block->size;
+  s.requested_bytes += nbytes;
+  s.peak_allocated_bytes = std::max(s.peak_allocated_bytes, s.allocated_bytes);
+  ++s.num_allocs;
+  return block->ptr;
+}
+
+// ---- Free --------------------------------------------------------------------------------------
+
+void CachingAllocator::deallocate(void* ptr, Device device) {
+  if (ptr == nullptr) return;
+  DeviceState& st = state(device, "deallocate");
+  std::lock_guard<std::mutex> lock(st.mutex);
+  auto it = st.live.find(ptr);
+  if (it == st.live.end()) {
+    fail("CachingAllocator::deallocate: {} is not a live block on {} (freed twice, or from another device)", ptr,
+         device.str());
+  }
+  Block* block = it->second;
+  st.live.erase(it);
+  block->allocated = false;
+  MemoryStats& s = st.stats;
+  s.allocated_bytes -= block->size;
+  s.requested_bytes -= block->requested;
+  ++s.num_frees;
+  if (block->stream_uses.empty()) {
+    free_block(st, block);
+    return;
+  }
+  // [Record Stream]: the block may still be in use by work queued on other streams. Record an event
+  // on each; the block returns to its pool when process_events sees all of them complete.
+  std::set<StreamHandle> streams = std::move(block->stream_uses);
+  block->stream_uses.clear();
+  for (StreamHandle stream : streams) {
+    EventHandle event;
+    if (!st.spare_events.empty()) {
+      event = st.spare_events.back();
+      st.spare_events.pop_back();
+    } else {
+      event = runtime_.create_event(device.index, /*enable_timing=*/false);
+      st.all_events.push_back(event);
+    }
+    runtime_.record_event(event, stream);
+    ++block->event_count;
+    st.pending[stream].emplace_back(event, block);
+  }
+}
+
+// Returns a block nobody uses any more to its pool, merged with free neighbours.
+void CachingAllocator::free_block(DeviceState& st, Block* block) {
+  BlockPool& pool = *block->pool;
+  if (Block* prev = block->prev; prev != nullptr && prev->mergeable()) {
+    pool.blocks.erase(prev);
+    if (prev->prev == nullptr) {  // prev was the segment's first block; now `block` is
+      st.segments.erase(prev);
+      block->ptr = prev->ptr;
+      st.segments.insert(block);
+    } else {
+      block->ptr = prev->ptr;
+    }
+    block->size += prev->size;
+    block->prev = prev->prev;
+    if (block->prev != nullptr) block->prev->next = block;
+    delete prev;
+  }
+  if (Block* next = block->next; next != nullptr && next->mergeable()) {
+    pool.blocks.erase(next);
+    block->size += next->size;
+    block->next = next->next;
+    if (block->next != nullptr) block->next->prev = block;
+    delete next;
+  }
+  pool.blocks.insert(block);
+}
+
+void CachingAllocator::record_stream(void* ptr, const Stream& stream) {
+  if (ptr == nullptr) return;
+  DeviceState& st = state(stream.device(), "record_stream");
+  std::lock_guard<std::mutex> lock(st.mutex);
+  auto it = st.live.find(ptr);
+  if (it == st.live.end()) {
+    fail("record_stream: {} is not a live block of the caching allocator on {} (the stream's device; memory "
+         "from from_blob or another device cannot be recorded)",
+         ptr, stream.device().str());
+  }
+  // Work on the owning stream is ordered anyway ([Stream Ownership]).
+  if (stream.handle() != it->second->stream) it->second->stream_uses.insert(stream.handle());
+}
+
+// ---- Events, empty_cache -----------------------------------------------------------------------
+
+// Frees the blocks whose events have all completed. Only queries: never blocks the host.
+void CachingAllocator::process_events(DeviceState& st) {
+  for (auto it = st.pending.begin(); it != st.pending.end();) {
+    auto& queue = it->second;
+    // Events on one stream complete in the order they were recorded: stop at the first pending one.
+    while (!queue.empty() && runtime_.query_event(queue.front().first)) {
+      auto [event, block] = queue.front();
+      queue.pop_front();
+      st.spare_events.push_back(event);
+      if (--block->event_count == 0) free_block(st, block);
+    }
+    it = queue.empty() ? st.pending.erase(it) : std::next(it);
+  }
+}
+
+// Waits (host-blocking) for every event recorded so far, without holding the lock; process_events
+// then frees their blocks. Events are never destroyed while the allocator lives, so a handle stays
+// valid even if another thread recycles it meanwhile (a wait on its newer record just ends later).
+void CachingAllocator::synchronize_events(DeviceState& st) {
+  std::vector<EventHandle> events;
+  {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    for (auto& [stream, queue] : st.pending)
+      for (auto& entry : queue) events.push_back(entry.first);
+  }
+  if (events.empty()) return;
+  note_host_sync();
+  for (EventHandle e : events) runtime_.synchronize_event(e);
+}
+
+// Returns every segment that is one free block to the runtime (called with the lock held).
+void CachingAllocator::release_cached_segments(DeviceState& st) {
+  for (BlockPool* pool : {&st.small, &st.large}) {
+    for (auto it = pool->blocks.begin(); it != pool->blocks.end();) {
+      Block* b = *it;
+      if (b->prev != nullptr || b->next != nullptr) {
+        ++it;
+        continue;
+      }
+      it = pool->blocks.erase(it);
+      st.segments.erase(b);
+      runtime_.free(st.device.index, b->ptr);
+      st.stats.reserved_bytes -= b->size;
+      ++st.stats.num_device_frees;
+      delete b;
+    }
+  }
+}
+
+void CachingAllocator::empty_cache(Device device) {
+  DeviceState& st = state(device, "empty_cache");
+  synchronize_events(st);
+  std::lock_guard<std::mutex> lock(st.mutex);
+  process_events(st);
+  release_cached_segments(st);
+}
+
+// ---- Statistics ----------------------------------------------------------------------------------
+
+MemoryStats CachingAllocator::stats(Device device) {
+  DeviceState& st = state(device, "stats");
+  std::lock_guard<std::mutex> lock(st.mutex);
+  return st.stats;
+}
+
+void CachingAllocator::reset_peak_memory_stats(Device device) {
+  DeviceState& st = state(device, "reset_peak_memory_stats");
+  std::lock_guard<std::mutex> lock(st.mutex);
+  st.stats.peak_allocated_bytes = st.stats.allocated_bytes;
+  st.stats.peak_reserved_bytes = st.stats.reserved_bytes;
+}
+
+std::vector<MemorySegmentInfo> CachingAllocator::snapshot(Device device) {
+  DeviceState& st = state(device, "snapshot");
+  std::lock_guard<std::mutex> lock(st.mutex);
+  std::vector<MemorySegmentInfo> out;
+  out.reserve(st.segments.size());
+  for (Block* head : st.segments) {
+    MemorySegmentInfo seg;
+    seg.address = reinterpret_cast<uintptr_t>(head->ptr);
+    seg.small_pool = head->pool->is_small;
+    seg.stream = head->stream;
+    for (Block* b = head; b != nullptr; b = b->next) {
+      using State = MemoryBlockInfo::State;
+      const State state = b->allocated ? State::Allocated : b->event_count > 0 ? State::AwaitingEvents : State::Free;
+      seg.blocks.push_back({reinterpret_cast<uintptr_t>(b->ptr), b->size, state});
+      seg.size += b->size;
+    }
+    out.push_back(std::move(seg));
+  }
+  return out;
+}
+
+// ---- Registry and the user API ---------------------------------------------------------------------
+
+namespace {
+
+struct AllocatorRegistry {
+  std::mutex mutex;
+  CachingAllocator* allocators[3] = {nullptr, nullptr, nullptr};
+};
+
+// A function-local static: backends install at static initialization, in any order.
+AllocatorRegistry& allocator_registry() {
+  static auto* r = new AllocatorRegistry();  // leaked: stream threads may free tensors at exit
+  return *r;
+}
+
+}  // namespace
+
+CachingAllocator& install_caching_allocator(DeviceRuntime& runtime) {
+  AllocatorRegistry& r = allocator_registry();
+  CachingAllocator* allocator;
+  {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    CachingAllocator*& slot = r.allocators[static_cast<int>(runtime.type())];
+    if (slot == nullptr) slot = new CachingAllocator(runtime);  // leaked, as the registry
+    allocator = slot;
+  }
+  register_allocator(runtime.type(), allocator);
+  return *allocator;
+}
+
+CachingAllocator& caching_allocator_for(DeviceType type) {
+  AllocatorRegistry& r = allocator_registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  CachingAllocator* a = r.allocators[static_cast<int>(type)];
+  if (a == nullptr) {
+    fail("no caching allocator for {} devices: {}", type_name(type),
+         type == DeviceType::CPU ? "CPU memory does not go through it"
+                                 : "this build of chorus has no such backend (CUDA needs a CUDA toolkit at build time)");
+  }
+  return *a;
+}
+
+size_t memory_allocated(Device device) { return memory_stats(device).allocated_bytes; }
+size_t memory_reserved(Device device) { return memory_stats(device).reserved_bytes; }
+size_t max_memory_allocated(Device device) { return memory_stats(device).peak_allocated_bytes; }
+size_t max_memory_reserved(Device device) { return memory_stats(device).peak_reserved_bytes; }
+MemoryStats memory_stats(Device device) { return caching_allocator_for(device.type).stats(device); }
+void reset_peak_memory_stats(Device device) { caching_allocator_for(device.type).reset_peak_memory_stats(device); }
+void empty_cache(Device device) { caching_allocator_for(device.type).empty_cache(device); }
+
+void record_stream(const Storage& storage, const Stream& stream) {
+  if (!storage || storage->data() == nullptr) return;
+  if (storage->device() != stream.device()) {
+    fail("record_stream: the storage is on {} but the stream on {}", storage->device().str(), stream.device().str());
+  }
+  caching_allocator_for(stream.device().type).record_stream(storage->data(), stream);
+}
+
+}  // namespace chorus
