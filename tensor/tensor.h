@@ -121,6 +121,8 @@ class Tensor {
   Tensor to(DType dtype) const;
   Tensor to(Device device) const;
   Tensor to(Device device, DType dtype) const;
+  Tensor cpu() const;                     // to(Device::cpu())
+  Tensor cuda(int index = 0) const;       // to(Device::cuda(index))
   Tensor contiguous() const;
   Tensor clone() const;
   Tensor& copy_(const Tensor& src);  // broadcasting, across dtypes

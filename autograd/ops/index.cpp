@@ -17,7 +17,10 @@ Tensor index_as_int64(const Tensor& index, const char* name) {
   return contiguous(cast(alias_without_history(index), kInt64));
 }
 
-void check_index_range(const Tensor& idx, int64_t size, const char* name, int64_t dim) {
+// Index checks read device indices back to the host (a synchronization; PyTorch checks them on the
+// device instead, with an asynchronous device-side assert).
+void check_index_range(const Tensor& index, int64_t size, const char* name, int64_t dim) {
+  const Tensor idx = index.cpu();
   const int64_t* p = idx.data_ptr<int64_t>();
   for (int64_t i = 0; i < idx.numel(); ++i) {
     if (p[i] < 0 || p[i] >= size) {
@@ -29,7 +32,7 @@ void check_index_range(const Tensor& idx, int64_t size, const char* name, int64_
 
 // index with negative values wrapped (index_select and t[idx] accept -1 like PyTorch).
 Tensor wrap_negative(const Tensor& idx, int64_t size, const char* name, int64_t dim) {
-  Tensor out = idx.clone();
+  Tensor out = idx.cpu().clone();
   int64_t* p = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < out.numel(); ++i) {
     if (p[i] < -size || p[i] >= size) {
@@ -38,7 +41,7 @@ Tensor wrap_negative(const Tensor& idx, int64_t size, const char* name, int64_t 
     }
     if (p[i] < 0) p[i] += size;
   }
-  return out;
+  return out.to(idx.device());
 }
 
 void check_gather_shapes(const char* name, const Tensor& self, int64_t dim, const Tensor& index, const Tensor* src) {
@@ -325,13 +328,13 @@ Tensor index(const Tensor& t, const Tensor& indices) {
       fail("index: the boolean mask of shape {} does not match the leading dims of the indexed tensor of shape {}",
            shape_str(indices.sizes()), shape_str(t.sizes()));
     }
-    Tensor m = contiguous(indices);
+    Tensor m = contiguous(indices).cpu();  // the result's size depends on the mask: read it on the host
     const bool* p = m.data_ptr<bool>();
     std::vector<int64_t> positions;
     for (int64_t i = 0; i < m.numel(); ++i) if (p[i]) positions.push_back(i);
     Shape flat{m.numel()};
     flat.insert(flat.end(), t.sizes().begin() + k, t.sizes().end());
-    return index_select(reshape(t, flat), 0, tensor(positions));
+    return index_select(reshape(t, flat), 0, tensor(positions, std::nullopt, {.dtype = kInt64, .device = t.device()}));
   }
   Tensor idx = index_as_int64(indices, "index");
   Tensor picked = index_select(t, 0, idx.reshape({-1}));
@@ -356,8 +359,8 @@ Tensor one_hot(const Tensor& labels, int64_t num_classes) {
   }
   Shape shape = idx.sizes();
   shape.push_back(num_classes);
-  Tensor out = zeros(shape, {.dtype = kInt64});
-  Tensor ones_src = ones(idx.sizes(), {.dtype = kInt64}).unsqueeze(-1);
+  Tensor out = zeros(shape, {.dtype = kInt64, .device = idx.device()});
+  Tensor ones_src = ones(idx.sizes(), {.dtype = kInt64, .device = idx.device()}).unsqueeze(-1);
   kernels::scatter(out, out.dim() - 1, idx.unsqueeze(-1), ones_src, false);
   return out;
 }

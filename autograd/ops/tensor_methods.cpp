@@ -104,6 +104,8 @@ Tensor& Tensor::detach_() {
 Tensor Tensor::to(DType dtype) const { return to_dtype(*this, dtype); }
 Tensor Tensor::to(Device device) const { return to_device(*this, device); }
 Tensor Tensor::to(Device device, DType dtype) const { return to_device(to_dtype(*this, dtype), device); }
+Tensor Tensor::cpu() const { return to_device(*this, kCPU); }
+Tensor Tensor::cuda(int index) const { return to_device(*this, Device::cuda(index)); }
 Tensor Tensor::contiguous() const { return chorus::contiguous(*this); }
 Tensor Tensor::clone() const { return chorus::clone(*this); }
 Tensor& Tensor::copy_(const Tensor& src) { return chorus::copy_(*this, src); }

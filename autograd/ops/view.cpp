@@ -259,7 +259,7 @@ Tensor as_strided(const Tensor& t, const Shape& sizes, const Strides& strides, s
                              // Scatter-add each output element into the input position it reads, so
                              // overlapping windows accumulate.
                              const int64_t n = numel_of(in_shape);
-                             Tensor positions = arange(0, n, 1, TensorOptions{.dtype = kInt64});
+                             Tensor positions = arange(0, n, 1, TensorOptions{.dtype = kInt64, .device = g[0].device()});
                              Tensor picked = as_strided(positions, sizes, strides, offset - in_offset).contiguous();
                              Tensor gi = zeros({n}, g[0].options());
                              kernels::index_add(gi, 0, picked.reshape({-1}), g[0].contiguous().reshape({-1}));

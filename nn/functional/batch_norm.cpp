@@ -93,7 +93,7 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
   // Per-channel sums over this process's batch, then over every process.
   Tensor x = ops::cast(alias_without_history(input), cd).contiguous().reshape({n, c, s});
   Tensor x64 = x.to(kFloat64);
-  Tensor stats = cat({x64.sum({0, 2}), x64.mul(x64).sum({0, 2}), full({1}, static_cast<double>(n * s), {.dtype = kFloat64})});
+  Tensor stats = cat({x64.sum({0, 2}), x64.mul(x64).sum({0, 2}), full({1}, static_cast<double>(n * s), {.dtype = kFloat64, .device = x64.device()})});
   sync->all_reduce_sum(stats);
   const double count = stats[2 * c].item<double>();
   if (count <= 1) fail("sync_batch_norm: expected more than 1 value per channel over all processes, got {}", count);

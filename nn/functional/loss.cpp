@@ -53,7 +53,9 @@ void flatten_classes(const char* name, const Tensor& input, const Tensor& target
   target1d = target.to(kInt64).contiguous().reshape({-1});
 }
 
-void check_targets(const char* name, const Tensor& target1d, int64_t classes, int64_t ignore_index) {
+void check_targets(const char* name, const Tensor& target, int64_t classes, int64_t ignore_index) {
+  // Device targets are read back for the check (PyTorch asserts on the device instead).
+  const Tensor target1d = target.cpu();
   const int64_t* p = target1d.data_ptr<int64_t>();
   for (int64_t i = 0; i < target1d.numel(); ++i) {
     if (p[i] != ignore_index && (p[i] < 0 || p[i] >= classes)) {
@@ -90,24 +92,15 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
   // Reduction inside the op, so the backward knows each row's scale: mean divides by the summed
   // target weights of the non-ignored rows (the count when unweighted), as PyTorch.
   Tensor out;
-  double denom = 1.0;
+  Tensor denom;  // float64 0-d on the device: the mean's denominator (1 for a sum)
   if (options.reduction == Reduction::None) {
     out = ops::reshaped_result(losses, loss_shape);
   } else {
-    double total = 0;
-    CHORUS_DISPATCH_FLOATING(cd, "cross_entropy", [&]<typename T>() {
-      const T* pl = losses.data_ptr<T>();
-      const T* pw = row_weight.data_ptr<T>();
-      double s = 0, w = 0;
-      for (int64_t i = 0; i < rows; ++i) {
-        s += pl[i];
-        w += pw[i];
-      }
-      total = s;
-      if (options.reduction == Reduction::Mean) denom = w;
-    });
-    // All targets ignored: mean is 0/0 = nan, as PyTorch.
-    out = full({}, total / denom, {.dtype = cd});
+    // Summed in float64 on the device: no host round trip. All targets ignored: 0/0 = nan, as PyTorch.
+    const Tensor total = losses.to(kFloat64).sum();
+    denom = options.reduction == Reduction::Mean ? row_weight.to(kFloat64).sum()
+                                                 : full({}, 1.0, {.dtype = kFloat64, .device = x.device()});
+    out = ops::cast(total / denom, cd);
   }
   out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&input})) {
@@ -122,7 +115,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
                        if (reduction == Reduction::None) {
                          scale = ops::cast(g[0], cd).contiguous().reshape({-1});
                        } else {
-                         scale = mul(ones({rows}, {.dtype = cd}), ops::cast(g[0], cd).item().to_double() / denom);
+                         scale = ops::cast(ops::cast(g[0], kFloat64) / denom, cd).expand({rows}).contiguous();
                        }
                        Tensor grad = make_tensor({rows, C}, cd, probs.device());
                        kernels::cross_entropy_backward(grad, scale, probs, target1d, cw, ignore, smoothing);

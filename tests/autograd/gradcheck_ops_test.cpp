@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "autograd/gradcheck.h"
+#include "tensor/sim/sim.h"
 #include "tests/autograd/autograd_testing.h"
 
 namespace chorus {
@@ -61,7 +62,7 @@ Arg fixed(Tensor values) {
 
 // The leaf for `arg`: a transposed input is the transpose of a contiguous [.., n, m] tensor, a
 // step-sliced one takes every other element of a tensor twice as long in the last dim.
-Tensor make_input(const Arg& arg, Generator& gen) {
+Tensor make_input(const Arg& arg, Generator& gen, Device device = kCPU) {
   Shape base = arg.shape;
   if (arg.layout == Layout::Transposed) {
     REQUIRE(base.size() >= 2);
@@ -70,7 +71,7 @@ Tensor make_input(const Arg& arg, Generator& gen) {
     REQUIRE(!base.empty());
     base.back() *= 2;
   }
-  Tensor t = testing::random_values(base, arg.values, gen);
+  Tensor t = testing::random_values(base, arg.values, gen).to(device);
   if (arg.layout == Layout::Transposed) t = t.transpose(-2, -1);
   if (arg.layout == Layout::StepSliced) t = t.slice(-1, 0, std::nullopt, 2);
   REQUIRE(t.sizes() == arg.shape);
@@ -110,8 +111,14 @@ void binary(Table& t, const std::string& name, Fn f, Values va = Values::Any, Va
   t.push_back({name + " [step-sliced 2x4, broadcast 3x1x4]", {with(va, {2, 4}).step_sliced(), with(vb, {3, 1, 4})}, f});
 }
 
-Tensor bools(std::vector<bool> values, Shape shape) { return tensor(values, shape); }
-Tensor longs(std::vector<int64_t> values, Shape shape) { return tensor(values, shape); }
+// The device the table's fixed tensors (masks, indices) are made on: op_table(device) sets it, so
+// the same rows run on the CPU and on the sim device.
+Device g_table_device = kCPU;
+Tensor bools(std::vector<bool> values, Shape shape) { return tensor(values, shape, {.dtype = kBool, .device = g_table_device}); }
+Tensor longs(std::vector<int64_t> values, Shape shape) { return tensor(values, shape, {.dtype = kInt64, .device = g_table_device}); }
+// For rows that make their index inside the op (the device is captured when the table is built).
+Tensor bools_on(Device d, std::vector<bool> values, Shape shape) { return tensor(values, shape, {.dtype = kBool, .device = d}); }
+Tensor longs_on(Device d, std::vector<int64_t> values, Shape shape) { return tensor(values, shape, {.dtype = kInt64, .device = d}); }
 
 void pointwise_rows(Table& t) {
   binary(t, "add", [](L x) { return x[0] + x[1]; });
@@ -347,7 +354,7 @@ void view_rows(Table& t) {
   t.push_back({"expand -1", {any({1, 4})}, [](L x) { return x[0].expand({3, -1}); }});
   t.push_back({"expand 0-d", {any({})}, [](L x) { return x[0].expand({2, 3}); }});
   t.push_back({"expand [step-sliced]", {any({3, 1, 2}).step_sliced()}, [](L x) { return x[0].expand({2, 3, 4, 2}); }});
-  t.push_back({"expand_as", {any({4})}, [](L x) { return x[0].expand_as(zeros({3, 4})); }});
+  t.push_back({"expand_as", {any({4})}, [](L x) { return x[0].expand_as(zeros({3, 4}, x[0].options())); }});
   t.push_back({"flatten", {any({2, 3, 2})}, [](L x) { return flatten(x[0]); }});
   t.push_back({"flatten 1..2", {any({2, 3, 2})}, [](L x) { return x[0].flatten(1); }});
   t.push_back({"flatten 0-d", {any({})}, [](L x) { return x[0].flatten(); }});
@@ -419,19 +426,19 @@ void join_index_rows(Table& t) {
   const Tensor rows = longs({2, 0, 2, 3}, {4});  // row 2 twice, row 1 never
   t.push_back({"index_select dim 0 (repeats)", {any({4, 3})}, [rows](L x) { return index_select(x[0], 0, rows); }});
   t.push_back({"index_select dim 1 negative", {any({3, 4})},
-               [](L x) { return x[0].index_select(1, longs({-1, 0, -1}, {3})); }});
+               [d = g_table_device](L x) { return x[0].index_select(1, longs_on(d, {-1, 0, -1}, {3})); }});
   t.push_back({"index_select [transposed]", {any({4, 3}).transposed()}, [rows](L x) { return index_select(x[0], 0, rows); }});
   t.push_back({"index_select 1-D int32 index", {any({5})},
-               [](L x) { return index_select(x[0], 0, tensor<int32_t>({4, 1, 1})); }});
+               [d = g_table_device](L x) { return index_select(x[0], 0, tensor<int32_t>({4, 1, 1}, std::nullopt, {.dtype = kInt32, .device = d})); }});
   const Tensor gidx = longs({0, 0, 3, 1, 2, 2}, {3, 2});
   t.push_back({"gather dim 1 (repeats)", {any({3, 4})}, [gidx](L x) { return gather(x[0], 1, gidx); }});
-  t.push_back({"gather dim 0", {any({4, 2})}, [](L x) { return x[0].gather(0, longs({3, 0, 3, 1, 0, 0}, {3, 2})); }});
+  t.push_back({"gather dim 0", {any({4, 2})}, [d = g_table_device](L x) { return x[0].gather(0, longs_on(d, {3, 0, 3, 1, 0, 0}, {3, 2})); }});
   t.push_back({"gather [step-sliced]", {any({3, 4}).step_sliced()}, [gidx](L x) { return gather(x[0], 1, gidx); }});
   // scatter: indices unique per row, so the result does not depend on write order.
   const Tensor sidx = longs({1, 3, 0, 2, 3, 0}, {3, 2});
   t.push_back({"scatter (self and src)", {any({3, 4}), any({3, 2})}, [sidx](L x) { return scatter(x[0], 1, sidx, x[1]); }});
   t.push_back({"scatter dim 0", {any({4, 2}), any({2, 2})},
-               [](L x) { return scatter(x[0], 0, longs({3, 0, 1, 3}, {2, 2}), x[1]); }});
+               [d = g_table_device](L x) { return scatter(x[0], 0, longs_on(d, {3, 0, 1, 3}, {2, 2}), x[1]); }});
   t.push_back({"scatter [transposed, step-sliced]", {any({3, 4}).transposed(), any({3, 2}).step_sliced()},
                [sidx](L x) { return scatter(x[0], 1, sidx, x[1]); }});
   t.push_back({"scatter src larger than index", {any({3, 4}), any({3, 3})},
@@ -444,15 +451,15 @@ void join_index_rows(Table& t) {
   t.push_back({"scatter_add src larger than index", {any({3, 4}), any({3, 3})},
                [dup](L x) { return scatter_add(x[0], 1, dup, x[1]); }});
   t.push_back({"index by int64 tensor (2-D, repeats)", {any({4, 3})},
-               [](L x) { return x[0].index(longs({0, 2, 2, 3}, {2, 2})); }});
-  t.push_back({"index by negative int64 indices", {any({4, 3})}, [](L x) { return x[0].index(longs({-1, 0, -1}, {3})); }});
+               [d = g_table_device](L x) { return x[0].index(longs_on(d, {0, 2, 2, 3}, {2, 2})); }});
+  t.push_back({"index by negative int64 indices", {any({4, 3})}, [d = g_table_device](L x) { return x[0].index(longs_on(d, {-1, 0, -1}, {3})); }});
   t.push_back({"index by int tensor [transposed]", {any({4, 3}).transposed()}, [rows](L x) { return index(x[0], rows); }});
   t.push_back({"index by bool mask", {any({4, 3})},
-               [](L x) { return index(x[0], bools({true, false, true, true}, {4})); }});
+               [d = g_table_device](L x) { return index(x[0], bools_on(d, {true, false, true, true}, {4})); }});
   t.push_back({"index by 2-D bool mask", {any({2, 3, 2})},
-               [](L x) { return x[0].index(bools({false, true, true, true, false, true}, {2, 3})); }});
+               [d = g_table_device](L x) { return x[0].index(bools_on(d, {false, true, true, true, false, true}, {2, 3})); }});
   t.push_back({"index by bool mask [step-sliced]", {any({4, 3}).step_sliced()},
-               [](L x) { return index(x[0], bools({false, true, false, true}, {4})); }});
+               [d = g_table_device](L x) { return index(x[0], bools_on(d, {false, true, false, true}, {4})); }});
 
   // In-place ops on non-leaves (clones or results of ops that save nothing).
   t.push_back({"copy_ into a clone (broadcast src)", {any({3, 4}), any({4})}, [](L x) {
@@ -511,9 +518,9 @@ void join_index_rows(Table& t) {
                  c.div_(4.0);
                  return c * x[0];
                }});
-  t.push_back({"div_ by a constant tensor", {any({3, 4})}, [](L x) {
+  t.push_back({"div_ by a constant tensor", {any({3, 4})}, [d = g_table_device](L x) {
                  Tensor c = x[0].clone();
-                 c.div_(tensor<double>({2.0, -4.0, 0.5, 8.0}));
+                 c.div_(tensor<double>({2.0, -4.0, 0.5, 8.0}, std::nullopt, {.dtype = kFloat64, .device = d}));
                  return c;
                }});
   t.push_back({"clamp_", {nonzero({3, 4})}, [](L x) {
@@ -539,20 +546,40 @@ void join_index_rows(Table& t) {
                }});
 }
 
-Table op_table() {
+Table op_table(Device device = kCPU) {
+  g_table_device = device;
   Table t;
   pointwise_rows(t);
   reduction_rows(t);
   linalg_rows(t);
   view_rows(t);
   join_index_rows(t);
+  g_table_device = kCPU;
   return t;
 }
 
-TensorList make_inputs(const OpRow& row, Generator& gen) {
+TensorList make_inputs(const OpRow& row, Generator& gen, Device device = kCPU) {
   TensorList inputs;
-  for (const Arg& a : row.args) inputs.push_back(make_input(a, gen));
+  for (const Arg& a : row.args) inputs.push_back(make_input(a, gen, device));
   return inputs;
+}
+
+// Output and input gradients of one row on `device`, from the inputs seeded by `seed` and an
+// output gradient seeded the same way: everything brought back to the CPU for comparison.
+TensorList forward_backward(const OpRow& row, uint64_t seed, Device device) {
+  Generator gen(seed);
+  TensorList inputs = make_inputs(row, gen, device);
+  Tensor out = row.f(inputs);
+  REQUIRE(out.device() == device);
+  Tensor grad_out = randn(out.sizes(), {.dtype = out.dtype()}, &gen).to(device);
+  out.backward(grad_out);
+  TensorList results{out.detach().cpu()};
+  for (const Tensor& x : inputs) {
+    REQUIRE(x.grad().defined());
+    REQUIRE(x.grad().device() == device);
+    results.push_back(x.grad().cpu());
+  }
+  return results;
 }
 
 }  // namespace
@@ -588,6 +615,29 @@ TEST_CASE("every op's backward handles a non-contiguous incoming gradient", "[au
       CHECK(gradcheck([f](L x) { return f(x).sum({0}); }, inputs, row.options));
     }
   }
+}
+
+// The device seam: the same table on the sim device (its streams run the cpu kernels on worker
+// threads over memory the host cannot read) gives exactly the CPU's outputs and gradients. Inputs
+// keep their layouts (transposed, step-sliced) on the device; the masks and indices the rows
+// capture are made there too.
+TEST_CASE("every op gives the CPU's outputs and gradients on the sim device", "[autograd][sim]") {
+  const Table cpu_rows = op_table(kCPU);
+  const Table sim_rows = op_table(Device::sim(0));
+  REQUIRE(cpu_rows.size() == sim_rows.size());
+  const uint64_t tasks_before = sim::tasks_run();
+  for (size_t i = 0; i < cpu_rows.size(); ++i) {
+    INFO("op: " << cpu_rows[i].name);
+    const TensorList expected = forward_backward(cpu_rows[i], 1000 + i, kCPU);
+    const TensorList got = forward_backward(sim_rows[i], 1000 + i, Device::sim(0));
+    REQUIRE(got.size() == expected.size());
+    for (size_t k = 0; k < got.size(); ++k) {
+      INFO((k == 0 ? std::string("output") : "gradient of input " + std::to_string(k - 1)));
+      REQUIRE(got[k].sizes() == expected[k].sizes());
+      CHECK(equal(got[k], expected[k]));
+    }
+  }
+  CHECK(sim::tasks_run() > tasks_before + cpu_rows.size());  // the work ran on sim streams
 }
 
 TEST_CASE("gradcheck reports a wrong gradient, naming the input and the entry", "[autograd][gradcheck]") {
