@@ -95,7 +95,17 @@ namespace chorus::kernels {
     (const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_out,            \
      const Tensor& x, const Tensor& save_mean, const Tensor& save_rstd, const Tensor& weight,                     \
      bool use_batch_stats, int64_t n, int64_t c, int64_t s),                                                      \
-    (grad_x, grad_weight, grad_bias, grad_out, x, save_mean, save_rstd, weight, use_batch_stats, n, c, s))
+    (grad_x, grad_weight, grad_bias, grad_out, x, save_mean, save_rstd, weight, use_batch_stats, n, c, s))      \
+  X(sgd_step,                                                                                                     \
+    (const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr, double weight_decay,      \
+     double momentum, double dampening, bool nesterov, bool first_step),                                          \
+    (param, grad, momentum_buffer, lr, weight_decay, momentum, dampening, nesterov, first_step))                  \
+  X(adam_step,                                                                                                    \
+    (const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,                    \
+     const Tensor& max_exp_avg_sq, double lr, double beta1, double beta2, double eps, double weight_decay,        \
+     double step_size, double bias_correction2_sqrt, bool decoupled),                                             \
+    (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step_size,            \
+     bias_correction2_sqrt, decoupled))
 
 // One device type's kernels. An entry left null is "not implemented on this device" (a clear error).
 struct KernelTable {

@@ -105,10 +105,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
     if (name.empty() || name == "__metadata__") fail("save_safetensors {}: invalid tensor name '{}'", path, name);
     if (!seen.insert(name).second) fail("save_safetensors {}: tensor name '{}' appears twice", path, name);
     if (!t.defined()) fail("save_safetensors {}: tensor '{}' is undefined", path, name);
-    if (!t.device().is_cpu()) {
-      fail("save_safetensors {}: tensor '{}' is on {}; move it to the CPU first", path, name, t.device().str());
-    }
-    Tensor c = t.detach().contiguous();
+    Tensor c = t.detach().cpu().contiguous();  // saved from any device (a file holds host bytes)
     const uint64_t bytes = static_cast<uint64_t>(c.numel()) * c.element_size();
     header[name] = {{"dtype", st_dtype(c.dtype())}, {"shape", c.sizes()}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;

@@ -3,38 +3,39 @@
 #include <cmath>
 
 #include "autograd/grad_mode.h"
+#include "kernels/dispatch.h"
 #include "tensor/ops.h"
 
 namespace chorus::optim {
 namespace {
 
-// Runs f(T* p, const T* g, n) over a parameter and its gradient as contiguous arrays, writing back
-// when the parameter is not contiguous. float32 and float64 parameters.
-template <typename F>
-void with_raw(const std::string& opt, Tensor& p, const F& f) {
+// The contiguous gradient (in the parameter's dtype) and the contiguous parameter an update kernel
+// runs over, on the parameter's device; `finish` writes a non-contiguous parameter back and bumps
+// its version, as PyTorch's in-place optimizer updates do.
+struct Raw {
+  Tensor param, grad;
+};
+Raw raw_operands(const std::string& opt, Tensor& p) {
   if (p.dtype() != kFloat32 && p.dtype() != kFloat64) {
     fail("{}: parameters must be float32 or float64, got {}", opt, dtype_name(p.dtype()));
   }
-  if (!p.device().is_cpu()) fail("{}: parameter on {}; only CPU parameters are supported here", opt, p.device().str());
   Tensor g = p.grad();
   if (g.sizes() != p.sizes()) {
     fail("{}: gradient of shape {} does not match its parameter's shape {}", opt, shape_str(g.sizes()),
          shape_str(p.sizes()));
   }
-  Tensor gc = g.dtype() == p.dtype() ? g.contiguous() : g.to(p.dtype()).contiguous();
-  Tensor pc = p.is_contiguous() ? p : p.contiguous();
-  if (p.dtype() == kFloat32) f(pc.data_ptr<float>(), gc.data_ptr<float>(), pc.numel());
-  else f(pc.data_ptr<double>(), gc.data_ptr<double>(), pc.numel());
-  if (!pc.is_same(p)) {
-    NoGradGuard no_grad;
-    p.copy_(pc);
+  if (g.device() != p.device()) {
+    fail("{}: gradient on {} but its parameter on {}", opt, g.device().str(), p.device().str());
   }
-  p.bump_version();  // an in-place update, as PyTorch's optimizers
+  Tensor gc = g.dtype() == p.dtype() ? g.contiguous() : g.to(p.dtype()).contiguous();
+  return {p.is_contiguous() ? p : p.contiguous(), gc};
 }
-
-template <typename T>
-T* buf(std::map<std::string, Tensor>& st, const std::string& name) {
-  return st.at(name).data_ptr<T>();
+void finish(Tensor& p, const Raw& raw) {
+  if (!raw.param.is_same(p)) {
+    NoGradGuard no_grad;
+    p.copy_(raw.param);
+  }
+  p.bump_version();
 }
 
 }  // namespace
@@ -152,7 +153,10 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
         fail("{}.load_state_dict: '{}' has shape {}, but parameter {} has shape {}", name_, name, shape_str(t.sizes()),
              index, shape_str(flat[index].sizes()));
       }
-      buffers[index][buffer] = buffer == "step" ? t.to(kFloat64).clone() : t.to(flat[index].dtype()).clone();
+      // The step count stays a float64 CPU scalar (as PyTorch's non-capturable optimizers); the
+      // buffers go to the parameter's device and dtype, wherever the state was saved from.
+      buffers[index][buffer] = buffer == "step" ? t.cpu().to(kFloat64).clone()
+                                                : t.to(flat[index].dtype()).to(flat[index].device()).clone();
     } else {
       fail("{}.load_state_dict: unexpected key '{}' (expected param_groups.* or state.*)", name_, name);
     }
@@ -201,23 +205,14 @@ void SGD::step() {
       if (mom != 0) {
         st = &state_of(p);
         if (!st->count("momentum_buffer")) {
-          (*st)["momentum_buffer"] = zeros(p.sizes(), TensorOptions{.dtype = p.dtype()});
+          (*st)["momentum_buffer"] = zeros(p.sizes(), p.options());
           first = true;
         }
       }
-      with_raw("SGD", p, [&]<typename T>(T* w, const T* g, int64_t n) {
-        T* v = st ? buf<T>(*st, "momentum_buffer") : nullptr;
-        const T tlr = static_cast<T>(lr), twd = static_cast<T>(wd), tm = static_cast<T>(mom),
-                keep = static_cast<T>(1 - damp);
-        for (int64_t i = 0; i < n; ++i) {
-          T d = g[i] + twd * w[i];
-          if (v) {
-            v[i] = first ? d : tm * v[i] + keep * d;
-            d = nesterov ? d + tm * v[i] : v[i];
-          }
-          w[i] -= tlr * d;
-        }
-      });
+      Raw raw = raw_operands("SGD", p);
+      kernels::sgd_step(raw.param, raw.grad, st ? st->at("momentum_buffer") : Tensor(), lr, wd, mom, damp, nesterov,
+                        first);
+      finish(p, raw);
     }
   }
 }
@@ -257,36 +252,20 @@ void Adam::step() {
       auto& st = state_of(p);
       if (!st.count("exp_avg")) {
         st["step"] = zeros({}, TensorOptions{.dtype = kFloat64});
-        st["exp_avg"] = zeros(p.sizes(), TensorOptions{.dtype = p.dtype()});
-        st["exp_avg_sq"] = zeros(p.sizes(), TensorOptions{.dtype = p.dtype()});
-        if (amsgrad) st["max_exp_avg_sq"] = zeros(p.sizes(), TensorOptions{.dtype = p.dtype()});
+        st["exp_avg"] = zeros(p.sizes(), p.options());
+        st["exp_avg_sq"] = zeros(p.sizes(), p.options());
+        if (amsgrad) st["max_exp_avg_sq"] = zeros(p.sizes(), p.options());
       }
       double* step = st["step"].data_ptr<double>();
       *step += 1;
       const double bc1 = 1 - std::pow(b1, *step), bc2 = 1 - std::pow(b2, *step);
       const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
       const bool use_max = amsgrad && st.count("max_exp_avg_sq");
-      with_raw(name_, p, [&]<typename T>(T* w, const T* g, int64_t n) {
-        T* m = buf<T>(st, "exp_avg");
-        T* v = buf<T>(st, "exp_avg_sq");
-        T* vmax = use_max ? buf<T>(st, "max_exp_avg_sq") : nullptr;
-        const T tb1 = static_cast<T>(b1), tb2 = static_cast<T>(b2), teps = static_cast<T>(eps),
-                tstep = static_cast<T>(step_size), tbc2 = static_cast<T>(bc2_sqrt), twd = static_cast<T>(wd),
-                decay = static_cast<T>(1 - lr * wd);
-        for (int64_t i = 0; i < n; ++i) {
-          T gi = g[i];
-          if (decoupled_) w[i] *= decay;
-          else gi += twd * w[i];
-          m[i] = tb1 * m[i] + (T(1) - tb1) * gi;
-          v[i] = tb2 * v[i] + (T(1) - tb2) * gi * gi;
-          T denom_v = v[i];
-          if (vmax) {
-            vmax[i] = std::max(vmax[i], v[i]);
-            denom_v = vmax[i];
-          }
-          w[i] -= tstep * m[i] / (std::sqrt(denom_v) / tbc2 + teps);
-        }
-      });
+      Raw raw = raw_operands(name_, p);
+      kernels::adam_step(raw.param, raw.grad, st.at("exp_avg"), st.at("exp_avg_sq"),
+                         use_max ? st.at("max_exp_avg_sq") : Tensor(), lr, b1, b2, eps, wd, step_size, bc2_sqrt,
+                         decoupled_);
+      finish(p, raw);
     }
   }
 }

@@ -123,9 +123,9 @@ Allocator* allocator_for(Device device) {
   std::lock_guard<std::mutex> lock(r.mutex);
   Allocator* a = r.allocators[static_cast<int>(device.type)];
   if (a == nullptr) {
-    fail("no allocator for device {}: this build of chorus has no {} backend (CUDA tensors need "
-         "chorus built with a CUDA toolkit and a machine with a CUDA device)",
-         device.str(), device.is_cuda() ? "CUDA" : device.is_sim() ? "sim" : "such");
+    fail("no {} device: no allocator for {} in this build of chorus (CUDA tensors need chorus built "
+         "with a CUDA toolkit and a machine with a CUDA device)",
+         device.is_cuda() ? "CUDA" : device.is_sim() ? "sim" : "such", device.str());
   }
   return a;
 }

@@ -69,4 +69,13 @@ void random_int_at(const Tensor& out, int64_t low, int64_t high, uint64_t seed, 
 // out[i] = start + i * step (1-D contiguous out).
 void arange(const Tensor& out, double start, double step);
 
+// Optimizer updates over contiguous float32/float64 tensors of one dtype (kernels/cpu/optim.cpp):
+// SGD with weight decay, momentum (momentum_buffer undefined when momentum is 0), dampening and
+// Nesterov; Adam/AdamW (decoupled weight decay) with AMSGrad when max_exp_avg_sq is defined.
+void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_buffer, double lr, double weight_decay,
+              double momentum, double dampening, bool nesterov, bool first_step);
+void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+               const Tensor& max_exp_avg_sq, double lr, double beta1, double beta2, double eps, double weight_decay,
+               double step_size, double bias_correction2_sqrt, bool decoupled);
+
 }  // namespace chorus::kernels::cpu

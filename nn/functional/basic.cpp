@@ -42,7 +42,8 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* generato
   if (!input.is_floating_point()) fail("dropout: expected a floating-point input, got {}", dtype_name(input.dtype()));
   if (p == 1.0) return mul(input, 0.0);
   // mask holds 0 or 1/(1-p): one multiply forward, the same multiply backward.
-  Tensor u = rand(input.sizes(), {.dtype = input.dtype() == kFloat64 ? kFloat64 : kFloat32}, generator);
+  Tensor u = rand(input.sizes(), {.dtype = input.dtype() == kFloat64 ? kFloat64 : kFloat32, .device = input.device()},
+                  generator);
   Tensor mask;
   {
     NoGradGuard no_grad;

@@ -1,0 +1,228 @@
+// Training on the sim device equals training on the CPU: an MLP (Linear, GELU, LayerNorm, Dropout;
+// Adam) and a small CNN (Conv2d, BatchNorm2d, ReLU, max and adaptive pooling; SGD with Nesterov
+// momentum and weight decay) run 20 steps from the same weights on the same batches, on sim:0
+// (every kernel on a sim stream, device memory the host cannot read, random delays before every
+// task) and on the CPU. Also: Module::to, checkpoints saved from and loaded to either device,
+// optimizer state moving with its parameters, and the errors for mixed devices and missing CUDA.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+
+#include "nn/nn.h"
+#include "nn/serialize.h"
+#include "optim/optim.h"
+#include "tensor/ops.h"
+#include "tensor/runtime.h"
+#include "tensor/sim/sim.h"
+
+namespace chorus {
+namespace {
+
+namespace F = nn::functional;
+const Device kSim = Device::sim(0);
+
+std::shared_ptr<nn::Sequential> make_mlp(DType dtype) {
+  manual_seed(11);
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(std::make_shared<nn::Linear>(12, 32));
+  net->push_back(std::make_shared<nn::GELU>());
+  net->push_back(std::make_shared<nn::LayerNorm>(Shape{32}));
+  net->push_back(std::make_shared<nn::Dropout>(0.2));
+  net->push_back(std::make_shared<nn::Linear>(32, 5));
+  net->to(dtype);
+  return net;
+}
+
+std::shared_ptr<nn::Sequential> make_cnn(DType dtype) {
+  manual_seed(12);
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(2, 6, 3).padding(1)));
+  net->push_back(std::make_shared<nn::BatchNorm2d>(6));
+  net->push_back(std::make_shared<nn::ReLU>());
+  net->push_back(std::make_shared<nn::MaxPool2d>(2));
+  net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(6, 8, 3).stride(2).padding(1)));
+  net->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(1));
+  net->push_back(std::make_shared<nn::Flatten>());
+  net->push_back(std::make_shared<nn::Linear>(8, 4));
+  net->to(dtype);
+  return net;
+}
+
+struct Run {
+  std::vector<double> losses;
+  nn::NamedTensors state;  // parameters and buffers after training, on the CPU
+};
+
+// Trains `net` on `device` for `steps` steps over batches drawn from a fixed generator (on the CPU,
+// then moved: both runs see the same data), with dropout drawing from the default generator seeded
+// the same way.
+Run train(std::shared_ptr<nn::Sequential> net, Device device, bool cnn, DType dtype, int steps) {
+  net->to(device);
+  net->train();
+  std::unique_ptr<optim::Optimizer> opt;
+  if (cnn) {
+    opt = std::make_unique<optim::SGD>(net->parameters(),
+                                       optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true});
+  } else {
+    opt = std::make_unique<optim::Adam>(net->parameters(), optim::AdamOptions{.lr = 3e-3, .weight_decay = 1e-4});
+  }
+  Generator data(5);
+  manual_seed(99);
+  Run run;
+  for (int step = 0; step < steps; ++step) {
+    Tensor x = cnn ? randn({6, 2, 8, 8}, {.dtype = dtype}, &data) : randn({16, 12}, {.dtype = dtype}, &data);
+    Tensor y = randint(0, cnn ? 4 : 5, {cnn ? 6 : 16}, {.dtype = kInt64}, &data);
+    opt->zero_grad();
+    Tensor loss = F::cross_entropy(net->forward(x.to(device)), y.to(device));
+    loss.backward();
+    opt->step();
+    run.losses.push_back(loss.item<double>());
+  }
+  for (const auto& [name, t] : net->state_dict()) run.state.emplace_back(name, t.cpu());
+  return run;
+}
+
+double max_relative_difference(const Tensor& a, const Tensor& b) {
+  Tensor diff = (a.to(kFloat64) - b.to(kFloat64)).abs().max();
+  Tensor scale = b.to(kFloat64).abs().max();
+  return diff.item<double>() / std::max(scale.item<double>(), 1e-30);
+}
+
+void check_same_training(bool cnn, DType dtype) {
+  const Run cpu = train(cnn ? make_cnn(dtype) : make_mlp(dtype), kCPU, cnn, dtype, 20);
+  const uint64_t tasks_before = sim::tasks_run();
+  const Run sim = train(cnn ? make_cnn(dtype) : make_mlp(dtype), kSim, cnn, dtype, 20);
+  CHECK(sim::tasks_run() > tasks_before + 20 * 20);  // the steps ran as sim stream tasks
+  REQUIRE(sim.losses.size() == cpu.losses.size());
+  CHECK(cpu.losses.back() < cpu.losses.front());  // it trains at all
+  for (size_t i = 0; i < cpu.losses.size(); ++i) {
+    INFO("step " << i);
+    if (dtype == kFloat64) CHECK(sim.losses[i] == cpu.losses[i]);
+    else CHECK(std::abs(sim.losses[i] - cpu.losses[i]) <= 1e-5 * std::abs(cpu.losses[i]));
+  }
+  REQUIRE(sim.state.size() == cpu.state.size());
+  for (size_t i = 0; i < cpu.state.size(); ++i) {
+    INFO(cpu.state[i].first);
+    REQUIRE(sim.state[i].first == cpu.state[i].first);
+    if (dtype == kFloat64) CHECK(equal(sim.state[i].second, cpu.state[i].second));
+    else CHECK(max_relative_difference(sim.state[i].second, cpu.state[i].second) <= 1e-5);
+  }
+}
+
+// Random delays before every sim task: a missing stream synchronization becomes a wrong value.
+struct SimDelay {
+  explicit SimDelay(uint32_t us) : previous(sim::delay_us()) { sim::set_delay_us(us); }
+  ~SimDelay() { sim::set_delay_us(previous); }
+  uint32_t previous;
+};
+
+}  // namespace
+
+TEST_CASE("an MLP trained 20 steps on sim:0 equals the CPU run", "[nn][sim]") {
+  SimDelay delay(20);
+  SECTION("float64: bit for bit") { check_same_training(false, kFloat64); }
+  SECTION("float32") { check_same_training(false, kFloat32); }
+}
+
+TEST_CASE("a CNN with BatchNorm trained 20 steps on sim:0 equals the CPU run", "[nn][sim]") {
+  SimDelay delay(20);
+  SECTION("float64: bit for bit") { check_same_training(true, kFloat64); }
+  SECTION("float32") { check_same_training(true, kFloat32); }
+}
+
+TEST_CASE("Module::to moves parameters, buffers and gradients to the device and back", "[nn][sim]") {
+  auto net = make_cnn(kFloat32);
+  const nn::NamedTensors before = net->state_dict();
+  net->to("sim:0");
+  for (const auto& [name, t] : net->state_dict()) {
+    INFO(name);
+    CHECK(t.device() == kSim);
+  }
+  for (const Tensor& p : net->parameters()) CHECK(p.requires_grad());
+  F::cross_entropy(net->forward(randn({2, 2, 8, 8}).to(kSim)), tensor<int64_t>({1, 3}).to(kSim)).backward();
+  for (const Tensor& p : net->parameters()) CHECK(p.grad().device() == kSim);
+  net->to(kCPU);
+  net->eval();
+  for (const auto& [name, t] : net->state_dict()) CHECK(t.device() == kCPU);
+  // Parameters changed only by what autograd did not do (no step): the values round-tripped.
+  const nn::NamedTensors after = net->state_dict();
+  for (size_t i = 0; i < before.size(); ++i) {
+    if (before[i].first.find("running") != std::string::npos || before[i].first.find("num_batches") != std::string::npos) {
+      continue;  // the forward in training mode updated the BatchNorm statistics
+    }
+    INFO(before[i].first);
+    CHECK(equal(after[i].second, before[i].second));
+  }
+}
+
+TEST_CASE("checkpoints are saved from and loaded to either device", "[nn][sim]") {
+  const std::string dir = std::filesystem::temp_directory_path() / "chorus_device_test";
+  std::filesystem::create_directories(dir);
+  auto on_sim = make_mlp(kFloat32);
+  on_sim->to(kSim);
+  optim::Adam opt(on_sim->parameters(), {.lr = 1e-2, .amsgrad = true});
+  for (int i = 0; i < 2; ++i) {
+    opt.zero_grad();
+    F::cross_entropy(on_sim->forward(randn({4, 12}).to(kSim)), tensor<int64_t>({0, 1, 2, 3}).to(kSim)).backward();
+    opt.step();
+  }
+  nn::save_safetensors(dir + "/model.safetensors", on_sim->state_dict());
+  nn::save_safetensors(dir + "/optim.safetensors", opt.state_dict());
+
+  auto on_cpu = make_mlp(kFloat32);  // different weights until loaded (same seed, but on_sim trained)
+  on_cpu->load_state_dict(nn::load_safetensors(dir + "/model.safetensors").tensors);
+  const nn::NamedTensors a = on_cpu->state_dict(), b = on_sim->state_dict();
+  for (size_t i = 0; i < a.size(); ++i) CHECK(equal(a[i].second, b[i].second.cpu()));
+
+  // The optimizer state loads onto the parameters' device, whatever device it was saved from.
+  auto again = make_mlp(kFloat32);
+  again->to(kSim);
+  optim::Adam opt2(again->parameters(), {.lr = 1e-2, .amsgrad = true});
+  again->load_state_dict(nn::load_safetensors(dir + "/model.safetensors").tensors);
+  opt2.load_state_dict(nn::load_safetensors(dir + "/optim.safetensors").tensors);
+  for (const auto& [name, t] : opt2.state_dict()) {
+    INFO(name);
+    if (name.find(".step") != std::string::npos || name.rfind("param_groups", 0) == 0) continue;
+    CHECK(t.device() == kSim);
+  }
+  // One more identical step on both keeps them identical.
+  Tensor x = randn({4, 12});
+  Tensor y = tensor<int64_t>({3, 2, 1, 0});
+  for (auto* pair : {&opt, &opt2}) pair->zero_grad();
+  on_sim->eval();
+  again->eval();
+  F::cross_entropy(on_sim->forward(x.to(kSim)), y.to(kSim)).backward();
+  F::cross_entropy(again->forward(x.to(kSim)), y.to(kSim)).backward();
+  opt.step();
+  opt2.step();
+  const nn::NamedTensors c = on_sim->state_dict(), d = again->state_dict();
+  for (size_t i = 0; i < c.size(); ++i) CHECK(equal(c[i].second.cpu(), d[i].second.cpu()));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("mixing devices in one op names both devices", "[nn][sim]") {
+  Tensor a = randn({3});
+  Tensor b = randn({3}).to(kSim);
+  REQUIRE_THROWS_WITH(a + b, Catch::Contains("cpu") && Catch::Contains("sim:0"));
+  REQUIRE_THROWS_WITH(a.matmul(b), Catch::Contains("cpu") && Catch::Contains("sim:0"));
+  auto lin = std::make_shared<nn::Linear>(3, 2);
+  REQUIRE_THROWS_WITH(lin->forward(b.unsqueeze(0)), Catch::Contains("cpu") && Catch::Contains("sim:0"));
+  REQUIRE_THROWS_WITH(a.to("sim:7"), Catch::Contains("sim:7") && Catch::Contains("does not exist"));
+}
+
+TEST_CASE("without a CUDA device every CUDA entry point raises a clear error", "[nn][cuda]") {
+  // This build registers no CUDA runtime on a machine without a GPU, or one reporting no device.
+  REQUIRE(device_count(DeviceType::CUDA) == 0);
+  auto no_cuda = Catch::Contains("no CUDA device");
+  CHECK_THROWS_WITH(zeros({2}, {.device = Device::cuda(0)}), no_cuda);
+  CHECK_THROWS_WITH(randn({2}).to("cuda:0"), no_cuda);
+  CHECK_THROWS_WITH(randn({2}).cuda(), no_cuda);
+  CHECK_THROWS_WITH(current_stream(Device::cuda(0)), no_cuda);
+  CHECK_THROWS_WITH(stream_from_pool(Device::cuda(0), true), no_cuda);
+  CHECK_THROWS_WITH(synchronize(Device::cuda(0)), no_cuda);
+  CHECK_THROWS_WITH(DeviceGuard(Device::cuda(0)), no_cuda);
+  auto net = make_mlp(kFloat32);
+  CHECK_THROWS_WITH(net->to(Device::cuda(0)), no_cuda);
+}
+
+}  // namespace chorus
