@@ -121,10 +121,9 @@ CachingAllocator::DeviceState& CachingAllocator::state(Device device, const char
   std::lock_guard<std::mutex> lock(states_mutex_);
   auto it = states_.find(device.index);
   if (it != states_.end()) return *it->second;
-  const int count = runtime_.device_count();
-  if (device.index < 0 || device.index >= count) {
-    fail("CachingAllocator::{}: device {} does not exist ({} {} device(s))", what, device.str(), count,
-         type_name(device.type));
+  if (runtime_.device_count() == 0 || device.index < 0 || device.index >= runtime_.device_count()) {
+    // runtime_for words it as everywhere else: "no CUDA device: <reason>", or the valid indices.
+    runtime_for(device, fmt::format("CachingAllocator::{}", what).c_str());
   }
   return *states_.emplace(device.index, std::make_unique<DeviceState>(device)).first->second;
 }

@@ -1,0 +1,173 @@
+// The cuda DeviceRuntime: a thin layer over cudart (tensor/runtime.h says what each call means).
+// Everything above it — Stream, Event, current streams, the pool, the caching allocator — is the
+// same code the sim device runs in CI. Registered with the caching allocator at static
+// initialization; with no GPU (or no driver) device_count() is 0 and every entry point raises
+// "no CUDA device: <the runtime's reason>" through runtime_for().
+#include <cuda_runtime.h>
+
+#include <mutex>
+#include <vector>
+
+#include "tensor/caching_allocator.h"
+#include "tensor/error.h"
+#include "tensor/runtime.h"
+
+namespace chorus::cuda {
+namespace {
+
+void check(cudaError_t status, const char* call) {
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear it, so it does not resurface from an unrelated call
+    fail("CUDA error in {}: {} ({})", call, cudaGetErrorString(status), cudaGetErrorName(status));
+  }
+}
+
+#define CHORUS_CUDA(call) check((call), #call)
+
+class CudaRuntime final : public DeviceRuntime {
+ public:
+  DeviceType type() const override { return DeviceType::CUDA; }
+
+  int device_count() override {
+    std::call_once(count_once_, [&] {
+      count_status_ = cudaGetDeviceCount(&count_);
+      if (count_status_ != cudaSuccess) {
+        count_ = 0;
+        cudaGetLastError();
+      }
+    });
+    return count_;
+  }
+
+  std::string unavailable_reason() override {
+    device_count();
+    if (count_status_ == cudaSuccess) return "the CUDA driver reports 0 devices";
+    return fmt::format("{} ({})", cudaGetErrorString(count_status_), cudaGetErrorName(count_status_));
+  }
+
+  void set_device(int device) override { CHORUS_CUDA(cudaSetDevice(device)); }
+
+  void* malloc(int device, size_t nbytes) override {
+    CHORUS_CUDA(cudaSetDevice(device));
+    void* p = nullptr;
+    const cudaError_t status = cudaMalloc(&p, nbytes);
+    if (status == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return nullptr;  // the caching allocator frees its cache and retries, then reports
+    }
+    check(status, "cudaMalloc");
+    return p;
+  }
+  void free(int device, void* ptr) override {
+    CHORUS_CUDA(cudaSetDevice(device));
+    CHORUS_CUDA(cudaFree(ptr));
+  }
+  size_t total_memory(int device) override {
+    CHORUS_CUDA(cudaSetDevice(device));
+    size_t free_bytes = 0, total = 0;
+    CHORUS_CUDA(cudaMemGetInfo(&free_bytes, &total));
+    return total;
+  }
+  void* host_malloc(size_t nbytes) override {
+    void* p = nullptr;
+    CHORUS_CUDA(cudaHostAlloc(&p, nbytes, cudaHostAllocDefault));
+    return p;
+  }
+  void host_free(void* ptr) override { CHORUS_CUDA(cudaFreeHost(ptr)); }
+
+  StreamHandle create_stream(int device, bool high_priority) override {
+    CHORUS_CUDA(cudaSetDevice(device));
+    int least = 0, greatest = 0;
+    CHORUS_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t s = nullptr;
+    CHORUS_CUDA(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? greatest : least));
+    return s;
+  }
+  // The legacy default stream (handle 0), as PyTorch's default stream: it orders against every
+  // blocking stream of the device.
+  StreamHandle default_stream(int) override { return nullptr; }
+  bool query_stream(StreamHandle s) override {
+    const cudaError_t status = cudaStreamQuery(static_cast<cudaStream_t>(s));
+    if (status == cudaErrorNotReady) {
+      cudaGetLastError();
+      return false;
+    }
+    check(status, "cudaStreamQuery");
+    return true;
+  }
+  void synchronize_stream(StreamHandle s) override { CHORUS_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(s))); }
+  void synchronize_device(int device) override {
+    CHORUS_CUDA(cudaSetDevice(device));
+    CHORUS_CUDA(cudaDeviceSynchronize());
+  }
+
+  void memcpy_async(void* dst, const void* src, size_t nbytes, CopyKind kind, StreamHandle s) override {
+    const cudaMemcpyKind k = kind == CopyKind::HostToDevice   ? cudaMemcpyHostToDevice
+                             : kind == CopyKind::DeviceToHost ? cudaMemcpyDeviceToHost
+                                                              : cudaMemcpyDeviceToDevice;
+    CHORUS_CUDA(cudaMemcpyAsync(dst, src, nbytes, k, static_cast<cudaStream_t>(s)));
+  }
+
+  void launch_host_task(StreamHandle s, std::function<void()> fn, std::vector<const void*>) override {
+    // cudaLaunchHostFunc: the function runs on a driver thread once the stream reaches it; it must
+    // not call CUDA (so CUDA kernels never come this way).
+    auto* heap = new std::function<void()>(std::move(fn));
+    CHORUS_CUDA(cudaLaunchHostFunc(
+        static_cast<cudaStream_t>(s),
+        [](void* p) {
+          auto* f = static_cast<std::function<void()>*>(p);
+          (*f)();
+          delete f;
+        },
+        heap));
+  }
+
+  EventHandle create_event(int device, bool enable_timing) override {
+    CHORUS_CUDA(cudaSetDevice(device));
+    cudaEvent_t e = nullptr;
+    CHORUS_CUDA(cudaEventCreateWithFlags(&e, enable_timing ? cudaEventDefault : cudaEventDisableTiming));
+    return e;
+  }
+  void destroy_event(EventHandle e) override { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
+  void record_event(EventHandle e, StreamHandle s) override {
+    CHORUS_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<cudaStream_t>(s)));
+  }
+  void stream_wait_event(StreamHandle s, EventHandle e) override {
+    CHORUS_CUDA(cudaStreamWaitEvent(static_cast<cudaStream_t>(s), static_cast<cudaEvent_t>(e), 0));
+  }
+  bool query_event(EventHandle e) override {
+    const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(e));
+    if (status == cudaErrorNotReady) {
+      cudaGetLastError();
+      return false;
+    }
+    check(status, "cudaEventQuery");
+    return true;
+  }
+  void synchronize_event(EventHandle e) override { CHORUS_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); }
+  double elapsed_ms(EventHandle start, EventHandle end) override {
+    float ms = 0;
+    CHORUS_CUDA(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+    return ms;
+  }
+
+ private:
+  std::once_flag count_once_;
+  int count_ = 0;
+  cudaError_t count_status_ = cudaSuccess;
+};
+
+CudaRuntime& runtime() {
+  static CudaRuntime* rt = [] {
+    auto* r = new CudaRuntime();  // leaked: streams and the allocator outlive static destruction
+    register_runtime(DeviceType::CUDA, r);
+    install_caching_allocator(*r);
+    return r;
+  }();
+  return *rt;
+}
+
+const bool g_registered = (runtime(), true);
+
+}  // namespace
+}  // namespace chorus::cuda
