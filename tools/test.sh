@@ -15,23 +15,13 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   filters=(--test_tag_filters=-gpu)
 fi
 
-output="$(mktemp)"
-trap 'rm -f "$output"' EXIT
-set +e
-# --keep_going: a target that fails to build must not stop every other test from running.
-# Tests that read the installed data (MNIST, Fashion-MNIST) find it where setup.sh put it.
-bazel test //... -c opt --keep_going --test_env=CHORUS_DATA_DIR="${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}" \
-  "${filters[@]}" "$@" 2>&1 | tee "$output"
-bazel_rc=${PIPESTATUS[0]}
-set -e
-
 # --- Count Catch2 test cases ----------------------------------------------------------------
 # Bazel's summary names every test target of this invocation with its status; reading only those
 # targets' logs keeps stale logs (deleted targets, earlier runs) out of the count. A cached PASSED
 # target still has its log from the run that produced the cached result.
 passed=0
 failed=0
-testlogs=bazel-testlogs  # the convenience symlink: this invocation's (-c opt) test logs
+testlogs=bazel-testlogs  # the convenience symlink: the latest invocation's test logs
 
 # Adds one test log's Catch2 summary to passed/failed; returns 1 when the log has no summary.
 count_log() {
@@ -53,44 +43,65 @@ count_log() {
   done
 }
 
-status_re='^(//[^ ]+:[^ ]+) +(\(cached\) )?(PASSED|FLAKY|FAILED TO BUILD|FAILED|TIMEOUT|NO STATUS|INCOMPLETE|REMOTE FAILURE)'
-while IFS= read -r line; do
-  [[ "$line" =~ $status_re ]] || continue
-  label="${BASH_REMATCH[1]}"
-  status="${BASH_REMATCH[3]}"
-  dir="$testlogs/${label#//}"
-  dir="${dir/://}"
-  failed_before=$failed
-  have_summary=0
-  # Not built or not run: a log there (if any) is from an earlier build; do not read it.
-  if [[ "$status" != "NO STATUS" && "$status" != "FAILED TO BUILD" ]]; then
-    # One log per target, or one per shard / run. Shard and run folders stay behind after a
-    # later plain run, so they count only when not older than the target's own test.log.
-    logs=()
-    for log in "$dir"/shard_*_of_*/test.log "$dir"/run_*_of_*/test.log "$dir"/shard_*_of_*/run_*_of_*/test.log; do
-      [[ -f "$log" ]] || continue
-      [[ -f "$dir/test.log" && "$log" -ot "$dir/test.log" ]] && continue
-      logs+=("$log")
-    done
-    ((${#logs[@]})) || logs=("$dir/test.log")
-    for log in "${logs[@]}"; do
-      [[ -f "$log" ]] && count_log "$log" && have_summary=1
-    done
-  fi
-  if [[ "$status" == PASSED || "$status" == FLAKY ]]; then
-    # A passing test that is not a Catch2 binary counts as one passed test.
-    ((have_summary)) || passed=$((passed + 1))
-  elif ((failed == failed_before)); then
-    # Failed without any failed test case in its summary: crash, timeout, not built, sanitizer.
-    failed=$((failed + 1))
-  fi
-done <"$output"
+# Adds the test targets of one bazel invocation (its output in $1) to passed/failed.
+count_run() {
+  local output="$1" line label status dir failed_before have_summary log logs
+  status_re='^(//[^ ]+:[^ ]+) +(\(cached\) )?(PASSED|FLAKY|FAILED TO BUILD|FAILED|TIMEOUT|NO STATUS|INCOMPLETE|REMOTE FAILURE)'
+  while IFS= read -r line; do
+    [[ "$line" =~ $status_re ]] || continue
+    label="${BASH_REMATCH[1]}"
+    status="${BASH_REMATCH[3]}"
+    dir="$testlogs/${label#//}"
+    dir="${dir/://}"
+    failed_before=$failed
+    have_summary=0
+    # Not built or not run: a log there (if any) is from an earlier build; do not read it.
+    if [[ "$status" != "NO STATUS" && "$status" != "FAILED TO BUILD" ]]; then
+      # One log per target, or one per shard / run. Shard and run folders stay behind after a
+      # later plain run, so they count only when not older than the target's own test.log.
+      logs=()
+      for log in "$dir"/shard_*_of_*/test.log "$dir"/run_*_of_*/test.log "$dir"/shard_*_of_*/run_*_of_*/test.log; do
+        [[ -f "$log" ]] || continue
+        [[ -f "$dir/test.log" && "$log" -ot "$dir/test.log" ]] && continue
+        logs+=("$log")
+      done
+      ((${#logs[@]})) || logs=("$dir/test.log")
+      for log in "${logs[@]}"; do
+        [[ -f "$log" ]] && count_log "$log" && have_summary=1
+      done
+    fi
+    if [[ "$status" == PASSED || "$status" == FLAKY ]]; then
+      # A passing test that is not a Catch2 binary counts as one passed test.
+      ((have_summary)) || passed=$((passed + 1))
+    elif ((failed == failed_before)); then
+      # Failed without any failed test case in its summary: crash, timeout, not built, sanitizer.
+      failed=$((failed + 1))
+    fi
+  done <"$output"
+}
+
+
+output="$(mktemp)"
+trap 'rm -f "$output"' EXIT
+data_env=--test_env=CHORUS_DATA_DIR="${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}"
+set +e
+# 1. The device runtime, the sim device and the caching allocator are concurrent code: their tests
+#    also run under ThreadSanitizer (its own output tree, docs/build.md). Counted before the main
+#    run, because bazel-testlogs follows the latest invocation.
+bazel test -c opt --config=tsan --keep_going "$data_env" //tests/tensor:device_runtime_tsan_test 2>&1 | tee "$output"
+tsan_rc=${PIPESTATUS[0]}
+count_run "$output"
+# 2. Everything else. --keep_going: a target that fails to build must not stop every other test.
+bazel test //... -c opt --keep_going "$data_env" "${filters[@]}" "$@" 2>&1 | tee "$output"
+bazel_rc=${PIPESTATUS[0]}
+set -e
+count_run "$output"
 
 if ((${#filters[@]})); then
   skipped="$(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null | wc -l)"
   echo "(no GPU here: $skipped gpu-tagged test target(s) built but not run)"
 fi
 echo "$passed passed, $failed failed"
-if ((bazel_rc != 0 || failed > 0)); then
+if ((bazel_rc != 0 || tsan_rc != 0 || failed > 0)); then
   exit 1
 fi
