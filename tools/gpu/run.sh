@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Runs a chorus GPU bundle (made by tools/gpu_bundle.sh) on a machine with a GPU: every gpu test,
+# then each again under compute-sanitizer memcheck and racecheck, then every GPU benchmark, then
+# PyTorch's figures for the same work (peer.py), and writes logs plus summary.txt into LOG_DIR
+# (default $OUT, else ./gpu_logs). The CUDA libraries come from the PyTorch wheels (nvidia/*/lib).
+set -uo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+logs="${1:-${OUT:-$PWD/gpu_logs}}"
+mkdir -p "$logs"
+summary="$logs/summary.txt"
+: >"$summary"
+say() { echo "$*" | tee -a "$summary"; }
+
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  say "run.sh: no CUDA device: nvidia-smi finds no GPU on this machine; nothing was run"
+  exit 2
+fi
+say "date: $(date -u +%Y-%m-%dT%H:%MZ)"
+say "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)"
+
+# CUDA libraries: the PyTorch wheels' nvidia/*/lib folders, else the system's.
+cuda_libs="$(python3 - <<'EOF' 2>/dev/null
+import glob, os
+try:
+    import nvidia
+    roots = list(nvidia.__path__)
+except Exception:
+    roots = []
+print(":".join(sorted(d for r in roots for d in glob.glob(os.path.join(r, "*", "lib")))))
+EOF
+)"
+export LD_LIBRARY_PATH="$here/lib:${cuda_libs}:${LD_LIBRARY_PATH:-}"
+say "cuda libraries from: ${cuda_libs:-system}"
+
+pass=0
+fail=0
+run_one() {  # name log command...
+  local name="$1" log="$2"
+  shift 2
+  if "$@" >"$log" 2>&1; then
+    pass=$((pass + 1))
+    say "PASS $name"
+  else
+    fail=$((fail + 1))
+    say "FAIL $name (exit $?; log $(basename "$log"))"
+  fi
+}
+
+for bin in "$here"/bin/*; do
+  name="$(basename "$bin")"
+  [[ "$name" == *_bench ]] && continue
+  run_one "$name" "$logs/$name.log" "$bin"
+done
+
+sanitizer="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)"
+if [[ -n "$sanitizer" ]]; then
+  for bin in "$here"/bin/*; do
+    name="$(basename "$bin")"
+    [[ "$name" == *_bench ]] && continue
+    for tool in memcheck racecheck; do
+      run_one "$name under $tool" "$logs/$name.$tool.log" "$sanitizer" --tool "$tool" --error-exitcode 99 "$bin"
+    done
+  done
+else
+  say "compute-sanitizer not found: sanitizer runs skipped"
+fi
+
+for bin in "$here"/bin/*_bench; do
+  [[ -e "$bin" ]] || continue
+  name="$(basename "$bin")"
+  run_one "$name" "$logs/$name.log" "$bin"
+  tail -n 40 "$logs/$name.log" >>"$summary"
+done
+
+if python3 -c 'import torch' 2>/dev/null; then
+  run_one "peer.py (PyTorch $(python3 -c 'import torch; print(torch.__version__)'))" "$logs/peer.log" python3 "$here/peer.py"
+  cat "$logs/peer.log" >>"$summary"
+fi
+
+say "$pass passed, $fail failed"
+# At most 8 files come back from the device tool: keep the summary and one archive of every log.
+tar -czf "$logs/logs.tar.gz" -C "$logs" --exclude=logs.tar.gz --exclude=summary.txt . 2>/dev/null
+find "$logs" -name '*.log' -delete
+((fail == 0))

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds everything that needs a GPU to run — every gpu-tagged test and every GPU benchmark — and
+# gathers it into one folder (default .gpu_bundle/, ignored by git) that a GPU machine without Bazel
+# can run: the binaries (stripped), the non-CUDA shared libraries they load, a PyTorch peer script,
+# and run.sh. The CUDA libraries are not bundled (cuBLASLt alone is ~500 MB): run.sh takes them from
+# the PyTorch wheels on that machine (nvidia/*/lib). See docs/gpu.md.
+#   tools/gpu_bundle.sh [OUT_DIR]          then, on the GPU machine:  OUT_DIR/run.sh [LOG_DIR]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out="${1:-.gpu_bundle}"
+limit_bytes=$((64 * 1024 * 1024))
+
+bash tools/setup.sh >/dev/null
+if ! bazel query '@local_cuda//:cudart' >/dev/null 2>&1; then
+  echo "gpu_bundle.sh: no CUDA toolkit found (/usr/local/cuda or \$CUDA_HOME): nothing to bundle" >&2
+  exit 1
+fi
+mapfile -t targets < <(bazel query 'attr(tags, "\bgpu\b", tests(//...)) union attr(tags, "\bgpu_bench\b", //...)' 2>/dev/null)
+if ((${#targets[@]} == 0)); then
+  echo "gpu_bundle.sh: no gpu-tagged targets" >&2
+  exit 1
+fi
+bazel build -c opt "${targets[@]}"
+
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/lib"
+for label in "${targets[@]}"; do
+  path="bazel-bin/${label#//}"
+  path="${path/://}"
+  name="$(basename "$path")"
+  cp -L "$path" "$out/bin/$name"
+  chmod u+w "$out/bin/$name"
+  strip --strip-debug "$out/bin/$name"
+done
+
+# Shared libraries the binaries load, except the C runtime (the GPU machine has its own glibc) and
+# the CUDA libraries (taken from the PyTorch wheels there).
+skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libcuda\.|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink)'
+for bin in "$out"/bin/*; do
+  ldd "$bin" | awk '/=> \// {print $1, $3}' | while read -r soname file; do
+    [[ "$soname" =~ $skip ]] && continue
+    [[ -e "$out/lib/$soname" ]] || cp -L "$file" "$out/lib/$soname"
+  done
+done
+
+cp tools/gpu/peer.py "$out/peer.py"
+cp tools/gpu/run.sh "$out/run.sh"
+chmod +x "$out/run.sh"
+size=$(du -sb "$out" | cut -f1)
+if ((size > limit_bytes)); then
+  echo "gpu_bundle.sh: $out is $((size / 1048576)) MiB, over the 64 MiB carry limit" >&2
+  exit 1
+fi
+echo "gpu_bundle.sh: $out ($((size / 1048576)) MiB): ${#targets[@]} target(s): ${targets[*]}"
