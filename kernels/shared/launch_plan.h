@@ -40,7 +40,8 @@ struct SubLaunch {
   std::vector<int64_t> sizes;              // per collapsed dim
   std::vector<int64_t> base_offset_bytes;  // per operand, from its data address
   // > 1 when every operand is contiguous here and aligned for loads of this many elements
-  // (vector_elements * element size <= max_vector_bytes); 1 otherwise.
+  // (vector_elements * element size <= max_vector_bytes); 1 otherwise. The last
+  // numel % vector_elements elements are a tail the kernel handles element by element.
   int vector_elements = 1;
 };
 
