@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "kernels/cpu/table.h"
+#include "kernels/shared/philox.h"
 
 namespace chorus::kernels {
 namespace {
@@ -54,10 +55,18 @@ const KernelTable& kernel_table(Device device, const char* kernel) {
 }
 
 uint64_t philox_blocks(RandomKind kind, DType dtype, int64_t numel) {
-  // Values per 128-bit block, as the kernels draw them (kernels/cpu/copy.cpp).
-  int64_t per_block = 4;
-  if (kind == RandomKind::Int) per_block = 2;
-  else if (dtype == DType::Float64) per_block = kind == RandomKind::Uniform ? 2 : 1;
+  // Values per 128-bit block, as the draws of kernels/shared/philox.h take them.
+  namespace sm = ::chorus::kernels::shared;
+  int64_t per_block = 0;
+  switch (kind) {
+    case RandomKind::Uniform:
+      per_block = dtype == DType::Float64 ? sm::UniformDoubleDraw::kPerBlock : sm::UniformFloatDraw::kPerBlock;
+      break;
+    case RandomKind::Normal:
+      per_block = dtype == DType::Float64 ? sm::NormalDoubleDraw::kPerBlock : sm::NormalFloatDraw::kPerBlock;
+      break;
+    case RandomKind::Int: per_block = sm::RandintDraw::kPerBlock; break;
+  }
   return static_cast<uint64_t>((numel + per_block - 1) / per_block);
 }
 

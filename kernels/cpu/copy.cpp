@@ -1,10 +1,11 @@
-// Copies across dtypes and strides, fills, ranges and random fills.
-#include <cmath>
+// Copies across dtypes and strides (the shared Cast functor), fills, ranges and random fills (the
+// shared Philox draws of kernels/shared/philox.h).
 #include <cstring>
 
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/loops.h"
+#include "kernels/shared/philox.h"
 
 namespace chorus::kernels::cpu {
 
@@ -24,7 +25,7 @@ void copy(const Tensor& dst, const Tensor& src) {
   auto it = make_iter<2>(dst.sizes(), {&dst, &src});
   CHORUS_DISPATCH_ALL(dst.dtype(), "copy", [&]<typename D>() {
     CHORUS_DISPATCH_ALL(src.dtype(), "copy", [&]<typename S>() {
-      unary_loop<D, S>(it, [](S v) { return convert<D>(v); });
+      unary_loop<D, S>(it, shared::Cast<D>{});
     });
   });
 }
@@ -51,10 +52,14 @@ void arange(const Tensor& out, double start, double step) {
 
 namespace {
 
-// Fills a contiguous buffer of n values of T, 4 per Philox block (2 for 64-bit draws), so the result
-// depends only on the generator's state and not on the thread count.
+namespace sm = ::chorus::kernels::shared;
+
+// Fills out with n draws of `draw` (kernels/shared/philox.h), Draw::kPerBlock per Philox block:
+// element i is draw(block first + i / kPerBlock, i % kPerBlock), so the result depends only on
+// the generator's state, not on the thread count, and a CUDA kernel reproduces it bit for bit.
 template <typename T, typename Draw>
-void philox_fill(const Tensor& out, Generator& gen, int per_block, const Draw& draw) {
+void philox_fill(const Tensor& out, Generator& gen, const Draw& draw) {
+  constexpr int per_block = Draw::kPerBlock;
   Tensor dense = out.is_contiguous() ? out : make_tensor(out.sizes(), out.dtype(), kCPU);
   const int64_t n = dense.numel();
   const uint64_t blocks = static_cast<uint64_t>((n + per_block - 1) / per_block);
@@ -63,10 +68,10 @@ void philox_fill(const Tensor& out, Generator& gen, int per_block, const Draw& d
   T* o = dense.data_ptr<T>();
   parallel_for(0, static_cast<int64_t>(blocks), kGrainSize / 4, [&](int64_t lo, int64_t hi) {
     for (int64_t b = lo; b < hi; ++b) {
-      auto words = Generator::philox(seed, first + static_cast<uint64_t>(b));
+      const sm::PhiloxBlock words = sm::philox4x32_10(seed, first + static_cast<uint64_t>(b));
       for (int j = 0; j < per_block; ++j) {
         int64_t i = b * per_block + j;
-        if (i < n) o[i] = draw(words, j);
+        if (i < n) o[i] = convert<T>(draw(words, j));
       }
     }
   });
@@ -78,14 +83,9 @@ void philox_fill(const Tensor& out, Generator& gen, int per_block, const Draw& d
 void uniform(const Tensor& out, double low, double high, Generator& gen) {
   CHORUS_DISPATCH_ALL(out.dtype(), "rand", [&]<typename T>() {
     if constexpr (std::is_same_v<T, double>) {
-      philox_fill<T>(out, gen, 2, [&](const std::array<uint32_t, 4>& w, int j) {
-        return low + (high - low) * Generator::uniform_double(w[2 * j], w[2 * j + 1]);
-      });
+      philox_fill<T>(out, gen, sm::UniformDoubleDraw{low, high});
     } else if constexpr (std::is_same_v<T, float> || is_reduced_float_v<T>) {
-      const float lo = static_cast<float>(low), span = static_cast<float>(high - low);
-      philox_fill<T>(out, gen, 4, [&](const std::array<uint32_t, 4>& w, int j) {
-        return convert<T>(lo + span * Generator::uniform_float(w[j]));
-      });
+      philox_fill<T>(out, gen, sm::UniformFloatDraw{static_cast<float>(low), static_cast<float>(high - low)});
     } else {
       fail("rand: expected a floating-point dtype, got {}", dtype_name(out.dtype()));
     }
@@ -93,25 +93,12 @@ void uniform(const Tensor& out, double low, double high, Generator& gen) {
 }
 
 void normal(const Tensor& out, double mean, double std, Generator& gen) {
-  // Box-Muller on pairs of uniforms; (0, 1] for the log argument so it is never log(0).
+  // Box-Muller on pairs of uniforms (see NormalFloatDraw / NormalDoubleDraw).
   CHORUS_DISPATCH_ALL(out.dtype(), "randn", [&]<typename T>() {
     if constexpr (std::is_same_v<T, double>) {
-      philox_fill<T>(out, gen, 1, [&](const std::array<uint32_t, 4>& w, int) {
-        double u1 = 1.0 - Generator::uniform_double(w[0], w[1]);
-        double u2 = Generator::uniform_double(w[2], w[3]);
-        return mean + std * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-      });
+      philox_fill<T>(out, gen, sm::NormalDoubleDraw{mean, std});
     } else if constexpr (std::is_same_v<T, float> || is_reduced_float_v<T>) {
-      philox_fill<T>(out, gen, 4, [&](const std::array<uint32_t, 4>& w, int j) {
-        // Two normals per pair of words: j = 0,1 use (w0, w1), j = 2,3 use (w2, w3).
-        int pair = j / 2;
-        float u1 = 1.0f - Generator::uniform_float(w[2 * pair]);
-        float u2 = Generator::uniform_float(w[2 * pair + 1]);
-        float r = std::sqrt(-2.0f * std::log(u1));
-        float theta = 2.0f * static_cast<float>(M_PI) * u2;
-        float z = (j % 2 == 0) ? r * std::cos(theta) : r * std::sin(theta);
-        return convert<T>(static_cast<float>(mean) + static_cast<float>(std) * z);
-      });
+      philox_fill<T>(out, gen, sm::NormalFloatDraw{static_cast<float>(mean), static_cast<float>(std)});
     } else {
       fail("randn: expected a floating-point dtype, got {}", dtype_name(out.dtype()));
     }
@@ -119,14 +106,8 @@ void normal(const Tensor& out, double mean, double std, Generator& gen) {
 }
 
 void random_int(const Tensor& out, int64_t low, int64_t high, Generator& gen) {
-  const uint64_t range = static_cast<uint64_t>(high - low);
-  CHORUS_DISPATCH_ALL(out.dtype(), "randint", [&]<typename T>() {
-    philox_fill<T>(out, gen, 2, [&](const std::array<uint32_t, 4>& w, int j) {
-      uint64_t bits = (static_cast<uint64_t>(w[2 * j]) << 32) | w[2 * j + 1];
-      // 64 random bits modulo a range far below 2^64: the bias is below 2^-40 for ranges < 2^24.
-      return convert<T>(low + static_cast<int64_t>(bits % range));
-    });
-  });
+  const sm::RandintDraw draw{low, static_cast<uint64_t>(high - low)};
+  CHORUS_DISPATCH_ALL(out.dtype(), "randint", [&]<typename T>() { philox_fill<T>(out, gen, draw); });
 }
 
 }  // namespace chorus::kernels::cpu
