@@ -12,6 +12,7 @@
 #include "nn/serialize.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
+#include "tensor/cuda.h"
 #include "tensor/runtime.h"
 #include "tensor/sim/sim.h"
 
@@ -130,6 +131,47 @@ TEST_CASE("a CNN with BatchNorm trained 20 steps on sim:0 equals the CPU run", "
   SECTION("float32") { check_same_training(true, kFloat32); }
 }
 
+TEST_CASE("a transformer encoder with embeddings gives the CPU's outputs and gradients on sim:0", "[nn][sim]") {
+  // Embedding (index_select forward, index_add backward), multi-head attention with a key padding
+  // mask (bmm, softmax, masked_fill), GELU feed-forward, pre-norm LayerNorm; float64, bit for bit.
+  SimDelay delay(10);
+  auto build = [] {
+    manual_seed(21);
+    auto emb = std::make_shared<nn::Embedding>(50, 16);
+    auto layer = std::make_shared<nn::TransformerEncoderLayer>(
+        16, 4, nn::TransformerEncoderLayerOptions{.dim_feedforward = 32, .dropout = 0.0, .activation = "gelu",
+                                                  .batch_first = true, .norm_first = true});
+    emb->to(kFloat64);
+    layer->to(kFloat64);
+    return std::make_pair(emb, layer);
+  };
+  Generator g(3);
+  const Tensor tokens = randint(0, 50, {3, 7}, {.dtype = kInt64}, &g);
+  const Tensor padding = tensor(std::vector<bool>{false, false, false, false, false, true, true,  //
+                                                  false, false, false, false, false, false, false,
+                                                  false, false, false, true, true, true, true},
+                                Shape{3, 7}, {.dtype = kBool});
+  const Tensor grad_out = randn({3, 7, 16}, {.dtype = kFloat64}, &g);
+  auto run = [&](Device device) {
+    auto [emb, layer] = build();
+    emb->to(device);
+    layer->to(device);
+    Tensor out = layer->forward(emb->forward(tokens.to(device)), Tensor(), padding.to(device));
+    out.backward(grad_out.to(device));
+    nn::NamedTensors result{{"output", out.detach().cpu()}};
+    for (const auto& [name, p] : emb->named_parameters()) result.emplace_back("emb." + name, p.grad().cpu());
+    for (const auto& [name, p] : layer->named_parameters()) result.emplace_back(name, p.grad().cpu());
+    return result;
+  };
+  const nn::NamedTensors cpu = run(kCPU), sim = run(kSim);
+  REQUIRE(cpu.size() == sim.size());
+  REQUIRE(cpu.size() > 10);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    INFO(cpu[i].first);
+    CHECK(equal(sim[i].second, cpu[i].second));
+  }
+}
+
 TEST_CASE("Module::to moves parameters, buffers and gradients to the device and back", "[nn][sim]") {
   auto net = make_cnn(kFloat32);
   const nn::NamedTensors before = net->state_dict();
@@ -213,6 +255,9 @@ TEST_CASE("mixing devices in one op names both devices", "[nn][sim]") {
 TEST_CASE("without a CUDA device every CUDA entry point raises a clear error", "[nn][cuda]") {
   // This build registers no CUDA runtime on a machine without a GPU, or one reporting no device.
   REQUIRE(device_count(DeviceType::CUDA) == 0);
+  CHECK_FALSE(cuda::is_available());
+  CHECK_THROWS_WITH(cuda::synchronize(), Catch::Contains("no CUDA device"));
+  CHECK_THROWS_WITH(cuda::memory_allocated(), Catch::Contains("no CUDA device"));
   auto no_cuda = Catch::Contains("no CUDA device");
   CHECK_THROWS_WITH(zeros({2}, {.device = Device::cuda(0)}), no_cuda);
   CHECK_THROWS_WITH(randn({2}).to("cuda:0"), no_cuda);
