@@ -1,4 +1,5 @@
 #include "distributed/init.h"
+#include "distributed/stream_group.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -30,7 +31,8 @@ std::shared_ptr<ProcessGroup> make_group(const std::string& backend, std::shared
   if (backend == "gloo") {
     GlooOptions gloo;
     gloo.timeout = timeout;
-    group = std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, gloo);
+    // Device tensors (sim) go through the communication stream; CPU tensors straight to Gloo.
+    group = std::make_shared<StreamOrderedGroup>(std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, gloo));
   } else if (backend == "nccl") {
     fail("init_process_group: backend 'nccl' is not available in this build of chorus (no ProcessGroupNCCL yet); "
          "use backend 'gloo', which also runs on CPU tensors");

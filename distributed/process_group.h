@@ -33,7 +33,7 @@ class Work {
   // is reported as a chorus::Error (the collective itself also has the group's timeout).
   virtual void wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   // The tensors the op wrote (allreduce: its inputs, in place; allgather: the outputs).
-  const TensorList& result() const { return result_; }
+  virtual const TensorList& result() const { return result_; }
   // Runs `fn` once the work has finished (at once if it already has), on the completing thread.
   void then(std::function<void(Work&)> fn);
   const std::string& description() const { return description_; }

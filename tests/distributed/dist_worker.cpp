@@ -15,9 +15,11 @@
 
 #include "distributed/ddp.h"
 #include "distributed/init.h"
+#include "distributed/stream_group.h"
 #include "distributed/sync_batchnorm.h"
 #include "nn/nn.h"
 #include "tensor/ops.h"
+#include "tensor/runtime.h"
 
 using namespace chorus;
 using namespace chorus::distributed;
@@ -180,8 +182,12 @@ void sgd_momentum(const std::vector<Tensor>& params, std::vector<Tensor>& bufs, 
   }
 }
 
+// device: where the DDP replica trains (the reference always trains on the CPU). On a device,
+// "unordered" removes the stream-event waits of the communication stream (a test-only switch) and
+// holds the compute stream back 30 ms before every backward: the allreduce then reads buckets the
+// compute stream has not filled yet, and the result must come out wrong; with the waits, right.
 void scenario_ddp_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string& kind, DType dt, double cap_mb,
-                              bool as_view) {
+                              bool as_view, Device device = kCPU, bool unordered = false) {
   const int rank = pg->rank(), world = pg->size();
   const int64_t per_rank = 3, total = per_rank * world;
   Tensor x = make_inputs(kind, total, dt);
@@ -201,6 +207,8 @@ void scenario_ddp_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std
     body->register_module("head", head);
     ref_body->register_module("head", ref_head);
   }
+  body->to(device);
+  if (unordered) StreamOrderedGroup::skip_stream_waits_for_testing(true);
   DDPOptions opts;
   opts.bucket_cap_mb = cap_mb;
   opts.first_bucket_cap_mb = std::min(cap_mb, 1.0);
@@ -210,10 +218,24 @@ void scenario_ddp_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std
   for (int step = 0; step < 10; ++step) {
     body->zero_grad();
     ref_body->zero_grad();
-    Tensor xs = x.narrow(0, rank * per_rank, per_rank), ys = y.narrow(0, rank * per_rank, per_rank);
+    Tensor xs = x.narrow(0, rank * per_rank, per_rank).to(device), ys = y.narrow(0, rank * per_rank, per_rank).to(device);
     Tensor out = ddp.forward([&] { return run_model(*body, kind, xs, head.get()); });
-    F::cross_entropy(out, ys).backward();
+    Tensor loss = F::cross_entropy(out, ys);
+    if (unordered) {
+      runtime_for(device, "test").launch_host_task(
+          current_stream(device).handle(), [] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); }, {});
+    }
+    // DDP's backward and the optimizer step do not block the host on a device (buckets are
+    // copied, reduced and copied back in stream order).
+    const uint64_t syncs_before = host_sync_count();
+    loss.backward();
     sgd_momentum(body->parameters(), bufs, 0.05);
+    // (From the third step: after the first, the reducer rebuilds its buckets in gradient-ready
+    // order, agreeing on it with a CPU broadcast that waits for the earlier device collectives.)
+    if (!device.is_cpu() && step >= 2) {
+      check(host_sync_count() == syncs_before,
+            fmt::format("DDP backward + step on {} blocked the host {} time(s)", device.str(), host_sync_count() - syncs_before));
+    }
     F::cross_entropy(run_model(*ref_body, kind, x, ref_head.get()), y).backward();
     sgd_momentum(ref_body->parameters(), ref_bufs, 0.05);
   }
@@ -221,14 +243,21 @@ void scenario_ddp_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std
   auto a = body->named_parameters(), b = ref_body->named_parameters();
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    const double rel = max_abs(a[i].second - b[i].second) / std::max(1e-12, max_abs(b[i].second));
+    const double rel = max_abs(a[i].second.cpu() - b[i].second) / std::max(1e-12, max_abs(b[i].second));
     worst = std::max(worst, rel);
+    if (unordered) continue;
     check(rel <= tol, fmt::format("{} {} cap {} view {}: parameter {} differs from single-process training by {:.3g} "
                                   "relative",
                                   kind, dtype_name(dt), cap_mb, as_view, a[i].first, rel));
   }
-  std::printf("rank %d: ddp %s %s cap %.4g MiB view %d: %zu buckets, worst relative difference %.3g\n", rank, kind.c_str(),
-              dtype_name(dt), cap_mb, as_view, ddp.reducer().buckets().size(), worst);
+  if (unordered) {
+    StreamOrderedGroup::skip_stream_waits_for_testing(false);
+    check(worst > 1e-3, fmt::format("without the stream waits DDP on {} still matched (worst {:.3g}): the ordering "
+                                    "test cannot tell", device.str(), worst));
+  }
+  std::printf("rank %d: ddp %s %s on %s cap %.4g MiB view %d%s: %zu buckets, worst relative difference %.3g\n", rank,
+              kind.c_str(), dtype_name(dt), device.str().c_str(), cap_mb, as_view, unordered ? " (unordered)" : "",
+              ddp.reducer().buckets().size(), worst);
 }
 
 // no_sync for 3 micro-batches then a synced 4th equals one step on the 4x batch.
@@ -479,7 +508,9 @@ int main(int argc, char** argv) {
     else if (scenario == "ddp") {
       const std::string kind = argv[2];
       const DType dt = std::string(argv[3]) == "float64" ? kFloat64 : kFloat32;
-      scenario_ddp_equivalence(pg, kind, dt, std::atof(argv[4]), std::string(argv[5]) == "1");
+      const Device device = argc > 6 ? Device(argv[6]) : kCPU;
+      const bool unordered = argc > 7 && std::string(argv[7]) == "unordered";
+      scenario_ddp_equivalence(pg, kind, dt, std::atof(argv[4]), std::string(argv[5]) == "1", device, unordered);
     } else if (scenario == "no_sync") scenario_no_sync(pg);
     else if (scenario == "find_unused") scenario_find_unused(pg);
     else if (scenario == "prior_iteration") scenario_prior_iteration(pg);
