@@ -172,6 +172,106 @@ TEST_CASE("a transformer encoder with embeddings gives the CPU's outputs and gra
   }
 }
 
+// Every functional form of nn on sim:0 against the CPU, forward and backward, float64, bit for bit:
+// float inputs are leaves drawn from one seed on the CPU and moved; fixed tensors (targets, class
+// weights, BatchNorm statistics) are made per device by the row.
+struct FunctionalRow {
+  std::string name;
+  std::vector<Shape> inputs;  // float64 leaves
+  std::function<Tensor(const TensorList&, Device)> f;
+};
+
+std::vector<FunctionalRow> functional_rows() {
+  using L = const TensorList&;
+  auto longs = [](std::vector<int64_t> v, Shape s, Device d) {
+    return tensor(v, s, {.dtype = kInt64, .device = d});
+  };
+  auto doubles = [](std::vector<double> v, Device d) { return tensor(v, std::nullopt, {.dtype = kFloat64, .device = d}); };
+  std::vector<FunctionalRow> rows;
+  rows.push_back({"linear", {{4, 5}, {3, 5}, {3}}, [](L x, Device) { return F::linear(x[0], x[1], x[2]); }});
+  rows.push_back({"gelu tanh, silu", {{3, 4}}, [](L x, Device) { return F::silu(F::gelu(x[0], "tanh")); }});
+  rows.push_back({"log_softmax dim 0", {{3, 4}}, [](L x, Device) { return F::log_softmax(x[0], 0); }});
+  rows.push_back({"embedding with padding_idx", {{6, 3}}, [=](L x, Device d) {
+                    return F::embedding(longs({1, 0, 5, 0, 2, 1}, {2, 3}, d), x[0], 0);
+                  }});
+  rows.push_back({"layer_norm over 2 dims", {{2, 3, 4}, {3, 4}, {3, 4}},
+                  [](L x, Device) { return F::layer_norm(x[0], {3, 4}, x[1], x[2], 1e-5); }});
+  rows.push_back({"batch_norm training with running stats", {{4, 3, 2, 2}, {3}, {3}}, [=](L x, Device d) {
+                    Tensor rm = doubles({0.1, -0.2, 0.3}, d), rv = doubles({1.0, 0.5, 2.0}, d);
+                    Tensor out = F::batch_norm(x[0], rm, rv, x[1], x[2], true, 0.1, 1e-5);
+                    return out + rm.sum() + rv.sum();  // the updated statistics are compared too
+                  }});
+  rows.push_back({"batch_norm eval", {{4, 3, 5}, {3}, {3}}, [=](L x, Device d) {
+                    return F::batch_norm(x[0], doubles({0.1, -0.2, 0.3}, d), doubles({1.0, 0.5, 2.0}, d), x[1], x[2],
+                                         false, 0.1, 1e-5);
+                  }});
+  rows.push_back({"conv2d stride 2, padding, dilation, groups", {{2, 4, 7, 6}, {6, 2, 3, 3}, {6}}, [](L x, Device) {
+                    return F::conv2d(x[0], x[1], x[2], {2, 1}, {1, 2}, {1, 2}, 2);
+                  }});
+  rows.push_back({"conv2d 1x1 unbatched", {{3, 5, 5}, {4, 3, 1, 1}, {4}},
+                  [](L x, Device) { return F::conv2d(x[0], x[1], x[2], {1, 1}, {0, 0}, {1, 1}, 1); }});
+  rows.push_back({"max_pool2d ceil_mode, padding", {{2, 3, 7, 7}}, [](L x, Device) {
+                    return F::max_pool2d(x[0], {3, 3}, std::optional<F::Pair>(F::Pair{2, 2}), {1, 1}, {1, 1}, true);
+                  }});
+  rows.push_back({"avg_pool2d count_include_pad false", {{2, 3, 6, 5}}, [](L x, Device) {
+                    return F::avg_pool2d(x[0], {3, 2}, std::optional<F::Pair>(F::Pair{2, 2}), {1, 1}, false, false);
+                  }});
+  rows.push_back({"adaptive_avg_pool2d 7x5 -> 3x2", {{2, 3, 7, 5}},
+                  [](L x, Device) { return F::adaptive_avg_pool2d(x[0], {3, 2}); }});
+  rows.push_back({"cross_entropy weighted, ignore_index, smoothing", {{5, 4}}, [=](L x, Device d) {
+                    return F::cross_entropy(x[0], longs({1, -100, 3, 0, 2}, {5}, d),
+                                            {.weight = doubles({1.0, 2.0, 0.5, 1.5}, d), .label_smoothing = 0.1});
+                  }});
+  rows.push_back({"cross_entropy spatial, sum", {{2, 3, 2, 2}}, [=](L x, Device d) {
+                    return F::cross_entropy(x[0], longs({0, 1, 2, 1, 2, 2, 0, 0}, {2, 2, 2}, d),
+                                            {.reduction = F::Reduction::Sum});
+                  }});
+  rows.push_back({"cross_entropy none", {{3, 4}}, [=](L x, Device d) {
+                    return F::cross_entropy(x[0], longs({3, 0, 1}, {3}, d), {.reduction = F::Reduction::None});
+                  }});
+  rows.push_back({"nll_loss weighted", {{4, 3}}, [=](L x, Device d) {
+                    return F::nll_loss(F::log_softmax(x[0], 1), longs({2, 0, 1, 1}, {4}, d),
+                                       {.weight = doubles({0.5, 1.0, 2.0}, d)});
+                  }});
+  rows.push_back({"mse_loss", {{3, 4}, {3, 4}}, [](L x, Device) { return F::mse_loss(x[0], x[1]); }});
+  rows.push_back({"binary_cross_entropy_with_logits pos_weight", {{3, 4}}, [=](L x, Device d) {
+                    Tensor target = tensor(std::vector<double>{1, 0, 0, 1, 1, 1, 0, 0, 0, 1, 0, 1}, Shape{3, 4},
+                                           {.dtype = kFloat64, .device = d});
+                    return F::binary_cross_entropy_with_logits(x[0], target, F::Reduction::Mean,
+                                                               doubles({0.5, 2.0, 1.0, 3.0}, d));
+                  }});
+  return rows;
+}
+
+TEST_CASE("every nn functional form gives the CPU's outputs and gradients on sim:0", "[nn][sim]") {
+  SimDelay delay(5);
+  const auto rows = functional_rows();
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const FunctionalRow& row = rows[r];
+    INFO(row.name);
+    auto run = [&](Device device) {
+      Generator g(500 + r);
+      TensorList inputs;
+      for (const Shape& s : row.inputs) {
+        Tensor t = randn(s, {.dtype = kFloat64}, &g).to(device);
+        t.requires_grad_();
+        inputs.push_back(t);
+      }
+      Tensor out = row.f(inputs, device);
+      REQUIRE(out.device() == device);
+      out.backward(randn(out.sizes(), {.dtype = kFloat64}, &g).to(device));
+      TensorList result{out.detach().cpu()};
+      for (const Tensor& t : inputs) result.push_back(t.grad().cpu());
+      return result;
+    };
+    const TensorList cpu = run(kCPU), sim = run(kSim);
+    for (size_t k = 0; k < cpu.size(); ++k) {
+      INFO((k == 0 ? std::string("output") : "gradient of input " + std::to_string(k - 1)));
+      CHECK(equal(sim[k], cpu[k]));
+    }
+  }
+}
+
 TEST_CASE("Module::to moves parameters, buffers and gradients to the device and back", "[nn][sim]") {
   auto net = make_cnn(kFloat32);
   const nn::NamedTensors before = net->state_dict();
