@@ -85,9 +85,32 @@ bool all_cpu(const TensorList& tensors) {
 }
 }  // namespace
 
+void StreamOrderedGroup::raise_async_error() {
+  std::shared_ptr<StreamWork> failed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::shared_ptr<StreamWork>> still;
+    for (auto& w : in_flight_) {
+      if (!w->is_completed()) {
+        still.push_back(w);
+      } else if (w->exception() && !failed) {
+        failed = w;
+      }
+    }
+    in_flight_.swap(still);
+  }
+  if (!failed) return;
+  try {
+    std::rethrow_exception(failed->exception());
+  } catch (const std::exception& e) {
+    fail("{} failed on the communication stream: {}", failed->description(), e.what());
+  }
+}
+
 std::shared_ptr<Work> StreamOrderedGroup::ordered(
     const std::string& name, const TensorList& tensors, TensorList outputs,
     std::function<std::shared_ptr<Work>(ProcessGroup&, const TensorList&)> collective) {
+  raise_async_error();
   const Device device = tensors.front().device();
   for (const Tensor& t : tensors) {
     if (t.device() != device) {
@@ -155,6 +178,10 @@ std::shared_ptr<Work> StreamOrderedGroup::ordered(
       },
       std::move(buffers));
   work->end_event().record(comm);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_flight_.push_back(work);
+  }
   // The caller may drop its tensors at once: their blocks are not reused before `comm` passes here.
   for (const Tensor& t : tensors) record_stream(t.storage(), comm);
   return work;
@@ -162,6 +189,7 @@ std::shared_ptr<Work> StreamOrderedGroup::ordered(
 
 std::shared_ptr<Work> StreamOrderedGroup::allreduce(const TensorList& tensors, ReduceOp op) {
   if (tensors.empty() || all_cpu(tensors)) {
+    raise_async_error();
     wait_until_issued(this);
     return host_->allreduce(tensors, op);
   }
@@ -171,6 +199,7 @@ std::shared_ptr<Work> StreamOrderedGroup::allreduce(const TensorList& tensors, R
 
 std::shared_ptr<Work> StreamOrderedGroup::broadcast(const TensorList& tensors, int root) {
   if (tensors.empty() || all_cpu(tensors)) {
+    raise_async_error();
     wait_until_issued(this);
     return host_->broadcast(tensors, root);
   }
@@ -182,6 +211,7 @@ std::shared_ptr<Work> StreamOrderedGroup::allgather(const TensorList& outputs, c
   TensorList all = outputs;
   all.push_back(input);
   if (all_cpu(all)) {
+    raise_async_error();
     wait_until_issued(this);
     return host_->allgather(outputs, input);
   }
@@ -195,6 +225,7 @@ std::shared_ptr<Work> StreamOrderedGroup::reduce_scatter(const Tensor& output, c
   TensorList all{output};
   all.insert(all.end(), inputs.begin(), inputs.end());
   if (all_cpu(all)) {
+    raise_async_error();
     wait_until_issued(this);
     return host_->reduce_scatter(output, inputs, op);
   }
@@ -204,12 +235,14 @@ std::shared_ptr<Work> StreamOrderedGroup::reduce_scatter(const Tensor& output, c
 }
 
 std::shared_ptr<Work> StreamOrderedGroup::barrier() {
+  raise_async_error();
   wait_until_issued(this);
   return host_->barrier();
 }
 
 std::shared_ptr<Work> StreamOrderedGroup::send(const Tensor& tensor, int dst, int tag) {
   if (tensor.device().is_cpu()) {
+    raise_async_error();
     wait_until_issued(this);
     return host_->send(tensor, dst, tag);
   }
@@ -218,6 +251,7 @@ std::shared_ptr<Work> StreamOrderedGroup::send(const Tensor& tensor, int dst, in
 
 std::shared_ptr<Work> StreamOrderedGroup::recv(const Tensor& tensor, int src, int tag) {
   if (tensor.device().is_cpu()) {
+    raise_async_error();
     wait_until_issued(this);
     return host_->recv(tensor, src, tag);
   }

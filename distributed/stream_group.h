@@ -66,8 +66,15 @@ class StreamOrderedGroup final : public ProcessGroup {
   std::shared_ptr<Work> ordered(const std::string& name, const TensorList& tensors, TensorList outputs,
                                 std::function<std::shared_ptr<Work>(ProcessGroup&, const TensorList&)> collective);
 
+  // A collective that failed on a communication stream (a dead or stuck peer: the host
+  // communicator's timeout ends it) is raised on the caller's thread at its next call into the
+  // group, naming the collective, its sequence number and the error, as PyTorch's NCCL watchdog
+  // does; nothing hangs, since the failed collective still completes its end event.
+  void raise_async_error();
+
   std::shared_ptr<ProcessGroup> host_;
   std::mutex mutex_;
+  std::vector<std::shared_ptr<StreamWork>> in_flight_;
   std::vector<std::pair<Device, Stream>> comm_streams_;
   uint64_t sequence_ = 0;
 };

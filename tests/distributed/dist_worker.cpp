@@ -386,6 +386,30 @@ void scenario_timeout(const std::shared_ptr<ProcessGroup>& pg) {
                "collective timeout");
 }
 
+// On a device, collectives are asynchronous: a stuck peer's missed allreduce fails on rank 0's
+// communication stream when Gloo's timeout ends it, and the next call into the group raises it
+// (op, sequence number, device, timeout); the compute stream is not left waiting forever.
+void scenario_stream_timeout(const std::shared_ptr<ProcessGroup>& pg) {
+  const Device sim = Device::sim(0);
+  Tensor t = ones({10}).to(sim);
+  auto first = pg->allreduce({t});
+  std::dynamic_pointer_cast<StreamWork>(first)->synchronize();
+  if (pg->rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(6));  // misses rank 0's next collectives
+    return;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  expect_error([&] {
+    for (int i = 0; i < 40; ++i) {
+      pg->allreduce({t})->wait();  // orders the compute stream; does not block
+      std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
+  }, {"allreduce #2 on sim:0", "timeout 2000 ms", "failed on the communication stream"}, "asynchronous collective timeout");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  check(s < 6.0, fmt::format("the failure surfaced within the timeout and a few calls (took {:.1f} s)", s));
+  check(t.sum().item<double>() > 0, "the compute stream still runs after the failure");
+}
+
 void scenario_debug_mismatch(const std::shared_ptr<ProcessGroup>& pg) {
   Tensor t = ones({pg->rank() == 0 ? 4 : 5});
   expect_error([&] { pg->allreduce({t})->wait(); }, {"rank 0", "rank 1", "[4]", "[5]"}, "debug-mode collective mismatch");
@@ -501,7 +525,7 @@ int main(int argc, char** argv) {
   const std::string scenario = argv[1];
   try {
     InitOptions init;
-    if (scenario == "timeout" || scenario == "killed_rank") init.timeout = std::chrono::milliseconds(2000);
+    if (scenario == "timeout" || scenario == "killed_rank" || scenario == "stream_timeout") init.timeout = std::chrono::milliseconds(2000);
     auto pg = init_process_group(init);
     g_rank = pg->rank();
     if (scenario == "collectives") scenario_collectives(*pg);
@@ -517,6 +541,7 @@ int main(int argc, char** argv) {
     else if (scenario == "model_mismatch") scenario_model_mismatch(pg);
     else if (scenario == "killed_rank") scenario_killed_rank(pg);
     else if (scenario == "timeout") scenario_timeout(pg);
+    else if (scenario == "stream_timeout") scenario_stream_timeout(pg);
     else if (scenario == "debug_mismatch") scenario_debug_mismatch(pg);
     else if (scenario == "new_group") scenario_new_group(pg);
     else if (scenario == "join") scenario_join(pg);
@@ -525,7 +550,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "dist_worker: unknown scenario %s\n", scenario.c_str());
       return 2;
     }
-    if (scenario != "killed_rank" && scenario != "timeout" && scenario != "debug_mismatch" &&
+    if (scenario != "killed_rank" && scenario != "timeout" && scenario != "stream_timeout" && scenario != "debug_mismatch" &&
         scenario != "model_mismatch") {
       pg->barrier()->wait();  // rank 0 hosts the store: nobody leaves before everyone is done
     } else {

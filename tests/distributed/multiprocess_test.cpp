@@ -186,6 +186,10 @@ TEST_CASE("without the communication stream's event waits DDP on sim goes wrong"
   require_all_ok(run_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0", "unordered"}));
 }
 
+TEST_CASE("a stuck peer's collective on a communication stream raises on the next call, not a hang", "[distributed][faults][sim]") {
+  require_all_ok(run_workers(2, {"stream_timeout"}, {}, 60));
+}
+
 TEST_CASE("no_sync accumulates locally and the next synced backward reduces the sum", "[distributed][ddp]") {
   require_all_ok(run_workers(2, {"no_sync"}));
   require_all_ok(run_workers(3, {"no_sync"}));
