@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 
 #include "distributed/debug.h"
@@ -25,6 +26,20 @@ State& state() {
   return s;
 }
 
+std::mutex& backends_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<std::string, BackendFactory>& backends() {
+  static auto* b = new std::map<std::string, BackendFactory>();
+  return *b;
+}
+BackendFactory registered_backend(const std::string& name) {
+  std::lock_guard<std::mutex> lock(backends_mutex());
+  auto it = backends().find(name);
+  return it == backends().end() ? BackendFactory() : it->second;
+}
+
 std::shared_ptr<ProcessGroup> make_group(const std::string& backend, std::shared_ptr<Store> store, int rank, int size,
                                          std::chrono::milliseconds timeout) {
   std::shared_ptr<ProcessGroup> group;
@@ -33,15 +48,26 @@ std::shared_ptr<ProcessGroup> make_group(const std::string& backend, std::shared
     gloo.timeout = timeout;
     // Device tensors (sim) go through the communication stream; CPU tensors straight to Gloo.
     group = std::make_shared<StreamOrderedGroup>(std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, gloo));
+  } else if (BackendFactory factory = registered_backend(backend)) {
+    group = factory(std::move(store), rank, size, timeout);
   } else if (backend == "nccl") {
-    fail("init_process_group: backend 'nccl' is not available in this build of chorus (no ProcessGroupNCCL yet); "
-         "use backend 'gloo', which also runs on CPU tensors");
+    fail("init_process_group: backend 'nccl' is not available in this program: link //distributed:nccl (built "
+         "where a CUDA toolkit with NCCL is found), or use backend 'gloo', which also runs on CPU and sim tensors");
   } else {
     fail("init_process_group: unknown backend '{}' (expected 'gloo' or 'nccl')", backend);
   }
   if (debug_mode_enabled()) group = std::make_shared<ProcessGroupDebug>(group);
   return group;
 }
+
+}  // namespace
+
+void register_backend(const std::string& name, BackendFactory factory) {
+  std::lock_guard<std::mutex> lock(backends_mutex());
+  backends()[name] = std::move(factory);
+}
+
+namespace {
 
 // "host:port" of a tcp:// init method.
 void parse_host_port(const std::string& spec, std::string& host, int& port) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,7 +21,7 @@
 namespace chorus::distributed {
 
 struct InitOptions {
-  std::string backend = "gloo";  // "gloo"; "nccl" once the CUDA backend exists
+  std::string backend = "gloo";  // "gloo", or "nccl" (CUDA tensors; link //distributed:nccl)
   // "env://" (default): rank, world size and the store address come from the environment.
   // "tcp://host:port": the store address is given; rank and world_size below (or RANK/WORLD_SIZE).
   // "file:///path": a FileStore at path (one machine or a shared file system).
@@ -30,7 +31,7 @@ struct InitOptions {
   // Timeout of the rendezvous and of every collective on the groups created (per collective).
   std::chrono::milliseconds timeout{300000};
   // A store made by the caller replaces init_method's.
-  std::shared_ptr<Store> store;
+  std::shared_ptr<Store> store{};
 };
 
 // Creates the default group. Missing or malformed environment variables, a rank outside
@@ -52,6 +53,12 @@ void destroy_process_group();
 // nullptr. Within the new group, ranks are renumbered 0..n-1 in ascending order of their global rank.
 std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks,
                                         std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+
+// Makes a process group of a backend other than "gloo" (e.g. "nccl", registered by linking
+// //distributed:nccl): store for the rendezvous, rank, size, per-collective timeout.
+using BackendFactory = std::function<std::shared_ptr<ProcessGroup>(std::shared_ptr<Store> store, int rank, int size,
+                                                                   std::chrono::milliseconds timeout)>;
+void register_backend(const std::string& name, BackendFactory factory);
 
 // Reads an environment variable as an integer; chorus::Error naming it when missing or malformed.
 int env_int(const char* name);

@@ -1,0 +1,35 @@
+// ProcessGroupNCCL: collectives on CUDA tensors through NCCL, under the same stream ordering as the
+// stream-ordered Gloo group (stream_group.h, [Sync Streams]): each collective records an event on
+// the caller's current stream, the device's high-priority communication stream waits on it and
+// runs the NCCL call, and an end event completes the StreamWork; Work::wait() orders the caller's
+// stream, synchronize() blocks. CPU tensors (DDP's small bookkeeping collectives) go to a Gloo
+// group made over the same store, as PyTorch's "cuda:nccl,cpu:gloo".
+//
+// Communicators are made lazily, one per device, from a unique id rank 0 publishes in the store.
+// A watchdog thread completes works when their end events pass, aborts the communicator
+// (ncclCommAbort) when a collective outlives the timeout or NCCL reports an asynchronous error,
+// and the failure is raised on the caller's thread at its next call, naming op, sequence number,
+// ranks and timeout.
+//
+// Link //distributed:nccl (built where a CUDA toolkit with NCCL is found) to make the "nccl"
+// backend available to init_process_group.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "distributed/process_group.h"
+#include "distributed/store.h"
+
+namespace chorus::distributed {
+
+struct NcclOptions {
+  std::chrono::milliseconds timeout{300000};
+};
+
+// Creates the group (rank and size of the job; `store` for the rendezvous). Throws "no CUDA
+// device: ..." on a machine without a GPU.
+std::shared_ptr<ProcessGroup> make_process_group_nccl(std::shared_ptr<Store> store, int rank, int size,
+                                                      NcclOptions options = {});
+
+}  // namespace chorus::distributed
