@@ -178,6 +178,8 @@ TEST_CASE("DDP on sim devices equals single-process training, with no host block
   require_all_ok(run_workers(3, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0"}, delays));
   require_all_ok(run_workers(2, {"ddp", "cnn", "float64", "0.0005", "1", "sim:1"}, delays));
   require_all_ok(run_workers(2, {"ddp", "mlp", "float32", "25", "0", "sim:0"}, delays));
+  require_all_ok(run_workers(2, {"no_sync", "sim:0"}, delays));
+  require_all_ok(run_workers(3, {"no_sync", "sim:0", "fp16_hook"}, delays));
 }
 
 TEST_CASE("without the communication stream's event waits DDP on sim goes wrong", "[distributed][ddp][sim]") {
