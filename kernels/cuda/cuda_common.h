@@ -1,0 +1,136 @@
+// What every CUDA kernel file (.cu, nvcc only) shares: error checks, the current stream of a tensor's device, the SM
+// count, and the generic strided elementwise launcher over kernels/shared/launch_plan.h (broadcast,
+// collapsed dims, 32-bit index splits). Included only by .cu files (nvcc).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/shared/launch_plan.h"
+#include "tensor/error.h"
+#include "tensor/runtime.h"
+#include "tensor/tensor.h"
+
+namespace chorus::kernels::cuda_impl {
+
+namespace sh = ::chorus::kernels::shared;
+
+inline void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear it, so it does not resurface from an unrelated call
+    fail("CUDA kernel {}: {} ({})", what, cudaGetErrorString(status), cudaGetErrorName(status));
+  }
+}
+// After every <<<...>>>: a bad configuration or a missing device shows up here.
+inline void check_launch(const char* what) { check_cuda(cudaGetLastError(), what); }
+
+inline int sm_count(int device) {
+  static std::atomic<int> cache[64] = {};
+  if (device >= 0 && device < 64) {
+    const int cached = cache[device].load(std::memory_order_relaxed);
+    if (cached > 0) return cached;
+  }
+  int count = 0;
+  check_cuda(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "sm count");
+  if (count <= 0) count = 1;
+  if (device >= 0 && device < 64) cache[device].store(count, std::memory_order_relaxed);
+  return count;
+}
+
+// The device of a kernel call made current (cudaSetDevice through the DeviceGuard), and the
+// current stream of that device on this thread, where every launch goes.
+struct LaunchContext {
+  DeviceGuard guard;
+  cudaStream_t stream;
+  int sms;
+  explicit LaunchContext(Device device)
+      : guard(device), stream(static_cast<cudaStream_t>(current_stream(device).handle())), sms(sm_count(device.index)) {}
+};
+
+// Grid for a plain grid-stride loop over n items (blocks capped at 8 per SM, at least 1).
+inline unsigned grid_for(int64_t n, int threads, int sms) {
+  int64_t blocks = (n + threads - 1) / threads;
+  const int64_t cap = static_cast<int64_t>(sms) * 8;
+  if (blocks > cap) blocks = cap;
+  if (blocks < 1) blocks = 1;
+  return static_cast<unsigned>(blocks);
+}
+
+// A dense tensor like t on t's device (for kernels that write densely, then copy into a view).
+inline Tensor empty_like_dense(const Tensor& t) { return make_tensor(t.sizes(), t.dtype(), t.device()); }
+
+// ------------------------------------------------------------------ elementwise
+template <int N>
+struct Pointers {
+  char* p[N];
+};
+
+// Element i of the sub-launch: operand k at base.p[k] + offsets(i)[k]. Op gets the N addresses.
+template <int N, typename Op>
+__global__ void elementwise_kernel(sh::IndexCalculator<N> calc, Pointers<N> base, uint32_t numel, Op op) {
+  const uint32_t step = gridDim.x * blockDim.x;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < numel; i += step) {
+    uint32_t off[N];
+    calc.offsets(i, off);
+    char* p[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) p[k] = base.p[k] + off[k];
+    op(p);
+  }
+}
+
+// Runs op over out's shape (operand 0 = out; the others broadcast to it), on out's device's current
+// stream, split into launches whose offsets fit 32 bits.
+template <int N, typename Op>
+void launch_elementwise(const char* what, const std::array<const Tensor*, N>& operands, const Op& op) {
+  const Tensor& out = *operands[0];
+  if (out.numel() == 0) return;
+  std::vector<sh::OperandLayout> layouts;
+  layouts.reserve(N);
+  for (const Tensor* t : operands) {
+    layouts.push_back(sh::OperandLayout{t->sizes(), t->strides(), static_cast<int64_t>(t->element_size()),
+                                        reinterpret_cast<uint64_t>(t->raw_data_ptr())});
+  }
+  const sh::ElementwisePlan plan = sh::plan_elementwise(out.sizes(), layouts);
+  LaunchContext ctx(out.device());
+  for (const sh::SubLaunch& launch : plan.launches) {
+    const sh::IndexCalculator<N> calc = sh::index_calculator<N>(plan, launch);
+    Pointers<N> base;
+    for (int k = 0; k < N; ++k) base.p[k] = static_cast<char*>(operands[k]->raw_data_ptr()) + launch.base_offset_bytes[k];
+    const sh::GridConfig grid = sh::elementwise_grid(launch.numel, 256, ctx.sms, 1);
+    elementwise_kernel<N, Op><<<static_cast<unsigned>(grid.blocks), grid.threads_per_block, 0, ctx.stream>>>(
+        calc, base, static_cast<uint32_t>(launch.numel), op);
+    check_launch(what);
+  }
+}
+
+// Per-element adapters from a shared functor to the addresses the elementwise kernel hands over.
+template <typename Out, typename In, typename F>
+struct UnaryElem {
+  F f;
+  __device__ __forceinline__ void operator()(char* const (&p)[2]) const {
+    *reinterpret_cast<Out*>(p[0]) = f(*reinterpret_cast<const In*>(p[1]));
+  }
+};
+template <typename Out, typename A, typename B, typename F>
+struct BinaryElem {
+  F f;
+  __device__ __forceinline__ void operator()(char* const (&p)[3]) const {
+    *reinterpret_cast<Out*>(p[0]) = f(*reinterpret_cast<const A*>(p[1]), *reinterpret_cast<const B*>(p[2]));
+  }
+};
+
+template <typename Out, typename In, typename F>
+void unary_launch(const char* what, const Tensor& out, const Tensor& in, const F& f) {
+  launch_elementwise<2>(what, {&out, &in}, UnaryElem<Out, In, F>{f});
+}
+template <typename Out, typename A, typename B, typename F>
+void binary_launch(const char* what, const Tensor& out, const Tensor& a, const Tensor& b, const F& f) {
+  launch_elementwise<3>(what, {&out, &a, &b}, BinaryElem<Out, A, B, F>{f});
+}
+
+}  // namespace chorus::kernels::cuda_impl

@@ -1,0 +1,15 @@
+// The CUDA kernels of the table (kernels/kernel_table.h), one .cu file per op family; each has the
+// signature and semantics of its cpu twin (kernels/cpu/kernels.h, nn_basic.h, conv.h). Plain C++:
+// table.cpp (g++) fills the cuda KernelTable from the entries the .cu files define; an entry without
+// a definition stays null ("not implemented on CUDA devices yet").
+#pragma once
+
+#include "kernels/kernel_table.h"
+
+namespace chorus::kernels::cuda_impl {
+
+#define CHORUS_CUDA_DECLARE(name, params, args) void name params;
+CHORUS_KERNEL_LIST(CHORUS_CUDA_DECLARE)
+#undef CHORUS_CUDA_DECLARE
+
+}  // namespace chorus::kernels::cuda_impl

@@ -1,0 +1,39 @@
+// The cuda kernel table, filled from the kernels the .cu files of this folder define (kernels.h) and
+// registered for DeviceType::CUDA at static initialization (the library is alwayslink). Entries not
+// listed stay null: dispatch then says the kernel is "not implemented on CUDA devices yet".
+#include "kernels/cuda/kernels.h"
+#include "kernels/dispatch.h"
+
+namespace chorus::kernels::cuda_impl {
+namespace {
+
+// The kernels implemented on CUDA so far (the rest of CHORUS_KERNEL_LIST stays null).
+#define CHORUS_CUDA_IMPLEMENTED(X) \
+  X(copy)                          \
+  X(fill)                          \
+  X(unary)                         \
+  X(pow_scalar)                    \
+  X(clamp)                         \
+  X(binary)                        \
+  X(where)                         \
+  X(arange)                        \
+  X(uniform_at)                    \
+  X(normal_at)                     \
+  X(random_int_at)
+
+const KernelTable& cuda_table() {
+  static const KernelTable table = [] {
+    KernelTable t;
+    t.device_name = "cuda";
+#define CHORUS_CUDA_ENTRY(name) t.name = &cuda_impl::name;
+    CHORUS_CUDA_IMPLEMENTED(CHORUS_CUDA_ENTRY)
+#undef CHORUS_CUDA_ENTRY
+    return t;
+  }();
+  return table;
+}
+
+const bool g_registered = (register_kernel_table(DeviceType::CUDA, &cuda_table()), true);
+
+}  // namespace
+}  // namespace chorus::kernels::cuda_impl
