@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <algorithm>
 #include <vector>
 
 #include "kernels/shared/launch_plan.h"
@@ -62,6 +63,34 @@ inline unsigned grid_for(int64_t n, int threads, int sms) {
 
 // A dense tensor like t on t's device (for kernels that write densely, then copy into a view).
 inline Tensor empty_like_dense(const Tensor& t) { return make_tensor(t.sizes(), t.dtype(), t.device()); }
+
+// A view of t's storage with other sizes and strides (no copy).
+inline Tensor restrided(const Tensor& t, const Shape& sizes, const Strides& strides) {
+  return Tensor(std::make_shared<TensorImpl>(t.storage(), t.storage_offset(), sizes, strides, t.dtype()));
+}
+
+// Block-wide reduction of one value per thread (blockDim.x a power of two, buf blockDim.x long in
+// shared memory); every thread gets the result. combine must be associative up to rounding.
+template <typename Acc, typename Combine>
+__device__ __forceinline__ Acc block_reduce(Acc value, const Combine& combine, Acc* buf) {
+  buf[threadIdx.x] = value;
+  __syncthreads();
+  for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) buf[threadIdx.x] = combine(buf[threadIdx.x], buf[threadIdx.x + s]);
+    __syncthreads();
+  }
+  const Acc result = buf[0];
+  __syncthreads();
+  return result;
+}
+struct SumOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxIgnoringNaN {  // a > b ? a : b, as the cpu softmax's row maximum (NaN never wins)
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return b > a ? b : a; }
+};
 
 // ------------------------------------------------------------------ elementwise
 template <int N>

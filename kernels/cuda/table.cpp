@@ -19,7 +19,13 @@ namespace {
   X(arange)                        \
   X(uniform_at)                    \
   X(normal_at)                     \
-  X(random_int_at)
+  X(random_int_at)                  \
+  X(sgd_step)                      \
+  X(adam_step)                     \
+  X(reduce)                        \
+  X(arg_reduce)                    \
+  X(softmax)                       \
+  X(softmax_backward)
 
 const KernelTable& cuda_table() {
   static const KernelTable table = [] {

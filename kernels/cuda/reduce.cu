@@ -1,0 +1,303 @@
+// Reductions (sum, prod, max, min over any dims, laid out by kernels/shared/launch_plan.h's
+// plan_reduction), arg-reductions and softmax/softmax_backward on CUDA, with the cpu kernels'
+// accumulator types (float sums and products in double, integer sums in int64; kernels/cpu/reduce.cpp).
+#include <cuda/std/limits>
+
+#include <type_traits>
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/shared/pointwise_math.h"
+
+namespace chorus::kernels::cuda_impl {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename Acc, ReduceOp Op>
+struct Reducer {
+  __device__ __forceinline__ static Acc identity() {
+    if constexpr (Op == ReduceOp::Sum) return Acc(0);
+    else if constexpr (Op == ReduceOp::Prod) return Acc(1);
+    else if constexpr (Op == ReduceOp::Max) return ::cuda::std::numeric_limits<Acc>::lowest();
+    else return ::cuda::std::numeric_limits<Acc>::max();
+  }
+  __device__ __forceinline__ Acc operator()(Acc acc, Acc x) const {
+    if constexpr (Op == ReduceOp::Sum) return acc + x;
+    else if constexpr (Op == ReduceOp::Prod) return acc * x;
+    else if constexpr (Op == ReduceOp::Max) {
+      if constexpr (std::is_floating_point_v<Acc>) return (x != x || x > acc) ? x : acc;  // NaN sticks
+      else return x > acc ? x : acc;
+    } else {
+      if constexpr (std::is_floating_point_v<Acc>) return (x != x || x < acc) ? x : acc;
+      else return x < acc ? x : acc;
+    }
+  }
+};
+
+// inner == 1: one block per output, the block's threads striding over the reduced elements.
+template <typename T, typename Acc, typename Out, ReduceOp Op>
+__global__ void reduce_rows_kernel(const T* in, Out* out, int64_t outer, int64_t reduced, int64_t outer_stride,
+                                   int64_t reduced_stride) {
+  __shared__ Acc buf[kThreads];
+  const Reducer<Acc, Op> red;
+  for (int64_t o = blockIdx.x; o < outer; o += gridDim.x) {
+    Acc acc = Reducer<Acc, Op>::identity();
+    for (int64_t r = threadIdx.x; r < reduced; r += blockDim.x)
+      acc = red(acc, static_cast<Acc>(in[o * outer_stride + r * reduced_stride]));
+    acc = block_reduce(acc, red, buf);
+    if (threadIdx.x == 0) out[o] = static_cast<Out>(acc);
+  }
+}
+
+// inner > 1: one thread per output; neighbouring threads read neighbouring inner elements.
+template <typename T, typename Acc, typename Out, ReduceOp Op>
+__global__ void reduce_columns_kernel(const T* in, Out* out, int64_t outer, int64_t reduced, int64_t inner,
+                                      int64_t outer_stride, int64_t reduced_stride, int64_t inner_stride) {
+  const Reducer<Acc, Op> red;
+  for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < outer * inner;
+       idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t o = idx / inner, i = idx % inner;
+    const T* base = in + o * outer_stride + i * inner_stride;
+    Acc acc = Reducer<Acc, Op>::identity();
+    for (int64_t r = 0; r < reduced; ++r) acc = red(acc, static_cast<Acc>(base[r * reduced_stride]));
+    out[idx] = static_cast<Out>(acc);
+  }
+}
+
+template <typename T, typename Acc, typename Out, ReduceOp Op>
+void reduce_launch(const Tensor& out, const Tensor& in, const sh::ReductionPlan& p) {
+  LaunchContext ctx(out.device());
+  const T* x = static_cast<const T*>(in.raw_data_ptr());
+  Out* o = static_cast<Out*>(out.raw_data_ptr());
+  if (p.inner == 1) {
+    const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(p.outer, 65535LL * 16));
+    reduce_rows_kernel<T, Acc, Out, Op><<<blocks, kThreads, 0, ctx.stream>>>(x, o, p.outer, p.reduced, p.outer_stride,
+                                                                            p.reduced_stride);
+  } else {
+    reduce_columns_kernel<T, Acc, Out, Op><<<grid_for(p.outer * p.inner, kThreads, ctx.sms), kThreads, 0, ctx.stream>>>(
+        x, o, p.outer, p.reduced, p.inner, p.outer_stride, p.reduced_stride, p.inner_stride);
+  }
+  check_launch("reduce");
+}
+
+template <ReduceOp Op>
+void reduce_dispatch(const Tensor& out, const Tensor& in, const sh::ReductionPlan& p) {
+  CHORUS_DISPATCH_COMPUTE(in.dtype(), "reduce", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T>) {
+      using Acc = std::conditional_t<(Op == ReduceOp::Sum || Op == ReduceOp::Prod), double, T>;
+      reduce_launch<T, Acc, T, Op>(out, in, p);
+    } else if constexpr (Op == ReduceOp::Sum || Op == ReduceOp::Prod) {
+      reduce_launch<T, int64_t, int64_t, Op>(out, in, p);
+    } else if constexpr (std::is_same_v<T, bool>) {
+      reduce_launch<T, int, bool, Op>(out, in, p);
+    } else {
+      reduce_launch<T, T, T, Op>(out, in, p);
+    }
+  });
+}
+
+}  // namespace
+
+void reduce(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<int64_t>& dims) {
+  if (out.numel() == 0) return;
+  std::vector<int64_t> sorted = dims;
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  sh::ReductionPlan plan = sh::plan_reduction(in.sizes(), in.strides(), sorted);
+  Tensor src = in;
+  if (plan.needs_copy) {  // kept dims in order, then reduced dims, densely
+    Shape s;
+    Strides st;
+    for (int64_t d : plan.permutation) {
+      s.push_back(in.sizes()[d]);
+      st.push_back(in.strides()[d]);
+    }
+    src = make_tensor(s, in.dtype(), in.device());
+    copy(src, restrided(in, s, st));
+  }
+  Tensor dense_out = out.is_contiguous() ? out : empty_like_dense(out);
+  switch (op) {
+    case ReduceOp::Sum: reduce_dispatch<ReduceOp::Sum>(dense_out, src, plan); break;
+    case ReduceOp::Prod: reduce_dispatch<ReduceOp::Prod>(dense_out, src, plan); break;
+    case ReduceOp::Max: reduce_dispatch<ReduceOp::Max>(dense_out, src, plan); break;
+    case ReduceOp::Min: reduce_dispatch<ReduceOp::Min>(dense_out, src, plan); break;
+  }
+  if (!dense_out.is_same(out)) copy(out, dense_out);
+}
+
+namespace {
+
+// `t` with `dim` moved last (a view), and that view's sizes.
+Tensor dim_last_view(const Tensor& t, int64_t dim) {
+  Shape s = t.sizes();
+  Strides st = t.strides();
+  s.erase(s.begin() + dim);
+  st.erase(st.begin() + dim);
+  s.push_back(t.sizes()[dim]);
+  st.push_back(t.strides()[dim]);
+  return restrided(t, s, st);
+}
+// The same, densely copied unless it already is dense.
+Tensor dim_last_dense(const Tensor& t, int64_t dim, int64_t& rows, int64_t& cols) {
+  cols = t.sizes()[dim];
+  rows = cols == 0 ? 0 : t.numel() / cols;
+  Tensor v = dim_last_view(t, dim);
+  if (v.is_contiguous()) return v;
+  Tensor d = empty_like_dense(v);
+  copy(d, v);
+  return d;
+}
+
+unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 65535LL * 16)); }
+
+// (value, index) pairs: NaN beats everything (the first NaN wins), then the better value, then the
+// smaller index, so the result is the cpu kernel's first extremum.
+template <typename T>
+struct ArgBest {
+  bool is_max;
+  __device__ __forceinline__ bool better(T v, int64_t i, T best, int64_t best_i) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      const bool vn = v != v, bn = best != best;
+      if (vn || bn) return vn && (!bn || i < best_i);
+    }
+    if (v == best) return i < best_i;
+    return is_max ? v > best : v < best;
+  }
+};
+
+template <typename T>
+__global__ void arg_reduce_kernel(const T* in, T* values, int64_t* indices, int64_t rows, int64_t cols, bool is_max) {
+  __shared__ T vbuf[kThreads];
+  __shared__ int64_t ibuf[kThreads];
+  const ArgBest<T> arg{is_max};
+  for (int64_t m = blockIdx.x; m < rows; m += gridDim.x) {
+    const T* row = in + m * cols;
+    T best = row[0];
+    int64_t best_i = 0;
+    for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) {
+      if (arg.better(row[r], r, best, best_i)) {
+        best = row[r];
+        best_i = r;
+      }
+    }
+    vbuf[threadIdx.x] = best;
+    ibuf[threadIdx.x] = best_i;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+      if (threadIdx.x < s && arg.better(vbuf[threadIdx.x + s], ibuf[threadIdx.x + s], vbuf[threadIdx.x], ibuf[threadIdx.x])) {
+        vbuf[threadIdx.x] = vbuf[threadIdx.x + s];
+        ibuf[threadIdx.x] = ibuf[threadIdx.x + s];
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+      values[m] = vbuf[0];
+      indices[m] = ibuf[0];
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T>
+__global__ void softmax_kernel(const T* in, T* out, int64_t rows, int64_t cols, bool log) {
+  __shared__ T tbuf[kThreads];
+  __shared__ double dbuf[kThreads];
+  const sh::Exp exp_;
+  for (int64_t m = blockIdx.x; m < rows; m += gridDim.x) {
+    const T* row = in + m * cols;
+    T* orow = out + m * cols;
+    T mx = -::cuda::std::numeric_limits<T>::infinity();
+    for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) mx = row[r] > mx ? row[r] : mx;
+    mx = block_reduce(mx, MaxIgnoringNaN{}, tbuf);
+    if (mx == -::cuda::std::numeric_limits<T>::infinity()) mx = 0;  // all -inf: avoid inf - inf
+    double sum = 0;
+    if (log) {
+      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) sum += exp_(static_cast<T>(row[r] - mx));
+      sum = block_reduce(sum, SumOp{}, dbuf);
+      const T log_sum = static_cast<T>(sh::Log{}(sum));
+      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) orow[r] = (row[r] - mx) - log_sum;
+    } else {
+      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) {
+        const T e = exp_(static_cast<T>(row[r] - mx));
+        orow[r] = e;
+        sum += e;
+      }
+      sum = block_reduce(sum, SumOp{}, dbuf);
+      const T inv = static_cast<T>(1.0 / sum);
+      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) orow[r] *= inv;
+    }
+  }
+}
+
+template <typename T>
+__global__ void softmax_backward_kernel(const T* g, const T* y, T* gi, int64_t rows, int64_t cols, bool log) {
+  __shared__ double dbuf[kThreads];
+  const sh::Exp exp_;
+  for (int64_t m = blockIdx.x; m < rows; m += gridDim.x) {
+    const T* gr = g + m * cols;
+    const T* yr = y + m * cols;
+    T* ir = gi + m * cols;
+    double acc = 0;
+    if (log) {
+      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) acc += gr[r];
+      acc = block_reduce(acc, SumOp{}, dbuf);
+      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) ir[r] = gr[r] - exp_(yr[r]) * static_cast<T>(acc);
+    } else {
+      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) acc += static_cast<double>(gr[r]) * yr[r];
+      acc = block_reduce(acc, SumOp{}, dbuf);
+      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) ir[r] = yr[r] * (gr[r] - static_cast<T>(acc));
+    }
+  }
+}
+
+}  // namespace
+
+void arg_reduce(bool is_max, const Tensor& values, const Tensor& indices, const Tensor& in, int64_t dim) {
+  int64_t rows, cols;
+  Tensor x = dim_last_dense(in, dim, rows, cols);
+  if (rows == 0) return;
+  Tensor vals = values.is_contiguous() ? values : empty_like_dense(values);
+  Tensor idx = indices.is_contiguous() ? indices : empty_like_dense(indices);
+  CHORUS_DISPATCH_COMPUTE(in.dtype(), is_max ? "max" : "min", [&]<typename T>() {
+    LaunchContext ctx(in.device());
+    arg_reduce_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
+        static_cast<const T*>(x.raw_data_ptr()), static_cast<T*>(vals.raw_data_ptr()),
+        static_cast<int64_t*>(idx.raw_data_ptr()), rows, cols, is_max);
+    check_launch(is_max ? "argmax" : "argmin");
+  });
+  if (!vals.is_same(values)) copy(values, vals);
+  if (!idx.is_same(indices)) copy(indices, idx);
+}
+
+void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) {
+  int64_t rows, cols;
+  Tensor x = dim_last_dense(in, dim, rows, cols);
+  if (rows == 0) return;
+  Tensor y = empty_like_dense(x);
+  CHORUS_DISPATCH_FLOATING(in.dtype(), log ? "log_softmax" : "softmax", [&]<typename T>() {
+    LaunchContext ctx(in.device());
+    softmax_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(static_cast<const T*>(x.raw_data_ptr()),
+                                                                     static_cast<T*>(y.raw_data_ptr()), rows, cols, log);
+    check_launch(log ? "log_softmax" : "softmax");
+  });
+  copy(dim_last_view(out, dim), y);
+}
+
+void softmax_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& out, int64_t dim, bool log) {
+  int64_t rows, cols;
+  Tensor g = dim_last_dense(grad_out, dim, rows, cols);
+  Tensor y = dim_last_dense(out, dim, rows, cols);
+  if (rows == 0) return;
+  Tensor gi = empty_like_dense(g);
+  CHORUS_DISPATCH_FLOATING(out.dtype(), "softmax_backward", [&]<typename T>() {
+    LaunchContext ctx(out.device());
+    softmax_backward_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
+        static_cast<const T*>(g.raw_data_ptr()), static_cast<const T*>(y.raw_data_ptr()),
+        static_cast<T*>(gi.raw_data_ptr()), rows, cols, log);
+    check_launch("softmax_backward");
+  });
+  copy(dim_last_view(grad_in, dim), gi);
+}
+
+}  // namespace chorus::kernels::cuda_impl
