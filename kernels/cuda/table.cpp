@@ -25,7 +25,9 @@ namespace {
   X(reduce)                        \
   X(arg_reduce)                    \
   X(softmax)                       \
-  X(softmax_backward)
+  X(softmax_backward)              \
+  X(gemm)                          \
+  X(bmm)
 
 const KernelTable& cuda_table() {
   static const KernelTable table = [] {
