@@ -27,7 +27,15 @@ namespace {
   X(softmax)                       \
   X(softmax_backward)              \
   X(gemm)                          \
-  X(bmm)
+  X(bmm)                           \
+  X(index_select)                  \
+  X(gather)                        \
+  X(scatter)                       \
+  X(index_add)                     \
+  X(layer_norm)                    \
+  X(layer_norm_backward)           \
+  X(cross_entropy)                 \
+  X(cross_entropy_backward)
 
 const KernelTable& cuda_table() {
   static const KernelTable table = [] {

@@ -1,0 +1,237 @@
+// layer_norm / layer_norm_backward and cross_entropy / cross_entropy_backward on CUDA: one block per
+// row over contiguous [rows, cols] buffers, with the cpu kernels' double accumulations
+// (kernels/cpu/nn_basic.cpp) and the shared exp/log/sqrt of kernels/shared/pointwise_math.h.
+#include <cuda/std/limits>
+
+#include "kernels/cuda/cuda_common.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/shared/pointwise_math.h"
+
+namespace chorus::kernels::cuda_impl {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+T* ptr_or_null(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.raw_data_ptr()) : nullptr;
+}
+unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 65535LL * 16)); }
+
+template <typename T>
+__global__ void layer_norm_kernel(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t rows,
+                                  int64_t cols, double eps) {
+  __shared__ double buf[kThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* row = x + r * cols;
+    double s = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += row[c];
+    s = block_reduce(s, SumOp{}, buf);
+    const double mu = s / static_cast<double>(cols);
+    double v = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const double d = row[c] - mu;
+      v += d * d;
+    }
+    v = block_reduce(v, SumOp{}, buf);
+    const double inv = 1.0 / sh::Sqrt{}(v / static_cast<double>(cols) + eps);
+    if (threadIdx.x == 0) {
+      mean[r] = static_cast<T>(mu);
+      rstd[r] = static_cast<T>(inv);
+    }
+    const T m = static_cast<T>(mu), iv = static_cast<T>(inv);
+    T* orow = out + r * cols;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      if (w && b) orow[c] = (row[c] - m) * iv * w[c] + b[c];
+      else if (w) orow[c] = (row[c] - m) * iv * w[c];
+      else orow[c] = (row[c] - m) * iv + (b ? b[c] : T(0));
+    }
+  }
+}
+
+template <typename T>
+__global__ void layer_norm_backward_rows_kernel(T* gx, const T* g, const T* x, const T* mean, const T* rstd,
+                                                const T* w, int64_t rows, int64_t cols) {
+  __shared__ double buf[kThreads];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    const T* gr = g + r * cols;
+    const double m = mean[r], iv = rstd[r];
+    double sum_gw = 0, sum_gw_xhat = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const double xhat = (xr[c] - m) * iv;
+      const double gwv = gr[c] * (w ? w[c] : T(1));
+      sum_gw += gwv;
+      sum_gw_xhat += gwv * xhat;
+    }
+    sum_gw = block_reduce(sum_gw, SumOp{}, buf);
+    sum_gw_xhat = block_reduce(sum_gw_xhat, SumOp{}, buf);
+    const double a = sum_gw / static_cast<double>(cols), bb = sum_gw_xhat / static_cast<double>(cols);
+    T* out = gx + r * cols;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const double xhat = (xr[c] - m) * iv;
+      out[c] = static_cast<T>(iv * (gr[c] * (w ? w[c] : T(1)) - a - xhat * bb));
+    }
+  }
+}
+
+// Parameter gradients: one thread per column, summing over rows in double (deterministic).
+template <typename T>
+__global__ void layer_norm_backward_params_kernel(T* gw, T* gb, const T* g, const T* x, const T* mean, const T* rstd,
+                                                  int64_t rows, int64_t cols) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < cols;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double sw = 0, sb = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const T gv = g[r * cols + c];
+      if (gw) sw += gv * ((x[r * cols + c] - static_cast<double>(mean[r])) * static_cast<double>(rstd[r]));
+      sb += gv;
+    }
+    if (gw) gw[c] = static_cast<T>(sw);
+    if (gb) gb[c] = static_cast<T>(sb);
+  }
+}
+
+template <typename T>
+__global__ void cross_entropy_kernel(T* losses, T* row_weight, T* probs, const T* logits, const int64_t* target,
+                                     const T* cw, int64_t rows, int64_t C, int64_t ignore_index,
+                                     double label_smoothing) {
+  __shared__ T tbuf[kThreads];
+  __shared__ double dbuf[kThreads];
+  const sh::Exp exp_;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* x = logits + r * C;
+    T* p = probs + r * C;
+    const int64_t y = target[r];
+    if (y == ignore_index) {
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) p[c] = 0;
+      if (threadIdx.x == 0) {
+        losses[r] = 0;
+        row_weight[r] = 0;
+      }
+      continue;  // uniform across the block: no barrier is skipped by only some threads
+    }
+    T mx = x[0];
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) mx = x[c] > mx ? x[c] : mx;
+    mx = block_reduce(mx, MaxIgnoringNaN{}, tbuf);
+    double s = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const T e = exp_(static_cast<T>(x[c] - mx));
+      p[c] = e;
+      s += e;
+    }
+    s = block_reduce(s, SumOp{}, dbuf);
+    const double lse = static_cast<double>(mx) + sh::Log{}(s);
+    const T inv = static_cast<T>(1.0 / s);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) p[c] *= inv;
+    double smooth = 0;
+    if (label_smoothing > 0) {
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) smooth += (cw ? cw[c] : T(1)) * (lse - x[c]);
+      smooth = block_reduce(smooth, SumOp{}, dbuf);
+    }
+    if (threadIdx.x == 0) {
+      const double wy = cw ? static_cast<double>(cw[y]) : 1.0;
+      double loss = (1.0 - label_smoothing) * wy * (lse - x[y]);
+      if (label_smoothing > 0) loss += label_smoothing / static_cast<double>(C) * smooth;
+      losses[r] = static_cast<T>(loss);
+      row_weight[r] = static_cast<T>(wy);
+    }
+  }
+}
+
+template <typename T>
+__global__ void cross_entropy_backward_kernel(T* grad, const T* row_scale, const T* probs, const int64_t* target,
+                                              const T* cw, int64_t rows, int64_t C, int64_t ignore_index,
+                                              double label_smoothing) {
+  __shared__ double dbuf[kThreads];
+  double W = static_cast<double>(C);
+  if (cw) {
+    double s = 0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += cw[c];
+    W = block_reduce(s, SumOp{}, dbuf);
+  }
+  const T eps_c = static_cast<T>(label_smoothing / static_cast<double>(C));
+  const T one_minus = static_cast<T>(1.0 - label_smoothing);
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    T* gr = grad + r * C;
+    const int64_t y = target[r];
+    if (y == ignore_index) {
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) gr[c] = 0;
+      continue;
+    }
+    const T* p = probs + r * C;
+    const T s = row_scale[r];
+    const T wy = cw ? cw[y] : T(1);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      T v = one_minus * wy * p[c];
+      if (label_smoothing > 0) v += eps_c * (static_cast<T>(W) * p[c] - (cw ? cw[c] : T(1)));
+      gr[c] = s * v;
+      if (c == y) gr[c] -= s * one_minus * wy;
+    }
+  }
+}
+
+}  // namespace
+
+void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
+                const Tensor& bias, int64_t rows, int64_t cols, double eps) {
+  if (rows == 0) return;
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "layer_norm", [&]<typename T>() {
+    LaunchContext ctx(x.device());
+    layer_norm_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
+        ptr_or_null<T>(out), ptr_or_null<T>(mean), ptr_or_null<T>(rstd), ptr_or_null<const T>(x),
+        ptr_or_null<const T>(weight), ptr_or_null<const T>(bias), rows, cols, eps);
+    check_launch("layer_norm");
+  });
+}
+
+void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& g,
+                         const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight, int64_t rows,
+                         int64_t cols) {
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "layer_norm_backward", [&]<typename T>() {
+    LaunchContext ctx(x.device());
+    if (grad_x.defined() && rows > 0) {
+      layer_norm_backward_rows_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
+          ptr_or_null<T>(grad_x), ptr_or_null<const T>(g), ptr_or_null<const T>(x), ptr_or_null<const T>(mean),
+          ptr_or_null<const T>(rstd), ptr_or_null<const T>(weight), rows, cols);
+      check_launch("layer_norm_backward");
+    }
+    if ((grad_weight.defined() || grad_bias.defined()) && cols > 0) {
+      layer_norm_backward_params_kernel<T><<<grid_for(cols, kThreads, ctx.sms), kThreads, 0, ctx.stream>>>(
+          ptr_or_null<T>(grad_weight), ptr_or_null<T>(grad_bias), ptr_or_null<const T>(g), ptr_or_null<const T>(x),
+          ptr_or_null<const T>(mean), ptr_or_null<const T>(rstd), rows, cols);
+      check_launch("layer_norm_backward (weight, bias)");
+    }
+  });
+}
+
+void cross_entropy(const Tensor& losses, const Tensor& row_weight, const Tensor& probs, const Tensor& logits,
+                   const Tensor& target, const Tensor& class_weight, int64_t ignore_index, double label_smoothing) {
+  const int64_t rows = logits.size(0), C = logits.size(1);
+  if (rows == 0) return;
+  CHORUS_DISPATCH_FLOATING(logits.dtype(), "cross_entropy", [&]<typename T>() {
+    LaunchContext ctx(logits.device());
+    cross_entropy_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
+        ptr_or_null<T>(losses), ptr_or_null<T>(row_weight), ptr_or_null<T>(probs), ptr_or_null<const T>(logits),
+        ptr_or_null<const int64_t>(target), ptr_or_null<const T>(class_weight), rows, C, ignore_index,
+        label_smoothing);
+    check_launch("cross_entropy");
+  });
+}
+
+void cross_entropy_backward(const Tensor& grad_logits, const Tensor& row_scale, const Tensor& probs,
+                            const Tensor& target, const Tensor& class_weight, int64_t ignore_index,
+                            double label_smoothing) {
+  const int64_t rows = probs.size(0), C = probs.size(1);
+  if (rows == 0) return;
+  CHORUS_DISPATCH_FLOATING(probs.dtype(), "cross_entropy_backward", [&]<typename T>() {
+    LaunchContext ctx(probs.device());
+    cross_entropy_backward_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
+        ptr_or_null<T>(grad_logits), ptr_or_null<const T>(row_scale), ptr_or_null<const T>(probs),
+        ptr_or_null<const int64_t>(target), ptr_or_null<const T>(class_weight), rows, C, ignore_index,
+        label_smoothing);
+    check_launch("cross_entropy_backward");
+  });
+}
+
+}  // namespace chorus::kernels::cuda_impl
