@@ -1,6 +1,7 @@
 // Reductions (sum, prod, max, min over any dims, laid out by kernels/shared/launch_plan.h's
 // plan_reduction), arg-reductions and softmax/softmax_backward on CUDA, with the cpu kernels'
 // accumulator types (float sums and products in double, integer sums in int64; kernels/cpu/reduce.cpp).
+// Few long rows (a full reduction) are split over many blocks, then their partials reduced.
 #include <cuda/std/limits>
 
 #include <type_traits>
@@ -65,11 +66,41 @@ __global__ void reduce_columns_kernel(const T* in, Out* out, int64_t outer, int6
   }
 }
 
+// Few long rows (e.g. a full reduction): each row split into `chunks` pieces, one block each,
+// whose partial results (in Acc) a second pass reduces.
+template <typename T, typename Acc, ReduceOp Op>
+__global__ void reduce_chunks_kernel(const T* in, Acc* partial, int64_t reduced, int64_t outer_stride,
+                                     int64_t reduced_stride, int64_t chunks) {
+  __shared__ Acc buf[kThreads];
+  const Reducer<Acc, Op> red;
+  const int64_t o = blockIdx.x / chunks, c = blockIdx.x % chunks;
+  const int64_t lo = reduced * c / chunks, hi = reduced * (c + 1) / chunks;
+  Acc acc = Reducer<Acc, Op>::identity();
+  for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x)
+    acc = red(acc, static_cast<Acc>(in[o * outer_stride + r * reduced_stride]));
+  acc = block_reduce(acc, red, buf);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
 template <typename T, typename Acc, typename Out, ReduceOp Op>
 void reduce_launch(const Tensor& out, const Tensor& in, const sh::ReductionPlan& p) {
   LaunchContext ctx(out.device());
   const T* x = static_cast<const T*>(in.raw_data_ptr());
   Out* o = static_cast<Out*>(out.raw_data_ptr());
+  constexpr int64_t kMinChunk = 8192;
+  if (p.inner == 1 && p.outer < 4LL * ctx.sms && p.reduced >= 2 * kMinChunk) {
+    const int64_t want = (8LL * ctx.sms + p.outer - 1) / p.outer;
+    const int64_t chunks = std::max<int64_t>(2, std::min<int64_t>(want, p.reduced / kMinChunk));
+    const Tensor partial = make_tensor({p.outer * chunks}, dtype_of<Acc>::value, out.device());
+    Acc* part = static_cast<Acc*>(partial.raw_data_ptr());
+    reduce_chunks_kernel<T, Acc, Op><<<static_cast<unsigned>(p.outer * chunks), kThreads, 0, ctx.stream>>>(
+        x, part, p.reduced, p.outer_stride, p.reduced_stride, chunks);
+    check_launch("reduce (partial)");
+    reduce_rows_kernel<Acc, Acc, Out, Op><<<static_cast<unsigned>(p.outer), kThreads, 0, ctx.stream>>>(
+        part, o, p.outer, chunks, chunks, 1);
+    check_launch("reduce");
+    return;
+  }
   if (p.inner == 1) {
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(p.outer, 65535LL * 16));
     reduce_rows_kernel<T, Acc, Out, Op><<<blocks, kThreads, 0, ctx.stream>>>(x, o, p.outer, p.reduced, p.outer_stride,
