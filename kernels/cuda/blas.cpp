@@ -74,6 +74,10 @@ void run_gemm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, d
   const ::chorus::cuda::GemmPlan plan =
       ::chorus::cuda::plan_gemm(layout_of(a, batched), layout_of(b, batched), layout_of(c, batched), batch);
   if (plan.m == 0 || plan.n == 0 || plan.batch == 0) return;
+  if (plan.k == 0 && beta == 0.0) {  // C = 0 (as the cpu kernel; NaN in the old C does not survive)
+    fill(c, Scalar(0));
+    return;
+  }
   CHORUS_CHECK(plan.fits_int32, "matmul on CUDA: sizes or leading dims above 2^31 are not supported yet");
   const Tensor aa = plan.copy_a ? dense_operand(a, batched, false, true) : a;
   const Tensor bb = plan.copy_b ? dense_operand(b, batched, false, true) : b;

@@ -350,6 +350,10 @@ TEST_CASE("matmul through cuBLAS: TF32, float32, float64, transposed and batched
     CHECK(rel_diff(matmul(ba.to(kGpu), shared_b.to(kGpu)), matmul(ba, shared_b)) <= 1e-5);
     CHECK(rel_diff(matmul(randn_cpu({31}, 23).to(kGpu), shared_b.to(kGpu)), matmul(randn_cpu({31}, 23), shared_b)) <= 1e-5);
   }
+  // k == 0: C = beta * bias (zeros for mm).
+  const Tensor e1 = zeros({3, 0}), e2 = zeros({0, 4}), eb = randn_cpu({3, 4}, 24);
+  CHECK(same(mm(e1.to(kGpu), e2.to(kGpu)), mm(e1, e2)));
+  CHECK(rel_diff(addmm(eb.to(kGpu), e1.to(kGpu), e2.to(kGpu), 0.5, 2.0), addmm(eb, e1, e2, 0.5, 2.0)) <= 1e-6);
   const Tensor ad = a.to(kFloat64), bd = b.to(kFloat64);
   CHECK(rel_diff(mm(ad.to(kGpu), bd.to(kGpu)), mm(ad, bd)) <= 1e-12);
   cuda::set_allow_tf32(true);
