@@ -35,7 +35,13 @@ namespace {
   X(layer_norm)                    \
   X(layer_norm_backward)           \
   X(cross_entropy)                 \
-  X(cross_entropy_backward)
+  X(cross_entropy_backward)        \
+  X(max_pool2d)                    \
+  X(max_pool2d_backward)           \
+  X(avg_pool2d)                    \
+  X(avg_pool2d_backward)           \
+  X(adaptive_avg_pool2d)           \
+  X(adaptive_avg_pool2d_backward)
 
 const KernelTable& cuda_table() {
   static const KernelTable table = [] {

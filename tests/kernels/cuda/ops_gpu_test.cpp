@@ -416,6 +416,35 @@ TEST_CASE("layer_norm and cross_entropy forward and backward", "[cuda][gpu]") {
   }
 }
 
+TEST_CASE("max, avg and adaptive pooling, forward and backward", "[cuda][gpu]") {
+  require_gpu();
+  const Tensor x = randn_cpu({3, 4, 11, 13}, 35);
+  using Pool = std::function<Tensor(const Tensor&)>;
+  const std::vector<std::pair<std::string, Pool>> pools = {
+      {"max 2", [](const Tensor& a) { return F::max_pool2d(a, {2, 2}); }},
+      {"max 3 s2 p1 d2", [](const Tensor& a) { return F::max_pool2d(a, {3, 3}, F::Pair{2, 2}, {1, 1}, {2, 2}); }},
+      {"max ceil", [](const Tensor& a) { return F::max_pool2d(a, {3, 2}, std::nullopt, {0, 0}, {1, 1}, true); }},
+      {"avg 3 s2 p1", [](const Tensor& a) { return F::avg_pool2d(a, {3, 3}, F::Pair{2, 2}, {1, 1}); }},
+      {"avg no pad count", [](const Tensor& a) { return F::avg_pool2d(a, {3, 3}, F::Pair{2, 2}, {1, 1}, true, false); }},
+      {"adaptive 4x5", [](const Tensor& a) { return F::adaptive_avg_pool2d(a, {4, 5}); }},
+      {"adaptive 1x1", [](const Tensor& a) { return F::adaptive_avg_pool2d(a, {1, 1}); }},
+  };
+  const Tensor weights = randn_cpu({3, 4, 11, 13}, 36);  // a weighted sum makes the gradient non-uniform
+  for (const auto& [name, pool] : pools) {
+    INFO(name);
+    auto run = [&](Device dev) {
+      Tensor xd = x.to(dev).requires_grad_();
+      Tensor y = pool(xd);
+      sum(mul(y, narrow(narrow(weights.to(dev), 2, 0, y.size(2)), 3, 0, y.size(3)))).backward();
+      return std::pair{y.detach().cpu(), xd.grad().cpu()};
+    };
+    const auto [yg, gg] = run(kGpu);
+    const auto [yc, gc] = run(kCPU);
+    CHECK(rel_diff(yg.to(kGpu), yc) <= 1e-6);
+    CHECK(rel_diff(gg.to(kGpu), gc) <= 1e-5);
+  }
+}
+
 TEST_CASE("gradients of composite expressions equal the CPU's", "[cuda][gpu]") {
   require_gpu();
   NoTf32 exact;
