@@ -1,6 +1,6 @@
-// layer_norm / layer_norm_backward and cross_entropy / cross_entropy_backward on CUDA: one block per
-// row over contiguous [rows, cols] buffers, with the cpu kernels' double accumulations
-// (kernels/cpu/nn_basic.cpp) and the shared exp/log/sqrt of kernels/shared/pointwise_math.h.
+// layer_norm, cross_entropy and batch_norm (each with its backward) on CUDA: one block per row (per
+// channel for batch_norm) over contiguous buffers, with the cpu kernels' double accumulations
+// (kernels/cpu/nn_basic.cpp, conv.cpp) and the shared exp/log/sqrt of kernels/shared/pointwise_math.h.
 #include <cuda/std/limits>
 
 #include "kernels/cuda/cuda_common.h"
@@ -171,7 +171,119 @@ __global__ void cross_entropy_backward_kernel(T* grad, const T* row_scale, const
   }
 }
 
+// batch_norm over x viewed as [n, c, s]: block ch handles channel ch (n * s elements).
+template <typename T>
+__global__ void batch_norm_kernel(T* out, T* save_mean, T* save_rstd, const T* x, const T* w, const T* b,
+                                  T* running_mean, T* running_var, bool use_batch_stats, double momentum, double eps,
+                                  int64_t n, int64_t c, int64_t s) {
+  __shared__ double buf[kThreads];
+  const int64_t count = n * s;
+  for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
+    double mean, var;
+    if (use_batch_stats) {
+      double sum = 0;
+      for (int64_t k = threadIdx.x; k < count; k += blockDim.x) sum += x[((k / s) * c + ch) * s + k % s];
+      sum = block_reduce(sum, SumOp{}, buf);
+      mean = sum / static_cast<double>(count);
+      double sq = 0;
+      for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
+        const double d = x[((k / s) * c + ch) * s + k % s] - mean;
+        sq += d * d;
+      }
+      sq = block_reduce(sq, SumOp{}, buf);
+      var = sq / static_cast<double>(count);
+      if (running_mean != nullptr && threadIdx.x == 0) {
+        const double unbiased = count > 1 ? sq / static_cast<double>(count - 1) : var;
+        running_mean[ch] = static_cast<T>((1 - momentum) * running_mean[ch] + momentum * mean);
+        running_var[ch] = static_cast<T>((1 - momentum) * running_var[ch] + momentum * unbiased);
+      }
+    } else {
+      mean = running_mean[ch];
+      var = running_var[ch];
+    }
+    const double rstd = 1.0 / sh::Sqrt{}(var + eps);
+    if (threadIdx.x == 0) {
+      save_mean[ch] = static_cast<T>(mean);
+      save_rstd[ch] = static_cast<T>(rstd);
+    }
+    const T scale = static_cast<T>(rstd * (w ? static_cast<double>(w[ch]) : 1.0));
+    const T shift = static_cast<T>((b ? static_cast<double>(b[ch]) : 0.0) - mean * rstd * (w ? static_cast<double>(w[ch]) : 1.0));
+    for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
+      const int64_t at = ((k / s) * c + ch) * s + k % s;
+      out[at] = x[at] * scale + shift;
+    }
+  }
+}
+
+template <typename T>
+__global__ void batch_norm_backward_kernel(T* gx, T* gw, T* gb, const T* g, const T* x, const T* save_mean,
+                                           const T* save_rstd, const T* w, bool use_batch_stats, int64_t n, int64_t c,
+                                           int64_t s) {
+  __shared__ double buf[kThreads];
+  const int64_t count = n * s;
+  for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
+    const double mean = save_mean[ch], rstd = save_rstd[ch];
+    double sum_g = 0, sum_gx = 0;
+    for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
+      const int64_t at = ((k / s) * c + ch) * s + k % s;
+      sum_g += g[at];
+      sum_gx += g[at] * (x[at] - mean);
+    }
+    sum_g = block_reduce(sum_g, SumOp{}, buf);
+    sum_gx = block_reduce(sum_gx, SumOp{}, buf) * rstd;
+    if (threadIdx.x == 0) {
+      if (gw) gw[ch] = static_cast<T>(sum_gx);
+      if (gb) gb[ch] = static_cast<T>(sum_g);
+    }
+    if (!gx) continue;  // uniform across the block
+    const double wc = w ? static_cast<double>(w[ch]) : 1.0;
+    const T k = static_cast<T>(wc * rstd);
+    if (use_batch_stats) {
+      const T mg = static_cast<T>(sum_g / count);
+      const T mgx = static_cast<T>(sum_gx / count * rstd);
+      const T m = static_cast<T>(mean);
+      for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
+        const int64_t at = ((e / s) * c + ch) * s + e % s;
+        gx[at] = k * (g[at] - mg - (x[at] - m) * mgx);
+      }
+    } else {
+      for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
+        const int64_t at = ((e / s) * c + ch) * s + e % s;
+        gx[at] = k * g[at];
+      }
+    }
+  }
+}
+
 }  // namespace
+
+void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_rstd, const Tensor& x,
+                const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                bool use_batch_stats, double momentum, double eps, int64_t n, int64_t c, int64_t s) {
+  if (c == 0) return;
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "batch_norm", [&]<typename T>() {
+    LaunchContext ctx(x.device());  // (training updates the running statistics when they are defined)
+    batch_norm_kernel<T><<<row_blocks(c), kThreads, 0, ctx.stream>>>(
+        ptr_or_null<T>(out), ptr_or_null<T>(save_mean), ptr_or_null<T>(save_rstd), ptr_or_null<const T>(x),
+        ptr_or_null<const T>(weight), ptr_or_null<const T>(bias),
+        ptr_or_null<T>(running_mean), ptr_or_null<T>(running_var), use_batch_stats, momentum, eps, n, c, s);
+    check_launch("batch_norm");
+  });
+}
+
+void batch_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                         const Tensor& grad_out, const Tensor& x, const Tensor& save_mean, const Tensor& save_rstd,
+                         const Tensor& weight, bool use_batch_stats, int64_t n, int64_t c, int64_t s) {
+  if (c == 0) return;
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "batch_norm_backward", [&]<typename T>() {
+    LaunchContext ctx(x.device());
+    batch_norm_backward_kernel<T><<<row_blocks(c), kThreads, 0, ctx.stream>>>(
+        ptr_or_null<T>(grad_x), ptr_or_null<T>(grad_weight), ptr_or_null<T>(grad_bias), ptr_or_null<const T>(grad_out),
+        ptr_or_null<const T>(x), ptr_or_null<const T>(save_mean), ptr_or_null<const T>(save_rstd),
+        ptr_or_null<const T>(weight), use_batch_stats, n, c, s);
+    check_launch("batch_norm_backward");
+  });
+}
 
 void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
                 const Tensor& bias, int64_t rows, int64_t cols, double eps) {

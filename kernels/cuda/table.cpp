@@ -41,7 +41,11 @@ namespace {
   X(avg_pool2d)                    \
   X(avg_pool2d_backward)           \
   X(adaptive_avg_pool2d)           \
-  X(adaptive_avg_pool2d_backward)
+  X(adaptive_avg_pool2d_backward)  \
+  X(batch_norm)                    \
+  X(batch_norm_backward)           \
+  X(conv2d)                        \
+  X(conv2d_backward)
 
 const KernelTable& cuda_table() {
   static const KernelTable table = [] {

@@ -73,9 +73,8 @@ TEST_CASE("cuda:0 is there and has the kernel table", "[cuda][gpu]") {
   Tensor x = full({3}, 2.0, {.device = kGpu});
   CHECK(x.device() == kGpu);
   CHECK(same(x, full({3}, 2.0)));
-  // An entry left null says so clearly (conv2d has no CUDA kernel yet).
-  Tensor img = randn_cpu({1, 1, 4, 4}, 1).to(kGpu), w = randn_cpu({1, 1, 3, 3}, 2).to(kGpu);
-  CHECK_THROWS_WITH(F::conv2d(img, w), Catch::Contains("not implemented on CUDA"));
+  // Mixed devices are refused by the op layer, not run.
+  CHECK_THROWS(add(x, full({3}, 1.0)));
 }
 
 TEST_CASE("copies: H2D, D2H, D2D, strided, broadcast, between streams", "[cuda][gpu]") {
@@ -445,6 +444,60 @@ TEST_CASE("max, avg and adaptive pooling, forward and backward", "[cuda][gpu]") 
   }
 }
 
+TEST_CASE("conv2d and batch_norm, forward and backward", "[cuda][gpu]") {
+  require_gpu();
+  struct Case {
+    std::string name;
+    Shape x, w;
+    F::Pair stride, padding, dilation;
+    int64_t groups;
+  };
+  const std::vector<Case> cases = {
+      {"3x3 pad 1", {2, 3, 9, 10}, {5, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+      {"stride 2, dilation 2", {2, 4, 13, 11}, {6, 4, 3, 2}, {2, 2}, {2, 1}, {2, 2}, 1},
+      {"groups 2", {3, 4, 8, 8}, {6, 2, 3, 3}, {1, 2}, {1, 0}, {1, 1}, 2},
+      {"1x1", {2, 8, 5, 5}, {4, 8, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    const Tensor x = randn_cpu(c.x, 37), w = randn_cpu(c.w, 38), b = randn_cpu({c.w[0]}, 39);
+    auto run = [&](Device dev) {
+      Tensor xd = x.to(dev).requires_grad_(), wd = w.to(dev).requires_grad_(), bd = b.to(dev).requires_grad_();
+      Tensor y = F::conv2d(xd, wd, bd, c.stride, c.padding, c.dilation, c.groups);
+      sum(mul(y, y)).backward();
+      return std::vector<Tensor>{y.detach().cpu(), xd.grad().cpu(), wd.grad().cpu(), bd.grad().cpu()};
+    };
+    const auto g = run(kGpu), cc = run(kCPU);
+    for (size_t i = 0; i < g.size(); ++i) {
+      INFO("output/grad " << i);
+      CHECK(rel_diff(g[i].to(kGpu), cc[i]) <= 1e-5);
+    }
+  }
+  // batch_norm in training mode (batch statistics, running statistics updated) and eval mode.
+  for (bool training : {true, false}) {
+    INFO((training ? "train" : "eval"));
+    auto run = [&](Device dev) {
+      auto bn = std::make_shared<nn::BatchNorm2d>(5);
+      bn->to(dev);
+      if (training) bn->train();
+      else bn->eval();
+      Tensor xd = add(mul(randn_cpu({4, 5, 6, 7}, 40), 3.0), 1.0).to(dev).requires_grad_();
+      Tensor y = bn->forward(xd);
+      sum(mul(y, randn_cpu({4, 5, 6, 7}, 41).to(dev))).backward();
+      std::vector<Tensor> r{y.detach().cpu(), xd.grad().cpu()};
+      for (const auto& [name, t] : bn->state_dict()) r.push_back(t.cpu());
+      for (const Tensor& p : bn->parameters()) r.push_back(p.grad().cpu());
+      return r;
+    };
+    const auto g = run(kGpu), c = run(kCPU);
+    REQUIRE(g.size() == c.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      INFO("tensor " << i);
+      CHECK(rel_diff(g[i].to(kGpu), c[i]) <= 1e-5);
+    }
+  }
+}
+
 TEST_CASE("gradients of composite expressions equal the CPU's", "[cuda][gpu]") {
   require_gpu();
   NoTf32 exact;
@@ -513,6 +566,35 @@ TrainRun train_mlp(Device device, bool adam) {
 }
 }  // namespace
 
+TrainRun train_cnn(Device device) {
+  manual_seed(12);
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(2, 6, 3).padding(1)));
+  net->push_back(std::make_shared<nn::BatchNorm2d>(6));
+  net->push_back(std::make_shared<nn::ReLU>());
+  net->push_back(std::make_shared<nn::MaxPool2d>(2));
+  net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(6, 8, 3).stride(2).padding(1)));
+  net->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(1));
+  net->push_back(std::make_shared<nn::Flatten>());
+  net->push_back(std::make_shared<nn::Linear>(8, 4));
+  net->to(device);
+  net->train();
+  optim::SGD opt(net->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3, .nesterov = true});
+  Generator data(5);
+  TrainRun run;
+  for (int step = 0; step < 20; ++step) {
+    Tensor x = randn({6, 2, 8, 8}, {}, &data);
+    Tensor y = randint(0, 4, {6}, {.dtype = kInt64}, &data);
+    opt.zero_grad();
+    Tensor loss = F::cross_entropy(net->forward(x.to(device)), y.to(device));
+    loss.backward();
+    opt.step();
+    run.losses.push_back(loss.item<double>());
+  }
+  for (const auto& [name, t] : net->state_dict()) run.params.push_back(t.cpu());
+  return run;
+}
+
 TEST_CASE("an MLP trained 20 steps on cuda:0 equals the CPU run within 1e-4", "[cuda][gpu][nn]") {
   require_gpu();
   NoTf32 exact;
@@ -530,6 +612,25 @@ TEST_CASE("an MLP trained 20 steps on cuda:0 equals the CPU run within 1e-4", "[
       INFO("parameter " << i);
       CHECK(rel_diff(gpu.params[i].to(kGpu), cpu.params[i]) <= 1e-4);
     }
+  }
+}
+
+TEST_CASE("a CNN with BatchNorm and pooling trained 20 steps on cuda:0 equals the CPU run within 1e-4",
+          "[cuda][gpu][nn]") {
+  require_gpu();
+  NoTf32 exact;
+  const TrainRun cpu = train_cnn(kCPU), gpu = train_cnn(kGpu);
+  REQUIRE(gpu.losses.size() == cpu.losses.size());
+  CHECK(cpu.losses.back() < cpu.losses.front());
+  for (size_t i = 0; i < cpu.losses.size(); ++i) {
+    INFO("step " << i);
+    CHECK(std::abs(gpu.losses[i] - cpu.losses[i]) <= 1e-4 * std::abs(cpu.losses[i]));
+  }
+  REQUIRE(gpu.params.size() == cpu.params.size());
+  for (size_t i = 0; i < cpu.params.size(); ++i) {
+    INFO("state tensor " << i);
+    if (cpu.params[i].is_floating_point()) CHECK(rel_diff(gpu.params[i].to(kGpu), cpu.params[i]) <= 1e-4);
+    else CHECK(same(gpu.params[i].to(kGpu), cpu.params[i]));
   }
 }
 
