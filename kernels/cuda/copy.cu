@@ -1,6 +1,8 @@
 // Copies (any strides, broadcast source, every dtype pair through the shared Cast), fills, arange and
 // the Philox random fills on CUDA. Random fills give element i the draw of Philox block
 // first_block + i / kPerBlock (kernels/shared/philox.h), as the cpu kernels: the same numbers for the same seed.
+// Built with nvcc's default --fmad=true (a library of its own): the uniform draws' `lo + span * u` is
+// then one fused multiply-add, as g++ contracts it in the cpu kernels (-mfma, -ffp-contract=fast).
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
@@ -35,8 +37,9 @@ template <typename T>
 __global__ void arange_kernel(T* out, int64_t n, double start, double step) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    // Rounded multiply, then rounded add: never one fused multiply-add, so the bits equal the CPU's.
-    out[i] = sh::Cast<T>{}(__dadd_rn(start, __dmul_rn(static_cast<double>(i), step)));
+    // One fused multiply-add: the cpu kernel's `start + i * step` is contracted to vfmadd by g++
+    // (kernels/cpu builds with -mfma, and g++'s C++ default is -ffp-contract=fast), so the bits match.
+    out[i] = sh::Cast<T>{}(__fma_rn(static_cast<double>(i), step, start));
   }
 }
 
