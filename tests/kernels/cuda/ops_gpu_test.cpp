@@ -305,6 +305,21 @@ TEST_CASE("random numbers equal the CPU's for the same seed", "[cuda][gpu]") {
     // The generators advanced alike: the next draws agree too.
     CHECK(same(rand({33}, {.dtype = dtype, .device = kGpu}, &b), rand({33}, {.dtype = dtype}, &a)));
   }
+  // A range other than [0, 1): lo + span * u, one fused multiply-add on both sides.
+  for (DType dtype : {kFloat32, kFloat64}) {
+    INFO("uniform_(-0.3, 1.7) " << dtype_name(dtype));
+    Generator a(4321), b(4321);
+    Tensor cpu = empty({777}, {.dtype = dtype}), gpu = empty({777}, {.dtype = dtype, .device = kGpu});
+    nn::init::uniform_(cpu, -0.3, 1.7, &a);
+    nn::init::uniform_(gpu, -0.3, 1.7, &b);
+    CHECK(same(gpu, cpu));
+    // Into a strided view (written densely, then copied): the same numbers in the same order.
+    Tensor cpu2 = zeros({20, 30}, {.dtype = dtype}), gpu2 = zeros({20, 30}, {.dtype = dtype, .device = kGpu});
+    Tensor cv = t(cpu2), gv = t(gpu2);
+    nn::init::uniform_(cv, -1.0, 1.0, &a);
+    nn::init::uniform_(gv, -1.0, 1.0, &b);
+    CHECK(same(gpu2, cpu2));
+  }
   for (DType dtype : {kInt64, kInt32, kUInt8}) {
     INFO(dtype_name(dtype));
     Generator a(99), b(99);
