@@ -305,7 +305,7 @@ TEST_CASE("random numbers equal the CPU's for the same seed", "[cuda][gpu]") {
     // The generators advanced alike: the next draws agree too.
     CHECK(same(rand({33}, {.dtype = dtype, .device = kGpu}, &b), rand({33}, {.dtype = dtype}, &a)));
   }
-  // A range other than [0, 1): lo + span * u, one fused multiply-add on both sides.
+  // nn::init::uniform_ (a float64 rand, then mul and add ops, then a cast into the target).
   for (DType dtype : {kFloat32, kFloat64}) {
     INFO("uniform_(-0.3, 1.7) " << dtype_name(dtype));
     Generator a(4321), b(4321);
@@ -313,7 +313,7 @@ TEST_CASE("random numbers equal the CPU's for the same seed", "[cuda][gpu]") {
     nn::init::uniform_(cpu, -0.3, 1.7, &a);
     nn::init::uniform_(gpu, -0.3, 1.7, &b);
     CHECK(same(gpu, cpu));
-    // Into a strided view (written densely, then copied): the same numbers in the same order.
+    // Into a strided view (assigned through a strided copy): the same numbers in the same places.
     Tensor cpu2 = zeros({20, 30}, {.dtype = dtype}), gpu2 = zeros({20, 30}, {.dtype = dtype, .device = kGpu});
     Tensor cv = t(cpu2), gv = t(gpu2);
     nn::init::uniform_(cv, -1.0, 1.0, &a);
