@@ -45,11 +45,15 @@ void StreamOrderedGroup::skip_stream_waits_for_testing(bool skip) { g_skip_waits
 StreamOrderedGroup::StreamOrderedGroup(std::shared_ptr<ProcessGroup> host)
     : ProcessGroup(host->rank(), host->size()), host_(std::move(host)) {}
 
-Stream StreamOrderedGroup::comm_stream(Device device) {
+Stream StreamOrderedGroup::comm_stream(Device device, Lane lane) {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& [d, s] : comm_streams_)
-    if (d == device) return s;
-  comm_streams_.emplace_back(device, stream_from_pool(device, /*high_priority=*/true));
+  for (const auto& [key, s] : comm_streams_)
+    if (key.first == device && key.second == lane) return s;
+  // Each lane its own stream, made for it (not from the round-robin pool, which could hand two lanes
+  // one stream and put a receive behind a send again).
+  DeviceRuntime& rt = runtime_for(device, "ProcessGroup");
+  comm_streams_.emplace_back(std::make_pair(device, lane),
+                             Stream(device, rt.create_stream(device.index, /*high_priority=*/true)));
   return comm_streams_.back().second;
 }
 
@@ -109,7 +113,7 @@ void StreamOrderedGroup::raise_async_error() {
 
 std::shared_ptr<Work> StreamOrderedGroup::ordered(
     const std::string& name, const TensorList& tensors, TensorList outputs,
-    std::function<std::shared_ptr<Work>(ProcessGroup&, const TensorList&)> collective) {
+    std::function<std::shared_ptr<Work>(ProcessGroup&, const TensorList&)> collective, Lane lane) {
   raise_async_error();
   const Device device = tensors.front().device();
   for (const Tensor& t : tensors) {
@@ -124,7 +128,7 @@ std::shared_ptr<Work> StreamOrderedGroup::ordered(
          backend_name(), name);
   }
   DeviceRuntime& rt = runtime_for(device, "ProcessGroup");
-  const Stream comm = comm_stream(device);
+  const Stream comm = comm_stream(device, lane);
   // [Sync Streams] the collective reads what the caller's stream has written so far.
   if (!g_skip_waits.load()) {
     Event ready;
@@ -246,7 +250,8 @@ std::shared_ptr<Work> StreamOrderedGroup::send(const Tensor& tensor, int dst, in
     wait_until_issued(this);
     return host_->send(tensor, dst, tag);
   }
-  return ordered("send", {tensor}, {tensor}, [dst, tag](ProcessGroup& g, const TensorList& t) { return g.send(t[0], dst, tag); });
+  return ordered("send", {tensor}, {tensor}, [dst, tag](ProcessGroup& g, const TensorList& t) { return g.send(t[0], dst, tag); },
+                 Lane::Send);
 }
 
 std::shared_ptr<Work> StreamOrderedGroup::recv(const Tensor& tensor, int src, int tag) {
@@ -255,7 +260,8 @@ std::shared_ptr<Work> StreamOrderedGroup::recv(const Tensor& tensor, int src, in
     wait_until_issued(this);
     return host_->recv(tensor, src, tag);
   }
-  return ordered("recv", {tensor}, {tensor}, [src, tag](ProcessGroup& g, const TensorList& t) { return g.recv(t[0], src, tag); });
+  return ordered("recv", {tensor}, {tensor}, [src, tag](ProcessGroup& g, const TensorList& t) { return g.recv(t[0], src, tag); },
+                 Lane::Recv);
 }
 
 }  // namespace chorus::distributed

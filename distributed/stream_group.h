@@ -54,8 +54,11 @@ class StreamOrderedGroup final : public ProcessGroup {
   std::shared_ptr<Work> recv(const Tensor& tensor, int src, int tag = 0) override;
 
   const std::shared_ptr<ProcessGroup>& host_group() const { return host_; }
-  // The communication stream of `device` for this group (high priority, from the device's pool).
-  Stream comm_stream(Device device);
+  // The communication streams of `device` for this group (high priority, from the device's pool):
+  // one for collectives, and one each for sends and receives, so that a send waiting for its
+  // peer's receive (a ring: isend then irecv) never holds up this rank's receive.
+  enum class Lane { Collective, Send, Recv };
+  Stream comm_stream(Device device, Lane lane = Lane::Collective);
 
   // Test-only: leave out both event waits of [Sync Streams], so a test can show that without them
   // the results go wrong (with the sim device's delays).
@@ -64,7 +67,8 @@ class StreamOrderedGroup final : public ProcessGroup {
  private:
   // Runs `collective` (over CPU-device aliases of the device tensors) on the communication stream.
   std::shared_ptr<Work> ordered(const std::string& name, const TensorList& tensors, TensorList outputs,
-                                std::function<std::shared_ptr<Work>(ProcessGroup&, const TensorList&)> collective);
+                                std::function<std::shared_ptr<Work>(ProcessGroup&, const TensorList&)> collective,
+                                Lane lane = Lane::Collective);
 
   // A collective that failed on a communication stream (a dead or stuck peer: the host
   // communicator's timeout ends it) is raised on the caller's thread at its next call into the
@@ -75,7 +79,7 @@ class StreamOrderedGroup final : public ProcessGroup {
   std::shared_ptr<ProcessGroup> host_;
   std::mutex mutex_;
   std::vector<std::shared_ptr<StreamWork>> in_flight_;
-  std::vector<std::pair<Device, Stream>> comm_streams_;
+  std::vector<std::pair<std::pair<Device, Lane>, Stream>> comm_streams_;
   uint64_t sequence_ = 0;
 };
 

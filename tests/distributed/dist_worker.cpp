@@ -64,7 +64,9 @@ Tensor rank_input(int rank, DType dt, const Shape& shape) {
   return tensor(v).reshape(shape).to(dt);
 }
 
-void scenario_collectives(ProcessGroup& pg) {
+// device: where the collectives' tensors live (sim:N: through the stream-ordered group's
+// communication streams); the expected values are computed on the CPU.
+void scenario_collectives(ProcessGroup& pg, Device device = kCPU) {
   const int rank = pg.rank(), world = pg.size();
   const Shape shape{3, 5};
   for (DType dt : {kFloat32, kFloat64, kBFloat16, kFloat16, kInt64, kInt32}) {
@@ -81,46 +83,53 @@ void scenario_collectives(ProcessGroup& pg) {
     std::vector<std::pair<ReduceOp, Tensor>> cases = {{ReduceOp::Sum, sum}, {ReduceOp::Max, mx}, {ReduceOp::Min, mn}};
     if (is_floating(dt)) cases.push_back({ReduceOp::Avg, sum / static_cast<double>(world)});
     for (auto& [op, expected] : cases) {
-      Tensor t = rank_input(rank, dt, shape);
+      Tensor t = rank_input(rank, dt, shape).to(device);
       pg.allreduce({t}, op)->wait();
+      check(t.device() == device, "allreduce keeps the device");
+      t = t.cpu();
       const double tol = dt == kBFloat16 ? 0.05 : dt == kFloat16 ? 0.01 : 1e-9;
       check(t.dtype() == dt, "allreduce keeps the dtype " + name);
       check(max_abs(t.to(kFloat64) - expected) <= tol * (1 + max_abs(expected)),
             fmt::format("allreduce op {} dtype {}", static_cast<int>(op), name));
     }
     for (int root = 0; root < world; ++root) {
-      Tensor t = rank_input(rank, dt, shape);
+      Tensor t = rank_input(rank, dt, shape).to(device);
       pg.broadcast({t}, root)->wait();
+      t = t.cpu();
       check(max_abs(t.to(kFloat64) - rank_input(root, kFloat64, shape)) == 0, "broadcast from root " + std::to_string(root) + " " + name);
     }
     TensorList outs;
-    for (int r = 0; r < world; ++r) outs.push_back(zeros(shape, {.dtype = dt}));
-    pg.allgather(outs, rank_input(rank, dt, shape))->wait();
+    for (int r = 0; r < world; ++r) outs.push_back(zeros(shape, {.dtype = dt, .device = device}));
+    pg.allgather(outs, rank_input(rank, dt, shape).to(device))->wait();
     for (int r = 0; r < world; ++r) {
-      check(max_abs(outs[r].to(kFloat64) - rank_input(r, kFloat64, shape)) == 0, "allgather slot " + std::to_string(r) + " " + name);
+      check(max_abs(outs[r].cpu().to(kFloat64) - rank_input(r, kFloat64, shape)) == 0, "allgather slot " + std::to_string(r) + " " + name);
     }
     // reduce_scatter: rank r's input i is rank_input(r) + i; output on rank i is the sum over r.
     TensorList ins;
-    for (int i = 0; i < world; ++i) ins.push_back((rank_input(rank, kFloat64, shape) + static_cast<double>(i)).to(dt));
-    Tensor out = zeros(shape, {.dtype = dt});
+    for (int i = 0; i < world; ++i) {
+      ins.push_back((rank_input(rank, kFloat64, shape) + static_cast<double>(i)).to(dt).to(device));
+    }
+    Tensor out = zeros(shape, {.dtype = dt, .device = device});
     pg.reduce_scatter(out, ins, ReduceOp::Sum)->wait();
+    out = out.cpu();
     Tensor want = sum + static_cast<double>(rank * world);
     check(max_abs(out.to(kFloat64) - want) <= (dt == kBFloat16 ? 0.05 : 0.01) * (1 + max_abs(want)), "reduce_scatter " + name);
     // send/recv around a ring: both posted before either is waited on (isend + irecv).
     if (world > 1) {
       const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
-      Tensor got = zeros(shape, {.dtype = dt});
-      auto s = pg.send(rank_input(rank, dt, shape), next, 7);
+      Tensor got = zeros(shape, {.dtype = dt, .device = device});
+      auto s = pg.send(rank_input(rank, dt, shape).to(device), next, 7);
       auto r = pg.recv(got, prev, 7);
       s->wait();
       r->wait();
-      check(max_abs(got.to(kFloat64) - rank_input(prev, kFloat64, shape)) == 0, "send/recv ring " + name);
+      check(max_abs(got.cpu().to(kFloat64) - rank_input(prev, kFloat64, shape)) == 0, "send/recv ring " + name);
     }
   }
   // Non-contiguous tensors reduce in place too.
-  Tensor base = rank_input(rank, kFloat32, {4, 6});
+  Tensor base = rank_input(rank, kFloat32, {4, 6}).to(device);
   Tensor view = base.t();
   pg.allreduce({view})->wait();
+  base = base.cpu();
   Tensor expect = zeros({4, 6});
   for (int r = 0; r < world; ++r) expect = expect + rank_input(r, kFloat32, {4, 6});
   check(max_abs(base - expect) == 0, "allreduce of a transposed view writes through to its base");
@@ -540,7 +549,7 @@ int main(int argc, char** argv) {
     if (scenario == "timeout" || scenario == "killed_rank" || scenario == "stream_timeout") init.timeout = std::chrono::milliseconds(2000);
     auto pg = init_process_group(init);
     g_rank = pg->rank();
-    if (scenario == "collectives") scenario_collectives(*pg);
+    if (scenario == "collectives") scenario_collectives(*pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "ddp") {
       const std::string kind = argv[2];
       const DType dt = std::string(argv[3]) == "float64" ? kFloat64 : kFloat32;
