@@ -1,12 +1,15 @@
 // ProcessGroupNCCL on a GPU at world size 1 (NCCL refuses two ranks on one GPU): every collective
 // and dtype through the communication stream, ordered by events, against the expected values;
 // Work::wait() orders the current stream without blocking; results survive the caller dropping
-// its tensors. Runs where a GPU is (tag "gpu"; tools/gpu_bundle.sh).
+// its tensors; DDP over NCCL equals plain training. Runs where a GPU is (tag "gpu"; tools/gpu_bundle.sh).
 #include <catch2/catch.hpp>
 
 #include <filesystem>
 
+#include "distributed/ddp.h"
 #include "distributed/init.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
 #include "distributed/stream_group.h"
 #include "tensor/ops.h"
 #include "tensor/runtime.h"
@@ -50,6 +53,43 @@ TEST_CASE("NCCL collectives at world size 1 on cuda:0", "[distributed][nccl][gpu
   REQUIRE(w);
   w->synchronize();
   CHECK(w->is_completed());
+
+  // DDP over NCCL at world size 1 equals plain training on the GPU (the buckets, the communication
+  // stream and its events all run; the average over one rank is the gradient itself), and a step
+  // (backward + update) does not block the host.
+  auto make = [] {
+    manual_seed(5);
+    auto net = std::make_shared<nn::Sequential>();
+    net->push_back(std::make_shared<nn::Linear>(16, 32));
+    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(std::make_shared<nn::Linear>(32, 4));
+    net->to(Device::cuda(0));
+    return net;
+  };
+  auto ddp_net = make(), plain = make();
+  // gradient_as_bucket_view: at world size 1 the reducer would otherwise skip the (identity) allreduce.
+  DistributedDataParallel ddp(ddp_net, pg,
+                              {.bucket_cap_mb = 0.001, .first_bucket_cap_mb = 0.001, .gradient_as_bucket_view = true});
+  optim::SGD opt_a(ddp_net->parameters(), {.lr = 0.1, .momentum = 0.9});
+  optim::SGD opt_b(plain->parameters(), {.lr = 0.1, .momentum = 0.9});
+  Generator g(9);
+  for (int step = 0; step < 10; ++step) {
+    Tensor xb = randn({8, 16}, {}, &g).to(cuda), yb = randint(0, 4, {8}, {.dtype = kInt64}, &g).to(cuda);
+    opt_a.zero_grad();
+    opt_b.zero_grad();
+    Tensor la = nn::functional::cross_entropy(ddp.forward(xb), yb);
+    const uint64_t syncs = host_sync_count();
+    la.backward();
+    opt_a.step();
+    if (step >= 2) CHECK(host_sync_count() == syncs);
+    nn::functional::cross_entropy(plain->forward(xb), yb).backward();
+    opt_b.step();
+  }
+  const auto a = ddp_net->named_parameters(), b = plain->named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO(a[i].first);
+    CHECK(allclose(a[i].second.cpu(), b[i].second.cpu(), 1e-5, 1e-6));
+  }
   destroy_process_group();
   std::filesystem::remove(path);
 }
