@@ -328,10 +328,11 @@ struct Branchy : nn::Module {
   }
 };
 
-void scenario_find_unused(const std::shared_ptr<ProcessGroup>& pg) {
+void scenario_find_unused(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU) {
   const int rank = pg->rank(), world = pg->size();
   auto model = std::make_shared<Branchy>();
   model->use_branch = rank == 0;
+  model->to(device);
   DDPOptions opts;
   opts.find_unused_parameters = true;
   DistributedDataParallel ddp(model, pg, opts);
@@ -339,7 +340,7 @@ void scenario_find_unused(const std::shared_ptr<ProcessGroup>& pg) {
   Tensor x = randn({world * 2, 4}, {.dtype = kFloat64});
   for (int it = 0; it < 2; ++it) {
     model->zero_grad();
-    ddp.forward(x.narrow(0, rank * 2, 2)).pow(2).sum().backward();
+    ddp.forward(x.narrow(0, rank * 2, 2).to(device)).pow(2).sum().backward();
   }
   // Reference gradients on one process: the sum over ranks of each rank's loss, divided by world.
   auto ref = std::make_shared<Branchy>();
@@ -359,8 +360,9 @@ void scenario_find_unused(const std::shared_ptr<ProcessGroup>& pg) {
     }
     check(p.grad().defined(), "find_unused: gradient defined for " + name);
     if (p.grad().defined()) {
-      const double rel = max_abs(p.grad() - rp.grad()) / std::max(1e-12, max_abs(rp.grad()));
-      check(rel < 1e-10, fmt::format("find_unused: gradient of {} differs by {:.3g}", name, rel));
+      REQUIRE_DEVICE(p.grad(), device);
+      const double rel = max_abs(p.grad().cpu() - rp.grad()) / std::max(1e-12, max_abs(rp.grad()));
+      check(rel < 1e-10, fmt::format("find_unused on {}: gradient of {} differs by {:.3g}", device.str(), name, rel));
     }
   }
 }
@@ -559,7 +561,7 @@ int main(int argc, char** argv) {
     } else if (scenario == "no_sync") {
       scenario_no_sync(pg, argc > 2 ? Device(argv[2]) : kCPU, argc > 3 && std::string(argv[3]) == "fp16_hook");
     }
-    else if (scenario == "find_unused") scenario_find_unused(pg);
+    else if (scenario == "find_unused") scenario_find_unused(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "prior_iteration") scenario_prior_iteration(pg);
     else if (scenario == "model_mismatch") scenario_model_mismatch(pg);
     else if (scenario == "killed_rank") scenario_killed_rank(pg);
