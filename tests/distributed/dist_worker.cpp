@@ -454,7 +454,7 @@ void scenario_new_group(const std::shared_ptr<ProcessGroup>& pg) {
 // Uneven inputs: rank r has 2 + r batches. With join(), training ends on every rank, and every
 // rank ends with the parameters of single-process training where step i sums the losses of the
 // ranks that still had data and divides by the world size.
-void scenario_join(const std::shared_ptr<ProcessGroup>& pg) {
+void scenario_join(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU) {
   const int rank = pg->rank(), world = pg->size();
   const int64_t per = 2, max_steps = 2 + world - 1;
   Tensor x = make_inputs("mlp", per * world * max_steps, kFloat64);
@@ -465,12 +465,13 @@ void scenario_join(const std::shared_ptr<ProcessGroup>& pg) {
     return t.narrow(0, (i * world + r) * per, per);
   };
   auto model = make_model("mlp", kFloat64), ref = make_model("mlp", kFloat64);
+  model->to(device);
   DistributedDataParallel ddp(model, pg);
   int64_t steps = 0;
   ddp.join([&] {
     for (int64_t i = 0; i < 2 + rank; ++i) {
       model->zero_grad();
-      F::cross_entropy(ddp.forward(batch(rank, i, false)), batch(rank, i, true)).backward();
+      F::cross_entropy(ddp.forward(batch(rank, i, false).to(device)), batch(rank, i, true).to(device)).backward();
       NoGradGuard no_grad;
       for (Tensor& p : model->parameters()) p.sub_(p.grad(), 0.1);
       ++steps;
@@ -488,8 +489,9 @@ void scenario_join(const std::shared_ptr<ProcessGroup>& pg) {
   }
   auto a = model->named_parameters(), b = ref->named_parameters();
   for (size_t i = 0; i < a.size(); ++i) {
-    const double rel = max_abs(a[i].second - b[i].second) / std::max(1e-12, max_abs(b[i].second));
-    check(rel < 1e-9, fmt::format("join: parameter {} differs from the reference by {:.3g} relative", a[i].first, rel));
+    REQUIRE_DEVICE(a[i].second, device);
+    const double rel = max_abs(a[i].second.cpu() - b[i].second) / std::max(1e-12, max_abs(b[i].second));
+    check(rel < 1e-9, fmt::format("join on {}: parameter {} differs from the reference by {:.3g} relative", device.str(), a[i].first, rel));
   }
 }
 
@@ -569,7 +571,7 @@ int main(int argc, char** argv) {
     else if (scenario == "stream_timeout") scenario_stream_timeout(pg);
     else if (scenario == "debug_mismatch") scenario_debug_mismatch(pg);
     else if (scenario == "new_group") scenario_new_group(pg);
-    else if (scenario == "join") scenario_join(pg);
+    else if (scenario == "join") scenario_join(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "syncbn") scenario_syncbn(pg);
     else {
       std::fprintf(stderr, "dist_worker: unknown scenario %s\n", scenario.c_str());
