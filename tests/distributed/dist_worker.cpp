@@ -497,7 +497,7 @@ void scenario_join(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU
 
 // SyncBatchNorm under DDP: each rank trains on its shard; parameters and running statistics end
 // equal to single-process training with plain BatchNorm on the whole batch.
-void scenario_syncbn(const std::shared_ptr<ProcessGroup>& pg) {
+void scenario_syncbn(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU) {
   const int rank = pg->rank(), world = pg->size();
   auto make = [] {
     manual_seed(21);
@@ -518,12 +518,14 @@ void scenario_syncbn(const std::shared_ptr<ProcessGroup>& pg) {
   Tensor x = randn({total, 2, 6, 6}, {.dtype = kFloat64});
   Tensor y = randint(0, 3, {total});
   auto model = make(), ref = make();
+  model->to(device);
   check(convert_sync_batchnorm(*model, pg) == 2, "both BatchNorm layers converted");
   DistributedDataParallel ddp(model, pg);
   for (int step = 0; step < 4; ++step) {
     model->zero_grad();
     ref->zero_grad();
-    F::cross_entropy(ddp.forward(x.narrow(0, rank * per, per)), y.narrow(0, rank * per, per)).backward();
+    F::cross_entropy(ddp.forward(x.narrow(0, rank * per, per).to(device)), y.narrow(0, rank * per, per).to(device))
+        .backward();
     F::cross_entropy(ref->forward(x), y).backward();
     NoGradGuard no_grad;
     for (Tensor& p : model->parameters()) p.sub_(p.grad(), 0.1);
@@ -535,7 +537,8 @@ void scenario_syncbn(const std::shared_ptr<ProcessGroup>& pg) {
       check(a[i].second.item<int64_t>() == b[i].second.item<int64_t>(), "num_batches_tracked " + a[i].first);
       continue;
     }
-    const double rel = max_abs(a[i].second - b[i].second) / std::max(1e-12, max_abs(b[i].second));
+    REQUIRE_DEVICE(a[i].second, device);
+    const double rel = max_abs(a[i].second.cpu() - b[i].second) / std::max(1e-12, max_abs(b[i].second));
     check(rel < 1e-9, fmt::format("syncbn: {} differs from single-process BatchNorm by {:.3g} relative", a[i].first, rel));
   }
 }
@@ -572,7 +575,7 @@ int main(int argc, char** argv) {
     else if (scenario == "debug_mismatch") scenario_debug_mismatch(pg);
     else if (scenario == "new_group") scenario_new_group(pg);
     else if (scenario == "join") scenario_join(pg, argc > 2 ? Device(argv[2]) : kCPU);
-    else if (scenario == "syncbn") scenario_syncbn(pg);
+    else if (scenario == "syncbn") scenario_syncbn(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else {
       std::fprintf(stderr, "dist_worker: unknown scenario %s\n", scenario.c_str());
       return 2;
