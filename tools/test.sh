@@ -85,10 +85,12 @@ output="$(mktemp)"
 trap 'rm -f "$output"' EXIT
 data_env=--test_env=CHORUS_DATA_DIR="${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}"
 set +e
-# 1. The device runtime, the sim device and the caching allocator are concurrent code: their tests
+# 1. The device runtime, the sim device, the caching allocator, the stream-ordered process group and
+#    DDP's reducer on a device are concurrent code: their tests
 #    also run under ThreadSanitizer (its own output tree, docs/build.md). Counted before the main
 #    run, because bazel-testlogs follows the latest invocation.
-bazel test -c opt --config=tsan --keep_going "$data_env" //tests/tensor:device_runtime_tsan_test 2>&1 | tee "$output"
+bazel test -c opt --config=tsan --keep_going "$data_env" //tests/tensor:device_runtime_tsan_test \
+  //tests/distributed:stream_group_tsan_test 2>&1 | tee "$output"
 tsan_rc=${PIPESTATUS[0]}
 count_run "$output"
 # 2. Everything else. --keep_going: a target that fails to build must not stop every other test.

@@ -90,7 +90,7 @@ template <typename F>
 void over_batch(int64_t batch, const F& f) {
   const int64_t chunks = std::min<int64_t>(num_threads(), batch);
   if (chunks <= 1) {
-    Eigen::setNbThreads(num_threads());
+    sync_eigen_threads();
     f(0, 0, batch);
     return;
   }

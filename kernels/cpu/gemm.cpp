@@ -84,7 +84,7 @@ void gemm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, doubl
   Tensor bb = mappable(b) ? b : dense(b);
   const bool c_ok = mappable(c);
   Tensor cc = c_ok ? c : dense(c);
-  Eigen::setNbThreads(num_threads());
+  sync_eigen_threads();
   CHORUS_DISPATCH_COMPUTE(c.dtype(), "matmul", [&]<typename T>() {
     if constexpr (std::is_same_v<T, bool>) {
       fail("matmul: not defined for bool tensors");

@@ -1,7 +1,10 @@
 #include "kernels/cpu/parallel.h"
 
+#include <Eigen/Core>
+
 #include <atomic>
 #include <cstdlib>
+#include <mutex>
 #include <thread>
 
 namespace chorus::kernels::cpu {
@@ -23,6 +26,21 @@ int num_threads() {
     return n == 0 ? 1 : static_cast<int>(n);
   }();
   return hw;
+}
+
+void sync_eigen_threads() {
+  // Eigen keeps its thread count in a plain static int that it reads inside every product. Writing
+  // it on every GEMM (as this file once did) raced with products running on other threads (the sim
+  // device's stream workers; ThreadSanitizer found it), so it is written only when it changes, and
+  // the release/acquire on `applied` orders that write before any product that relies on it.
+  static std::atomic<int> applied{0};
+  static std::mutex mutex;
+  const int want = num_threads();
+  if (applied.load(std::memory_order_acquire) == want) return;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (applied.load(std::memory_order_relaxed) == want) return;
+  Eigen::setNbThreads(want);
+  applied.store(want, std::memory_order_release);
 }
 
 void set_num_threads(int threads) {

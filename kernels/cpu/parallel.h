@@ -15,6 +15,8 @@ inline constexpr int64_t kGrainSize = 32768;
 
 int num_threads();
 void set_num_threads(int threads);
+// Tells Eigen's GEMM num_threads() (written only when it changed: Eigen's setting is a plain global).
+void sync_eigen_threads();
 
 template <typename F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
