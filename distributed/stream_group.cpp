@@ -12,6 +12,7 @@ namespace chorus::distributed {
 namespace {
 
 std::atomic<bool> g_skip_waits{false};
+std::atomic<bool> g_force_staging{false};
 
 // A CPU-device tensor over the same memory as device tensor `t` (the host communicator reads and
 // writes it from the communication stream's task, while the sim device has the memory open).
@@ -41,6 +42,32 @@ void StreamWork::synchronize() {
 }
 
 void StreamOrderedGroup::skip_stream_waits_for_testing(bool skip) { g_skip_waits.store(skip); }
+void StreamOrderedGroup::stage_through_host_for_testing(bool stage) { g_force_staging.store(stage); }
+
+StreamOrderedGroup::~StreamOrderedGroup() {
+  try {
+    release_staging(/*all=*/true);
+  } catch (...) {  // a failed device at teardown: the buffers are lost, nothing else to do
+  }
+}
+
+void StreamOrderedGroup::release_staging(bool all) {
+  std::vector<Staging> done;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<Staging> still;
+    for (Staging& st : staging_) {
+      if (all || st.work->end_event().query()) done.push_back(std::move(st));
+      else still.push_back(std::move(st));
+    }
+    staging_.swap(still);
+  }
+  for (Staging& st : done) {
+    if (all) st.work->end_event().synchronize();
+    DeviceRuntime& rt = runtime_for(st.device, "ProcessGroup");
+    for (void* p : st.buffers) rt.host_free(p);
+  }
+}
 
 StreamOrderedGroup::StreamOrderedGroup(std::shared_ptr<ProcessGroup> host)
     : ProcessGroup(host->rank(), host->size()), host_(std::move(host)) {}
@@ -113,8 +140,9 @@ void StreamOrderedGroup::raise_async_error() {
 
 std::shared_ptr<Work> StreamOrderedGroup::ordered(
     const std::string& name, const TensorList& tensors, TensorList outputs,
-    std::function<std::shared_ptr<Work>(ProcessGroup&, const TensorList&)> collective, Lane lane) {
+    std::function<std::shared_ptr<Work>(ProcessGroup&, const TensorList&)> collective, Lane lane, bool writes) {
   raise_async_error();
+  release_staging(/*all=*/false);
   const Device device = tensors.front().device();
   for (const Tensor& t : tensors) {
     if (t.device() != device) {
@@ -122,10 +150,15 @@ std::shared_ptr<Work> StreamOrderedGroup::ordered(
            device.str(), t.device().str());
     }
   }
-  if (device.is_cuda()) {
-    fail("ProcessGroup {} {}: CUDA tensors need the NCCL backend or host staging through Gloo, which this build of "
-         "chorus does not have yet; use CPU or sim tensors",
-         backend_name(), name);
+  const bool staged = device.is_cuda() || g_force_staging.load();
+  if (staged) {
+    for (const Tensor& t : tensors) {
+      if (!t.is_contiguous()) {
+        fail("ProcessGroup {} {}: a {} tensor goes to Gloo through host memory and must be contiguous (got strides "
+             "{} for shape {}); call .contiguous() first",
+             backend_name(), name, device.str(), shape_str(t.strides()), shape_str(t.sizes()));
+      }
+    }
   }
   DeviceRuntime& rt = runtime_for(device, "ProcessGroup");
   const Stream comm = comm_stream(device, lane);
@@ -145,10 +178,20 @@ std::shared_ptr<Work> StreamOrderedGroup::ordered(
       std::move(outputs));
   TensorList aliases, keep;
   std::vector<const void*> buffers;
+  std::vector<void*> pinned;
   for (const Tensor& t : tensors) {
-    aliases.push_back(host_alias(t));
     keep.push_back(alias_without_history(t));
-    buffers.push_back(t.storage()->data());
+    if (staged) {
+      // Copy to pinned host memory on the communication stream; Gloo works on the host copy.
+      const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
+      void* p = rt.host_malloc(std::max<size_t>(n, 1));
+      pinned.push_back(p);
+      rt.memcpy_async(p, t.raw_data_ptr(), n, CopyKind::DeviceToHost, comm.handle());
+      aliases.push_back(from_blob(p, t.sizes(), {.dtype = t.dtype()}));
+    } else {
+      aliases.push_back(host_alias(t));
+      buffers.push_back(t.storage()->data());
+    }
   }
   IssueOrder* order = &issue_order(this);
   {
@@ -181,10 +224,22 @@ std::shared_ptr<Work> StreamOrderedGroup::ordered(
         work->finish({}, error);
       },
       std::move(buffers));
+  if (staged && writes) {
+    // Copy the results back (every tensor the collective may write: in-place ones and outputs).
+    const TensorList& outs = work->result();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      bool is_output = false;
+      for (const Tensor& o : outs) is_output = is_output || o.is_same(tensors[i]);
+      if (!is_output) continue;
+      const size_t n = static_cast<size_t>(tensors[i].numel()) * tensors[i].element_size();
+      rt.memcpy_async(tensors[i].raw_data_ptr(), pinned[i], n, CopyKind::HostToDevice, comm.handle());
+    }
+  }
   work->end_event().record(comm);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     in_flight_.push_back(work);
+    if (staged) staging_.push_back({device, work, std::move(pinned)});
   }
   // The caller may drop its tensors at once: their blocks are not reused before `comm` passes here.
   for (const Tensor& t : tensors) record_stream(t.storage(), comm);
@@ -251,7 +306,7 @@ std::shared_ptr<Work> StreamOrderedGroup::send(const Tensor& tensor, int dst, in
     return host_->send(tensor, dst, tag);
   }
   return ordered("send", {tensor}, {tensor}, [dst, tag](ProcessGroup& g, const TensorList& t) { return g.send(t[0], dst, tag); },
-                 Lane::Send);
+                 Lane::Send, /*writes=*/false);
 }
 
 std::shared_ptr<Work> StreamOrderedGroup::recv(const Tensor& tensor, int src, int tag) {

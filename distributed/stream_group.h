@@ -12,6 +12,11 @@
 // memory lives until the collective has run; the caching allocator also gets record_stream(comm),
 // so a tensor freed by the host is not reused by the compute stream before the collective is done.
 // CPU tensors go straight to the host group, as before.
+//
+// CUDA tensors cannot be read by Gloo: they are staged through pinned host memory on the
+// communication stream (copy to host, the collective on the host copies, copy back, then the end
+// event), so several ranks can share one GPU (NCCL refuses that). The pinned buffers are freed once
+// the end event has passed. CI runs this path on sim tensors with stage_through_host_for_testing.
 #pragma once
 
 #include <memory>
@@ -42,6 +47,7 @@ class StreamWork : public Work {
 class StreamOrderedGroup final : public ProcessGroup {
  public:
   explicit StreamOrderedGroup(std::shared_ptr<ProcessGroup> host);
+  ~StreamOrderedGroup() override;
 
   std::string backend_name() const override { return host_->backend_name(); }
   std::shared_ptr<Work> allreduce(const TensorList& tensors, ReduceOp op = ReduceOp::Sum) override;
@@ -63,12 +69,18 @@ class StreamOrderedGroup final : public ProcessGroup {
   // Test-only: leave out both event waits of [Sync Streams], so a test can show that without them
   // the results go wrong (with the sim device's delays).
   static void skip_stream_waits_for_testing(bool skip);
+  // Test-only: stage sim tensors through pinned host memory as CUDA tensors always are, so CI runs
+  // that path (see ordered()).
+  static void stage_through_host_for_testing(bool stage);
 
  private:
   // Runs `collective` (over CPU-device aliases of the device tensors) on the communication stream.
   std::shared_ptr<Work> ordered(const std::string& name, const TensorList& tensors, TensorList outputs,
                                 std::function<std::shared_ptr<Work>(ProcessGroup&, const TensorList&)> collective,
-                                Lane lane = Lane::Collective);
+                                Lane lane = Lane::Collective, bool writes = true);
+  // Frees the pinned staging buffers whose collectives have finished (all of them, waiting, when
+  // `all`).
+  void release_staging(bool all);
 
   // A collective that failed on a communication stream (a dead or stuck peer: the host
   // communicator's timeout ends it) is raised on the caller's thread at its next call into the
@@ -79,6 +91,12 @@ class StreamOrderedGroup final : public ProcessGroup {
   std::shared_ptr<ProcessGroup> host_;
   std::mutex mutex_;
   std::vector<std::shared_ptr<StreamWork>> in_flight_;
+  struct Staging {
+    Device device;
+    std::shared_ptr<StreamWork> work;  // its end event passes after the copies back
+    std::vector<void*> buffers;
+  };
+  std::vector<Staging> staging_;
   std::vector<std::pair<std::pair<Device, Lane>, Stream>> comm_streams_;
   uint64_t sequence_ = 0;
 };

@@ -238,12 +238,30 @@ class SimRuntime final : public DeviceRuntime {
     std::lock_guard<std::mutex> lock(mutex_);
     return capacity_[device];
   }
+  // Pinned host memory is remembered: an asynchronous copy from it reads it when the stream gets
+  // there (as CUDA's does), while one from any other host memory reads it at the call (staged).
   void* host_malloc(size_t nbytes) override {
     void* p = std::aligned_alloc(64, std::max<size_t>(64, (nbytes + 63) / 64 * 64));
     if (p == nullptr) fail("sim: out of host memory allocating {} pinned bytes", nbytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    pinned_.emplace(reinterpret_cast<uintptr_t>(p), nbytes);
     return p;
   }
-  void host_free(void* ptr) override { std::free(ptr); }
+  void host_free(void* ptr) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pinned_.erase(reinterpret_cast<uintptr_t>(ptr));
+    }
+    std::free(ptr);
+  }
+  bool is_pinned(const void* ptr) {
+    const auto addr = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = pinned_.upper_bound(addr);
+    if (it == pinned_.begin()) return false;
+    --it;
+    return addr < it->first + it->second;
+  }
 
   StreamHandle create_stream(int device, bool /*high_priority*/) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -272,7 +290,7 @@ class SimRuntime final : public DeviceRuntime {
 
   void memcpy_async(void* dst, const void* src, size_t nbytes, CopyKind kind, StreamHandle s) override {
     if (nbytes == 0) return;
-    if (kind == CopyKind::HostToDevice) {
+    if (kind == CopyKind::HostToDevice && !is_pinned(src)) {
       // As CUDA with pageable memory: the source is read before the call returns (staged), so the
       // caller may reuse it at once.
       auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
@@ -362,6 +380,7 @@ class SimRuntime final : public DeviceRuntime {
   Memory memory_;
   std::vector<std::unique_ptr<SimStream>> streams_;
   std::vector<SimStream*> default_streams_;
+  std::map<uintptr_t, size_t> pinned_;  // pinned host allocations: address -> bytes
 };
 
 // Created and registered on first use, so that any static initializer may call it.

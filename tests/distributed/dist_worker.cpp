@@ -66,7 +66,8 @@ Tensor rank_input(int rank, DType dt, const Shape& shape) {
 
 // device: where the collectives' tensors live (sim:N: through the stream-ordered group's
 // communication streams); the expected values are computed on the CPU.
-void scenario_collectives(ProcessGroup& pg, Device device = kCPU) {
+void scenario_collectives(ProcessGroup& pg, Device device = kCPU, bool staged = false) {
+  if (staged) StreamOrderedGroup::stage_through_host_for_testing(true);
   const int rank = pg.rank(), world = pg.size();
   const Shape shape{3, 5};
   for (DType dt : {kFloat32, kFloat64, kBFloat16, kFloat16, kInt64, kInt32}) {
@@ -128,8 +129,15 @@ void scenario_collectives(ProcessGroup& pg, Device device = kCPU) {
   // Non-contiguous tensors reduce in place too.
   Tensor base = rank_input(rank, kFloat32, {4, 6}).to(device);
   Tensor view = base.t();
-  pg.allreduce({view})->wait();
-  base = base.cpu();
+  if (staged) {  // through host memory only contiguous tensors go, and a strided one is refused
+    expect_error([&] { pg.allreduce({view}); }, {"must be contiguous", device.str()}, "staged strided allreduce");
+    view = view.contiguous();
+    pg.allreduce({view})->wait();
+    base = view.t().cpu();
+  } else {
+    pg.allreduce({view})->wait();
+    base = base.cpu();
+  }
   Tensor expect = zeros({4, 6});
   for (int r = 0; r < world; ++r) expect = expect + rank_input(r, kFloat32, {4, 6});
   check(max_abs(base - expect) == 0, "allreduce of a transposed view writes through to its base");
@@ -556,12 +564,15 @@ int main(int argc, char** argv) {
     if (scenario == "timeout" || scenario == "killed_rank" || scenario == "stream_timeout") init.timeout = std::chrono::milliseconds(2000);
     auto pg = init_process_group(init);
     g_rank = pg->rank();
-    if (scenario == "collectives") scenario_collectives(*pg, argc > 2 ? Device(argv[2]) : kCPU);
+    if (scenario == "collectives") {
+      scenario_collectives(*pg, argc > 2 ? Device(argv[2]) : kCPU, argc > 3 && std::string(argv[3]) == "staged");
+    }
     else if (scenario == "ddp") {
       const std::string kind = argv[2];
       const DType dt = std::string(argv[3]) == "float64" ? kFloat64 : kFloat32;
       const Device device = argc > 6 ? Device(argv[6]) : kCPU;
       const bool unordered = argc > 7 && std::string(argv[7]) == "unordered";
+      if (argc > 7 && std::string(argv[7]) == "staged") StreamOrderedGroup::stage_through_host_for_testing(true);
       scenario_ddp_equivalence(pg, kind, dt, std::atof(argv[4]), std::string(argv[5]) == "1", device, unordered);
     } else if (scenario == "no_sync") {
       scenario_no_sync(pg, argc > 2 ? Device(argv[2]) : kCPU, argc > 3 && std::string(argv[3]) == "fp16_hook");
