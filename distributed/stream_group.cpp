@@ -3,7 +3,6 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <map>
 
 #include "tensor/caching_allocator.h"
 #include "tensor/ops.h"
@@ -70,7 +69,7 @@ void StreamOrderedGroup::release_staging(bool all) {
 }
 
 StreamOrderedGroup::StreamOrderedGroup(std::shared_ptr<ProcessGroup> host)
-    : ProcessGroup(host->rank(), host->size()), host_(std::move(host)) {}
+    : ProcessGroup(host->rank(), host->size()), host_(std::move(host)), issue_order_(std::make_shared<IssueOrder>()) {}
 
 Stream StreamOrderedGroup::comm_stream(Device device, Lane lane) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -84,31 +83,21 @@ Stream StreamOrderedGroup::comm_stream(Device device, Lane lane) {
   return comm_streams_.back().second;
 }
 
-// Collectives reach the host communicator in the order the caller issued them, on every rank: a
-// CPU collective issued after device collectives waits (on the host) until the communication
-// streams have handed those to the communicator. Otherwise ranks whose streams run at different
-// speeds would pair different collectives.
-namespace {
-struct IssueOrder {
+struct StreamOrderedGroup::IssueOrder {
   std::mutex mutex;
   std::condition_variable cv;
   uint64_t submitted = 0, issued = 0;
 };
-IssueOrder& issue_order(const void* group) {
-  static std::mutex m;
-  static std::map<const void*, std::unique_ptr<IssueOrder>>* orders = new std::map<const void*, std::unique_ptr<IssueOrder>>();
-  std::lock_guard<std::mutex> lock(m);
-  auto& slot = (*orders)[group];
-  if (!slot) slot = std::make_unique<IssueOrder>();
-  return *slot;
-}
-void wait_until_issued(const void* group) {
-  IssueOrder& o = issue_order(group);
+
+void StreamOrderedGroup::wait_until_issued() {
+  IssueOrder& o = *issue_order_;
   std::unique_lock<std::mutex> lock(o.mutex);
   if (o.issued == o.submitted) return;
   note_host_sync();
   o.cv.wait(lock, [&] { return o.issued == o.submitted; });
 }
+
+namespace {
 bool all_cpu(const TensorList& tensors) {
   for (const Tensor& t : tensors)
     if (t.defined() && !t.device().is_cpu()) return false;
@@ -193,7 +182,7 @@ std::shared_ptr<Work> StreamOrderedGroup::ordered(
       buffers.push_back(t.storage()->data());
     }
   }
-  IssueOrder* order = &issue_order(this);
+  std::shared_ptr<IssueOrder> order = issue_order_;  // the task may outlive the group
   {
     std::lock_guard<std::mutex> lock(order->mutex);
     ++order->submitted;
@@ -249,7 +238,7 @@ std::shared_ptr<Work> StreamOrderedGroup::ordered(
 std::shared_ptr<Work> StreamOrderedGroup::allreduce(const TensorList& tensors, ReduceOp op) {
   if (tensors.empty() || all_cpu(tensors)) {
     raise_async_error();
-    wait_until_issued(this);
+    wait_until_issued();
     return host_->allreduce(tensors, op);
   }
   return ordered("allreduce", tensors, tensors,
@@ -259,7 +248,7 @@ std::shared_ptr<Work> StreamOrderedGroup::allreduce(const TensorList& tensors, R
 std::shared_ptr<Work> StreamOrderedGroup::broadcast(const TensorList& tensors, int root) {
   if (tensors.empty() || all_cpu(tensors)) {
     raise_async_error();
-    wait_until_issued(this);
+    wait_until_issued();
     return host_->broadcast(tensors, root);
   }
   return ordered("broadcast", tensors, tensors,
@@ -271,7 +260,7 @@ std::shared_ptr<Work> StreamOrderedGroup::allgather(const TensorList& outputs, c
   all.push_back(input);
   if (all_cpu(all)) {
     raise_async_error();
-    wait_until_issued(this);
+    wait_until_issued();
     return host_->allgather(outputs, input);
   }
   const size_t n = outputs.size();
@@ -285,7 +274,7 @@ std::shared_ptr<Work> StreamOrderedGroup::reduce_scatter(const Tensor& output, c
   all.insert(all.end(), inputs.begin(), inputs.end());
   if (all_cpu(all)) {
     raise_async_error();
-    wait_until_issued(this);
+    wait_until_issued();
     return host_->reduce_scatter(output, inputs, op);
   }
   return ordered("reduce_scatter", all, {output}, [op](ProcessGroup& g, const TensorList& t) {
@@ -295,14 +284,14 @@ std::shared_ptr<Work> StreamOrderedGroup::reduce_scatter(const Tensor& output, c
 
 std::shared_ptr<Work> StreamOrderedGroup::barrier() {
   raise_async_error();
-  wait_until_issued(this);
+  wait_until_issued();
   return host_->barrier();
 }
 
 std::shared_ptr<Work> StreamOrderedGroup::send(const Tensor& tensor, int dst, int tag) {
   if (tensor.device().is_cpu()) {
     raise_async_error();
-    wait_until_issued(this);
+    wait_until_issued();
     return host_->send(tensor, dst, tag);
   }
   return ordered("send", {tensor}, {tensor}, [dst, tag](ProcessGroup& g, const TensorList& t) { return g.send(t[0], dst, tag); },
@@ -312,7 +301,7 @@ std::shared_ptr<Work> StreamOrderedGroup::send(const Tensor& tensor, int dst, in
 std::shared_ptr<Work> StreamOrderedGroup::recv(const Tensor& tensor, int src, int tag) {
   if (tensor.device().is_cpu()) {
     raise_async_error();
-    wait_until_issued(this);
+    wait_until_issued();
     return host_->recv(tensor, src, tag);
   }
   return ordered("recv", {tensor}, {tensor}, [src, tag](ProcessGroup& g, const TensorList& t) { return g.recv(t[0], src, tag); },

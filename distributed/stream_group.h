@@ -87,6 +87,12 @@ class StreamOrderedGroup final : public ProcessGroup {
   // group, naming the collective, its sequence number and the error, as PyTorch's NCCL watchdog
   // does; nothing hangs, since the failed collective still completes its end event.
   void raise_async_error();
+  // Collectives reach the host communicator in the order the caller issued them, on every rank: a
+  // CPU collective issued after device collectives waits (on the host) until the communication
+  // streams have handed those to the communicator; otherwise ranks whose streams run at different
+  // speeds would pair different collectives.
+  struct IssueOrder;
+  void wait_until_issued();
 
   std::shared_ptr<ProcessGroup> host_;
   std::mutex mutex_;
@@ -97,6 +103,7 @@ class StreamOrderedGroup final : public ProcessGroup {
     std::vector<void*> buffers;
   };
   std::vector<Staging> staging_;
+  std::shared_ptr<IssueOrder> issue_order_;
   std::vector<std::pair<std::pair<Device, Lane>, Stream>> comm_streams_;
   uint64_t sequence_ = 0;
 };

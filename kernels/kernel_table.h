@@ -107,7 +107,8 @@ namespace chorus::kernels {
     (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step_size,            \
      bias_correction2_sqrt, decoupled))
 
-// One device type's kernels. An entry left null is "not implemented on this device" (a clear error).
+// One device type's kernels. The cpu, sim and cuda tables fill every entry; a backend added later
+// that leaves one null gets a chorus::Error naming the kernel and device from dispatch, not a crash.
 struct KernelTable {
   const char* device_name = "";
 #define CHORUS_TABLE_ENTRY(name, params, args) void(*name) params = nullptr;

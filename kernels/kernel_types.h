@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kernels/shared/reduce_math.h"
 #include "tensor/dtype.h"
 
 namespace chorus::kernels {
@@ -26,7 +27,7 @@ enum class BinaryOp {
   GeluTanhBackward,
 };
 
-enum class ReduceOp { Sum, Prod, Max, Min };
+using shared::ReduceOp;  // kernels/shared/reduce_math.h, with the rules the kernels share
 
 // Geometry of a 2-D window op (convolution or pooling) over one [H, W] plane.
 struct Window2d {

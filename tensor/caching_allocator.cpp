@@ -53,15 +53,6 @@ std::string format_size(size_t bytes) {
   return fmt::format("{:.2f} GiB", bytes / double(1 << 30));
 }
 
-const char* type_name(DeviceType type) {
-  switch (type) {
-    case DeviceType::CPU: return "cpu";
-    case DeviceType::CUDA: return "cuda";
-    case DeviceType::Sim: return "sim";
-  }
-  return "?";
-}
-
 }  // namespace
 
 struct CachingAllocator::BlockPool {
@@ -116,7 +107,7 @@ size_t CachingAllocator::segment_size(size_t rounded) {
 CachingAllocator::DeviceState& CachingAllocator::state(Device device, const char* what) {
   if (device.type != runtime_.type()) {
     fail("CachingAllocator::{}: device {} is not a {} device (this allocator serves {} memory)", what, device.str(),
-         type_name(runtime_.type()), type_name(runtime_.type()));
+         device_type_name(runtime_.type()), device_type_name(runtime_.type()));
   }
   std::lock_guard<std::mutex> lock(states_mutex_);
   auto it = states_.find(device.index);
@@ -443,7 +434,7 @@ CachingAllocator& caching_allocator_for(DeviceType type) {
   std::lock_guard<std::mutex> lock(r.mutex);
   CachingAllocator* a = r.allocators[static_cast<int>(type)];
   if (a == nullptr) {
-    fail("no caching allocator for {} devices: {}", type_name(type),
+    fail("no caching allocator for {} devices: {}", device_type_name(type),
          type == DeviceType::CPU ? "CPU memory does not go through it"
                                  : "this build of chorus has no such backend (CUDA needs a CUDA toolkit at build time)");
   }

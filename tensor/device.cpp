@@ -23,6 +23,15 @@ Device Device::parse(const std::string& text) {
   return cpu();
 }
 
+const char* device_type_name(DeviceType type) {
+  switch (type) {
+    case DeviceType::CPU: return "CPU";
+    case DeviceType::CUDA: return "CUDA";
+    case DeviceType::Sim: return "sim";
+  }
+  return "?";
+}
+
 std::string Device::str() const {
   switch (type) {
     case DeviceType::CPU: return "cpu";

@@ -33,4 +33,7 @@ struct Device {
 
 inline const Device kCPU = Device::cpu();
 
+// The device type as messages name it: "CPU", "CUDA", "sim".
+const char* device_type_name(DeviceType type);
+
 }  // namespace chorus

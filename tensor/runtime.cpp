@@ -34,15 +34,6 @@ Registry& registry() {
 
 std::atomic<uint64_t> g_host_syncs{0};
 
-const char* type_name(DeviceType type) {
-  switch (type) {
-    case DeviceType::CPU: return "CPU";
-    case DeviceType::CUDA: return "CUDA";
-    case DeviceType::Sim: return "sim";
-  }
-  return "?";
-}
-
 // The registered runtime of `type` or nullptr, read under the lock (registration may race with use).
 DeviceRuntime* registered_runtime(DeviceType type) {
   Registry& r = registry();
@@ -105,16 +96,16 @@ DeviceRuntime& runtime_for(Device device, const char* what) {
   if (rt == nullptr) {
     fail("{}: no {} device: this build of chorus has no {} backend (device {} requested; CUDA needs chorus "
          "built where a CUDA toolkit is installed)",
-         what, type_name(device.type), type_name(device.type), device.str());
+         what, device_type_name(device.type), device_type_name(device.type), device.str());
   }
   const int count = rt->device_count();
   if (count == 0) {
-    fail("{}: no {} device: {} (device {} requested)", what, type_name(device.type), rt->unavailable_reason(),
+    fail("{}: no {} device: {} (device {} requested)", what, device_type_name(device.type), rt->unavailable_reason(),
          device.str());
   }
   if (device.index < 0 || device.index >= count) {
     fail("{}: device {} does not exist: this machine has {} {} device(s), indices 0..{}", what, device.str(), count,
-         type_name(device.type), count - 1);
+         device_type_name(device.type), count - 1);
   }
   return *rt;
 }

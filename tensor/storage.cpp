@@ -125,7 +125,7 @@ Allocator* allocator_for(Device device) {
   if (a == nullptr) {
     fail("no {} device: no allocator for {} in this build of chorus (CUDA tensors need chorus built "
          "with a CUDA toolkit and a machine with a CUDA device)",
-         device.is_cuda() ? "CUDA" : device.is_sim() ? "sim" : "such", device.str());
+         device_type_name(device.type), device.str());
   }
   return a;
 }

@@ -12,6 +12,7 @@
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/loops.h"
+#include "kernels/shared/reduce_math.h"
 
 namespace chorus::kernels::cpu {
 namespace {
@@ -26,30 +27,10 @@ Tensor dense_copy(const Tensor& t) {
   return out;
 }
 
-template <typename Acc, ReduceOp Op>
-struct Reducer {
-  static Acc identity() {
-    if constexpr (Op == ReduceOp::Sum) return Acc(0);
-    else if constexpr (Op == ReduceOp::Prod) return Acc(1);
-    else if constexpr (Op == ReduceOp::Max) return std::numeric_limits<Acc>::lowest();
-    else return std::numeric_limits<Acc>::max();
-  }
-  static Acc combine(Acc acc, Acc x) {
-    if constexpr (Op == ReduceOp::Sum) return acc + x;
-    else if constexpr (Op == ReduceOp::Prod) return acc * x;
-    else if constexpr (Op == ReduceOp::Max) {
-      if constexpr (std::is_floating_point_v<Acc>) return (x != x || x > acc) ? x : acc;  // NaN sticks
-      else return x > acc ? x : acc;
-    } else {
-      if constexpr (std::is_floating_point_v<Acc>) return (x != x || x < acc) ? x : acc;
-      else return x < acc ? x : acc;
-    }
-  }
-};
 
 template <typename T, typename Acc, typename Out, ReduceOp Op>
 void reduce_layout(const Tensor& out, const Tensor& in, int64_t M, int64_t R, int64_t sm, int64_t sr) {
-  using Red = Reducer<Acc, Op>;
+  using Red = shared::ReduceRule<Acc, Op>;
   const T* x = static_cast<const T*>(in.raw_data_ptr());
   Out* o = static_cast<Out*>(out.raw_data_ptr());
   if (sr == 1 || R == 1) {

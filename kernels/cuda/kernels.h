@@ -1,7 +1,6 @@
 // The CUDA kernels of the table (kernels/kernel_table.h), one .cu file per op family; each has the
 // signature and semantics of its cpu twin (kernels/cpu/kernels.h, nn_basic.h, conv.h). Plain C++:
-// table.cpp (g++) fills the cuda KernelTable from the entries the .cu files define; an entry without
-// a definition stays null ("not implemented on CUDA devices yet").
+// table.cpp (g++) fills every entry of the cuda KernelTable from the kernels the .cu files define.
 #pragma once
 
 #include "kernels/kernel_table.h"

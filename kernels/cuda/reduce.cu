@@ -9,44 +9,25 @@
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/shared/pointwise_math.h"
+#include "kernels/shared/reduce_math.h"
 
 namespace chorus::kernels::cuda_impl {
 namespace {
 
 constexpr int kThreads = 256;
 
-template <typename Acc, ReduceOp Op>
-struct Reducer {
-  __device__ __forceinline__ static Acc identity() {
-    if constexpr (Op == ReduceOp::Sum) return Acc(0);
-    else if constexpr (Op == ReduceOp::Prod) return Acc(1);
-    else if constexpr (Op == ReduceOp::Max) return ::cuda::std::numeric_limits<Acc>::lowest();
-    else return ::cuda::std::numeric_limits<Acc>::max();
-  }
-  __device__ __forceinline__ Acc operator()(Acc acc, Acc x) const {
-    if constexpr (Op == ReduceOp::Sum) return acc + x;
-    else if constexpr (Op == ReduceOp::Prod) return acc * x;
-    else if constexpr (Op == ReduceOp::Max) {
-      if constexpr (std::is_floating_point_v<Acc>) return (x != x || x > acc) ? x : acc;  // NaN sticks
-      else return x > acc ? x : acc;
-    } else {
-      if constexpr (std::is_floating_point_v<Acc>) return (x != x || x < acc) ? x : acc;
-      else return x < acc ? x : acc;
-    }
-  }
-};
 
 // inner == 1: one block per output, the block's threads striding over the reduced elements.
 template <typename T, typename Acc, typename Out, ReduceOp Op>
 __global__ void reduce_rows_kernel(const T* in, Out* out, int64_t outer, int64_t reduced, int64_t outer_stride,
                                    int64_t reduced_stride) {
   __shared__ Acc buf[kThreads];
-  const Reducer<Acc, Op> red;
+  using Red = shared::ReduceRule<Acc, Op>;
   for (int64_t o = blockIdx.x; o < outer; o += gridDim.x) {
-    Acc acc = Reducer<Acc, Op>::identity();
+    Acc acc = Red::identity();
     for (int64_t r = threadIdx.x; r < reduced; r += blockDim.x)
-      acc = red(acc, static_cast<Acc>(in[o * outer_stride + r * reduced_stride]));
-    acc = block_reduce(acc, red, buf);
+      acc = Red::combine(acc, static_cast<Acc>(in[o * outer_stride + r * reduced_stride]));
+    acc = block_reduce(acc, Red{}, buf);
     if (threadIdx.x == 0) out[o] = static_cast<Out>(acc);
   }
 }
@@ -55,13 +36,13 @@ __global__ void reduce_rows_kernel(const T* in, Out* out, int64_t outer, int64_t
 template <typename T, typename Acc, typename Out, ReduceOp Op>
 __global__ void reduce_columns_kernel(const T* in, Out* out, int64_t outer, int64_t reduced, int64_t inner,
                                       int64_t outer_stride, int64_t reduced_stride, int64_t inner_stride) {
-  const Reducer<Acc, Op> red;
+  using Red = shared::ReduceRule<Acc, Op>;
   for (int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; idx < outer * inner;
        idx += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t o = idx / inner, i = idx % inner;
     const T* base = in + o * outer_stride + i * inner_stride;
-    Acc acc = Reducer<Acc, Op>::identity();
-    for (int64_t r = 0; r < reduced; ++r) acc = red(acc, static_cast<Acc>(base[r * reduced_stride]));
+    Acc acc = Red::identity();
+    for (int64_t r = 0; r < reduced; ++r) acc = Red::combine(acc, static_cast<Acc>(base[r * reduced_stride]));
     out[idx] = static_cast<Out>(acc);
   }
 }
@@ -72,13 +53,13 @@ template <typename T, typename Acc, ReduceOp Op>
 __global__ void reduce_chunks_kernel(const T* in, Acc* partial, int64_t reduced, int64_t outer_stride,
                                      int64_t reduced_stride, int64_t chunks) {
   __shared__ Acc buf[kThreads];
-  const Reducer<Acc, Op> red;
+  using Red = shared::ReduceRule<Acc, Op>;
   const int64_t o = blockIdx.x / chunks, c = blockIdx.x % chunks;
   const int64_t lo = reduced * c / chunks, hi = reduced * (c + 1) / chunks;
-  Acc acc = Reducer<Acc, Op>::identity();
+  Acc acc = Red::identity();
   for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x)
-    acc = red(acc, static_cast<Acc>(in[o * outer_stride + r * reduced_stride]));
-  acc = block_reduce(acc, red, buf);
+    acc = Red::combine(acc, static_cast<Acc>(in[o * outer_stride + r * reduced_stride]));
+  acc = block_reduce(acc, Red{}, buf);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 

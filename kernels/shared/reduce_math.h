@@ -1,0 +1,48 @@
+// The reduction rules every reduce kernel shares, cpu and cuda: which reductions there are, each
+// one's identity, and how an element joins the accumulator (NaN sticks in max and min, as PyTorch).
+#pragma once
+
+#include <type_traits>
+
+#include "kernels/shared/hd.h"
+
+#if defined(__CUDACC__)
+#include <cuda/std/limits>
+#else
+#include <limits>
+#endif
+
+namespace chorus::kernels::shared {
+
+enum class ReduceOp { Sum, Prod, Max, Min };
+
+#if defined(__CUDACC__)
+namespace limits_ns = ::cuda::std;
+#else
+namespace limits_ns = ::std;
+#endif
+
+template <typename Acc, ReduceOp Op>
+struct ReduceRule {
+  static CHORUS_HD CHORUS_INLINE Acc identity() {
+    if constexpr (Op == ReduceOp::Sum) return Acc(0);
+    else if constexpr (Op == ReduceOp::Prod) return Acc(1);
+    else if constexpr (Op == ReduceOp::Max) return limits_ns::numeric_limits<Acc>::lowest();
+    else return limits_ns::numeric_limits<Acc>::max();
+  }
+  static CHORUS_HD CHORUS_INLINE Acc combine(Acc acc, Acc x) {
+    if constexpr (Op == ReduceOp::Sum) return acc + x;
+    else if constexpr (Op == ReduceOp::Prod) return acc * x;
+    else if constexpr (Op == ReduceOp::Max) {
+      if constexpr (std::is_floating_point_v<Acc>) return (x != x || x > acc) ? x : acc;  // NaN sticks
+      else return x > acc ? x : acc;
+    } else {
+      if constexpr (std::is_floating_point_v<Acc>) return (x != x || x < acc) ? x : acc;
+      else return x < acc ? x : acc;
+    }
+  }
+  // As a functor, for block and warp reductions that take the combining operation.
+  CHORUS_HD CHORUS_INLINE Acc operator()(Acc acc, Acc x) const { return combine(acc, x); }
+};
+
+}  // namespace chorus::kernels::shared
