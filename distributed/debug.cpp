@@ -64,6 +64,11 @@ std::shared_ptr<Work> ProcessGroupDebug::reduce_scatter(const Tensor& output, co
   check(fmt::format("#{} reduce_scatter({}) {}", sequence_++, reduce_op_name(op), describe({output})));
   return inner_->reduce_scatter(output, inputs, op);
 }
+std::shared_ptr<Work> ProcessGroupDebug::all_to_all(const TensorList& outputs, const TensorList& inputs) {
+  // Sizes may differ between pairs (and so between ranks): the fingerprint is the op and dtype.
+  check(fmt::format("#{} all_to_all {}", sequence_++, inputs.empty() ? "" : dtype_name(inputs.front().dtype())));
+  return inner_->all_to_all(outputs, inputs);
+}
 std::shared_ptr<Work> ProcessGroupDebug::barrier() {
   check(fmt::format("#{} barrier", sequence_++));
   return inner_->barrier();

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include <gloo/allgather.h>
+#include <gloo/alltoallv.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -160,7 +161,7 @@ std::shared_ptr<Work> ProcessGroupGloo::enqueue(const char* op, TensorList resul
     queue_.push_back(std::move(task));
   }
   cv_.notify_one();
-  return work;
+  return track(work);
 }
 
 void ProcessGroupGloo::check_tensor(const Tensor& t, const char* op) const {
@@ -308,6 +309,56 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const Tensor& output, con
   });
 }
 
+std::shared_ptr<Work> ProcessGroupGloo::all_to_all(const TensorList& outputs, const TensorList& inputs) {
+  if (static_cast<int>(inputs.size()) != size_ || static_cast<int>(outputs.size()) != size_) {
+    fail("ProcessGroupGloo all_to_all: expected {} input and {} output tensors (one per rank), got {} and {}", size_,
+         size_, inputs.size(), outputs.size());
+  }
+  const DType dtype = inputs.front().dtype();
+  for (const TensorList* list : {&inputs, &outputs}) {
+    for (const Tensor& t : *list) {
+      check_tensor(t, "all_to_all");
+      if (t.dtype() != dtype) {
+        fail("ProcessGroupGloo all_to_all: every tensor must have the dtype of inputs[0] ({}), got {}", dtype_name(dtype),
+             dtype_name(t.dtype()));
+      }
+    }
+  }
+  auto ctx = context_;
+  auto timeout = options_.timeout;
+  return enqueue("all_to_all", outputs, [=](uint32_t tag) {
+    TensorList flat_inputs;
+    std::vector<int64_t> in_counts, out_counts;
+    int64_t out_total = 0;
+    for (const Tensor& i : inputs) {
+      flat_inputs.push_back(i.reshape({-1}));
+      in_counts.push_back(i.numel());
+    }
+    for (const Tensor& o : outputs) {
+      out_counts.push_back(o.numel());
+      out_total += o.numel();
+    }
+    Tensor in = cat(flat_inputs).contiguous();
+    Tensor out = empty({out_total}, {.dtype = dtype});
+    gloo::AlltoallvOptions opts(ctx);
+    opts.setTag(tag);
+    opts.setTimeout(timeout);
+    CHORUS_DISPATCH_ALL(dtype, "all_to_all", [&]<typename T>() {
+      using G = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
+      opts.setInput(reinterpret_cast<G*>(in.raw_data_ptr()), in_counts);
+      opts.setOutput(reinterpret_cast<G*>(out.raw_data_ptr()), out_counts);
+    });
+    gloo::alltoallv(opts);
+    NoGradGuard no_grad;
+    int64_t offset = 0;
+    for (const Tensor& o : outputs) {
+      Tensor dst = o;
+      dst.copy_(out.narrow(0, offset, o.numel()).view(o.sizes()));
+      offset += o.numel();
+    }
+  });
+}
+
 std::shared_ptr<Work> ProcessGroupGloo::barrier() {
   auto ctx = context_;
   auto timeout = options_.timeout;
@@ -346,7 +397,7 @@ std::shared_ptr<Work> ProcessGroupGloo::send(const Tensor& tensor, int dst, int 
       work->finish({}, std::make_exception_ptr(Error(fmt::format("{} failed: {}", work->description(), e.what()))));
     }
   }).detach();
-  return work;
+  return track(work);
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::recv(const Tensor& tensor, int src, int tag) {
@@ -374,7 +425,7 @@ std::shared_ptr<Work> ProcessGroupGloo::recv(const Tensor& tensor, int src, int 
       work->finish({}, std::make_exception_ptr(Error(fmt::format("{} failed: {}", work->description(), e.what()))));
     }
   }).detach();
-  return work;
+  return track(work);
 }
 
 }  // namespace chorus::distributed

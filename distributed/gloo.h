@@ -37,6 +37,7 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<Work> broadcast(const TensorList& tensors, int root) override;
   std::shared_ptr<Work> allgather(const TensorList& outputs, const Tensor& input) override;
   std::shared_ptr<Work> reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp op = ReduceOp::Sum) override;
+  std::shared_ptr<Work> all_to_all(const TensorList& outputs, const TensorList& inputs) override;
   std::shared_ptr<Work> barrier() override;
   std::shared_ptr<Work> send(const Tensor& tensor, int dst, int tag = 0) override;
   std::shared_ptr<Work> recv(const Tensor& tensor, int src, int tag = 0) override;

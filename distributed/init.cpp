@@ -8,6 +8,7 @@
 
 #include "distributed/debug.h"
 #include "distributed/gloo.h"
+#include "distributed/gloo_communicator.h"
 
 namespace chorus::distributed {
 namespace {
@@ -30,39 +31,104 @@ std::mutex& backends_mutex() {
   static std::mutex m;
   return m;
 }
-std::map<std::string, BackendFactory>& backends() {
-  static auto* b = new std::map<std::string, BackendFactory>();
+std::map<std::string, DeviceBackendFactory>& backends() {
+  static auto* b = new std::map<std::string, DeviceBackendFactory>();
   return *b;
 }
-BackendFactory registered_backend(const std::string& name) {
+DeviceBackendFactory registered_backend(const std::string& name) {
   std::lock_guard<std::mutex> lock(backends_mutex());
   auto it = backends().find(name);
-  return it == backends().end() ? BackendFactory() : it->second;
+  return it == backends().end() ? DeviceBackendFactory() : it->second;
 }
+
+std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+}  // namespace
+
+BackendSpec parse_backend(const std::string& spec) {
+  const std::string expected =
+      "expected \"gloo\", \"nccl\", or device:backend pairs such as \"cpu:gloo,cuda:nccl\" (devices cpu, sim, cuda; "
+      "backends gloo, nccl; cpu must be gloo; nccl only for cuda)";
+  BackendSpec out;
+  const std::string s = trim(spec);
+  if (s == "gloo") {
+    out.devices = {{DeviceType::Sim, "gloo"}, {DeviceType::CUDA, "gloo"}};
+    return out;
+  }
+  if (s == "nccl") {
+    out.devices = {{DeviceType::CUDA, "nccl"}};
+    return out;
+  }
+  if (s.find(':') == std::string::npos) fail("init_process_group: unknown backend '{}' ({})", spec, expected);
+  bool has_cpu = false;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    const std::string item = trim(s.substr(pos, comma - pos));
+    pos = comma + 1;
+    const size_t colon = item.find(':');
+    if (colon == std::string::npos) fail("init_process_group: backend '{}': '{}' is not device:backend ({})", spec, item, expected);
+    const std::string device = trim(item.substr(0, colon)), backend = trim(item.substr(colon + 1));
+    if (backend != "gloo" && backend != "nccl") {
+      fail("init_process_group: backend '{}': unknown backend '{}' for {} ({})", spec, backend, device, expected);
+    }
+    if (device == "cpu") {
+      if (backend != "gloo") fail("init_process_group: backend '{}': cpu tensors need gloo, got {} ({})", spec, backend, expected);
+      if (has_cpu) fail("init_process_group: backend '{}' names cpu twice", spec);
+      has_cpu = true;
+      continue;
+    }
+    DeviceType type;
+    if (device == "sim") type = DeviceType::Sim;
+    else if (device == "cuda") type = DeviceType::CUDA;
+    else fail("init_process_group: backend '{}': unknown device '{}' ({})", spec, device, expected);
+    if (backend == "nccl" && type != DeviceType::CUDA) {
+      fail("init_process_group: backend '{}': nccl runs on cuda tensors only, not {} ({})", spec, device, expected);
+    }
+    for (const auto& [t, b] : out.devices)
+      if (t == type) fail("init_process_group: backend '{}' names {} twice", spec, device);
+    out.devices.emplace_back(type, backend);
+  }
+  return out;
+}
+
+namespace {
 
 std::shared_ptr<ProcessGroup> make_group(const std::string& backend, std::shared_ptr<Store> store, int rank, int size,
                                          std::chrono::milliseconds timeout) {
-  std::shared_ptr<ProcessGroup> group;
-  if (backend == "gloo") {
-    GlooOptions gloo;
-    gloo.timeout = timeout;
-    // Device tensors (sim) go through the communication stream; CPU tensors straight to Gloo.
-    group = std::make_shared<StreamOrderedGroup>(std::make_shared<ProcessGroupGloo>(std::move(store), rank, size, gloo));
-  } else if (BackendFactory factory = registered_backend(backend)) {
-    group = factory(std::move(store), rank, size, timeout);
-  } else if (backend == "nccl") {
-    fail("init_process_group: backend 'nccl' is not available in this program: link //distributed:nccl (built "
-         "where a CUDA toolkit with NCCL is found), or use backend 'gloo', which also runs on CPU and sim tensors");
-  } else {
-    fail("init_process_group: unknown backend '{}' (expected 'gloo' or 'nccl')", backend);
+  const BackendSpec spec = parse_backend(backend);
+  // CPU tensors (and device tensors of device types mapped to gloo) go to one Gloo group; every other
+  // device backend gets its own communicator over a store prefix of its name.
+  GlooOptions gloo;
+  gloo.timeout = timeout;
+  auto cpu = std::make_shared<ProcessGroupGloo>(store, rank, size, gloo);
+  std::shared_ptr<Communicator> gloo_on_stream;
+  StreamOrderedGroup::DeviceCommunicators devices;
+  for (const auto& [type, name] : spec.devices) {
+    if (name == "gloo") {
+      if (!gloo_on_stream) gloo_on_stream = std::make_shared<GlooStreamCommunicator>(cpu);
+      devices.emplace_back(type, gloo_on_stream);
+      continue;
+    }
+    DeviceBackendFactory factory = registered_backend(name);
+    if (!factory) {
+      fail("init_process_group: backend '{}' is not available in this program: link //distributed:nccl (built where a "
+           "CUDA toolkit with NCCL is found), or use backend 'gloo', which also runs on CPU and sim tensors",
+           name);
+    }
+    devices.emplace_back(type, factory(std::make_shared<PrefixStore>(name, store), rank, size, timeout));
   }
+  std::shared_ptr<ProcessGroup> group = std::make_shared<StreamOrderedGroup>(cpu, std::move(devices), timeout, backend);
   if (debug_mode_enabled()) group = std::make_shared<ProcessGroupDebug>(group);
   return group;
 }
 
 }  // namespace
 
-void register_backend(const std::string& name, BackendFactory factory) {
+void register_device_backend(const std::string& name, DeviceBackendFactory factory) {
   std::lock_guard<std::mutex> lock(backends_mutex());
   backends()[name] = std::move(factory);
 }
@@ -112,8 +178,13 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   const int size = options.world_size >= 0 ? options.world_size : env_int("WORLD_SIZE");
   if (size < 1) fail("init_process_group: world_size must be at least 1, got {}", size);
   if (rank < 0 || rank >= size) fail("init_process_group: rank {} is outside [0, {}) for world_size {}", rank, size, size);
-  if (options.backend != "gloo" && options.backend != "nccl") {
-    fail("init_process_group: unknown backend '{}' (expected 'gloo' or 'nccl')", options.backend);
+  // A malformed spec fails before any connection is made. With a device backend, LOCAL_RANK (set
+  // by chorusrun) picks this process's device, as torchrun users do with set_device(LOCAL_RANK).
+  for (const auto& [type, name] : parse_backend(options.backend).devices) {
+    const char* local = std::getenv("LOCAL_RANK");
+    if (local == nullptr || *local == '\0' || device_count(type) == 0) continue;
+    const int index = env_int("LOCAL_RANK");
+    if (index < device_count(type)) set_device(Device(type, index));
   }
   std::shared_ptr<Store> store = options.store;
   if (!store) {

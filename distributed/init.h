@@ -21,7 +21,10 @@
 namespace chorus::distributed {
 
 struct InitOptions {
-  std::string backend = "gloo";  // "gloo", or "nccl" (CUDA tensors; link //distributed:nccl)
+  // "gloo" (CPU tensors; sim and CUDA tensors through Gloo on the communication stream), "nccl"
+  // (CUDA tensors through NCCL, CPU tensors through Gloo; link //distributed:nccl), or explicit
+  // device:backend pairs as PyTorch's, e.g. "cpu:gloo,cuda:nccl" or "cpu:gloo,sim:gloo".
+  std::string backend = "gloo";
   // "env://" (default): rank, world size and the store address come from the environment.
   // "tcp://host:port": the store address is given; rank and world_size below (or RANK/WORLD_SIZE).
   // "file:///path": a FileStore at path (one machine or a shared file system).
@@ -54,11 +57,19 @@ void destroy_process_group();
 std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks,
                                         std::optional<std::chrono::milliseconds> timeout = std::nullopt);
 
-// Makes a process group of a backend other than "gloo" (e.g. "nccl", registered by linking
-// //distributed:nccl): store for the rendezvous, rank, size, per-collective timeout.
-using BackendFactory = std::function<std::shared_ptr<ProcessGroup>(std::shared_ptr<Store> store, int rank, int size,
-                                                                   std::chrono::milliseconds timeout)>;
-void register_backend(const std::string& name, BackendFactory factory);
+// A backend spec, parsed: the device backend for each device type (CPU tensors always use Gloo).
+// chorus::Error naming the spec and what is expected when malformed.
+struct BackendSpec {
+  std::vector<std::pair<DeviceType, std::string>> devices;
+};
+BackendSpec parse_backend(const std::string& spec);
+
+// Makes the communicator of a device backend other than "gloo" (e.g. "nccl", registered by linking
+// //distributed:nccl): store for its rendezvous, rank, size, per-collective timeout.
+class Communicator;
+using DeviceBackendFactory = std::function<std::shared_ptr<Communicator>(std::shared_ptr<Store> store, int rank,
+                                                                         int size, std::chrono::milliseconds timeout)>;
+void register_device_backend(const std::string& name, DeviceBackendFactory factory);
 
 // Reads an environment variable as an integer; chorus::Error naming it when missing or malformed.
 int env_int(const char* name);

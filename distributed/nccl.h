@@ -1,15 +1,17 @@
-// ProcessGroupNCCL: collectives on CUDA tensors through NCCL, under the same stream ordering as the
-// stream-ordered Gloo group (stream_group.h, [Sync Streams]): each collective records an event on
-// the caller's current stream, the device's high-priority communication stream waits on it and
-// runs the NCCL call, and an end event completes the StreamWork; Work::wait() orders the caller's
-// stream, synchronize() blocks. CPU tensors (DDP's small bookkeeping collectives) go to a Gloo
-// group made over the same store, as PyTorch's "cuda:nccl,cpu:gloo".
+// ProcessGroupNCCL: collectives on CUDA tensors through NCCL. It is the stream-ordered group
+// (stream_group.h) over an NCCL communicator: each collective records an event on the caller's
+// current stream, the device's high-priority communication stream waits on it and runs the NCCL
+// call (ncclGroupStart/End around a coalesced group), and an end event completes the StreamWork;
+// Work::wait() orders the caller's stream, synchronize() blocks. CPU tensors (DDP's small
+// bookkeeping collectives) go to a Gloo group made over the same store, as PyTorch's
+// "cuda:nccl,cpu:gloo"; init_process_group accepts that spec too.
 //
-// Communicators are made lazily, one per device, from a unique id rank 0 publishes in the store.
-// A watchdog thread completes works when their end events pass, aborts the communicator
-// (ncclCommAbort) when a collective outlives the timeout or NCCL reports an asynchronous error,
-// and the failure is raised on the caller's thread at its next call, naming op, sequence number,
-// ranks and timeout.
+// NCCL communicators are made lazily, one per device and group, from a unique id rank 0 publishes
+// in the group's store. The group's watchdog completes works when their end events pass, aborts the
+// communicator (ncclCommAbort) when a collective outlives the timeout or ncclCommGetAsyncError
+// reports an error, and the failure is raised on the caller's thread at its next call, naming op,
+// sequence number, ranks and timeout. Point-to-point ops ignore tags (NCCL has none): messages
+// between two ranks match in issue order.
 //
 // Link //distributed:nccl (built where a CUDA toolkit with NCCL is found) to make the "nccl"
 // backend available to init_process_group.

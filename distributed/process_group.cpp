@@ -77,6 +77,59 @@ std::shared_ptr<Work> completed_work(std::string description, TensorList result)
   return w;
 }
 
+std::shared_ptr<Work> joined_work(std::string description, std::vector<std::shared_ptr<Work>> parts) {
+  auto joined = std::make_shared<Work>(std::move(description));
+  if (parts.empty()) {
+    joined->finish({});
+    return joined;
+  }
+  struct Count {
+    std::mutex mutex;
+    size_t left;
+  };
+  auto count = std::make_shared<Count>();
+  count->left = parts.size();
+  for (auto& part : parts) {
+    part->then([joined, count, parts](Work&) {
+      {
+        std::lock_guard<std::mutex> lock(count->mutex);
+        if (--count->left != 0) return;
+      }
+      // The last part to finish: every part has its result now.
+      TensorList all;
+      std::exception_ptr error;
+      for (const auto& p : parts) {
+        if (!error) error = p->exception();
+        const TensorList& r = p->result();
+        all.insert(all.end(), r.begin(), r.end());
+      }
+      joined->finish(std::move(all), error);
+    });
+  }
+  return joined;
+}
+
+void ProcessGroup::start_coalescing() {
+  if (coalescing_) fail("ProcessGroup {} start_coalescing: already coalescing (end_coalescing() first)", backend_name());
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+std::shared_ptr<Work> ProcessGroup::end_coalescing() {
+  if (!coalescing_) fail("ProcessGroup {} end_coalescing: start_coalescing() was not called", backend_name());
+  coalescing_ = false;
+  std::vector<std::shared_ptr<Work>> parts;
+  parts.swap(coalesced_);
+  return joined_work(fmt::format("ProcessGroup {} coalesced group of {} ops (rank {} of {})", backend_name(),
+                                 parts.size(), rank_, size_),
+                     std::move(parts));
+}
+
+std::shared_ptr<Work> ProcessGroup::track(std::shared_ptr<Work> work) {
+  if (coalescing_) coalesced_.push_back(work);
+  return work;
+}
+
 void ignore_sigpipe() {
   static const bool done = [] {
     struct sigaction current {};

@@ -1,7 +1,8 @@
 // ProcessGroup: collectives among a fixed set of processes (ranks). Every call returns a Work at
 // once and runs asynchronously in issue order; Work::wait() blocks until it finished and rethrows
 // its error (a chorus::Error naming the op, its sequence number, the ranks and the timeout).
-// Backends: ProcessGroupGloo (CPU tensors over TCP), ProcessGroupNCCL (CUDA, later).
+// Backends: ProcessGroupGloo (CPU tensors over TCP); device tensors go through a StreamOrderedGroup
+// (stream_group.h) over a communicator: Gloo on the stream (sim; CUDA staged) or NCCL (CUDA).
 #pragma once
 
 #include <chrono>
@@ -77,13 +78,34 @@ class ProcessGroup {
   // output receives the reduction of inputs[rank] over all ranks.
   virtual std::shared_ptr<Work> reduce_scatter(const Tensor& output, const TensorList& inputs,
                                                ReduceOp op = ReduceOp::Sum) = 0;
+  // inputs[r] goes to rank r; outputs[r] receives rank r's inputs[this rank]. One tensor per rank
+  // in each list, all of one dtype; sizes may differ between pairs (as torch's all_to_all).
+  virtual std::shared_ptr<Work> all_to_all(const TensorList& outputs, const TensorList& inputs) = 0;
   virtual std::shared_ptr<Work> barrier() = 0;
   virtual std::shared_ptr<Work> send(const Tensor& tensor, int dst, int tag = 0) = 0;
   virtual std::shared_ptr<Work> recv(const Tensor& tensor, int src, int tag = 0) = 0;
 
+  // Coalescing: the operations issued between start_coalescing() and end_coalescing() form one
+  // group, and end_coalescing() returns one Work that completes when all of them have (its result:
+  // every op's result, in order). On a device that is one launch on the communication stream (NCCL:
+  // ncclGroupStart/End); a CPU group runs the ops as issued. Nesting is an error; the Works the ops
+  // return while coalescing are their own (on a device: the group's, completing with it).
+  virtual void start_coalescing();
+  virtual std::shared_ptr<Work> end_coalescing();
+  bool is_coalescing() const { return coalescing_; }
+
  protected:
+  // Subclasses pass every Work they create through here, so end_coalescing() can join them.
+  std::shared_ptr<Work> track(std::shared_ptr<Work> work);
+
   int rank_;
   int size_;
+  bool coalescing_ = false;
+  std::vector<std::shared_ptr<Work>> coalesced_;
 };
+
+// A Work that completes when every one of `parts` has (result: their results, concatenated; error:
+// the first part's that failed).
+std::shared_ptr<Work> joined_work(std::string description, std::vector<std::shared_ptr<Work>> parts);
 
 }  // namespace chorus::distributed

@@ -1,9 +1,10 @@
-// StreamOrderedGroup: see stream_group.h for the ordering rule ([Sync Streams]).
+// StreamOrderedGroup: see stream_group.h for the ordering rule ([Sync Streams]) and the watchdog.
 #include "distributed/stream_group.h"
 
 #include <atomic>
-#include <condition_variable>
 
+#include "distributed/gloo.h"
+#include "distributed/gloo_communicator.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/ops.h"
 
@@ -13,13 +14,20 @@ namespace {
 std::atomic<bool> g_skip_waits{false};
 std::atomic<bool> g_force_staging{false};
 
-// A CPU-device tensor over the same memory as device tensor `t` (the host communicator reads and
-// writes it from the communication stream's task, while the sim device has the memory open).
-Tensor host_alias(const Tensor& t) {
-  return from_blob(t.raw_data_ptr(), t.sizes(), t.strides(), {.dtype = t.dtype()});
+bool all_cpu(const TensorList& tensors) {
+  for (const Tensor& t : tensors)
+    if (t.defined() && !t.device().is_cpu()) return false;
+  return true;
 }
 
+// How often the watchdog looks at the works in flight (and so how soon after its end event a work
+// reports completion to is_completed() and then() callbacks; Work::wait() does not depend on it).
+constexpr auto kWatchdogPoll = std::chrono::milliseconds(1);
+
 }  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// StreamWork
 
 StreamWork::StreamWork(std::string description, Device device, TensorList outputs)
     : Work(std::move(description)), device_(device), outputs_(std::move(outputs)) {}
@@ -40,36 +48,71 @@ void StreamWork::synchronize() {
   Work::wait();
 }
 
+double StreamWork::elapsed_ms() const {
+  if (!is_completed()) fail("{}: elapsed_ms() before the work has completed", description());
+  return start_.elapsed_time(end_);
+}
+
+void StreamWork::note_error(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(note_mutex_);
+  if (!noted_) noted_ = error;
+}
+
+std::exception_ptr StreamWork::noted_error() const {
+  std::lock_guard<std::mutex> lock(note_mutex_);
+  return noted_;
+}
+
+void StreamWork::add_outputs(const TensorList& outputs) { outputs_.insert(outputs_.end(), outputs.begin(), outputs.end()); }
+
+// ---------------------------------------------------------------------------------------------
+// StreamOrderedGroup
+
 void StreamOrderedGroup::skip_stream_waits_for_testing(bool skip) { g_skip_waits.store(skip); }
 void StreamOrderedGroup::stage_through_host_for_testing(bool stage) { g_force_staging.store(stage); }
+bool StreamOrderedGroup::stage_through_host() { return g_force_staging.load(); }
+
+StreamOrderedGroup::StreamOrderedGroup(std::shared_ptr<ProcessGroup> cpu, DeviceCommunicators devices,
+                                       std::chrono::milliseconds timeout, std::string name)
+    : ProcessGroup(cpu ? cpu->rank() : 0, cpu ? cpu->size() : 1),
+      cpu_(std::move(cpu)),
+      devices_(std::move(devices)),
+      timeout_(timeout),
+      name_(std::move(name)) {
+  if (!cpu_) fail("StreamOrderedGroup: the CPU process group is null");
+  for (const auto& [type, comm] : devices_) {
+    if (!comm) fail("StreamOrderedGroup: the communicator for {} tensors is null", device_type_name(type));
+  }
+  watchdog_ = std::thread([this] { watch(); });
+}
+
+namespace {
+StreamOrderedGroup::DeviceCommunicators gloo_everywhere(const std::shared_ptr<ProcessGroup>& host) {
+  auto comm = std::make_shared<GlooStreamCommunicator>(host);
+  return {{DeviceType::Sim, comm}, {DeviceType::CUDA, comm}};
+}
+}  // namespace
+
+StreamOrderedGroup::StreamOrderedGroup(std::shared_ptr<ProcessGroupGloo> host)
+    : StreamOrderedGroup(host, gloo_everywhere(host), host ? host->timeout() : std::chrono::milliseconds(0), "gloo") {}
 
 StreamOrderedGroup::~StreamOrderedGroup() {
-  try {
-    release_staging(/*all=*/true);
-  } catch (...) {  // a failed device at teardown: the buffers are lost, nothing else to do
-  }
-}
-
-void StreamOrderedGroup::release_staging(bool all) {
-  std::vector<Staging> done;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<Staging> still;
-    for (Staging& st : staging_) {
-      if (all || st.work->end_event().query()) done.push_back(std::move(st));
-      else still.push_back(std::move(st));
-    }
-    staging_.swap(still);
+    stop_ = true;
   }
-  for (Staging& st : done) {
-    if (all) st.work->end_event().synchronize();
-    DeviceRuntime& rt = runtime_for(st.device, "ProcessGroup");
-    for (void* p : st.buffers) rt.host_free(p);
+  cv_.notify_all();
+  watchdog_.join();
+  // Works still in flight finish when their collectives do (bounded by the backend's timeout); the
+  // communicators (and their stream tasks' state) outlive this, being shared.
+  for (InFlight& f : in_flight_) {
+    try {
+      f.work->end_event().synchronize();
+      f.work->finish({}, f.work->noted_error());
+    } catch (...) {
+    }
   }
 }
-
-StreamOrderedGroup::StreamOrderedGroup(std::shared_ptr<ProcessGroup> host)
-    : ProcessGroup(host->rank(), host->size()), host_(std::move(host)), issue_order_(std::make_shared<IssueOrder>()) {}
 
 Stream StreamOrderedGroup::comm_stream(Device device, Lane lane) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -83,229 +126,321 @@ Stream StreamOrderedGroup::comm_stream(Device device, Lane lane) {
   return comm_streams_.back().second;
 }
 
-struct StreamOrderedGroup::IssueOrder {
-  std::mutex mutex;
-  std::condition_variable cv;
-  uint64_t submitted = 0, issued = 0;
-};
-
-void StreamOrderedGroup::wait_until_issued() {
-  IssueOrder& o = *issue_order_;
-  std::unique_lock<std::mutex> lock(o.mutex);
-  if (o.issued == o.submitted) return;
-  note_host_sync();
-  o.cv.wait(lock, [&] { return o.issued == o.submitted; });
+Communicator& StreamOrderedGroup::communicator(Device device, const std::string& op) {
+  for (const auto& [type, comm] : devices_)
+    if (type == device.type) return *comm;
+  std::vector<std::string> have{"cpu"};
+  for (const auto& [type, comm] : devices_) have.push_back(device_type_name(type));
+  fail("ProcessGroup {} {}: no backend for {} tensors in this group (it has one for: {}); use backend \"gloo\" or a "
+       "spec naming one, e.g. \"cpu:gloo,{}:gloo\"",
+       name_, op, device_type_name(device.type), fmt::join(have, ", "), device_type_name(device.type));
 }
-
-namespace {
-bool all_cpu(const TensorList& tensors) {
-  for (const Tensor& t : tensors)
-    if (t.defined() && !t.device().is_cpu()) return false;
-  return true;
-}
-}  // namespace
 
 void StreamOrderedGroup::raise_async_error() {
-  std::shared_ptr<StreamWork> failed;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::vector<std::shared_ptr<StreamWork>> still;
-    for (auto& w : in_flight_) {
-      if (!w->is_completed()) {
-        still.push_back(w);
-      } else if (w->exception() && !failed) {
-        failed = w;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!failure_.empty()) fail("{}", failure_);
+}
+
+void StreamOrderedGroup::before_cpu_op() {
+  raise_async_error();
+  if (coalescing_) {
+    if (!pending_.empty()) {
+      fail("ProcessGroup {}: a coalesced group mixes CPU and device tensors; coalesce each kind on its own", name_);
+    }
+    cpu_in_group_ = true;
+  }
+  for (const auto& [type, comm] : devices_) comm->wait_until_issued();
+}
+
+void StreamOrderedGroup::watch() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop_) {
+    if (in_flight_.empty()) {
+      cv_.wait(lock, [&] { return stop_ || !in_flight_.empty(); });
+      continue;
+    }
+    cv_.wait_for(lock, kWatchdogPoll);
+    std::vector<InFlight> done, still;
+    std::vector<std::pair<InFlight, std::string>> failed;
+    const auto now = std::chrono::steady_clock::now();
+    for (InFlight& f : in_flight_) {
+      if (f.work->end_event().query()) {
+        done.push_back(f);
+      } else if (now - f.issued > timeout_) {
+        failed.emplace_back(f, fmt::format("timed out after {} ms", timeout_.count()));
+      } else {
+        still.push_back(f);
       }
     }
     in_flight_.swap(still);
-  }
-  if (!failed) return;
-  try {
-    std::rethrow_exception(failed->exception());
-  } catch (const std::exception& e) {
-    fail("{} failed on the communication stream: {}", failed->description(), e.what());
+    lock.unlock();
+    // Outside the lock: callbacks run here, and communicators are polled.
+    for (InFlight& f : done) {
+      std::exception_ptr error = f.work->noted_error();
+      if (error) {
+        std::string why;
+        try {
+          std::rethrow_exception(error);
+        } catch (const std::exception& e) {
+          why = e.what();
+        }
+        failed.emplace_back(f, why);
+        continue;
+      }
+      f.work->finish({});
+    }
+    if (failed.empty()) {
+      // Asynchronous errors the backend reports per communicator (NCCL).
+      lock.lock();
+      std::vector<InFlight> polled = in_flight_;
+      lock.unlock();
+      for (InFlight& f : polled) {
+        if (auto why = f.communicator->async_error()) {
+          failed.emplace_back(f, *why);
+          break;
+        }
+      }
+    }
+    for (auto& [f, why] : failed) {
+      const std::string message = fmt::format("{} failed on the communication stream: {}", f.work->description(), why);
+      {
+        std::lock_guard<std::mutex> guard(mutex_);
+        if (failure_.empty()) failure_ = message;
+      }
+      f.communicator->abort(message);
+      f.work->finish({}, std::make_exception_ptr(Error(message)));
+    }
+    if (!failed.empty()) {
+      // Everything else in flight on a failed group is failed too (its communicator is aborted).
+      lock.lock();
+      std::vector<InFlight> rest;
+      rest.swap(in_flight_);
+      lock.unlock();
+      for (InFlight& f : rest) {
+        f.work->finish({}, std::make_exception_ptr(Error(fmt::format(
+                               "{} was aborted: an earlier collective of the group failed", f.work->description()))));
+      }
+    }
+    lock.lock();
   }
 }
 
-std::shared_ptr<Work> StreamOrderedGroup::ordered(
-    const std::string& name, const TensorList& tensors, TensorList outputs,
-    std::function<std::shared_ptr<Work>(ProcessGroup&, const TensorList&)> collective, Lane lane, bool writes) {
-  raise_async_error();
-  release_staging(/*all=*/false);
-  const Device device = tensors.front().device();
-  for (const Tensor& t : tensors) {
-    if (t.device() != device) {
-      fail("ProcessGroup {} {}: expected all tensors on one device, got {} and {}", backend_name(), name,
-           device.str(), t.device().str());
-    }
-  }
-  const bool staged = device.is_cuda() || g_force_staging.load();
-  if (staged) {
-    for (const Tensor& t : tensors) {
-      if (!t.is_contiguous()) {
-        fail("ProcessGroup {} {}: a {} tensor goes to Gloo through host memory and must be contiguous (got strides "
-             "{} for shape {}); call .contiguous() first",
-             backend_name(), name, device.str(), shape_str(t.strides()), shape_str(t.sizes()));
-      }
-    }
-  }
-  DeviceRuntime& rt = runtime_for(device, "ProcessGroup");
-  const Stream comm = comm_stream(device, lane);
+std::shared_ptr<StreamWork> StreamOrderedGroup::launch(const std::string& name, Device device, Lane lane,
+                                                       std::vector<PendingOp> ops, std::shared_ptr<StreamWork> work) {
+  Communicator& comm = communicator(device, name);
+  DeviceGuard device_guard(device);
+  const Stream stream = comm_stream(device, lane);
   // [Sync Streams] the collective reads what the caller's stream has written so far.
   if (!g_skip_waits.load()) {
     Event ready;
     ready.record(current_stream(device));
-    comm.wait(ready);
+    stream.wait(ready);
   }
+  work->start_event().record(stream);
+  comm.group_start();
+  try {
+    for (PendingOp& op : ops) op.call(comm, stream, work);
+  } catch (...) {
+    comm.group_end();
+    throw;
+  }
+  comm.group_end();
+  work->end_event().record(stream);
+  // The caller may drop its tensors at once: their blocks are not reused before `stream` passes here.
+  for (const PendingOp& op : ops)
+    for (const Tensor& t : op.tensors) record_stream(t.storage(), stream);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_flight_.push_back({work, &comm, std::chrono::steady_clock::now()});
+  }
+  cv_.notify_all();
+  return work;
+}
+
+std::shared_ptr<Work> StreamOrderedGroup::device_op(const std::string& name, const TensorList& tensors,
+                                                    const TensorList& outputs, Lane lane, Call call) {
+  raise_async_error();
+  const Device device = tensors.front().device();
+  for (const Tensor& t : tensors) {
+    if (!t.defined()) fail("ProcessGroup {} {}: got an undefined tensor", name_, name);
+    if (t.device() != device) {
+      fail("ProcessGroup {} {}: expected all tensors on one device, got {} and {}", name_, name, device.str(),
+           t.device().str());
+    }
+  }
+  communicator(device, name);  // a clear error now, not at launch
   uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     seq = ++sequence_;
   }
-  auto work = std::make_shared<StreamWork>(
-      fmt::format("{} {} #{} on {} (rank {} of {})", backend_name(), name, seq, device.str(), rank_, size_), device,
-      std::move(outputs));
-  TensorList aliases, keep;
-  std::vector<const void*> buffers;
-  std::vector<void*> pinned;
-  for (const Tensor& t : tensors) {
-    keep.push_back(alias_without_history(t));
-    if (staged) {
-      // Copy to pinned host memory on the communication stream; Gloo works on the host copy.
-      const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
-      void* p = rt.host_malloc(std::max<size_t>(n, 1));
-      pinned.push_back(p);
-      rt.memcpy_async(p, t.raw_data_ptr(), n, CopyKind::DeviceToHost, comm.handle());
-      aliases.push_back(from_blob(p, t.sizes(), {.dtype = t.dtype()}));
-    } else {
-      aliases.push_back(host_alias(t));
-      buffers.push_back(t.storage()->data());
+  if (coalescing_) {
+    if (cpu_in_group_) {
+      fail("ProcessGroup {} {}: a coalesced group mixes CPU and device tensors; coalesce each kind on its own", name_,
+           name);
     }
-  }
-  std::shared_ptr<IssueOrder> order = issue_order_;  // the task may outlive the group
-  {
-    std::lock_guard<std::mutex> lock(order->mutex);
-    ++order->submitted;
-  }
-  auto host = host_;
-  rt.launch_host_task(
-      comm.handle(),
-      [work, host, aliases, keep, collective, order]() {
-        std::exception_ptr error;
-        std::shared_ptr<Work> inner;
-        try {
-          inner = collective(*host, aliases);
-        } catch (...) {
-          error = std::current_exception();
-        }
-        {
-          std::lock_guard<std::mutex> lock(order->mutex);
-          ++order->issued;
-        }
-        order->cv.notify_all();
-        if (inner) {
-          try {
-            inner->wait();
-          } catch (...) {
-            error = std::current_exception();
-          }
-        }
-        work->finish({}, error);
-      },
-      std::move(buffers));
-  if (staged && writes) {
-    // Copy the results back (every tensor the collective may write: in-place ones and outputs).
-    const TensorList& outs = work->result();
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      bool is_output = false;
-      for (const Tensor& o : outs) is_output = is_output || o.is_same(tensors[i]);
-      if (!is_output) continue;
-      const size_t n = static_cast<size_t>(tensors[i].numel()) * tensors[i].element_size();
-      rt.memcpy_async(tensors[i].raw_data_ptr(), pinned[i], n, CopyKind::HostToDevice, comm.handle());
+    if (pending_work_ && pending_work_->device() != device) {
+      fail("ProcessGroup {} {}: a coalesced group must stay on one device, got {} after {}", name_, name, device.str(),
+           pending_work_->device().str());
     }
+    if (!pending_work_) {
+      pending_work_ = std::make_shared<StreamWork>(
+          fmt::format("{} coalesced group from #{} on {} (rank {} of {}, timeout {} ms)", name_, seq, device.str(), rank_,
+                      size_, timeout_.count()),
+          device, TensorList{});
+    }
+    pending_work_->add_outputs(outputs);
+    pending_.push_back({name, tensors, std::move(call)});
+    return pending_work_;
   }
-  work->end_event().record(comm);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    in_flight_.push_back(work);
-    if (staged) staging_.push_back({device, work, std::move(pinned)});
-  }
-  // The caller may drop its tensors at once: their blocks are not reused before `comm` passes here.
-  for (const Tensor& t : tensors) record_stream(t.storage(), comm);
-  return work;
+  auto work = std::make_shared<StreamWork>(fmt::format("{} {} #{} on {} (rank {} of {}, timeout {} ms)", name_, name, seq,
+                                                       device.str(), rank_, size_, timeout_.count()),
+                                           device, outputs);
+  std::vector<PendingOp> ops;
+  ops.push_back({name, tensors, std::move(call)});
+  return launch(name, device, lane, std::move(ops), work);
+}
+
+void StreamOrderedGroup::start_coalescing() {
+  raise_async_error();
+  ProcessGroup::start_coalescing();
+  cpu_->start_coalescing();
+  cpu_in_group_ = false;
+}
+
+std::shared_ptr<Work> StreamOrderedGroup::end_coalescing() {
+  ProcessGroup::end_coalescing();  // checks that start_coalescing() ran; device ops are tracked below
+  std::shared_ptr<Work> cpu_work = cpu_->end_coalescing();
+  std::vector<PendingOp> ops;
+  ops.swap(pending_);
+  std::shared_ptr<StreamWork> work;
+  work.swap(pending_work_);
+  if (!work) return cpu_work;
+  return launch("coalesced group", work->device(), Lane::Collective, std::move(ops), work);
 }
 
 std::shared_ptr<Work> StreamOrderedGroup::allreduce(const TensorList& tensors, ReduceOp op) {
   if (tensors.empty() || all_cpu(tensors)) {
-    raise_async_error();
-    wait_until_issued();
-    return host_->allreduce(tensors, op);
+    before_cpu_op();
+    return cpu_->allreduce(tensors, op);
   }
-  return ordered("allreduce", tensors, tensors,
-                 [op](ProcessGroup& g, const TensorList& t) { return g.allreduce(t, op); });
+  return device_op("allreduce", tensors, tensors, Lane::Collective,
+                   [tensors, op](Communicator& c, const Stream& s, const std::shared_ptr<StreamWork>& w) {
+                     c.allreduce(tensors, op, s, w);
+                   });
 }
 
 std::shared_ptr<Work> StreamOrderedGroup::broadcast(const TensorList& tensors, int root) {
   if (tensors.empty() || all_cpu(tensors)) {
-    raise_async_error();
-    wait_until_issued();
-    return host_->broadcast(tensors, root);
+    before_cpu_op();
+    return cpu_->broadcast(tensors, root);
   }
-  return ordered("broadcast", tensors, tensors,
-                 [root](ProcessGroup& g, const TensorList& t) { return g.broadcast(t, root); });
+  return device_op("broadcast", tensors, tensors, Lane::Collective,
+                   [tensors, root](Communicator& c, const Stream& s, const std::shared_ptr<StreamWork>& w) {
+                     c.broadcast(tensors, root, s, w);
+                   });
 }
 
 std::shared_ptr<Work> StreamOrderedGroup::allgather(const TensorList& outputs, const Tensor& input) {
   TensorList all = outputs;
   all.push_back(input);
   if (all_cpu(all)) {
-    raise_async_error();
-    wait_until_issued();
-    return host_->allgather(outputs, input);
+    before_cpu_op();
+    return cpu_->allgather(outputs, input);
   }
-  const size_t n = outputs.size();
-  return ordered("allgather", all, outputs, [n](ProcessGroup& g, const TensorList& t) {
-    return g.allgather(TensorList(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(n)), t[n]);
-  });
+  if (static_cast<int>(outputs.size()) != size_) {
+    fail("ProcessGroup {} allgather: expected {} output tensors (one per rank), got {}", name_, size_, outputs.size());
+  }
+  for (const Tensor& o : outputs) {
+    if (o.sizes() != input.sizes() || o.dtype() != input.dtype()) {
+      fail("ProcessGroup {} allgather: every output must match the input ({} {}), got {} {}", name_,
+           shape_str(input.sizes()), dtype_name(input.dtype()), shape_str(o.sizes()), dtype_name(o.dtype()));
+    }
+  }
+  return device_op("allgather", all, outputs, Lane::Collective,
+                   [outputs, input](Communicator& c, const Stream& s, const std::shared_ptr<StreamWork>& w) {
+                     c.allgather(outputs, input, s, w);
+                   });
 }
 
 std::shared_ptr<Work> StreamOrderedGroup::reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp op) {
   TensorList all{output};
   all.insert(all.end(), inputs.begin(), inputs.end());
   if (all_cpu(all)) {
-    raise_async_error();
-    wait_until_issued();
-    return host_->reduce_scatter(output, inputs, op);
+    before_cpu_op();
+    return cpu_->reduce_scatter(output, inputs, op);
   }
-  return ordered("reduce_scatter", all, {output}, [op](ProcessGroup& g, const TensorList& t) {
-    return g.reduce_scatter(t[0], TensorList(t.begin() + 1, t.end()), op);
-  });
+  if (static_cast<int>(inputs.size()) != size_) {
+    fail("ProcessGroup {} reduce_scatter: expected {} input tensors (one per rank), got {}", name_, size_, inputs.size());
+  }
+  for (const Tensor& i : inputs) {
+    if (i.sizes() != output.sizes() || i.dtype() != output.dtype()) {
+      fail("ProcessGroup {} reduce_scatter: every input must match the output ({} {}), got {} {}", name_,
+           shape_str(output.sizes()), dtype_name(output.dtype()), shape_str(i.sizes()), dtype_name(i.dtype()));
+    }
+  }
+  return device_op("reduce_scatter", all, {output}, Lane::Collective,
+                   [output, inputs, op](Communicator& c, const Stream& s, const std::shared_ptr<StreamWork>& w) {
+                     c.reduce_scatter(output, inputs, op, s, w);
+                   });
+}
+
+std::shared_ptr<Work> StreamOrderedGroup::all_to_all(const TensorList& outputs, const TensorList& inputs) {
+  TensorList all = outputs;
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  if (all_cpu(all)) {
+    before_cpu_op();
+    return cpu_->all_to_all(outputs, inputs);
+  }
+  if (static_cast<int>(inputs.size()) != size_ || static_cast<int>(outputs.size()) != size_) {
+    fail("ProcessGroup {} all_to_all: expected {} input and {} output tensors (one per rank), got {} and {}", name_, size_,
+         size_, inputs.size(), outputs.size());
+  }
+  for (const Tensor& t : all) {
+    if (t.defined() && t.dtype() != inputs.front().dtype()) {
+      fail("ProcessGroup {} all_to_all: every tensor must have the dtype of inputs[0] ({}), got {}", name_,
+           dtype_name(inputs.front().dtype()), dtype_name(t.dtype()));
+    }
+  }
+  return device_op("all_to_all", all, outputs, Lane::Collective,
+                   [outputs, inputs](Communicator& c, const Stream& s, const std::shared_ptr<StreamWork>& w) {
+                     c.all_to_all(outputs, inputs, s, w);
+                   });
 }
 
 std::shared_ptr<Work> StreamOrderedGroup::barrier() {
-  raise_async_error();
-  wait_until_issued();
-  return host_->barrier();
+  before_cpu_op();
+  return cpu_->barrier();
 }
 
 std::shared_ptr<Work> StreamOrderedGroup::send(const Tensor& tensor, int dst, int tag) {
   if (tensor.device().is_cpu()) {
-    raise_async_error();
-    wait_until_issued();
-    return host_->send(tensor, dst, tag);
+    before_cpu_op();
+    return cpu_->send(tensor, dst, tag);
   }
-  return ordered("send", {tensor}, {tensor}, [dst, tag](ProcessGroup& g, const TensorList& t) { return g.send(t[0], dst, tag); },
-                 Lane::Send, /*writes=*/false);
+  if (dst < 0 || dst >= size_ || dst == rank_) {
+    fail("ProcessGroup {} send: destination {} is not another rank of a group of size {} (this is rank {})", name_, dst,
+         size_, rank_);
+  }
+  return device_op("send", {tensor}, {tensor}, Lane::Send,
+                   [tensor, dst, tag](Communicator& c, const Stream& s, const std::shared_ptr<StreamWork>& w) {
+                     c.send(tensor, dst, tag, s, w);
+                   });
 }
 
 std::shared_ptr<Work> StreamOrderedGroup::recv(const Tensor& tensor, int src, int tag) {
   if (tensor.device().is_cpu()) {
-    raise_async_error();
-    wait_until_issued();
-    return host_->recv(tensor, src, tag);
+    before_cpu_op();
+    return cpu_->recv(tensor, src, tag);
   }
-  return ordered("recv", {tensor}, {tensor}, [src, tag](ProcessGroup& g, const TensorList& t) { return g.recv(t[0], src, tag); },
-                 Lane::Recv);
+  if (src < 0 || src >= size_ || src == rank_) {
+    fail("ProcessGroup {} recv: source {} is not another rank of a group of size {} (this is rank {})", name_, src, size_,
+         rank_);
+  }
+  return device_op("recv", {tensor}, {tensor}, Lane::Recv,
+                   [tensor, src, tag](Communicator& c, const Stream& s, const std::shared_ptr<StreamWork>& w) {
+                     c.recv(tensor, src, tag, s, w);
+                   });
 }
 
 }  // namespace chorus::distributed

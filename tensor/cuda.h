@@ -13,6 +13,8 @@ inline bool is_available() { return chorus::device_count(DeviceType::CUDA) > 0; 
 inline int num_devices() { return chorus::device_count(DeviceType::CUDA); }
 // Blocks until all work on every stream of cuda:device has completed.
 inline void synchronize(int device = 0) { chorus::synchronize(Device::cuda(device)); }
+inline void set_device(int device) { chorus::set_device(Device::cuda(device)); }
+inline int current_device() { return chorus::current_device_index(DeviceType::CUDA); }
 inline Stream current_stream(int device = 0) { return chorus::current_stream(Device::cuda(device)); }
 inline size_t memory_allocated(int device = 0) { return chorus::memory_allocated(Device::cuda(device)); }
 inline size_t memory_reserved(int device = 0) { return chorus::memory_reserved(Device::cuda(device)); }

@@ -161,6 +161,17 @@ void synchronize(Device device) {
 
 int current_device_index(DeviceType type) { return t_state.device[static_cast<int>(type)]; }
 
+void set_device(Device device) {
+  if (device.is_cpu()) return;
+  DeviceRuntime& rt = runtime_for(device, "set_device");
+  const int n = rt.device_count();
+  if (device.index < 0 || device.index >= n) {
+    fail("set_device: {} does not exist (this machine has {} {} device(s))", device.str(), n, device_type_name(device.type));
+  }
+  rt.set_device(device.index);
+  t_state.device[static_cast<int>(device.type)] = device.index;
+}
+
 // ---- Event -------------------------------------------------------------------------------------
 
 // Owns the runtime event: built in place and never copied (a copy's destructor would destroy the

@@ -140,6 +140,9 @@ void synchronize(Device device);
 
 // The device of `type` this thread works on (DeviceGuard sets it; 0 at first).
 int current_device_index(DeviceType type);
+// Makes `device` current for its type on this thread until changed (torch.cuda.set_device); a
+// device that does not exist is a chorus::Error.
+void set_device(Device device);
 
 // Makes `stream` current for its device (and its device current) while in scope.
 class StreamGuard {

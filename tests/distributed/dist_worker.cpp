@@ -125,6 +125,48 @@ void scenario_collectives(ProcessGroup& pg, Device device = kCPU, bool staged = 
       r->wait();
       check(max_abs(got.cpu().to(kFloat64) - rank_input(prev, kFloat64, shape)) == 0, "send/recv ring " + name);
     }
+    // all_to_all with sizes differing per pair: rank i sends rank r (i + r + 1) values of its input.
+    auto a2a_piece = [&](int from, int to) {
+      return rank_input(from, kFloat64, {3 * 5}).narrow(0, 0, from + to + 1) + static_cast<double>(to);
+    };
+    TensorList a2a_in, a2a_out;
+    for (int r = 0; r < world; ++r) {
+      a2a_in.push_back(a2a_piece(rank, r).to(dt).to(device));
+      a2a_out.push_back(full({r + rank + 1}, -99, {.dtype = dt, .device = device}));
+    }
+    pg.all_to_all(a2a_out, a2a_in)->wait();
+    for (int r = 0; r < world; ++r) {
+      check(max_abs(a2a_out[r].cpu().to(kFloat64) - a2a_piece(r, rank)) == 0,
+            fmt::format("all_to_all piece from rank {} {}", r, name));
+    }
+  }
+  // Coalesced: two allreduces and a broadcast issued as one group, one Work for all of them (on a
+  // device: one launch on the communication stream).
+  {
+    Tensor a = rank_input(rank, kFloat64, {4}).to(device), b = rank_input(rank, kFloat32, {2, 3}).to(device),
+           c = rank_input(rank, kInt64, {5}).to(device);
+    pg.start_coalescing();
+    pg.allreduce({a}, ReduceOp::Sum);
+    pg.allreduce({b}, ReduceOp::Max);
+    pg.broadcast({c}, world - 1);
+    auto work = pg.end_coalescing();
+    work->wait();
+    check(work->result().size() == 3, fmt::format("coalesced work has the 3 results, got {}", work->result().size()));
+    Tensor sa = zeros({4}, {.dtype = kFloat64}), mb = full({2, 3}, -1e9, {.dtype = kFloat64});
+    for (int r = 0; r < world; ++r) {
+      sa = sa + rank_input(r, kFloat64, {4});
+      mb = maximum(mb, rank_input(r, kFloat64, {2, 3}));
+    }
+    check(max_abs(a.cpu() - sa) == 0, "coalesced allreduce sum");
+    check(max_abs(b.cpu().to(kFloat64) - mb) == 0, "coalesced allreduce max");
+    check(max_abs(c.cpu().to(kFloat64) - rank_input(world - 1, kFloat64, {5})) == 0, "coalesced broadcast");
+    expect_error([&] { pg.end_coalescing(); }, {"start_coalescing() was not called"}, "end without start");
+    if (!device.is_cpu()) {
+      pg.start_coalescing();
+      pg.allreduce({a});
+      expect_error([&] { pg.allreduce({ones({2})}); }, {"mixes CPU and device tensors"}, "mixed coalesced group");
+      pg.end_coalescing()->wait();
+    }
   }
   // Non-contiguous tensors reduce in place too.
   Tensor base = rank_input(rank, kFloat32, {4, 6}).to(device);
@@ -391,17 +433,28 @@ void scenario_model_mismatch(const std::shared_ptr<ProcessGroup>& pg) {
   expect_error([&] { DistributedDataParallel ddp(model, pg); }, {"rank 1", "0.weight"}, "model mismatch at construction");
 }
 
-void scenario_killed_rank(const std::shared_ptr<ProcessGroup>& pg) {
-  Tensor t = ones({1000});
+void scenario_killed_rank(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU) {
+  Tensor t = ones({1000}).to(device);
   pg->allreduce({t})->wait();  // everyone is up
+  if (device.is_sim()) std::dynamic_pointer_cast<StreamWork>(pg->allreduce({t}))->synchronize();
   if (pg->rank() == 1) {
     std::fflush(stdout);
     ::_exit(0);  // dies without a word
   }
   const auto start = std::chrono::steady_clock::now();
-  expect_error([&] {
-    for (int i = 0; i < 3; ++i) pg->allreduce({t})->wait();
-  }, {"allreduce"}, "a collective with a dead peer");
+  if (device.is_sim()) {
+    // On a device the failure surfaces at a later call into the group (the watchdog's report).
+    expect_error([&] {
+      for (int i = 0; i < 400; ++i) {
+        pg->allreduce({t})->wait();
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }, {"allreduce #", "on sim:0", "failed on the communication stream"}, "a device collective with a dead peer");
+  } else {
+    expect_error([&] {
+      for (int i = 0; i < 3; ++i) pg->allreduce({t})->wait();
+    }, {"allreduce"}, "a collective with a dead peer");
+  }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   check(s < 20.0, fmt::format("the dead peer was noticed within the timeout (took {:.1f} s)", s));
 }
@@ -580,7 +633,7 @@ int main(int argc, char** argv) {
     else if (scenario == "find_unused") scenario_find_unused(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "prior_iteration") scenario_prior_iteration(pg);
     else if (scenario == "model_mismatch") scenario_model_mismatch(pg);
-    else if (scenario == "killed_rank") scenario_killed_rank(pg);
+    else if (scenario == "killed_rank") scenario_killed_rank(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "timeout") scenario_timeout(pg);
     else if (scenario == "stream_timeout") scenario_stream_timeout(pg);
     else if (scenario == "debug_mismatch") scenario_debug_mismatch(pg);

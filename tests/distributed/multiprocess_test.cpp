@@ -201,6 +201,8 @@ TEST_CASE("without the communication stream's event waits DDP on sim goes wrong"
 
 TEST_CASE("a stuck peer's collective on a communication stream raises on the next call, not a hang", "[distributed][faults][sim]") {
   require_all_ok(run_workers(2, {"stream_timeout"}, {}, 60));
+  // A rank that dies mid-run: both others raise (op, sequence number, device) and exit.
+  require_all_ok(run_workers(3, {"killed_rank", "sim:0"}, {}, 60));
 }
 
 TEST_CASE("no_sync accumulates locally and the next synced backward reduces the sum", "[distributed][ddp]") {

@@ -42,7 +42,26 @@ TEST_CASE("NCCL collectives at world size 1 on cuda:0", "[distributed][nccl][gpu
     Tensor rs = zeros({1000}, {.dtype = dt, .device = cuda});
     pg->reduce_scatter(rs, {host.to(cuda)})->wait();
     CHECK(equal(rs.cpu(), host));
+    Tensor a2a = zeros({1000}, {.dtype = dt, .device = cuda});
+    pg->all_to_all({a2a}, {host.to(cuda)})->wait();
+    CHECK(equal(a2a.cpu(), host));
   }
+  // A coalesced group (ncclGroupStart/End around three ops): one Work for all.
+  {
+    Tensor a = ones({100}, {.device = cuda}), b = full({7}, 2.0, {.device = cuda}), c = arange(0, 9, 1).to(cuda);
+    pg->start_coalescing();
+    pg->allreduce({a});
+    pg->allreduce({b}, ReduceOp::Max);
+    pg->broadcast({c}, 0);
+    auto work = pg->end_coalescing();
+    work->wait();
+    CHECK(work->result().size() == 3);
+    CHECK(a.sum().item<double>() == 100.0);
+    CHECK(b.sum().item<double>() == 14.0);
+    CHECK(equal(c.cpu(), arange(0, 9, 1)));
+  }
+  // The "cpu:gloo,cuda:nccl" spec is the same group as "nccl"; a sim tensor has no backend in it.
+  CHECK(parse_backend("cpu:gloo,cuda:nccl").devices.size() == 1);
   // A large allreduce issued after a long compute-stream kernel still reads its final input.
   Tensor x = ones({1 << 24}, {.device = cuda});
   Tensor y = x * 3.0 + 1.0;

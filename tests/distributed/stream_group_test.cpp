@@ -6,9 +6,12 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <future>
+#include <thread>
 
 #include "distributed/ddp.h"
 #include "distributed/gloo.h"
+#include "distributed/gloo_communicator.h"
 #include "distributed/stream_group.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
@@ -61,6 +64,76 @@ TEST_CASE("DDP through the stream-ordered group on sim:0 in one process", "[dist
   for (size_t i = 0; i < a.size(); ++i) {
     INFO(a[i].first);
     CHECK(equal(a[i].second.cpu(), b[i].second));
+  }
+  sim::set_delay_us(0);
+  std::filesystem::remove(path);
+}
+
+// The watchdog: rank 0 of two (threads of this process, over a FileStore) issues an allreduce on
+// sim:0 that rank 1 never joins. Gloo's own timeout is 4 s; the group's is 1 s, so it is the
+// watchdog that must fail the work, abort the communicator and raise at the next call — naming the
+// op, its sequence number, the device and the timeout. Later calls keep raising; the stuck Gloo
+// collective ends at Gloo's timeout and the group is destroyed without a hang.
+TEST_CASE("the watchdog fails a collective past the group's timeout and aborts the communicator", "[distributed][sim][tsan]") {
+  const std::string path = std::filesystem::temp_directory_path() / "chorus_stream_group_watchdog_store";
+  std::filesystem::remove(path);
+  GlooOptions gloo;
+  gloo.timeout = std::chrono::milliseconds(4000);
+  std::promise<void> rank0_done;
+  std::thread rank1([&] {
+    auto g = std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 1, 2, gloo);
+    rank0_done.get_future().wait();  // joins no collective
+  });
+  auto host = std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 0, 2, gloo);
+  {
+    auto group = std::make_shared<StreamOrderedGroup>(
+        host, StreamOrderedGroup::DeviceCommunicators{{DeviceType::Sim, std::make_shared<GlooStreamCommunicator>(host)}},
+        std::chrono::milliseconds(1000), "cpu:gloo,sim:gloo");
+    Tensor t = ones({16}).to(Device::sim(0));
+    const auto start = std::chrono::steady_clock::now();
+    auto work = group->allreduce({t});
+    work->wait();  // a stream wait: returns at once
+    CHECK_FALSE(work->is_completed());
+    std::string message;
+    for (int i = 0; i < 100 && message.empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      try {
+        group->allreduce({t});
+      } catch (const Error& e) {
+        message = e.what();
+      }
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    INFO(message);
+    CHECK_THAT(message, Catch::Contains("allreduce #1 on sim:0") && Catch::Contains("timed out after 1000 ms") &&
+                            Catch::Contains("failed on the communication stream"));
+    CHECK(seconds < 3.0);  // the watchdog's 1 s, not Gloo's 4 s
+    REQUIRE(work->is_completed());
+    CHECK_FALSE(work->is_success());
+    CHECK_THROWS_WITH(group->broadcast({t}, 0), Catch::Contains("timed out after 1000 ms"));
+  }
+  rank0_done.set_value();
+  rank1.join();
+  std::filesystem::remove(path);
+}
+
+// Each collective's span on the communication stream is measured by its timed events: positive,
+// and within the host's measure of the whole call (issue to completion).
+TEST_CASE("a stream work reports its span on the communication stream from events", "[distributed][sim]") {
+  const std::string path = std::filesystem::temp_directory_path() / "chorus_stream_group_timing_store";
+  std::filesystem::remove(path);
+  auto group = std::make_shared<StreamOrderedGroup>(std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 0, 1));
+  sim::set_delay_us(20000);  // a random 0..20 ms before every stream task
+  Tensor t = ones({1000}).to(Device::sim(0));
+  for (int i = 0; i < 5; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    auto work = std::dynamic_pointer_cast<StreamWork>(group->allreduce({t}));
+    REQUIRE(work);
+    if (i == 0) CHECK_THROWS_WITH(work->elapsed_ms(), Catch::Contains("before the work has completed"));
+    work->synchronize();
+    const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    CHECK(work->elapsed_ms() > 0.0);
+    CHECK(work->elapsed_ms() <= host_ms);
   }
   sim::set_delay_us(0);
   std::filesystem::remove(path);

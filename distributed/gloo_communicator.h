@@ -1,0 +1,85 @@
+// Gloo on the stream: a Communicator (communicator.h) whose collectives are tasks on the
+// communication stream. The task issues the Gloo collective of a host process group over the
+// device buffer (the sim device opens that memory for the task) and waits for it, so the stream —
+// and every event recorded after it — passes only once the collective is done. This is what CI runs
+// under the stream-ordered group: real processes, real sockets, the real ordering code.
+//
+// CUDA tensors cannot be read by Gloo: they are staged through pinned host memory on the stream
+// (copy to host, the collective on the host copies, copy back). The pinned buffers are freed once
+// an event after the copies back has passed. CI runs this path on sim tensors with
+// StreamOrderedGroup::stage_through_host_for_testing.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "distributed/communicator.h"
+
+namespace chorus::distributed {
+
+class GlooStreamCommunicator final : public Communicator {
+ public:
+  // `host`: the Gloo group the collectives run on (shared with the CPU collectives of the same
+  // stream-ordered group, which is why wait_until_issued() exists).
+  explicit GlooStreamCommunicator(std::shared_ptr<ProcessGroup> host);
+  ~GlooStreamCommunicator() override;
+  std::string name() const override { return "gloo"; }
+
+  void allreduce(const TensorList& tensors, ReduceOp op, const Stream& stream,
+                 const std::shared_ptr<StreamWork>& work) override;
+  void broadcast(const TensorList& tensors, int root, const Stream& stream,
+                 const std::shared_ptr<StreamWork>& work) override;
+  void allgather(const TensorList& outputs, const Tensor& input, const Stream& stream,
+                 const std::shared_ptr<StreamWork>& work) override;
+  void reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp op, const Stream& stream,
+                      const std::shared_ptr<StreamWork>& work) override;
+  void all_to_all(const TensorList& outputs, const TensorList& inputs, const Stream& stream,
+                  const std::shared_ptr<StreamWork>& work) override;
+  void send(const Tensor& tensor, int dst, int tag, const Stream& stream,
+            const std::shared_ptr<StreamWork>& work) override;
+  void recv(const Tensor& tensor, int src, int tag, const Stream& stream,
+            const std::shared_ptr<StreamWork>& work) override;
+  void group_start() override;
+  void group_end() override;
+  void abort(const std::string& why) override;
+  void wait_until_issued() override;
+
+ private:
+  // Issues one collective over host tensors (aliases or staged copies of the device tensors).
+  using Issue = std::function<std::shared_ptr<Work>(ProcessGroup&, const TensorList&)>;
+  // Adds one collective to the open group: `tensors` are all it touches, `written` those it writes.
+  void add(const char* op, const TensorList& tensors, const TensorList& written, const Stream& stream,
+           const std::shared_ptr<StreamWork>& work, Issue issue);
+  void release_staging(bool all);
+
+  std::shared_ptr<ProcessGroup> host_;
+  struct State;  // shared with the stream tasks, which may outlive the communicator
+  std::shared_ptr<State> state_;
+
+  // The group being built (one stream task at group_end()).
+  struct Job {
+    Issue issue;
+    size_t first, count;  // its tensors in `aliases`
+    std::shared_ptr<StreamWork> work;
+  };
+  int depth_ = 0;
+  std::optional<Stream> stream_;
+  std::vector<Job> jobs_;
+  TensorList aliases_, keep_;
+  std::vector<std::pair<Tensor, void*>> copy_back_;  // device tensor, pinned buffer
+  std::vector<const void*> open_;                    // device memory the task touches (sim)
+  std::vector<void*> pinned_;
+
+  std::mutex staging_mutex_;
+  struct Staging {
+    Device device;
+    Event done;
+    std::vector<void*> buffers;
+  };
+  std::vector<Staging> staging_;
+};
+
+}  // namespace chorus::distributed
