@@ -7,6 +7,7 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
+#include "distributed/stream_group.h"
 #include "tensor/ops.h"
 
 namespace chorus::distributed {
@@ -39,6 +40,7 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names, std
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = n - 1 - i;
   build_buckets(order);
+  if (n > 0 && !params_[0].device().is_cpu()) device_ = params_[0].device();
   for (size_t i = 0; i < n; ++i) {
     hooks_.push_back(params_[i].register_post_accumulate_grad_hook([this, i](Tensor&) { mark_ready(i); }));
   }
@@ -139,6 +141,57 @@ std::vector<std::vector<size_t>> Reducer::bucket_assignment() const {
 void Reducer::set_forward_times(Clock::time_point start, Clock::time_point end) {
   forward_start_ = start;
   forward_end_ = end;
+  if (timing_) timing_->forward_end.record(current_stream(*device_));
+}
+
+void Reducer::resolve_device_stats(bool wait) {
+  std::vector<DeviceTiming> still;
+  for (DeviceTiming& t : unresolved_) {
+    std::vector<const Event*> events{&t.forward_start, &t.forward_end, &t.backward_end};
+    std::vector<std::shared_ptr<StreamWork>> works;
+    for (size_t b = 0; b < t.works.size(); ++b) {
+      events.push_back(&t.first_ready[b]);
+      events.push_back(&t.launched[b]);
+      auto sw = std::dynamic_pointer_cast<StreamWork>(t.works[b]);
+      works.push_back(sw);
+      if (sw) events.push_back(&sw->end_event());
+    }
+    bool passed = true;
+    for (const Event* e : events) {
+      if (wait) e->synchronize();
+      else passed = passed && e->query();
+    }
+    if (!passed) {
+      still.push_back(std::move(t));
+      continue;
+    }
+    // Every time relative to the forward's start event, in microseconds.
+    auto us = [&](const Event& e) { return t.forward_start.elapsed_time(e) * 1000.0; };
+    IterationStats st;
+    st.iteration = t.iteration;
+    st.forward_ms = t.forward_start.elapsed_time(t.forward_end);
+    st.backward_ms = t.forward_end.elapsed_time(t.backward_end);
+    const double backward_end = us(t.backward_end);
+    for (size_t b = 0; b < t.works.size(); ++b) {
+      if (t.first_ready[b].recorded()) {  // a bucket of unused parameters gets no gradient
+        st.spans.push_back({fmt::format("backward: bucket {} gradients", b), us(t.first_ready[b]), us(t.launched[b]), 0});
+      }
+      if (!works[b]) continue;  // a world of one: nothing went on the wire
+      const double start = us(works[b]->start_event()), end = us(works[b]->end_event());
+      st.communication_ms += (end - start) / 1000.0;
+      st.overlapped_ms += std::max(0.0, std::min(end, backward_end) - start) / 1000.0;
+      st.spans.push_back({t.names[b], start, end, 1});
+    }
+    st.spans.push_back({"forward", 0.0, us(t.forward_end), 0});
+    auto at = std::find_if(stats_.begin(), stats_.end(), [&](const IterationStats& x) { return x.iteration > st.iteration; });
+    stats_.insert(at, std::move(st));
+  }
+  unresolved_.swap(still);
+}
+
+const std::vector<IterationStats>& Reducer::stats() {
+  resolve_device_stats(/*wait=*/true);
+  return stats_;
 }
 
 std::string Reducer::unready_parameter_names() const {
@@ -148,6 +201,19 @@ std::string Reducer::unready_parameter_names() const {
 }
 
 void Reducer::prepare_for_forward() {
+  if (device_) {
+    resolve_device_stats(/*wait=*/false);
+    timing_.reset();
+    if (records_stats()) {
+      timing_ = std::make_unique<DeviceTiming>();
+      timing_->iteration = iteration_;
+      for (size_t b = 0; b < buckets_.size(); ++b) {
+        timing_->first_ready.emplace_back(/*enable_timing=*/true);
+        timing_->launched.emplace_back(/*enable_timing=*/true);
+      }
+      timing_->forward_start.record(current_stream(*device_));
+    }
+  }
   if (incomplete_) {
     incomplete_ = false;
     fail("DistributedDataParallel: Expected to have finished reduction in the prior iteration before starting a "
@@ -233,7 +299,10 @@ void Reducer::mark_ready(size_t i) {
   marked_[i] = true;
   locally_used_[i] = true;
   arrival_order_.push_back(i);
-  if (b.first_ready == Clock::time_point()) b.first_ready = now;
+  if (b.first_ready == Clock::time_point()) {
+    b.first_ready = now;
+    if (timing_) timing_->first_ready[bi].record(current_stream(*device_));
+  }
   b.last_ready = Clock::now();
   if (--b.pending == 0) launch_ready_buckets();
 }
@@ -258,6 +327,7 @@ void Reducer::launch_ready_buckets() {
   while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_].pending == 0) {
     Bucket& b = buckets_[next_to_launch_++];
     b.launched = Clock::now();
+    if (timing_) timing_->launched[b.index].record(current_stream(*device_));
     b.work = identity_reduction() ? completed_work("allreduce (world size 1)", {b.buffer}) : comm_hook_(*group_, b);
     Bucket* bp = &b;
     b.work->then([bp](Work&) { bp->finished = Clock::now(); });
@@ -267,6 +337,8 @@ void Reducer::launch_ready_buckets() {
 void Reducer::finalize() {
   NoGradGuard no_grad;
   const auto backward_end = Clock::now();
+  // The end of backward's computation (before the waits for the buckets below).
+  if (timing_) timing_->backward_end.record(current_stream(*device_));
   expect_hooks_ = false;
   if (next_to_launch_ < buckets_.size()) {
     // Some parameter got no gradient: its bucket never launched. Raised at the next forward (as
@@ -303,8 +375,16 @@ void Reducer::finalize() {
       grad = view.clone();
     }
   }
-  // Statistics: every iteration for the first 10, then every 100th.
-  if (iteration_ < 10 || iteration_ % 100 == 0) {
+  // Statistics: every iteration for the first 10, then every 100th. On a device, from events once
+  // they have passed (resolve_device_stats).
+  if (timing_) {
+    for (const auto& b : buckets_) {
+      timing_->works.push_back(b.work);
+      timing_->names.push_back(fmt::format("allreduce bucket {} ({} KiB)", b.index, b.buffer.nbytes() / 1024));
+    }
+    unresolved_.push_back(std::move(*timing_));
+    timing_.reset();
+  } else if (!device_ && records_stats()) {
     IterationStats st;
     st.iteration = iteration_;
     auto us = [&](Clock::time_point t) { return std::chrono::duration<double, std::micro>(t - forward_start_).count(); };

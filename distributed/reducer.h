@@ -7,12 +7,14 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "distributed/process_group.h"
+#include "tensor/runtime.h"
 #include "tensor/tensor.h"
 
 namespace chorus::distributed {
@@ -46,7 +48,12 @@ struct ReducerOptions {
   bool static_graph = false;
 };
 
-// Per-iteration timings (microseconds since the iteration's forward started).
+// Per-iteration timings (microseconds since the iteration's forward started). On the CPU they are
+// host clock readings; on a device they come from timed events — the compute stream's (forward
+// start and end, each bucket's first gradient and its launch, end of backward) and each bucket
+// collective's own start and end events on the communication stream — so the spans show backward
+// kernels and bucket allreduces overlapping as the device ran them. Device iterations are resolved
+// once their events have passed (stats() waits for the last ones; nothing waits inside a step).
 struct IterationStats {
   int64_t iteration = 0;
   double forward_ms = 0, backward_ms = 0, communication_ms = 0, overlapped_ms = 0;
@@ -79,7 +86,7 @@ class Reducer {
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // Bucket layout as parameter indices per bucket (for tests and the scaling projection).
   std::vector<std::vector<size_t>> bucket_assignment() const;
-  const std::vector<IterationStats>& stats() const { return stats_; }
+  const std::vector<IterationStats>& stats();
   void set_forward_times(std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end);
 
  private:
@@ -117,6 +124,21 @@ class Reducer {
 
   std::chrono::steady_clock::time_point forward_start_, forward_end_, first_ready_;
   std::vector<IterationStats> stats_;
+
+  // Device timing (parameters on a device): the iteration being recorded and those whose events
+  // have not all passed yet.
+  struct DeviceTiming {
+    int64_t iteration = 0;
+    Event forward_start{true}, forward_end{true}, backward_end{true};
+    std::vector<Event> first_ready, launched;  // per bucket, on the stream the gradients came from
+    std::vector<std::shared_ptr<Work>> works;  // per bucket
+    std::vector<std::string> names;
+  };
+  bool records_stats() const { return iteration_ < 10 || iteration_ % 100 == 0; }
+  void resolve_device_stats(bool wait);
+  std::optional<Device> device_;
+  std::unique_ptr<DeviceTiming> timing_;
+  std::vector<DeviceTiming> unresolved_;
 };
 
 }  // namespace chorus::distributed

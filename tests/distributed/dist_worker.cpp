@@ -312,6 +312,43 @@ void scenario_ddp_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std
                                   "relative",
                                   kind, dtype_name(dt), cap_mb, as_view, a[i].first, rel));
   }
+  if (!device.is_cpu() && !unordered && pg->size() > 1) {
+    // Statistics from the device's events: every iteration recorded, each bucket's allreduce span
+    // on the communication lane starts no earlier than the bucket was launched on the compute
+    // stream (the stream wait of [Sync Streams], seen in the device's own clock).
+    const auto& stats = ddp.stats();
+    check(stats.size() == 10, fmt::format("10 iterations of device statistics, got {}", stats.size()));
+    double overlapped = 0;
+    for (const auto& st : stats) {
+      std::map<std::string, double> launched, comm_start;
+      int comm_spans = 0;
+      for (const auto& sp : st.spans) {
+        check(sp.end_us >= sp.start_us, fmt::format("span '{}' ends before it starts", sp.name));
+        int index = -1;
+        if (sp.lane == 0 && std::sscanf(sp.name.c_str(), "backward: bucket %d", &index) == 1) {
+          launched[std::to_string(index)] = sp.end_us;
+        } else if (sp.lane == 1 && std::sscanf(sp.name.c_str(), "allreduce bucket %d", &index) == 1) {
+          comm_start[std::to_string(index)] = sp.start_us;
+          ++comm_spans;
+        }
+      }
+      check(comm_spans == static_cast<int>(ddp.reducer().buckets().size()),
+            fmt::format("iteration {}: {} allreduce spans for {} buckets", st.iteration, comm_spans,
+                        ddp.reducer().buckets().size()));
+      for (const auto& [b, start] : comm_start) {
+        if (launched.count(b)) {
+          check(start >= launched[b], fmt::format("iteration {}: bucket {}'s allreduce started at {:.1f} us, before its "
+                                                  "launch at {:.1f} us", st.iteration, b, start, launched[b]));
+        }
+      }
+      check(st.backward_ms > 0 && st.communication_ms > 0, "device statistics have backward and communication time");
+      overlapped += st.overlapped_ms;
+    }
+    std::printf("rank %d: device statistics: %.2f ms of communication overlapped with backward over 10 iterations\n",
+                rank, overlapped);
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    ddp.write_chrome_trace(fmt::format("{}/ddp_trace_rank{}.json", tmp ? tmp : "/tmp", rank));
+  }
   if (unordered) {
     StreamOrderedGroup::skip_stream_waits_for_testing(false);
     check(worst > 1e-3, fmt::format("without the stream waits DDP on {} still matched (worst {:.3g}): the ordering "
@@ -323,9 +360,10 @@ void scenario_ddp_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std
 }
 
 // no_sync for 3 micro-batches then a synced 4th equals one step on the 4x batch.
-// On a device (sim), also with the fp16-compression communication hook: the reduced gradients
-// then carry fp16 rounding, so they are compared within 2e-3 instead of 1e-10.
-void scenario_no_sync(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU, bool fp16_hook = false) {
+// On a device (sim), also with the fp16- or bf16-compression communication hook: the reduced
+// gradients then carry fp16 (bf16) rounding, so they are compared within 2e-3 (2e-2) instead of 1e-10.
+void scenario_no_sync(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU, const std::string& hook = "") {
+  const bool fp16_hook = hook == "fp16_hook", bf16_hook = hook == "bf16_hook";
   const int rank = pg->rank(), world = pg->size();
   const int64_t micro = 2, k = 4;
   Tensor x = make_inputs("mlp", micro * k * world, kFloat64);
@@ -337,6 +375,7 @@ void scenario_no_sync(const std::shared_ptr<ProcessGroup>& pg, Device device = k
   y = y.to(device);
   DistributedDataParallel ddp(model, pg);
   if (fp16_hook) ddp.register_comm_hook(fp16_compress_hook);
+  if (bf16_hook) ddp.register_comm_hook(bf16_compress_hook);
   for (int64_t i = 0; i < k; ++i) {
     // Rank r's i-th micro-batch: rows [(r*k + i) * micro, +micro).
     Tensor xs = x.narrow(0, (rank * k + i) * micro, micro), ys = y.narrow(0, (rank * k + i) * micro, micro);
@@ -351,12 +390,13 @@ void scenario_no_sync(const std::shared_ptr<ProcessGroup>& pg, Device device = k
   // == mean over the whole batch times k.
   (F::cross_entropy(ref->forward(x.cpu()), y.cpu()) * static_cast<double>(k)).backward();
   auto a = model->named_parameters(), b = ref->named_parameters();
-  const double tol = fp16_hook ? 2e-3 : 1e-10;
+  const double tol = fp16_hook ? 2e-3 : bf16_hook ? 2e-2 : 1e-10;
   for (size_t i = 0; i < a.size(); ++i) {
     REQUIRE_DEVICE(a[i].second.grad(), device);
     const double rel = max_abs(a[i].second.grad().cpu() - b[i].second.grad()) / max_abs(b[i].second.grad());
-    check(rel < tol, fmt::format("no_sync on {}{}: gradient of {} differs by {:.3g} relative", device.str(),
-                                 fp16_hook ? " (fp16 hook)" : "", a[i].first, rel));
+    check(rel < tol, fmt::format("no_sync on {} {}: gradient of {} differs by {:.3g} relative", device.str(), hook,
+                                 a[i].first, rel));
+    if (bf16_hook) check(rel > 1e-10, "the bf16 hook really compressed (the gradients carry bf16 rounding)");
   }
 }
 
@@ -378,13 +418,14 @@ struct Branchy : nn::Module {
   }
 };
 
-void scenario_find_unused(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU) {
+void scenario_find_unused(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU, bool static_graph = false) {
   const int rank = pg->rank(), world = pg->size();
   auto model = std::make_shared<Branchy>();
   model->use_branch = rank == 0;
   model->to(device);
   DDPOptions opts;
   opts.find_unused_parameters = true;
+  opts.static_graph = static_graph;  // the same parameters are unused every iteration
   DistributedDataParallel ddp(model, pg, opts);
   manual_seed(12);
   Tensor x = randn({world * 2, 4}, {.dtype = kFloat64});
@@ -628,9 +669,11 @@ int main(int argc, char** argv) {
       if (argc > 7 && std::string(argv[7]) == "staged") StreamOrderedGroup::stage_through_host_for_testing(true);
       scenario_ddp_equivalence(pg, kind, dt, std::atof(argv[4]), std::string(argv[5]) == "1", device, unordered);
     } else if (scenario == "no_sync") {
-      scenario_no_sync(pg, argc > 2 ? Device(argv[2]) : kCPU, argc > 3 && std::string(argv[3]) == "fp16_hook");
+      scenario_no_sync(pg, argc > 2 ? Device(argv[2]) : kCPU, argc > 3 ? argv[3] : "");
     }
-    else if (scenario == "find_unused") scenario_find_unused(pg, argc > 2 ? Device(argv[2]) : kCPU);
+    else if (scenario == "find_unused") {
+      scenario_find_unused(pg, argc > 2 ? Device(argv[2]) : kCPU, argc > 3 && std::string(argv[3]) == "static_graph");
+    }
     else if (scenario == "prior_iteration") scenario_prior_iteration(pg);
     else if (scenario == "model_mismatch") scenario_model_mismatch(pg);
     else if (scenario == "killed_rank") scenario_killed_rank(pg, argc > 2 ? Device(argv[2]) : kCPU);

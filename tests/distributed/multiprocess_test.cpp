@@ -191,6 +191,8 @@ TEST_CASE("DDP on sim devices equals single-process training, with no host block
     require_all_ok(run_workers(world, {"collectives", "sim:0"}, delays));
   }
   require_all_ok(run_workers(3, {"no_sync", "sim:0", "fp16_hook"}, delays));
+  require_all_ok(run_workers(2, {"no_sync", "sim:0", "bf16_hook"}, delays));
+  require_all_ok(run_workers(3, {"find_unused", "sim:0", "static_graph"}, delays));
 }
 
 TEST_CASE("without the communication stream's event waits DDP on sim goes wrong", "[distributed][ddp][sim]") {
