@@ -20,7 +20,9 @@ if ((${#targets[@]} == 0)); then
   echo "gpu_bundle.sh: no gpu-tagged targets" >&2
   exit 1
 fi
-bazel build -c opt "${targets[@]}"
+# Helper programs the gpu tests start (not tests themselves): libexec/.
+helpers=(//tests/distributed:dist_worker)
+bazel build -c opt "${targets[@]}" "${helpers[@]}"
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
@@ -33,10 +35,19 @@ for label in "${targets[@]}"; do
   strip --strip-debug "$out/bin/$name"
 done
 
+mkdir -p "$out/libexec"
+for label in "${helpers[@]}"; do
+  path="bazel-bin/${label#//}"
+  path="${path/://}"
+  cp -L "$path" "$out/libexec/$(basename "$path")"
+  chmod u+w "$out/libexec/$(basename "$path")"
+  strip --strip-debug "$out/libexec/$(basename "$path")"
+done
+
 # Shared libraries the binaries load, except the C runtime (the GPU machine has its own glibc) and
 # the CUDA libraries (taken from the PyTorch wheels there).
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libcuda\.|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink)'
-for bin in "$out"/bin/*; do
+for bin in "$out"/bin/* "$out"/libexec/*; do
   ldd "$bin" | awk '/=> \// {print $1, $3}' | while read -r soname file; do
     [[ "$soname" =~ $skip ]] && continue
     [[ -e "$out/lib/$soname" ]] || cp -L "$file" "$out/lib/$soname"

@@ -11,12 +11,19 @@
 // node of 8, then 100 or 400 Gb/s between nodes. With overlap a bucket's allreduce starts when its
 // gradients are ready and the previous one has finished; without, all of them start after backward.
 //
+// With --measured FILE (written by tests/bench:ddp_gpu_bench on a GPU), the bucket layout, ready
+// points and forward/backward times all come from that GPU run's device events instead.
+//
 //   bazel run -c opt //tests/bench:scaling_projection -- [--resnet-fwd-ms 45 --resnet-bwd-ms 90 ...]
+//   bazel run -c opt //tests/bench:scaling_projection -- --measured /path/to/ddp_gpu_spans.json
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "distributed/ddp.h"
 #include "distributed/init.h"
@@ -84,11 +91,28 @@ double flag(int argc, char** argv, const char* name, double fallback) {
   return fallback;
 }
 
+// A model's buckets and times from ddp_gpu_bench's JSON.
+bool load_measured(const nlohmann::json& doc, const char* key, std::vector<BucketTiming>& buckets, double& fwd,
+                   double& bwd) {
+  if (!doc.contains(key)) return false;
+  const auto& m = doc.at(key);
+  buckets.clear();
+  for (const auto& b : m.at("buckets")) buckets.push_back({b.at("bytes").get<double>(), b.at("ready_fraction").get<double>()});
+  fwd = m.at("forward_ms").get<double>();
+  bwd = m.at("backward_ms").get<double>();
+  return true;
+}
+
+const char* measured_path(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (!std::strcmp(argv[i], "--measured")) return argv[i + 1];
+  return nullptr;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
-  const double resnet_fwd = flag(argc, argv, "--resnet-fwd-ms", 45), resnet_bwd = flag(argc, argv, "--resnet-bwd-ms", 90);
-  const double bert_fwd = flag(argc, argv, "--bert-fwd-ms", 55), bert_bwd = flag(argc, argv, "--bert-bwd-ms", 110);
+  double resnet_fwd = flag(argc, argv, "--resnet-fwd-ms", 45), resnet_bwd = flag(argc, argv, "--resnet-bwd-ms", 90);
+  double bert_fwd = flag(argc, argv, "--bert-fwd-ms", 55), bert_bwd = flag(argc, argv, "--bert-bwd-ms", 110);
   auto group = distributed::init_process_group(
       {.rank = 0, .world_size = 1,
        .store = std::make_shared<distributed::TCPStore>("127.0.0.1", 0, distributed::TCPStoreOptions{.is_server = true})});
@@ -108,6 +132,23 @@ int main(int argc, char** argv) {
            nn::functional::cross_entropy(out.seq_relationship_logits, next_sentence);
   }, group);
 
+  const char* source = "given";
+  if (const char* path = measured_path(argc, argv)) {
+    std::ifstream in(path);
+    if (!in) {
+      std::fprintf(stderr, "scaling_projection: cannot read --measured %s\n", path);
+      return 2;
+    }
+    const nlohmann::json doc = nlohmann::json::parse(in);
+    const bool r = load_measured(doc, "resnet50", resnet_buckets, resnet_fwd, resnet_bwd);
+    const bool b = load_measured(doc, "bert_base", bert_buckets, bert_fwd, bert_bwd);
+    if (!r || !b) {
+      std::fprintf(stderr, "scaling_projection: %s lacks %s (expected ddp_gpu_bench's resnet50 and bert_base)\n", path,
+                   r ? "bert_base" : "resnet50");
+      return 2;
+    }
+    source = "measured on a GPU by ddp_gpu_bench";
+  }
   const Link links[] = {{"100 Gb/s", 100}, {"400 Gb/s", 400}};
   struct Model {
     const char* name;
@@ -119,8 +160,8 @@ int main(int argc, char** argv) {
   for (const Model& m : model_list) {
     double total = 0;
     for (const auto& b : *m.buckets) total += b.bytes;
-    std::printf("\n%s: %zu buckets, %.1f MiB of gradients; GPU forward %.0f ms, backward %.0f ms (given)\n", m.name,
-                m.buckets->size(), total / 1048576.0, m.fwd, m.bwd);
+    std::printf("\n%s: %zu buckets, %.1f MiB of gradients; GPU forward %.1f ms, backward %.1f ms (%s)\n", m.name,
+                m.buckets->size(), total / 1048576.0, m.fwd, m.bwd, source);
     std::printf("bucket MiB and ready point (fraction of backward, measured): ");
     for (const auto& b : *m.buckets) std::printf("%.1f@%.2f ", b.bytes / 1048576.0, b.ready_fraction);
     std::printf("\n\n| GPUs | %s overlap | %s no overlap | %s overlap | %s no overlap |\n|---|---|---|---|---|\n",

@@ -655,6 +655,12 @@ int main(int argc, char** argv) {
   const std::string scenario = argv[1];
   try {
     InitOptions init;
+    // The GPU tests pick the backend (e.g. nccl) and may make each rank look like its own host.
+    if (const char* backend = std::getenv("CHORUS_TEST_BACKEND")) init.backend = backend;
+    if (std::getenv("CHORUS_TEST_NCCL_HOSTID")) {
+      const char* r = std::getenv("RANK");
+      ::setenv("NCCL_HOSTID", fmt::format("chorus-host-{}", r ? r : "0").c_str(), 1);
+    }
     if (scenario == "timeout" || scenario == "killed_rank" || scenario == "stream_timeout") init.timeout = std::chrono::milliseconds(2000);
     auto pg = init_process_group(init);
     g_rank = pg->rank();

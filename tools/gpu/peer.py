@@ -43,5 +43,84 @@ def main():
     print(f"{'sum over dim 0 of 8192x4096':40s} {ms:10.4f}")
 
 
+def ddp_overhead():
+    """PyTorch's DDP overhead at world size 1 over NCCL, as tests/bench:ddp_gpu_bench measures chorus's:
+    the same training step with and without DDP, medians of 20 interleaved steps after 5 warm-up."""
+    import os
+    import tempfile
+    import time
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dev = torch.device("cuda:0")
+    store = tempfile.mktemp()
+    dist.init_process_group("nccl", init_method=f"file://{store}", rank=0, world_size=1)
+
+    def bert_base():
+        class Bert(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = torch.nn.Embedding(30522, 768)
+                self.pos = torch.nn.Embedding(512, 768)
+                layer = torch.nn.TransformerEncoderLayer(768, 12, 3072, dropout=0.1, activation="gelu", batch_first=True)
+                self.enc = torch.nn.TransformerEncoder(layer, 12)
+                self.dec = torch.nn.Linear(768, 30522)
+                self.nsp = torch.nn.Linear(768, 2)
+
+            def forward(self, ids):
+                h = self.enc(self.emb(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device)))
+                return self.dec(h), self.nsp(h[:, 0])
+
+        return Bert()
+
+    cases = []
+    try:
+        import torchvision
+
+        images, labels = torch.randn(32, 3, 224, 224, device=dev), torch.randint(0, 1000, (32,), device=dev)
+        cases.append(("ResNet-50, batch 32 x 3x224x224", torchvision.models.resnet50,
+                      lambda m: torch.nn.functional.cross_entropy(m(images), labels)))
+    except ImportError:
+        print("peer: torchvision not installed: no ResNet-50 DDP figure")
+    ids, nxt = torch.randint(1000, 30000, (16, 128), device=dev), torch.randint(0, 2, (16,), device=dev)
+
+    def bert_loss(m):
+        logits, seq = m(ids)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, 30522), ids.reshape(-1)) + \
+            torch.nn.functional.cross_entropy(seq, nxt)
+
+    cases.append(("BERT-base-like (nn.TransformerEncoder), batch 16 x 128", bert_base, bert_loss))
+    print("\npeer: DDP overhead at world size 1 (NCCL)\n| model | without DDP ms | with DDP ms | overhead |")
+    print("|---|---|---|---|")
+    for name, make, loss in cases:
+        torch.manual_seed(7)
+        plain = make().to(dev)
+        torch.manual_seed(7)
+        wrapped = DDP(make().to(dev), device_ids=[0])
+        opts = [torch.optim.SGD(m.parameters(), lr=1e-4, momentum=0.9) for m in (plain, wrapped)]
+
+        def step(m, opt):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            opt.zero_grad()
+            loss(m).backward()
+            opt.step()
+            torch.cuda.synchronize()
+            return (time.perf_counter() - t) * 1e3
+
+        a, b = [], []
+        for i in range(25):
+            x, y = step(plain, opts[0]), step(wrapped, opts[1])
+            if i >= 5:
+                a.append(x)
+                b.append(y)
+        ma, mb = statistics.median(a), statistics.median(b)
+        print(f"| {name} | {ma:.2f} | {mb:.2f} | {100 * (mb - ma) / ma:+.1f}% |")
+    dist.destroy_process_group()
+    os.remove(store) if os.path.exists(store) else None
+
+
 if __name__ == "__main__":
     main()
+    ddp_overhead()

@@ -1,0 +1,43 @@
+// Multi-process jobs on one GPU (tag gpu; the bundle runs it with dist_worker from ../libexec):
+// - Gloo with CUDA tensors (staged through pinned memory on the communication stream): every
+//   collective x dtype at world size 2, and DDP (CNN with BatchNorm, transformer) at world sizes 2
+//   and 3 equal to single-process CPU training in float64;
+// - the ordering test on real CUDA streams: with the event waits switched off DDP goes wrong;
+// - two NCCL ranks on one GPU with a distinct NCCL_HOSTID each (recent NCCL is reported to accept
+//   it): either every collective x dtype is right, or every rank fails with an NCCL error — never a
+//   hang or a wrong value. Which of the two happened is printed, for docs/gpu.md.
+#include "tests/distributed/workers.h"
+
+using namespace chorus::test;
+
+TEST_CASE("Gloo with CUDA tensors: collectives and DDP across processes on one GPU", "[distributed][gpu]") {
+  require_all_ok(run_workers(2, {"collectives", "cuda:0"}));
+  for (int world : {2, 3}) {
+    for (const char* kind : {"cnn", "transformer"}) {
+      INFO("world " << world << " " << kind);
+      require_all_ok(run_workers(world, {"ddp", kind, "float64", "0.0005", "0", "cuda:0"}));
+    }
+  }
+  require_all_ok(run_workers(2, {"no_sync", "cuda:0", "fp16_hook"}));
+}
+
+TEST_CASE("without the communication stream's event waits DDP on CUDA goes wrong", "[distributed][gpu]") {
+  require_all_ok(run_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "cuda:0", "unordered"}));
+}
+
+TEST_CASE("two NCCL ranks on one GPU with distinct NCCL_HOSTID: right values or a clear NCCL error", "[distributed][gpu]") {
+  // Each worker sets NCCL_HOSTID=chorus-host-RANK itself (dist_worker, scenario collectives with
+  // CHORUS_TEST_NCCL_HOSTID=1), so the two ranks look like two hosts to NCCL.
+  const Result r = run_workers(2, {"collectives", "cuda:0"},
+                               {"CHORUS_TEST_BACKEND=nccl", "CHORUS_TEST_NCCL_HOSTID=1", "NCCL_DEBUG=WARN"}, 180);
+  bool all_ok = true, all_nccl_errors = true;
+  for (int code : r.codes) {
+    all_ok = all_ok && code == 0;
+    all_nccl_errors = all_nccl_errors && code != 0 && code != 999;
+  }
+  const bool mentions_nccl = r.output.find("NCCL") != std::string::npos;
+  std::printf("two NCCL ranks on one GPU with distinct NCCL_HOSTID: %s\n",
+              all_ok ? "WORKS (every collective x dtype right)" : "REFUSED (every rank failed with an error)");
+  INFO(r.output);
+  CHECK((all_ok || (all_nccl_errors && mentions_nccl)));
+}
