@@ -23,6 +23,8 @@ packages=(
   bazel-bootstrap bazel-rules-cc bazel-rules-java
   libeigen3-dev catch2 libgloo-dev libcli11-dev nlohmann-json3-dev libfmt-dev zlib1g-dev
   libopenblas0-openmp libopenblas-dev
+  # oneDNN: chorus's float32 CPU convolutions (the library and version libtorch 1.13 uses here).
+  libdnnl-dev
   # The CPU peer that tests/bench measures chorus against, in the same run (PyTorch's C++ API).
   libtorch-dev
   dataset-fashion-mnist

@@ -1,4 +1,5 @@
 #include "kernels/cpu/conv.h"
+#include "kernels/cpu/onednn_conv.h"
 
 #include <Eigen/Core>
 #include <cmath>
@@ -204,11 +205,13 @@ int64_t plane_grain(int64_t plane_work) { return std::max<int64_t>(1, kGrainSize
 
 void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
             int64_t groups) {
+  if (onednn::handles(x, weight, w)) return onednn::conv2d(out, x, weight, bias, w, groups);
   CHORUS_DISPATCH_FLOATING(x.dtype(), "conv2d", [&]<typename T>() { conv2d_typed<T>(out, x, weight, bias, w, groups); });
 }
 
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_out,
                      const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups) {
+  if (onednn::handles(x, weight, w)) return onednn::conv2d_backward(grad_x, grad_weight, grad_bias, grad_out, x, weight, w, groups);
   CHORUS_DISPATCH_FLOATING(x.dtype(), "conv2d_backward", [&]<typename T>() {
     conv2d_backward_typed<T>(grad_x, grad_weight, grad_bias, grad_out, x, weight, w, groups);
   });

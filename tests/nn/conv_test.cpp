@@ -100,6 +100,40 @@ TEST_CASE("conv2d matches direct convolution in double for strides, padding, dil
   }
 }
 
+// float32 convolutions run through oneDNN (kernels/cpu/onednn_conv), float64 ones through im2col
+// + GEMM: the float32 gradients of input, weight and bias must equal the float64 ones (which pass
+// gradcheck below) within float32 rounding, for every case, with and without each gradient wanted.
+TEST_CASE("conv2d float32 backward equals the float64 gradients", "[nn][conv]") {
+  Generator gen(12);
+  for (const ConvCase& cc : kConvCases) {
+    INFO("case n=" << cc.n << " c_in=" << cc.c_in << " c_out=" << cc.c_out << " groups=" << cc.groups);
+    Tensor x64 = randn({cc.n, cc.c_in, cc.h, cc.w}, {.dtype = kFloat64}, &gen);
+    Tensor w64 = randn({cc.c_out, cc.c_in / cc.groups, cc.kh, cc.kw}, {.dtype = kFloat64}, &gen);
+    Tensor b64 = cc.bias ? randn({cc.c_out}, {.dtype = kFloat64}, &gen) : Tensor();
+    Tensor up = randn({cc.n, cc.c_out, out_size(cc.h, cc.kh, cc.stride[0], cc.padding[0], cc.dilation[0]),
+                       out_size(cc.w, cc.kw, cc.stride[1], cc.padding[1], cc.dilation[1])},
+                      {.dtype = kFloat64}, &gen);
+    for (int wanted = 0; wanted < 3; ++wanted) {  // all three; input only; parameters only
+      auto run = [&](DType dt) {
+        Tensor x = x64.to(dt).detach(), w = w64.to(dt).detach(), b = cc.bias ? b64.to(dt).detach() : Tensor();
+        x.requires_grad_(wanted != 2);
+        w.requires_grad_(wanted != 1);
+        if (b.defined()) b.requires_grad_(wanted != 1);
+        (F::conv2d(x, w, b, cc.stride, cc.padding, cc.dilation, cc.groups) * up.to(dt)).sum().backward();
+        return std::vector<Tensor>{x.grad(), w.grad(), b.defined() ? b.grad() : Tensor()};
+      };
+      const auto g32 = run(kFloat32), g64 = run(kFloat64);
+      for (size_t i = 0; i < g32.size(); ++i) {
+        INFO("gradient " << i << " wanted " << wanted);
+        REQUIRE(g32[i].defined() == g64[i].defined());
+        if (!g32[i].defined()) continue;
+        const double scale = std::max(1.0, g64[i].abs().max().item<double>());
+        CHECK((g32[i].to(kFloat64) - g64[i]).abs().max().item<double>() <= 2e-5 * scale);
+      }
+    }
+  }
+}
+
 TEST_CASE("conv2d reads non-contiguous inputs and unbatched [C, H, W] inputs", "[nn][conv]") {
   Generator gen(12);
   Tensor x = randn({2, 3, 6, 5}, {.dtype = kFloat64}, &gen);

@@ -1,0 +1,230 @@
+// oneDNN convolutions: see onednn_conv.h.
+#include "kernels/cpu/onednn_conv.h"
+
+#include <dnnl.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "tensor/storage.h"
+
+namespace chorus::kernels::cpu::onednn {
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+std::atomic<bool>& enabled_flag() {
+  static std::atomic<bool> on = [] {
+    const char* v = std::getenv("CHORUS_ONEDNN");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+bool enabled() { return enabled_flag().load(std::memory_order_relaxed); }
+
+// One convolution shape; everything oneDNN needs to build its primitives.
+struct Key {
+  int64_t n, c, h, w, oc, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups;
+  bool bias;
+  auto tie() const { return std::tie(n, c, h, w, oc, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups, bias); }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+Key key_of(const Tensor& x, const Tensor& weight, bool bias, const Window2d& w, int64_t groups) {
+  return {x.size(0), x.size(1), w.in_h, w.in_w, weight.size(0), w.out_h, w.out_w, w.kernel_h, w.kernel_w,
+          w.stride_h, w.stride_w, w.pad_h, w.pad_w, w.dilation_h, w.dilation_w, groups, bias};
+}
+
+struct Shapes {
+  memory::dims src, wei, bias, dst, strides, dilates, pad_l, pad_r;
+  memory::desc user_src, user_wei, user_dst;
+};
+
+Shapes shapes(const Key& k) {
+  Shapes s;
+  s.src = {k.n, k.c, k.h, k.w};
+  s.dst = {k.n, k.oc, k.oh, k.ow};
+  s.bias = {k.oc};
+  const bool grouped = k.groups > 1;
+  s.wei = grouped ? memory::dims{k.groups, k.oc / k.groups, k.c / k.groups, k.kh, k.kw}
+                  : memory::dims{k.oc, k.c, k.kh, k.kw};
+  s.strides = {k.sh, k.sw};
+  s.dilates = {k.dh - 1, k.dw - 1};  // oneDNN counts the gaps: 0 is a dense kernel
+  s.pad_l = {k.ph, k.pw};
+  // The right/bottom padding that makes the output exactly oh x ow (PyTorch's floor semantics).
+  s.pad_r = {(k.oh - 1) * k.sh + (k.kh - 1) * k.dh + 1 - k.h - k.ph, (k.ow - 1) * k.sw + (k.kw - 1) * k.dw + 1 - k.w - k.pw};
+  s.user_src = memory::desc(s.src, dt::f32, tag::nchw);
+  s.user_wei = memory::desc(s.wei, dt::f32, grouped ? tag::goihw : tag::oihw);
+  s.user_dst = memory::desc(s.dst, dt::f32, tag::nchw);
+  return s;
+}
+
+memory::desc any(const memory::dims& d) { return memory::desc(d, dt::f32, tag::any); }
+
+// The primitives of one shape, made at first use.
+struct Entry {
+  Shapes s;
+  dnnl::convolution_forward::primitive_desc fwd_pd;
+  dnnl::convolution_forward fwd;
+  // Backward ones are made at the first backward of the shape.
+  std::once_flag backward_once;
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd;
+  dnnl::convolution_backward_data bwd_data;
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd, bwd_weights_nobias_pd;
+  dnnl::convolution_backward_weights bwd_weights, bwd_weights_nobias;
+};
+
+std::shared_ptr<Entry> entry_for(const Key& k) {
+  static std::mutex mutex;
+  static std::map<Key, std::shared_ptr<Entry>> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(k);
+  if (it != cache.end()) return it->second;
+  auto e = std::make_shared<Entry>();
+  e->s = shapes(k);
+  const Shapes& s = e->s;
+  auto desc = k.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                       dnnl::algorithm::convolution_direct, any(s.src), any(s.wei),
+                                                       memory::desc(s.bias, dt::f32, tag::x), any(s.dst), s.strides,
+                                                       s.dilates, s.pad_l, s.pad_r)
+                     : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                       dnnl::algorithm::convolution_direct, any(s.src), any(s.wei),
+                                                       any(s.dst), s.strides, s.dilates, s.pad_l, s.pad_r);
+  e->fwd_pd = dnnl::convolution_forward::primitive_desc(desc, engine());
+  e->fwd = dnnl::convolution_forward(e->fwd_pd);
+  cache.emplace(k, e);
+  return e;
+}
+
+void make_backward(Entry& e) {
+  std::call_once(e.backward_once, [&] {
+    const Shapes& s = e.s;
+    e.bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
+        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, any(s.src), any(s.wei), any(s.dst),
+                                              s.strides, s.dilates, s.pad_l, s.pad_r),
+        engine(), e.fwd_pd);
+    e.bwd_data = dnnl::convolution_backward_data(e.bwd_data_pd);
+    e.bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
+        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any(s.src), any(s.wei),
+                                                 memory::desc(s.bias, dt::f32, tag::x), any(s.dst), s.strides,
+                                                 s.dilates, s.pad_l, s.pad_r),
+        engine(), e.fwd_pd);
+    e.bwd_weights = dnnl::convolution_backward_weights(e.bwd_weights_pd);
+    e.bwd_weights_nobias_pd = dnnl::convolution_backward_weights::primitive_desc(
+        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any(s.src), any(s.wei),
+                                                 any(s.dst), s.strides, s.dilates, s.pad_l, s.pad_r),
+        engine(), e.fwd_pd);
+    e.bwd_weights_nobias = dnnl::convolution_backward_weights(e.bwd_weights_nobias_pd);
+  });
+}
+
+// Memory in the layout a primitive wants: the user's buffer when the layouts agree, else a scratch
+// buffer from chorus's allocator (reused across steps) with the user's data reordered into it.
+class Arg {
+ public:
+  Arg(const memory::desc& want, const memory::desc& user_desc, void* user_ptr, bool read, dnnl::stream& stream)
+      : user_(user_desc, engine(), user_ptr) {
+    if (want == user_desc) {
+      mem_ = user_;
+      return;
+    }
+    scratch_ = std::make_shared<StorageImpl>(want.get_size(), kCPU);
+    mem_ = memory(want, engine(), scratch_->data());
+    if (read) dnnl::reorder(user_, mem_).execute(stream, user_, mem_);
+  }
+  const memory& get() const { return mem_; }
+  // Writes a result computed in the primitive's layout back to the user's buffer.
+  void write_back(dnnl::stream& stream) {
+    if (scratch_) dnnl::reorder(mem_, user_).execute(stream, mem_, user_);
+  }
+
+ private:
+  memory user_, mem_;
+  Storage scratch_;
+};
+
+void* ptr(const Tensor& t) { return t.raw_data_ptr(); }
+
+}  // namespace
+
+void set_enabled(bool on) { enabled_flag().store(on); }
+
+bool handles(const Tensor& x, const Tensor& weight, const Window2d& w) {
+  // Below a few output positions in the whole batch (e.g. ResNet's last stage at batch 1: 2x2) the
+  // per-call reorders of the weights cost more than the convolution; im2col + GEMM is faster there
+  // (conv_bench: 512->512 3x3 at 2x2, batch 1: 3.4 ms against 8.2 ms).
+  return enabled() && x.dtype() == kFloat32 && weight.dtype() == kFloat32 && x.is_contiguous() &&
+         weight.is_contiguous() && x.numel() > 0 && x.size(0) * w.out_h * w.out_w >= 8;
+}
+
+void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
+            int64_t groups) {
+  const std::shared_ptr<Entry> e = entry_for(key_of(x, weight, bias.defined(), w, groups));
+  dnnl::stream stream(engine());
+  Arg src(e->fwd_pd.src_desc(), e->s.user_src, ptr(x), true, stream);
+  Arg wei(e->fwd_pd.weights_desc(), e->s.user_wei, ptr(weight), true, stream);
+  Arg dst(e->fwd_pd.dst_desc(), e->s.user_dst, ptr(out), false, stream);
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src.get()}, {DNNL_ARG_WEIGHTS, wei.get()}, {DNNL_ARG_DST, dst.get()}};
+  if (bias.defined()) args.emplace(DNNL_ARG_BIAS, memory(memory::desc(e->s.bias, dt::f32, tag::x), engine(), ptr(bias)));
+  e->fwd.execute(stream, args);
+  dst.write_back(stream);
+  stream.wait();
+}
+
+void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_out,
+                     const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups) {
+  const std::shared_ptr<Entry> e = entry_for(key_of(x, weight, /*bias=*/false, w, groups));
+  make_backward(*e);
+  dnnl::stream stream(engine());
+  const Tensor go = grad_out.is_contiguous() ? grad_out : grad_out.contiguous();
+  if (grad_x.defined()) {
+    Arg diff_dst(e->bwd_data_pd.diff_dst_desc(), e->s.user_dst, ptr(go), true, stream);
+    Arg wei(e->bwd_data_pd.weights_desc(), e->s.user_wei, ptr(weight), true, stream);
+    Arg diff_src(e->bwd_data_pd.diff_src_desc(), e->s.user_src, ptr(grad_x), false, stream);
+    e->bwd_data.execute(stream, {{DNNL_ARG_DIFF_DST, diff_dst.get()},
+                                 {DNNL_ARG_WEIGHTS, wei.get()},
+                                 {DNNL_ARG_DIFF_SRC, diff_src.get()}});
+    diff_src.write_back(stream);
+    stream.wait();  // before the scratch buffers go
+  }
+  if (grad_weight.defined()) {
+    const bool with_bias = grad_bias.defined();
+    const auto& pd = with_bias ? e->bwd_weights_pd : e->bwd_weights_nobias_pd;
+    Arg src(pd.src_desc(), e->s.user_src, ptr(x), true, stream);
+    Arg diff_dst(pd.diff_dst_desc(), e->s.user_dst, ptr(go), true, stream);
+    Arg diff_wei(pd.diff_weights_desc(), e->s.user_wei, ptr(grad_weight), false, stream);
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, src.get()}, {DNNL_ARG_DIFF_DST, diff_dst.get()}, {DNNL_ARG_DIFF_WEIGHTS, diff_wei.get()}};
+    if (with_bias) {
+      args.emplace(DNNL_ARG_DIFF_BIAS, memory(memory::desc(e->s.bias, dt::f32, tag::x), engine(), ptr(grad_bias)));
+    }
+    (with_bias ? e->bwd_weights : e->bwd_weights_nobias).execute(stream, args);
+    diff_wei.write_back(stream);
+    stream.wait();
+  } else if (grad_bias.defined()) {
+    // Only the bias: the sum of grad_out over batch and positions, per channel (in double).
+    const int64_t n = go.size(0), c = go.size(1), hw = go.numel() / std::max<int64_t>(n * c, 1);
+    const float* g = go.data_ptr<float>();
+    float* b = grad_bias.data_ptr<float>();
+    for (int64_t k = 0; k < c; ++k) {
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < hw; ++j) sum += g[(i * c + k) * hw + j];
+      b[k] = static_cast<float>(sum);
+    }
+  }
+}
+
+}  // namespace chorus::kernels::cpu::onednn

@@ -1,0 +1,31 @@
+// float32 CPU convolutions through oneDNN (the library libtorch uses on CPUs), behind chorus's conv
+// kernel interface (conv.h). oneDNN picks its kernels at run time for the CPU it finds (AVX-512,
+// AVX2, ...), with blocked memory formats: inputs and weights are reordered into the formats the
+// chosen kernel wants and results back to NCHW on each call (weights change every step, so they
+// cannot be kept blocked between calls). Primitive descriptors and primitives are made once per
+// shape and cached. Why oneDNN rather than chorus's im2col + GEMM: docs/benchmarks.md (conv_bench).
+//
+// CHORUS_ONEDNN=0 turns it off (im2col + Eigen GEMM for every dtype), for A/B measurements.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/kernel_types.h"
+#include "tensor/tensor.h"
+
+namespace chorus::kernels::cpu::onednn {
+
+// Turns the oneDNN path on or off at run time (benchmarks compare both in one run).
+void set_enabled(bool on);
+
+// Whether the oneDNN path takes this convolution (float32, contiguous NCHW, enabled, and not one
+// with only a handful of output positions in the whole batch).
+bool handles(const Tensor& x, const Tensor& weight, const Window2d& w);
+
+// As conv2d / conv2d_backward in conv.h.
+void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
+            int64_t groups);
+void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_out,
+                     const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups);
+
+}  // namespace chorus::kernels::cpu::onednn
