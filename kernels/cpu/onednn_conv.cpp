@@ -32,7 +32,7 @@ std::atomic<bool>& enabled_flag() {
   }();
   return on;
 }
-bool enabled() { return enabled_flag().load(std::memory_order_relaxed); }
+
 
 // One convolution shape; everything oneDNN needs to build its primitives.
 struct Key {
@@ -160,6 +160,7 @@ void* ptr(const Tensor& t) { return t.raw_data_ptr(); }
 }  // namespace
 
 void set_enabled(bool on) { enabled_flag().store(on); }
+bool enabled() { return enabled_flag().load(std::memory_order_relaxed); }
 
 bool handles(const Tensor& x, const Tensor& weight, const Window2d& w) {
   // Below a few output positions in the whole batch (e.g. ResNet's last stage at batch 1: 2x2) the

@@ -1,11 +1,11 @@
-// float32 CPU convolutions through oneDNN (the library libtorch uses on CPUs), behind chorus's conv
+// float32 CPU convolutions (and, in gemm.cpp, float32 GEMM: dnnl_sgemm) through oneDNN (the library libtorch uses on CPUs), behind chorus's conv
 // kernel interface (conv.h). oneDNN picks its kernels at run time for the CPU it finds (AVX-512,
 // AVX2, ...), with blocked memory formats: inputs and weights are reordered into the formats the
 // chosen kernel wants and results back to NCHW on each call (weights change every step, so they
 // cannot be kept blocked between calls). Primitive descriptors and primitives are made once per
 // shape and cached. Why oneDNN rather than chorus's im2col + GEMM: docs/benchmarks.md (conv_bench).
 //
-// CHORUS_ONEDNN=0 turns it off (im2col + Eigen GEMM for every dtype), for A/B measurements.
+// CHORUS_ONEDNN=0 turns both off (im2col + Eigen GEMM for every dtype), for A/B measurements.
 #pragma once
 
 #include <cstdint>
@@ -15,8 +15,9 @@
 
 namespace chorus::kernels::cpu::onednn {
 
-// Turns the oneDNN path on or off at run time (benchmarks compare both in one run).
+// Turns the oneDNN paths on or off at run time (benchmarks compare both in one run).
 void set_enabled(bool on);
+bool enabled();
 
 // Whether the oneDNN path takes this convolution (float32, contiguous NCHW, enabled, and not one
 // with only a handful of output positions in the whole batch).

@@ -1,9 +1,10 @@
-// SGEMM GFLOP/s of chorus's CPU matmul (Eigen) against OpenBLAS 0.3.21 (OpenMP build) in the same
-// run, square 256..2048 and 4096x768x768 (a BERT-base projection), on 1 and 2 threads; and
+// SGEMM GFLOP/s of chorus's CPU matmul against OpenBLAS 0.3.21 (OpenMP build) and oneDNN 2.6's
+// dnnl_sgemm in the same run, square 256..2048 and 4096x768x768 (a BERT-base projection), on 1 and 2 threads; and
 // elementwise add GB/s on 16M floats against memcpy (the memory-bandwidth ceiling).
 //
 //   bazel run -c opt //tests/bench:gemm_bench
 #include <cblas.h>
+#include <dnnl.h>
 
 #include <cstdio>
 #include <cstring>
@@ -20,14 +21,17 @@ int main() {
   struct Size {
     int64_t m, k, n;
   };
-  const Size sizes[] = {{256, 256, 256}, {512, 512, 512}, {1024, 1024, 1024}, {2048, 2048, 2048}, {4096, 768, 768}};
+  // Square sizes, a BERT-base projection, and the medium shapes of train_step_bench's MLP (128 x 784
+  // x 512) and BERT-mini (1024 x 256 x 256, 1024 x 256 x 1024).
+  const Size sizes[] = {{256, 256, 256},   {512, 512, 512},  {1024, 1024, 1024}, {2048, 2048, 2048},
+                        {4096, 768, 768},  {128, 784, 512},  {1024, 256, 256},   {1024, 256, 1024}};
   {  // Half a second of work first: the CPU leaves its idle clock before anything is timed.
     Tensor a = randn({512, 512}), b = randn({512, 512});
     const double until = bench::now_s() + 0.5;
     while (bench::now_s() < until) a = matmul(a, b).mul(1e-3);
   }
   std::printf("SGEMM C[m,n] = A[m,k] B[k,n], float32, GFLOP/s (median after warm-up)\n\n");
-  std::printf("| m x k x n | threads | chorus (Eigen) | OpenBLAS | chorus / OpenBLAS |\n|---|---|---|---|---|\n");
+  std::printf("| m x k x n | threads | chorus | OpenBLAS | oneDNN sgemm | chorus / OpenBLAS |\n|---|---|---|---|---|---|\n");
   for (int threads : {1, 2}) {
     set_num_threads(threads);
     openblas_set_num_threads(threads);
@@ -43,8 +47,14 @@ int main() {
                         b.data_ptr<float>(), s.n, 0.0f, c.data_ptr<float>(), s.n);
           },
           5, reps);
-      std::printf("| %lld x %lld x %lld | %d | %.1f | %.1f | %.2f |\n", (long long)s.m, (long long)s.k, (long long)s.n,
-                  threads, flop / tc / 1e9, flop / to / 1e9, to / tc);
+      const double td = bench::median_time(
+          [&] {
+            dnnl_sgemm('N', 'N', s.m, s.n, s.k, 1.0f, a.data_ptr<float>(), s.k, b.data_ptr<float>(), s.n, 0.0f,
+                       c.data_ptr<float>(), s.n);
+          },
+          5, reps);
+      std::printf("| %lld x %lld x %lld | %d | %.1f | %.1f | %.1f | %.2f |\n", (long long)s.m, (long long)s.k,
+                  (long long)s.n, threads, flop / tc / 1e9, flop / to / 1e9, flop / td / 1e9, to / tc);
       std::fflush(stdout);
     }
   }

@@ -143,9 +143,11 @@ std::vector<double> matmul_ref(const std::vector<double>& a, const std::vector<d
 TEST_CASE("mm, addmm, bmm and matmul (1-D, 2-D, batched, broadcast) match loops in double", "[tensor][linalg]") {
   Generator gen(102);
   for (DType dt : {kFloat32, kFloat64}) {
-    for (testing::Layout la : {testing::Layout::Contiguous, testing::Layout::Transposed, testing::Layout::StepSliced}) {
-      INFO(dtype_name(dt) << " " << testing::layout_name(la));
-      Tensor a = testing::random_layout({5, 7}, dt, la, gen), b = testing::random_layout({7, 3}, dt, la, gen);
+    const auto layouts = {testing::Layout::Contiguous, testing::Layout::Transposed, testing::Layout::StepSliced};
+    for (testing::Layout la : layouts)
+    for (testing::Layout lb : layouts) {
+      INFO(dtype_name(dt) << " " << testing::layout_name(la) << " @ " << testing::layout_name(lb));
+      Tensor a = testing::random_layout({5, 7}, dt, la, gen), b = testing::random_layout({7, 3}, dt, lb, gen);
       const auto ref = matmul_ref(values(a), values(b), 5, 7, 3);
       CHECK(testing::matches(mm(a, b), {5, 3}, ref));
       CHECK(testing::matches(matmul(a, b), {5, 3}, ref));
@@ -175,6 +177,16 @@ TEST_CASE("mm, addmm, bmm and matmul (1-D, 2-D, batched, broadcast) match loops 
       expect.insert(expect.end(), r.begin(), r.end());
     }
     CHECK(testing::matches(bmm(x, y), {4, 3, 2}, expect));
+    // The weight gradient of mm is laid out transposed when the weight is used transposed (as in
+    // Linear), so the product writes a column-major result: checked against the double product.
+    {
+      Tensor inp = testing::random_tensor({6, 4}, dt, gen), weight = testing::random_tensor({5, 4}, dt, gen);
+      weight.requires_grad_();
+      Tensor up = testing::random_tensor({6, 5}, dt, gen);
+      (mm(inp, weight.t()) * up).sum().backward();
+      // d/dW of sum(up * (inp W^T)) = up^T inp.
+      CHECK(testing::matches(weight.grad(), {5, 4}, matmul_ref(values(up.t().contiguous()), values(inp), 5, 6, 4)));
+    }
     // 1-D cases: dot, vector @ matrix, matrix @ vector.
     Tensor v = testing::random_tensor({6}, dt, gen), w = testing::random_tensor({6}, dt, gen);
     CHECK(testing::matches(matmul(v, w), {}, {matmul_ref(values(v), values(w), 1, 6, 1)[0]}));
