@@ -54,6 +54,9 @@ for bin in "$out"/bin/* "$out"/libexec/*; do
   done
 done
 
+# The binaries and libraries travel xz-compressed (oneDNN alone is 40 MB); run.sh unpacks them.
+tar -C "$out" -cf - bin lib libexec | xz -T0 -6 >"$out/payload.tar.xz"
+rm -rf "$out/bin" "$out/lib" "$out/libexec"
 cp tools/gpu/peer.py "$out/peer.py"
 cp tools/gpu/run.sh "$out/run.sh"
 chmod +x "$out/run.sh"

@@ -270,12 +270,48 @@ struct Case {
   int64_t batch;
 };
 
+// --profile bert|resnet18 [--steps N]: chorus's step alone, N times at 1 thread, for perf record
+// (docs/benchmarks.md's profiles): `perf record -g bazel-bin/tests/bench/train_step_bench --profile bert`.
+int profile(const std::string& which, int steps) {
+  chorus::set_num_threads(1);
+  chorus::manual_seed(1);
+  if (which == "resnet18") {
+    auto model = chorus::models::resnet18();
+    chorus::optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
+    chorus::Tensor x = chorus::randn({16, 3, 64, 64}), y = chorus::randint(0, 1000, {16});
+    for (int i = 0; i < steps; ++i) {
+      opt.zero_grad();
+      CF::cross_entropy(model->forward(x), y).backward();
+      opt.step();
+    }
+    return 0;
+  }
+  if (which == "bert") {
+    const int64_t b = 8, t = 128, vocab = 30522;
+    chorus::Tensor ids = chorus::randint(999, vocab, {b, t});
+    chorus::Tensor labels = chorus::full({b, t}, int64_t{-100}, chorus::TensorOptions{.dtype = chorus::kInt64});
+    for (int64_t i = 3; i < b * t; i += 7) labels.reshape({-1})[i].fill_(ids.reshape({-1})[i].item<int64_t>());
+    chorus::models::BertForPreTraining model(chorus::models::BertConfig::named("mini"));
+    chorus::optim::AdamW opt(model.parameters());
+    for (int i = 0; i < steps; ++i) {
+      opt.zero_grad();
+      model.masked_lm_loss(ids, chorus::Tensor(), labels).backward();
+      opt.step();
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "train_step_bench --profile: expected bert or resnet18, got '%s'\n", which.c_str());
+  return 2;
+}
+
 int main(int argc, char** argv) {
   int steps = 20, warmup = 5;
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--warmup")) warmup = std::atoi(argv[i + 1]);
   }
+  for (int i = 1; i + 1 < argc; ++i)
+    if (!std::strcmp(argv[i], "--profile")) return profile(argv[i + 1], steps);
   const Case cases[] = {{"MLP 784-512-256-10, batch 128", false, 128}, {"small ResNet, batch 32 x 3x32x32", true, 32}};
   std::printf("Training step (forward + backward + SGD momentum), median of %d steps after %d warm-up steps\n\n", steps,
               warmup);

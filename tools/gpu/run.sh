@@ -5,6 +5,14 @@
 # (default $OUT, else ./gpu_logs). The CUDA libraries come from the PyTorch wheels (nvidia/*/lib).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# The bundle's binaries and libraries come compressed (tools/gpu_bundle.sh): unpack them into a
+# temporary folder (the bundle folder may be read-only) and run from there.
+if [[ -f "$here/payload.tar.xz" ]]; then
+  unpack="$(mktemp -d)"
+  xz -dc "$here/payload.tar.xz" | tar -C "$unpack" -xf -
+  cp "$here/peer.py" "$unpack/"
+  here="$unpack"
+fi
 logs="${1:-${OUT:-$PWD/gpu_logs}}"
 mkdir -p "$logs"
 summary="$logs/summary.txt"
