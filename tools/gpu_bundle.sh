@@ -46,7 +46,7 @@ done
 
 # Shared libraries the binaries load, except the C runtime (the GPU machine has its own glibc) and
 # the CUDA libraries (taken from the PyTorch wheels there).
-skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libcuda\.|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink)'
+skip='^(linux-vdso|ld-linux|libc\.|libm\.|libmvec\.|libdl\.|libpthread\.|librt\.|libcuda\.|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink)'
 for bin in "$out"/bin/* "$out"/libexec/*; do
   ldd "$bin" | awk '/=> \// {print $1, $3}' | while read -r soname file; do
     [[ "$soname" =~ $skip ]] && continue

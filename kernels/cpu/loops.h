@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vector_math.h"
 #include "tensor/tensor.h"
 
 namespace chorus::kernels::cpu {
@@ -117,6 +118,7 @@ void unary_loop(const StridedIter<2>& it, const F& f) {
     if (s[0] == sizeof(Out) && s[1] == sizeof(A)) {
       Out* __restrict o = reinterpret_cast<Out*>(p[0]);
       const A* __restrict a = reinterpret_cast<const A*>(p[1]);
+#pragma omp simd
       for (int64_t i = 0; i < n; ++i) o[i] = f(a[i]);
     } else {
       for (int64_t i = 0; i < n; ++i) {
@@ -133,13 +135,18 @@ void binary_loop(const StridedIter<3>& it, const F& f) {
     Out* o = reinterpret_cast<Out*>(p[0]);
     const A* a = reinterpret_cast<const A*>(p[1]);
     const B* b = reinterpret_cast<const B*>(p[2]);
+    // Each element is read before its own output is written and no other (in place: o == a or
+    // o == b exactly), so the contiguous runs can be vector loops.
     if (s[0] == sizeof(Out) && s[1] == sizeof(A) && s[2] == sizeof(B)) {
+#pragma omp simd
       for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
     } else if (s[0] == sizeof(Out) && s[1] == sizeof(A) && s[2] == 0) {
       const B bv = *b;
+#pragma omp simd
       for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], bv);
     } else if (s[0] == sizeof(Out) && s[1] == 0 && s[2] == sizeof(B)) {
       const A av = *a;
+#pragma omp simd
       for (int64_t i = 0; i < n; ++i) o[i] = f(av, b[i]);
     } else {
       for (int64_t i = 0; i < n; ++i) {

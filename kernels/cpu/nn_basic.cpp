@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "kernels/cpu/parallel.h"
+#include "kernels/cpu/vector_math.h"
 
 namespace chorus::kernels::cpu {
 namespace {
@@ -139,12 +140,14 @@ void cross_entropy(const Tensor& losses, const Tensor& row_weight, const Tensor&
         T mx = x[0];
         for (int64_t c = 1; c < C; ++c) mx = x[c] > mx ? x[c] : mx;
         double s = 0;
-        for (int64_t c = 0; c < C; ++c) {
-          p[c] = std::exp(x[c] - mx);
-          s += p[c];
-        }
+        // Vector loops (libmvec's exp, vector_math.h); the sum in double, in lanes.
+        _Pragma("omp simd")
+        for (int64_t c = 0; c < C; ++c) p[c] = std::exp(x[c] - mx);
+        _Pragma("omp simd reduction(+ : s)")
+        for (int64_t c = 0; c < C; ++c) s += p[c];
         const double lse = static_cast<double>(mx) + std::log(s);
         const T inv = static_cast<T>(1.0 / s);
+        _Pragma("omp simd")
         for (int64_t c = 0; c < C; ++c) p[c] *= inv;
         const double wy = pcw ? static_cast<double>(pcw[y]) : 1.0;
         double loss = (1.0 - label_smoothing) * wy * (lse - x[y]);
