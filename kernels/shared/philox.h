@@ -18,13 +18,22 @@ struct PhiloxBlock {
 };
 
 // Philox-4x32 with 10 rounds (Salmon et al., SC'11) keyed by the 64-bit seed, counter = block
-// number; the same words as Generator::philox(key, counter).
-CHORUS_HD CHORUS_INLINE PhiloxBlock philox4x32_10(uint64_t key, uint64_t counter) {
+// number, into four words passed by reference (a form the CPU's vectorizer turns into a loop over
+// several blocks at once: kernels/cpu/copy.cpp); the same words as Generator::philox(key, counter).
+CHORUS_HD CHORUS_INLINE void philox4x32_10_into(uint64_t key, uint64_t counter, uint32_t& c0, uint32_t& c1,
+                                                uint32_t& c2, uint32_t& c3) {
   constexpr uint32_t kMul0 = 0xD2511F53u, kMul1 = 0xCD9E8D57u;
   constexpr uint32_t kWeyl0 = 0x9E3779B9u, kWeyl1 = 0xBB67AE85u;
-  uint32_t c0 = static_cast<uint32_t>(counter), c1 = static_cast<uint32_t>(counter >> 32);
-  uint32_t c2 = 0, c3 = 0;
+  c0 = static_cast<uint32_t>(counter);
+  c1 = static_cast<uint32_t>(counter >> 32);
+  c2 = 0;
+  c3 = 0;
   uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#else
+#pragma GCC unroll 10
+#endif
   for (int round = 0; round < 10; ++round) {
     const uint64_t p0 = static_cast<uint64_t>(kMul0) * c0;
     const uint64_t p1 = static_cast<uint64_t>(kMul1) * c2;
@@ -39,7 +48,12 @@ CHORUS_HD CHORUS_INLINE PhiloxBlock philox4x32_10(uint64_t key, uint64_t counter
     k0 += kWeyl0;
     k1 += kWeyl1;
   }
-  return {{c0, c1, c2, c3}};
+}
+
+CHORUS_HD CHORUS_INLINE PhiloxBlock philox4x32_10(uint64_t key, uint64_t counter) {
+  PhiloxBlock b;
+  philox4x32_10_into(key, counter, b.w[0], b.w[1], b.w[2], b.w[3]);
+  return b;
 }
 
 // A float in [0, 1) from the top 24 bits of a word (Generator::uniform_float).
