@@ -29,7 +29,7 @@ CHORUS_HD CHORUS_INLINE void philox4x32_10_into(uint64_t key, uint64_t counter, 
   c2 = 0;
   c3 = 0;
   uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDACC__)
 #pragma unroll
 #else
 #pragma GCC unroll 10
