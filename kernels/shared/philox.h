@@ -29,9 +29,9 @@ CHORUS_HD CHORUS_INLINE void philox4x32_10_into(uint64_t key, uint64_t counter, 
   c2 = 0;
   c3 = 0;
   uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
-#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__)
 #pragma unroll
-#else
+#elif !defined(__CUDACC__)
 #pragma GCC unroll 10
 #endif
   for (int round = 0; round < 10; ++round) {
