@@ -36,11 +36,14 @@ Tensor StageModule::forward(const Tensor& input) {
 // ------------------------------------------------------------------ PipelineStage
 namespace {
 
-// Message kinds, in the low bits of the point-to-point tag (tag = index * 4 + kind), so a message
-// can only ever match the receive meant for it: a schedule bug becomes a timeout naming the
-// action, never wrong data.
+// Message kinds, in the low bits of the point-to-point tag (tag = 1 + index * 4 + kind), so a
+// message can only ever match the receive meant for it: a schedule bug becomes a timeout naming
+// the action, never wrong data. Tags start at 1: Gloo's point-to-point slot is
+// (tag << 32 | src << 16 | dst), and with tag 0 the slot of rank 0 -> 1 is 1, which Gloo 0.0.x's
+// collectives also use (its Slot::build ORs logically, so every collective's base slot is 1):
+// a header sent with tag 0 made the next allreduce among 3 ranks hang.
 constexpr int kHeader = 0, kActivation = 1, kGrad = 2, kCheckpoint = 3;
-int tag_of(int kind, int index) { return index * 4 + kind; }
+int tag_of(int kind, int index) { return 1 + index * 4 + kind; }
 
 // [Boundary header] Before the first activation on a link: dtype, rank and sizes, so the receiver
 // can allocate; afterwards tensors travel without one and a change is an error on the sender.
@@ -147,6 +150,25 @@ void PipelineStage::send(std::vector<Link>& links, const Tensor& value, int kind
       rethrow(e, what, micro_batch, l.peer);
     }
   }
+  // A finished send's Work still holds the tensor it sent (its result): drop finished ones now, or
+  // every activation sent this step would stay alive until the step ends, whatever the schedule.
+  std::erase_if(pending_sends_, [&](const std::shared_ptr<Work>& w) {
+    if (!w->is_completed()) return false;
+    if (!w->is_success()) wait_sends();
+    return true;
+  });
+}
+
+void PipelineStage::wait_sends() {
+  for (auto& w : pending_sends_) {
+    try {
+      w->wait();
+    } catch (const std::exception& e) {
+      pending_sends_.clear();
+      fail("{}: a send of step {} failed: {}", where(), steps_, e.what());
+    }
+  }
+  pending_sends_.clear();
 }
 
 Tensor PipelineStage::receive(std::vector<Link>& links, int kind, int micro_batch, const char* what, bool header) {
@@ -293,14 +315,7 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
     }
   }
   // Sends were posted asynchronously (isend); the step ends when every one has been received.
-  for (auto& w : pending_sends_) {
-    try {
-      w->wait();
-    } catch (const std::exception& e) {
-      fail("{}: a send of step {} failed: {}", where(), steps_, e.what());
-    }
-  }
-  pending_sends_.clear();
+  wait_sends();
   stats.peak_activation_bytes = cpu_max_memory_allocated() - std::min(base_bytes, cpu_max_memory_allocated());
   double loss = 0;
   for (double l : losses) loss += l;

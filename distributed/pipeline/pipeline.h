@@ -123,6 +123,8 @@ class PipelineStage {
   std::vector<Link> make_links(int other_stage) const;
   Tensor receive(std::vector<Link>& links, int kind, int micro_batch, const char* what, bool header);
   void send(std::vector<Link>& links, const Tensor& value, int kind, int micro_batch, const char* what, bool header);
+  // Waits for every send still in flight; the first failure is raised naming this stage.
+  void wait_sends();
   [[noreturn]] void rethrow(const std::exception& e, const std::string& what, int micro_batch, int peer) const;
   std::string where() const;
 

@@ -4,140 +4,20 @@
 // scenario checks is in dist_worker.cpp.
 #include <catch2/catch.hpp>
 
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <chrono>
-#include <ctime>
-#include <random>
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "tests/distributed/worker_launcher.h"
 
 namespace {
 
-// A free port below the kernel's ephemeral range (32768-60999): ports from bind(0) are ephemeral
-// ones, which the many client connections of concurrently running tests can take between our probe
-// and rank 0's bind.
-int free_port() {
-  static std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(time(nullptr)));
-  for (;;) {
-    const int port = 20000 + static_cast<int>(rng() % 12000);
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-    ::close(fd);
-    if (ok) return port;
-  }
-}
+using chorus::testing::require_all_ok;
+using chorus::testing::Result;
 
-std::string worker_path() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  std::string base = srcdir ? std::string(srcdir) + "/chorus/" : std::string("bazel-bin/");
-  return base + "tests/distributed/dist_worker";
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct Result {
-  std::vector<int> codes;
-  std::string output;
-};
-
-// Runs `world` workers of a scenario; kills them all after `limit_s` seconds (a hang is a failure).
-Result run_workers_once(int world, const std::vector<std::string>& args, const std::vector<std::string>& extra_env,
-                        double limit_s) {
-  const int port = free_port();
-  const std::string exe = worker_path();
-  std::vector<pid_t> pids;
-  std::vector<std::string> logs;
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  for (int rank = 0; rank < world; ++rank) {
-    logs.push_back(std::string(tmp ? tmp : "/tmp") + "/worker_" + std::to_string(port) + "_" + std::to_string(rank) + ".log");
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      ::setenv("OMP_NUM_THREADS", "1", 1);
-      for (const std::string& kv : extra_env) ::putenv(const_cast<char*>(kv.c_str()));
-      FILE* f = std::fopen(logs.back().c_str(), "w");
-      ::dup2(fileno(f), STDOUT_FILENO);
-      ::dup2(fileno(f), STDERR_FILENO);
-      std::vector<char*> argv{const_cast<char*>(exe.c_str())};
-      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      ::execv(exe.c_str(), argv.data());
-      std::perror("execv");
-      ::_exit(127);
-    }
-    pids.push_back(pid);
-  }
-  Result r;
-  r.codes.assign(world, -1);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
-  int left = world;
-  while (left > 0) {
-    for (int i = 0; i < world; ++i) {
-      if (r.codes[i] != -1) continue;
-      int status = 0;
-      if (::waitpid(pids[i], &status, WNOHANG) == pids[i]) {
-        r.codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        --left;
-      }
-    }
-    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
-      for (int i = 0; i < world; ++i)
-        if (r.codes[i] == -1) ::kill(pids[i], SIGKILL);
-      r.output += "TIMED OUT: workers killed after " + std::to_string(limit_s) + " s\n";
-      for (int i = 0; i < world; ++i) {
-        if (r.codes[i] == -1) {
-          ::waitpid(pids[i], nullptr, 0);
-          r.codes[i] = 999;
-        }
-      }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  for (int i = 0; i < world; ++i) r.output += "---- rank " + std::to_string(i) + "\n" + slurp(logs[i]);
-  return r;
-}
-
-// A port can still be taken between the probe and rank 0's bind; then the job is run again on
-// another port (at most 3 tries), as a user would rerun it.
 Result run_workers(int world, const std::vector<std::string>& args, const std::vector<std::string>& extra_env = {},
                    double limit_s = 120) {
-  Result r;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    r = run_workers_once(world, args, extra_env, limit_s);
-    if (r.output.find("cannot bind port") == std::string::npos) break;
-  }
-  return r;
-}
-
-void require_all_ok(const Result& r) {
-  INFO(r.output);
-  for (size_t i = 0; i < r.codes.size(); ++i) {
-    INFO("rank " << i << " exit code " << r.codes[i]);
-    CHECK(r.codes[i] == 0);
-  }
+  return chorus::testing::run_workers(chorus::testing::runfile("tests/distributed/dist_worker"), world, args, extra_env,
+                                      limit_s);
 }
 
 }  // namespace
@@ -229,6 +109,10 @@ TEST_CASE("debug mode catches ranks calling mismatched collectives", "[distribut
 
 TEST_CASE("new_group makes subgroups with their own rank numbering", "[distributed][groups]") {
   require_all_ok(run_workers(4, {"new_group"}));
+}
+
+TEST_CASE("collectives pair up after point-to-point traffic that only some ranks took part in", "[distributed][p2p]") {
+  require_all_ok(run_workers(3, {"p2p_then_collective"}, {}, 60));
 }
 
 TEST_CASE("join lets ranks with fewer batches finish while the others train on", "[distributed][ddp][join]") {

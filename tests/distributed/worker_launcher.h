@@ -1,0 +1,147 @@
+// Starts real worker processes for multi-process tests, as chorusrun would: each gets RANK,
+// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1 and MASTER_PORT (a free loopback port), its output
+// goes to a log under TEST_TMPDIR, and a job that outlives its limit is killed (a hang is a
+// failure). Used by tests/distributed/multiprocess_test and tests/pipeline/pipeline_test.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace chorus::testing {
+
+
+// A free port below the kernel's ephemeral range (32768-60999): ports from bind(0) are ephemeral
+// ones, which the many client connections of concurrently running tests can take between our probe
+// and rank 0's bind.
+inline int free_port() {
+  static std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(time(nullptr)));
+  for (;;) {
+    const int port = 20000 + static_cast<int>(rng() % 12000);
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    ::close(fd);
+    if (ok) return port;
+  }
+}
+
+// A binary of the workspace by its path in it ("tests/distributed/dist_worker"), from the test's
+// runfiles (or bazel-bin when run by hand).
+inline std::string runfile(const std::string& path) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  std::string base = srcdir ? std::string(srcdir) + "/chorus/" : std::string("bazel-bin/");
+  return base + path;
+}
+
+inline std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+struct Result {
+  std::vector<int> codes;
+  std::string output;
+};
+
+// Runs `world` workers of a scenario; kills them all after `limit_s` seconds (a hang is a failure).
+inline Result run_workers_once(const std::string& exe, int world, const std::vector<std::string>& args,
+                               const std::vector<std::string>& extra_env, double limit_s) {
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  for (int rank = 0; rank < world; ++rank) {
+    logs.push_back(std::string(tmp ? tmp : "/tmp") + "/worker_" + std::to_string(port) + "_" + std::to_string(rank) + ".log");
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("OMP_NUM_THREADS", "1", 1);
+      for (const std::string& kv : extra_env) ::putenv(const_cast<char*>(kv.c_str()));
+      FILE* f = std::fopen(logs.back().c_str(), "w");
+      ::dup2(fileno(f), STDOUT_FILENO);
+      ::dup2(fileno(f), STDERR_FILENO);
+      std::vector<char*> argv{const_cast<char*>(exe.c_str())};
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(exe.c_str(), argv.data());
+      std::perror("execv");
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  Result r;
+  r.codes.assign(world, -1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+  int left = world;
+  while (left > 0) {
+    for (int i = 0; i < world; ++i) {
+      if (r.codes[i] != -1) continue;
+      int status = 0;
+      if (::waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+        r.codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        --left;
+      }
+    }
+    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
+      for (int i = 0; i < world; ++i)
+        if (r.codes[i] == -1) ::kill(pids[i], SIGKILL);
+      r.output += "TIMED OUT: workers killed after " + std::to_string(limit_s) + " s\n";
+      for (int i = 0; i < world; ++i) {
+        if (r.codes[i] == -1) {
+          ::waitpid(pids[i], nullptr, 0);
+          r.codes[i] = 999;
+        }
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int i = 0; i < world; ++i) r.output += "---- rank " + std::to_string(i) + "\n" + slurp(logs[i]);
+  return r;
+}
+
+// A port can still be taken between the probe and rank 0's bind; then the job is run again on
+// another port (at most 3 tries), as a user would rerun it.
+inline Result run_workers(const std::string& exe, int world, const std::vector<std::string>& args,
+                          const std::vector<std::string>& extra_env = {}, double limit_s = 120) {
+  Result r;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    r = run_workers_once(exe, world, args, extra_env, limit_s);
+    if (r.output.find("cannot bind port") == std::string::npos) break;
+  }
+  return r;
+}
+
+inline void require_all_ok(const Result& r) {
+  INFO(r.output);
+  for (size_t i = 0; i < r.codes.size(); ++i) {
+    INFO("rank " << i << " exit code " << r.codes[i]);
+    CHECK(r.codes[i] == 0);
+  }
+}
+
+}  // namespace chorus::testing
