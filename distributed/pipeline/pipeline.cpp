@@ -240,6 +240,8 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
   // memory the schedule bounds).
   std::vector<Tensor> stage_in(M), stage_out(M), grad_out(M), grad_in(M);
   std::vector<double> losses(M, 0.0);
+  std::vector<size_t> held_bytes(M, 0);  // what each forward left allocated
+  size_t live_bytes = 0;
   const double loss_scale = static_cast<double>(rows_) / plan_.global_batch;  // [Loss scaling]
   int in_flight = 0;
   StepStats stats;
@@ -257,6 +259,7 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
       }
       case ActionType::Forward: {
         Tensor x = is_first() ? rows_of(input, m) : stage_in[m];
+        const size_t before = cpu_memory_allocated();
         std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
         if (ddp_ && m != sync_micro_batch_) no_sync.emplace(ddp_->reducer());
         Tensor out = ddp_ ? ddp_->forward(x) : module_->forward(x);
@@ -271,6 +274,10 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
         }
         stage_out[m] = out;
         stats.max_in_flight = std::max(stats.max_in_flight, ++in_flight);
+        const size_t after = cpu_memory_allocated();
+        held_bytes[m] = (after > before ? after - before : 0) + (is_first() ? 0 : x.nbytes());
+        live_bytes += held_bytes[m];
+        stats.peak_activation_bytes = std::max(stats.peak_activation_bytes, live_bytes);
         break;
       }
       case ActionType::SendActivation:
@@ -291,6 +298,7 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
         stage_in[m] = Tensor();
         grad_out[m] = Tensor();
         --in_flight;
+        live_bytes -= held_bytes[m];
         break;
       }
       case ActionType::SendGrad:
@@ -316,7 +324,7 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
   }
   // Sends were posted asynchronously (isend); the step ends when every one has been received.
   wait_sends();
-  stats.peak_activation_bytes = cpu_max_memory_allocated() - std::min(base_bytes, cpu_max_memory_allocated());
+  stats.peak_step_bytes = cpu_max_memory_allocated() - std::min(base_bytes, cpu_max_memory_allocated());
   double loss = 0;
   for (double l : losses) loss += l;
   if (options_.report_loss) {

@@ -70,9 +70,13 @@ struct StepStats {
   double loss = 0;  // mean over the global batch (on every rank with report_loss, else last stage)
   // Micro-batches whose activations this rank held at once (forwarded, backward not yet run).
   int max_in_flight = 0;
-  // CPU bytes allocated during the step above what was allocated when it started, at the peak
-  // (tensor/cpu_memory.h): the stage's activations plus the step's temporaries.
+  // Activation memory: the CPU bytes each forward left allocated (what autograd saved for
+  // backward, the output, and the received input), summed over the micro-batches held at once, at
+  // the most (tensor/cpu_memory.h counts them).
   size_t peak_activation_bytes = 0;
+  // CPU bytes allocated during the step above what was allocated when it started, at the peak:
+  // activations plus the step's temporaries and gradients.
+  size_t peak_step_bytes = 0;
   double step_ms = 0;
 };
 
