@@ -1,6 +1,7 @@
 #include "distributed/pipeline/pipeline.h"
 
 #include <algorithm>
+#include <cctype>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -342,7 +343,8 @@ nn::NamedTensors PipelineStage::gather_state_dict(int dst) {
   if (dst < 0 || dst >= group_->size()) fail("{}: gather_state_dict to rank {}; expected a rank in [0, {})", where(), dst, group_->size());
   nn::NamedTensors mine = state_dict();
   nn::NamedTensors out;
-  const bool sender = replica_ == 0 && rank_ != dst;
+  // Replica 0 of every stage but dst's sends its part (dst has its own stage's tensors).
+  const bool sender = replica_ == 0 && stage_ != plan_.stage_of(dst);
   if (sender) {
     // Names, shapes and dtypes as JSON bytes (length first), then each tensor.
     nlohmann::json desc = nlohmann::json::array();
@@ -385,11 +387,9 @@ void PipelineStage::load_state_dict(const nn::NamedTensors& whole_model, bool st
   nn::NamedTensors mine;
   for (const auto& [name, t] : whole_model) {
     const size_t dot = name.find('.');
-    int layer = -1;
-    try {
-      layer = std::stoi(name.substr(0, dot));
-    } catch (...) {
-    }
+    const std::string head = name.substr(0, dot);
+    const bool numeric = !head.empty() && head.size() < 9 && std::all_of(head.begin(), head.end(), ::isdigit);
+    const int layer = numeric ? std::stoi(head) : -1;
     if (dot == std::string::npos || layer < 0 || layer >= plan_.num_layers) {
       if (strict) {
         fail("{}: load_state_dict: key '{}' is not a parameter or buffer of a layer of the model (expected "

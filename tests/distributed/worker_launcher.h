@@ -24,12 +24,14 @@
 
 namespace chorus::testing {
 
-
 // A free port below the kernel's ephemeral range (32768-60999): ports from bind(0) are ephemeral
 // ones, which the many client connections of concurrently running tests can take between our probe
-// and rank 0's bind.
+// and rank 0's bind. Seeded from std::random_device, not the pid: Bazel's sandbox gives each test
+// its own pid namespace, so two tests started in the same second had the same pid and time, picked
+// the same port, and one job's workers joined the other's store.
 inline int free_port() {
-  static std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(time(nullptr)));
+  static std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(::getpid()) ^
+                          static_cast<unsigned>(time(nullptr)));
   for (;;) {
     const int port = 20000 + static_cast<int>(rng() % 12000);
     int fd = ::socket(AF_INET, SOCK_STREAM, 0);

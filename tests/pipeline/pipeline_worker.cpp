@@ -223,6 +223,18 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   } else {
     check(whole.empty(), tag + ": gather_state_dict returned tensors on a rank other than the destination");
   }
+  // Gathered on the last rank too (a replica other than the first of its stage, in some configs).
+  const int last = pg->size() - 1;
+  nn::NamedTensors at_last = stage.gather_state_dict(last);
+  check((pg->rank() == last) == !at_last.empty(), tag + ": gather_state_dict(last rank) returned on the wrong ranks");
+  if (pg->rank() == last) {
+    check(at_last.size() == want_state.size(), tag + ": gathered on the last rank: wrong count");
+    for (size_t i = 0; i < std::min(at_last.size(), want_state.size()); ++i) {
+      const double rel = max_abs(at_last[i].second - want_state[i].second) / std::max(1e-12, max_abs(want_state[i].second));
+      check(at_last[i].first == want_state[i].first && rel <= 1e-9,
+            fmt::format("{}: gathered on rank {}: {} differs by {:.3g}", tag, last, at_last[i].first, rel));
+    }
+  }
   pg->barrier()->wait();
   // Fresh stages (other initial values) take the checkpoint back.
   PipelineStage fresh(make_model(kind, 7), plan, pg);
@@ -340,6 +352,10 @@ void scenario_errors(const std::shared_ptr<ProcessGroup>& pg) {
     expect_error([&] { stage.train_step(Tensor(), Tensor(), cross_entropy, opt); },
                  {"target has shape (undefined); expected 16 rows"}, "missing target");
   }
+  expect_error([&] { stage.load_state_dict({{"encoder.weight", zeros({2})}}); },
+               {"key 'encoder.weight' is not a parameter or buffer of a layer of the model"}, "foreign checkpoint");
+  expect_error([&] { stage.load_state_dict({{"0.weight", zeros({24, 10}, {.dtype = kFloat64})}}); },
+               {stage.is_first() ? "0.bias" : "6.weight"}, "checkpoint missing this stage's tensors");
   // Nothing was sent: the stages still train together.
   StepStats st = stage.train_step(x, y, cross_entropy, opt);
   check(std::isfinite(st.loss) && st.loss > 0, fmt::format("a step after refused ones has loss {}", st.loss));
