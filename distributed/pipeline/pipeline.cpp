@@ -7,6 +7,7 @@
 
 #include "autograd/grad_mode.h"
 #include "distributed/init.h"
+#include "tensor/caching_allocator.h"
 #include "tensor/cpu_memory.h"
 #include "tensor/ops.h"
 
@@ -74,6 +75,12 @@ PipelineStage::PipelineStage(std::shared_ptr<nn::Sequential> model, PipelinePlan
     if (a.type == ActionType::Backward) sync_micro_batch_ = a.micro_batch;
   }
   module_ = std::make_shared<StageModule>(*model, mine.first_layer, mine.end_layer);
+  // The stage runs where its parameters are (move the model before making the stage); received
+  // tensors are allocated there, and inputs and targets are moved there.
+  for (const Tensor& p : module_->parameters()) {
+    device_ = p.device();
+    break;
+  }
   // Replica groups: every rank makes every stage's group, in stage order (new_group's contract).
   for (const StagePlan& st : plan_.stages) {
     if (st.ranks.size() < 2) continue;
@@ -197,7 +204,7 @@ Tensor PipelineStage::receive(std::vector<Link>& links, int kind, int micro_batc
       }
       l.agreed = true;
     }
-    Tensor buf = empty(l.shape, {.dtype = l.dtype});
+    Tensor buf = empty(l.shape, {.dtype = l.dtype, .device = device_});
     try {
       works.push_back(group_->recv(buf, l.peer, tag_of(kind, micro_batch)));
     } catch (const std::exception& e) {
@@ -234,8 +241,12 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
     if (!loss_fn) fail("{}: train_step needs a loss function on the last stage", where());
   }
   module_->zero_grad();
-  reset_cpu_peak_memory_stats();
-  const size_t base_bytes = cpu_memory_allocated();
+  // Memory counters of the stage's device: the CPU's (tensor/cpu_memory.h) or its allocator's.
+  auto allocated = [&] { return device_.is_cpu() ? cpu_memory_allocated() : memory_allocated(device_); };
+  auto peak = [&] { return device_.is_cpu() ? cpu_max_memory_allocated() : max_memory_allocated(device_); };
+  if (device_.is_cpu()) reset_cpu_peak_memory_stats();
+  else reset_peak_memory_stats(device_);
+  const size_t base_bytes = allocated();
 
   // Per micro-batch state; a forward's entries live until its backward (that is the activation
   // memory the schedule bounds).
@@ -246,7 +257,10 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
   const double loss_scale = static_cast<double>(rows_) / plan_.global_batch;  // [Loss scaling]
   int in_flight = 0;
   StepStats stats;
-  auto rows_of = [&](const Tensor& t, int m) { return t.narrow(0, m * B + replica_ * rows_, rows_); };
+  auto rows_of = [&](const Tensor& t, int m) {
+    Tensor rows = t.narrow(0, m * B + replica_ * rows_, rows_);
+    return rows.device() == device_ ? rows : rows.to(device_);
+  };
   // The micro-batch of the last backward syncs (its forward too: DDP prepares the reduction there);
   // every other one accumulates locally under no_sync.
 
@@ -260,7 +274,7 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
       }
       case ActionType::Forward: {
         Tensor x = is_first() ? rows_of(input, m) : stage_in[m];
-        const size_t before = cpu_memory_allocated();
+        const size_t before = allocated();
         std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
         if (ddp_ && m != sync_micro_batch_) no_sync.emplace(ddp_->reducer());
         Tensor out = ddp_ ? ddp_->forward(x) : module_->forward(x);
@@ -275,7 +289,7 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
         }
         stage_out[m] = out;
         stats.max_in_flight = std::max(stats.max_in_flight, ++in_flight);
-        const size_t after = cpu_memory_allocated();
+        const size_t after = allocated();
         held_bytes[m] = (after > before ? after - before : 0) + (is_first() ? 0 : x.nbytes());
         live_bytes += held_bytes[m];
         stats.peak_activation_bytes = std::max(stats.peak_activation_bytes, live_bytes);
@@ -325,7 +339,7 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
   }
   // Sends were posted asynchronously (isend); the step ends when every one has been received.
   wait_sends();
-  stats.peak_step_bytes = cpu_max_memory_allocated() - std::min(base_bytes, cpu_max_memory_allocated());
+  stats.peak_step_bytes = peak() - std::min(base_bytes, peak());
   double loss = 0;
   for (double l : losses) loss += l;
   if (options_.report_loss) {
@@ -363,7 +377,7 @@ nn::NamedTensors PipelineStage::gather_state_dict(int dst) {
   if (rank_ != dst) return out;
   for (int s = 0; s < plan_.num_stages(); ++s) {
     if (s == stage_) {
-      for (auto& [name, t] : mine) out.emplace_back(name, t.clone());
+      for (auto& [name, t] : mine) out.emplace_back(name, t.device().is_cpu() ? t.clone() : t.cpu());
       continue;
     }
     const int src = plan_.stages[s].ranks[0];

@@ -70,11 +70,11 @@ struct StepStats {
   double loss = 0;  // mean over the global batch (on every rank with report_loss, else last stage)
   // Micro-batches whose activations this rank held at once (forwarded, backward not yet run).
   int max_in_flight = 0;
-  // Activation memory: the CPU bytes each forward left allocated (what autograd saved for
+  // Activation memory: the bytes (on the stage's device) each forward left allocated (what autograd saved for
   // backward, the output, and the received input), summed over the micro-batches held at once, at
   // the most (tensor/cpu_memory.h counts them).
   size_t peak_activation_bytes = 0;
-  // CPU bytes allocated during the step above what was allocated when it started, at the peak:
+  // Bytes allocated during the step above what was allocated when it started, at the peak:
   // activations plus the step's temporaries and gradients.
   size_t peak_step_bytes = 0;
   double step_ms = 0;
@@ -82,7 +82,8 @@ struct StepStats {
 
 class PipelineStage {
  public:
-  // model: the whole model, built identically on every rank; plan: validated against the group's
+  // model: the whole model, built identically on every rank (and moved to this rank's device, if
+  // not the CPU: the stage runs where its parameters are); plan: validated against the group's
   // size; group: the default group (the stages' replica groups are made with new_group, which
   // every rank calls here in the same order).
   PipelineStage(std::shared_ptr<nn::Sequential> model, PipelinePlan plan, std::shared_ptr<ProcessGroup> group,
@@ -105,7 +106,7 @@ class PipelineStage {
   std::vector<Tensor> parameters() const { return module_->parameters(); }
   // This stage's parameters and buffers, named as in the whole model.
   nn::NamedTensors state_dict() const { return module_->state_dict(); }
-  // The whole model's state dict assembled on rank dst (replica 0 of each stage sends its part;
+  // The whole model's state dict, on the CPU, assembled on rank dst (replica 0 of each stage sends its part;
   // every rank must call it); an empty list on the other ranks. Same names and order as the
   // whole model's state_dict().
   nn::NamedTensors gather_state_dict(int dst = 0);
@@ -138,6 +139,7 @@ class PipelineStage {
   Schedule schedule_;
   int rank_ = 0, stage_ = 0, replica_ = 0;
   int64_t rows_ = 0;  // this rank's rows of each micro-batch
+  Device device_ = kCPU;  // where the stage's parameters are
   std::shared_ptr<StageModule> module_;
   std::shared_ptr<ProcessGroup> replica_group_;  // null with one replica
   std::shared_ptr<DistributedDataParallel> ddp_;

@@ -159,7 +159,10 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   std::stringstream ss(config);
   std::string item;
   while (std::getline(ss, item, '/')) parts.push_back(item);
-  if (parts.size() != 4) fail("pipeline_worker: config '{}' is not model/replicas/micro_batches/schedule", config);
+  if (parts.size() != 4 && parts.size() != 5) {
+    fail("pipeline_worker: config '{}' is not model/replicas/micro_batches/schedule[/device]", config);
+  }
+  const Device device = parts.size() == 5 ? Device(parts[4]) : kCPU;
   const std::string kind = parts[0], schedule = parts[3];
   const std::vector<int> replicas = parse_list(parts[1]);
   const int M = std::stoi(parts[2]);
@@ -169,6 +172,7 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   auto model = make_model(kind);
   auto ref = make_model(kind);
   const int L = static_cast<int>(model->size());
+  model->to(device);  // the stages train there; the reference on the CPU
   PipelinePlan plan = uniform_plan(L, even_cuts(L, S), replicas, global, M, schedule);
   PipelineStage stage(model, plan, pg);
   model.reset();  // the stage holds its own layers only
@@ -203,7 +207,8 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   double worst = 0;
   for (auto& [name, p] : stage.state_dict()) {
     Tensor r = find(name);
-    const double rel = max_abs(p - r) / std::max(1e-12, max_abs(r));
+    check(p.device() == device, fmt::format("{}: {} is on {}, expected {}", tag, name, p.device().str(), device.str()));
+    const double rel = max_abs(p.cpu() - r) / std::max(1e-12, max_abs(r));
     worst = std::max(worst, rel);
     check(rel <= 1e-9, fmt::format("{}: {} differs from single-process training by {:.3g} relative", tag, name, rel));
   }
@@ -237,12 +242,14 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   }
   pg->barrier()->wait();
   // Fresh stages (other initial values) take the checkpoint back.
-  PipelineStage fresh(make_model(kind, 7), plan, pg);
+  auto fresh_model = make_model(kind, 7);
+  fresh_model->to(device);
+  PipelineStage fresh(fresh_model, plan, pg);
   fresh.load_state_dict(nn::load_safetensors(path).tensors);
   nn::NamedTensors trained = stage.state_dict(), restored = fresh.state_dict();
   check(trained.size() == restored.size(), tag + ": the fresh stage has other tensors");
   for (size_t i = 0; i < std::min(trained.size(), restored.size()); ++i) {
-    check(restored[i].first == trained[i].first && max_abs(restored[i].second - trained[i].second) == 0,
+    check(restored[i].first == trained[i].first && max_abs(restored[i].second.cpu() - trained[i].second.cpu()) == 0,
           fmt::format("{}: {} not restored from the checkpoint", tag, trained[i].first));
   }
   pg->barrier()->wait();
