@@ -381,8 +381,8 @@ std::shared_ptr<Work> ProcessGroupGloo::send(const Tensor& tensor, int dst, int 
   // Point-to-point ops do not go through the worker queue: a send waits for its matching recv,
   // and queued behind it a later recv (isend then irecv, as in a ring) could never be posted.
   // The buffer is posted here, at once, and a waiter thread finishes the Work.
-  const uint64_t seq = sequence_++;
-  auto work = std::make_shared<Work>(fmt::format("ProcessGroupGloo send to rank {} (sequence number {}, rank {} of {}, "
+  const uint64_t seq = p2p_sequence_++;
+  auto work = std::make_shared<Work>(fmt::format("ProcessGroupGloo send to rank {} (point-to-point number {}, rank {} of {}, "
                                                  "timeout {} ms)", dst, seq, rank, size_, timeout.count()));
   Tensor t = tensor.contiguous();
   auto buf = std::shared_ptr<gloo::transport::UnboundBuffer>(ctx->createUnboundBuffer(t.raw_data_ptr(), t.nbytes()));
@@ -408,8 +408,8 @@ std::shared_ptr<Work> ProcessGroupGloo::recv(const Tensor& tensor, int src, int 
   auto ctx = context_;
   auto timeout = options_.timeout;
   const int rank = rank_;
-  const uint64_t seq = sequence_++;
-  auto work = std::make_shared<Work>(fmt::format("ProcessGroupGloo recv from rank {} (sequence number {}, rank {} of "
+  const uint64_t seq = p2p_sequence_++;
+  auto work = std::make_shared<Work>(fmt::format("ProcessGroupGloo recv from rank {} (point-to-point number {}, rank {} of "
                                                  "{}, timeout {} ms)", src, seq, rank, size_, timeout.count()));
   auto s = std::make_shared<Staged>(tensor);
   auto buf = std::shared_ptr<gloo::transport::UnboundBuffer>(

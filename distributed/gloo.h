@@ -52,7 +52,11 @@ class ProcessGroupGloo : public ProcessGroup {
 
   GlooOptions options_;
   std::shared_ptr<gloo::Context> context_;
+  // Collectives are numbered apart from point-to-point ops: the collective's number is also its
+  // Gloo tag, which must agree on every rank, and ranks send and receive different numbers of
+  // point-to-point messages (a pipeline's middle stage twice its neighbours').
   uint64_t sequence_ = 0;
+  uint64_t p2p_sequence_ = 0;
 
   std::mutex mutex_;
   std::condition_variable cv_;

@@ -2,11 +2,13 @@
 
 #include <malloc.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <unordered_map>
 
+#include "tensor/cpu_memory.h"
 #include "tensor/error.h"
 
 namespace chorus {
@@ -110,7 +112,22 @@ Registry& registry() {
   return *r;
 }
 
+// Live bytes of owning CPU storage and their peak (tensor/cpu_memory.h).
+std::atomic<size_t> g_cpu_allocated{0};
+std::atomic<size_t> g_cpu_peak{0};
+
+void count_cpu_allocation(size_t nbytes) {
+  const size_t now = g_cpu_allocated.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
+  size_t peak = g_cpu_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_cpu_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
 }  // namespace
+
+size_t cpu_memory_allocated() { return g_cpu_allocated.load(std::memory_order_relaxed); }
+size_t cpu_max_memory_allocated() { return g_cpu_peak.load(std::memory_order_relaxed); }
+void reset_cpu_peak_memory_stats() { g_cpu_peak.store(g_cpu_allocated.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 void register_allocator(DeviceType type, Allocator* allocator) {
   Registry& r = registry();
@@ -133,6 +150,7 @@ Allocator* allocator_for(Device device) {
 StorageImpl::StorageImpl(size_t nbytes, Device device)
     : nbytes_(nbytes), device_(device), owned_(true) {
   data_ = allocator_for(device)->allocate(nbytes, device);
+  if (device.is_cpu()) count_cpu_allocation(nbytes);
 }
 
 StorageImpl::StorageImpl(void* data, size_t nbytes, Device device, std::function<void(void*)> deleter)
@@ -141,6 +159,7 @@ StorageImpl::StorageImpl(void* data, size_t nbytes, Device device, std::function
 StorageImpl::~StorageImpl() {
   if (owned_) {
     allocator_for(device_)->deallocate(data_, device_);
+    if (device_.is_cpu()) g_cpu_allocated.fetch_sub(nbytes_, std::memory_order_relaxed);
   } else if (deleter_) {
     deleter_(data_);
   }

@@ -553,6 +553,27 @@ void scenario_new_group(const std::shared_ptr<ProcessGroup>& pg) {
   check(t[0].item<float>() == want, fmt::format("subgroup allreduce gives {} (got {})", want, t[0].item<float>()));
 }
 
+// Ranks 0 and 1 exchange point-to-point messages that rank 2 takes no part in; the collectives
+// after them must still pair up (Gloo tags collectives by their number, so point-to-point ops
+// must not advance it: they did once, and a pipeline's first allreduce hung).
+void scenario_p2p_then_collective(const std::shared_ptr<ProcessGroup>& pg) {
+  const int rank = pg->rank();
+  for (int i = 0; i < 3; ++i) {
+    Tensor t = full({4}, static_cast<double>(i));
+    if (rank == 0) pg->send(t, 1, 5)->wait();
+    if (rank == 1) {
+      pg->recv(t, 0, 5)->wait();
+      check(t[0].item<float>() == i, "point-to-point message " + std::to_string(i));
+    }
+  }
+  Tensor t = full({3}, static_cast<double>(rank + 1));
+  pg->allreduce({t})->wait();
+  check(t[0].item<float>() == 6, fmt::format("allreduce after uneven point-to-point traffic gives {}", t[0].item<float>()));
+  Tensor b = full({2}, static_cast<double>(rank));
+  pg->broadcast({b}, 2)->wait();
+  check(b[1].item<float>() == 2, "broadcast after uneven point-to-point traffic");
+}
+
 // Uneven inputs: rank r has 2 + r batches. With join(), training ends on every rank, and every
 // rank ends with the parameters of single-process training where step i sums the losses of the
 // ranks that still had data and divides by the world size.
@@ -662,6 +683,7 @@ int main(int argc, char** argv) {
       ::setenv("NCCL_HOSTID", fmt::format("chorus-host-{}", r ? r : "0").c_str(), 1);
     }
     if (scenario == "timeout" || scenario == "killed_rank" || scenario == "stream_timeout") init.timeout = std::chrono::milliseconds(2000);
+    if (scenario == "p2p_then_collective") init.timeout = std::chrono::milliseconds(10000);
     auto pg = init_process_group(init);
     g_rank = pg->rank();
     if (scenario == "collectives") {
@@ -687,6 +709,7 @@ int main(int argc, char** argv) {
     else if (scenario == "stream_timeout") scenario_stream_timeout(pg);
     else if (scenario == "debug_mismatch") scenario_debug_mismatch(pg);
     else if (scenario == "new_group") scenario_new_group(pg);
+    else if (scenario == "p2p_then_collective") scenario_p2p_then_collective(pg);
     else if (scenario == "join") scenario_join(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "syncbn") scenario_syncbn(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else {

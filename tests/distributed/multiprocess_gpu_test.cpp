@@ -6,9 +6,26 @@
 // - two NCCL ranks on one GPU with a distinct NCCL_HOSTID each (recent NCCL is reported to accept
 //   it): either every collective x dtype is right, or every rank fails with an NCCL error — never a
 //   hang or a wrong value. Which of the two happened is printed, for docs/gpu.md.
-#include "tests/distributed/workers.h"
+#include <catch2/catch.hpp>
 
-using namespace chorus::test;
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "tests/distributed/worker_launcher.h"
+
+namespace {
+
+using chorus::testing::require_all_ok;
+using chorus::testing::Result;
+
+Result run_workers(int world, const std::vector<std::string>& args, const std::vector<std::string>& extra_env = {},
+                   double limit_s = 120) {
+  return chorus::testing::run_workers(chorus::testing::runfile("tests/distributed/dist_worker"), world, args, extra_env,
+                                      limit_s);
+}
+
+}  // namespace
 
 TEST_CASE("Gloo with CUDA tensors: collectives and DDP across processes on one GPU", "[distributed][gpu]") {
   require_all_ok(run_workers(2, {"collectives", "cuda:0"}));

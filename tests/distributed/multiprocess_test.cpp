@@ -2,9 +2,25 @@
 // chorusrun gives: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT on a free loopback port), which talk
 // through a TCPStore and Gloo over loopback, and requires every one of them to exit 0. What each
 // scenario checks is in dist_worker.cpp.
-#include "tests/distributed/workers.h"
+#include <catch2/catch.hpp>
 
-using namespace chorus::test;
+#include <string>
+#include <vector>
+
+#include "tests/distributed/worker_launcher.h"
+
+namespace {
+
+using chorus::testing::require_all_ok;
+using chorus::testing::Result;
+
+Result run_workers(int world, const std::vector<std::string>& args, const std::vector<std::string>& extra_env = {},
+                   double limit_s = 120) {
+  return chorus::testing::run_workers(chorus::testing::runfile("tests/distributed/dist_worker"), world, args, extra_env,
+                                      limit_s);
+}
+
+}  // namespace
 
 TEST_CASE("every collective and dtype gives the expected values at world sizes 1 to 4", "[distributed][collectives]") {
   for (int world = 1; world <= 4; ++world) {
@@ -97,6 +113,10 @@ TEST_CASE("debug mode catches ranks calling mismatched collectives", "[distribut
 
 TEST_CASE("new_group makes subgroups with their own rank numbering", "[distributed][groups]") {
   require_all_ok(run_workers(4, {"new_group"}));
+}
+
+TEST_CASE("collectives pair up after point-to-point traffic that only some ranks took part in", "[distributed][p2p]") {
+  require_all_ok(run_workers(3, {"p2p_then_collective"}, {}, 60));
 }
 
 TEST_CASE("join lets ranks with fewer batches finish while the others train on", "[distributed][ddp][join]") {

@@ -1,7 +1,7 @@
-// Multi-process test harness: starts `world` real worker processes with the environment chorusrun
-// gives (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT on a free loopback port), waits for
-// them with a time limit (a hang is a failure: the workers are killed), and collects their output.
-// Used by multiprocess_test (CI) and multiprocess_gpu_test (gpu).
+// Starts real worker processes for multi-process tests, as chorusrun would: each gets RANK,
+// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1 and MASTER_PORT (a free loopback port), its output
+// goes to a log under TEST_TMPDIR, and a job that outlives its limit is killed (a hang is a
+// failure). Used by tests/distributed/multiprocess_test and tests/pipeline/pipeline_test.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <climits>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -24,14 +23,16 @@
 #include <thread>
 #include <vector>
 
-namespace chorus::test {
-
+namespace chorus::testing {
 
 // A free port below the kernel's ephemeral range (32768-60999): ports from bind(0) are ephemeral
 // ones, which the many client connections of concurrently running tests can take between our probe
-// and rank 0's bind.
+// and rank 0's bind. Seeded from std::random_device, not the pid: Bazel's sandbox gives each test
+// its own pid namespace, so two tests started in the same second had the same pid and time, picked
+// the same port, and one job's workers joined the other's store.
 inline int free_port() {
-  static std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(time(nullptr)));
+  static std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(::getpid()) ^
+                          static_cast<unsigned>(time(nullptr)));
   for (;;) {
     const int port = 20000 + static_cast<int>(rng() % 12000);
     int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -45,19 +46,21 @@ inline int free_port() {
   }
 }
 
-inline std::string worker_path() {
-  // CHORUS_DIST_WORKER, else next to this binary or in ../libexec (the GPU bundle), else Bazel's runfiles.
-  if (const char* w = std::getenv("CHORUS_DIST_WORKER")) return w;
-  char self[PATH_MAX] = {};
-  if (::readlink("/proc/self/exe", self, sizeof(self) - 1) > 0) {
-    const std::filesystem::path dir = std::filesystem::path(self).parent_path();
-    for (const auto& candidate : {dir / "dist_worker", dir.parent_path() / "libexec" / "dist_worker"}) {
-      if (std::filesystem::exists(candidate)) return candidate.string();
+// A binary of the workspace by its path in it ("tests/distributed/dist_worker"), from the test's
+// runfiles (or bazel-bin when run by hand).
+// In a GPU bundle (tools/gpu_bundle.sh) the helper binaries sit in libexec/ beside the tests' bin/.
+inline std::string runfile(const std::string& path) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  if (srcdir == nullptr) {
+    char self[4096] = {};
+    if (::readlink("/proc/self/exe", self, sizeof(self) - 1) > 0) {
+      const std::filesystem::path bundled = std::filesystem::path(self).parent_path().parent_path() / "libexec" /
+                                            std::filesystem::path(path).filename();
+      if (std::filesystem::exists(bundled)) return bundled.string();
     }
   }
-  const char* srcdir = std::getenv("TEST_SRCDIR");
   std::string base = srcdir ? std::string(srcdir) + "/chorus/" : std::string("bazel-bin/");
-  return base + "tests/distributed/dist_worker";
+  return base + path;
 }
 
 inline std::string slurp(const std::string& path) {
@@ -73,10 +76,9 @@ struct Result {
 };
 
 // Runs `world` workers of a scenario; kills them all after `limit_s` seconds (a hang is a failure).
-inline Result run_workers_once(int world, const std::vector<std::string>& args, const std::vector<std::string>& extra_env,
-                        double limit_s) {
+inline Result run_workers_once(const std::string& exe, int world, const std::vector<std::string>& args,
+                               const std::vector<std::string>& extra_env, double limit_s) {
   const int port = free_port();
-  const std::string exe = worker_path();
   std::vector<pid_t> pids;
   std::vector<std::string> logs;
   const char* tmp = std::getenv("TEST_TMPDIR");
@@ -136,11 +138,11 @@ inline Result run_workers_once(int world, const std::vector<std::string>& args, 
 
 // A port can still be taken between the probe and rank 0's bind; then the job is run again on
 // another port (at most 3 tries), as a user would rerun it.
-inline Result run_workers(int world, const std::vector<std::string>& args, const std::vector<std::string>& extra_env = {},
-                   double limit_s = 120) {
+inline Result run_workers(const std::string& exe, int world, const std::vector<std::string>& args,
+                          const std::vector<std::string>& extra_env = {}, double limit_s = 120) {
   Result r;
   for (int attempt = 0; attempt < 3; ++attempt) {
-    r = run_workers_once(world, args, extra_env, limit_s);
+    r = run_workers_once(exe, world, args, extra_env, limit_s);
     if (r.output.find("cannot bind port") == std::string::npos) break;
   }
   return r;
@@ -154,4 +156,4 @@ inline void require_all_ok(const Result& r) {
   }
 }
 
-}  // namespace chorus::test
+}  // namespace chorus::testing

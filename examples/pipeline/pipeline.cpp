@@ -1,0 +1,220 @@
+// Trains an MLP on MNIST with DAPPLE's hybrid pipeline + data parallelism, under chorusrun:
+//
+//   chorusrun --nproc-per-node 3 bazel-bin/examples/pipeline/pipeline --replicas 2,1 --micro-batches 4
+//   chorusrun --nproc-per-node 4 bazel-bin/examples/pipeline/pipeline --pipeline-stages 4 --schedule gpipe
+//   chorusrun --nproc-per-node 3 bazel-bin/examples/pipeline/pipeline --plan plan.json   # the planner's
+//
+// Every rank builds the whole model with the same seed and reads the same global batches (the first
+// stage uses the images, the last the labels); the runtime keeps each rank's layers only. At the
+// end the whole model is gathered on rank 0, which measures test accuracy and prints one JSON line
+// {"summary": {...}}. See docs/pipeline.md.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <sstream>
+
+#include "data/data.h"
+#include "distributed/init.h"
+#include "distributed/pipeline/pipeline.h"
+#include "examples/common/example_util.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "tensor/ops.h"
+
+using namespace chorus;
+namespace F = chorus::nn::functional;
+namespace pp = chorus::distributed::pipeline;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Flags {
+  int stages = 0;  // 0: from --replicas, else one stage per process
+  std::string replicas;
+  int micro_batches = 4;
+  std::string schedule = "1f1b";
+  std::string plan;
+  int64_t batch_size = 128;
+  int hidden = 256;
+  int hidden_layers = 3;
+  int epochs = 1;
+  int64_t max_steps = 0;
+  double lr = 0.05;
+  uint64_t seed = 1;
+  std::string data_dir;
+  double log_every_s = 5;
+  int64_t test_limit = 0;
+};
+
+// Flatten, then (Linear, ReLU) blocks, then the classifier: 2 + 2 * hidden_layers layers, each a
+// unit the plan can cut between.
+std::shared_ptr<nn::Sequential> make_model(const Flags& f) {
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(std::make_shared<nn::Flatten>());
+  int64_t d = 784;
+  for (int i = 0; i < f.hidden_layers; ++i) {
+    net->push_back(std::make_shared<nn::Linear>(d, f.hidden));
+    net->push_back(std::make_shared<nn::ReLU>());
+    d = f.hidden;
+  }
+  net->push_back(std::make_shared<nn::Linear>(d, 10));
+  return net;
+}
+
+std::vector<int> parse_replicas(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      out.push_back(std::stoi(item));
+    } catch (...) {
+      fail("pipeline: --replicas must be a comma list of positive counts (e.g. 2,1), got '{}'", s);
+    }
+  }
+  return out;
+}
+
+pp::PipelinePlan make_plan(const Flags& f, int num_layers, int world) {
+  if (!f.plan.empty()) return pp::load_plan(f.plan);
+  std::vector<int> replicas;
+  if (!f.replicas.empty()) {
+    replicas = parse_replicas(f.replicas);
+    if (f.stages > 0 && f.stages != static_cast<int>(replicas.size())) {
+      fail("pipeline: --pipeline-stages {} but --replicas lists {} stages ('{}')", f.stages, replicas.size(), f.replicas);
+    }
+  } else {
+    const int stages = f.stages > 0 ? f.stages : world;
+    if (world % stages != 0) {
+      fail("pipeline: {} processes do not split into {} stages of equal replication; give --replicas", world, stages);
+    }
+    replicas.assign(stages, world / stages);
+  }
+  const int total = std::accumulate(replicas.begin(), replicas.end(), 0);
+  if (total != world) {
+    fail("pipeline: --replicas {} adds up to {} processes, but {} were started", f.replicas, total, world);
+  }
+  return pp::uniform_plan(num_layers, pp::even_cuts(num_layers, static_cast<int>(replicas.size())), replicas,
+                          static_cast<int>(f.batch_size), f.micro_batches, f.schedule);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"Train an MLP on MNIST with pipeline + data parallelism (DAPPLE); run under chorusrun"};
+  app.add_option("--pipeline-stages", f.stages, "number of stages (default: --replicas' length, else one per process)");
+  app.add_option("--replicas", f.replicas, "processes per stage, a comma list (e.g. 2,1)");
+  app.add_option("--micro-batches", f.micro_batches, "micro-batches per global batch")->check(CLI::PositiveNumber);
+  app.add_option("--schedule", f.schedule, "gpipe or 1f1b")->check(CLI::IsMember({"gpipe", "1f1b"}));
+  app.add_option("--plan", f.plan, "a plan JSON (the planner's); replaces the stage, replica, batch and schedule flags");
+  app.add_option("--batch-size", f.batch_size, "global batch size")->check(CLI::PositiveNumber);
+  app.add_option("--hidden", f.hidden, "width of the hidden layers")->check(CLI::PositiveNumber);
+  app.add_option("--hidden-layers", f.hidden_layers, "number of hidden layers")->check(CLI::PositiveNumber);
+  app.add_option("--epochs", f.epochs, "passes over the training set")->check(CLI::PositiveNumber);
+  app.add_option("--max-steps", f.max_steps, "stop after this many steps (0: all epochs)");
+  app.add_option("--lr", f.lr, "SGD learning rate (momentum 0.9)");
+  app.add_option("--seed", f.seed, "seed of initialization and shuffling");
+  app.add_option("--data-dir", f.data_dir, "folder holding mnist/ (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");
+  app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
+  app.add_option("--test-limit", f.test_limit, "evaluate on the first N test images (0: all)");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const auto t_start = Clock::now();
+    examples::Job job = examples::Job::join();
+    if (!job.group) {
+      // One process: a one-stage pipeline over a group of one (the same code path).
+      job.group = distributed::init_process_group({.init_method = "tcp://127.0.0.1:0", .rank = 0, .world_size = 1,
+                                                   .store = std::make_shared<distributed::TCPStore>(
+                                                       "127.0.0.1", 0, distributed::TCPStoreOptions{.is_server = true})});
+    }
+    manual_seed(f.seed);
+    auto model = make_model(f);
+    pp::PipelinePlan plan = make_plan(f, static_cast<int>(model->size()), job.world);
+    if (!f.plan.empty()) f.batch_size = plan.global_batch;
+
+    const std::string root = (f.data_dir.empty() ? data::default_data_dir() : f.data_dir) + "/mnist";
+    auto train = std::make_shared<data::MNIST>(root, data::Split::Train);
+    auto test = std::make_shared<data::MNIST>(root, data::Split::Test);
+    // Every rank reads the same global batches in the same order (a sampler for one replica).
+    auto sampler = std::make_shared<data::DistributedSampler>(train->size(), 1, 0, true, f.seed);
+    data::DataLoader loader(train, {.batch_size = f.batch_size, .drop_last = true, .sampler = sampler});
+
+    pp::PipelineStage stage(model, plan, job.group);
+    optim::SGD opt(stage.parameters(), {.lr = f.lr, .momentum = 0.9});
+    job.log(fmt::format("pipeline: {} stages, replicas [{}], {} micro-batches of {}, schedule {}, world size {}",
+                        plan.num_stages(),
+                        fmt::join([&] {
+                          std::vector<size_t> r;
+                          for (const auto& s : plan.stages) r.push_back(s.ranks.size());
+                          return r;
+                        }(), ","),
+                        plan.micro_batches, plan.micro_batch_size(), plan.schedule, job.world));
+    job.log(pp::to_string(stage.schedule()));
+
+    int64_t step = 0;
+    double first_loss = -1, last_loss = 0, step_ms_sum = 0;
+    int max_in_flight = 0;
+    size_t peak_bytes = 0;
+    auto t_log = Clock::now();
+    const auto t_train = Clock::now();
+    bool done = false;
+    for (int epoch = 0; epoch < f.epochs && !done; ++epoch) {
+      loader.set_epoch(epoch);
+      for (data::Batch& b : loader) {
+        pp::StepStats st = stage.train_step(b.data, b.target, [](const Tensor& out, const Tensor& y) {
+          return F::cross_entropy(out, y);
+        }, opt);
+        ++step;
+        if (first_loss < 0) first_loss = st.loss;
+        last_loss = st.loss;
+        step_ms_sum += st.step_ms;
+        max_in_flight = std::max(max_in_flight, st.max_in_flight);
+        peak_bytes = std::max(peak_bytes, st.peak_activation_bytes);
+        if (std::chrono::duration<double>(Clock::now() - t_log).count() >= f.log_every_s) {
+          t_log = Clock::now();
+          job.log(fmt::format("epoch {} step {} loss {:.4f} {:.1f} ms/step", epoch + 1, step, st.loss,
+                              step_ms_sum / step));
+        }
+        if (f.max_steps > 0 && step >= f.max_steps) {
+          done = true;
+          break;
+        }
+      }
+    }
+    const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
+    // Rank 0 assembles the whole model and evaluates it alone.
+    nn::NamedTensors whole = stage.gather_state_dict(0);
+    double accuracy = 0;
+    if (job.rank == 0) {
+      model->load_state_dict(whole);
+      examples::Job solo;
+      auto [correct, count] = examples::classification_accuracy(*model, *test, f.test_limit, solo);
+      accuracy = static_cast<double>(correct) / std::max<int64_t>(count, 1);
+    }
+    nlohmann::json summary = {
+        {"schedule", plan.schedule},
+        {"stages", plan.num_stages()},
+        {"micro_batches", plan.micro_batches},
+        {"world_size", job.world},
+        {"steps", step},
+        {"batch_size", f.batch_size},
+        {"first_step_loss", first_loss},
+        {"last_step_loss", last_loss},
+        {"test_accuracy", accuracy},
+        {"rank0_max_in_flight", max_in_flight},
+        {"rank0_peak_activation_bytes", peak_bytes},
+        {"samples_per_s", static_cast<double>(step * f.batch_size) / std::max(train_s, 1e-9)},
+        {"wall_s", std::chrono::duration<double>(Clock::now() - t_start).count()},
+    };
+    job.log(nlohmann::json{{"summary", summary}}.dump());
+    job.finish();
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pipeline: error: %s\n", e.what());
+    return 1;
+  }
+}

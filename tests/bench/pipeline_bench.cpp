@@ -1,0 +1,139 @@
+// DAPPLE's schedules against pure data parallelism (a table; not a pass/fail test). Run with 4
+// processes:
+//
+//   chorusrun --nproc-per-node 4 bazel-bin/tests/bench/pipeline_bench [steps] [width] [batch]
+//
+// The same MLP (16 layers: 8 x (Linear width->width, ReLU)) and global batch, three ways:
+//   gpipe  4 stages x 1 replica, M = 8, all forwards then all backwards
+//   1f1b   4 stages x 1 replica, M = 8, early backward (stage i holds at most 4 - i micro-batches)
+//   dp     1 stage x 4 replicas, M = 1 (DDP: each rank runs batch / 4 rows at once)
+// For each: median iteration time over `steps` steps after 2 warm-up steps (the slowest rank's), and
+// per stage (the maximum over its ranks): the peak activation memory (bytes the forwards left
+// allocated, summed over the micro-batches held at once), the peak of everything the step allocated
+// above its start (activations, gradients, temporaries; tensor/cpu_memory.h), and the most
+// micro-batches held at once.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "distributed/init.h"
+#include "distributed/pipeline/pipeline.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "tensor/ops.h"
+
+using namespace chorus;
+namespace F = chorus::nn::functional;
+namespace pp = chorus::distributed::pipeline;
+
+namespace {
+
+std::shared_ptr<nn::Sequential> mlp(int64_t width, int blocks) {
+  manual_seed(3);
+  auto net = std::make_shared<nn::Sequential>();
+  for (int i = 0; i < blocks; ++i) {
+    net->push_back(std::make_shared<nn::Linear>(width, width));
+    net->push_back(std::make_shared<nn::ReLU>());
+  }
+  return net;
+}
+
+struct Row {
+  std::string mode;
+  double step_ms;
+  std::vector<double> act_mib;   // per stage
+  std::vector<double> peak_mib;  // per stage
+  std::vector<int> in_flight;    // per stage
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int steps = argc > 1 ? std::atoi(argv[1]) : 10;
+  const int64_t width = argc > 2 ? std::atoll(argv[2]) : 512;
+  const int batch = argc > 3 ? std::atoi(argv[3]) : 512;
+  try {
+    auto group = distributed::init_process_group();
+    const int world = group->size(), rank = group->rank();
+    if (world != 4) fail("pipeline_bench: run it with 4 processes (chorusrun --nproc-per-node 4), got {}", world);
+    const int blocks = 8, layers = 2 * blocks;
+    struct Mode {
+      std::string name;
+      pp::PipelinePlan plan;
+    };
+    std::vector<Mode> modes = {
+        {"gpipe", pp::uniform_plan(layers, pp::even_cuts(layers, 4), {1, 1, 1, 1}, batch, 8, "gpipe")},
+        {"1f1b", pp::uniform_plan(layers, pp::even_cuts(layers, 4), {1, 1, 1, 1}, batch, 8, "1f1b")},
+        {"dp", pp::uniform_plan(layers, {}, {4}, batch, 1, "1f1b")},
+    };
+    std::vector<Row> rows;
+    for (const Mode& mode : modes) {
+      auto model = mlp(width, blocks);
+      pp::PipelineStage stage(model, mode.plan, group, {.report_loss = false});
+      model.reset();
+      optim::SGD opt(stage.parameters(), {.lr = 0.01, .momentum = 0.9});
+      manual_seed(4);
+      Tensor x = randn({batch, width}), y = randn({batch, width});
+      auto loss = [](const Tensor& out, const Tensor& t) { return F::mse_loss(out, t); };
+      std::vector<double> times;
+      pp::StepStats worst;
+      for (int i = 0; i < steps + 2; ++i) {
+        group->barrier()->wait();  // every mode's step starts together on all ranks
+        pp::StepStats st = stage.train_step(x, y, loss, opt);
+        group->barrier()->wait();
+        if (i < 2) continue;
+        times.push_back(st.step_ms);
+        worst.peak_activation_bytes = std::max(worst.peak_activation_bytes, st.peak_activation_bytes);
+        worst.peak_step_bytes = std::max(worst.peak_step_bytes, st.peak_step_bytes);
+        worst.max_in_flight = std::max(worst.max_in_flight, st.max_in_flight);
+      }
+      std::sort(times.begin(), times.end());
+      // Per rank: [median step ms, activation bytes, step peak bytes, in flight, stage].
+      Tensor mine = tensor<double>({times[times.size() / 2], static_cast<double>(worst.peak_activation_bytes),
+                                    static_cast<double>(worst.peak_step_bytes), static_cast<double>(worst.max_in_flight),
+                                    static_cast<double>(stage.stage())});
+      TensorList all;
+      for (int r = 0; r < world; ++r) all.push_back(zeros({5}, {.dtype = kFloat64}));
+      group->allgather(all, mine)->wait();
+      const size_t S = static_cast<size_t>(mode.plan.num_stages());
+      Row row{mode.name, 0, std::vector<double>(S, 0), std::vector<double>(S, 0), std::vector<int>(S, 0)};
+      for (const Tensor& t : all) {
+        const double* p = t.data_ptr<double>();
+        const int s = static_cast<int>(p[4]);
+        row.step_ms = std::max(row.step_ms, p[0]);
+        row.act_mib[s] = std::max(row.act_mib[s], p[1] / (1 << 20));
+        row.peak_mib[s] = std::max(row.peak_mib[s], p[2] / (1 << 20));
+        row.in_flight[s] = std::max(row.in_flight[s], static_cast<int>(p[3]));
+      }
+      rows.push_back(row);
+    }
+    if (rank == 0) {
+      std::printf("MLP %d x (Linear %lld->%lld, ReLU), float32, global batch %d, 4 processes, median of %d steps\n\n",
+                  blocks, static_cast<long long>(width), static_cast<long long>(width), batch, steps);
+      std::printf("| mode | stages x replicas | M | iteration ms | activation MiB per stage | step peak MiB per stage | "
+                  "micro-batches held per stage |\n");
+      std::printf("|---|---|---|---|---|---|---|\n");
+      for (size_t i = 0; i < rows.size(); ++i) {
+        const Row& r = rows[i];
+        std::string acts, peaks, held;
+        for (size_t s = 0; s < r.peak_mib.size(); ++s) {
+          acts += fmt::format("{}{:.2f}", s ? " / " : "", r.act_mib[s]);
+          peaks += fmt::format("{}{:.2f}", s ? " / " : "", r.peak_mib[s]);
+          held += fmt::format("{}{}", s ? " / " : "", r.in_flight[s]);
+        }
+        const auto& plan = modes[i].plan;
+        std::printf("| %s | %d x %zu | %d | %.1f | %s | %s | %s |\n", r.mode.c_str(), plan.num_stages(),
+                    plan.stages[0].ranks.size(), plan.micro_batches, r.step_ms, acts.c_str(), peaks.c_str(), held.c_str());
+      }
+      std::fflush(stdout);
+    }
+    group->barrier()->wait();
+    distributed::destroy_process_group();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pipeline_bench: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,65 @@
+// The DAPPLE runtime in real processes: each case starts pipeline_worker copies over loopback (as
+// chorusrun would) and requires every one to exit 0; what each scenario checks is in
+// pipeline_worker.cpp. Several configurations share one job (one process start-up) to keep the
+// suite short on 2 cores. The matrix (model/replicas per stage/micro-batches/schedule):
+//   2 processes: 2 stages, M = 1, 2, 4, 8 (1F1B), M = 4, 8 (GPipe); the transformer with both
+//   3 processes: 3 stages (M = 2 < S, 4; both schedules); 2+1 and 1+2 replicas; transformer 2+1, 1+1+1
+//   4 processes: 2 stages x 2 replicas (both schedules, both models); 4 stages; 1+2+1 replicas
+//   on sim devices (3 processes): 3 stages; 2+1 (transformer, GPipe); 1+2
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "tests/distributed/worker_launcher.h"
+
+namespace {
+
+using chorus::testing::require_all_ok;
+
+chorus::testing::Result run(int world, const std::vector<std::string>& args, double limit_s = 120,
+                            const std::vector<std::string>& env = {}) {
+  return chorus::testing::run_workers(chorus::testing::runfile("tests/pipeline/pipeline_worker"), world, args, env,
+                                      limit_s);
+}
+
+}  // namespace
+
+TEST_CASE("2 stages train exactly as one process: M = 1..8, GPipe and 1F1B, MLP and transformer", "[pipeline][equivalence]") {
+  require_all_ok(run(2, {"equivalence", "mlp/1,1/1/1f1b", "mlp/1,1/2/1f1b", "mlp/1,1/4/1f1b", "mlp/1,1/8/1f1b",
+                         "mlp/1,1/4/gpipe", "mlp/1,1/8/gpipe", "transformer/1,1/4/1f1b", "transformer/1,1/2/gpipe"}));
+}
+
+TEST_CASE("3 stages and non-uniform replication (2+1, 1+2) train exactly as one process", "[pipeline][equivalence]") {
+  require_all_ok(run(3, {"equivalence", "mlp/1,1,1/4/1f1b", "mlp/1,1,1/2/1f1b", "mlp/1,1,1/4/gpipe", "mlp/2,1/4/1f1b",
+                         "mlp/1,2/8/gpipe", "transformer/2,1/2/1f1b", "transformer/1,1,1/8/1f1b"}));
+}
+
+TEST_CASE("2 stages x 2 replicas, 4 stages and 1+2+1 replicas train exactly as one process", "[pipeline][equivalence]") {
+  require_all_ok(run(4, {"equivalence", "mlp/2,2/4/1f1b", "mlp/2,2/2/gpipe", "transformer/2,2/4/1f1b",
+                         "mlp/1,1,1,1/8/1f1b", "mlp/1,2,1/2/1f1b"}));
+}
+
+// On sim devices the boundary tensors and the replicas' gradient buckets go through the
+// stream-ordered group's communication streams (ordered by events, random delays before every
+// stream task), as they will on CUDA with NCCL.
+TEST_CASE("on sim devices, through the stream-ordered group, pipelines train exactly as one process", "[pipeline][sim]") {
+  require_all_ok(run(3, {"equivalence", "mlp/1,1,1/4/1f1b/sim:0", "transformer/2,1/2/gpipe/sim:0", "mlp/1,2/4/1f1b/sim:0"},
+                     120, {"CHORUS_SIM_DELAY_US=200"}));
+}
+
+TEST_CASE("1F1B holds far less activation memory than GPipe on the first stage", "[pipeline][memory]") {
+  require_all_ok(run(2, {"memory"}));
+}
+
+TEST_CASE("a stage killed mid-step makes its neighbours fail with a clear error, not hang", "[pipeline][faults]") {
+  require_all_ok(run(3, {"killed"}, 60));
+}
+
+TEST_CASE("a boundary tensor that changes shape after the first step is an error, not a hang", "[pipeline][faults]") {
+  require_all_ok(run(2, {"shape_change"}, 60));
+}
+
+TEST_CASE("plans for another model or world size, and batches of the wrong size, are refused", "[pipeline][errors]") {
+  require_all_ok(run(2, {"errors"}));
+}

@@ -1,0 +1,413 @@
+// One rank of a pipeline test: pipeline_test starts world_size copies of this program (RANK,
+// WORLD_SIZE, MASTER_ADDR, MASTER_PORT set as chorusrun sets them); each runs the scenario named by
+// argv[1] with real Gloo groups over loopback and exits 0 when everything it checked held.
+//
+//   equivalence CONFIG...   CONFIG = model/replicas/micro_batches/schedule, e.g. mlp/2,1/4/1f1b:
+//                           5 steps of pipelined training end with the parameters (and losses) of
+//                           single-process training on the same global batches (float64, 1e-9);
+//                           each stage holds at most min(S - i, M) micro-batches under 1F1B and M
+//                           under GPipe; the gathered whole-model state equals the reference, and
+//                           loaded from a safetensors file into fresh stages it gives them back.
+//   memory                  2 stages, M = 8: stage 0's peak activation bytes under 1F1B are well
+//                           below GPipe's.
+//   killed                  3 stages; rank 1 dies in the middle of step 2: ranks 0 and 2 fail with
+//                           an error naming the pipeline stage and rank 1 within seconds.
+//   shape_change            stage 0's output changes width in step 2: a clear error on rank 0, and
+//                           rank 1 fails instead of hanging.
+//   errors                  a plan for another model, and batches of the wrong size, are refused.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "distributed/init.h"
+#include "distributed/pipeline/pipeline.h"
+#include "nn/nn.h"
+#include "nn/serialize.h"
+#include "optim/optim.h"
+#include "tensor/ops.h"
+
+using namespace chorus;
+using namespace chorus::distributed;
+using namespace chorus::distributed::pipeline;
+namespace F = chorus::nn::functional;
+
+namespace {
+
+int g_failures = 0;
+int g_rank = 0;
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    std::fprintf(stderr, "rank %d: CHECK FAILED: %s\n", g_rank, what.c_str());
+    ++g_failures;
+  }
+}
+
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts, const std::string& what) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts) check(msg.find(p) != std::string::npos, what + ": message lacks '" + p + "': " + msg);
+    std::printf("rank %d: expected error: %s\n", g_rank, msg.c_str());
+    return;
+  }
+  check(false, what + ": no error was raised");
+}
+
+double max_abs(const Tensor& t) { return t.to(kFloat64).abs().max().item<double>(); }
+
+// [B, T, D] -> [B, D]
+struct MeanOverTime : nn::Module {
+  MeanOverTime() : nn::Module("MeanOverTime") {}
+  Tensor forward(const Tensor& x) override { return x.mean({1}); }
+};
+
+// Identity; on the `at`-th forward after arm() (on the armed rank) the process dies at once.
+struct Tripwire : nn::Module {
+  Tripwire() : nn::Module("Tripwire") {}
+  int armed_at = -1, calls = 0;
+  Tensor forward(const Tensor& x) override {
+    if (armed_at >= 0 && ++calls == armed_at) {
+      std::fflush(stdout);
+      ::_exit(0);
+    }
+    return x;
+  }
+};
+
+// Identity until `shrink` is set; then drops the last feature column.
+struct Shrinker : nn::Module {
+  Shrinker() : nn::Module("Shrinker") {}
+  bool shrink = false;
+  Tensor forward(const Tensor& x) override { return shrink ? x.narrow(1, 0, x.size(1) - 1) : x; }
+};
+
+std::shared_ptr<nn::Sequential> make_model(const std::string& kind, uint64_t seed = 42) {
+  manual_seed(seed);
+  auto net = std::make_shared<nn::Sequential>();
+  if (kind == "mlp") {  // 7 layers
+    net->push_back(std::make_shared<nn::Linear>(10, 24));
+    net->push_back(std::make_shared<nn::Tanh>());
+    net->push_back(std::make_shared<nn::Linear>(24, 24));
+    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(std::make_shared<nn::Linear>(24, 16));
+    net->push_back(std::make_shared<nn::Tanh>());
+    net->push_back(std::make_shared<nn::Linear>(16, 5));
+  } else if (kind == "transformer") {  // 6 layers: [B, 4, 6] -> projection, 2 encoder layers, pool, norm, head
+    nn::TransformerEncoderLayerOptions o;
+    o.dim_feedforward = 16;
+    o.dropout = 0.0;
+    o.activation = "gelu";
+    o.batch_first = true;
+    net->push_back(std::make_shared<nn::Linear>(6, 8));
+    net->push_back(std::make_shared<nn::TransformerEncoderLayer>(8, 2, o));
+    net->push_back(std::make_shared<nn::TransformerEncoderLayer>(8, 2, o));
+    net->push_back(std::make_shared<MeanOverTime>());
+    net->push_back(std::make_shared<nn::LayerNorm>(Shape{8}));
+    net->push_back(std::make_shared<nn::Linear>(8, 5));
+  } else if (kind == "wide") {  // for the memory scenario: activations much larger than parameters
+    net->push_back(std::make_shared<nn::Linear>(64, 512));
+    net->push_back(std::make_shared<nn::Tanh>());
+    net->push_back(std::make_shared<nn::Tanh>());
+    net->push_back(std::make_shared<nn::Tanh>());
+    net->push_back(std::make_shared<nn::Linear>(512, 5));
+  } else {
+    fail("pipeline_worker: unknown model '{}'", kind);
+  }
+  net->to(kFloat64);
+  return net;
+}
+
+Tensor make_input(const std::string& kind, int64_t n, uint64_t seed) {
+  manual_seed(seed);
+  if (kind == "transformer") return randn({n, 4, 6}, {.dtype = kFloat64});
+  return randn({n, kind == "wide" ? 64 : 10}, {.dtype = kFloat64});
+}
+
+Tensor make_target(int64_t n, uint64_t seed) {
+  manual_seed(seed + 1000);
+  return randint(0, 5, {n});
+}
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(std::stoi(item));
+  return out;
+}
+
+std::string scratch_dir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return tmp ? tmp : "/tmp";
+}
+
+optim::SGDOptions sgd_options() { return {.lr = 0.1, .momentum = 0.9}; }
+
+// ------------------------------------------------------------------ equivalence
+void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string& config) {
+  // model/replicas/M/schedule
+  std::vector<std::string> parts;
+  std::stringstream ss(config);
+  std::string item;
+  while (std::getline(ss, item, '/')) parts.push_back(item);
+  if (parts.size() != 4 && parts.size() != 5) {
+    fail("pipeline_worker: config '{}' is not model/replicas/micro_batches/schedule[/device]", config);
+  }
+  const Device device = parts.size() == 5 ? Device(parts[4]) : kCPU;
+  const std::string kind = parts[0], schedule = parts[3];
+  const std::vector<int> replicas = parse_list(parts[1]);
+  const int M = std::stoi(parts[2]);
+  const int S = static_cast<int>(replicas.size());
+  const int global = 16, steps = 5;
+
+  auto model = make_model(kind);
+  auto ref = make_model(kind);
+  const int L = static_cast<int>(model->size());
+  model->to(device);  // the stages train there; the reference on the CPU
+  PipelinePlan plan = uniform_plan(L, even_cuts(L, S), replicas, global, M, schedule);
+  PipelineStage stage(model, plan, pg);
+  model.reset();  // the stage holds its own layers only
+  optim::SGD opt(stage.parameters(), sgd_options());
+  optim::SGD ref_opt(ref->parameters(), sgd_options());
+  const std::string tag = fmt::format("[{} stage {} replica {}]", config, stage.stage(), stage.replica());
+
+  for (int step = 0; step < steps; ++step) {
+    Tensor x = make_input(kind, global, 100 + step), y = make_target(global, 100 + step);
+    // Only the ranks that need them get the tensors (the others pass undefined ones).
+    StepStats st = stage.train_step(stage.is_first() ? x : Tensor(), stage.is_last() ? y : Tensor(),
+                                    [](const Tensor& out, const Tensor& t) { return F::cross_entropy(out, t); }, opt);
+    ref_opt.zero_grad();
+    Tensor ref_loss = F::cross_entropy(ref->forward(x), y);
+    ref_loss.backward();
+    ref_opt.step();
+    const double want = ref_loss.item<double>();
+    check(std::abs(st.loss - want) <= 1e-9 * std::abs(want),
+          fmt::format("{} step {}: loss {:.17g}, single-process {:.17g}", tag, step, st.loss, want));
+    const int expect_in_flight = schedule == "1f1b" ? std::min(S - stage.stage(), M) : M;
+    check(st.max_in_flight == expect_in_flight, fmt::format("{} step {}: held {} micro-batches at once, expected {}", tag,
+                                                            step, st.max_in_flight, expect_in_flight));
+    check(st.peak_activation_bytes > 0 && st.peak_step_bytes >= st.peak_activation_bytes / 2,
+          fmt::format("{}: activation memory {} (step peak {})", tag, st.peak_activation_bytes, st.peak_step_bytes));
+  }
+  // This rank's parameters against the reference's of the same name.
+  nn::NamedTensors want_state = ref->state_dict();
+  auto find = [&](const std::string& name) {
+    for (auto& [n, t] : want_state) if (n == name) return t;
+    fail("pipeline_worker: the reference has no '{}'", name);
+  };
+  double worst = 0;
+  for (auto& [name, p] : stage.state_dict()) {
+    Tensor r = find(name);
+    check(p.device() == device, fmt::format("{}: {} is on {}, expected {}", tag, name, p.device().str(), device.str()));
+    const double rel = max_abs(p.cpu() - r) / std::max(1e-12, max_abs(r));
+    worst = std::max(worst, rel);
+    check(rel <= 1e-9, fmt::format("{}: {} differs from single-process training by {:.3g} relative", tag, name, rel));
+  }
+  // The whole model, gathered on rank 0: same names, order and values as the reference.
+  nn::NamedTensors whole = stage.gather_state_dict(0);
+  const std::string path = fmt::format("{}/pipeline_{}.safetensors", scratch_dir(), std::getenv("MASTER_PORT"));
+  if (pg->rank() == 0) {
+    check(whole.size() == want_state.size(), fmt::format("{}: gathered {} tensors, the model has {}", tag, whole.size(),
+                                                         want_state.size()));
+    for (size_t i = 0; i < std::min(whole.size(), want_state.size()); ++i) {
+      check(whole[i].first == want_state[i].first, fmt::format("{}: gathered entry {} is '{}', expected '{}'", tag, i,
+                                                               whole[i].first, want_state[i].first));
+      const double rel = max_abs(whole[i].second - want_state[i].second) / std::max(1e-12, max_abs(want_state[i].second));
+      check(rel <= 1e-9, fmt::format("{}: gathered {} differs by {:.3g}", tag, whole[i].first, rel));
+    }
+    nn::save_safetensors(path, whole);
+  } else {
+    check(whole.empty(), tag + ": gather_state_dict returned tensors on a rank other than the destination");
+  }
+  // Gathered on the last rank too (a replica other than the first of its stage, in some configs).
+  const int last = pg->size() - 1;
+  nn::NamedTensors at_last = stage.gather_state_dict(last);
+  check((pg->rank() == last) == !at_last.empty(), tag + ": gather_state_dict(last rank) returned on the wrong ranks");
+  if (pg->rank() == last) {
+    check(at_last.size() == want_state.size(), tag + ": gathered on the last rank: wrong count");
+    for (size_t i = 0; i < std::min(at_last.size(), want_state.size()); ++i) {
+      const double rel = max_abs(at_last[i].second - want_state[i].second) / std::max(1e-12, max_abs(want_state[i].second));
+      check(at_last[i].first == want_state[i].first && rel <= 1e-9,
+            fmt::format("{}: gathered on rank {}: {} differs by {:.3g}", tag, last, at_last[i].first, rel));
+    }
+  }
+  pg->barrier()->wait();
+  // Fresh stages (other initial values) take the checkpoint back.
+  auto fresh_model = make_model(kind, 7);
+  fresh_model->to(device);
+  PipelineStage fresh(fresh_model, plan, pg);
+  fresh.load_state_dict(nn::load_safetensors(path).tensors);
+  nn::NamedTensors trained = stage.state_dict(), restored = fresh.state_dict();
+  check(trained.size() == restored.size(), tag + ": the fresh stage has other tensors");
+  for (size_t i = 0; i < std::min(trained.size(), restored.size()); ++i) {
+    check(restored[i].first == trained[i].first && max_abs(restored[i].second.cpu() - trained[i].second.cpu()) == 0,
+          fmt::format("{}: {} not restored from the checkpoint", tag, trained[i].first));
+  }
+  pg->barrier()->wait();
+  std::printf("rank %d: %s ok, worst relative difference %.3g\n", pg->rank(), tag.c_str(), worst);
+}
+
+// ------------------------------------------------------------------ memory
+void scenario_memory(const std::shared_ptr<ProcessGroup>& pg) {
+  std::map<std::string, StepStats> got;
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    auto model = make_model("wide");
+    PipelinePlan plan = uniform_plan(5, {4}, {1, 1}, 1024, 8, schedule);
+    PipelineStage stage(model, plan, pg);
+    model.reset();
+    optim::SGD opt(stage.parameters(), sgd_options());
+    Tensor x = make_input("wide", 1024, 1), y = make_target(1024, 1);
+    for (int step = 0; step < 2; ++step) {
+      got[schedule] = stage.train_step(x, y, [](const Tensor& o, const Tensor& t) { return F::cross_entropy(o, t); }, opt);
+    }
+  }
+  const double g = static_cast<double>(got["gpipe"].peak_activation_bytes);
+  const double f = static_cast<double>(got["1f1b"].peak_activation_bytes);
+  const double gs = static_cast<double>(got["gpipe"].peak_step_bytes);
+  const double fs = static_cast<double>(got["1f1b"].peak_step_bytes);
+  std::printf("rank %d: peak activation bytes gpipe %.0f (in flight %d, step peak %.0f), 1f1b %.0f (in flight %d, step "
+              "peak %.0f)\n",
+              pg->rank(), g, got["gpipe"].max_in_flight, gs, f, got["1f1b"].max_in_flight, fs);
+  // Stage i holds 8 micro-batches under GPipe and 2 - i under 1F1B, all of the same size: the
+  // activation bytes scale exactly so. Stage 0's activations (128 rows x 512 doubles = 512 KiB per
+  // layer output; the three tanh outputs are saved per micro-batch) also dominate what the step allocates.
+  const int held = pg->rank() == 0 ? 2 : 1;
+  check(got["gpipe"].max_in_flight == 8 && got["1f1b"].max_in_flight == held, "in-flight counts");
+  check(g > 0 && std::abs(f * 8 / held - g) <= 0.02 * g,
+        fmt::format("1F1B's activation bytes {} are not {}/8 of GPipe's {}", f, held, g));
+  if (pg->rank() == 0) {
+    check(g >= 8 * 3 * (128 * 512 * 8), fmt::format("stage 0 under GPipe holds {} bytes, less than its 8 x 3 saved tanh outputs", g));
+    check(fs < 0.5 * gs, fmt::format("stage 0: 1F1B's step peak {} is not well below GPipe's {}", fs, gs));
+  }
+}
+
+// ------------------------------------------------------------------ faults
+// The MLP with `extra` inserted as layer `at`.
+std::shared_ptr<nn::Sequential> mlp_with(std::shared_ptr<nn::Module> extra, size_t at) {
+  auto base = make_model("mlp");
+  auto net = std::make_shared<nn::Sequential>();
+  for (size_t i = 0; i < base->size(); ++i) {
+    if (i == at) net->push_back(extra);
+    net->push_back((*base)[i]);
+  }
+  return net;
+}
+
+auto cross_entropy = [](const Tensor& o, const Tensor& t) { return F::cross_entropy(o, t); };
+
+void scenario_killed(const std::shared_ptr<ProcessGroup>& pg) {
+  auto trip = std::make_shared<Tripwire>();
+  auto model = mlp_with(trip, 3);  // 8 layers; the tripwire is layer 3, in stage 1 = [3, 6)
+  PipelinePlan plan = uniform_plan(8, {3, 6}, {1, 1, 1}, 16, 4, "1f1b");
+  PipelineStage stage(model, plan, pg);
+  optim::SGD opt(stage.parameters(), sgd_options());
+  Tensor x = make_input("mlp", 16, 1), y = make_target(16, 1);
+  stage.train_step(x, y, cross_entropy, opt);  // everyone is up
+  if (pg->rank() == 1) trip->armed_at = 2;  // dies at its second forward of the next step
+  const auto start = std::chrono::steady_clock::now();
+  expect_error([&] { stage.train_step(x, y, cross_entropy, opt); }, {"pipeline stage", "rank 1", "failed in step 1"},
+               "a dead neighbour");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  check(s < 10.0, fmt::format("the dead neighbour was noticed within the timeout (took {:.1f} s)", s));
+}
+
+void scenario_shape_change(const std::shared_ptr<ProcessGroup>& pg) {
+  auto shrink = std::make_shared<Shrinker>();
+  auto model = mlp_with(shrink, 3);  // layer 3 sees [rows, 24]; stage 0 = layers [0, 4)
+  PipelinePlan plan = uniform_plan(8, {4}, {1, 1}, 16, 4, "gpipe");
+  PipelineStage stage(model, plan, pg);
+  optim::SGD opt(stage.parameters(), sgd_options());
+  Tensor x = make_input("mlp", 16, 1), y = make_target(16, 1);
+  stage.train_step(x, y, cross_entropy, opt);
+  const auto start = std::chrono::steady_clock::now();
+  if (pg->rank() == 0) {
+    shrink->shrink = true;
+    expect_error([&] { stage.train_step(x, y, cross_entropy, opt); },
+                 {"pipeline stage 0 of 2 (rank 0", "SendActivation of micro-batch 0 to rank 1 in step 1 is float64 [4, 23]",
+                  "agreed in the first step as float64 [4, 24]"},
+                 "a boundary tensor changing shape");
+  } else {
+    expect_error([&] { stage.train_step(x, y, cross_entropy, opt); }, {"RecvActivation of micro-batch 0 from rank 0"},
+                 "the neighbour of a stage that failed");
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  check(s < 10.0, fmt::format("the failure ended the step within the timeout (took {:.1f} s)", s));
+}
+
+void scenario_errors(const std::shared_ptr<ProcessGroup>& pg) {
+  auto model = make_model("mlp");
+  expect_error([&] { PipelineStage(model, uniform_plan(6, {3}, {1, 1}, 16, 4, "1f1b"), pg); },
+               {"the plan has num_layers 6 but the model (a Sequential) has 7 layers"}, "plan for another model");
+  expect_error([&] { PipelineStage(model, uniform_plan(7, {3}, {2, 1}, 16, 4, "1f1b"), pg); },
+               {"stage 1 names rank 2; expected ranks in [0, 2)"}, "plan for another world size");
+  PipelineStage stage(model, uniform_plan(7, {3}, {1, 1}, 16, 4, "1f1b"), pg);
+  optim::SGD opt(stage.parameters(), sgd_options());
+  Tensor x = make_input("mlp", 16, 1), y = make_target(16, 1);
+  if (stage.is_first()) {
+    expect_error([&] { stage.train_step(x.narrow(0, 0, 15), y, cross_entropy, opt); },
+                 {"pipeline stage 0 of 2 (rank 0", "input has shape [15, 10]; expected 16 rows"}, "short input");
+  } else {
+    expect_error([&] { stage.train_step(Tensor(), Tensor(), cross_entropy, opt); },
+                 {"target has shape (undefined); expected 16 rows"}, "missing target");
+  }
+  expect_error([&] { stage.load_state_dict({{"encoder.weight", zeros({2})}}); },
+               {"key 'encoder.weight' is not a parameter or buffer of a layer of the model"}, "foreign checkpoint");
+  expect_error([&] { stage.load_state_dict({{"0.weight", zeros({24, 10}, {.dtype = kFloat64})}}); },
+               {stage.is_first() ? "0.bias" : "6.weight"}, "checkpoint missing this stage's tensors");
+  // Nothing was sent: the stages still train together.
+  StepStats st = stage.train_step(x, y, cross_entropy, opt);
+  check(std::isfinite(st.loss) && st.loss > 0, fmt::format("a step after refused ones has loss {}", st.loss));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: pipeline_worker <scenario> [args]\n");
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  const bool faulty = scenario == "killed" || scenario == "shape_change";
+  try {
+    InitOptions init;
+    init.timeout = std::chrono::milliseconds(faulty ? 2000 : 60000);
+    auto pg = init_process_group(init);
+    g_rank = pg->rank();
+    if (scenario == "equivalence") {
+      for (int i = 2; i < argc; ++i) run_equivalence(pg, argv[i]);
+    } else if (scenario == "memory") {
+      scenario_memory(pg);
+    } else if (scenario == "killed") {
+      scenario_killed(pg);
+    } else if (scenario == "shape_change") {
+      scenario_shape_change(pg);
+    } else if (scenario == "errors") {
+      scenario_errors(pg);
+    } else {
+      std::fprintf(stderr, "pipeline_worker: unknown scenario %s\n", scenario.c_str());
+      return 2;
+    }
+    if (faulty) {
+      // A group with a dead peer: skip the orderly teardown.
+      std::fflush(stdout);
+      std::fflush(stderr);
+      ::_exit(g_failures == 0 ? 0 : 1);
+    }
+    pg->barrier()->wait();  // rank 0 hosts the store: nobody leaves before everyone is done
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: unexpected error in %s: %s\n", g_rank, scenario.c_str(), e.what());
+    std::fflush(stderr);
+    ::_exit(1);
+  }
+  std::fflush(stdout);
+  return g_failures == 0 ? 0 : 1;
+}

@@ -1,0 +1,131 @@
+// Pipeline plans: the planner's JSON schema read and written exactly, and every way a plan can be
+// wrong refused with a message naming what was given and what was expected.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "distributed/pipeline/plan.h"
+#include "tensor/error.h"
+
+using namespace chorus::distributed::pipeline;
+using Catch::Contains;
+
+namespace {
+const char* kPlannerPlan =
+    R"({"version":1,"num_layers":8,"global_batch":32,"micro_batches":4,"schedule":"1f1b",)"
+    R"("stages":[{"layers":[0,4],"ranks":[0,1]},{"layers":[4,8],"ranks":[2]}],)"
+    R"("predicted":{"iteration_ms":12.5,"memory_bytes":[100,200]}})";
+
+PipelinePlan two_stage() { return plan_from_json(kPlannerPlan); }
+}  // namespace
+
+TEST_CASE("a plan in the planner's schema is read, and written back in the same schema", "[pipeline][plan]") {
+  PipelinePlan p = two_stage();
+  CHECK(p.num_layers == 8);
+  CHECK(p.global_batch == 32);
+  CHECK(p.micro_batches == 4);
+  CHECK(p.micro_batch_size() == 8);
+  CHECK(p.schedule == "1f1b");
+  REQUIRE(p.num_stages() == 2);
+  CHECK(p.stages[0].first_layer == 0);
+  CHECK(p.stages[0].end_layer == 4);
+  CHECK(p.stages[0].ranks == std::vector<int>{0, 1});
+  CHECK(p.stages[1].ranks == std::vector<int>{2});
+  CHECK(p.stage_of(1) == 0);
+  CHECK(p.stage_of(2) == 1);
+  CHECK_THROWS_WITH(p.stage_of(3), Contains("rank 3 is in no stage"));
+  p.validate(3);
+
+  // Written: the same keys and values, minus the planner's predictions.
+  nlohmann::json written = nlohmann::json::parse(plan_to_json(p));
+  nlohmann::json expected = nlohmann::json::parse(kPlannerPlan);
+  expected.erase("predicted");
+  CHECK(written == expected);
+  // And through a file.
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(tmp ? tmp : "/tmp") + "/plan_test_plan.json";
+  save_plan(p, path);
+  PipelinePlan q = load_plan(path);
+  CHECK(plan_to_json(q) == plan_to_json(p));
+  CHECK_THROWS_WITH(load_plan(path + ".missing"), Contains("cannot read") && Contains(".missing"));
+}
+
+TEST_CASE("uniform_plan and even_cuts", "[pipeline][plan]") {
+  CHECK(even_cuts(8, 2) == std::vector<int>{4});
+  CHECK(even_cuts(7, 3) == std::vector<int>{2, 4});
+  CHECK(even_cuts(5, 1).empty());
+  CHECK_THROWS_WITH(even_cuts(3, 4), Contains("cannot cut 3 layers into 4 stages"));
+  PipelinePlan p = uniform_plan(8, {3}, {2, 1}, 16, 4, "gpipe");
+  REQUIRE(p.num_stages() == 2);
+  CHECK(p.stages[0].end_layer == 3);
+  CHECK(p.stages[1].first_layer == 3);
+  CHECK(p.stages[0].ranks == std::vector<int>{0, 1});
+  CHECK(p.stages[1].ranks == std::vector<int>{2});
+  CHECK(p.schedule == "gpipe");
+  CHECK_THROWS_WITH(uniform_plan(8, {3}, {1}, 16, 4, "gpipe"), Contains("2 stages but 1 replica counts"));
+  // 16 / 4 = 4 rows per micro-batch cannot split among 3 replicas.
+  CHECK_THROWS_WITH(uniform_plan(8, {3}, {3, 1}, 16, 4, "gpipe"),
+                    Contains("micro-batch of 4 samples") && Contains("stage 0's 3 replicas"));
+}
+
+TEST_CASE("invalid plans are refused naming what was given and what was expected", "[pipeline][plan]") {
+  auto with = [](const std::function<void(PipelinePlan&)>& edit) {
+    PipelinePlan p = two_stage();
+    edit(p);
+    return p;
+  };
+  CHECK_THROWS_WITH(with([](PipelinePlan& p) { p.stages[1].first_layer = 5; }).validate(3),
+                    Contains("stage 1 starts at layer 5 but the previous stage ends at layer 4") && Contains("gaps"));
+  CHECK_THROWS_WITH(with([](PipelinePlan& p) { p.stages[1].first_layer = 3; }).validate(3),
+                    Contains("starts at layer 3") && Contains("overlaps"));
+  CHECK_THROWS_WITH(with([](PipelinePlan& p) { p.stages[1].end_layer = 7; }).validate(3),
+                    Contains("cover layers [0, 7) but the model has 8 layers"));
+  CHECK_THROWS_WITH(with([](PipelinePlan& p) { p.stages[1].end_layer = 9; }).validate(3),
+                    Contains("layers [4, 9) but the model has 8 layers"));
+  CHECK_THROWS_WITH(with([](PipelinePlan& p) { p.stages[0].end_layer = 0; p.stages[1].first_layer = 0; }).validate(3),
+                    Contains("stage 0 has layers [0, 0)"));
+  CHECK_THROWS_WITH(with([](PipelinePlan& p) { p.stages[1].ranks = {1}; }).validate(),
+                    Contains("rank 1 is in stage 0 and again in stage 1"));
+  CHECK_THROWS_WITH(with([](PipelinePlan& p) { p.stages[1].ranks = {2, 2}; }).validate(),
+                    Contains("rank 2 is in stage 1 and again in stage 1"));
+  CHECK_THROWS_WITH(two_stage().validate(4),
+                    Contains("hold 3 ranks but the world size is 4") && Contains("missing: [3]"));
+  CHECK_THROWS_WITH(two_stage().validate(2), Contains("names rank 2; expected ranks in [0, 2)"));
+  CHECK_THROWS_WITH(with([](PipelinePlan& p) { p.stages[1].ranks.clear(); }).validate(),
+                    Contains("stage 1 (layers [4, 8)) has no ranks"));
+  CHECK_THROWS_WITH(with([](PipelinePlan& p) { p.global_batch = 30; }).validate(3),
+                    Contains("global_batch 30 does not split into 4 equal micro-batches"));
+  CHECK_THROWS_WITH(with([](PipelinePlan& p) { p.global_batch = 36; }).validate(3),
+                    Contains("micro-batch of 9 samples") && Contains("stage 0's 2 replicas"));
+  CHECK_THROWS_WITH(with([](PipelinePlan& p) { p.micro_batches = 0; }).validate(3),
+                    Contains("micro_batches is 0"));
+  CHECK_THROWS_WITH(with([](PipelinePlan& p) { p.schedule = "pipedream"; }).validate(3),
+                    Contains("schedule 'pipedream' is unknown"));
+  CHECK_THROWS_WITH(with([](PipelinePlan& p) { p.stages.clear(); }).validate(3), Contains("no stages"));
+}
+
+TEST_CASE("malformed plan JSON is refused with the offending key", "[pipeline][plan]") {
+  nlohmann::json good = nlohmann::json::parse(kPlannerPlan);
+  auto try_json = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = good;
+    edit(j);
+    return plan_from_json(j.dump());
+  };
+  CHECK_THROWS_WITH(plan_from_json("{not json"), Contains("cannot parse"));
+  CHECK_THROWS_WITH(plan_from_json("[1,2]"), Contains("expected an object at the top"));
+  CHECK_THROWS_WITH(try_json([](auto& j) { j["version"] = 2; }), Contains("version 2 is not supported"));
+  CHECK_THROWS_WITH(try_json([](auto& j) { j.erase("global_batch"); }), Contains("has no \"global_batch\""));
+  CHECK_THROWS_WITH(try_json([](auto& j) { j["micro_batches"] = "four"; }),
+                    Contains("\"micro_batches\" in the plan is \"four\"; expected an integer"));
+  CHECK_THROWS_WITH(try_json([](auto& j) { j["microbatches"] = 4; }), Contains("unknown key \"microbatches\""));
+  CHECK_THROWS_WITH(try_json([](auto& j) { j["stages"][0]["layers"] = {0, 2, 4}; }),
+                    Contains("stage 0 has layers [0, 2, 4]; expected [first, end]"));
+  CHECK_THROWS_WITH(try_json([](auto& j) { j["stages"][1]["replicas"] = 1; }),
+                    Contains("stage 1 has an unknown key \"replicas\""));
+  CHECK_THROWS_WITH(try_json([](auto& j) { j["stages"][1]["ranks"] = "2"; }), Contains("stage 1 is"));
+  // Structural rules apply on read too (world size is checked by the runtime).
+  CHECK_THROWS_WITH(try_json([](auto& j) { j["stages"][1]["layers"] = {5, 8}; }), Contains("gaps"));
+}
