@@ -96,14 +96,27 @@ count_run "$output"
 # 2. Everything else. --keep_going: a target that fails to build must not stop every other test.
 bazel test //... -c opt --keep_going "$data_env" "${filters[@]}" "$@" 2>&1 | tee "$output"
 bazel_rc=${PIPESTATUS[0]}
-set -e
 count_run "$output"
+# 3. The GEMM and convolution tests again with oneDNN capped at each instruction set this CPU has
+#    (CHORUS_CPU_CAPABILITY), so the kernels its run-time dispatch would pick on other machines run
+#    here too.
+caps=(avx2 default)
+grep -qw avx512f /proc/cpuinfo && caps=(avx512 "${caps[@]}")
+cap_rc=0
+for cap in "${caps[@]}"; do
+  bazel test -c opt --keep_going "$data_env" --test_env=CHORUS_CPU_CAPABILITY="$cap" //tests/nn:conv_test \
+    //tests/tensor:reduce_linalg_index_test 2>&1 | tee "$output"
+  rc=${PIPESTATUS[0]}
+  ((rc == 0)) || cap_rc=$rc
+  count_run "$output"
+done
+set -e
 
 if ((${#filters[@]})); then
   skipped="$(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null | wc -l)"
   echo "(no GPU here: $skipped gpu-tagged test target(s) built but not run)"
 fi
 echo "$passed passed, $failed failed"
-if ((bazel_rc != 0 || tsan_rc != 0 || failed > 0)); then
+if ((bazel_rc != 0 || tsan_rc != 0 || cap_rc != 0 || failed > 0)); then
   exit 1
 fi

@@ -94,7 +94,10 @@ bool sgemm(const Tensor& c, const Tensor& a, const Tensor& b, float alpha, float
 template <typename T>
 void gemm_typed(const Tensor& c, const Tensor& a, const Tensor& b, T alpha, T beta) {
   if constexpr (std::is_same_v<T, float>) {
-    if (onednn::enabled() && sgemm(c, a, b, alpha, beta)) return;
+    if (onednn::enabled()) {
+      onednn::configure();
+      if (sgemm(c, a, b, alpha, beta)) return;
+    }
   }
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   int64_t ars, acs, brs, bcs, crs, ccs;

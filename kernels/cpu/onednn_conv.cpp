@@ -9,11 +9,47 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <tuple>
 
+#include "tensor/error.h"
 #include "tensor/storage.h"
 
 namespace chorus::kernels::cpu::onednn {
+
+// CHORUS_CPU_CAPABILITY caps the instruction set oneDNN may use (before its first call).
+void configure() {
+  static const bool done = [] {
+    const char* v = std::getenv("CHORUS_CPU_CAPABILITY");
+    if (v == nullptr || *v == '\0') return true;
+    const std::string want = v;
+    dnnl_cpu_isa_t isa;
+    if (want == "avx512") isa = dnnl_cpu_isa_avx512_core_amx;  // every AVX-512 kernel (incl. bf16, VNNI)
+    else if (want == "avx2") isa = dnnl_cpu_isa_avx2;
+    else if (want == "default") isa = dnnl_cpu_isa_sse41;
+    else fail("CHORUS_CPU_CAPABILITY='{}': expected avx512, avx2 or default", want);
+    if (dnnl_set_max_cpu_isa(isa) != dnnl_success) {
+      fail("CHORUS_CPU_CAPABILITY='{}': oneDNN was already in use; set it before the program starts", want);
+    }
+    return true;
+  }();
+  (void)done;
+}
+
+std::string capability() {
+  configure();
+  switch (dnnl_get_effective_cpu_isa()) {
+    case dnnl_cpu_isa_sse41: return "sse41";
+    case dnnl_cpu_isa_avx: return "avx";
+    case dnnl_cpu_isa_avx2: return "avx2";
+    case dnnl_cpu_isa_avx512_core: return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+  }
+}
+
 namespace {
 
 using dnnl::memory;
@@ -21,6 +57,7 @@ using tag = memory::format_tag;
 using dt = memory::data_type;
 
 dnnl::engine& engine() {
+  configure();
   static dnnl::engine e(dnnl::engine::kind::cpu, 0);
   return e;
 }

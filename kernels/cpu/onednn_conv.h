@@ -5,15 +5,26 @@
 // cannot be kept blocked between calls). Primitive descriptors and primitives are made once per
 // shape and cached. Why oneDNN rather than chorus's im2col + GEMM: docs/benchmarks.md (conv_bench).
 //
+// CHORUS_CPU_CAPABILITY=avx512|avx2|default caps the instruction set oneDNN's kernels may use (its
+// run-time dispatch picks the best the CPU has otherwise); the test suite runs the GEMM and
+// convolution tests under each capability the machine has (tools/test.sh). chorus's own
+// elementwise kernels are built for AVX2+FMA whatever the setting.
 // CHORUS_ONEDNN=0 turns both off (im2col + Eigen GEMM for every dtype), for A/B measurements.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "kernels/kernel_types.h"
 #include "tensor/tensor.h"
 
 namespace chorus::kernels::cpu::onednn {
+
+// Applies CHORUS_CPU_CAPABILITY (once; every oneDNN call goes through it first). A value other
+// than avx512, avx2 or default is a chorus::Error.
+void configure();
+// The instruction set oneDNN's kernels use here, e.g. "avx512_core_bf16" or "avx2".
+std::string capability();
 
 // Turns the oneDNN paths on or off at run time (benchmarks compare both in one run).
 void set_enabled(bool on);

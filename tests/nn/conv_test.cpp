@@ -4,12 +4,15 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <algorithm>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "autograd/gradcheck.h"
+#include "kernels/cpu/onednn_conv.h"
 #include "nn/nn.h"
 #include "tensor/ops.h"
 
@@ -132,6 +135,18 @@ TEST_CASE("conv2d float32 backward equals the float64 gradients", "[nn][conv]") 
       }
     }
   }
+}
+
+// tools/test.sh runs this file again under CHORUS_CPU_CAPABILITY=avx512/avx2/default: oneDNN must
+// then use at most that instruction set (and every case above must still hold).
+TEST_CASE("CHORUS_CPU_CAPABILITY caps the instruction set of the oneDNN kernels", "[nn][conv]") {
+  const std::string isa = kernels::cpu::onednn::capability();
+  const char* cap = std::getenv("CHORUS_CPU_CAPABILITY");
+  INFO("CHORUS_CPU_CAPABILITY=" << (cap ? cap : "(unset)") << ", oneDNN uses " << isa);
+  if (cap && std::string(cap) == "avx2") CHECK(isa == "avx2");
+  else if (cap && std::string(cap) == "default") CHECK(isa == "sse41");
+  else if (cap && std::string(cap) == "avx512") CHECK(isa.rfind("avx512", 0) == 0);
+  else CHECK((isa == "avx2" || isa.rfind("avx512", 0) == 0));  // unset: the best this CPU has
 }
 
 TEST_CASE("conv2d reads non-contiguous inputs and unbatched [C, H, W] inputs", "[nn][conv]") {
