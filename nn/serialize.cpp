@@ -141,11 +141,21 @@ SafetensorsFile load_safetensors(const std::string& path) {
   std::string head(n, '\0');
   in.read(head.data(), static_cast<std::streamsize>(n));
   nlohmann::json header;
+  // A name given twice would otherwise be "last one wins" (nlohmann keeps the last): refused.
+  std::set<std::string> names;
+  std::string duplicate;
   try {
-    header = nlohmann::json::parse(head);
+    header = nlohmann::json::parse(head, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      if (depth == 1 && event == nlohmann::json::parse_event_t::key && parsed.is_string() &&
+          !names.insert(parsed.get<std::string>()).second && duplicate.empty()) {
+        duplicate = parsed.get<std::string>();
+      }
+      return true;
+    });
   } catch (const std::exception& e) {
     fail("load_safetensors {}: header is not valid JSON: {}", path, e.what());
   }
+  if (!duplicate.empty()) fail("load_safetensors {}: the header names tensor '{}' more than once", path, duplicate);
   if (!header.is_object()) fail("load_safetensors {}: header must be a JSON object", path);
   const uint64_t data_size = file_size - 8 - n;
   SafetensorsFile result;
@@ -195,7 +205,14 @@ SafetensorsFile load_safetensors(const std::string& path) {
       bad(fmt::format("data_offsets [{}, {}] outside the data section of {} bytes (truncated file?)", e.begin, e.end,
                       data_size));
     }
-    const uint64_t want = numel * element_size(e.dtype);
+    // numel * element size must not wrap (a shape of [2^62] float32 would be 0 bytes): anything
+    // larger than the data section is refused before multiplying.
+    const uint64_t esize = element_size(e.dtype);
+    if (numel > data_size / esize) {
+      bad(fmt::format("shape {} of {} needs more bytes than the file's whole data section ({} bytes)", v["shape"].dump(),
+                      dtype_name(e.dtype), data_size));
+    }
+    const uint64_t want = numel * esize;
     if (e.end - e.begin != want) {
       bad(fmt::format("shape {} of {} needs {} bytes, but data_offsets span {}", v["shape"].dump(),
                       dtype_name(e.dtype), want, e.end - e.begin));

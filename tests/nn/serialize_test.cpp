@@ -138,6 +138,16 @@ TEST_CASE("loading rejects truncated, corrupt and hostile files with a clear err
   write_all(p, make_file(R"({"x":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"y":{"dtype":"U8","shape":[8],"data_offsets":[4,12]}})",
                          std::string(12, '\0')));
   CHECK_THAT(load_error(p), Catch::Contains("overlap"));
+  // shape x element size that wraps around 2^64 (2^62 float32 = 2^64 bytes = "0") with an empty
+  // byte range: refused before anything is allocated or read.
+  write_all(p, make_file(R"({"x":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", ""));
+  CHECK_THAT(load_error(p), Catch::Contains("needs more bytes than the file's whole data section"));
+  write_all(p, make_file(R"({"x":{"dtype":"F64","shape":[1073741824,1073741824],"data_offsets":[0,0]}})", ""));
+  CHECK_THAT(load_error(p), Catch::Contains("needs more bytes"));
+  // A name twice: refused, not "last one wins".
+  write_all(p, make_file(R"({"x":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"x":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}})",
+                         std::string(8, '\0')));
+  CHECK_THAT(load_error(p), Catch::Contains("names tensor 'x' more than once"));
   write_all(p, make_file(R"({"x":{"dtype":"U8","shape":[8]}})", std::string(8, '\0')));
   CHECK_THAT(load_error(p), Catch::Contains("dtype, shape and data_offsets"));
   CHECK_THAT(load_error(dir.file("missing.safetensors")), Catch::Contains("cannot open"));
