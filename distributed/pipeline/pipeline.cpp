@@ -266,8 +266,6 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
     Tensor rows = t.narrow(0, m * B + replica_ * rows_, rows_);
     return rows.device() == device_ ? rows : rows.to(device_);
   };
-  // The micro-batch of the last backward syncs (its forward too: DDP prepares the reduction there);
-  // every other one accumulates locally under no_sync.
 
   for (const Action& a : schedule_.stages[stage_]) {
     const int m = a.micro_batch;
@@ -280,6 +278,8 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
       case ActionType::Forward: {
         Tensor x = is_first() ? rows_of(input, m) : stage_in[m];
         const long long before = allocated_here();
+        // The micro-batch whose backward comes last syncs (its forward too: DDP prepares the
+        // reduction there); every other one accumulates locally under no_sync.
         std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
         if (ddp_ && m != sync_micro_batch_) no_sync.emplace(ddp_->reducer());
         Tensor out = ddp_ ? ddp_->forward(x) : module_->forward(x);
