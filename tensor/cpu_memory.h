@@ -12,5 +12,10 @@ size_t cpu_memory_allocated();
 size_t cpu_max_memory_allocated();
 // The peak restarts from what is allocated now.
 void reset_cpu_peak_memory_stats();
+// Bytes of CPU storage the calling thread allocated minus those it freed (negative when it freed
+// more). Unlike the totals above, other threads' frees do not change it: what a computation on
+// this thread left allocated is the difference of two readings around it, even while, say, a
+// communication thread drops the last reference to an older tensor.
+long long cpu_memory_allocated_by_this_thread();
 
 }  // namespace chorus

@@ -115,8 +115,10 @@ Registry& registry() {
 // Live bytes of owning CPU storage and their peak (tensor/cpu_memory.h).
 std::atomic<size_t> g_cpu_allocated{0};
 std::atomic<size_t> g_cpu_peak{0};
+thread_local long long t_cpu_net_bytes = 0;
 
 void count_cpu_allocation(size_t nbytes) {
+  t_cpu_net_bytes += static_cast<long long>(nbytes);
   const size_t now = g_cpu_allocated.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
   size_t peak = g_cpu_peak.load(std::memory_order_relaxed);
   while (now > peak && !g_cpu_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
@@ -127,6 +129,7 @@ void count_cpu_allocation(size_t nbytes) {
 
 size_t cpu_memory_allocated() { return g_cpu_allocated.load(std::memory_order_relaxed); }
 size_t cpu_max_memory_allocated() { return g_cpu_peak.load(std::memory_order_relaxed); }
+long long cpu_memory_allocated_by_this_thread() { return t_cpu_net_bytes; }
 void reset_cpu_peak_memory_stats() { g_cpu_peak.store(g_cpu_allocated.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 void register_allocator(DeviceType type, Allocator* allocator) {
@@ -159,7 +162,10 @@ StorageImpl::StorageImpl(void* data, size_t nbytes, Device device, std::function
 StorageImpl::~StorageImpl() {
   if (owned_) {
     allocator_for(device_)->deallocate(data_, device_);
-    if (device_.is_cpu()) g_cpu_allocated.fetch_sub(nbytes_, std::memory_order_relaxed);
+    if (device_.is_cpu()) {
+      g_cpu_allocated.fetch_sub(nbytes_, std::memory_order_relaxed);
+      t_cpu_net_bytes -= static_cast<long long>(nbytes_);
+    }
   } else if (deleter_) {
     deleter_(data_);
   }

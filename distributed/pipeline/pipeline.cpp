@@ -242,7 +242,12 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
   }
   module_->zero_grad();
   // Memory counters of the stage's device: the CPU's (tensor/cpu_memory.h) or its allocator's.
+  // A forward's share is measured on this thread only on the CPU, so that a communication thread
+  // freeing an older tensor meanwhile does not hide what the forward kept.
   auto allocated = [&] { return device_.is_cpu() ? cpu_memory_allocated() : memory_allocated(device_); };
+  auto allocated_here = [&]() -> long long {
+    return device_.is_cpu() ? cpu_memory_allocated_by_this_thread() : static_cast<long long>(memory_allocated(device_));
+  };
   auto peak = [&] { return device_.is_cpu() ? cpu_max_memory_allocated() : max_memory_allocated(device_); };
   if (device_.is_cpu()) reset_cpu_peak_memory_stats();
   else reset_peak_memory_stats(device_);
@@ -261,8 +266,6 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
     Tensor rows = t.narrow(0, m * B + replica_ * rows_, rows_);
     return rows.device() == device_ ? rows : rows.to(device_);
   };
-  // The micro-batch of the last backward syncs (its forward too: DDP prepares the reduction there);
-  // every other one accumulates locally under no_sync.
 
   for (const Action& a : schedule_.stages[stage_]) {
     const int m = a.micro_batch;
@@ -274,7 +277,9 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
       }
       case ActionType::Forward: {
         Tensor x = is_first() ? rows_of(input, m) : stage_in[m];
-        const size_t before = allocated();
+        const long long before = allocated_here();
+        // The micro-batch whose backward comes last syncs (its forward too: DDP prepares the
+        // reduction there); every other one accumulates locally under no_sync.
         std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
         if (ddp_ && m != sync_micro_batch_) no_sync.emplace(ddp_->reducer());
         Tensor out = ddp_ ? ddp_->forward(x) : module_->forward(x);
@@ -289,8 +294,8 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
         }
         stage_out[m] = out;
         stats.max_in_flight = std::max(stats.max_in_flight, ++in_flight);
-        const size_t after = allocated();
-        held_bytes[m] = (after > before ? after - before : 0) + (is_first() ? 0 : x.nbytes());
+        const long long after = allocated_here();
+        held_bytes[m] = static_cast<size_t>(std::max(0LL, after - before)) + (is_first() ? 0 : x.nbytes());
         live_bytes += held_bytes[m];
         stats.peak_activation_bytes = std::max(stats.peak_activation_bytes, live_bytes);
         break;

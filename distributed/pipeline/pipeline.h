@@ -75,7 +75,8 @@ struct StepStats {
   // the most (tensor/cpu_memory.h counts them).
   size_t peak_activation_bytes = 0;
   // Bytes allocated during the step above what was allocated when it started, at the peak:
-  // activations plus the step's temporaries and gradients.
+  // activations plus the step's temporaries and gradients (every thread's allocations; memory
+  // from before the step that is freed during it makes it read low).
   size_t peak_step_bytes = 0;
   double step_ms = 0;
 };
