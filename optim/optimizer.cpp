@@ -143,7 +143,12 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
       const std::string rest = name.substr(6);
       const size_t dot = rest.find('.');
       if (dot == std::string::npos) fail("{}.load_state_dict: malformed key '{}'", name_, name);
-      const int64_t index = std::stoll(rest.substr(0, dot));
+      const std::string digits = rest.substr(0, dot);
+      if (digits.empty() || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) {
+        fail("{}.load_state_dict: '{}' should be state.<parameter index>.<buffer>, and '{}' is not an index", name_,
+             name, digits);
+      }
+      const int64_t index = std::stoll(digits);
       if (index < 0 || index >= static_cast<int64_t>(flat.size())) {
         fail("{}.load_state_dict: '{}' refers to parameter {}, but this optimizer has {} parameters", name_, name,
              index, flat.size());
@@ -183,9 +188,16 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions options) : Optimizer("SGD", 
 }
 
 void SGD::check_options(const Options& o) const {
-  if (o.at("lr") < 0) fail("SGD: invalid learning rate {} (must be >= 0)", o.at("lr"));
-  if (o.at("momentum") < 0) fail("SGD: invalid momentum {} (must be >= 0)", o.at("momentum"));
-  if (o.at("weight_decay") < 0) fail("SGD: invalid weight_decay {} (must be >= 0)", o.at("weight_decay"));
+  // As PyTorch ("Invalid learning rate"), and NaN and infinity too: they train to NaN silently.
+  if (!(o.at("lr") >= 0) || !std::isfinite(o.at("lr"))) {
+    fail("SGD: invalid learning rate {} (must be finite and >= 0)", o.at("lr"));
+  }
+  if (!(o.at("momentum") >= 0) || !std::isfinite(o.at("momentum"))) {
+    fail("SGD: invalid momentum {} (must be finite and >= 0)", o.at("momentum"));
+  }
+  if (!(o.at("weight_decay") >= 0) || !std::isfinite(o.at("weight_decay"))) {
+    fail("SGD: invalid weight_decay {} (must be finite and >= 0)", o.at("weight_decay"));
+  }
   if (o.at("nesterov") != 0 && (o.at("momentum") <= 0 || o.at("dampening") != 0)) {
     fail("SGD: nesterov momentum requires a momentum > 0 and zero dampening (got momentum {}, dampening {})",
          o.at("momentum"), o.at("dampening"));
@@ -233,12 +245,18 @@ Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions options
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamOptions options) : Adam("AdamW", std::move(groups), options, true) {}
 
 void Adam::check_options(const Options& o) const {
-  if (o.at("lr") < 0) fail("{}: invalid learning rate {} (must be >= 0)", name_, o.at("lr"));
-  if (o.at("eps") < 0) fail("{}: invalid epsilon {} (must be >= 0)", name_, o.at("eps"));
-  for (const char* b : {"beta1", "beta2"}) {
-    if (o.at(b) < 0 || o.at(b) >= 1) fail("{}: invalid {} {} (must be in [0, 1))", name_, b, o.at(b));
+  if (!(o.at("lr") >= 0) || !std::isfinite(o.at("lr"))) {
+    fail("{}: invalid learning rate {} (must be finite and >= 0)", name_, o.at("lr"));
   }
-  if (o.at("weight_decay") < 0) fail("{}: invalid weight_decay {} (must be >= 0)", name_, o.at("weight_decay"));
+  if (!(o.at("eps") >= 0) || !std::isfinite(o.at("eps"))) {
+    fail("{}: invalid epsilon {} (must be finite and >= 0)", name_, o.at("eps"));
+  }
+  for (const char* b : {"beta1", "beta2"}) {
+    if (!(o.at(b) >= 0 && o.at(b) < 1)) fail("{}: invalid {} {} (must be in [0, 1))", name_, b, o.at(b));
+  }
+  if (!(o.at("weight_decay") >= 0) || !std::isfinite(o.at("weight_decay"))) {
+    fail("{}: invalid weight_decay {} (must be finite and >= 0)", name_, o.at("weight_decay"));
+  }
 }
 
 void Adam::step() {

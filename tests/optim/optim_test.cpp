@@ -3,6 +3,8 @@
 // closed forms; gradient clipping; option errors.
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 #include <cmath>
 #include <numbers>
 #include <vector>
@@ -136,6 +138,21 @@ TEST_CASE("bad options are rejected with the value given", "[optim][errors]") {
   CHECK_THROWS_WITH(optim::SGD({p.param}, {.lr = 0.1, .nesterov = true}), Catch::Contains("nesterov momentum requires"));
   CHECK_THROWS_WITH(optim::Adam({p.param}, {.beta1 = 1.0}), Catch::Contains("invalid beta1 1"));
   CHECK_THROWS_WITH(optim::Adam({p.param}, {.eps = -1e-8}), Catch::Contains("invalid epsilon"));
+  // Non-finite values train to NaN silently: refused too.
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  CHECK_THROWS_WITH(optim::SGD({p.param}, {.lr = inf}), Catch::Contains("invalid learning rate inf"));
+  CHECK_THROWS_WITH(optim::SGD({p.param}, {.lr = nan}), Catch::Contains("invalid learning rate nan"));
+  CHECK_THROWS_WITH(optim::AdamW({p.param}, {.lr = inf}), Catch::Contains("invalid learning rate inf"));
+  CHECK_THROWS_WITH(optim::Adam({p.param}, {.beta2 = nan}), Catch::Contains("invalid beta2"));
+  CHECK_THROWS_WITH(optim::SGD({p.param}, {.lr = 0.1, .momentum = nan}), Catch::Contains("invalid momentum"));
+  // A state whose parameter index is not a number: a clear error, not std::stoll's "stoll".
+  {
+    optim::SGD opt({p.param}, {.lr = 0.1, .momentum = 0.9});
+    auto state = opt.state_dict();
+    std::vector<std::pair<std::string, Tensor>> bad = state;
+    bad.push_back({"state.x1.momentum_buffer", zeros({5})});
+    CHECK_THROWS_WITH(opt.load_state_dict(bad), Catch::Contains("'x1' is not an index"));
+  }
   Tensor frozen = randn({2});
   CHECK_THROWS_WITH(optim::SGD({frozen}, {}), Catch::Contains("require grad"));
 }
