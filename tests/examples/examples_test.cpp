@@ -135,6 +135,16 @@ TEST_CASE("the examples refuse bad flags with a message", "[examples]") {
   r = run(binary("examples/resnet/resnet") + " --checkpoint-dir " + scratch("empty") + " --resume");
   CHECK(r.code != 0);
   CHECK(r.output.find("resnet: error:") != std::string::npos);
+  // A malformed launch environment is an error, not a silent run alone.
+  r = run("WORLD_SIZE=two " + binary("examples/resnet/resnet") + " --synthetic --steps 1");
+  CHECK(r.code != 0);
+  CHECK(r.output.find("WORLD_SIZE='two' is not an integer") != std::string::npos);
+  r = run("WORLD_SIZE=0 " + binary("examples/bert/bert"));
+  CHECK(r.code != 0);
+  CHECK(r.output.find("WORLD_SIZE=0 is not a world size") != std::string::npos);
+  r = run("WORLD_SIZE=1 RANK=5 " + binary("examples/bert/bert"));
+  CHECK(r.code != 0);
+  CHECK(r.output.find("RANK=5 is outside a world of size 1") != std::string::npos);
 }
 
 }  // namespace
