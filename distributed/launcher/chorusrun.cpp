@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -130,21 +131,40 @@ int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);
 
   std::vector<Worker> workers(nproc);
+  const pid_t launcher = ::getpid();
+  // A worker that cannot be started (out of file descriptors or processes) stops the job: the ones
+  // already running are killed and reaped, none is left behind.
+  auto abandon_start = [&](const char* what, int local) {
+    std::fprintf(stderr, "chorusrun: cannot start worker %d of %d (%s: %s); stopping the %d already started\n", local,
+                 nproc, what, std::strerror(errno), local);
+    for (int i = 0; i < local; ++i) {
+      if (workers[i].pid > 0) {
+        ::kill(-workers[i].pid, SIGKILL);
+        ::kill(workers[i].pid, SIGKILL);
+      }
+    }
+    for (int i = 0; i < local; ++i) {
+      if (workers[i].pid > 0) ::waitpid(workers[i].pid, nullptr, 0);
+    }
+    return 1;
+  };
   for (int local = 0; local < nproc; ++local) {
     Worker& w = workers[local];
     w.local_rank = local;
     w.rank = node_rank * nproc + local;
-    int out[2], err[2];
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
     if (::pipe(out) != 0 || ::pipe(err) != 0) {
-      std::perror("chorusrun: pipe");
-      return 1;
+      for (int fd : {out[0], out[1], err[0], err[1]})
+        if (fd >= 0) ::close(fd);
+      return abandon_start("pipe", local);
     }
     pid_t pid = ::fork();
-    if (pid < 0) {
-      std::perror("chorusrun: fork");
-      return 1;
-    }
+    if (pid < 0) return abandon_start("fork", local);
     if (pid == 0) {
+      // Dies with the launcher, even when the launcher is killed with SIGKILL and cannot forward
+      // anything (checked once more after the call: the launcher may already be gone).
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != launcher) ::_exit(128 + SIGKILL);
       ::setpgid(0, 0);  // the worker's own process group: a terminal's Ctrl-C reaches it through us
       ::dup2(out[1], STDOUT_FILENO);
       ::dup2(err[1], STDERR_FILENO);
@@ -167,6 +187,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "chorusrun: cannot run %s: %s\n", args[0], std::strerror(errno));
       ::_exit(127);
     }
+    ::setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before any signal
     ::close(out[1]);
     ::close(err[1]);
     w.pid = pid;

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -98,6 +99,88 @@ TEST_CASE("SIGTERM to chorusrun reaches every worker", "[distributed][chorusrun]
   CHECK_THAT(log, Catch::Contains("[0]: got TERM 0") && Catch::Contains("[1]: got TERM 1"));
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 128 + SIGTERM);
+}
+
+namespace {
+
+std::string tmpdir() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp"; }
+
+// Alive and not a zombie (an orphan's zombie may linger where nothing reaps it).
+bool alive(pid_t pid) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return false;
+  char state = '?';
+  const int got = std::fscanf(f, "%*d %*s %c", &state);
+  std::fclose(f);
+  return got == 1 && state != 'Z' && state != 'X';
+}
+
+std::vector<pid_t> read_pids(const std::string& dir, int n) {
+  std::vector<pid_t> pids;
+  for (int i = 0; i < n; ++i) {
+    FILE* f = std::fopen((dir + "/pid" + std::to_string(i)).c_str(), "r");
+    if (!f) continue;
+    int pid = 0;
+    if (std::fscanf(f, "%d", &pid) == 1) pids.push_back(pid);
+    std::fclose(f);
+  }
+  return pids;
+}
+
+}  // namespace
+
+TEST_CASE("workers die with chorusrun even when it is killed with SIGKILL", "[distributed][chorusrun]") {
+  const std::string dir = tmpdir() + "/chorusrun_kill9";
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    const std::string exe = launcher(), script = "echo $$ > " + dir + "/pid$LOCAL_RANK; exec sleep 60";
+    ::execl(exe.c_str(), exe.c_str(), "--nproc-per-node", "3", "bash", "-c", script.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::vector<pid_t> workers;
+  for (int i = 0; i < 100 && workers.size() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    workers = read_pids(dir, 3);
+  }
+  REQUIRE(workers.size() == 3);
+  for (pid_t w : workers) CHECK(alive(w));
+  ::kill(pid, SIGKILL);  // no chance to forward anything
+  ::waitpid(pid, nullptr, 0);
+  bool any = true;
+  for (int i = 0; i < 40 && any; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    any = false;
+    for (pid_t w : workers) any = any || alive(w);
+  }
+  CHECK_FALSE(any);  // every worker gone within 2 s
+  for (pid_t w : workers) ::kill(w, SIGKILL);  // (nothing left to kill when the check passed)
+}
+
+TEST_CASE("a worker that cannot be started stops the ones already running", "[distributed][chorusrun]") {
+  // With 24 file descriptors, the pipes for the 12 workers run out part-way through the start.
+  const std::string dir = tmpdir() + "/chorusrun_nofile";
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const std::string cmd = "bash -c 'ulimit -n 24; exec " + launcher() +
+                          " --nproc-per-node 12 bash -c \"echo \\$\\$ > " + dir + "/pid\\$LOCAL_RANK; exec sleep 60\"' 2>&1";
+  const auto start = std::chrono::steady_clock::now();
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  INFO(out);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) != 0);
+  CHECK_THAT(out, Catch::Contains("cannot start worker"));
+  CHECK(seconds < 20);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (pid_t w : read_pids(dir, 12)) {
+    CHECK_FALSE(alive(w));
+    ::kill(w, SIGKILL);
+  }
 }
 
 TEST_CASE("chorusrun refuses bad usage", "[distributed][chorusrun]") {
