@@ -1,6 +1,7 @@
 #include "nn/serialize.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <bit>
@@ -63,7 +64,18 @@ void atomic_write(const std::string& path, const std::string& bytes) {
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) fail("save {}: folder {} does not exist", path, dir.string());
-  const std::string tmp = (dir / ("." + target.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
+  const std::string prefix = "." + target.filename().string() + ".tmp.";
+  const std::string tmp = (dir / (prefix + std::to_string(::getpid()))).string();
+  // Temporaries of this file left by writers that were killed mid-save (their process is gone)
+  // would pile up forever: removed here. A live writer's temporary is left alone.
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t owner = static_cast<pid_t>(std::stol(digits));
+    if (owner == ::getpid() || (::kill(owner, 0) != 0 && errno == ESRCH)) fs::remove(entry.path(), ec);
+  }
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) fail("save {}: cannot create temporary file {}: {}", path, tmp, errno_text());
   size_t done = 0;

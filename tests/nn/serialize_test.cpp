@@ -1,6 +1,8 @@
 // safetensors files and checkpoints: round trips of every dtype, the exact byte layout PyTorch's
 // reader expects, errors for truncated/corrupt/hostile files, atomic replacement, and checkpoints.
 #include <catch2/catch.hpp>
+#include <cerrno>
+#include <signal.h>
 
 #include <unistd.h>
 
@@ -169,6 +171,23 @@ TEST_CASE("saving replaces a file atomically and a failed save leaves the old fi
   CHECK(files == 1);
   CHECK_THROWS_WITH(nn::save_safetensors(dir.file("no/such/dir/x.safetensors"), {{"v", ones({1})}}),
                     Catch::Contains("does not exist"));
+}
+
+TEST_CASE("a save removes temporaries that killed writers left behind, not a live writer's", "[nn][serialize]") {
+  TempDir dir;
+  const std::string target = dir.file("w.safetensors");
+  // A pid no process has (the highest ones are free on any test machine), and one that is alive.
+  pid_t dead = 4194000;
+  while (::kill(dead, 0) == 0 || errno != ESRCH) ++dead;
+  const std::string stale = dir.file(".w.safetensors.tmp." + std::to_string(dead));
+  const std::string live = dir.file(".w.safetensors.tmp." + std::to_string(::getppid()));
+  const std::string other = dir.file(".v.safetensors.tmp." + std::to_string(dead));  // another file's
+  for (const std::string& f : {stale, live, other}) write_all(f, "partial");
+  nn::save_safetensors(target, {{"a", randn({4})}});
+  CHECK_FALSE(std::filesystem::exists(stale));
+  CHECK(std::filesystem::exists(live));
+  CHECK(std::filesystem::exists(other));
+  CHECK(nn::load_safetensors(target).tensors.size() == 1);
 }
 
 TEST_CASE("a checkpoint round-trips model, optimizer and scheduler state, counters and RNG state", "[nn][serialize]") {
