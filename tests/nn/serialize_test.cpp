@@ -1,6 +1,7 @@
 // safetensors files and checkpoints: round trips of every dtype, the exact byte layout PyTorch's
 // reader expects, errors for truncated/corrupt/hostile files, atomic replacement, and checkpoints.
 #include <catch2/catch.hpp>
+#include <random>
 #include <cerrno>
 #include <signal.h>
 
@@ -171,6 +172,28 @@ TEST_CASE("saving replaces a file atomically and a failed save leaves the old fi
   CHECK(files == 1);
   CHECK_THROWS_WITH(nn::save_safetensors(dir.file("no/such/dir/x.safetensors"), {{"v", ones({1})}}),
                     Catch::Contains("does not exist"));
+}
+
+TEST_CASE("every tensor carries a CRC-32C: a flipped bit anywhere in its bytes is caught", "[nn][serialize][errors]") {
+  TempDir dir;
+  const std::string p = dir.file("c.safetensors");
+  Tensor a = randn({64, 32}), b = randint(0, 100, {10}, {.dtype = kInt64});
+  nn::save_safetensors(p, {{"a", a}, {"b", b}}, {{"note", "kept"}});
+  auto loaded = nn::load_safetensors(p);
+  CHECK(loaded.metadata == nn::Metadata{{"note", "kept"}});  // the checksums are not the caller's metadata
+  const std::string good = read_all(p);
+  uint64_t n = 0;
+  std::memcpy(&n, good.data(), 8);
+  CHECK(nlohmann::json::parse(good.substr(8, n))["__metadata__"].contains("crc32c.a"));
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 30; ++trial) {  // 30 random single-bit flips in the data section
+    std::string bad = good;
+    const size_t byte = 8 + n + rng() % (good.size() - 8 - n);
+    bad[byte] = static_cast<char>(bad[byte] ^ (1 << (rng() % 8)));
+    write_all(p, bad);
+    INFO("flipped byte " << byte);
+    CHECK_THAT(load_error(p), Catch::Contains("does not match its checksum") && Catch::Contains("corrupt"));
+  }
 }
 
 TEST_CASE("a save removes temporaries that killed writers left behind, not a live writer's", "[nn][serialize]") {
