@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <bit>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -332,6 +333,18 @@ void Checkpoint::capture_rng() {
 void Checkpoint::restore_rng() const { default_generator().set_state(rng_seed, rng_offset); }
 
 void Checkpoint::save(const std::string& path) const {
+  // A model that diverged (NaN or infinity in a parameter) must not replace the last good
+  // checkpoint: the save is refused and the file on disk stays as it was.
+  for (const auto& [name, t] : model) {
+    if (!t.defined() || !t.is_floating_point()) continue;
+    // Summed in float64 (no float32 values can overflow it): NaN or infinity anywhere shows.
+    if (!std::isfinite(t.detach().to(kFloat64).sum().item<double>())) {
+      fail("save checkpoint {}: parameter or buffer '{}' holds NaN or infinity (the training diverged); refusing to "
+           "overwrite the last good checkpoint",
+           path, name);
+    }
+  }
+  if (epoch < 0 || step < 0) fail("save checkpoint {}: epoch {} and step {} must be >= 0", path, epoch, step);
   NamedTensors all;
   const NamedTensors* parts[] = {&model, &optimizer, &scheduler};
   for (int s = 0; s < 3; ++s) {
@@ -369,6 +382,9 @@ Checkpoint Checkpoint::load(const std::string& path) {
   }
   c.epoch = parse_int(file.metadata, "epoch", path);
   c.step = parse_int(file.metadata, "step", path);
+  // Values a real run reaches; a lying file (epoch 2^63-1 or -1000000) is refused, not trained on.
+  if (c.epoch < 0 || c.epoch > (int64_t(1) << 31)) fail("load checkpoint {}: epoch {} is outside [0, 2^31]", path, c.epoch);
+  if (c.step < 0 || c.step > (int64_t(1) << 48)) fail("load checkpoint {}: step {} is outside [0, 2^48]", path, c.step);
   c.rng_seed = parse_u64(file.metadata, "rng_seed", path);
   c.rng_offset = parse_u64(file.metadata, "rng_offset", path);
   for (auto& [k, v] : file.metadata) {

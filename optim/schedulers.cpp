@@ -45,13 +45,26 @@ void LRScheduler::load_state_dict(const NamedTensors& state) {
   std::vector<double> bases = base_lrs_;
   size_t seen = 0;
   for (const auto& [name, t] : state) {
+    if (t.numel() != 1) fail("LRScheduler.load_state_dict: '{}' must hold one value, got shape {}", name, shape_str(t.sizes()));
     if (name == "last_epoch") {
-      last_epoch_ = t.item<int64_t>();
+      // A lying state (e.g. -2^62) makes every formula's power or cosine produce NaN.
+      const int64_t e = t.item<int64_t>();
+      if (e < -1 || e > (int64_t(1) << 40)) {
+        fail("LRScheduler.load_state_dict: last_epoch {} is outside [-1, 2^40] (corrupt state?)", e);
+      }
+      last_epoch_ = e;
       have_epoch = true;
     } else if (name.rfind("base_lrs.", 0) == 0) {
-      const size_t g = std::stoul(name.substr(9));
+      const std::string digits = name.substr(9);
+      if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) {
+        fail("LRScheduler.load_state_dict: '{}' should be base_lrs.<group index>", name);
+      }
+      const size_t g = std::stoul(digits);
       if (g >= bases.size()) fail("LRScheduler.load_state_dict: '{}' but the optimizer has {} groups", name, bases.size());
       bases[g] = t.item<double>();
+      if (!(bases[g] >= 0) || !std::isfinite(bases[g])) {
+        fail("LRScheduler.load_state_dict: '{}' = {} is not a valid learning rate (finite, >= 0)", name, bases[g]);
+      }
       ++seen;
     } else {
       fail("LRScheduler.load_state_dict: unexpected key '{}' (expected last_epoch, base_lrs.<g>)", name);

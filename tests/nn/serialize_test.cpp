@@ -1,6 +1,7 @@
 // safetensors files and checkpoints: round trips of every dtype, the exact byte layout PyTorch's
 // reader expects, errors for truncated/corrupt/hostile files, atomic replacement, and checkpoints.
 #include <catch2/catch.hpp>
+#include <limits>
 #include <random>
 #include <cerrno>
 #include <signal.h>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nn/nn.h"
+#include "optim/optim.h"
 #include "nn/serialize.h"
 #include "tensor/ops.h"
 
@@ -255,6 +257,47 @@ TEST_CASE("a checkpoint round-trips model, optimizer and scheduler state, counte
   // A plain safetensors file is not a checkpoint.
   nn::save_safetensors(dir.file("plain.safetensors"), {{"w", ones({2})}});
   CHECK_THROWS_WITH(nn::Checkpoint::load(dir.file("plain.safetensors")), Catch::Contains("not a chorus checkpoint"));
+
+  // A diverged model (NaN or infinity) does not replace the last good checkpoint.
+  const std::string good = read_all(dir.file("ckpt.safetensors"));
+  for (double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    nn::Checkpoint diverged = c;
+    diverged.model[0].second = c.model[0].second.clone();
+    diverged.model[0].second.view({-1})[3].fill_(bad);
+    CHECK_THROWS_WITH(diverged.save(dir.file("ckpt.safetensors")),
+                      Catch::Contains("holds NaN or infinity") && Catch::Contains(c.model[0].first));
+    CHECK(read_all(dir.file("ckpt.safetensors")) == good);
+  }
+  // Lying counters are refused on load.
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"epoch", "9223372036854775807"}, {"epoch", "-1000000"}, {"step", "-5"}}) {
+    nn::Checkpoint lie = c;
+    lie.save(dir.file("lie.safetensors"));
+    auto file = nn::load_safetensors(dir.file("lie.safetensors"));
+    file.metadata[key] = value;
+    nn::save_safetensors(dir.file("lie.safetensors"), file.tensors, file.metadata);
+    CHECK_THROWS_WITH(nn::Checkpoint::load(dir.file("lie.safetensors")), Catch::Contains(key + " " + value));
+  }
+}
+
+TEST_CASE("a scheduler refuses a lying state: last_epoch far out of range, a non-finite base learning rate",
+          "[nn][serialize][errors]") {
+  Tensor w = randn({3}).requires_grad_();
+  optim::SGD opt({w}, {.lr = 0.1});
+  optim::CosineAnnealingLR sched(opt, 10);
+  auto state = sched.state_dict();
+  auto with = [&](const std::string& key, const Tensor& value) {
+    auto s2 = state;
+    for (auto& [name, t] : s2)
+      if (name == key) t = value;
+    return s2;
+  };
+  CHECK_THROWS_WITH(sched.load_state_dict(with("last_epoch", tensor<int64_t>({-(int64_t(1) << 62)}).reshape({}))),
+                    Catch::Contains("last_epoch") && Catch::Contains("outside"));
+  CHECK_THROWS_WITH(
+      sched.load_state_dict(with("base_lrs.0", tensor(std::vector<double>{std::numeric_limits<double>::infinity()}).reshape({}))),
+      Catch::Contains("not a valid learning rate"));
+  sched.load_state_dict(state);  // the real one still loads
 }
 
 }  // namespace
