@@ -97,7 +97,8 @@ int main(int argc, char** argv) {
   app.add_option("--node-rank,--node_rank", node_rank, "this node's index in [0, nnodes)")->check(CLI::NonNegativeNumber);
   app.add_option("--master-addr,--master_addr", master_addr, "address of the node running rank 0");
   app.add_option("--master-port,--master_port", master_port, "port of rank 0's store")->check(CLI::Range(1, 65535));
-  app.add_option("--grace-period", grace_s, "seconds between SIGTERM and SIGKILL when stopping workers");
+  app.add_option("--grace-period", grace_s, "seconds between SIGTERM and SIGKILL when stopping workers")
+      ->check(CLI::NonNegativeNumber);
   app.prefix_command();  // everything from the first non-option on is the program and its arguments
   app.footer("Usage: chorusrun [options] program [program arguments...]");
   try {

@@ -133,7 +133,8 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "write checkpoint.safetensors here");
   app.add_option("--checkpoint-every", f.checkpoint_every, "steps between checkpoints")->check(CLI::PositiveNumber);
   app.add_flag("--resume", f.resume, "continue from the checkpoint in --checkpoint-dir");
-  app.add_option("--threads", f.threads, "CPU threads per process (default: OMP_NUM_THREADS or all cores)");
+  app.add_option("--threads", f.threads, "CPU threads per process (default: OMP_NUM_THREADS or all cores)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--data-dir", f.data_dir, "folder holding sotu/ and bert/vocab.txt (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");
   app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration to this file");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");

@@ -96,17 +96,18 @@ int main(int argc, char** argv) {
   app.add_option("--model", f.model, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}));
   app.add_option("--epochs", f.epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", f.batch_size, "global batch size (split across processes)")->check(CLI::PositiveNumber);
-  app.add_option("--lr", f.lr, "peak learning rate (default: 0.05 for sgd, 2e-3 for adam/adamw)");
+  app.add_option("--lr", f.lr, "peak learning rate (default: 0.05 for sgd, 2e-3 for adam/adamw)")->check(CLI::PositiveNumber);
   app.add_option("--optimizer", f.optimizer, "sgd (nesterov momentum 0.9), adam or adamw")
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   app.add_option("--seed", f.seed, "seed of initialization and shuffling");
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "write checkpoint.safetensors here after each epoch");
   app.add_flag("--resume", f.resume, "continue from the checkpoint in --checkpoint-dir");
-  app.add_option("--threads", f.threads, "CPU threads per process (default: OMP_NUM_THREADS or all cores)");
+  app.add_option("--threads", f.threads, "CPU threads per process (default: OMP_NUM_THREADS or all cores)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--data-dir", f.data_dir, "folder holding mnist/ and fashion-mnist/ (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");
   app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration to this file");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
-  app.add_option("--workers", f.workers, "DataLoader worker threads");
+  app.add_option("--workers", f.workers, "DataLoader worker threads")->check(CLI::Range(0, 256));
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   app.add_option("--hidden-layers", f.hidden_layers, "number of hidden layers")->check(CLI::PositiveNumber);
   app.add_option("--epochs", f.epochs, "passes over the training set")->check(CLI::PositiveNumber);
   app.add_option("--max-steps", f.max_steps, "stop after this many steps (0: all epochs)");
-  app.add_option("--lr", f.lr, "SGD learning rate (momentum 0.9)");
+  app.add_option("--lr", f.lr, "SGD learning rate (momentum 0.9)")->check(CLI::PositiveNumber);
   app.add_option("--seed", f.seed, "seed of initialization and shuffling");
   app.add_option("--data-dir", f.data_dir, "folder holding mnist/ (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");

@@ -282,11 +282,12 @@ int main(int argc, char** argv) {
   app.add_option("--test-limit", f.test_limit, "evaluate on the first N test images only (0: all 10,000)")
       ->check(CLI::NonNegativeNumber);
   app.add_flag("--resume", f.resume, "continue from the checkpoint in --checkpoint-dir");
-  app.add_option("--threads", f.threads, "CPU threads per process (default: OMP_NUM_THREADS or all cores)");
+  app.add_option("--threads", f.threads, "CPU threads per process (default: OMP_NUM_THREADS or all cores)")
+      ->check(CLI::Range(1, 1024));
   app.add_option("--data-dir", f.data_dir, "folder holding fashion-mnist/ (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");
   app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration to this file");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
-  app.add_option("--workers", f.workers, "DataLoader worker threads");
+  app.add_option("--workers", f.workers, "DataLoader worker threads")->check(CLI::Range(0, 256));
   CLI11_PARSE(app, argc, argv);
   if (f.synthetic && app.count("--arch") == 0) f.arch = "resnet50";
 

@@ -270,10 +270,11 @@ struct Case {
   int64_t batch;
 };
 
-// --profile bert|resnet18 [--steps N]: chorus's step alone, N times at 1 thread, for perf record
+// --profile bert|resnet18 [--steps N] [--threads T]: chorus's step alone, N times at T threads (1
+// by default), for perf record
 // (docs/benchmarks.md's profiles): `perf record -g bazel-bin/tests/bench/train_step_bench --profile bert`.
-int profile(const std::string& which, int steps) {
-  chorus::set_num_threads(1);
+int profile(const std::string& which, int steps, int threads) {
+  chorus::set_num_threads(threads);
   chorus::manual_seed(1);
   if (which == "resnet18") {
     auto model = chorus::models::resnet18();
@@ -310,8 +311,11 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--warmup")) warmup = std::atoi(argv[i + 1]);
   }
+  int threads = 1;
   for (int i = 1; i + 1 < argc; ++i)
-    if (!std::strcmp(argv[i], "--profile")) return profile(argv[i + 1], steps);
+    if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
+  for (int i = 1; i + 1 < argc; ++i)
+    if (!std::strcmp(argv[i], "--profile")) return profile(argv[i + 1], steps, threads);
   const Case cases[] = {{"MLP 784-512-256-10, batch 128", false, 128}, {"small ResNet, batch 32 x 3x32x32", true, 32}};
   std::printf("Training step (forward + backward + SGD momentum), median of %d steps after %d warm-up steps\n\n", steps,
               warmup);

@@ -184,6 +184,11 @@ TEST_CASE("a worker that cannot be started stops the ones already running", "[di
 }
 
 TEST_CASE("chorusrun refuses bad usage", "[distributed][chorusrun]") {
+  {
+    const Run neg = run("--grace-period -1 true");
+    CHECK(neg.code != 0);
+    CHECK_THAT(neg.output, Catch::Contains("--grace-period"));
+  }
   Run none = run("--nproc-per-node 2");
   CHECK(none.code == 2);
   CHECK_THAT(none.output, Catch::Contains("no program given"));

@@ -135,6 +135,16 @@ TEST_CASE("the examples refuse bad flags with a message", "[examples]") {
   r = run(binary("examples/resnet/resnet") + " --checkpoint-dir " + scratch("empty") + " --resume");
   CHECK(r.code != 0);
   CHECK(r.output.find("resnet: error:") != std::string::npos);
+  // Out-of-range flags are refused, not silently replaced or accepted to crawl.
+  for (const std::string bad : {" --threads 5000", " --threads -3", " --workers 10000", " --lr -5"}) {
+    r = run(binary("examples/resnet/resnet") + bad);
+    INFO(bad << ": " << r.output);
+    CHECK(r.code != 0);
+    CHECK((r.output.find("not in range") != std::string::npos || r.output.find("positive") != std::string::npos));
+  }
+  r = run(binary("examples/bert/bert") + " --lr inf");
+  CHECK(r.code != 0);
+  CHECK(r.output.find("--lr") != std::string::npos);
   // A malformed launch environment is an error, not a silent run alone.
   r = run("WORLD_SIZE=two " + binary("examples/resnet/resnet") + " --synthetic --steps 1");
   CHECK(r.code != 0);
