@@ -180,8 +180,8 @@ PlanResult plan_dapple(const ModelProfile& profile, const Cluster& cluster, cons
         exists = false;
       }
       if (exists)
-        fail("planner: no plan fits in {} bytes per device (memory_bytes_per_device); the fastest plan needs {} "
-             "bytes on its fullest device; expected more device memory, more micro-batches or more devices",
+        fail("planner: no plan fits in {} bytes per device (memory_bytes_per_device); the fastest plan without the limit "
+             "needs {} bytes on its fullest device; expected more device memory, more micro-batches or more devices",
              cluster.memory_bytes_per_device, least);
     }
     fail("planner: no plan uses all {} devices ({} nodes x {}) with replica counts dividing the micro-batch of {} "
