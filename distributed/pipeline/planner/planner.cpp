@@ -80,6 +80,12 @@ Plan data_parallel_plan(int num_layers, const Cluster& cluster, int64_t global_b
   return plan;
 }
 
+int data_parallel_micro_batches(int64_t global_batch, int micro_batches, int devices) {
+  for (int mb = micro_batches; mb >= 1; --mb)
+    if (global_batch % mb == 0 && (global_batch / mb) % devices == 0) return mb;
+  return 0;
+}
+
 PlanResult plan_dapple(const ModelProfile& profile, const Cluster& cluster, const PlannerOptions& options) {
   const CostModel model(profile, cluster, options.global_batch, options.micro_batches, options.cost);
   const int L = model.num_layers(), N = cluster.nodes, D = cluster.num_devices(), M = options.micro_batches;

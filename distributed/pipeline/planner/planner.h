@@ -65,5 +65,10 @@ PlanResult plan_dapple(const ModelProfile& profile, const Cluster& cluster, cons
 
 // Pure data parallelism: one stage of all layers on every device of the cluster.
 Plan data_parallel_plan(int num_layers, const Cluster& cluster, int64_t global_batch, int micro_batches);
+// The micro-batch count pure data parallelism should use to compare with a plan of `micro_batches`:
+// `micro_batches` itself when every device gets a whole share of each micro-batch, else the largest
+// count below it for which they do (gradient accumulation steps; under the linear model the time
+// does not depend on it, the memory does). 0 when the global batch cannot be shared by the devices.
+int data_parallel_micro_batches(int64_t global_batch, int micro_batches, int devices);
 
 }  // namespace chorus::distributed::pipeline::planner
