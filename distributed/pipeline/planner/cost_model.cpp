@@ -73,6 +73,12 @@ double CostModel::allreduce_ms(int first, int end, int replicas, bool inter_node
   return steps / replicas * bytes / bandwidth * 1e3 + steps * latency_ms;
 }
 
+double CostModel::exposed_allreduce_ms(int first, int end, int replicas, bool inter_node) const {
+  const double ar = allreduce_ms(first, end, replicas, inter_node);
+  if (!options_.allreduce_overlaps_last_backward) return ar;
+  return std::max(0.0, ar - backward_ms(first, end, replicas));
+}
+
 int64_t CostModel::param_bytes(int first, int end) const { return param_prefix_[end] - param_prefix_[first]; }
 
 int64_t CostModel::memory_bytes(int first, int end, int replicas, int in_flight) const {
@@ -107,6 +113,7 @@ Prediction CostModel::predict(const Plan& plan) const {
     sp.backward_ms = backward_ms(st.first_layer, st.end_layer, st.replicas());
     sp.replicas_inter_node = node < 0;
     sp.allreduce_ms = allreduce_ms(st.first_layer, st.end_layer, st.replicas(), sp.replicas_inter_node);
+    sp.allreduce_exposed_ms = exposed_allreduce_ms(st.first_layer, st.end_layer, st.replicas(), sp.replicas_inter_node);
     const int in_flight = plan.schedule == "gpipe" ? micro_batches_ : S - s;
     sp.peak_memory_bytes = memory_bytes(st.first_layer, st.end_layer, st.replicas(), in_flight);
     sum_units += sp.forward_ms + sp.backward_ms;
@@ -134,7 +141,7 @@ Prediction CostModel::predict(const Plan& plan) const {
   for (int s = 0; s < S; ++s) {
     StagePrediction& sp = p.stages[s];
     sp.last_backward_end_ms = p.pipeline_ms - backward_before;
-    p.iteration_ms = std::max(p.iteration_ms, sp.last_backward_end_ms + sp.allreduce_ms);
+    p.iteration_ms = std::max(p.iteration_ms, sp.last_backward_end_ms + sp.allreduce_exposed_ms);
     backward_before += sp.backward_ms + sp.send_ms;
     p.max_memory_bytes = std::max(p.max_memory_bytes, sp.peak_memory_bytes);
   }

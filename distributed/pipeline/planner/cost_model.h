@@ -21,11 +21,16 @@
 //   E_s = pipeline - sum_{units u before stage s} b_u
 // (the last micro-batch's backward still has to pass the earlier units). The stage's replicas then
 // allreduce its gradients (ring: AR_s = 2 (r-1)/r * param_bytes / bandwidth + 2 (r-1) * latency,
-// inter-node bandwidth when the replicas span nodes), overlapped with the earlier stages' backward
-// but not with its own computation (no bucketing inside a stage is modelled). So
-//   iteration = max(pipeline, max_s (E_s + AR_s))
-// Stage 0's allreduce is never hidden; a later stage's is hidden up to the backward time left
-// before it. Pure data parallelism is S = 1: iteration = M (f + b) + AR.
+// inter-node bandwidth when the replicas span nodes). Two kinds of overlap:
+// - with the stage's own last backward (CostOptions::allreduce_overlaps_last_backward, on by
+//   default: the runtime reduces through DDP's Reducer during the last micro-batch's backward,
+//   bucket by bucket): gradients are taken to become ready evenly over that backward b_s, so at
+//   best the allreduce ends b_s after it started: exposed AR'_s = max(0, AR_s - b_s). Off:
+//   AR'_s = AR_s (the allreduce starts after the last backward);
+// - with the earlier stages' backward, which the schedule allows (no dependency). So
+//   iteration = max(pipeline, max_s (E_s + AR'_s))
+// Stage 0's allreduce is never hidden by other stages; a later stage's is hidden up to the
+// backward time left before it. Pure data parallelism is S = 1: iteration = M (f + b) + AR'.
 //
 // [Memory model] Per device of stage s: parameters, gradients and `optimizer_state_copies` more
 // copies of the parameters (Adam keeps 2: the two moments), plus the saved activations of the
@@ -45,6 +50,7 @@ namespace chorus::distributed::pipeline::planner {
 
 struct CostOptions {
   int optimizer_state_copies = 2;  // per parameter, beside the parameter and its gradient (Adam: 2)
+  bool allreduce_overlaps_last_backward = true;  // see [Allreduce overlap]
 };
 
 struct StagePrediction {
@@ -52,7 +58,8 @@ struct StagePrediction {
   double backward_ms = 0;
   double send_ms = 0;      // transfer to the next stage, each direction (0 for the last stage)
   bool send_inter_node = false;
-  double allreduce_ms = 0;
+  double allreduce_ms = 0;          // AR_s
+  double allreduce_exposed_ms = 0;  // AR'_s: what is left after the stage's own last backward
   bool replicas_inter_node = false;
   double last_backward_end_ms = 0;  // E_s
   int64_t peak_memory_bytes = 0;    // per device
@@ -93,6 +100,8 @@ class CostModel {
   // The activation of layer `last` (the sender's last layer) for one micro-batch, one direction.
   double transfer_ms(int last, bool inter_node) const;
   double allreduce_ms(int first, int end, int replicas, bool inter_node) const;
+  // AR'_s: the part of allreduce_ms not hidden by the stage's own last backward (see [Allreduce overlap]).
+  double exposed_allreduce_ms(int first, int end, int replicas, bool inter_node) const;
   int64_t param_bytes(int first, int end) const;
   // Per device; in_flight micro-batches of saved activations.
   int64_t memory_bytes(int first, int end, int replicas, int in_flight) const;

@@ -134,7 +134,7 @@ PlanResult plan_dapple(const ModelProfile& profile, const Cluster& cluster, cons
           for (const auto& [take, policy] : placements) {
             const int node = footprint(take);
             const double c = next_node == kNoStage ? 0.0 : model.transfer_ms(j - 1, !(node >= 0 && node == next_node));
-            const double ar = model.allreduce_ms(i, j, r, node == kSpansNodes);
+            const double ar = model.exposed_allreduce_ms(i, j, r, node == kSpansNodes);
             std::vector<int> used_after = used;
             for (int n = 0; n < N; ++n) used_after[n] += take[n];
             const uint64_t to_key = codec.encode(used_after, node);

@@ -161,19 +161,21 @@ TEST_CASE("the planner's DP finds the exhaustive optimum on small random cases",
     const int64_t batch = micro * (trial % 4 == 3 ? 6 : 12);  // micro-batch 6 or 12 samples
     // Memory between "nothing fits" and "everything fits", from the unconstrained optimum's needs.
     Cluster cluster = make_cluster(shape.nodes, shape.per_node, intra, inter, int64_t{1} << 50, trial % 2 ? 5 : 0);
-    const CostModel loose(profile, cluster, batch, micro);
+    const CostOptions cost{.allreduce_overlaps_last_backward = trial % 4 < 2};
+    const CostModel loose(profile, cluster, batch, micro, cost);
     const double loose_best = brute_force_all_placements(loose, false);
     REQUIRE(std::isfinite(loose_best));
-    const PlanResult unconstrained = plan_dapple(profile, cluster, {.global_batch = batch, .micro_batches = micro});
+    const PlanResult unconstrained =
+        plan_dapple(profile, cluster, {.global_batch = batch, .micro_batches = micro, .cost = cost});
     cluster.memory_bytes_per_device = static_cast<int64_t>(unconstrained.prediction.max_memory_bytes *
                                                            std::uniform_real_distribution<double>(0.3, 1.2)(rng));
-    const CostModel model(profile, cluster, batch, micro);
+    const CostModel model(profile, cluster, batch, micro, cost);
     for (PlacementSearch search : {PlacementSearch::kExhaustive, PlacementSearch::kPolicies}) {
       INFO("trial " << trial << " nodes " << shape.nodes << "x" << shape.per_node << " layers " << layers
                     << " micro-batches " << micro << " search " << (search == PlacementSearch::kExhaustive));
       const double expected = search == PlacementSearch::kExhaustive ? brute_force_all_placements(model, true)
                                                                      : brute_force_policies(model, true);
-      const PlannerOptions options{.global_batch = batch, .micro_batches = micro, .placement = search};
+      const PlannerOptions options{.global_batch = batch, .micro_batches = micro, .cost = cost, .placement = search};
       ++cases;
       if (!std::isfinite(expected)) {
         ++infeasible;
@@ -232,9 +234,13 @@ TEST_CASE("the cost model gives the hand-computed time and memory of a two-stage
   // Allreduces inside node 0 (12000 B) and node 1 (100 B) at 1e6 B/s over 2 replicas: 12 ms, 0.1 ms.
   REQUIRE(pr.stages[0].allreduce_ms == Approx(12.0));
   REQUIRE(pr.stages[1].allreduce_ms == Approx(0.1));
-  // Stage 0's allreduce starts at 176 (nothing hides it); stage 1's at 176 - (5 + 40) and is hidden.
+  // Stage 1's last backward ends at 176 - (5 + 40) = 131: its allreduce is hidden either way.
   REQUIRE(pr.stages[1].last_backward_end_ms == Approx(131.0));
-  REQUIRE(pr.iteration_ms == Approx(188.0));
+  // Stage 0's last backward ends at 176 and no other stage hides its allreduce; its own last
+  // backward (5 ms) hides 5 of the 12 ms by default, none without that overlap.
+  REQUIRE(pr.stages[0].allreduce_exposed_ms == Approx(7.0));
+  REQUIRE(pr.iteration_ms == Approx(183.0));
+  REQUIRE(predict(plan, p, c, {.allreduce_overlaps_last_backward = false}).iteration_ms == Approx(188.0));
   // Memory: params x (1 + 1 + 2 Adam moments) + in-flight micro-batches (1F1B: 2 on stage 0, 1 on
   // stage 1) x saved bytes for 2 samples (layer b saved nothing measured: its output stands in).
   REQUIRE(pr.stages[0].peak_memory_bytes == 12000 * 4 + 2 * (3000 + 2000));
