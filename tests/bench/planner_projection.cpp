@@ -17,7 +17,8 @@
 // its 125 TFLOP/s peak), --memory-gb per device (32). Adam: 2 optimizer copies, so 16 bytes per
 // parameter with the weights and gradients.
 //
-//   bazel run -c opt //tests/bench:planner_projection -- [--tflops 35 --seq-len 128 --memory-gb 32]
+//   bazel run -c opt //tests/bench:planner_projection -- [--tflops 35 --seq-len 128 --memory-gb 32 --details
+//       --profiles-out DIR]
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -59,11 +60,13 @@ int main(int argc, char** argv) {
   double tflops = 35, memory_gb = 32, nvlink_gbytes = 150;
   int64_t seq_len = 128;
   bool details = false;
+  std::string profiles_out;
   app.add_option("--tflops", tflops, "effective device throughput, TFLOP/s");
   app.add_option("--memory-gb", memory_gb, "device memory, GB");
   app.add_option("--nvlink-gbytes", nvlink_gbytes, "intra-node bandwidth, GB/s");
   app.add_option("--seq-len", seq_len, "tokens per sample");
   app.add_flag("--details", details, "print every chosen plan's stage table");
+  app.add_option("--profiles-out", profiles_out, "write bert24.json and bert48.json (the assumed profiles) to this folder");
   CLI11_PARSE(app, argc, argv);
 
   struct Link {
@@ -78,6 +81,7 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (int layers : {24, 48}) {
     const ModelProfile profile = bert_like(layers, 1024, seq_len, tflops);
+    if (!profiles_out.empty()) save_profile(profile, fmt::format("{}/bert{}.json", profiles_out, layers));
     for (const Link& link : links) {
       Cluster cluster;
       cluster.nodes = 2;
