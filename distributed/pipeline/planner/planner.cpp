@@ -104,76 +104,104 @@ PlanResult plan_dapple(const ModelProfile& profile, const Cluster& cluster, cons
     if (m % r == 0 && (options.max_replicas == 0 || r <= options.max_replicas)) replica_counts.push_back(r);
 
   // states[j]: key -> Pareto front of partial plans covering layers [j, L).
-  std::vector<std::unordered_map<uint64_t, std::vector<Entry>>> states(L + 1);
-  states[L][codec.encode(std::vector<int>(N, 0), kNoStage)].push_back(
-      {0.0, 0.0, 0.0, 0, -1, 0, -1, -1});
+  std::vector<std::unordered_map<uint64_t, std::vector<Entry>>> states;
   PlanResult result;
-  for (int j = L; j >= 1; --j) {
-    for (const auto& [key, front] : states[j]) {
-      ++result.states;
-      result.partial_plans += static_cast<int64_t>(front.size());
-      const std::vector<int> used = codec.used(key);
-      const int next_node = codec.next_node(key);
-      int free = D;
-      for (int u : used) free -= u;
-      for (int i = j - 1; i >= 0; --i) {
-        for (int r : replica_counts) {
-          // Layers [0, i) still need a stage of at least one device; the first stage takes the rest.
-          if (i > 0 ? free - r < 1 : free != r) continue;
-          std::vector<std::pair<std::vector<int>, int>> placements;  // (per-node take, policy)
-          if (options.placement == PlacementSearch::kExhaustive) {
-            for (auto& take : all_placements(used, cluster.devices_per_node, r)) placements.push_back({take, -1});
-          } else {
-            std::set<std::vector<int>> seen;
-            for (int p = 0; p < 3; ++p) {
-              std::vector<int> take = place(kAllPolicies[p], used, cluster.devices_per_node, r);
-              if (!take.empty() && seen.insert(take).second) placements.push_back({take, p});
+  const Entry* best = nullptr;
+  uint64_t best_key = 0;
+  double best_ms = std::numeric_limits<double>::infinity();
+  // One pass of the DP. greedy: keep one partial plan per state (the cheapest suffix), a quick
+  // search whose result is a real plan of the same space, so its cost bounds the optimum. Exact
+  // (greedy false): full Pareto fronts, dropping a partial plan whose lower bound exceeds `bound`:
+  // the layers [0, i) still to place need at least P = their forward + backward per sample x m /
+  // (free devices) in F+B (and Pf, forward only, in F+H), and some stage's f + b is at least P
+  // (sum_s W_s / r_s >= W / free and max_s W_s / r_s >= W / sum_s r_s), so
+  //   cost >= max(F+H + Pf, F+B + P) + (M - 1) max(T, P).
+  auto run = [&](bool greedy, double bound) {
+    states.assign(L + 1, {});
+    states[L][codec.encode(std::vector<int>(N, 0), kNoStage)].push_back({0.0, 0.0, 0.0, 0, -1, 0, -1, -1});
+    for (int j = L; j >= 1; --j) {
+      for (const auto& [key, front] : states[j]) {
+        if (!greedy) {
+          ++result.states;
+          result.partial_plans += static_cast<int64_t>(front.size());
+        }
+        const std::vector<int> used = codec.used(key);
+        const int next_node = codec.next_node(key);
+        int free = D;
+        for (int u : used) free -= u;
+        for (int i = j - 1; i >= 0; --i) {
+          for (int r : replica_counts) {
+            // Layers [0, i) still need a stage of at least one device; the first stage takes the rest.
+            if (i > 0 ? free - r < 1 : free != r) continue;
+            std::vector<std::pair<std::vector<int>, int>> placements;  // (per-node take, policy)
+            if (options.placement == PlacementSearch::kExhaustive) {
+              for (auto& take : all_placements(used, cluster.devices_per_node, r)) placements.push_back({take, -1});
+            } else {
+              std::set<std::vector<int>> seen;
+              for (int p = 0; p < 3; ++p) {
+                std::vector<int> take = place(kAllPolicies[p], used, cluster.devices_per_node, r);
+                if (!take.empty() && seen.insert(take).second) placements.push_back({take, p});
+              }
             }
-          }
-          const double f = model.forward_ms(i, j, r), b = model.backward_ms(i, j, r);
-          for (const auto& [take, policy] : placements) {
-            const int node = footprint(take);
-            const double c = next_node == kNoStage ? 0.0 : model.transfer_ms(j - 1, !(node >= 0 && node == next_node));
-            const double ar = model.exposed_allreduce_ms(i, j, r, node == kSpansNodes);
-            std::vector<int> used_after = used;
-            for (int n = 0; n < N; ++n) used_after[n] += take[n];
-            const uint64_t to_key = codec.encode(used_after, node);
-            for (int idx = 0; idx < static_cast<int>(front.size()); ++idx) {
-              const Entry& e = front[idx];
-              if (options.max_stages > 0 && e.k >= options.max_stages) continue;
-              // 1F1B: this stage will have k + 1 stages from it to the end, so k + 1 micro-batches in flight.
-              if (options.respect_memory &&
-                  model.memory_bytes(i, j, r, e.k + 1) > cluster.memory_bytes_per_device)
-                continue;
-              Entry n{};
-              n.fb = e.fb + f + b + 2 * c;
-              n.fh = std::max(e.fh + f + c, n.fb + ar);
-              n.t = std::max({e.t, f + b, 2 * c});
-              n.k = e.k + 1;
-              n.from_j = j;
-              n.from_key = key;
-              n.from_index = idx;
-              n.policy = policy;
-              insert(states[i][to_key], n);
+            const double f = model.forward_ms(i, j, r), b = model.backward_ms(i, j, r);
+            const double rest_f = i > 0 ? model.forward_ms(0, i, 1) / (free - r) : 0.0;
+            const double rest_fb = i > 0 ? rest_f + model.backward_ms(0, i, 1) / (free - r) : 0.0;
+            for (const auto& [take, policy] : placements) {
+              const int node = footprint(take);
+              const double c =
+                  next_node == kNoStage ? 0.0 : model.transfer_ms(j - 1, !(node >= 0 && node == next_node));
+              const double ar = model.exposed_allreduce_ms(i, j, r, node == kSpansNodes);
+              std::vector<int> used_after = used;
+              for (int n = 0; n < N; ++n) used_after[n] += take[n];
+              const uint64_t to_key = codec.encode(used_after, node);
+              for (int idx = 0; idx < static_cast<int>(front.size()); ++idx) {
+                const Entry& e = front[idx];
+                if (options.max_stages > 0 && e.k >= options.max_stages) continue;
+                // 1F1B: this stage will have k + 1 stages from it to the end, so k + 1 micro-batches in flight.
+                if (options.respect_memory && model.memory_bytes(i, j, r, e.k + 1) > cluster.memory_bytes_per_device)
+                  continue;
+                Entry n{};
+                n.fb = e.fb + f + b + 2 * c;
+                n.fh = std::max(e.fh + f + c, n.fb + ar);
+                n.t = std::max({e.t, f + b, 2 * c});
+                n.k = e.k + 1;
+                n.from_j = j;
+                n.from_key = key;
+                n.from_index = idx;
+                n.policy = policy;
+                const double lower = std::max(n.fh + rest_f, n.fb + rest_fb) + (M - 1) * std::max(n.t, rest_fb);
+                if (lower > bound * (1 + 1e-9)) continue;
+                std::vector<Entry>& to = states[i][to_key];
+                if (!greedy) {
+                  insert(to, n);
+                } else if (to.empty()) {
+                  to.push_back(n);
+                } else if (n.fh + (M - 1) * n.t < to[0].fh + (M - 1) * to[0].t) {
+                  to[0] = n;
+                }
+              }
             }
           }
         }
       }
     }
-  }
-
-  // The best complete plan: all devices used.
-  const Entry* best = nullptr;
-  uint64_t best_key = 0;
-  double best_ms = std::numeric_limits<double>::infinity();
-  for (const auto& [key, front] : states[0]) {
-    ++result.states;
-    result.partial_plans += static_cast<int64_t>(front.size());
-    for (const Entry& e : front) {
-      const double ms = e.fh + (M - 1) * e.t;
-      if (ms < best_ms) best_ms = ms, best = &e, best_key = key;
+    // The best complete plan: all devices used.
+    best = nullptr;
+    best_ms = std::numeric_limits<double>::infinity();
+    for (const auto& [key, front] : states[0]) {
+      if (!greedy) {
+        ++result.states;
+        result.partial_plans += static_cast<int64_t>(front.size());
+      }
+      for (const Entry& e : front) {
+        const double ms = e.fh + (M - 1) * e.t;
+        if (ms < best_ms) best_ms = ms, best = &e, best_key = key;
+      }
     }
-  }
+  };
+  run(/*greedy=*/true, std::numeric_limits<double>::infinity());
+  run(/*greedy=*/false, best_ms);
+
   if (!best) {
     if (options.respect_memory) {
       PlannerOptions relaxed = options;
