@@ -18,7 +18,10 @@
 //   F+B' = F+B + f + b + 2c,  F+H' = max(F+H + f + c, F+B' + AR'),  T' = max(T, f + b, 2c),  k' = k + 1.
 // Both updates are monotone in every number, so a partial plan dominated in all four can be dropped
 // and the search is exact: its result equals exhaustive enumeration under the same cost model
-// (tests/pipeline/planner checks this). Transitions: every first layer i < j, every replica count
+// (tests/pipeline/planner checks this). To keep it fast, a greedy pass (one partial plan per state)
+// first finds a real plan of the same space; its cost bounds the optimum, and the exact pass drops
+// every partial plan whose lower bound (its own cost plus the least the layers still to place can
+// add, planner.cpp) exceeds it. Transitions: every first layer i < j, every replica count
 // r dividing the micro-batch, and every placement the policies give (placement.h; or every
 // per-node split with PlacementSearch::kExhaustive). All devices are used (the runtime runs one
 // process per device).
