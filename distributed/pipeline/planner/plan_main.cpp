@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
       cluster = load_cluster(cluster_path);
     } else {
       for (CLI::Option* o : cluster_flags)
-        if (o->count() == 0) fail("plan: got neither --cluster nor {}, expected a cluster JSON or all of the cluster flags", o->get_name());
+        if (o->count() == 0) fail("got neither --cluster nor {}, expected a cluster JSON or all of the cluster flags", o->get_name());
       cluster.validate();
     }
     std::printf("profile %s: %d layers at batch %lld%s%s; cluster %d x %d devices, %.3g / %.3g GB/s intra / inter node, %s each\n",
@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
                   describe_plan(given, p, profile, cluster).c_str());
       return 0;
     }
-    if (global_batch < 1) fail("plan: got --global-batch {}, expected a positive number of samples", global_batch);
+    if (global_batch < 1) fail("got --global-batch {}, expected a positive number of samples", global_batch);
     options.global_batch = global_batch;
     options.micro_batches = micro_batches;
     options.placement = placement == "exhaustive" ? PlacementSearch::kExhaustive : PlacementSearch::kPolicies;

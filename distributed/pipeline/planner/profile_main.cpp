@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     Tensor input;
     std::string description;
     if (model == "mlp") {
-      if (depth < 1 || hidden < 1) fail("profile: got --depth {} --hidden {}, expected both >= 1", depth, hidden);
+      if (depth < 1 || hidden < 1) fail("got --depth {} --hidden {}, expected both >= 1", depth, hidden);
       for (int i = 0; i < depth; ++i) {
         const int64_t in = i == 0 ? 784 : hidden, out = i == depth - 1 ? 10 : hidden;
         auto block = std::make_shared<nn::Sequential>();
