@@ -58,8 +58,8 @@ struct PlanResult {
   Prediction prediction;
   std::vector<std::string> placements;  // per stage: the policy that placed it ("split" when exhaustive)
   double search_iteration_ms = 0;       // the DP's own figure (equals prediction.iteration_ms)
-  int64_t states = 0;                   // DP states reached
-  int64_t partial_plans = 0;            // Pareto entries kept over all states
+  int64_t states = 0;                   // DP states the exact pass reached
+  int64_t partial_plans = 0;            // Pareto entries it kept over all of them
 };
 
 // chorus::Error when the inputs are invalid (see CostModel) or no plan exists: none fits in memory
