@@ -1,0 +1,60 @@
+// Cluster: validation and JSON (see cluster.h).
+#include "distributed/pipeline/planner/cluster.h"
+
+#include "distributed/pipeline/planner/json_fields.h"
+
+namespace chorus::distributed::pipeline::planner {
+
+namespace jf = json_fields;
+
+void Cluster::validate() const {
+  if (nodes < 1) fail("cluster: got nodes = {}, expected at least 1", nodes);
+  if (devices_per_node < 1) fail("cluster: got devices_per_node = {}, expected at least 1", devices_per_node);
+  if (!(intra_node_bytes_per_s > 0))
+    fail("cluster: got intra_node_bytes_per_s = {}, expected a bandwidth > 0 bytes/s", intra_node_bytes_per_s);
+  if (!(inter_node_bytes_per_s > 0))
+    fail("cluster: got inter_node_bytes_per_s = {}, expected a bandwidth > 0 bytes/s", inter_node_bytes_per_s);
+  if (memory_bytes_per_device <= 0)
+    fail("cluster: got memory_bytes_per_device = {}, expected > 0", memory_bytes_per_device);
+  if (intra_node_latency_us < 0 || inter_node_latency_us < 0)
+    fail("cluster: got latencies {} / {} us (intra / inter node), expected >= 0", intra_node_latency_us,
+         inter_node_latency_us);
+}
+
+Cluster cluster_from_json(const std::string& text, const std::string& source) {
+  const jf::Json j = jf::parse(text, source);
+  jf::check_object(j, source,
+                   {"nodes", "devices_per_node", "intra_node_bytes_per_s", "inter_node_bytes_per_s",
+                    "memory_bytes_per_device"},
+                   {"intra_node_latency_us", "inter_node_latency_us"});
+  Cluster c;
+  c.nodes = static_cast<int>(jf::integer(j["nodes"], source + ".nodes", 1, 1 << 20));
+  c.devices_per_node = static_cast<int>(jf::integer(j["devices_per_node"], source + ".devices_per_node", 1, 1 << 20));
+  c.intra_node_bytes_per_s = jf::number(j["intra_node_bytes_per_s"], source + ".intra_node_bytes_per_s");
+  c.inter_node_bytes_per_s = jf::number(j["inter_node_bytes_per_s"], source + ".inter_node_bytes_per_s");
+  c.memory_bytes_per_device = jf::integer(j["memory_bytes_per_device"], source + ".memory_bytes_per_device", 1);
+  if (j.contains("intra_node_latency_us"))
+    c.intra_node_latency_us = jf::number(j["intra_node_latency_us"], source + ".intra_node_latency_us");
+  if (j.contains("inter_node_latency_us"))
+    c.inter_node_latency_us = jf::number(j["inter_node_latency_us"], source + ".inter_node_latency_us");
+  c.validate();
+  return c;
+}
+
+std::string cluster_to_json(const Cluster& c) {
+  nlohmann::ordered_json j;
+  j["nodes"] = c.nodes;
+  j["devices_per_node"] = c.devices_per_node;
+  j["intra_node_bytes_per_s"] = c.intra_node_bytes_per_s;
+  j["inter_node_bytes_per_s"] = c.inter_node_bytes_per_s;
+  j["memory_bytes_per_device"] = c.memory_bytes_per_device;
+  j["intra_node_latency_us"] = c.intra_node_latency_us;
+  j["inter_node_latency_us"] = c.inter_node_latency_us;
+  return j.dump(2) + "\n";
+}
+
+Cluster load_cluster(const std::string& path) {
+  return cluster_from_json(jf::read_file(path, "cluster"), "cluster " + path);
+}
+
+}  // namespace chorus::distributed::pipeline::planner

@@ -1,0 +1,119 @@
+// The planner's JSON files: profile, cluster and plan survive a round trip unchanged, and a file
+// with an unknown key, a missing key or a value of the wrong type is a chorus::Error that names the
+// key, what was given and what was expected.
+#include <catch2/catch.hpp>
+#include <cstdio>
+
+#include "distributed/pipeline/planner/cluster.h"
+#include "distributed/pipeline/planner/plan.h"
+#include "distributed/pipeline/planner/profile.h"
+#include "tensor/error.h"
+
+using namespace chorus;
+using namespace chorus::distributed::pipeline::planner;
+
+TEST_CASE("profile JSON round trip keeps every field", "[planner][json]") {
+  ModelProfile p;
+  p.batch = 8;
+  p.model = "mlp 784-1024-10";
+  p.layers = {{"0", 1.25, 2.5, 32768, 3215360, 65536}, {"1", 0.1, 0.3333333333333333, 40, 10250, -1}};
+  const ModelProfile q = profile_from_json(profile_to_json(p));
+  REQUIRE(q.batch == 8);
+  REQUIRE(q.model == p.model);
+  REQUIRE(q.layers.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    REQUIRE(q.layers[i].name == p.layers[i].name);
+    REQUIRE(q.layers[i].forward_ms == p.layers[i].forward_ms);  // exact: nlohmann writes round-trip digits
+    REQUIRE(q.layers[i].backward_ms == p.layers[i].backward_ms);
+    REQUIRE(q.layers[i].activation_bytes == p.layers[i].activation_bytes);
+    REQUIRE(q.layers[i].param_bytes == p.layers[i].param_bytes);
+    REQUIRE(q.layers[i].saved_bytes == p.layers[i].saved_bytes);
+  }
+  REQUIRE(q.layers[1].saved_or_activation_bytes() == 40);
+  // Through a file too.
+  const std::string path = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/p.json";
+  save_profile(p, path);
+  REQUIRE(load_profile(path).layers[0].param_bytes == 3215360);
+}
+
+TEST_CASE("cluster JSON round trip and flags-style values", "[planner][json]") {
+  const Cluster c = cluster_from_json(
+      R"({"nodes": 2, "devices_per_node": 8, "intra_node_bytes_per_s": 150e9, "inter_node_bytes_per_s": 3.125e9,
+          "memory_bytes_per_device": 32e9, "inter_node_latency_us": 10})");
+  REQUIRE(c.num_devices() == 16);
+  REQUIRE(c.memory_bytes_per_device == 32000000000);
+  REQUIRE(c.inter_node_latency_us == 10);
+  REQUIRE(c.intra_node_latency_us == 0);
+  REQUIRE(c.node_of(9) == 1);
+  const Cluster d = cluster_from_json(cluster_to_json(c));
+  REQUIRE(d.intra_node_bytes_per_s == c.intra_node_bytes_per_s);
+  REQUIRE(d.inter_node_bytes_per_s == c.inter_node_bytes_per_s);
+  REQUIRE(d.devices_per_node == 8);
+}
+
+TEST_CASE("plan JSON has the runtime's schema and round-trips", "[planner][json]") {
+  const std::string text =
+      R"({"version":1,"num_layers":8,"global_batch":32,"micro_batches":4,"schedule":"1f1b",)"
+      R"("stages":[{"layers":[0,4],"ranks":[0,1]},{"layers":[4,8],"ranks":[2]}],)"
+      R"("predicted":{"iteration_ms":12.5,"peak_memory_bytes":[1000,800],"pivot_stage":1}})";
+  const Plan p = plan_from_json(text);
+  REQUIRE(p.num_stages() == 2);
+  REQUIRE(p.stages[0].ranks == std::vector<int>{0, 1});
+  REQUIRE(p.stages[1].first_layer == 4);
+  REQUIRE(p.predicted->pivot_stage == 1);
+  REQUIRE(plan_to_json(p) == text + "\n");  // same keys, same order, same numbers
+  REQUIRE(p.str() == "[0,4) x2 on ranks 0,1 | [4,8) x1 on rank 2");
+}
+
+TEST_CASE("bad JSON names the key, what was given and what was expected", "[planner][json][errors]") {
+  const std::string layer = R"({"name":"a","forward_ms":1,"backward_ms":2,"activation_bytes":3,"param_bytes":4})";
+  REQUIRE_THROWS_WITH(profile_from_json(R"({"batch":4,"layers":[)" + layer + R"(],"bacth":2})"),
+                      Catch::Contains("unknown key \"bacth\"") && Catch::Contains("expected only: layers, batch, model"));
+  REQUIRE_THROWS_WITH(profile_from_json(R"({"batch":"4","layers":[)" + layer + "]}"),
+                      Catch::Contains("profile.batch: got a JSON string (\"4\"), expected an integer"));
+  REQUIRE_THROWS_WITH(profile_from_json(R"({"batch":0,"layers":[)" + layer + "]}"),
+                      Catch::Contains("profile.batch: got 0, expected an integer in [1,"));
+  REQUIRE_THROWS_WITH(
+      profile_from_json(R"({"batch":4,"layers":[{"name":"a","forward_ms":-1,"backward_ms":2,"activation_bytes":3,"param_bytes":4}]})"),
+      Catch::Contains("profile.layers[0].forward_ms: got -1, expected a finite number >= 0"));
+  REQUIRE_THROWS_WITH(profile_from_json(R"({"batch":4,"layers":[{"name":"a"}]})"),
+                      Catch::Contains("profile.layers[0]: missing key \"forward_ms\""));
+  REQUIRE_THROWS_WITH(profile_from_json(R"({"batch":4,"layers":[]})"), Catch::Contains("expected at least one layer"));
+  REQUIRE_THROWS_WITH(profile_from_json("{\"batch\":4,"), Catch::Contains("profile: not valid JSON"));
+  REQUIRE_THROWS_WITH(load_profile("/nonexistent/profile.json"),
+                      Catch::Contains("cannot open \"/nonexistent/profile.json\""));
+
+  REQUIRE_THROWS_WITH(cluster_from_json(R"({"nodes":0,"devices_per_node":8,"intra_node_bytes_per_s":1,)"
+                                        R"("inter_node_bytes_per_s":1,"memory_bytes_per_device":1})"),
+                      Catch::Contains("cluster.nodes: got 0, expected an integer in [1,"));
+  REQUIRE_THROWS_WITH(cluster_from_json(R"({"nodes":1,"devices_per_node":2.5,"intra_node_bytes_per_s":1,)"
+                                        R"("inter_node_bytes_per_s":1,"memory_bytes_per_device":1})"),
+                      Catch::Contains("cluster.devices_per_node: got 2.5, expected an integer"));
+  REQUIRE_THROWS_WITH(cluster_from_json(R"({"nodes":1,"devices_per_node":2,"intra_node_bytes_per_s":0,)"
+                                        R"("inter_node_bytes_per_s":1,"memory_bytes_per_device":1})"),
+                      Catch::Contains("intra_node_bytes_per_s = 0, expected a bandwidth > 0"));
+  REQUIRE_THROWS_WITH(cluster_from_json(R"({"nodes":1,"devices_per_node":2,"intra_node_bandwidth":1,)"
+                                        R"("inter_node_bytes_per_s":1,"memory_bytes_per_device":1})"),
+                      Catch::Contains("missing key \"intra_node_bytes_per_s\""));
+
+  const std::string head = R"({"version":1,"num_layers":4,"global_batch":8,"micro_batches":2,"schedule":"1f1b",)";
+  REQUIRE_THROWS_WITH(plan_from_json(head + R"("stages":[{"layers":[0,4],"ranks":[0]}],"extra":1})"),
+                      Catch::Contains("plan: unknown key \"extra\""));
+  REQUIRE_THROWS_WITH(plan_from_json(head + R"("stages":[{"layers":[0,4],"ranks":[0],"replicas":1}]})"),
+                      Catch::Contains("plan.stages[0]: unknown key \"replicas\""));
+  REQUIRE_THROWS_WITH(plan_from_json(head + R"("stages":[{"layers":[0,2],"ranks":[0]},{"layers":[3,4],"ranks":[1]}]})"),
+                      Catch::Contains("stage 1 has layers [3, 4), expected [2, e)"));
+  REQUIRE_THROWS_WITH(plan_from_json(head + R"("stages":[{"layers":[0,4],"ranks":[0,1,2]}]})"),
+                      Catch::Contains("3 replicas, which do not divide the micro-batch of 4 samples"));
+  REQUIRE_THROWS_WITH(plan_from_json(head + R"("stages":[{"layers":[0,4],"ranks":"0"}]})"),
+                      Catch::Contains("plan.stages[0].ranks: got a JSON string, expected an array"));
+  REQUIRE_THROWS_WITH(plan_from_json(R"({"version":2,"num_layers":4,"global_batch":8,"micro_batches":2,)"
+                                     R"("schedule":"1f1b","stages":[]})"),
+                      Catch::Contains("plan.version: got 2, expected 1"));
+  REQUIRE_THROWS_WITH(plan_from_json(R"({"version":1,"num_layers":4,"global_batch":9,"micro_batches":2,)"
+                                     R"("schedule":"1f1b","stages":[{"layers":[0,4],"ranks":[0]}]})"),
+                      Catch::Contains("global_batch 9 is not divisible by micro_batches 2"));
+  REQUIRE_THROWS_WITH(plan_from_json(R"({"version":1,"num_layers":4,"global_batch":8,"micro_batches":2,)"
+                                     R"("schedule":"zigzag","stages":[{"layers":[0,4],"ranks":[0]}]})"),
+                      Catch::Contains("got schedule \"zigzag\", expected \"1f1b\" or \"gpipe\""));
+}

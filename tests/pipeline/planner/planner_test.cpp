@@ -1,0 +1,338 @@
+// The DAPPLE planner: its DP against exhaustive enumeration under the same cost model (random
+// profiles and clusters, fixed seed), the cost formula on a hand-computed plan, and the decisions it
+// should make: a pipeline when data parallelism does not fit in memory, data parallelism when
+// communication is cheap and layers are balanced, a pipeline when the allreduce is expensive.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <random>
+
+#include "distributed/pipeline/planner/placement.h"
+#include "distributed/pipeline/planner/planner.h"
+#include "tensor/error.h"
+
+using namespace chorus;
+using namespace chorus::distributed::pipeline::planner;
+
+namespace {
+
+ModelProfile random_profile(std::mt19937& rng, int layers, bool huge_params) {
+  std::uniform_real_distribution<double> ms(0.1, 5.0), ratio(1.0, 3.0), log_bytes(3.0, 7.0);
+  ModelProfile p;
+  p.batch = 4;
+  for (int l = 0; l < layers; ++l) {
+    LayerProfile lp;
+    lp.name = "layer" + std::to_string(l);
+    lp.forward_ms = ms(rng);
+    lp.backward_ms = lp.forward_ms * ratio(rng);
+    lp.activation_bytes = static_cast<int64_t>(std::pow(10.0, log_bytes(rng)));
+    lp.param_bytes = static_cast<int64_t>(std::pow(10.0, log_bytes(rng) + (huge_params ? 2.0 : 0.0)));
+    if (l % 2 == 0) lp.saved_bytes = lp.activation_bytes * 3;  // half the layers measured, half not
+    p.layers.push_back(lp);
+  }
+  return p;
+}
+
+Cluster make_cluster(int nodes, int per_node, double intra, double inter, int64_t memory, double latency_us = 0) {
+  Cluster c;
+  c.nodes = nodes;
+  c.devices_per_node = per_node;
+  c.intra_node_bytes_per_s = intra;
+  c.inter_node_bytes_per_s = inter;
+  c.memory_bytes_per_device = memory;
+  c.intra_node_latency_us = latency_us;
+  c.inter_node_latency_us = 2 * latency_us;
+  return c;
+}
+
+// All compositions of `layers` into stages: callback gets the end layer of each stage.
+void for_each_partition(int layers, int max_stages, const std::function<void(const std::vector<int>&)>& fn) {
+  std::vector<int> ends;
+  std::function<void(int)> rec = [&](int start) {
+    if (start == layers) return fn(ends);
+    if (static_cast<int>(ends.size()) == max_stages) return;
+    for (int e = start + 1; e <= layers; ++e) {
+      ends.push_back(e);
+      rec(e);
+      ends.pop_back();
+    }
+  };
+  rec(0);
+}
+
+Plan make_plan(const std::vector<int>& ends, const std::vector<std::vector<int>>& ranks, int64_t batch, int micro) {
+  Plan plan;
+  plan.num_layers = ends.back();
+  plan.global_batch = batch;
+  plan.micro_batches = micro;
+  for (size_t s = 0; s < ends.size(); ++s) {
+    StagePlan st;
+    st.first_layer = s ? ends[s - 1] : 0;
+    st.end_layer = ends[s];
+    st.ranks = ranks[s];
+    plan.stages.push_back(st);
+  }
+  return plan;
+}
+
+// Best iteration time over every partition and every assignment of the devices to its stages
+// (each device labelled with a stage; every stage non-empty, its size dividing the micro-batch).
+double brute_force_all_placements(const CostModel& model, bool respect_memory) {
+  const int D = model.cluster().num_devices();
+  double best = std::numeric_limits<double>::infinity();
+  for_each_partition(model.num_layers(), D, [&](const std::vector<int>& ends) {
+    const int S = static_cast<int>(ends.size());
+    std::vector<int> label(D, 0);
+    std::function<void(int)> rec = [&](int d) {
+      if (d < D) {
+        for (int s = 0; s < S; ++s) label[d] = s, rec(d + 1);
+        return;
+      }
+      std::vector<std::vector<int>> ranks(S);
+      for (int r = 0; r < D; ++r) ranks[label[r]].push_back(r);
+      for (const auto& g : ranks)
+        if (g.empty() || model.micro_batch_size() % static_cast<int64_t>(g.size()) != 0) return;
+      const Prediction p = model.predict(make_plan(ends, ranks, model.global_batch(), model.micro_batches()));
+      if (!respect_memory || p.fits_memory) best = std::min(best, p.iteration_ms);
+    };
+    rec(0);
+  });
+  return best;
+}
+
+// Best over every partition, replica counts and, stage by stage, each placement policy, placing the
+// stages last to first as the planner does.
+double brute_force_policies(const CostModel& model, bool respect_memory) {
+  const Cluster& c = model.cluster();
+  const int D = c.num_devices();
+  double best = std::numeric_limits<double>::infinity();
+  for_each_partition(model.num_layers(), D, [&](const std::vector<int>& ends) {
+    const int S = static_cast<int>(ends.size());
+    std::vector<int> reps(S), policy(S);
+    std::function<void(int, int)> rec = [&](int s, int left) {
+      if (s == S) {
+        if (left != 0) return;
+        std::function<void(int)> pol = [&](int q) {
+          if (q < S) {
+            for (int p = 0; p < 3; ++p) policy[q] = p, pol(q + 1);
+            return;
+          }
+          std::vector<int> used(c.nodes, 0), order;
+          std::vector<std::vector<int>> takes;
+          for (int st = S - 1; st >= 0; --st) {
+            std::vector<int> take = place(kAllPolicies[policy[st]], used, c.devices_per_node, reps[st]);
+            REQUIRE(!take.empty());
+            for (int n = 0; n < c.nodes; ++n) used[n] += take[n];
+            order.push_back(st);
+            takes.push_back(take);
+          }
+          const auto ranks = ranks_for(c, order, takes, true);
+          const Prediction p = model.predict(make_plan(ends, ranks, model.global_batch(), model.micro_batches()));
+          if (!respect_memory || p.fits_memory) best = std::min(best, p.iteration_ms);
+        };
+        pol(0);
+        return;
+      }
+      for (int r = 1; r <= left; ++r)
+        if (model.micro_batch_size() % r == 0) reps[s] = r, rec(s + 1, left - r);
+    };
+    rec(0, D);
+  });
+  return best;
+}
+
+}  // namespace
+
+TEST_CASE("the planner's DP finds the exhaustive optimum on small random cases", "[planner]") {
+  std::mt19937 rng(20211);
+  struct Shape {
+    int nodes, per_node;
+  };
+  const Shape shapes[] = {{1, 1}, {1, 2}, {2, 1}, {1, 3}, {1, 4}, {2, 2}, {4, 1}, {2, 2}};
+  const double bandwidths[] = {1e8, 1e9, 1e10, 1e11};
+  int cases = 0, memory_bound = 0, infeasible = 0, pipelines = 0, replicated = 0;
+  for (int trial = 0; trial < 48; ++trial) {
+    const Shape shape = shapes[trial % 8];
+    const int layers = 2 + trial % 5;
+    const ModelProfile profile = random_profile(rng, layers, trial % 3 == 0);
+    const double intra = bandwidths[rng() % 4], inter = intra / (1 + rng() % 20);
+    const int micro = 1 + static_cast<int>(rng() % 4);
+    const int64_t batch = micro * (trial % 4 == 3 ? 6 : 12);  // micro-batch 6 or 12 samples
+    // Memory between "nothing fits" and "everything fits", from the unconstrained optimum's needs.
+    Cluster cluster = make_cluster(shape.nodes, shape.per_node, intra, inter, int64_t{1} << 50, trial % 2 ? 5 : 0);
+    const CostOptions cost{.allreduce_overlaps_last_backward = trial % 4 < 2};
+    const CostModel loose(profile, cluster, batch, micro, cost);
+    const double loose_best = brute_force_all_placements(loose, false);
+    REQUIRE(std::isfinite(loose_best));
+    const PlanResult unconstrained =
+        plan_dapple(profile, cluster, {.global_batch = batch, .micro_batches = micro, .cost = cost});
+    cluster.memory_bytes_per_device = static_cast<int64_t>(unconstrained.prediction.max_memory_bytes *
+                                                           std::uniform_real_distribution<double>(0.3, 1.2)(rng));
+    const CostModel model(profile, cluster, batch, micro, cost);
+    for (PlacementSearch search : {PlacementSearch::kExhaustive, PlacementSearch::kPolicies}) {
+      INFO("trial " << trial << " nodes " << shape.nodes << "x" << shape.per_node << " layers " << layers
+                    << " micro-batches " << micro << " search " << (search == PlacementSearch::kExhaustive));
+      const double expected = search == PlacementSearch::kExhaustive ? brute_force_all_placements(model, true)
+                                                                     : brute_force_policies(model, true);
+      const PlannerOptions options{.global_batch = batch, .micro_batches = micro, .cost = cost, .placement = search};
+      ++cases;
+      if (!std::isfinite(expected)) {
+        ++infeasible;
+        REQUIRE_THROWS_AS(plan_dapple(profile, cluster, options), Error);
+        continue;
+      }
+      const PlanResult r = plan_dapple(profile, cluster, options);
+      REQUIRE(r.prediction.iteration_ms == Approx(expected).epsilon(1e-9));
+      REQUIRE(r.search_iteration_ms == Approx(r.prediction.iteration_ms).epsilon(1e-9));
+      REQUIRE(r.prediction.fits_memory);
+      REQUIRE(r.plan.predicted->iteration_ms == r.prediction.iteration_ms);
+      if (expected > loose_best * (1 + 1e-9)) ++memory_bound;
+      if (r.plan.num_stages() > 1) ++pipelines;
+      for (const StagePlan& st : r.plan.stages) replicated += st.replicas() > 1;
+    }
+  }
+  // The random cases exercise what they should: memory that changes the answer, no plan at all,
+  // pipelines and replicated stages.
+  CHECK(cases == 96);
+  CHECK(memory_bound > 5);
+  CHECK(infeasible > 2);
+  CHECK(pipelines > 10);
+  CHECK(replicated > 10);
+}
+
+TEST_CASE("exhaustive placement is never worse than the policies", "[planner]") {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 10; ++trial) {
+    const ModelProfile profile = random_profile(rng, 5, trial % 2 == 0);
+    const Cluster cluster = make_cluster(2, 2, 1e10, 1e9, int64_t{1} << 50);
+    const PlanResult policies = plan_dapple(profile, cluster, {.global_batch = 16, .micro_batches = 4});
+    const PlanResult split = plan_dapple(
+        profile, cluster, {.global_batch = 16, .micro_batches = 4, .placement = PlacementSearch::kExhaustive});
+    REQUIRE(split.prediction.iteration_ms <= policies.prediction.iteration_ms * (1 + 1e-12));
+  }
+}
+
+TEST_CASE("the cost model gives the hand-computed time and memory of a two-stage plan", "[planner][cost]") {
+  // 3 layers, profiled at batch 2. Plan: [0,2) on ranks 0,1 (node 0), [2,3) on rank 2 (node 1).
+  // Global batch 8 in M = 2 micro-batches of m = 4 samples.
+  ModelProfile p;
+  p.batch = 2;
+  p.layers = {{"a", 1.0, 2.0, 1000, 4000, 3000}, {"b", 2.0, 3.0, 2000, 8000, -1}, {"c", 3.0, 5.0, 500, 100, 700}};
+  const Cluster c = make_cluster(2, 2, 1e6, 1e5, 1 << 20);  // 1 MB/s inside, 0.1 MB/s between nodes
+  Plan plan = make_plan({2, 3}, {{0, 1}, {2, 3}}, 8, 2);
+  const Prediction pr = predict(plan, p, c);
+  // Stage 0: 2 replicas x 2 samples = 1 profiled batch: f = 3, b = 5. Stage 1: 2 replicas, f = 3, b = 5.
+  REQUIRE(pr.stages[0].forward_ms == Approx(3.0));
+  REQUIRE(pr.stages[0].backward_ms == Approx(5.0));
+  // Transfer: layer b's output for 4 samples = 4000 bytes between nodes at 1e5 B/s = 40 ms.
+  REQUIRE(pr.stages[0].send_inter_node);
+  REQUIRE(pr.stages[0].send_ms == Approx(40.0));
+  // The transfer is the pivot unit (80 ms): pipeline = (8 + 80 + 8) + (2 - 1) * 80 = 176 ms.
+  REQUIRE(pr.bottleneck_is_transfer);
+  REQUIRE(pr.pipeline_ms == Approx(176.0));
+  // Allreduces inside node 0 (12000 B) and node 1 (100 B) at 1e6 B/s over 2 replicas: 12 ms, 0.1 ms.
+  REQUIRE(pr.stages[0].allreduce_ms == Approx(12.0));
+  REQUIRE(pr.stages[1].allreduce_ms == Approx(0.1));
+  // Stage 1's last backward ends at 176 - (5 + 40) = 131: its allreduce is hidden either way.
+  REQUIRE(pr.stages[1].last_backward_end_ms == Approx(131.0));
+  // Stage 0's last backward ends at 176 and no other stage hides its allreduce; its own last
+  // backward (5 ms) hides 5 of the 12 ms by default, none without that overlap.
+  REQUIRE(pr.stages[0].allreduce_exposed_ms == Approx(7.0));
+  REQUIRE(pr.iteration_ms == Approx(183.0));
+  REQUIRE(predict(plan, p, c, {.allreduce_overlaps_last_backward = false}).iteration_ms == Approx(188.0));
+  // Memory: params x (1 + 1 + 2 Adam moments) + in-flight micro-batches (1F1B: 2 on stage 0, 1 on
+  // stage 1) x saved bytes for 2 samples (layer b saved nothing measured: its output stands in).
+  REQUIRE(pr.stages[0].peak_memory_bytes == 12000 * 4 + 2 * (3000 + 2000));
+  REQUIRE(pr.stages[1].peak_memory_bytes == 100 * 4 + 1 * 700);
+  REQUIRE(pr.pivot_stage == 0);  // of the two stages, the first has the larger f + b (tie -> first)
+  // GPipe keeps all M = 2 micro-batches on every stage.
+  plan.schedule = "gpipe";
+  REQUIRE(predict(plan, p, c).stages[1].peak_memory_bytes == 100 * 4 + 2 * 700);
+  // Same plan, both stages on one node each but the second moved next to the first: intra-node.
+  const Cluster one_node = make_cluster(1, 4, 1e6, 1e5, 1 << 20);
+  REQUIRE_FALSE(predict(make_plan({2, 3}, {{0, 1}, {2, 3}}, 8, 2), p, one_node).stages[0].send_inter_node);
+}
+
+TEST_CASE("a pipeline is chosen when data parallelism does not fit in memory", "[planner][memory]") {
+  // Balanced layers with large parameters on fast links: without a limit, pure DP wins.
+  ModelProfile p;
+  p.batch = 8;
+  for (int l = 0; l < 4; ++l) p.layers.push_back({"l" + std::to_string(l), 10.0, 20.0, 1 << 16, 1LL << 30, -1});
+  Cluster c = make_cluster(1, 4, 1e12, 1e12, 1LL << 40);
+  const PlannerOptions options{.global_batch = 32, .micro_batches = 4};
+  const PlanResult free_plan = plan_dapple(p, c, options);
+  REQUIRE(free_plan.plan.num_stages() == 1);
+  REQUIRE(free_plan.plan.stages[0].replicas() == 4);
+  // DP needs 4 GiB of parameters x 4 = 16 GiB per device; give 10 GiB.
+  REQUIRE(free_plan.prediction.max_memory_bytes > (10LL << 30));
+  c.memory_bytes_per_device = 10LL << 30;
+  const PlanResult fitted = plan_dapple(p, c, options);
+  REQUIRE(fitted.plan.num_stages() >= 2);
+  REQUIRE(fitted.prediction.fits_memory);
+  for (int64_t bytes : fitted.plan.predicted->peak_memory_bytes) REQUIRE(bytes <= (10LL << 30));
+  REQUIRE(fitted.prediction.iteration_ms > free_plan.prediction.iteration_ms);
+  // With 3 GiB nothing fits (every layer alone needs 4 GiB); the error names both figures.
+  c.memory_bytes_per_device = 3LL << 30;
+  REQUIRE_THROWS_WITH(plan_dapple(p, c, options), Catch::Contains("no plan fits in 3221225472 bytes per device") &&
+                                                      Catch::Contains("without the limit needs 17179934720 bytes"));
+}
+
+TEST_CASE("pure data parallelism is chosen when communication is cheap and layers balanced", "[planner]") {
+  ModelProfile p;
+  p.batch = 4;
+  for (int l = 0; l < 6; ++l) p.layers.push_back({"l" + std::to_string(l), 2.0, 4.0, 1 << 20, 1 << 20, -1});
+  const Cluster c = make_cluster(2, 4, 3e11, 1e11, 1LL << 36);
+  const PlanResult r = plan_dapple(p, c, {.global_batch = 64, .micro_batches = 2});
+  REQUIRE(r.plan.num_stages() == 1);
+  REQUIRE(r.plan.stages[0].ranks == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
+  // And it beats a balanced two-stage pipeline over the same devices (which idles in warm-up and ending).
+  const Plan two_stage = make_plan({3, 6}, {{0, 1, 2, 3}, {4, 5, 6, 7}}, 64, 2);
+  REQUIRE(predict(two_stage, p, c).iteration_ms > 1.2 * r.prediction.iteration_ms);
+}
+
+TEST_CASE("a pipeline is chosen when the allreduce is expensive", "[planner]") {
+  // 1 GB of parameters per layer, 1 GB/s between nodes: DP's inter-node allreduce dominates.
+  ModelProfile p;
+  p.batch = 4;
+  for (int l = 0; l < 4; ++l) p.layers.push_back({"l" + std::to_string(l), 5.0, 10.0, 1 << 20, 1000000000, -1});
+  const Cluster c = make_cluster(2, 2, 1e11, 1e9, 1LL << 40);
+  const PlanResult r = plan_dapple(p, c, {.global_batch = 32, .micro_batches = 8});
+  const Prediction dp = predict(data_parallel_plan(4, c, 32, 8), p, c);
+  REQUIRE(r.plan.num_stages() >= 2);
+  REQUIRE(r.prediction.iteration_ms < 0.5 * dp.iteration_ms);
+  // No stage's replicas straddle the slow link.
+  for (const StagePlan& st : r.plan.stages) {
+    for (int rank : st.ranks) REQUIRE(c.node_of(rank) == c.node_of(st.ranks.front()));
+  }
+  // Stage 0 gets the low ranks.
+  REQUIRE(r.plan.stages[0].ranks.front() == 0);
+}
+
+TEST_CASE("the planner refuses bad inputs with what was given and what was expected", "[planner][errors]") {
+  ModelProfile p;
+  p.batch = 4;
+  p.layers = {{"a", 1.0, 2.0, 100, 100, -1}, {"b", 1.0, 2.0, 100, 100, -1}};
+  Cluster c = make_cluster(1, 2, 1e9, 1e9, 1 << 30);
+  REQUIRE_THROWS_WITH(plan_dapple(p, c, {.global_batch = 10, .micro_batches = 4}),
+                      Catch::Contains("global batch 10 is not divisible by micro_batches 4"));
+  REQUIRE_THROWS_WITH(plan_dapple(p, c, {.global_batch = 8, .micro_batches = 0}),
+                      Catch::Contains("micro_batches = 0, expected at least 1"));
+  Cluster zero = c;
+  zero.devices_per_node = 0;
+  REQUIRE_THROWS_WITH(plan_dapple(p, zero, {.global_batch = 8, .micro_batches = 2}),
+                      Catch::Contains("devices_per_node = 0, expected at least 1"));
+  zero = c;
+  zero.nodes = 0;
+  REQUIRE_THROWS_WITH(plan_dapple(p, zero, {.global_batch = 8, .micro_batches = 2}),
+                      Catch::Contains("nodes = 0, expected at least 1"));
+  // 3 devices cannot share micro-batches of 1 sample: one device per stage, but only 2 layers.
+  const Cluster three = make_cluster(1, 3, 1e9, 1e9, 1 << 30);
+  REQUIRE_THROWS_WITH(plan_dapple(p, three, {.global_batch = 2, .micro_batches = 2}),
+                      Catch::Contains("no plan uses all 3 devices") && Catch::Contains("micro-batch of 1 samples"));
+  // With micro-batches of 2 samples it works: one layer alone, the other on 2 replicas.
+  REQUIRE(plan_dapple(p, three, {.global_batch = 4, .micro_batches = 2}).plan.num_stages() == 2);
+  // A plan that does not match the profile.
+  REQUIRE_THROWS_WITH(predict(data_parallel_plan(3, c, 8, 2), p, c), Catch::Contains("plan has 3 layers, expected the profile's 2"));
+  REQUIRE_THROWS_WITH(data_parallel_plan(2, c, 6, 2), Catch::Contains("2 replicas, which do not divide the micro-batch of 3"));
+}
