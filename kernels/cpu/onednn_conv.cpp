@@ -2,6 +2,7 @@
 #include "kernels/cpu/onednn_conv.h"
 
 #include <dnnl.hpp>
+#include <omp.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -71,17 +72,21 @@ std::atomic<bool>& enabled_flag() {
 }
 
 
-// One convolution shape; everything oneDNN needs to build its primitives.
+// One convolution shape, and the thread count: oneDNN decomposes a primitive's work for the number
+// of threads there were when it was made, so a primitive made at 1 thread would run on 1 thread
+// after set_num_threads(2).
 struct Key {
   int64_t n, c, h, w, oc, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups;
   bool bias;
-  auto tie() const { return std::tie(n, c, h, w, oc, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups, bias); }
+  int threads;
+  auto tie() const { return std::tie(n, c, h, w, oc, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups, bias, threads); }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
 Key key_of(const Tensor& x, const Tensor& weight, bool bias, const Window2d& w, int64_t groups) {
-  return {x.size(0), x.size(1), w.in_h, w.in_w, weight.size(0), w.out_h, w.out_w, w.kernel_h, w.kernel_w,
-          w.stride_h, w.stride_w, w.pad_h, w.pad_w, w.dilation_h, w.dilation_w, groups, bias};
+  return {x.size(0),  x.size(1),  w.in_h,     w.in_w,     weight.size(0), w.out_h,      w.out_w,
+          w.kernel_h, w.kernel_w, w.stride_h, w.stride_w, w.pad_h,        w.pad_w,      w.dilation_h,
+          w.dilation_w, groups,   bias,       omp_get_max_threads()};
 }
 
 struct Shapes {
