@@ -102,8 +102,11 @@ Tensor BertEmbeddings::forward(const Tensor& input_ids, const Tensor& token_type
   if (t > position_embeddings->num_embeddings) {
     fail("BertEmbeddings: sequence length {} exceeds max_position_embeddings {}", t, position_embeddings->num_embeddings);
   }
-  Tensor positions = arange(0, t, 1, TensorOptions{.dtype = kInt64}).unsqueeze(0);
-  Tensor types = token_type_ids.defined() ? token_type_ids : zeros(input_ids.sizes(), {.dtype = kInt64});
+  // On the ids' device (a model on sim/cuda gets its position and type ids there too).
+  const Device device = input_ids.device();
+  Tensor positions = arange(0, t, 1, TensorOptions{.dtype = kInt64}).to(device).unsqueeze(0);
+  Tensor types =
+      token_type_ids.defined() ? token_type_ids : zeros(input_ids.sizes(), {.dtype = kInt64, .device = device});
   Tensor e = word_embeddings->forward(input_ids) + position_embeddings->forward(positions) +
              token_type_embeddings->forward(types);
   return dropout->forward(LayerNorm->forward(e));

@@ -81,6 +81,24 @@ TEST_CASE("BERT-tiny: shapes, initialization, padding mask, masked-LM loss at in
 namespace chorus {
 namespace {
 
+TEST_CASE("BERT-tiny on the sim device equals the CPU model (position and type ids made on the device)",
+          "[models][bert][sim]") {
+  manual_seed(6);
+  models::BertConfig c = models::BertConfig::named("tiny");
+  c.hidden_dropout_prob = 0;
+  c.attention_probs_dropout_prob = 0;
+  c.vocab_size = 300;
+  models::BertForPreTraining cpu(c);
+  manual_seed(6);
+  models::BertForPreTraining dev(c);
+  dev.to(Device::sim(0));
+  Tensor ids = randint(5, 300, {2, 9});
+  Tensor a = cpu.forward(ids, Tensor(), Tensor()).prediction_logits;
+  Tensor b = dev.forward(ids.to(Device::sim(0)), Tensor(), Tensor()).prediction_logits;
+  CHECK(b.device() == Device::sim(0));
+  CHECK(equal(a, b.cpu()));
+}
+
 TEST_CASE("masked_lm_loss on the labeled positions equals the full head with ignored labels", "[models][bert]") {
   manual_seed(4);
   models::BertConfig c = models::BertConfig::named("tiny");
