@@ -3,6 +3,13 @@
 //
 //   chorusrun --nproc-per-node 4 bazel-bin/tests/bench/pipeline_bench [steps] [width] [batch]
 //
+// Or, to check the planner's predictions: measure given plans (JSON, as `plan` writes them) on the
+// planner profile tool's MLP (784 -> hidden x (layers - 1) -> 10, layer i = Linear + ReLU), with
+// as many processes as the plans use, and print each plan's median iteration time:
+//
+//   chorusrun --nproc-per-node 2 bazel-bin/tests/bench/pipeline_bench --plans [--hidden 512]
+//       [--steps 10] a.json b.json ...
+//
 // The same MLP (16 layers: 8 x (Linear width->width, ReLU)) and global batch, three ways:
 //   gpipe  4 stages x 1 replica, M = 8, all forwards then all backwards
 //   1f1b   4 stages x 1 replica, M = 8, early backward (stage i holds at most 4 - i micro-batches)
@@ -48,9 +55,84 @@ struct Row {
   std::vector<int> in_flight;    // per stage
 };
 
+// The planner profile tool's MLP (distributed/pipeline/planner/profile_main.cpp), layer for layer.
+std::shared_ptr<nn::Sequential> profile_mlp(int64_t hidden, int layers) {
+  manual_seed(3);
+  auto net = std::make_shared<nn::Sequential>();
+  for (int i = 0; i < layers; ++i) {
+    const int64_t in = i == 0 ? 784 : hidden, out = i == layers - 1 ? 10 : hidden;
+    auto block = std::make_shared<nn::Sequential>();
+    block->push_back(std::make_shared<nn::Linear>(in, out));
+    if (i < layers - 1) block->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(block);
+  }
+  return net;
+}
+
+int measure_plans(int argc, char** argv) {
+  int steps = 10;
+  int64_t hidden = 512;
+  std::vector<std::string> files;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
+    else if (a == "--hidden" && i + 1 < argc) hidden = std::atoll(argv[++i]);
+    else files.push_back(a);
+  }
+  auto group = distributed::init_process_group();
+  const int rank = group->rank();
+  if (rank == 0) {
+    std::printf("| plan | stages x replicas | M | schedule | measured iteration ms (median of %d, slowest rank) |\n"
+                "|---|---|---|---|---|\n",
+                steps);
+  }
+  for (const std::string& file : files) {
+    const pp::PipelinePlan plan = pp::load_plan(file);
+    auto model = profile_mlp(hidden, plan.num_layers);
+    pp::PipelineStage stage(model, plan, group, {.report_loss = false});
+    model.reset();
+    optim::SGD opt(stage.parameters(), {.lr = 0.01, .momentum = 0.9});
+    manual_seed(4);
+    Tensor x = randn({plan.global_batch, 784}), y = randint(0, 10, {plan.global_batch});
+    auto loss = [](const Tensor& out, const Tensor& t) { return F::cross_entropy(out, t); };
+    std::vector<double> times;
+    for (int i = 0; i < steps + 2; ++i) {
+      group->barrier()->wait();
+      pp::StepStats st = stage.train_step(x, y, loss, opt);
+      group->barrier()->wait();
+      if (i >= 2) times.push_back(st.step_ms);
+    }
+    std::sort(times.begin(), times.end());
+    Tensor mine = tensor<double>({times[times.size() / 2]});
+    TensorList all;
+    for (int r = 0; r < group->size(); ++r) all.push_back(zeros({1}, {.dtype = kFloat64}));
+    group->allgather(all, mine)->wait();
+    double slowest = 0;
+    for (const Tensor& t : all) slowest = std::max(slowest, t.item<double>());
+    if (rank == 0) {
+      std::string shape;
+      for (size_t s = 0; s < plan.stages.size(); ++s) shape += fmt::format("{}{}", s ? "+" : "", plan.stages[s].ranks.size());
+      std::printf("| %s | %d stage(s): %s | %d | %s | %.2f |\n", file.c_str(), plan.num_stages(), shape.c_str(),
+                  plan.micro_batches, plan.schedule.c_str(), slowest);
+      std::fflush(stdout);
+    }
+  }
+  group->barrier()->wait();
+  distributed::destroy_process_group();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--plans") {
+    try {
+      return measure_plans(argc, argv);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "pipeline_bench: error: %s\n", e.what());
+      return 1;
+    }
+  }
   const int steps = argc > 1 ? std::atoi(argv[1]) : 10;
   const int64_t width = argc > 2 ? std::atoll(argv[2]) : 512;
   const int batch = argc > 3 ? std::atoi(argv[3]) : 512;

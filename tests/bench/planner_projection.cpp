@@ -1,7 +1,7 @@
 // DAPPLE planner projection at paper scale: BERT-large-like models of 24 and 48 encoder layers on
 // 2 nodes x 8 GPUs, with NVLink inside a node and 25 or 100 Gb/s Ethernet between nodes; the plan
 // the planner chooses against pure data parallelism and the best pure pipeline
-// (docs/pipeline_planner.md).
+// (docs/pipeline.md, "Planner").
 //
 // The per-layer costs are derived from FLOP counts at a stated device throughput, not measured
 // (no GPU here). Per sample of T tokens, hidden H, 4H feed-forward, V vocabulary:
