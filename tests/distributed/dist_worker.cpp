@@ -20,6 +20,7 @@
 #include "nn/nn.h"
 #include "tensor/ops.h"
 #include "tensor/runtime.h"
+#include "tests/distributed/worker_checks.h"
 
 using namespace chorus;
 using namespace chorus::distributed;
@@ -27,28 +28,10 @@ namespace F = chorus::nn::functional;
 
 namespace {
 
-int g_failures = 0;
-int g_rank = 0;
-
-void check(bool ok, const std::string& what) {
-  if (!ok) {
-    std::fprintf(stderr, "rank %d: CHECK FAILED: %s\n", g_rank, what.c_str());
-    ++g_failures;
-  }
-}
-
-// Runs f, expecting a chorus::Error whose message contains every one of `parts`.
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts, const std::string& what) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts) check(msg.find(p) != std::string::npos, what + ": message lacks '" + p + "': " + msg);
-    std::printf("rank %d: expected error: %s\n", g_rank, msg.c_str());
-    return;
-  }
-  check(false, what + ": no error was raised");
-}
+using chorus::testing::check;
+using chorus::testing::expect_error;
+using chorus::testing::g_failures;
+using chorus::testing::g_rank;
 
 #define REQUIRE_DEVICE(t, device) \
   check((t).device() == (device), fmt::format("{} is on {}, expected {}", #t, (t).device().str(), (device).str()))

@@ -14,38 +14,29 @@
 
 #include "tests/distributed/worker_launcher.h"
 
-namespace {
-
 using chorus::testing::require_all_ok;
 using chorus::testing::Result;
-
-Result run_workers(int world, const std::vector<std::string>& args, const std::vector<std::string>& extra_env = {},
-                   double limit_s = 120) {
-  return chorus::testing::run_workers(chorus::testing::runfile("tests/distributed/dist_worker"), world, args, extra_env,
-                                      limit_s);
-}
-
-}  // namespace
+using chorus::testing::run_dist_workers;
 
 TEST_CASE("Gloo with CUDA tensors: collectives and DDP across processes on one GPU", "[distributed][gpu]") {
-  require_all_ok(run_workers(2, {"collectives", "cuda:0"}));
+  require_all_ok(run_dist_workers(2, {"collectives", "cuda:0"}));
   for (int world : {2, 3}) {
     for (const char* kind : {"cnn", "transformer"}) {
       INFO("world " << world << " " << kind);
-      require_all_ok(run_workers(world, {"ddp", kind, "float64", "0.0005", "0", "cuda:0"}));
+      require_all_ok(run_dist_workers(world, {"ddp", kind, "float64", "0.0005", "0", "cuda:0"}));
     }
   }
-  require_all_ok(run_workers(2, {"no_sync", "cuda:0", "fp16_hook"}));
+  require_all_ok(run_dist_workers(2, {"no_sync", "cuda:0", "fp16_hook"}));
 }
 
 TEST_CASE("without the communication stream's event waits DDP on CUDA goes wrong", "[distributed][gpu]") {
-  require_all_ok(run_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "cuda:0", "unordered"}));
+  require_all_ok(run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "cuda:0", "unordered"}));
 }
 
 TEST_CASE("two NCCL ranks on one GPU with distinct NCCL_HOSTID: right values or a clear NCCL error", "[distributed][gpu]") {
   // Each worker sets NCCL_HOSTID=chorus-host-RANK itself (dist_worker, scenario collectives with
   // CHORUS_TEST_NCCL_HOSTID=1), so the two ranks look like two hosts to NCCL.
-  const Result r = run_workers(2, {"collectives", "cuda:0"},
+  const Result r = run_dist_workers(2, {"collectives", "cuda:0"},
                                {"CHORUS_TEST_BACKEND=nccl", "CHORUS_TEST_NCCL_HOSTID=1", "NCCL_DEBUG=WARN"}, 180);
   bool all_ok = true, all_nccl_errors = true;
   for (int code : r.codes) {

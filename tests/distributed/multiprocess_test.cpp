@@ -9,23 +9,14 @@
 
 #include "tests/distributed/worker_launcher.h"
 
-namespace {
-
 using chorus::testing::require_all_ok;
 using chorus::testing::Result;
-
-Result run_workers(int world, const std::vector<std::string>& args, const std::vector<std::string>& extra_env = {},
-                   double limit_s = 120) {
-  return chorus::testing::run_workers(chorus::testing::runfile("tests/distributed/dist_worker"), world, args, extra_env,
-                                      limit_s);
-}
-
-}  // namespace
+using chorus::testing::run_dist_workers;
 
 TEST_CASE("every collective and dtype gives the expected values at world sizes 1 to 4", "[distributed][collectives]") {
   for (int world = 1; world <= 4; ++world) {
     INFO("world size " << world);
-    require_all_ok(run_workers(world, {"collectives"}));
+    require_all_ok(run_dist_workers(world, {"collectives"}));
   }
 }
 
@@ -33,16 +24,16 @@ TEST_CASE("DDP equals single-process training on the whole batch (MLP, CNN, tran
   for (int world = 1; world <= 4; ++world) {
     for (const char* kind : {"mlp", "cnn", "transformer"}) {
       INFO("world size " << world << " model " << kind);
-      require_all_ok(run_workers(world, {"ddp", kind, "float64", "25", "0"}));
+      require_all_ok(run_dist_workers(world, {"ddp", kind, "float64", "25", "0"}));
     }
   }
   // float32; a tiny bucket cap (a bucket per parameter or two); gradient_as_bucket_view.
   for (const char* kind : {"mlp", "cnn", "transformer"}) {
     INFO("model " << kind);
-    require_all_ok(run_workers(2, {"ddp", kind, "float32", "25", "0"}));
-    require_all_ok(run_workers(3, {"ddp", kind, "float64", "0.0005", "0"}));
-    require_all_ok(run_workers(2, {"ddp", kind, "float64", "0.0005", "1"}));
-    require_all_ok(run_workers(2, {"ddp", kind, "float32", "25", "1"}));
+    require_all_ok(run_dist_workers(2, {"ddp", kind, "float32", "25", "0"}));
+    require_all_ok(run_dist_workers(3, {"ddp", kind, "float64", "0.0005", "0"}));
+    require_all_ok(run_dist_workers(2, {"ddp", kind, "float64", "0.0005", "1"}));
+    require_all_ok(run_dist_workers(2, {"ddp", kind, "float32", "25", "1"}));
   }
 }
 
@@ -53,80 +44,80 @@ TEST_CASE("DDP on sim devices equals single-process training, with no host block
   const std::vector<std::string> delays{"CHORUS_SIM_DELAY_US=200"};
   for (const std::string kind : {"mlp", "cnn", "transformer"}) {
     INFO(kind);
-    require_all_ok(run_workers(2, {"ddp", kind, "float64", "25", "0", "sim:0"}, delays));
+    require_all_ok(run_dist_workers(2, {"ddp", kind, "float64", "25", "0", "sim:0"}, delays));
   }
-  require_all_ok(run_workers(3, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0"}, delays));
-  require_all_ok(run_workers(2, {"ddp", "cnn", "float64", "0.0005", "1", "sim:1"}, delays));
-  require_all_ok(run_workers(2, {"ddp", "mlp", "float32", "25", "0", "sim:0"}, delays));
-  require_all_ok(run_workers(2, {"no_sync", "sim:0"}, delays));
-  require_all_ok(run_workers(3, {"find_unused", "sim:0"}, delays));
-  require_all_ok(run_workers(3, {"join", "sim:0"}, delays));
-  require_all_ok(run_workers(2, {"syncbn", "sim:0"}, delays));
+  require_all_ok(run_dist_workers(3, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0"}, delays));
+  require_all_ok(run_dist_workers(2, {"ddp", "cnn", "float64", "0.0005", "1", "sim:1"}, delays));
+  require_all_ok(run_dist_workers(2, {"ddp", "mlp", "float32", "25", "0", "sim:0"}, delays));
+  require_all_ok(run_dist_workers(2, {"no_sync", "sim:0"}, delays));
+  require_all_ok(run_dist_workers(3, {"find_unused", "sim:0"}, delays));
+  require_all_ok(run_dist_workers(3, {"join", "sim:0"}, delays));
+  require_all_ok(run_dist_workers(2, {"syncbn", "sim:0"}, delays));
   // The path CUDA tensors take through Gloo: staged through pinned host memory on the
   // communication stream (forced here for sim tensors).
-  require_all_ok(run_workers(3, {"collectives", "sim:0", "staged"}, delays));
-  require_all_ok(run_workers(2, {"ddp", "cnn", "float64", "0.0005", "0", "sim:0", "staged"}, delays));
+  require_all_ok(run_dist_workers(3, {"collectives", "sim:0", "staged"}, delays));
+  require_all_ok(run_dist_workers(2, {"ddp", "cnn", "float64", "0.0005", "0", "sim:0", "staged"}, delays));
   for (int world = 1; world <= 3; ++world) {
     INFO("every collective and dtype on sim:0, world size " << world);
-    require_all_ok(run_workers(world, {"collectives", "sim:0"}, delays));
+    require_all_ok(run_dist_workers(world, {"collectives", "sim:0"}, delays));
   }
-  require_all_ok(run_workers(3, {"no_sync", "sim:0", "fp16_hook"}, delays));
-  require_all_ok(run_workers(2, {"no_sync", "sim:0", "bf16_hook"}, delays));
-  require_all_ok(run_workers(3, {"find_unused", "sim:0", "static_graph"}, delays));
+  require_all_ok(run_dist_workers(3, {"no_sync", "sim:0", "fp16_hook"}, delays));
+  require_all_ok(run_dist_workers(2, {"no_sync", "sim:0", "bf16_hook"}, delays));
+  require_all_ok(run_dist_workers(3, {"find_unused", "sim:0", "static_graph"}, delays));
 }
 
 TEST_CASE("without the communication stream's event waits DDP on sim goes wrong", "[distributed][ddp][sim]") {
   // The same job with the waits of [Sync Streams] switched off (test-only) must not match: this is
   // what shows the ordering test above can fail.
-  require_all_ok(run_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0", "unordered"}));
+  require_all_ok(run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0", "unordered"}));
 }
 
 TEST_CASE("a stuck peer's collective on a communication stream raises on the next call, not a hang", "[distributed][faults][sim]") {
-  require_all_ok(run_workers(2, {"stream_timeout"}, {}, 60));
+  require_all_ok(run_dist_workers(2, {"stream_timeout"}, {}, 60));
   // A rank that dies mid-run: both others raise (op, sequence number, device) and exit.
-  require_all_ok(run_workers(3, {"killed_rank", "sim:0"}, {}, 60));
+  require_all_ok(run_dist_workers(3, {"killed_rank", "sim:0"}, {}, 60));
 }
 
 TEST_CASE("no_sync accumulates locally and the next synced backward reduces the sum", "[distributed][ddp]") {
-  require_all_ok(run_workers(2, {"no_sync"}));
-  require_all_ok(run_workers(3, {"no_sync"}));
+  require_all_ok(run_dist_workers(2, {"no_sync"}));
+  require_all_ok(run_dist_workers(3, {"no_sync"}));
 }
 
 TEST_CASE("find_unused_parameters handles a branch used on some ranks only", "[distributed][ddp]") {
-  require_all_ok(run_workers(2, {"find_unused"}));
-  require_all_ok(run_workers(3, {"find_unused"}));
+  require_all_ok(run_dist_workers(2, {"find_unused"}));
+  require_all_ok(run_dist_workers(3, {"find_unused"}));
 }
 
 TEST_CASE("DDP errors: unused parameters without the flag, and models that differ across ranks", "[distributed][errors]") {
-  require_all_ok(run_workers(2, {"prior_iteration"}));
-  require_all_ok(run_workers(2, {"model_mismatch"}));
+  require_all_ok(run_dist_workers(2, {"prior_iteration"}));
+  require_all_ok(run_dist_workers(2, {"model_mismatch"}));
 }
 
 TEST_CASE("a killed rank and a stuck rank make the others fail within the timeout, not hang", "[distributed][faults]") {
-  require_all_ok(run_workers(2, {"killed_rank"}, {}, 60));
-  require_all_ok(run_workers(2, {"timeout"}, {}, 60));
+  require_all_ok(run_dist_workers(2, {"killed_rank"}, {}, 60));
+  require_all_ok(run_dist_workers(2, {"timeout"}, {}, 60));
 }
 
 TEST_CASE("debug mode catches ranks calling mismatched collectives", "[distributed][debug]") {
-  require_all_ok(run_workers(2, {"debug_mismatch"}, {"CHORUS_DISTRIBUTED_DEBUG=DETAIL"}, 60));
+  require_all_ok(run_dist_workers(2, {"debug_mismatch"}, {"CHORUS_DISTRIBUTED_DEBUG=DETAIL"}, 60));
 }
 
 TEST_CASE("new_group makes subgroups with their own rank numbering", "[distributed][groups]") {
-  require_all_ok(run_workers(4, {"new_group"}));
+  require_all_ok(run_dist_workers(4, {"new_group"}));
 }
 
 TEST_CASE("collectives pair up after point-to-point traffic that only some ranks took part in", "[distributed][p2p]") {
-  require_all_ok(run_workers(3, {"p2p_then_collective"}, {}, 60));
+  require_all_ok(run_dist_workers(3, {"p2p_then_collective"}, {}, 60));
 }
 
 TEST_CASE("join lets ranks with fewer batches finish while the others train on", "[distributed][ddp][join]") {
-  require_all_ok(run_workers(2, {"join"}));
-  require_all_ok(run_workers(3, {"join"}));
+  require_all_ok(run_dist_workers(2, {"join"}));
+  require_all_ok(run_dist_workers(3, {"join"}));
 }
 
 TEST_CASE("SyncBatchNorm under DDP equals BatchNorm on the whole batch", "[distributed][syncbn]") {
   for (int world = 1; world <= 3; ++world) {
     INFO("world size " << world);
-    require_all_ok(run_workers(world, {"syncbn"}));
+    require_all_ok(run_dist_workers(world, {"syncbn"}));
   }
 }

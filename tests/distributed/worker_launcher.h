@@ -148,6 +148,12 @@ inline Result run_workers(const std::string& exe, int world, const std::vector<s
   return r;
 }
 
+// `world` processes of tests/distributed/dist_worker (what multiprocess_test and its GPU twin start).
+inline Result run_dist_workers(int world, const std::vector<std::string>& args,
+                               const std::vector<std::string>& extra_env = {}, double limit_s = 120) {
+  return run_workers(runfile("tests/distributed/dist_worker"), world, args, extra_env, limit_s);
+}
+
 inline void require_all_ok(const Result& r) {
   INFO(r.output);
   for (size_t i = 0; i < r.codes.size(); ++i) {

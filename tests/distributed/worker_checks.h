@@ -1,0 +1,37 @@
+// Checks inside a worker process of a multi-process test (tests/distributed/dist_worker,
+// tests/pipeline/pipeline_worker): a failed check prints "rank R: CHECK FAILED: ..." and counts,
+// and the worker exits non-zero when any failed (the driver requires every rank to exit 0).
+#pragma once
+
+#include <cstdio>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace chorus::testing {
+
+inline int g_failures = 0;
+inline int g_rank = 0;
+
+inline void check(bool ok, const std::string& what) {
+  if (!ok) {
+    std::fprintf(stderr, "rank %d: CHECK FAILED: %s\n", g_rank, what.c_str());
+    ++g_failures;
+  }
+}
+
+// Runs f, expecting an error whose message contains every one of `parts`.
+inline void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts, const std::string& what) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    for (const std::string& p : parts) check(msg.find(p) != std::string::npos, what + ": message lacks '" + p + "': " + msg);
+    std::printf("rank %d: expected error: %s\n", g_rank, msg.c_str());
+    return;
+  }
+  check(false, what + ": no error was raised");
+}
+
+}  // namespace chorus::testing
