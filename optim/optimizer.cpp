@@ -174,6 +174,23 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
   }
   for (size_t gi = 0; gi < groups_.size(); ++gi) groups_[gi].options = options[gi];
   state_.clear();
+  for (const auto& [index, bufs] : buffers) {
+    for (const std::string& want : required_state()) {
+      if (!bufs.count(want)) {
+        fail("{}.load_state_dict: the state of parameter {} has no '{}' (it has: {})", name_, index, want, [&] {
+          std::vector<std::string> have;
+          for (const auto& [k, v] : bufs) have.push_back(k);
+          return fmt::format("{}", fmt::join(have, ", "));
+        }());
+      }
+    }
+    if (auto it = bufs.find("step"); it != bufs.end()) {
+      const double step = it->second.item<double>();
+      if (!(step >= 0) || step > 1e15 || step != std::floor(step)) {
+        fail("{}.load_state_dict: parameter {} has step {}, expected a whole number >= 0", name_, index, step);
+      }
+    }
+  }
   for (auto& [index, bufs] : buffers) state_[flat[index].unsafe_impl()] = std::move(bufs);
 }
 

@@ -49,6 +49,9 @@ class Optimizer {
   // Per-parameter state buffers, created on first use.
   std::map<std::string, Tensor>& state_of(const Tensor& param);
   virtual void check_options(const Options& options) const = 0;
+  // The buffers a loaded state must hold for one parameter (e.g. Adam: step, exp_avg, exp_avg_sq),
+  // so a state missing one is an error at load naming it, not a failure inside step().
+  virtual std::vector<std::string> required_state() const { return {}; }
 
   std::string name_;
   Options defaults_;
@@ -81,6 +84,7 @@ class SGD : public Optimizer {
 
  protected:
   void check_options(const Options& o) const override;
+  std::vector<std::string> required_state() const override { return {"momentum_buffer"}; }
 };
 
 struct AdamOptions {
@@ -101,6 +105,7 @@ class Adam : public Optimizer {
  protected:
   Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions options, bool decoupled);
   void check_options(const Options& o) const override;
+  std::vector<std::string> required_state() const override { return {"step", "exp_avg", "exp_avg_sq"}; }
   bool decoupled_;
 };
 
