@@ -183,8 +183,13 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
     }
     used.insert(n);
     if (it->second.sizes() != t.sizes()) {
-      mismatched.push_back(fmt::format("{}: checkpoint has shape {}, the model has {}", n, shape_str(it->second.sizes()),
+      mismatched.push_back(fmt::format("size mismatch for {}: checkpoint has shape {}, the model has {}", n, shape_str(it->second.sizes()),
                                        shape_str(t.sizes())));
+    } else if (it->second.is_floating_point() != t.is_floating_point()) {
+      // float64 -> float32 is a cast PyTorch makes too; integer weights for a float parameter (or
+      // the other way round) are a different tensor, not a precision change.
+      mismatched.push_back(fmt::format("dtype mismatch for {}: checkpoint has dtype {}, the model has {}", n,
+                                       dtype_name(it->second.dtype()), dtype_name(t.dtype())));
     }
   }
   std::vector<std::string> unexpected;
@@ -193,13 +198,14 @@ void Module::load_state_dict(const NamedTensors& state, bool strict) {
     std::string msg = fmt::format("{}::load_state_dict: error(s) in loading the state dict:", type_name_);
     if (!missing.empty()) msg += fmt::format("\n  missing keys: {}", fmt::join(missing, ", "));
     if (!unexpected.empty()) msg += fmt::format("\n  unexpected keys: {}", fmt::join(unexpected, ", "));
-    for (const auto& m : mismatched) msg += "\n  size mismatch for " + m;
+    for (const auto& m : mismatched) msg += "\n  " + m;
     throw Error(msg);
   }
   NoGradGuard no_grad;
   for (auto& [n, t] : own) {
     auto it = given.find(n);
     if (it == given.end() || it->second.sizes() != t.sizes()) continue;
+    if (it->second.is_floating_point() != t.is_floating_point()) continue;
     t.copy_(it->second);
   }
 }

@@ -283,6 +283,18 @@ TEST_CASE("strict load lists every missing key, unexpected key and shape mismatc
   CHECK_THAT(msg, Catch::Contains("unexpected keys: extra.weight, 3.fc.gamma"));
   CHECK_THAT(msg, Catch::Contains("size mismatch for 1.weight: checkpoint has shape [6], the model has [3]"));
   CHECK_THAT(msg, Catch::Contains("size mismatch for 3.fc.weight: checkpoint has shape [3, 2], the model has [2, 3]"));
+  {
+    // Integer weights for a float parameter are refused (a float64 state for float32 is a cast).
+    nn::Linear lin(3, 2);
+    auto state = lin.state_dict();
+    auto as_int = state;
+    as_int[0].second = as_int[0].second.to(kInt32);
+    CHECK_THROWS_WITH(lin.load_state_dict(as_int), Catch::Contains("dtype mismatch for weight: checkpoint has dtype int32"));
+    auto as_double = state;
+    as_double[0].second = as_double[0].second.to(kFloat64);
+    lin.load_state_dict(as_double);
+    CHECK(lin.weight.dtype() == kFloat32);
+  }
   // A failed strict load leaves the model unchanged.
   check_close(std::dynamic_pointer_cast<nn::Linear>((*model)[0])->weight, before, 0);
 }
