@@ -271,8 +271,22 @@ struct Case {
 };
 
 // --profile bert|resnet18 [--steps N] [--threads T]: chorus's step alone, N times at T threads (1
-// by default), for perf record
+// by default), then the last loss and a parameter checksum (two runs must agree bit for bit);
+// torch-bert|torch-resnet18: libtorch's step alone (peak memory: /usr/bin/time -v); for perf record
 // (docs/benchmarks.md's profiles): `perf record -g bazel-bin/tests/bench/train_step_bench --profile bert`.
+// The last step's loss and a checksum of every parameter, printed with all digits: two runs at one
+// thread count must print the same (results are bit-identical across runs).
+int report(double loss, const std::vector<chorus::Tensor>& params) {
+  double sum = 0, abs_sum = 0;
+  for (const chorus::Tensor& p : params) {
+    chorus::Tensor d = p.detach().to(chorus::kFloat64);
+    sum += d.sum().item<double>();
+    abs_sum += d.abs().sum().item<double>();
+  }
+  std::printf("last loss %.17g, parameter sum %.17g, |parameter| sum %.17g\n", loss, sum, abs_sum);
+  return 0;
+}
+
 int profile(const std::string& which, int steps, int threads) {
   chorus::set_num_threads(threads);
   chorus::manual_seed(1);
@@ -280,12 +294,15 @@ int profile(const std::string& which, int steps, int threads) {
     auto model = chorus::models::resnet18();
     chorus::optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
     chorus::Tensor x = chorus::randn({16, 3, 64, 64}), y = chorus::randint(0, 1000, {16});
+    double last = 0;
     for (int i = 0; i < steps; ++i) {
       opt.zero_grad();
-      CF::cross_entropy(model->forward(x), y).backward();
+      chorus::Tensor loss = CF::cross_entropy(model->forward(x), y);
+      loss.backward();
       opt.step();
+      last = loss.item<double>();
     }
-    return 0;
+    return report(last, model->parameters());
   }
   if (which == "bert") {
     const int64_t b = 8, t = 128, vocab = 30522;
@@ -294,14 +311,49 @@ int profile(const std::string& which, int steps, int threads) {
     for (int64_t i = 3; i < b * t; i += 7) labels.reshape({-1})[i].fill_(ids.reshape({-1})[i].item<int64_t>());
     chorus::models::BertForPreTraining model(chorus::models::BertConfig::named("mini"));
     chorus::optim::AdamW opt(model.parameters());
+    double last = 0;
     for (int i = 0; i < steps; ++i) {
       opt.zero_grad();
-      model.masked_lm_loss(ids, chorus::Tensor(), labels).backward();
+      chorus::Tensor loss = model.masked_lm_loss(ids, chorus::Tensor(), labels);
+      loss.backward();
+      opt.step();
+      last = loss.item<double>();
+    }
+    return report(last, model.parameters());
+  }
+  // libtorch's side alone (for its peak memory under /usr/bin/time -v).
+  if (which == "torch-resnet18") {
+    torch::set_num_threads(threads);
+    torch::manual_seed(1);
+    torch::nn::Sequential model = torch_resnet18();
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    torch::Tensor x = torch::randn({16, 3, 64, 64}), y = torch::randint(0, 1000, {16}, torch::kLong);
+    for (int i = 0; i < steps; ++i) {
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(model->forward(x), y).backward();
       opt.step();
     }
     return 0;
   }
-  std::fprintf(stderr, "train_step_bench --profile: expected bert or resnet18, got '%s'\n", which.c_str());
+  if (which == "torch-bert") {
+    torch::set_num_threads(threads);
+    torch::manual_seed(2);
+    const int64_t b = 8, t = 128, vocab = 30522;
+    torch::Tensor ids = torch::randint(999, vocab, {b, t}, torch::kLong);
+    std::vector<int64_t> positions;
+    for (int64_t i = 3; i < b * t; i += 7) positions.push_back(i);
+    torch::Tensor pos = torch::tensor(positions, torch::kLong), targets = ids.reshape({-1}).index_select(0, pos);
+    TorchBert model(vocab, 256, 4, 4);
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+    for (int i = 0; i < steps; ++i) {
+      opt.zero_grad();
+      model->loss(ids, pos, targets).backward();
+      opt.step();
+    }
+    return 0;
+  }
+  std::fprintf(stderr, "train_step_bench --profile: expected bert, resnet18, torch-bert or torch-resnet18, got '%s'\n",
+               which.c_str());
   return 2;
 }
 
