@@ -110,6 +110,12 @@ for cap in "${caps[@]}"; do
   ((rc == 0)) || cap_rc=$rc
   count_run "$output"
 done
+# 4. The whole CPU suite again under AddressSanitizer + UndefinedBehaviorSanitizer (--config=asan,
+#    .bazelrc: no recovery, leaks reported), in its own output tree; the benchmarks are left out.
+bazel test -c opt --config=asan --keep_going "$data_env" "${filters[@]}" -- //tests/... -//tests/bench/... 2>&1 |
+  tee "$output"
+asan_rc=${PIPESTATUS[0]}
+count_run "$output"
 set -e
 
 if ((${#filters[@]})); then
@@ -117,6 +123,6 @@ if ((${#filters[@]})); then
   echo "(no GPU here: $skipped gpu-tagged test target(s) built but not run)"
 fi
 echo "$passed passed, $failed failed"
-if ((bazel_rc != 0 || tsan_rc != 0 || cap_rc != 0 || failed > 0)); then
+if ((bazel_rc != 0 || tsan_rc != 0 || cap_rc != 0 || asan_rc != 0 || failed > 0)); then
   exit 1
 fi
