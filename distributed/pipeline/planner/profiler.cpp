@@ -38,8 +38,13 @@ int64_t saved_bytes_on(nn::Module& layer, const Tensor& cpu_input, bool first, D
   int64_t saved = 0;
   try {
     Tensor x = stage_input(cpu_input.to(device), first);
+    // Synchronized before each reading: a device's stream tasks hold the tensors they read until
+    // they have run, so a temporary the forward already dropped (e.g. a Linear's output that ReLU
+    // consumed) would otherwise still count, or not, depending on how far the stream had got.
+    synchronize(device);
     const size_t before = memory_stats(device).requested_bytes;
     Tensor y = layer.forward(x);
+    synchronize(device);
     saved = static_cast<int64_t>(memory_stats(device).requested_bytes) - static_cast<int64_t>(before);
     y.backward(ones_like(y));
   } catch (const Error&) {

@@ -25,9 +25,10 @@ TEST_CASE("profiling a Sequential measures bytes exactly and times per layer", "
   REQUIRE(p.layers[1].param_bytes == (32 * 8 + 8) * 4);
   REQUIRE(p.layers[0].activation_bytes == 6 * 32 * 4);
   REQUIRE(p.layers[1].activation_bytes == 6 * 8 * 4);
-  // Linear + ReLU keeps the Linear's output (ReLU's input, for its mask) and ReLU's output; the
-  // second Linear keeps its output (its input arrived from outside and is not counted).
-  REQUIRE(p.layers[0].saved_bytes == 2 * 6 * 32 * 4);
+  // Linear + ReLU keeps only ReLU's output (ReLU's backward reads its output; the Linear's output
+  // is dropped once ReLU has run, and the Linear's input arrived from outside and is not counted);
+  // the second Linear keeps its output.
+  REQUIRE(p.layers[0].saved_bytes == 6 * 32 * 4);
   REQUIRE(p.layers[1].saved_bytes == 6 * 8 * 4);
   for (const LayerProfile& l : p.layers) {
     REQUIRE(l.forward_ms > 0);
