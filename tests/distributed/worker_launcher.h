@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
@@ -146,6 +147,21 @@ inline Result run_workers(const std::string& exe, int world, const std::vector<s
     if (r.output.find("cannot bind port") == std::string::npos) break;
   }
   return r;
+}
+
+// Runs a shell command, returning its exit code and its stdout and stderr together.
+struct CommandResult {
+  int code;
+  std::string output;
+};
+inline CommandResult run_command(const std::string& cmd) {
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 // `world` processes of tests/distributed/dist_worker (what multiprocess_test and its GPU twin start).

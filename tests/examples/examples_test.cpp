@@ -14,6 +14,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+
+#include "tests/distributed/worker_launcher.h"
 #include <string>
 
 namespace {
@@ -39,13 +41,9 @@ struct Run {
 };
 
 Run run(const std::string& cmd) {
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  Run r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, nullptr};
+  const chorus::testing::CommandResult c = chorus::testing::run_command(cmd);
+  const std::string& out = c.output;
+  Run r{c.code, out, nullptr};
   const size_t at = out.rfind("{\"summary\":");
   if (at != std::string::npos) r.summary = nlohmann::json::parse(out.substr(at, out.find('\n', at) - at))["summary"];
   return r;

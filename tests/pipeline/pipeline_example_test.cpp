@@ -25,14 +25,10 @@ struct Run {
 Run chorusrun(int procs, const std::string& flags) {
   const std::string cmd = runfile("distributed/launcher/chorusrun") + " --nproc-per-node " + std::to_string(procs) +
                           " --master-port " + std::to_string(chorus::testing::free_port()) + " " +
-                          runfile("examples/pipeline/pipeline") + " --log-every 0 " + flags + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = ::pclose(p);
-  Run r{WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, nullptr};
+                          runfile("examples/pipeline/pipeline") + " --log-every 0 " + flags;
+  const chorus::testing::CommandResult c = chorus::testing::run_command(cmd);
+  const std::string& out = c.output;
+  Run r{c.code, out, nullptr};
   const size_t at = out.rfind("{\"summary\":");
   if (at != std::string::npos) r.summary = nlohmann::json::parse(out.substr(at, out.find('\n', at) - at))["summary"];
   return r;
