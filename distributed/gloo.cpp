@@ -4,6 +4,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <optional>
+#include <thread>
 
 #include <gloo/allgather.h>
 #include <gloo/alltoallv.h>
@@ -370,6 +373,88 @@ std::shared_ptr<Work> ProcessGroupGloo::barrier() {
   });
 }
 
+namespace {
+
+// [Point-to-point completion] A Gloo send or receive is posted at once (so a later op can never
+// queue behind it), and completed by whoever needs it first: the caller's wait() blocks in the
+// transport's own wait, so the transport thread that finishes the transfer wakes the caller
+// directly; is_completed() and then(), which must not block, start one background thread that
+// waits instead. A pipeline stage's receive is on its critical path: a thread per message in
+// between cost a thread start and a wake-up hop per micro-batch, which on a machine whose cores are
+// all computing is a run-queue wait each (docs/pipeline.md, "Predictions against measurements").
+class PointToPointWork final : public Work {
+ public:
+  PointToPointWork(std::string description, std::function<void()> transfer, TensorList result)
+      : Work(std::move(description)), transfer_(std::move(transfer)), result_tensors_(std::move(result)) {}
+
+  ~PointToPointWork() override {
+    std::lock_guard<std::mutex> lock(claim_mutex_);
+    // The background thread holds a reference, so this runs on it (the last holder) or after it.
+    if (background_.joinable()) background_.detach();
+    if (!claimed_ && transfer_) {
+      // Dropped without a wait: the transfer still has to finish before its buffer may go (the
+      // peer may be writing into it), so a thread sees it through, as a background wait would.
+      std::thread([transfer = std::move(transfer_)] {
+        try {
+          transfer();
+        } catch (const std::exception&) {
+          // Nobody holds the Work to hear of it.
+        }
+      }).detach();
+    }
+  }
+
+  void wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt) override {
+    if (claim()) complete();
+    Work::wait(timeout);
+  }
+
+ protected:
+  void complete_in_background() const override {
+    auto* self = const_cast<PointToPointWork*>(this);
+    if (!self->claim()) return;
+    std::lock_guard<std::mutex> lock(claim_mutex_);
+    self->background_ = std::thread([keep = self->shared_from_this_work()] {
+      static_cast<PointToPointWork&>(*keep).complete();
+    });
+  }
+
+ private:
+  // True for the one caller that is to complete the transfer.
+  bool claim() {
+    std::lock_guard<std::mutex> lock(claim_mutex_);
+    if (claimed_) return false;
+    claimed_ = true;
+    return true;
+  }
+  void complete() {
+    try {
+      transfer_();
+      finish(std::move(result_tensors_));
+    } catch (const std::exception& e) {
+      finish({}, std::make_exception_ptr(Error(fmt::format("{} failed: {}", description(), e.what()))));
+    }
+    transfer_ = nullptr;
+  }
+  std::shared_ptr<Work> shared_from_this_work() { return self_.lock(); }
+
+  friend std::shared_ptr<Work> make_point_to_point(std::string, std::function<void()>, TensorList);
+  std::weak_ptr<Work> self_;
+  std::function<void()> transfer_;
+  TensorList result_tensors_;
+  mutable std::mutex claim_mutex_;
+  bool claimed_ = false;
+  std::thread background_;
+};
+
+std::shared_ptr<Work> make_point_to_point(std::string description, std::function<void()> transfer, TensorList result) {
+  auto work = std::make_shared<PointToPointWork>(std::move(description), std::move(transfer), std::move(result));
+  work->self_ = work;
+  return work;
+}
+
+}  // namespace
+
 std::shared_ptr<Work> ProcessGroupGloo::send(const Tensor& tensor, int dst, int tag) {
   check_tensor(tensor, "send");
   if (dst < 0 || dst >= size_ || dst == rank_) {
@@ -380,24 +465,20 @@ std::shared_ptr<Work> ProcessGroupGloo::send(const Tensor& tensor, int dst, int 
   const int rank = rank_;
   // Point-to-point ops do not go through the worker queue: a send waits for its matching recv,
   // and queued behind it a later recv (isend then irecv, as in a ring) could never be posted.
-  // The buffer is posted here, at once, and a waiter thread finishes the Work.
+  // The buffer is posted here, at once ([Point-to-point completion]).
   const uint64_t seq = p2p_sequence_++;
-  auto work = std::make_shared<Work>(fmt::format("ProcessGroupGloo send to rank {} (point-to-point number {}, rank {} of {}, "
-                                                 "timeout {} ms)", dst, seq, rank, size_, timeout.count()));
   Tensor t = tensor.contiguous();
   auto buf = std::shared_ptr<gloo::transport::UnboundBuffer>(ctx->createUnboundBuffer(t.raw_data_ptr(), t.nbytes()));
   // Slot: (user tag, src, dst) so concurrent pairs never match each other's messages.
   const uint64_t slot = (static_cast<uint64_t>(tag) << 32) | (static_cast<uint64_t>(rank) << 16) | static_cast<uint64_t>(dst);
   buf->send(dst, slot);
-  std::thread([work, buf, t, tensor, timeout, dst, ctx] {
-    try {
-      if (!buf->waitSend(timeout)) fail("send to rank {} did not complete", dst);
-      work->finish({tensor});
-    } catch (const std::exception& e) {
-      work->finish({}, std::make_exception_ptr(Error(fmt::format("{} failed: {}", work->description(), e.what()))));
-    }
-  }).detach();
-  return track(work);
+  return track(make_point_to_point(
+      fmt::format("ProcessGroupGloo send to rank {} (point-to-point number {}, rank {} of {}, timeout {} ms)", dst, seq,
+                  rank, size_, timeout.count()),
+      [buf, t, timeout, dst, ctx] {
+        if (!buf->waitSend(timeout)) fail("send to rank {} did not complete", dst);
+      },
+      {tensor}));
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::recv(const Tensor& tensor, int src, int tag) {
@@ -409,23 +490,19 @@ std::shared_ptr<Work> ProcessGroupGloo::recv(const Tensor& tensor, int src, int 
   auto timeout = options_.timeout;
   const int rank = rank_;
   const uint64_t seq = p2p_sequence_++;
-  auto work = std::make_shared<Work>(fmt::format("ProcessGroupGloo recv from rank {} (point-to-point number {}, rank {} of "
-                                                 "{}, timeout {} ms)", src, seq, rank, size_, timeout.count()));
   auto s = std::make_shared<Staged>(tensor);
   auto buf = std::shared_ptr<gloo::transport::UnboundBuffer>(
       ctx->createUnboundBuffer(s->buffer.raw_data_ptr(), s->buffer.nbytes()));
   const uint64_t slot = (static_cast<uint64_t>(tag) << 32) | (static_cast<uint64_t>(src) << 16) | static_cast<uint64_t>(rank);
   buf->recv(src, slot);
-  std::thread([work, buf, s, tensor, timeout, src, ctx] {
-    try {
-      if (!buf->waitRecv(timeout)) fail("recv from rank {} did not complete", src);
-      s->write_back();
-      work->finish({tensor});
-    } catch (const std::exception& e) {
-      work->finish({}, std::make_exception_ptr(Error(fmt::format("{} failed: {}", work->description(), e.what()))));
-    }
-  }).detach();
-  return track(work);
+  return track(make_point_to_point(
+      fmt::format("ProcessGroupGloo recv from rank {} (point-to-point number {}, rank {} of {}, timeout {} ms)", src, seq,
+                  rank, size_, timeout.count()),
+      [buf, s, timeout, src, ctx] {
+        if (!buf->waitRecv(timeout)) fail("recv from rank {} did not complete", src);
+        s->write_back();
+      },
+      {tensor}));
 }
 
 }  // namespace chorus::distributed

@@ -15,6 +15,11 @@ const char* reduce_op_name(ReduceOp op) {
 }
 
 bool Work::is_completed() const {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_) return true;
+  }
+  complete_in_background();
   std::lock_guard<std::mutex> lock(mutex_);
   return done_;
 }
@@ -42,6 +47,7 @@ void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
 }
 
 void Work::then(std::function<void(Work&)> fn) {
+  complete_in_background();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!has_result_) {

@@ -42,6 +42,13 @@ class Work {
   // Backend side.
   void finish(TensorList result, std::exception_ptr error = nullptr);
 
+ protected:
+  // A Work that its waiter can complete on its own thread (Gloo's point-to-point: wait() blocks in
+  // the transport itself, with no thread in between to wake) overrides this to start completing it
+  // in the background, for is_completed() and then(), which must not block. Called by them while the
+  // work is not done; the default does nothing (the backend finishes the work by itself).
+  virtual void complete_in_background() const {}
+
  private:
   std::string description_;
   mutable std::mutex mutex_;

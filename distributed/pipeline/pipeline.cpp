@@ -271,7 +271,9 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
     const int m = a.micro_batch;
     switch (a.type) {
       case ActionType::RecvActivation: {
+        const auto t0 = Clock::now();
         Tensor x = receive(prev_links_, kActivation, m, "RecvActivation", true);
+        stats.communication_wait_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         stage_in[m] = x.requires_grad_(true);
         break;
       }
@@ -303,9 +305,12 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
       case ActionType::SendActivation:
         send(next_links_, stage_out[m].detach(), kActivation, m, "SendActivation", true);
         break;
-      case ActionType::RecvGrad:
+      case ActionType::RecvGrad: {
+        const auto t0 = Clock::now();
         grad_out[m] = receive(next_links_, kGrad, m, "RecvGrad", false);
+        stats.communication_wait_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         break;
+      }
       case ActionType::Backward: {
         std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
         if (ddp_ && m != sync_micro_batch_) no_sync.emplace(ddp_->reducer());
@@ -343,7 +348,9 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
     }
   }
   // Sends were posted asynchronously (isend); the step ends when every one has been received.
+  const auto sends_start = Clock::now();
   wait_sends();
+  stats.communication_wait_ms += std::chrono::duration<double, std::milli>(Clock::now() - sends_start).count();
   stats.peak_step_bytes = peak() - std::min(base_bytes, peak());
   double loss = 0;
   for (double l : losses) loss += l;

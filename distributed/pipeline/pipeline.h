@@ -79,6 +79,10 @@ struct StepStats {
   // from before the step that is freed during it makes it read low).
   size_t peak_step_bytes = 0;
   double step_ms = 0;
+  // Of step_ms: blocked receiving activations and gradients and waiting for the step's sends to
+  // complete (the pipeline's bubbles and its communication as this rank saw them); the rest is
+  // computation and the gradient sync.
+  double communication_wait_ms = 0;
 };
 
 class PipelineStage {

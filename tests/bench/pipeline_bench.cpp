@@ -82,8 +82,9 @@ int measure_plans(int argc, char** argv) {
   auto group = distributed::init_process_group();
   const int rank = group->rank();
   if (rank == 0) {
-    std::printf("| plan | stages x replicas | M | schedule | measured iteration ms (median of %d, slowest rank) |\n"
-                "|---|---|---|---|---|\n",
+    std::printf("| plan | stages x replicas | M | schedule | measured iteration ms (median of %d, slowest rank) | "
+                "communication wait ms per rank (median) |\n"
+                "|---|---|---|---|---|---|\n",
                 steps);
   }
   for (const std::string& file : files) {
@@ -95,25 +96,30 @@ int measure_plans(int argc, char** argv) {
     manual_seed(4);
     Tensor x = randn({plan.global_batch, 784}), y = randint(0, 10, {plan.global_batch});
     auto loss = [](const Tensor& out, const Tensor& t) { return F::cross_entropy(out, t); };
-    std::vector<double> times;
+    std::vector<double> times, waits;
     for (int i = 0; i < steps + 2; ++i) {
       group->barrier()->wait();
       pp::StepStats st = stage.train_step(x, y, loss, opt);
       group->barrier()->wait();
-      if (i >= 2) times.push_back(st.step_ms);
+      if (i >= 2) times.push_back(st.step_ms), waits.push_back(st.communication_wait_ms);
     }
     std::sort(times.begin(), times.end());
-    Tensor mine = tensor<double>({times[times.size() / 2]});
+    std::sort(waits.begin(), waits.end());
+    Tensor mine = tensor<double>({times[times.size() / 2], waits[waits.size() / 2]});
     TensorList all;
-    for (int r = 0; r < group->size(); ++r) all.push_back(zeros({1}, {.dtype = kFloat64}));
+    for (int r = 0; r < group->size(); ++r) all.push_back(zeros({2}, {.dtype = kFloat64}));
     group->allgather(all, mine)->wait();
     double slowest = 0;
-    for (const Tensor& t : all) slowest = std::max(slowest, t.item<double>());
+    std::string wait_list;
+    for (const Tensor& t : all) {
+      slowest = std::max(slowest, t.data_ptr<double>()[0]);
+      wait_list += fmt::format("{}{:.2f}", wait_list.empty() ? "" : " / ", t.data_ptr<double>()[1]);
+    }
     if (rank == 0) {
       std::string shape;
       for (size_t s = 0; s < plan.stages.size(); ++s) shape += fmt::format("{}{}", s ? "+" : "", plan.stages[s].ranks.size());
-      std::printf("| %s | %d stage(s): %s | %d | %s | %.2f |\n", file.c_str(), plan.num_stages(), shape.c_str(),
-                  plan.micro_batches, plan.schedule.c_str(), slowest);
+      std::printf("| %s | %d stage(s): %s | %d | %s | %.2f | %s |\n", file.c_str(), plan.num_stages(), shape.c_str(),
+                  plan.micro_batches, plan.schedule.c_str(), slowest, wait_list.c_str());
       std::fflush(stdout);
     }
   }

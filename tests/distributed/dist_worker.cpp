@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <future>
 #include <map>
 #include <string>
 #include <thread>
@@ -557,6 +558,42 @@ void scenario_p2p_then_collective(const std::shared_ptr<ProcessGroup>& pg) {
   check(b[1].item<float>() == 2, "broadcast after uneven point-to-point traffic");
 }
 
+// Point-to-point Works complete however they are used ([Point-to-point completion] in gloo.cpp):
+// waited on (the waiter completes it inline), only polled with is_completed(), only given a then()
+// callback, or dropped at once (the transfer still finishes: the receiver gets the bytes).
+void scenario_p2p_completion(const std::shared_ptr<ProcessGroup>& pg) {
+  const int rank = pg->rank();
+  auto expect = [](int i) { return full({1000}, static_cast<double>(i) + 0.5); };
+  if (rank == 0) {
+    pg->send(expect(1), 1, 1)->wait();
+    auto polled = pg->send(expect(2), 1, 2);
+    while (!polled->is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    check(polled->is_success(), "a polled send succeeds");
+    std::promise<void> called;
+    pg->send(expect(3), 1, 3)->then([&](Work&) { called.set_value(); });
+    check(called.get_future().wait_for(std::chrono::seconds(20)) == std::future_status::ready,
+          "a send's then() callback runs without a wait");
+    pg->send(expect(4), 1, 4);  // dropped at once
+  } else if (rank == 1) {
+    for (int i = 1; i <= 4; ++i) {
+      Tensor t = zeros({1000});
+      auto w = pg->recv(t, 0, i);
+      if (i == 2) {
+        while (!w->is_completed()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      } else if (i == 3) {
+        std::promise<void> called;
+        w->then([&](Work&) { called.set_value(); });
+        check(called.get_future().wait_for(std::chrono::seconds(20)) == std::future_status::ready,
+              "a receive's then() callback runs without a wait");
+      } else {
+        w->wait();
+      }
+      check(max_abs(t - expect(i)) == 0, fmt::format("message {} arrives whole", i));
+    }
+  }
+  pg->barrier()->wait();
+}
+
 // Uneven inputs: rank r has 2 + r batches. With join(), training ends on every rank, and every
 // rank ends with the parameters of single-process training where step i sums the losses of the
 // ranks that still had data and divides by the world size.
@@ -693,6 +730,7 @@ int main(int argc, char** argv) {
     else if (scenario == "debug_mismatch") scenario_debug_mismatch(pg);
     else if (scenario == "new_group") scenario_new_group(pg);
     else if (scenario == "p2p_then_collective") scenario_p2p_then_collective(pg);
+    else if (scenario == "p2p_completion") scenario_p2p_completion(pg);
     else if (scenario == "join") scenario_join(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "syncbn") scenario_syncbn(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else {

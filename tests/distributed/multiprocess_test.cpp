@@ -110,6 +110,10 @@ TEST_CASE("collectives pair up after point-to-point traffic that only some ranks
   require_all_ok(run_dist_workers(3, {"p2p_then_collective"}, {}, 60));
 }
 
+TEST_CASE("point-to-point works complete when waited, polled, given a callback or dropped", "[distributed][p2p]") {
+  require_all_ok(run_dist_workers(2, {"p2p_completion"}, {}, 60));
+}
+
 TEST_CASE("join lets ranks with fewer batches finish while the others train on", "[distributed][ddp][join]") {
   require_all_ok(run_dist_workers(2, {"join"}));
   require_all_ok(run_dist_workers(3, {"join"}));

@@ -1,6 +1,8 @@
 // Cluster: validation and JSON (see cluster.h).
 #include "distributed/pipeline/planner/cluster.h"
 
+#include <utility>
+
 #include "distributed/pipeline/planner/json_fields.h"
 
 namespace chorus::distributed::pipeline::planner {
@@ -21,12 +23,24 @@ void Cluster::validate() const {
          inter_node_latency_us);
 }
 
+double Cluster::allreduce_bytes_per_s(bool inter_node) const {
+  const double own = inter_node ? inter_node_allreduce_bytes_per_s : intra_node_allreduce_bytes_per_s;
+  return own > 0 ? own : (inter_node ? inter_node_bytes_per_s : intra_node_bytes_per_s);
+}
+
+double Cluster::allreduce_latency_us(bool inter_node) const {
+  const double own = inter_node ? inter_node_allreduce_latency_us : intra_node_allreduce_latency_us;
+  return own >= 0 ? own : (inter_node ? inter_node_latency_us : intra_node_latency_us);
+}
+
 Cluster cluster_from_json(const std::string& text, const std::string& source) {
   const jf::Json j = jf::parse(text, source);
   jf::check_object(j, source,
                    {"nodes", "devices_per_node", "intra_node_bytes_per_s", "inter_node_bytes_per_s",
                     "memory_bytes_per_device"},
-                   {"intra_node_latency_us", "inter_node_latency_us"});
+                   {"intra_node_latency_us", "inter_node_latency_us", "intra_node_allreduce_bytes_per_s",
+                    "inter_node_allreduce_bytes_per_s", "intra_node_allreduce_latency_us",
+                    "inter_node_allreduce_latency_us", "communication_overlaps_compute"});
   Cluster c;
   c.nodes = static_cast<int>(jf::integer(j["nodes"], source + ".nodes", 1, 1 << 20));
   c.devices_per_node = static_cast<int>(jf::integer(j["devices_per_node"], source + ".devices_per_node", 1, 1 << 20));
@@ -37,6 +51,21 @@ Cluster cluster_from_json(const std::string& text, const std::string& source) {
     c.intra_node_latency_us = jf::number(j["intra_node_latency_us"], source + ".intra_node_latency_us");
   if (j.contains("inter_node_latency_us"))
     c.inter_node_latency_us = jf::number(j["inter_node_latency_us"], source + ".inter_node_latency_us");
+  for (const auto& [key, field] : {std::pair{"intra_node_allreduce_bytes_per_s", &c.intra_node_allreduce_bytes_per_s},
+                                   std::pair{"inter_node_allreduce_bytes_per_s", &c.inter_node_allreduce_bytes_per_s}})
+    if (j.contains(key)) {
+      *field = jf::number(j[key], source + "." + key);
+      if (!(*field > 0)) fail("{}.{}: got {}, expected a bandwidth > 0 bytes/s", source, key, *field);
+    }
+  for (const auto& [key, field] : {std::pair{"intra_node_allreduce_latency_us", &c.intra_node_allreduce_latency_us},
+                                   std::pair{"inter_node_allreduce_latency_us", &c.inter_node_allreduce_latency_us}})
+    if (j.contains(key)) *field = jf::number(j[key], source + "." + key);
+  if (j.contains("communication_overlaps_compute")) {
+    if (!j["communication_overlaps_compute"].is_boolean())
+      fail("{}.communication_overlaps_compute: got {}, expected true or false", source,
+           j["communication_overlaps_compute"].dump());
+    c.communication_overlaps_compute = j["communication_overlaps_compute"].get<bool>();
+  }
   c.validate();
   return c;
 }
@@ -50,6 +79,11 @@ std::string cluster_to_json(const Cluster& c) {
   j["memory_bytes_per_device"] = c.memory_bytes_per_device;
   j["intra_node_latency_us"] = c.intra_node_latency_us;
   j["inter_node_latency_us"] = c.inter_node_latency_us;
+  if (c.intra_node_allreduce_bytes_per_s > 0) j["intra_node_allreduce_bytes_per_s"] = c.intra_node_allreduce_bytes_per_s;
+  if (c.inter_node_allreduce_bytes_per_s > 0) j["inter_node_allreduce_bytes_per_s"] = c.inter_node_allreduce_bytes_per_s;
+  if (c.intra_node_allreduce_latency_us >= 0) j["intra_node_allreduce_latency_us"] = c.intra_node_allreduce_latency_us;
+  if (c.inter_node_allreduce_latency_us >= 0) j["inter_node_allreduce_latency_us"] = c.inter_node_allreduce_latency_us;
+  if (!c.communication_overlaps_compute) j["communication_overlaps_compute"] = false;
   return j.dump(2) + "\n";
 }
 

@@ -34,26 +34,66 @@ CostModel::CostModel(ModelProfile profile, Cluster cluster, int64_t global_batch
          global_batch_, micro_batches_);
   if (options_.optimizer_state_copies < 0)
     fail("cost model: got optimizer_state_copies = {}, expected >= 0", options_.optimizer_state_copies);
-  forward_prefix_ = backward_prefix_ = {0.0};
+  accumulate_prefix_ = optimizer_prefix_ = min_forward_rate_prefix_ = min_compute_rate_prefix_ = {0.0};
   param_prefix_ = saved_prefix_ = {0};
   for (const LayerProfile& l : profile_.layers) {
-    forward_prefix_.push_back(forward_prefix_.back() + l.forward_ms);
-    backward_prefix_.push_back(backward_prefix_.back() + l.backward_ms);
+    accumulate_prefix_.push_back(accumulate_prefix_.back() + l.grad_accumulate_ms);
+    optimizer_prefix_.push_back(optimizer_prefix_.back() + l.optimizer_ms);
+    const auto [f_rate, b_rate] = l.min_ms_per_sample(profile_.batch);
+    min_forward_rate_prefix_.push_back(min_forward_rate_prefix_.back() + f_rate);
+    min_compute_rate_prefix_.push_back(min_compute_rate_prefix_.back() + f_rate + b_rate);
     param_prefix_.push_back(param_prefix_.back() + l.param_bytes);
     saved_prefix_.push_back(saved_prefix_.back() + l.saved_or_activation_bytes());
   }
+  // Every replica count a plan can use divides the micro-batch: their times, once.
+  const int64_t m = micro_batch_size();
+  for (int64_t r = 1; r <= std::min<int64_t>(m, cluster_.num_devices()); ++r)
+    if (m % r == 0) times_.emplace(static_cast<int>(r), make_prefix(static_cast<double>(m / r)));
+}
+
+CostModel::TimePrefix CostModel::make_prefix(double samples) const {
+  TimePrefix p{{0.0}, {0.0}};
+  for (const LayerProfile& l : profile_.layers) {
+    const BatchTiming t = l.time_at(samples, profile_.batch);
+    p.forward.push_back(p.forward.back() + t.forward_ms);
+    p.backward.push_back(p.backward.back() + t.backward_ms);
+  }
+  return p;
 }
 
 double CostModel::samples_per_replica(int replicas) const {
   return static_cast<double>(micro_batch_size() / replicas) / static_cast<double>(profile_.batch);
 }
 
-double CostModel::forward_ms(int first, int end, int replicas) const {
-  return (forward_prefix_[end] - forward_prefix_[first]) * samples_per_replica(replicas);
+double CostModel::stage_ms(int first, int end, int replicas, bool forward) const {
+  auto it = times_.find(replicas);
+  if (it == times_.end()) {
+    // Not a divisor of the micro-batch (no plan has it): the rows a replica would get, rounded down.
+    double ms = 0;
+    for (int l = first; l < end; ++l) {
+      const BatchTiming t = profile_.layers[l].time_at(static_cast<double>(micro_batch_size() / replicas), profile_.batch);
+      ms += forward ? t.forward_ms : t.backward_ms;
+    }
+    return ms;
+  }
+  const std::vector<double>& prefix = forward ? it->second.forward : it->second.backward;
+  return prefix[end] - prefix[first];
 }
 
-double CostModel::backward_ms(int first, int end, int replicas) const {
-  return (backward_prefix_[end] - backward_prefix_[first]) * samples_per_replica(replicas);
+double CostModel::forward_ms(int first, int end, int replicas) const { return stage_ms(first, end, replicas, true); }
+
+double CostModel::backward_ms(int first, int end, int replicas) const { return stage_ms(first, end, replicas, false); }
+
+double CostModel::accumulate_ms(int first, int end) const { return accumulate_prefix_[end] - accumulate_prefix_[first]; }
+
+double CostModel::optimizer_ms(int first, int end) const { return optimizer_prefix_[end] - optimizer_prefix_[first]; }
+
+double CostModel::forward_lower_bound_ms(int first, int end, double samples) const {
+  return (min_forward_rate_prefix_[end] - min_forward_rate_prefix_[first]) * samples;
+}
+
+double CostModel::compute_lower_bound_ms(int first, int end, double samples) const {
+  return (min_compute_rate_prefix_[end] - min_compute_rate_prefix_[first]) * samples;
 }
 
 double CostModel::transfer_ms(int last, bool inter_node) const {
@@ -67,15 +107,15 @@ double CostModel::transfer_ms(int last, bool inter_node) const {
 double CostModel::allreduce_ms(int first, int end, int replicas, bool inter_node) const {
   if (replicas <= 1) return 0.0;
   const double bytes = static_cast<double>(param_bytes(first, end));
-  const double bandwidth = inter_node ? cluster_.inter_node_bytes_per_s : cluster_.intra_node_bytes_per_s;
-  const double latency_ms = (inter_node ? cluster_.inter_node_latency_us : cluster_.intra_node_latency_us) / 1e3;
+  const double bandwidth = cluster_.allreduce_bytes_per_s(inter_node);
+  const double latency_ms = cluster_.allreduce_latency_us(inter_node) / 1e3;
   const double steps = 2.0 * (replicas - 1);
   return steps / replicas * bytes / bandwidth * 1e3 + steps * latency_ms;
 }
 
 double CostModel::exposed_allreduce_ms(int first, int end, int replicas, bool inter_node) const {
   const double ar = allreduce_ms(first, end, replicas, inter_node);
-  if (!options_.allreduce_overlaps_last_backward) return ar;
+  if (!options_.allreduce_overlaps_last_backward || !communication_overlaps_compute()) return ar;
   return std::max(0.0, ar - backward_ms(first, end, replicas));
 }
 
@@ -104,23 +144,21 @@ Prediction CostModel::predict(const Plan& plan) const {
   };
   Prediction p;
   p.stages.resize(S);
-  double sum_units = 0, bottleneck = -1;
+  double sum_units = 0;
   for (int s = 0; s < S; ++s) {
     const StagePlan& st = plan.stages[s];
     StagePrediction& sp = p.stages[s];
     const int node = single_node(st);
     sp.forward_ms = forward_ms(st.first_layer, st.end_layer, st.replicas());
     sp.backward_ms = backward_ms(st.first_layer, st.end_layer, st.replicas());
+    sp.accumulate_ms = micro_batches_ > 1 ? accumulate_ms(st.first_layer, st.end_layer) : 0.0;
+    sp.optimizer_ms = optimizer_ms(st.first_layer, st.end_layer);
     sp.replicas_inter_node = node < 0;
     sp.allreduce_ms = allreduce_ms(st.first_layer, st.end_layer, st.replicas(), sp.replicas_inter_node);
     sp.allreduce_exposed_ms = exposed_allreduce_ms(st.first_layer, st.end_layer, st.replicas(), sp.replicas_inter_node);
     const int in_flight = plan.schedule == "gpipe" ? micro_batches_ : S - s;
     sp.peak_memory_bytes = memory_bytes(st.first_layer, st.end_layer, st.replicas(), in_flight);
     sum_units += sp.forward_ms + sp.backward_ms;
-    if (sp.forward_ms + sp.backward_ms > bottleneck) {
-      bottleneck = sp.forward_ms + sp.backward_ms;
-      p.pivot_stage = s;
-    }
     if (s + 1 < S) {
       const int next = single_node(plan.stages[s + 1]);
       sp.send_inter_node = !(node >= 0 && node == next);
@@ -128,12 +166,22 @@ Prediction CostModel::predict(const Plan& plan) const {
       sum_units += 2 * sp.send_ms;
     }
   }
-  p.bottleneck_ms = bottleneck;
-  for (const StagePrediction& sp : p.stages)
-    if (2 * sp.send_ms > p.bottleneck_ms) {
-      p.bottleneck_ms = 2 * sp.send_ms;
-      p.bottleneck_is_transfer = true;
-    }
+  // The steady phase's unit ([Latency model]): with overlap, a stage's f + b + a or a transfer's
+  // 2c, whichever is largest; without ([Transfers without overlap]), each stage's f + b + a plus
+  // both directions of the transfers on either side of it.
+  p.bottleneck_ms = -1;
+  for (int s = 0; s < S; ++s) {
+    const StagePrediction& sp = p.stages[s];
+    double unit = sp.forward_ms + sp.backward_ms + sp.accumulate_ms;
+    if (!communication_overlaps_compute()) unit += 2 * sp.send_ms + (s > 0 ? 2 * p.stages[s - 1].send_ms : 0.0);
+    if (unit > p.bottleneck_ms) p.bottleneck_ms = unit, p.pivot_stage = s;
+  }
+  if (communication_overlaps_compute())
+    for (const StagePrediction& sp : p.stages)
+      if (2 * sp.send_ms > p.bottleneck_ms) {
+        p.bottleneck_ms = 2 * sp.send_ms;
+        p.bottleneck_is_transfer = true;
+      }
   p.steady_ms = (micro_batches_ - 1) * p.bottleneck_ms;
   p.pipeline_ms = sum_units + p.steady_ms;
   p.iteration_ms = p.pipeline_ms;
@@ -141,7 +189,8 @@ Prediction CostModel::predict(const Plan& plan) const {
   for (int s = 0; s < S; ++s) {
     StagePrediction& sp = p.stages[s];
     sp.last_backward_end_ms = p.pipeline_ms - backward_before;
-    p.iteration_ms = std::max(p.iteration_ms, sp.last_backward_end_ms + sp.allreduce_exposed_ms);
+    p.iteration_ms =
+        std::max(p.iteration_ms, sp.last_backward_end_ms + sp.allreduce_exposed_ms + sp.optimizer_ms);
     backward_before += sp.backward_ms + sp.send_ms;
     p.max_memory_bytes = std::max(p.max_memory_bytes, sp.peak_memory_bytes);
   }

@@ -20,6 +20,10 @@ constexpr int kSpansNodes = -1;
 // One partial plan (a suffix of stages) at a state; `from_*` name the state and entry it extends.
 struct Entry {
   double fb, fh, t;  // F+B, F+H, T (planner.h)
+  // Without overlap ([Transfers without overlap]): the first stage's steady unit so far (f + b + a
+  // + 2c to the next stage); the transfer into it, known once the stage before is placed, adds 2c
+  // to it. 0 with overlap.
+  double head;
   int k;             // stages so far
   int from_j;        // the suffix it extends starts at layer from_j (-1: the empty suffix)
   uint64_t from_key;
@@ -27,7 +31,9 @@ struct Entry {
   int policy;  // index into kAllPolicies, or -1 for an exhaustive split
 };
 
-bool dominates(const Entry& a, const Entry& b) { return a.fb <= b.fb && a.fh <= b.fh && a.t <= b.t && a.k <= b.k; }
+bool dominates(const Entry& a, const Entry& b) {
+  return a.fb <= b.fb && a.fh <= b.fh && a.t <= b.t && a.head <= b.head && a.k <= b.k;
+}
 
 // Keeps `front` the set of entries no other entry dominates.
 void insert(std::vector<Entry>& front, const Entry& e) {
@@ -90,6 +96,7 @@ PlanResult plan_dapple(const ModelProfile& profile, const Cluster& cluster, cons
   const CostModel model(profile, cluster, options.global_batch, options.micro_batches, options.cost);
   const int L = model.num_layers(), N = cluster.nodes, D = cluster.num_devices(), M = options.micro_batches;
   const int64_t m = model.micro_batch_size();
+  const bool overlap = model.communication_overlaps_compute();
   if (options.max_stages < 0 || options.max_replicas < 0)
     fail("planner: got max_stages = {}, max_replicas = {}, expected >= 0 (0: no limit)", options.max_stages,
          options.max_replicas);
@@ -118,7 +125,7 @@ PlanResult plan_dapple(const ModelProfile& profile, const Cluster& cluster, cons
   //   cost >= max(F+H + Pf, F+B + P) + (M - 1) max(T, P).
   auto run = [&](bool greedy, double bound) {
     states.assign(L + 1, {});
-    states[L][codec.encode(std::vector<int>(N, 0), kNoStage)].push_back({0.0, 0.0, 0.0, 0, -1, 0, -1, -1});
+    states[L][codec.encode(std::vector<int>(N, 0), kNoStage)].push_back({0.0, 0.0, 0.0, 0.0, 0, -1, 0, -1, -1});
     for (int j = L; j >= 1; --j) {
       for (const auto& [key, front] : states[j]) {
         if (!greedy) {
@@ -144,8 +151,10 @@ PlanResult plan_dapple(const ModelProfile& profile, const Cluster& cluster, cons
               }
             }
             const double f = model.forward_ms(i, j, r), b = model.backward_ms(i, j, r);
-            const double rest_f = i > 0 ? model.forward_ms(0, i, 1) / (free - r) : 0.0;
-            const double rest_fb = i > 0 ? rest_f + model.backward_ms(0, i, 1) / (free - r) : 0.0;
+            const double a = M > 1 ? model.accumulate_ms(i, j) : 0.0, o = model.optimizer_ms(i, j);
+            const double rest_samples = i > 0 ? static_cast<double>(m) / (free - r) : 0.0;
+            const double rest_f = model.forward_lower_bound_ms(0, i, rest_samples);
+            const double rest_fb = model.compute_lower_bound_ms(0, i, rest_samples);
             for (const auto& [take, policy] : placements) {
               const int node = footprint(take);
               const double c =
@@ -162,8 +171,15 @@ PlanResult plan_dapple(const ModelProfile& profile, const Cluster& cluster, cons
                   continue;
                 Entry n{};
                 n.fb = e.fb + f + b + 2 * c;
-                n.fh = std::max(e.fh + f + c, n.fb + ar);
-                n.t = std::max({e.t, f + b, 2 * c});
+                n.fh = std::max(e.fh + f + c, n.fb + ar + o);
+                if (overlap) {
+                  n.t = std::max({e.t, f + b + a, 2 * c});
+                  n.head = 0.0;
+                } else {
+                  // The old first stage's unit gains the transfer into it; this stage's starts.
+                  n.head = f + b + a + 2 * c;
+                  n.t = std::max({e.t, e.k > 0 ? e.head + 2 * c : 0.0, n.head});
+                }
                 n.k = e.k + 1;
                 n.from_j = j;
                 n.from_key = key;

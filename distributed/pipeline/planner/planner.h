@@ -10,12 +10,14 @@
 //    layer j sits on — or "spans nodes" — which decides whether the transfer into it is intra-node)
 // and holds the Pareto front of partial plans over four numbers that determine every completion's
 // cost: F+B (forward + backward of all units so far), F+H (see below), T (the largest unit
-// f_u + b_u so far) and k (stages so far: fewer leaves more memory for the stages before). With
-// H = max over placed stages t of (AR'_t + backward time from t to the end), AR' the exposed
-// allreduce of cost_model.h, the whole plan costs
+// f_u + b_u + a_u so far) and k (stages so far: fewer leaves more memory for the stages before).
+// With H = max over placed stages t of (AR'_t + o_t + backward time from t to the end), AR' the
+// exposed allreduce and o the optimizer step of cost_model.h, the whole plan costs
 //   iteration = (F + H) + (M - 1) * T        (cost_model.h's formula, rearranged)
-// and prepending a stage s (f, b, transfer c to the next stage, exposed allreduce AR') gives
-//   F+B' = F+B + f + b + 2c,  F+H' = max(F+H + f + c, F+B' + AR'),  T' = max(T, f + b, 2c),  k' = k + 1.
+// and prepending a stage s (f, b, gradient accumulation a, optimizer step o, transfer c to the next
+// stage, exposed allreduce AR') gives
+//   F+B' = F+B + f + b + 2c,  F+H' = max(F+H + f + c, F+B' + AR' + o),  T' = max(T, f + b + a, 2c),
+//   k' = k + 1.
 // Both updates are monotone in every number, so a partial plan dominated in all four can be dropped
 // and the search is exact: its result equals exhaustive enumeration under the same cost model
 // (tests/pipeline/planner checks this). To keep it fast, a greedy pass (one partial plan per state)

@@ -5,7 +5,12 @@
 //         and an untied masked-LM output projection hidden -> vocab (tied weights cannot be split
 //         over stages), on --seq-len tokens.
 //
+// Besides --batch, --batches times every layer at more batch sizes (the micro-batch sizes you will
+// plan for: the cost model interpolates between them), and --optimizer times one step of that
+// optimizer over each layer's parameters (sgd: momentum 0.9; adam; none).
+//
 //   profile --model mlp --batch 32 --hidden 1024 --depth 8 --out mlp.json
+//   profile --model mlp --batch 128 --batches 16,32,64 --optimizer sgd --out mlp.json
 //   profile --model bert --config mini --layers 8 --seq-len 128 --batch 8 --out bert.json
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -14,6 +19,7 @@
 #include "distributed/pipeline/planner/report.h"
 #include "examples/models/bert.h"
 #include "nn/nn.h"
+#include "optim/optim.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -38,12 +44,25 @@ int main(int argc, char** argv) {
   app.add_option("--repeats", options.repeats, "timed runs per layer (the median is kept)");
   app.add_option("--threads", threads, "CPU threads (0: the default)");
   app.add_flag("--no-memory", no_memory, "skip the saved-bytes measurement on the sim device");
+  std::string optimizer = "sgd";
+  app.add_option("--batches", options.extra_batches, "more batch sizes to time (e.g. 16,32,64)")->delimiter(',');
+  app.add_option("--optimizer", optimizer, "time one step of: sgd (momentum 0.9), adam or none")
+      ->check(CLI::IsMember({"sgd", "adam", "none"}));
   app.add_option("--out", out_path, "write the profile JSON here");
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (threads > 0) set_num_threads(threads);
     options.measure_saved_bytes = !no_memory;
+    if (optimizer == "sgd") {
+      options.make_optimizer = [](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
+        return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+      };
+    } else if (optimizer == "adam") {
+      options.make_optimizer = [](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
+        return std::make_unique<optim::Adam>(std::move(params), optim::AdamOptions{.lr = 1e-3});
+      };
+    }
     manual_seed(1);
     NamedLayers stack;
     Tensor input;
@@ -76,16 +95,29 @@ int main(int argc, char** argv) {
     profile.model = description;
     std::printf("%s: median of %d runs after %d warm-up, per batch of %lld\n\n", description.c_str(), options.repeats,
                 options.warmup, static_cast<long long>(batch));
-    std::printf("| layer | forward ms | backward ms | output | saved for backward | parameters |\n|---|---|---|---|---|---|\n");
+    std::printf("| layer | forward ms | backward ms | accumulate ms | optimizer ms | output | saved for backward | parameters |\n"
+                "|---|---|---|---|---|---|---|---|\n");
     double f = 0, b = 0;
     for (const LayerProfile& l : profile.layers) {
-      std::printf("| %s | %.3f | %.3f | %s | %s | %s |\n", l.name.c_str(), l.forward_ms, l.backward_ms,
+      std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %s | %s | %s |\n", l.name.c_str(), l.forward_ms, l.backward_ms,
+                  l.grad_accumulate_ms, l.optimizer_ms,
                   format_bytes(static_cast<double>(l.activation_bytes)).c_str(),
                   l.saved_bytes >= 0 ? format_bytes(static_cast<double>(l.saved_bytes)).c_str() : "-",
                   format_bytes(static_cast<double>(l.param_bytes)).c_str());
       f += l.forward_ms, b += l.backward_ms;
     }
-    std::printf("| total | %.3f | %.3f | | | |\n", f, b);
+    std::printf("| total | %.3f | %.3f | | | | | |\n", f, b);
+    for (int64_t extra : options.extra_batches) {
+      double ef = 0, eb = 0;
+      for (const LayerProfile& l : profile.layers) {
+        const BatchTiming t = l.time_at(static_cast<double>(extra), profile.batch);
+        ef += t.forward_ms, eb += t.backward_ms;
+      }
+      std::printf("at batch %lld: forward %.3f ms, backward %.3f ms (linear scaling from batch %lld: %.3f, %.3f)\n",
+                  static_cast<long long>(extra), ef, eb, static_cast<long long>(batch),
+                  f * static_cast<double>(extra) / static_cast<double>(batch),
+                  b * static_cast<double>(extra) / static_cast<double>(batch));
+    }
     if (!out_path.empty()) {
       save_profile(profile, out_path);
       std::printf("wrote %s\n", out_path.c_str());

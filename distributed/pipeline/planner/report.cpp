@@ -17,8 +17,9 @@ std::string format_bytes(double bytes) {
 std::string describe_plan(const Plan& plan, const Prediction& p, const ModelProfile& profile, const Cluster& cluster) {
   std::string out = fmt::format(
       "{} stage{}, global batch {} in {} micro-batches of {}, schedule {}\n"
-      "| stage | layers | replicas | ranks | nodes | fwd ms | bwd ms | send ms | allreduce ms | peak memory |\n"
-      "|---|---|---|---|---|---|---|---|---|---|\n",
+      "| stage | layers | replicas | ranks | nodes | fwd ms | bwd ms | accumulate ms | send ms | allreduce ms | "
+      "optimizer ms | peak memory |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       plan.num_stages(), plan.num_stages() > 1 ? "s" : "", plan.global_batch, plan.micro_batches,
       plan.micro_batch_size(), plan.schedule);
   for (int s = 0; s < plan.num_stages(); ++s) {
@@ -32,20 +33,23 @@ std::string describe_plan(const Plan& plan, const Prediction& p, const ModelProf
     std::string ranks = fmt::format("{}", fmt::join(st.ranks, ","));
     if (st.replicas() > 2 && st.ranks.back() - st.ranks.front() + 1 == st.replicas())
       ranks = fmt::format("{}-{}", st.ranks.front(), st.ranks.back());
-    out += fmt::format("| {}{} | [{},{}) {} | {} | {} | {} | {:.2f} | {:.2f} | {} | {} | {} |\n", s,
+    out += fmt::format("| {}{} | [{},{}) {} | {} | {} | {} | {:.2f} | {:.2f} | {:.2f} | {} | {} | {:.2f} | {} |\n", s,
                        s == p.pivot_stage ? "*" : "", st.first_layer, st.end_layer, names, st.replicas(), ranks,
-                       fmt::join(nodes, ","), sp.forward_ms, sp.backward_ms,
+                       fmt::join(nodes, ","), sp.forward_ms, sp.backward_ms, sp.accumulate_ms,
                        s + 1 < plan.num_stages() ? fmt::format("{:.2f} ({})", sp.send_ms, sp.send_inter_node ? "inter" : "intra")
                                                  : std::string("-"),
                        st.replicas() > 1 ? fmt::format("{:.2f} ({})", sp.allreduce_ms, sp.replicas_inter_node ? "inter" : "intra")
                                          : std::string("-"),
-                       format_bytes(static_cast<double>(sp.peak_memory_bytes)));
+                       sp.optimizer_ms, format_bytes(static_cast<double>(sp.peak_memory_bytes)));
   }
   out += fmt::format(
       "iteration {:.2f} ms = pipeline {:.2f} ms (of which steady (M-1) x {:.2f} = {:.2f} ms, pivot: {}) + "
-      "allreduce not hidden {:.2f} ms; peak memory {} of {} per device{}\n",
+      "allreduce and optimizer step not hidden {:.2f} ms; peak memory {} of {} per device{}\n",
       p.iteration_ms, p.pipeline_ms, p.bottleneck_ms, p.steady_ms,
-      p.bottleneck_is_transfer ? "a transfer" : fmt::format("stage {}", p.pivot_stage), p.iteration_ms - p.pipeline_ms,
+      p.bottleneck_is_transfer ? "a transfer"
+                               : fmt::format("stage {}{}", p.pivot_stage,
+                                             cluster.communication_overlaps_compute ? "" : " with its transfers"),
+      p.iteration_ms - p.pipeline_ms,
       format_bytes(static_cast<double>(p.max_memory_bytes)),
       format_bytes(static_cast<double>(cluster.memory_bytes_per_device)), p.fits_memory ? "" : " (DOES NOT FIT)");
   return out;

@@ -117,3 +117,70 @@ TEST_CASE("bad JSON names the key, what was given and what was expected", "[plan
                                      R"("schedule":"zigzag","stages":[{"layers":[0,4],"ranks":[0]}]})"),
                       Catch::Contains("got schedule \"zigzag\", expected \"1f1b\" or \"gpipe\""));
 }
+
+TEST_CASE("profile timings at other batch sizes, accumulation and optimizer times round-trip and interpolate",
+          "[planner][json]") {
+  ModelProfile p;
+  p.batch = 8;
+  LayerProfile l{"fc", 4.0, 8.0, 800, 4000, 1600};
+  l.grad_accumulate_ms = 0.25;
+  l.optimizer_ms = 0.5;
+  l.timings = {{2, 2.0, 3.0}, {32, 12.0, 24.0}};
+  p.layers = {l, {"head", 1.0, 1.0, 80, 400, -1}};
+  const ModelProfile q = profile_from_json(profile_to_json(p));
+  REQUIRE(q.layers[0].grad_accumulate_ms == 0.25);
+  REQUIRE(q.layers[0].optimizer_ms == 0.5);
+  REQUIRE(q.layers[0].timings.size() == 2);
+  REQUIRE(q.layers[0].timings[1].batch == 32);
+  REQUIRE(q.layers[0].timings[1].backward_ms == 24.0);
+  REQUIRE(q.layers[1].timings.empty());
+  REQUIRE(q.layers[1].optimizer_ms == 0);
+  // Points (2: 2/3), (8: 4/8), (32: 12/24): linear between, per-sample of the nearest outside.
+  const LayerProfile& a = q.layers[0];
+  REQUIRE(a.time_at(8, 8).forward_ms == Approx(4.0));
+  REQUIRE(a.time_at(5, 8).forward_ms == Approx(3.0));   // halfway from 2 to 8
+  REQUIRE(a.time_at(5, 8).backward_ms == Approx(5.5));
+  REQUIRE(a.time_at(20, 8).forward_ms == Approx(8.0));  // halfway from 8 to 32
+  REQUIRE(a.time_at(1, 8).forward_ms == Approx(1.0));   // below 2: 2 ms / 2 samples
+  REQUIRE(a.time_at(64, 8).backward_ms == Approx(48.0));  // above 32: 24 ms / 32 samples
+  // One point only: plain linear scaling.
+  REQUIRE(q.layers[1].time_at(4, 8).forward_ms == Approx(0.5));
+  // The least time per sample is at a measured point (forward 12/32, backward 24/32 = 8/8 = 0.75).
+  REQUIRE(a.min_ms_per_sample(8).first == Approx(0.375));
+  REQUIRE(a.min_ms_per_sample(8).second == Approx(0.75));
+  // Errors: a timing at the profile's own batch, a size twice, a missing key.
+  const std::string head = R"({"batch":8,"layers":[{"name":"a","forward_ms":1,"backward_ms":1,"activation_bytes":1,)"
+                           R"("param_bytes":1,"timings":)";
+  REQUIRE_THROWS_WITH(profile_from_json(head + R"([{"batch":8,"forward_ms":1,"backward_ms":1}]}]})"),
+                      Catch::Contains("profile.layers[0].timings[0].batch: got 8, the profile's own batch"));
+  REQUIRE_THROWS_WITH(profile_from_json(head + R"([{"batch":2,"forward_ms":1,"backward_ms":1},)"
+                                               R"({"batch":2,"forward_ms":1,"backward_ms":1}]}]})"),
+                      Catch::Contains("timings[1].batch: got 2 twice"));
+  REQUIRE_THROWS_WITH(profile_from_json(head + R"([{"batch":2,"forward_ms":1}]}]})"),
+                      Catch::Contains("missing key \"backward_ms\""));
+}
+
+TEST_CASE("cluster allreduce figures and the overlap flag round-trip; bad values are errors", "[planner][json]") {
+  const std::string base = R"({"nodes":1,"devices_per_node":2,"intra_node_bytes_per_s":4e9,"inter_node_bytes_per_s":4e9,)"
+                           R"("memory_bytes_per_device":1e9,"intra_node_latency_us":40)";
+  const Cluster plain = cluster_from_json(base + "}");
+  REQUIRE(plain.communication_overlaps_compute);
+  REQUIRE(plain.allreduce_bytes_per_s(false) == 4e9);  // the point-to-point figures stand in
+  REQUIRE(plain.allreduce_latency_us(false) == 40);
+  const Cluster c = cluster_from_json(
+      base + R"(,"intra_node_allreduce_bytes_per_s":1.5e9,"intra_node_allreduce_latency_us":700,)"
+             R"("communication_overlaps_compute":false})");
+  REQUIRE(c.allreduce_bytes_per_s(false) == 1.5e9);
+  REQUIRE(c.allreduce_latency_us(false) == 700);
+  REQUIRE(c.allreduce_bytes_per_s(true) == 4e9);
+  REQUIRE_FALSE(c.communication_overlaps_compute);
+  const Cluster d = cluster_from_json(cluster_to_json(c));
+  REQUIRE(d.intra_node_allreduce_bytes_per_s == 1.5e9);
+  REQUIRE(d.intra_node_allreduce_latency_us == 700);
+  REQUIRE_FALSE(d.communication_overlaps_compute);
+  REQUIRE(cluster_to_json(plain).find("allreduce") == std::string::npos);
+  REQUIRE_THROWS_WITH(cluster_from_json(base + R"(,"communication_overlaps_compute":1})"),
+                      Catch::Contains("communication_overlaps_compute: got 1, expected true or false"));
+  REQUIRE_THROWS_WITH(cluster_from_json(base + R"(,"intra_node_allreduce_bytes_per_s":0})"),
+                      Catch::Contains("intra_node_allreduce_bytes_per_s: got 0, expected a bandwidth > 0"));
+}

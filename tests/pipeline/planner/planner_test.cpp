@@ -29,6 +29,16 @@ ModelProfile random_profile(std::mt19937& rng, int layers, bool huge_params) {
     lp.activation_bytes = static_cast<int64_t>(std::pow(10.0, log_bytes(rng)));
     lp.param_bytes = static_cast<int64_t>(std::pow(10.0, log_bytes(rng) + (huge_params ? 2.0 : 0.0)));
     if (l % 2 == 0) lp.saved_bytes = lp.activation_bytes * 3;  // half the layers measured, half not
+    // Some layers timed at more batch sizes (small batches less efficient per sample), and the
+    // per-micro-batch gradient accumulation and optimizer step.
+    if (l % 3 != 1) {
+      for (int64_t b : {1, 2, 8}) {
+        const double per_sample = (b < 4 ? 1.5 : 0.8) * std::uniform_real_distribution<double>(0.8, 1.2)(rng);
+        lp.timings.push_back({b, lp.forward_ms * b / 4 * per_sample, lp.backward_ms * b / 4 * per_sample});
+      }
+    }
+    lp.grad_accumulate_ms = std::uniform_real_distribution<double>(0.0, 0.5)(rng);
+    lp.optimizer_ms = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
     p.layers.push_back(lp);
   }
   return p;
@@ -151,7 +161,7 @@ TEST_CASE("the planner's DP finds the exhaustive optimum on small random cases",
   };
   const Shape shapes[] = {{1, 1}, {1, 2}, {2, 1}, {1, 3}, {1, 4}, {2, 2}, {4, 1}, {2, 2}};
   const double bandwidths[] = {1e8, 1e9, 1e10, 1e11};
-  int cases = 0, memory_bound = 0, infeasible = 0, pipelines = 0, replicated = 0;
+  int cases = 0, memory_bound = 0, infeasible = 0, pipelines = 0, replicated = 0, no_overlap_pipelines = 0;
   for (int trial = 0; trial < 48; ++trial) {
     const Shape shape = shapes[trial % 8];
     const int layers = 2 + trial % 5;
@@ -161,6 +171,15 @@ TEST_CASE("the planner's DP finds the exhaustive optimum on small random cases",
     const int64_t batch = micro * (trial % 4 == 3 ? 6 : 12);  // micro-batch 6 or 12 samples
     // Memory between "nothing fits" and "everything fits", from the unconstrained optimum's needs.
     Cluster cluster = make_cluster(shape.nodes, shape.per_node, intra, inter, int64_t{1} << 50, trial % 2 ? 5 : 0);
+    // A third of the clusters run communication on the computing cores ([Transfers without
+    // overlap]: the stages' units absorb their transfers), some with their own allreduce figures.
+    cluster.communication_overlaps_compute = trial % 3 != 2;
+    if (!cluster.communication_overlaps_compute) {
+      // Messages as costly as a CPU machine's (milliseconds), so the transfers shape the answer.
+      cluster.intra_node_latency_us = 2000;
+      cluster.inter_node_latency_us = 3000;
+    }
+    if (trial % 5 == 1) cluster.intra_node_allreduce_bytes_per_s = intra / 3, cluster.intra_node_allreduce_latency_us = 50;
     const CostOptions cost{.allreduce_overlaps_last_backward = trial % 4 < 2};
     const CostModel loose(profile, cluster, batch, micro, cost);
     const double loose_best = brute_force_all_placements(loose, false);
@@ -189,6 +208,7 @@ TEST_CASE("the planner's DP finds the exhaustive optimum on small random cases",
       REQUIRE(r.plan.predicted->iteration_ms == r.prediction.iteration_ms);
       if (expected > loose_best * (1 + 1e-9)) ++memory_bound;
       if (r.plan.num_stages() > 1) ++pipelines;
+      if (r.plan.num_stages() > 1 && !cluster.communication_overlaps_compute) ++no_overlap_pipelines;
       for (const StagePlan& st : r.plan.stages) replicated += st.replicas() > 1;
     }
   }
@@ -199,6 +219,7 @@ TEST_CASE("the planner's DP finds the exhaustive optimum on small random cases",
   CHECK(infeasible > 2);
   CHECK(pipelines > 10);
   CHECK(replicated > 10);
+  CHECK(no_overlap_pipelines > 3);
 }
 
 TEST_CASE("exhaustive placement is never worse than the policies", "[planner]") {
@@ -252,6 +273,39 @@ TEST_CASE("the cost model gives the hand-computed time and memory of a two-stage
   // Same plan, both stages on one node each but the second moved next to the first: intra-node.
   const Cluster one_node = make_cluster(1, 4, 1e6, 1e5, 1 << 20);
   REQUIRE_FALSE(predict(make_plan({2, 3}, {{0, 1}, {2, 3}}, 8, 2), p, one_node).stages[0].send_inter_node);
+}
+
+TEST_CASE("the cost model's micro-batch terms and transfers without overlap, by hand", "[planner][cost]") {
+  // 2 layers profiled at batch 4 and at batch 2 (less efficient per sample); a plan of 2 stages x 1
+  // replica on one node, global batch 8 in M = 4 micro-batches of 2 samples.
+  ModelProfile p;
+  p.batch = 4;
+  LayerProfile a{"a", 4.0, 8.0, 1000, 100, -1}, b{"b", 2.0, 2.0, 10, 100, -1};
+  a.timings = {{2, 3.0, 5.0}};  // 2 samples: 3 + 5, not 2 + 4
+  a.grad_accumulate_ms = 0.5, a.optimizer_ms = 2.0;
+  b.optimizer_ms = 1.0;
+  p.layers = {a, b};
+  Cluster c = make_cluster(1, 2, 1e6, 1e6, 1 << 30, 1000);  // 1 ms per message + 1 MB/s
+  const Plan plan = make_plan({1, 2}, {{0}, {1}}, 8, 4);
+  // Stage 0: f = 3, b = 5, a = 0.5, o = 2. Stage 1: f = 1, b = 1 (linear), a = 0, o = 1.
+  // Transfer: 1 ms + 500 bytes / 1e6 B/s = 1.5 ms.
+  Prediction pr = predict(plan, p, c);
+  REQUIRE(pr.stages[0].forward_ms == Approx(3.0));
+  REQUIRE(pr.stages[0].accumulate_ms == Approx(0.5));
+  REQUIRE(pr.stages[0].send_ms == Approx(1.5));
+  // With overlap: units 8 + 0.5 (stage 0), 3 (transfer both ways), 2 (stage 1): pivot stage 0.
+  // pipeline = (8 + 3 + 2) + 3 * 8.5 = 38.5; stage 0 ends at 38.5, + optimizer 2 = 40.5.
+  REQUIRE(pr.bottleneck_ms == Approx(8.5));
+  REQUIRE(pr.pipeline_ms == Approx(38.5));
+  REQUIRE(pr.iteration_ms == Approx(40.5));
+  // Without overlap each stage's unit takes its transfers: stage 0 8.5 + 3, stage 1 2 + 3.
+  c.communication_overlaps_compute = false;
+  pr = predict(plan, p, c);
+  REQUIRE(pr.bottleneck_ms == Approx(11.5));
+  REQUIRE(pr.pipeline_ms == Approx(13.0 + 3 * 11.5));
+  REQUIRE(pr.iteration_ms == Approx(13.0 + 3 * 11.5 + 2.0));
+  // One micro-batch: nothing accumulates.
+  REQUIRE(predict(make_plan({1, 2}, {{0}, {1}}, 2, 1), p, c).stages[0].accumulate_ms == 0.0);
 }
 
 TEST_CASE("a pipeline is chosen when data parallelism does not fit in memory", "[planner][memory]") {

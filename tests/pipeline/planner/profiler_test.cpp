@@ -5,6 +5,7 @@
 
 #include "distributed/pipeline/planner/profiler.h"
 #include "nn/nn.h"
+#include "optim/optim.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -38,6 +39,40 @@ TEST_CASE("profiling a Sequential measures bytes exactly and times per layer", "
     REQUIRE(t.device() == Device::cpu());
     REQUIRE_FALSE(t.grad().defined());
   }
+}
+
+TEST_CASE("the profiler times more batch sizes, the gradient accumulation and an optimizer step", "[planner][profiler]") {
+  manual_seed(4);
+  nn::Sequential model{std::make_shared<nn::Linear>(64, 64), std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(64, 4)};
+  std::vector<Tensor> before;
+  for (const Tensor& t : model.parameters()) before.push_back(t.detach().clone());
+  ProfileOptions options{.warmup = 1, .repeats = 3, .measure_saved_bytes = false, .extra_batches = {2, 24, 8, 24}};
+  int built = 0;
+  options.make_optimizer = [&](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
+    ++built;
+    return std::make_unique<optim::SGD>(std::move(params), optim::SGDOptions{.lr = 0.5, .momentum = 0.9});
+  };
+  const ModelProfile p = profile_sequential(model, randn({8, 64}), options);
+  // The profile's own batch (8) and the duplicate 24 are not repeated; the rest sorted.
+  REQUIRE(p.layers[0].timings.size() == 2);
+  REQUIRE(p.layers[0].timings[0].batch == 2);
+  REQUIRE(p.layers[0].timings[1].batch == 24);
+  for (const LayerProfile& l : p.layers)
+    for (const BatchTiming& t : l.timings) REQUIRE((t.forward_ms > 0 && t.backward_ms > 0));
+  // Layers with parameters get an optimizer step time (ReLU has none: no optimizer built for it).
+  REQUIRE(built == 2);
+  REQUIRE(p.layers[0].optimizer_ms > 0);
+  REQUIRE(p.layers[1].optimizer_ms == 0);
+  REQUIRE(p.layers[2].optimizer_ms > 0);
+  for (const LayerProfile& l : p.layers) REQUIRE(l.grad_accumulate_ms >= 0);
+  // The optimizer's steps were undone: the parameters are exactly what they were, without grads.
+  const std::vector<Tensor> after = model.parameters();
+  for (size_t i = 0; i < after.size(); ++i) {
+    REQUIRE((after[i].detach() - before[i]).abs().max().item<float>() == 0.0f);
+    REQUIRE_FALSE(after[i].grad().defined());
+  }
+  REQUIRE_THROWS_WITH(profile_sequential(model, randn({8, 64}), {.extra_batches = {0}}),
+                      Catch::Contains("extra batch size of 0, expected at least 1"));
 }
 
 TEST_CASE("the profiler refuses empty models and bad repeat counts", "[planner][profiler][errors]") {

@@ -1,0 +1,60 @@
+// Measures the links a plan's cost model needs, on the cluster itself and through the same
+// ProcessGroup the pipeline runtime uses (so the figures include what the runtime pays per message:
+// the backend's hand-off to its threads, its socket or NCCL path, the memory copies), and fits the
+// model's per-message form to them:
+//   point-to-point, one direction:   t(bytes) = latency + bytes / bandwidth
+//   ring allreduce over r ranks:      t(bytes) = 2 (r - 1) latency + 2 (r - 1) / r * bytes / bandwidth
+// (cost_model.h's [Latency model]). The `calibrate` tool runs these under chorusrun and writes the
+// cluster JSON (cluster.h) for the `plan` tool.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "distributed/process_group.h"
+
+namespace chorus::distributed::pipeline::planner {
+
+struct LinkSample {
+  int64_t bytes = 0;
+  double ms = 0;  // median over the repeats
+};
+
+struct LinkFit {
+  double latency_us = 0;
+  double bytes_per_s = 0;
+  std::vector<LinkSample> samples;
+  // Predicted ms of a message of `bytes` (point to point) under the fit.
+  double point_to_point_ms(double bytes) const { return latency_us / 1e3 + bytes / bytes_per_s * 1e3; }
+};
+
+struct CalibrationOptions {
+  std::vector<int64_t> sizes_bytes = {4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20};
+  int warmup = 3;
+  int repeats = 15;
+  // > 0: time messages as a pipeline exchanges them while it computes, not as an idle ping-pong:
+  // both ranks repeatedly compute for this long (a float32 matrix product), send to each other and
+  // receive; a message's cost is each round's time beyond the computation. Where communication does
+  // not run beside computation (a CPU machine whose cores all train), that includes waiting for a
+  // core and the transport thread's cycles taken from the computation, which an idle ping-pong
+  // hides (docs/pipeline.md, "Predictions against measurements").
+  double compute_between_ms = 0;
+};
+
+// One-direction time between global ranks a and b: a ping-pong (a sends, b returns the same bytes)
+// timed on a, halved, median of the repeats (or with compute_between_ms, see there). Every rank of `group` must call it (those other than
+// a and b only wait at the barriers). The result is meaningful on rank a (others get a's figures by
+// a broadcast, so every rank returns the same fit).
+LinkFit measure_point_to_point(ProcessGroup& group, int a, int b, const CalibrationOptions& options = {});
+
+// The allreduce of float32 tensors of each size over the whole group, median of the repeats (the
+// slowest rank's), fitted to the ring form with r = group.size() (so the fitted bandwidth is the
+// one the cost model's allreduce term expects). Every rank calls it; every rank gets the same fit.
+LinkFit measure_allreduce(ProcessGroup& group, const CalibrationOptions& options = {});
+
+// Least squares of ms = x0 + x1 * bytes over the samples, returned as (x0 ms, x1 ms per byte); a
+// negative intercept is clamped to 0 (and the slope refitted through the origin). chorus::Error for
+// fewer than two distinct sizes.
+std::pair<double, double> fit_line(const std::vector<LinkSample>& samples);
+
+}  // namespace chorus::distributed::pipeline::planner
