@@ -71,8 +71,10 @@ int main(int argc, char** argv) {
   std::string out_path;
   int threads = 0;
   std::string overlap = "auto";
-  app.add_option("--sizes", options.sizes_bytes, "message sizes in bytes (multiples of 4)")->delimiter(',');
-  app.add_option("--repeats", options.repeats, "timed runs per size (median kept)")->check(CLI::PositiveNumber);
+  app.add_option("--sizes", options.sizes_bytes, "point-to-point message sizes in bytes (multiples of 4)")->delimiter(',');
+  app.add_option("--allreduce-sizes", options.allreduce_sizes_bytes, "allreduce sizes in bytes (default: DDP's bucket sizes)")
+      ->delimiter(',');
+  app.add_option("--repeats", options.repeats, "timed runs per size")->check(CLI::PositiveNumber);
   app.add_option("--warmup", options.warmup, "untimed runs per size")->check(CLI::NonNegativeNumber);
   app.add_option("--compute-between-ms", options.compute_between_ms,
                  "time messages exchanged between computations of this length (default: 1 when communication "

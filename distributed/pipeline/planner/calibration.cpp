@@ -14,17 +14,23 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return sum / static_cast<double>(v.size());
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-void check_options(const CalibrationOptions& o) {
-  if (o.sizes_bytes.size() < 2 || o.repeats < 1 || o.warmup < 0)
+void check_options(const CalibrationOptions& o, const std::vector<int64_t>& sizes) {
+  if (sizes.size() < 2 || o.repeats < 1 || o.warmup < 0)
     fail("calibration: got {} sizes, {} repeats, {} warm-up runs; expected at least 2 sizes, 1 repeat, 0 warm-up",
-         o.sizes_bytes.size(), o.repeats, o.warmup);
-  for (int64_t s : o.sizes_bytes)
+         sizes.size(), o.repeats, o.warmup);
+  for (int64_t s : sizes)
     if (s < 4 || s % 4 != 0) fail("calibration: got a size of {} bytes, expected a positive multiple of 4", s);
 }
 
@@ -80,7 +86,7 @@ double compute_for(double ms) {
 }
 
 LinkFit measure_point_to_point(ProcessGroup& group, int a, int b, const CalibrationOptions& options) {
-  check_options(options);
+  check_options(options, options.sizes_bytes);
   if (a == b || a < 0 || b < 0 || a >= group.size() || b >= group.size())
     fail("calibration: got ranks {} and {} of a group of {}, expected two different ranks of it", a, b, group.size());
   std::vector<double> medians;
@@ -112,7 +118,9 @@ LinkFit measure_point_to_point(ProcessGroup& group, int a, int b, const Calibrat
       }
     }
     group.barrier()->wait();
-    medians.push_back(group.rank() == a ? median(times) : 0.0);
+    // Streaming: the mean, because a pipeline pays every message and these costs are bimodal on a
+    // busy machine (a core free at once, or after another thread's time slice). Idle: the median.
+    medians.push_back(group.rank() == a ? (streaming ? mean(times) : median(times)) : 0.0);
   }
   medians = share(group, medians, a);
   std::vector<LinkSample> samples;
@@ -122,11 +130,11 @@ LinkFit measure_point_to_point(ProcessGroup& group, int a, int b, const Calibrat
 }
 
 LinkFit measure_allreduce(ProcessGroup& group, const CalibrationOptions& options) {
-  check_options(options);
+  check_options(options, options.allreduce_sizes_bytes);
   const int r = group.size();
   if (r < 2) fail("calibration: an allreduce needs at least 2 ranks, got a group of {}", r);
   std::vector<LinkSample> samples;
-  for (int64_t bytes : options.sizes_bytes) {
+  for (int64_t bytes : options.allreduce_sizes_bytes) {
     Tensor buffer = randn({bytes / 4});
     std::vector<double> times;
     for (int run = 0; run < options.warmup + options.repeats; ++run) {
@@ -135,8 +143,8 @@ LinkFit measure_allreduce(ProcessGroup& group, const CalibrationOptions& options
       group.allreduce({buffer})->wait();
       if (run >= options.warmup) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     }
-    // The slowest rank's median.
-    Tensor mine = full({1}, median(times), {.dtype = kFloat64});
+    // The slowest rank's mean (a training step pays each bucket's allreduce; see the streaming case).
+    Tensor mine = full({1}, mean(times), {.dtype = kFloat64});
     group.allreduce({mine}, ReduceOp::Max)->wait();
     samples.push_back({bytes, mine.item<double>()});
   }

@@ -17,7 +17,7 @@ namespace chorus::distributed::pipeline::planner {
 
 struct LinkSample {
   int64_t bytes = 0;
-  double ms = 0;  // median over the repeats
+  double ms = 0;  // over the repeats: the median of an idle ping-pong, else the mean (calibration.cpp)
 };
 
 struct LinkFit {
@@ -29,9 +29,14 @@ struct LinkFit {
 };
 
 struct CalibrationOptions {
-  std::vector<int64_t> sizes_bytes = {4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20};
+  std::vector<int64_t> sizes_bytes = {4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20};  // point to point
+  // The allreduce at the sizes DDP's buckets have (its first bucket is 1 MiB, the others up to
+  // 25 MiB): the cost model charges the fitted latency once per bucket (cost_model.h), and a
+  // backend's allreduce can change algorithm with the size (Gloo's below ~64 KiB is much quicker
+  // per message than above), so the fit is made where the buckets are.
+  std::vector<int64_t> allreduce_sizes_bytes = {1 << 20, 4 << 20, 16 << 20, 25 << 20};
   int warmup = 3;
-  int repeats = 15;
+  int repeats = 30;
   // > 0: time messages as a pipeline exchanges them while it computes, not as an idle ping-pong:
   // both ranks repeatedly compute for this long (a float32 matrix product), send to each other and
   // receive; a message's cost is each round's time beyond the computation. Where communication does
@@ -42,12 +47,13 @@ struct CalibrationOptions {
 };
 
 // One-direction time between global ranks a and b: a ping-pong (a sends, b returns the same bytes)
-// timed on a, halved, median of the repeats (or with compute_between_ms, see there). Every rank of `group` must call it (those other than
+// timed on a, halved, median of the repeats (or with compute_between_ms, see there: the mean).
+// Every rank of `group` must call it (those other than
 // a and b only wait at the barriers). The result is meaningful on rank a (others get a's figures by
 // a broadcast, so every rank returns the same fit).
 LinkFit measure_point_to_point(ProcessGroup& group, int a, int b, const CalibrationOptions& options = {});
 
-// The allreduce of float32 tensors of each size over the whole group, median of the repeats (the
+// The allreduce of float32 tensors of each size over the whole group, mean of the repeats (the
 // slowest rank's), fitted to the ring form with r = group.size() (so the fitted bandwidth is the
 // one the cost model's allreduce term expects). Every rank calls it; every rank gets the same fit.
 LinkFit measure_allreduce(ProcessGroup& group, const CalibrationOptions& options = {});

@@ -32,6 +32,9 @@ CostModel::CostModel(ModelProfile profile, Cluster cluster, int64_t global_batch
   if (global_batch_ < 1 || global_batch_ % micro_batches_ != 0)
     fail("cost model: global batch {} is not divisible by micro_batches {} (expected a positive multiple of it)",
          global_batch_, micro_batches_);
+  if (options_.first_bucket_bytes < 1 || options_.bucket_cap_bytes < 1)
+    fail("cost model: got bucket sizes {} / {} bytes (first / cap), expected both >= 1", options_.first_bucket_bytes,
+         options_.bucket_cap_bytes);
   if (options_.optimizer_state_copies < 0)
     fail("cost model: got optimizer_state_copies = {}, expected >= 0", options_.optimizer_state_copies);
   accumulate_prefix_ = optimizer_prefix_ = min_forward_rate_prefix_ = min_compute_rate_prefix_ = {0.0};
@@ -110,7 +113,9 @@ double CostModel::allreduce_ms(int first, int end, int replicas, bool inter_node
   const double bandwidth = cluster_.allreduce_bytes_per_s(inter_node);
   const double latency_ms = cluster_.allreduce_latency_us(inter_node) / 1e3;
   const double steps = 2.0 * (replicas - 1);
-  return steps / replicas * bytes / bandwidth * 1e3 + steps * latency_ms;
+  const int64_t rest = std::max<int64_t>(0, param_bytes(first, end) - options_.first_bucket_bytes);
+  const double buckets = 1.0 + static_cast<double>((rest + options_.bucket_cap_bytes - 1) / options_.bucket_cap_bytes);
+  return steps / replicas * bytes / bandwidth * 1e3 + buckets * steps * latency_ms;
 }
 
 double CostModel::exposed_allreduce_ms(int first, int end, int replicas, bool inter_node) const {

@@ -32,9 +32,10 @@
 // [Allreduce overlap] A stage's gradients are final after its last backward, which ends
 //   E_s = pipeline - sum_{units u before stage s} b_u
 // (the last micro-batch's backward still has to pass the earlier units). The stage's replicas then
-// allreduce its gradients (ring: AR_s = 2 (r-1)/r * param_bytes / bandwidth + 2 (r-1) * latency,
-// with the cluster's allreduce figures, inter-node when the replicas span nodes) and step its
-// optimizer (o_s). Two kinds of overlap:
+// allreduce its gradients in DDP's buckets (ring: AR_s = 2 (r-1)/r * param_bytes / bandwidth +
+// buckets * 2 (r-1) * latency, with the cluster's allreduce figures, inter-node when the replicas
+// span nodes; buckets = 1 for the first bucket's bytes + one per bucket_cap_bytes of the rest) and
+// step its optimizer (o_s). Two kinds of overlap:
 // - with the stage's own last backward (CostOptions::allreduce_overlaps_last_backward, on by
 //   default: the runtime reduces through DDP's Reducer during the last micro-batch's backward,
 //   bucket by bucket): gradients are taken to become ready evenly over that backward b_s, so at
@@ -67,6 +68,10 @@ namespace chorus::distributed::pipeline::planner {
 struct CostOptions {
   int optimizer_state_copies = 2;  // per parameter, beside the parameter and its gradient (Adam: 2)
   bool allreduce_overlaps_last_backward = true;  // see [Allreduce overlap]
+  // DDP's buckets (DDPOptions' defaults): a stage's gradients are allreduced in a first bucket of
+  // first_bucket_bytes and then buckets of up to bucket_cap_bytes, each paying the latency term.
+  int64_t first_bucket_bytes = int64_t{1} << 20;
+  int64_t bucket_cap_bytes = int64_t{25} << 20;
 };
 
 struct StagePrediction {

@@ -304,6 +304,15 @@ TEST_CASE("the cost model's micro-batch terms and transfers without overlap, by 
   REQUIRE(pr.bottleneck_ms == Approx(11.5));
   REQUIRE(pr.pipeline_ms == Approx(13.0 + 3 * 11.5));
   REQUIRE(pr.iteration_ms == Approx(13.0 + 3 * 11.5 + 2.0));
+  // DDP's buckets: 1 MiB first, then up to 25 MiB: 30 MiB of gradients are 3 buckets, each paying
+  // the latency (2 replicas: 2 ring steps of 1 ms) beside 30 MiB / 1e6 B/s.
+  ModelProfile big;
+  big.batch = 2;
+  big.layers = {{"w", 1.0, 1.0, 8, 30 << 20, -1}};
+  const CostModel dp(big, c, 2, 1);
+  REQUIRE(dp.allreduce_ms(0, 1, 2, false) == Approx(3 * 2 * 1.0 + (30 << 20) / 1e6 * 1e3));
+  const CostModel one_bucket(big, c, 2, 1, {.first_bucket_bytes = 64 << 20});
+  REQUIRE(one_bucket.allreduce_ms(0, 1, 2, false) == Approx(1 * 2 * 1.0 + (30 << 20) / 1e6 * 1e3));
   // One micro-batch: nothing accumulates.
   REQUIRE(predict(make_plan({1, 2}, {{0}, {1}}, 2, 1), p, c).stages[0].accumulate_ms == 0.0);
 }
