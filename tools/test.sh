@@ -97,15 +97,19 @@ count_run "$output"
 bazel test //... -c opt --keep_going "$data_env" "${filters[@]}" "$@" 2>&1 | tee "$output"
 bazel_rc=${PIPESTATUS[0]}
 count_run "$output"
-# 3. The GEMM and convolution tests again with oneDNN capped at each instruction set this CPU has
-#    (CHORUS_CPU_CAPABILITY), so the kernels its run-time dispatch would pick on other machines run
-#    here too.
+# 3. The kernel tests again under each instruction set this CPU has (CHORUS_CPU_CAPABILITY: oneDNN's
+#    cap, and the variant of chorus's own vector loops, kernels/cpu/capability.h), so the kernels the
+#    run-time dispatch would pick on other machines run here too.
 caps=(avx2 default)
-grep -qw avx512f /proc/cpuinfo && caps=(avx512 "${caps[@]}")
+grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo &&
+  grep -qw avx512dq /proc/cpuinfo && caps=(avx512 "${caps[@]}")
 cap_rc=0
 for cap in "${caps[@]}"; do
   bazel test -c opt --keep_going "$data_env" --test_env=CHORUS_CPU_CAPABILITY="$cap" //tests/nn:conv_test \
-    //tests/tensor:reduce_linalg_index_test 2>&1 | tee "$output"
+    //tests/nn:loss_test //tests/tensor:reduce_linalg_index_test //tests/tensor:elementwise_test \
+    //tests/tensor:unary_test //tests/optim:optim_test //tests/kernels/cpu:capability_test \
+    //tests/kernels/shared:pointwise_math_test //tests/kernels/shared:optim_math_test \
+    //tests/kernels/shared:philox_test 2>&1 | tee "$output"
   rc=${PIPESTATUS[0]}
   ((rc == 0)) || cap_rc=$rc
   count_run "$output"

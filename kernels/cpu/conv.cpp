@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
 
 namespace chorus::kernels::cpu {
@@ -424,18 +425,16 @@ void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_r
           double sum = 0;
           for (int64_t i = 0; i < n; ++i) {
             const T* row = px + (i * c + ch) * s;
-            _Pragma("omp simd reduction(+ : sum)")
-            for (int64_t j = 0; j < s; ++j) sum += row[j];
+            sum += simd_sum<double>(0, s, [&](int64_t j) CHORUS_ELEMENT { return row[j]; });
           }
           mean = sum / static_cast<double>(count);
           double sq = 0;
           for (int64_t i = 0; i < n; ++i) {
             const T* row = px + (i * c + ch) * s;
-            _Pragma("omp simd reduction(+ : sq)")
-            for (int64_t j = 0; j < s; ++j) {
+            sq += simd_sum<double>(0, s, [&](int64_t j) CHORUS_ELEMENT {
               const double d = row[j] - mean;
-              sq += d * d;
-            }
+              return d * d;
+            });
           }
           var = sq / static_cast<double>(count);
           if (update) {

@@ -75,13 +75,12 @@ void philox_fill(const Tensor& out, Generator& gen, const Draw& draw) {
     const uint64_t key = seed, base = first;
     const Draw d = draw;
     T* __restrict dst = o;
-#pragma omp simd
-    for (int64_t b = lo; b < end; ++b) {
+    simd_for(lo, end, [&](int64_t b) CHORUS_ELEMENT {
       sm::PhiloxBlock words;
       sm::philox4x32_10_into(key, base + static_cast<uint64_t>(b), words.w[0], words.w[1], words.w[2], words.w[3]);
 #pragma GCC unroll 4
       for (int j = 0; j < per_block; ++j) dst[b * per_block + j] = convert<T>(d(words, j));
-    }
+    });
     for (int64_t b = std::max(lo, full); b < hi; ++b) {  // the last, partial block
       const sm::PhiloxBlock words = sm::philox4x32_10(seed, first + static_cast<uint64_t>(b));
       for (int j = 0; j < per_block; ++j) {

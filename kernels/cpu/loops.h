@@ -8,11 +8,102 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/capability.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vector_math.h"
 #include "tensor/tensor.h"
 
+// Marks the per-element lambdas given to simd_for: they must be inlined into its vector loop (a
+// call per element would not vectorize), including into the AVX-512 variant.
+#define CHORUS_ELEMENT __attribute__((always_inline))
+
 namespace chorus::kernels::cpu {
+
+// [ISA variants] (capability.h): the one vector loop every contiguous run goes through, defined
+// once for the build's floor (AVX2 + FMA) and once inside an AVX-512 region. `body(i)` is inlined
+// into whichever runs; it must have no dependence between iterations (as `#pragma omp simd` says).
+namespace isa_avx2 {
+template <typename Body>
+void simd_for(int64_t begin, int64_t end, const Body& body) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) body(i);
+}
+}  // namespace isa_avx2
+
+CHORUS_AVX512_BEGIN
+namespace isa_avx512 {
+template <typename Body>
+void simd_for(int64_t begin, int64_t end, const Body& body) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) body(i);
+}
+}  // namespace isa_avx512
+CHORUS_AVX512_END
+
+template <typename Body>
+void simd_for(int64_t begin, int64_t end, const Body& body) {
+  if (cpu_capability_fast() == CpuCapability::kAvx512) isa_avx512::simd_for(begin, end, body);
+  else isa_avx2::simd_for(begin, end, body);
+}
+
+// Sum of body(i) over [begin, end) in `Acc`, vectorized with one partial sum per lane (so the order
+// of additions, and the last bits of the result, depend on the variant's vector width).
+namespace isa_avx2 {
+template <typename Acc, typename Body>
+Acc simd_sum(int64_t begin, int64_t end, const Body& body) {
+  Acc acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = begin; i < end; ++i) acc += body(i);
+  return acc;
+}
+}  // namespace isa_avx2
+CHORUS_AVX512_BEGIN
+namespace isa_avx512 {
+template <typename Acc, typename Body>
+Acc simd_sum(int64_t begin, int64_t end, const Body& body) {
+  Acc acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = begin; i < end; ++i) acc += body(i);
+  return acc;
+}
+}  // namespace isa_avx512
+CHORUS_AVX512_END
+
+template <typename Acc, typename Body>
+Acc simd_sum(int64_t begin, int64_t end, const Body& body) {
+  if (cpu_capability_fast() == CpuCapability::kAvx512) return isa_avx512::simd_sum<Acc>(begin, end, body);
+  return isa_avx2::simd_sum<Acc>(begin, end, body);
+}
+
+// The same loop with floating-point contraction off (no a * b + c fused into one multiply-add), for
+// updates that must equal their written arithmetic in every variant: the optimizer steps
+// (kernels/cpu/optim.cpp; optim_math_test pins them), whose bodies are compiled without contraction
+// too.
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+namespace isa_avx2 {
+template <typename Body>
+void simd_for_uncontracted(int64_t begin, int64_t end, const Body& body) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) body(i);
+}
+}  // namespace isa_avx2
+CHORUS_AVX512_BEGIN
+namespace isa_avx512 {
+template <typename Body>
+void simd_for_uncontracted(int64_t begin, int64_t end, const Body& body) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) body(i);
+}
+}  // namespace isa_avx512
+CHORUS_AVX512_END
+#pragma GCC pop_options
+
+template <typename Body>
+void simd_for_uncontracted(int64_t begin, int64_t end, const Body& body) {
+  if (cpu_capability_fast() == CpuCapability::kAvx512) isa_avx512::simd_for_uncontracted(begin, end, body);
+  else isa_avx2::simd_for_uncontracted(begin, end, body);
+}
 
 template <int N>
 struct StridedIter {
@@ -116,10 +207,9 @@ template <typename Out, typename A, typename F>
 void unary_loop(const StridedIter<2>& it, const F& f) {
   run_parallel<2>(it, [&](char** p, const int64_t* s, int64_t n) {
     if (s[0] == sizeof(Out) && s[1] == sizeof(A)) {
-      Out* __restrict o = reinterpret_cast<Out*>(p[0]);
-      const A* __restrict a = reinterpret_cast<const A*>(p[1]);
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) o[i] = f(a[i]);
+      Out* o = reinterpret_cast<Out*>(p[0]);
+      const A* a = reinterpret_cast<const A*>(p[1]);
+      simd_for(0, n, [&](int64_t i) CHORUS_ELEMENT { o[i] = f(a[i]); });
     } else {
       for (int64_t i = 0; i < n; ++i) {
         *reinterpret_cast<Out*>(p[0] + i * s[0]) = f(*reinterpret_cast<const A*>(p[1] + i * s[1]));
@@ -138,16 +228,13 @@ void binary_loop(const StridedIter<3>& it, const F& f) {
     // Each element is read before its own output is written and no other (in place: o == a or
     // o == b exactly), so the contiguous runs can be vector loops.
     if (s[0] == sizeof(Out) && s[1] == sizeof(A) && s[2] == sizeof(B)) {
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
+      simd_for(0, n, [&](int64_t i) CHORUS_ELEMENT { o[i] = f(a[i], b[i]); });
     } else if (s[0] == sizeof(Out) && s[1] == sizeof(A) && s[2] == 0) {
       const B bv = *b;
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], bv);
+      simd_for(0, n, [&](int64_t i) CHORUS_ELEMENT { o[i] = f(a[i], bv); });
     } else if (s[0] == sizeof(Out) && s[1] == 0 && s[2] == sizeof(B)) {
       const A av = *a;
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) o[i] = f(av, b[i]);
+      simd_for(0, n, [&](int64_t i) CHORUS_ELEMENT { o[i] = f(av, b[i]); });
     } else {
       for (int64_t i = 0; i < n; ++i) {
         *reinterpret_cast<Out*>(p[0] + i * s[0]) = f(*reinterpret_cast<const A*>(p[1] + i * s[1]),
@@ -161,6 +248,14 @@ void binary_loop(const StridedIter<3>& it, const F& f) {
 template <typename Out, typename A, typename B, typename C, typename F>
 void ternary_loop(const StridedIter<4>& it, const F& f) {
   run_parallel<4>(it, [&](char** p, const int64_t* s, int64_t n) {
+    if (s[0] == sizeof(Out) && s[1] == sizeof(A) && s[2] == sizeof(B) && s[3] == sizeof(C)) {
+      Out* o = reinterpret_cast<Out*>(p[0]);
+      const A* a = reinterpret_cast<const A*>(p[1]);
+      const B* b = reinterpret_cast<const B*>(p[2]);
+      const C* c = reinterpret_cast<const C*>(p[3]);
+      simd_for(0, n, [&](int64_t i) CHORUS_ELEMENT { o[i] = f(a[i], b[i], c[i]); });
+      return;
+    }
     for (int64_t i = 0; i < n; ++i) {
       *reinterpret_cast<Out*>(p[0] + i * s[0]) = f(*reinterpret_cast<const A*>(p[1] + i * s[1]),
                                                    *reinterpret_cast<const B*>(p[2] + i * s[2]),

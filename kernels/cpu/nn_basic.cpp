@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vector_math.h"
 
@@ -141,14 +142,11 @@ void cross_entropy(const Tensor& losses, const Tensor& row_weight, const Tensor&
         for (int64_t c = 1; c < C; ++c) mx = x[c] > mx ? x[c] : mx;
         double s = 0;
         // Vector loops (libmvec's exp, vector_math.h); the sum in double, in lanes.
-        _Pragma("omp simd")
-        for (int64_t c = 0; c < C; ++c) p[c] = std::exp(x[c] - mx);
-        _Pragma("omp simd reduction(+ : s)")
-        for (int64_t c = 0; c < C; ++c) s += p[c];
+        simd_for(0, C, [&](int64_t c) CHORUS_ELEMENT { p[c] = std::exp(x[c] - mx); });
+        s = simd_sum<double>(0, C, [&](int64_t c) CHORUS_ELEMENT { return p[c]; });
         const double lse = static_cast<double>(mx) + std::log(s);
         const T inv = static_cast<T>(1.0 / s);
-        _Pragma("omp simd")
-        for (int64_t c = 0; c < C; ++c) p[c] *= inv;
+        simd_for(0, C, [&](int64_t c) CHORUS_ELEMENT { p[c] *= inv; });
         const double wy = pcw ? static_cast<double>(pcw[y]) : 1.0;
         double loss = (1.0 - label_smoothing) * wy * (lse - x[y]);
         if (label_smoothing > 0) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <tuple>
 
+#include "kernels/cpu/capability.h"
 #include "tensor/error.h"
 #include "tensor/storage.h"
 
@@ -21,14 +22,12 @@ namespace chorus::kernels::cpu::onednn {
 // CHORUS_CPU_CAPABILITY caps the instruction set oneDNN may use (before its first call).
 void configure() {
   static const bool done = [] {
-    const char* v = std::getenv("CHORUS_CPU_CAPABILITY");
-    if (v == nullptr || *v == '\0') return true;
-    const std::string want = v;
+    const std::string want = requested_capability();  // validated there
+    if (want.empty()) return true;
     dnnl_cpu_isa_t isa;
     if (want == "avx512") isa = dnnl_cpu_isa_avx512_core_amx;  // every AVX-512 kernel (incl. bf16, VNNI)
     else if (want == "avx2") isa = dnnl_cpu_isa_avx2;
-    else if (want == "default") isa = dnnl_cpu_isa_sse41;
-    else fail("CHORUS_CPU_CAPABILITY='{}': expected avx512, avx2 or default", want);
+    else isa = dnnl_cpu_isa_sse41;  // "default"
     if (dnnl_set_max_cpu_isa(isa) != dnnl_success) {
       fail("CHORUS_CPU_CAPABILITY='{}': oneDNN was already in use; set it before the program starts", want);
     }

@@ -7,8 +7,8 @@
 //
 // CHORUS_CPU_CAPABILITY=avx512|avx2|default caps the instruction set oneDNN's kernels may use (its
 // run-time dispatch picks the best the CPU has otherwise); the test suite runs the GEMM and
-// convolution tests under each capability the machine has (tools/test.sh). chorus's own
-// elementwise kernels are built for AVX2+FMA whatever the setting.
+// convolution tests under each capability the machine has (tools/test.sh). chorus's own loops pick
+// their variant from the same setting (capability.h).
 // CHORUS_ONEDNN=0 turns both off (im2col + Eigen GEMM for every dtype), for A/B measurements.
 #pragma once
 

@@ -2,6 +2,7 @@
 // parameter, gradient and state buffers, so an optimizer step runs on the parameters' device. The
 // per-element update is kernels/shared/optim_math.h's, which the CUDA kernels instantiate too.
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/shared/optim_math.h"
 
@@ -25,13 +26,11 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
     if (momentum_buffer.defined()) {
       T* v = momentum_buffer.data_ptr<T>();
       parallel_for(0, n, kGrainSize, [&](int64_t lo, int64_t hi) {
-#pragma omp simd
-        for (int64_t i = lo; i < hi; ++i) update(w[i], g[i], v[i]);
+        simd_for_uncontracted(lo, hi, [&](int64_t i) CHORUS_ELEMENT { update(w[i], g[i], v[i]); });
       });
     } else {
       parallel_for(0, n, kGrainSize, [&](int64_t lo, int64_t hi) {
-#pragma omp simd
-        for (int64_t i = lo; i < hi; ++i) update(w[i], g[i]);
+        simd_for_uncontracted(lo, hi, [&](int64_t i) CHORUS_ELEMENT { update(w[i], g[i]); });
       });
     }
   };
@@ -55,13 +54,11 @@ void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, c
     if (max_exp_avg_sq.defined()) {
       T* vmax = max_exp_avg_sq.data_ptr<T>();
       parallel_for(0, n, kGrainSize, [&](int64_t lo, int64_t hi) {
-#pragma omp simd
-        for (int64_t i = lo; i < hi; ++i) update(w[i], g[i], m[i], v[i], vmax[i]);
+        simd_for_uncontracted(lo, hi, [&](int64_t i) CHORUS_ELEMENT { update(w[i], g[i], m[i], v[i], vmax[i]); });
       });
     } else {
       parallel_for(0, n, kGrainSize, [&](int64_t lo, int64_t hi) {
-#pragma omp simd
-        for (int64_t i = lo; i < hi; ++i) update(w[i], g[i], m[i], v[i]);
+        simd_for_uncontracted(lo, hi, [&](int64_t i) CHORUS_ELEMENT { update(w[i], g[i], m[i], v[i]); });
       });
     }
   };

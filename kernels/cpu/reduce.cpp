@@ -208,20 +208,16 @@ void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) {
         double sum = 0;
         // The exp loops are vector loops (libmvec, vector_math.h); the sums in double, in lanes.
         if (log) {
-          _Pragma("omp simd reduction(+ : sum)")
-          for (int64_t r = 0; r < R; ++r) sum += std::exp(row[r] - mx);
+          sum = simd_sum<double>(0, R, [&](int64_t r) CHORUS_ELEMENT { return std::exp(row[r] - mx); });
           // (x - max) - log(sum), in this order, as PyTorch: folding max + log(sum) first rounds to
           // the spacing of max (about 1e-3 at 1e4 in float32) and loses every digit below it.
           const T log_sum = static_cast<T>(std::log(sum));
           for (int64_t r = 0; r < R; ++r) orow[r] = (row[r] - mx) - log_sum;
         } else {
-          _Pragma("omp simd")
-          for (int64_t r = 0; r < R; ++r) orow[r] = std::exp(row[r] - mx);
-          _Pragma("omp simd reduction(+ : sum)")
-          for (int64_t r = 0; r < R; ++r) sum += orow[r];
+          simd_for(0, R, [&](int64_t r) CHORUS_ELEMENT { orow[r] = std::exp(row[r] - mx); });
+          sum = simd_sum<double>(0, R, [&](int64_t r) CHORUS_ELEMENT { return orow[r]; });
           T inv = static_cast<T>(1.0 / sum);
-          _Pragma("omp simd")
-          for (int64_t r = 0; r < R; ++r) orow[r] *= inv;
+          simd_for(0, R, [&](int64_t r) CHORUS_ELEMENT { orow[r] *= inv; });
         }
       }
     });
@@ -253,8 +249,8 @@ void softmax_backward(const Tensor& grad_in, const Tensor& grad_out, const Tenso
         double acc = 0;
         if (log) {
           for (int64_t r = 0; r < R; ++r) acc += gr[r];
-          _Pragma("omp simd")
-          for (int64_t r = 0; r < R; ++r) ir[r] = gr[r] - std::exp(yr[r]) * static_cast<T>(acc);
+          const T total = static_cast<T>(acc);
+          simd_for(0, R, [&](int64_t r) CHORUS_ELEMENT { ir[r] = gr[r] - std::exp(yr[r]) * total; });
         } else {
           for (int64_t r = 0; r < R; ++r) acc += static_cast<double>(gr[r]) * yr[r];
           for (int64_t r = 0; r < R; ++r) ir[r] = yr[r] * (gr[r] - static_cast<T>(acc));

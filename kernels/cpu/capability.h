@@ -1,0 +1,51 @@
+// Which instruction-set variant of chorus's own CPU loops runs, chosen once at start-up from the CPU
+// (cpuid) and CHORUS_CPU_CAPABILITY, as PyTorch and oneDNN do. [ISA variants]: the library is built
+// for AVX2 + FMA (its floor: every x86-64 server CPU of the last decade); the vector loops of the
+// elementwise, optimizer and normalization kernels are compiled a second time for AVX-512 (a
+// `#pragma GCC target` region around a template: simd_for in loops.h), and each loop picks its
+// variant at run time. Only templates defined inside the region get AVX-512 code; everything they
+// call that is defined outside (the shared per-element functors, std::) keeps the floor's code and is
+// inlined into them, so no AVX-512 instruction can reach a machine without it through a shared
+// out-of-line function (the one-definition-rule hazard of compiling whole files per ISA).
+//
+// CHORUS_CPU_CAPABILITY=avx512|avx2|default caps it (default: the floor, AVX2, for these loops; oneDNN
+// is capped at SSE4.1 then, onednn_conv.h). Asking for AVX-512 on a CPU without it is a chorus::Error.
+#pragma once
+
+#include <atomic>
+
+namespace chorus::kernels::cpu {
+
+enum class CpuCapability : int { kAvx2 = 0, kAvx512 = 1 };
+
+// AVX-512 as the loops use it: F, BW, VL and DQ.
+bool cpu_has_avx512();
+// The variant the loops run now (after the first call: one relaxed atomic load).
+CpuCapability cpu_capability();
+// Switches the variant at run time (tests and benchmarks compare them in one process); chorus::Error
+// when the CPU lacks it.
+void set_cpu_capability(CpuCapability capability);
+const char* capability_name(CpuCapability capability);
+// CHORUS_CPU_CAPABILITY as given ("avx512", "avx2", "default"), or "" when unset; any other value is
+// a chorus::Error naming it.
+const char* requested_capability();
+
+namespace detail {
+extern std::atomic<int> current_capability;  // -1 until resolved
+int resolve_capability();
+}  // namespace detail
+
+inline CpuCapability cpu_capability_fast() {
+  int c = detail::current_capability.load(std::memory_order_relaxed);
+  if (c < 0) c = detail::resolve_capability();
+  return static_cast<CpuCapability>(c);
+}
+
+}  // namespace chorus::kernels::cpu
+
+// The region whose functions get AVX-512 code ([ISA variants]). prefer-vector-width=512: GCC
+// otherwise keeps 256-bit vectors even where AVX-512 is enabled.
+#define CHORUS_AVX512_BEGIN                \
+  _Pragma("GCC push_options")              \
+  _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512\")")
+#define CHORUS_AVX512_END _Pragma("GCC pop_options")

@@ -1,0 +1,128 @@
+// [ISA variants] (kernels/cpu/capability.h): the AVX-512 and AVX2 variants of the CPU loops compute
+// the same results (bit for bit where the per-element arithmetic is the same: the functors and the
+// optimizer updates; within a few units in the last place where the vector math library has its own
+// AVX-512 versions), the variant in use follows CHORUS_CPU_CAPABILITY, and asking for a variant the
+// CPU lacks is an error. tools/test.sh also runs this under each capability the machine has.
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/capability.h"
+#include "optim/optim.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+
+using namespace chorus;
+namespace kc = chorus::kernels::cpu;
+
+namespace {
+
+std::vector<kc::CpuCapability> available() {
+  std::vector<kc::CpuCapability> caps = {kc::CpuCapability::kAvx2};
+  if (kc::cpu_has_avx512()) caps.push_back(kc::CpuCapability::kAvx512);
+  return caps;
+}
+
+// Restores the capability in use when the test started.
+struct CapabilityGuard {
+  kc::CpuCapability saved = kc::cpu_capability();
+  ~CapabilityGuard() { kc::set_cpu_capability(saved); }
+};
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.sizes() == b.sizes() &&
+         std::memcmp(a.contiguous().raw_data_ptr(), b.contiguous().raw_data_ptr(), a.nbytes()) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("the loops run the variant CHORUS_CPU_CAPABILITY asks for, or the best the CPU has", "[kernels][isa]") {
+  const char* env = std::getenv("CHORUS_CPU_CAPABILITY");
+  const std::string want = env ? env : "";
+  INFO("CHORUS_CPU_CAPABILITY=" << want << ", AVX-512: " << kc::cpu_has_avx512());
+  REQUIRE(std::string(kc::requested_capability()) == want);
+  if (want == "avx512" || (want.empty() && kc::cpu_has_avx512())) {
+    REQUIRE(kc::cpu_capability() == kc::CpuCapability::kAvx512);
+  } else {
+    REQUIRE(kc::cpu_capability() == kc::CpuCapability::kAvx2);
+  }
+  if (!kc::cpu_has_avx512()) {
+    CapabilityGuard guard;
+    REQUIRE_THROWS_WITH(kc::set_cpu_capability(kc::CpuCapability::kAvx512), Catch::Contains("this CPU has no AVX-512"));
+  }
+}
+
+TEST_CASE("the AVX-512 and AVX2 loops give the same elementwise results", "[kernels][isa]") {
+  CapabilityGuard guard;
+  manual_seed(11);
+  // Lengths around the vector widths (16, 8 floats) and remainders, a large one split over threads.
+  for (int64_t n : {1, 7, 8, 15, 16, 17, 33, 1000, 70001}) {
+    const Tensor a = randn({n}), b = randn({n}), c = rand({n}).gt(0.5);
+    const Tensor ad = a.to(kFloat64), bd = b.to(kFloat64);
+    // Pure arithmetic and comparisons (the same functor, the same FMA contraction): exact.
+    const std::vector<std::pair<std::string, std::function<Tensor()>>> exact = {
+        {"add alpha", [&] { return add(a, b, 2.5); }},
+        {"mul", [&] { return mul(a, b); }},
+        {"div", [&] { return div(a, b); }},
+        {"maximum", [&] { return maximum(a, b); }},
+        {"where", [&] { return where(c, a, b); }},
+        {"relu", [&] { return a.relu(); }},
+        {"float64 add", [&] { return add(ad, bd, -0.5); }},
+        {"cast to float16", [&] { return a.to(kFloat16).to(kFloat32); }},
+        {"cast to bfloat16", [&] { return a.to(kBFloat16).to(kFloat32); }},
+        {"broadcast scalar", [&] { return add(a, 3.25); }},
+    };
+    // The vector math library (libmvec) has separate AVX2 and AVX-512 versions of these.
+    const std::vector<std::pair<std::string, std::function<Tensor()>>> close = {
+        {"exp", [&] { return exp(a); }},
+        {"tanh", [&] { return tanh(a); }},
+        {"sigmoid", [&] { return sigmoid(a); }},
+        {"gelu", [&] { return gelu(a); }},
+    };
+    for (const auto& [name, op] : exact) {
+      INFO(name << ", n = " << n);
+      kc::set_cpu_capability(kc::CpuCapability::kAvx2);
+      const Tensor reference = op();
+      for (kc::CpuCapability cap : available()) {
+        kc::set_cpu_capability(cap);
+        REQUIRE(bitwise_equal(op(), reference));
+      }
+    }
+    for (const auto& [name, op] : close) {
+      INFO(name << ", n = " << n);
+      kc::set_cpu_capability(kc::CpuCapability::kAvx2);
+      const Tensor reference = op();
+      for (kc::CpuCapability cap : available()) {
+        kc::set_cpu_capability(cap);
+        const Tensor got = op();
+        REQUIRE((got - reference).abs().max().item<float>() <= 4e-7f * (1 + reference.abs().max().item<float>()));
+      }
+    }
+  }
+}
+
+TEST_CASE("the AVX-512 and AVX2 optimizer updates are bit-identical", "[kernels][isa][optim]") {
+  CapabilityGuard guard;
+  for (const bool adam : {false, true}) {
+    std::vector<Tensor> results;
+    for (kc::CpuCapability cap : available()) {
+      kc::set_cpu_capability(cap);
+      manual_seed(5);
+      Tensor w = randn({40001}).requires_grad_(true);
+      std::unique_ptr<optim::Optimizer> opt;
+      if (adam) opt = std::make_unique<optim::AdamW>(std::vector<Tensor>{w}, optim::AdamOptions{.lr = 1e-2, .weight_decay = 0.1});
+      else opt = std::make_unique<optim::SGD>(std::vector<Tensor>{w}, optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .nesterov = true});
+      for (int step = 0; step < 3; ++step) {
+        opt->zero_grad();
+        (w * w * w).sum().backward();
+        opt->step();
+      }
+      results.push_back(w.detach().clone());
+    }
+    INFO((adam ? "AdamW" : "SGD nesterov"));
+    for (const Tensor& r : results) REQUIRE(bitwise_equal(r, results[0]));
+  }
+}
