@@ -17,6 +17,7 @@
 
 #include "examples/models/bert.h"
 #include "examples/models/resnet.h"
+#include "kernels/cpu/capability.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
@@ -366,6 +367,19 @@ int main(int argc, char** argv) {
   int threads = 1;
   for (int i = 1; i + 1 < argc; ++i)
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
+  // --cpu-loops avx2|avx512: the variant of chorus's own vector loops only (kernels/cpu/capability.h),
+  // leaving oneDNN uncapped. (CHORUS_CPU_CAPABILITY caps oneDNN too, and libtorch here loads the same
+  // libdnnl, so it would cap libtorch's convolutions as well.)
+  for (int i = 1; i + 1 < argc; ++i)
+    if (!std::strcmp(argv[i], "--cpu-loops")) {
+      const std::string v = argv[i + 1];
+      if (v != "avx2" && v != "avx512") {
+        std::fprintf(stderr, "train_step_bench --cpu-loops: expected avx2 or avx512, got '%s'\n", v.c_str());
+        return 2;
+      }
+      chorus::kernels::cpu::set_cpu_capability(v == "avx512" ? chorus::kernels::cpu::CpuCapability::kAvx512
+                                                             : chorus::kernels::cpu::CpuCapability::kAvx2);
+    }
   for (int i = 1; i + 1 < argc; ++i)
     if (!std::strcmp(argv[i], "--profile")) return profile(argv[i + 1], steps, threads);
   const Case cases[] = {{"MLP 784-512-256-10, batch 128", false, 128}, {"small ResNet, batch 32 x 3x32x32", true, 32}};
