@@ -71,6 +71,9 @@ std::vector<int64_t> wrap_dims(const char* op, const std::vector<int64_t>& dims,
     }
     out.push_back(w);
   }
+  // A 0-dim tensor takes dim 0 (or -1) as PyTorch does, but has no dim to reduce: reducing over it
+  // is reducing over nothing (the kernels must not see a dim the tensor does not have).
+  if (ndim == 0) return {};
   std::sort(out.begin(), out.end());
   return out;
 }

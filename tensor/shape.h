@@ -25,6 +25,7 @@ bool is_expandable_to(const Shape& from, const Shape& to);
 // A 0-d tensor accepts dims -1 and 0, as in PyTorch.
 int64_t wrap_dim(const char* op, int64_t dim, int64_t ndim);
 // Wraps a list of dims, rejecting repeats; an empty list means all dims when `empty_means_all`.
+// For a 0-d tensor the (valid) dims wrap to an empty list: there is no dim to reduce over.
 std::vector<int64_t> wrap_dims(const char* op, const std::vector<int64_t>& dims, int64_t ndim,
                                bool empty_means_all = true);
 

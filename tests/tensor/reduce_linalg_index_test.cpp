@@ -289,5 +289,52 @@ TEST_CASE("printing looks like PyTorch's and item() converts", "[tensor][print]"
   CHECK_THROWS_WITH(t.item<float>(), Catch::Contains("4 elements"));
 }
 
+// A 0-dim tensor accepts dim 0 / -1 as PyTorch does (a reduction over it is the value itself, with
+// keepdim or not the result is 0-dim); this once crashed inside the CPU reduction kernel.
+TEST_CASE("every reduction accepts dim 0 and -1 on a 0-dim tensor and returns a 0-dim result", "[tensor][reduce]") {
+  const Tensor x = full({}, 2.5, {.dtype = kFloat64});
+  const Tensor neg = full({}, -1.5, {.dtype = kFloat64});
+  auto scalar_of = [](const Tensor& t) {
+    REQUIRE(t.dim() == 0);
+    return t.item<double>();
+  };
+  for (bool keep : {false, true}) {
+    for (int64_t d : {int64_t{0}, int64_t{-1}}) {
+      INFO("dim " << d << " keepdim " << keep);
+      CHECK(scalar_of(sum(x, {d}, keep)) == 2.5);
+      CHECK(scalar_of(mean(x, {d}, keep)) == 2.5);
+      CHECK(scalar_of(amax(x, {d}, keep)) == 2.5);
+      CHECK(scalar_of(amin(x, {d}, keep)) == 2.5);
+      CHECK(scalar_of(logsumexp(x, {d}, keep)) == Approx(2.5));
+      CHECK(scalar_of(norm(neg, 2, {d}, keep)) == 1.5);
+      CHECK(scalar_of(norm(neg, 1, {d}, keep)) == 1.5);
+      CHECK(scalar_of(prod(x, d, keep)) == 2.5);
+      CHECK(std::isnan(scalar_of(var(x, {d}, true, keep))));  // one value, unbiased: NaN as PyTorch
+      CHECK(scalar_of(var(x, {d}, false, keep)) == 0.0);
+      CHECK(scalar_of(std(x, {d}, false, keep)) == 0.0);
+      const auto [mx, imx] = max(x, d, keep);
+      CHECK(scalar_of(mx) == 2.5);
+      CHECK(imx.dtype() == kInt64);
+      CHECK(imx.dim() == 0);
+      CHECK(imx.item<int64_t>() == 0);
+      const auto [mn, imn] = min(x, d, keep);
+      CHECK(scalar_of(mn) == 2.5);
+      CHECK(imn.item<int64_t>() == 0);
+      CHECK(argmax(x, d, keep).item<int64_t>() == 0);
+      CHECK(argmin(x, d, keep).item<int64_t>() == 0);
+    }
+    CHECK(scalar_of(softmax(x, 0)) == 1.0);
+    CHECK(scalar_of(log_softmax(x, -1)) == 0.0);
+  }
+  // Gradients flow back to the 0-dim input.
+  Tensor w = full({}, 3.0, {.dtype = kFloat64}).requires_grad_(true);
+  (sum(w, {0}) * 2 + amax(w, {-1}, true) + logsumexp(w, {0})).backward();
+  CHECK(w.grad().dim() == 0);
+  CHECK(w.grad().item<double>() == Approx(4.0));
+  // Out of range for a 0-dim tensor: [-1, 0] only.
+  REQUIRE_THROWS_WITH(sum(x, {1}), Catch::Contains("sum"));
+  REQUIRE_THROWS_WITH(sum(x, {0, -1}), Catch::Contains("appears more than once"));
+}
+
 }  // namespace
 }  // namespace chorus
