@@ -18,7 +18,10 @@ namespace chorus {
 Tensor empty(const Shape& shape, const TensorOptions& options = {});
 Tensor zeros(const Shape& shape, const TensorOptions& options = {});
 Tensor ones(const Shape& shape, const TensorOptions& options = {});
-Tensor full(const Shape& shape, const Scalar& value, const TensorOptions& options = {});
+// Without options the dtype follows the value, as PyTorch's full: bool -> bool, an integer -> int64,
+// a floating-point number -> the default float32 (`full({2}, 3)` is int64, `full({2}, 3.0)` float32).
+Tensor full(const Shape& shape, const Scalar& value);
+Tensor full(const Shape& shape, const Scalar& value, const TensorOptions& options);
 Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);

@@ -29,6 +29,10 @@ Tensor empty(const Shape& shape, const TensorOptions& options) {
 Tensor full(const Shape& shape, const Scalar& value, const TensorOptions& options) {
   return filled(shape, options, [&](const Tensor& t) { kernels::fill(t, value); });
 }
+Tensor full(const Shape& shape, const Scalar& value) {
+  const DType dtype = value.kind() == Scalar::Kind::Bool ? kBool : value.kind() == Scalar::Kind::Int ? kInt64 : kFloat32;
+  return full(shape, value, TensorOptions{.dtype = dtype});
+}
 Tensor zeros(const Shape& shape, const TensorOptions& options) { return full(shape, 0, options); }
 Tensor ones(const Shape& shape, const TensorOptions& options) { return full(shape, 1, options); }
 Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.options()); }

@@ -209,7 +209,8 @@ Tensor pow(const Tensor& a, const Tensor& exponent) {
     SavedTensor sa(a), se(exponent), so(out);
     autograd::record("PowBackward", {a, exponent}, {out}, [sa, se, so](const TensorList& g) -> TensorList {
       Tensor av = sa.unpack("pow"), ev = se.unpack("pow");
-      Tensor ga = mul(g[0], mul(ev, pow(av, sub(ev, 1))));
+      // e * a^(e-1), and 0 where e == 0 (0 * 0^-1 would be NaN at a == 0; PyTorch masks it).
+      Tensor ga = masked_fill(mul(g[0], mul(ev, pow(av, sub(ev, 1)))), eq(ev, 0), 0);
       // d/de a^e = a^e log a; defined as 0 where a == 0 and e >= 0 (PyTorch's convention).
       Tensor ge_ = mul(g[0], mul(so.unpack("pow"), log(av)));
       ge_ = masked_fill(ge_, logical_and(eq(av, 0), ge(ev, 0)), 0);

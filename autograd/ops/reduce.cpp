@@ -101,7 +101,8 @@ Tensor var(const Tensor& t, const std::vector<int64_t>& dims, bool unbiased, boo
   int64_t count = 1;
   for (int64_t i : d) count *= t.sizes()[i];
   Tensor centered = sub(t, mean(t, d, true));
-  const double denom = static_cast<double>(count - (unbiased ? 1 : 0));
+  // PyTorch divides by max(0, N - correction): one value unbiased, or none, gives 0 / 0 = NaN.
+  const double denom = static_cast<double>(std::max<int64_t>(0, count - (unbiased ? 1 : 0)));
   return div(sum(mul(centered, centered), d, keepdim), denom);
 }
 
@@ -232,6 +233,10 @@ Tensor logsumexp(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim
   check_defined(t, "logsumexp", "input");
   if (!is_floating(t.dtype())) fail("logsumexp: expected a floating-point tensor, got {}", dtype_name(t.dtype()));
   const std::vector<int64_t> d = wrap_dims("logsumexp", dims, t.dim());
+  int64_t count = 1;
+  for (int64_t i : d) count *= t.sizes()[i];
+  // Over no elements: log(0) = -inf, as PyTorch (there is no max to shift by).
+  if (count == 0) return log(sum(exp(t), d, keepdim));
   // Subtract the (constant) max for stability; an all -inf slice keeps shift 0 so the result is -inf.
   Tensor m = amax(alias_without_history(t), d, true);
   m = where(eq(abs(m), std::numeric_limits<double>::infinity()), zeros_like(m), m);

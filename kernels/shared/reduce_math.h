@@ -27,8 +27,15 @@ struct ReduceRule {
   static CHORUS_HD CHORUS_INLINE Acc identity() {
     if constexpr (Op == ReduceOp::Sum) return Acc(0);
     else if constexpr (Op == ReduceOp::Prod) return Acc(1);
-    else if constexpr (Op == ReduceOp::Max) return limits_ns::numeric_limits<Acc>::lowest();
-    else return limits_ns::numeric_limits<Acc>::max();
+    // +-inf where the type has it: the max of values that are all -inf is -inf, not the lowest
+    // finite value (which an identity of lowest() would give).
+    else if constexpr (Op == ReduceOp::Max) {
+      if constexpr (limits_ns::numeric_limits<Acc>::has_infinity) return -limits_ns::numeric_limits<Acc>::infinity();
+      else return limits_ns::numeric_limits<Acc>::lowest();
+    } else {
+      if constexpr (limits_ns::numeric_limits<Acc>::has_infinity) return limits_ns::numeric_limits<Acc>::infinity();
+      else return limits_ns::numeric_limits<Acc>::max();
+    }
   }
   static CHORUS_HD CHORUS_INLINE Acc combine(Acc acc, Acc x) {
     if constexpr (Op == ReduceOp::Sum) return acc + x;

@@ -164,4 +164,15 @@ TEST_CASE("mixed dtypes: each input gets its gradient in its own dtype", "[autog
   CHECK(testing::same_values(b.grad(), tensor<double>({2.0, 3.0})));   // a + [1, 0] + [0, 1]
 }
 
+TEST_CASE("pow's gradient with respect to the base is 0 where the exponent is 0, even at base 0", "[autograd][pow]") {
+  Tensor a = tensor<double>({0.0, 2.0, 0.0}).requires_grad_(true);
+  Tensor b = tensor<double>({0.0, 3.0, 2.0}).requires_grad_(true);
+  pow(a, b).sum().backward();
+  CHECK(a.grad()[0].item<double>() == 0.0);   // 0 * 0^-1: PyTorch's 0, not NaN
+  CHECK(a.grad()[1].item<double>() == 12.0);  // 3 * 2^2
+  CHECK(a.grad()[2].item<double>() == 0.0);   // 2 * 0^1
+  CHECK(b.grad()[0].item<double>() == 0.0);   // a^b log a at a = 0, b >= 0: 0
+  CHECK(b.grad()[1].item<double>() == Approx(8.0 * std::log(2.0)));
+}
+
 }  // namespace chorus

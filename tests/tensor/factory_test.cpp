@@ -286,4 +286,16 @@ TEST_CASE("from_blob wraps memory without copying and runs the deleter when the 
   CHECK(col_major[5] == 6.0);
 }
 
+TEST_CASE("full without options takes its dtype from the value, as PyTorch's full", "[tensor][factory]") {
+  CHECK(full({2}, 3).dtype() == kInt64);
+  CHECK(full({2}, 3).sum().item<int64_t>() == 6);
+  CHECK(full({2}, int64_t{1} << 40).max().item<int64_t>() == int64_t{1} << 40);
+  CHECK(full({2}, true).dtype() == kBool);
+  CHECK(full({2}, 3.0).dtype() == kFloat32);
+  CHECK(full({2}, 2.5f).dtype() == kFloat32);
+  // Options given: their dtype, whatever the value.
+  CHECK(full({2}, 3, {.dtype = kFloat64}).dtype() == kFloat64);
+  CHECK(full({2}, 3, TensorOptions{}).dtype() == kFloat32);
+}
+
 }  // namespace chorus

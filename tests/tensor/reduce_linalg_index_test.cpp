@@ -336,5 +336,24 @@ TEST_CASE("every reduction accepts dim 0 and -1 on a 0-dim tensor and returns a 
   REQUIRE_THROWS_WITH(sum(x, {0, -1}), Catch::Contains("appears more than once"));
 }
 
+TEST_CASE("var and std of nothing are NaN and logsumexp of nothing is -inf, as in PyTorch", "[tensor][reduce]") {
+  const Tensor e = empty({0}, {.dtype = kFloat64});
+  CHECK(std::isnan(var(e).item<double>()));
+  CHECK(std::isnan(std(e).item<double>()));
+  CHECK(std::isnan(var(e, {}, false).item<double>()));
+  CHECK(logsumexp(e, {0}).item<double>() == -std::numeric_limits<double>::infinity());
+  const Tensor rows = empty({3, 0}, {.dtype = kFloat64});
+  const Tensor l = logsumexp(rows, {1}, true);
+  CHECK(l.sizes() == Shape{3, 1});
+  CHECK(l.max().item<double>() == -std::numeric_limits<double>::infinity());
+  CHECK(std::isnan(var(rows, {1}).max().item<double>()));
+  // The max of values that are all -inf is -inf (and the min of all +inf is +inf), not the lowest
+  // finite value; in float32 too.
+  const double inf = std::numeric_limits<double>::infinity();
+  CHECK(full({4}, -inf, {.dtype = kFloat64}).max().item<double>() == -inf);
+  CHECK(amax(full({2, 3}, -inf), {1}).max().item<float>() == -std::numeric_limits<float>::infinity());
+  CHECK(full({4}, inf, {.dtype = kFloat64}).min().item<double>() == inf);
+}
+
 }  // namespace
 }  // namespace chorus
