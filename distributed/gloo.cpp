@@ -1,5 +1,8 @@
 #include "distributed/gloo.h"
 
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -43,10 +46,39 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   std::shared_ptr<distributed::Store> store_;
 };
 
+// The address this process's peers can reach it at ([Peer address]). With MASTER_ADDR a loopback
+// address (one machine), 127.0.0.1. Otherwise the local address the kernel would send from to reach
+// MASTER_ADDR (a UDP socket "connected" there sends nothing; getsockname reads the route's source):
+// the interface facing the other nodes, whatever /etc/hosts says of this machine's name (Debian maps
+// it to 127.0.1.1, and a container's to 127.0.0.1, which peers on other hosts cannot reach: a
+// two-host run over network namespaces failed so). Falls back to the hostname when MASTER_ADDR does
+// not resolve.
 std::string default_hostname() {
   const char* master = std::getenv("MASTER_ADDR");
   const std::string m = master ? master : "";
   if (m.empty() || m == "localhost" || m.rfind("127.", 0) == 0 || m == "::1") return "127.0.0.1";
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(m.c_str(), "9", &hints, &found) == 0 && found != nullptr) {
+    std::string local;
+    for (addrinfo* a = found; a != nullptr && local.empty(); a = a->ai_next) {
+      const int fd = ::socket(a->ai_family, SOCK_DGRAM, 0);
+      if (fd < 0) continue;
+      sockaddr_storage self{};
+      socklen_t len = sizeof(self);
+      char text[INET6_ADDRSTRLEN] = {0};
+      if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
+          ::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len) == 0 &&
+          ::getnameinfo(reinterpret_cast<sockaddr*>(&self), len, text, sizeof(text), nullptr, 0, NI_NUMERICHOST) == 0) {
+        local = text;
+      }
+      ::close(fd);
+    }
+    ::freeaddrinfo(found);
+    if (!local.empty()) return local;
+  }
   char name[256] = {0};
   if (::gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
   return name;
@@ -105,7 +137,10 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     fail("ProcessGroupGloo: rank {} is not valid for a group of size {} (expected 0 <= rank < size)", rank, size);
   }
   gloo::transport::tcp::attr attr;
-  attr.hostname = options_.hostname.empty() ? default_hostname() : options_.hostname;
+  // GLOO_SOCKET_IFNAME (PyTorch's variable) names the interface to listen on; else [Peer address].
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (options_.hostname.empty() && ifname != nullptr && *ifname != '\0') attr.iface = ifname;
+  else attr.hostname = options_.hostname.empty() ? default_hostname() : options_.hostname;
   std::shared_ptr<gloo::transport::Device> device;
   try {
     device = gloo::transport::tcp::CreateDevice(attr);
@@ -118,7 +153,7 @@ ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int s
     throw;
   } catch (const std::exception& e) {
     fail("ProcessGroupGloo: rank {} of {} could not connect to its peers on {} within {} ms: {}", rank, size,
-         attr.hostname, options_.timeout.count(), e.what());
+         attr.iface.empty() ? attr.hostname : "interface " + attr.iface, options_.timeout.count(), e.what());
   }
   worker_ = std::thread([this] { worker_loop(); });
 }

@@ -22,8 +22,9 @@ namespace chorus::distributed {
 
 struct GlooOptions {
   std::chrono::milliseconds timeout{300000};
-  // Address this process listens on for its peers. Empty: 127.0.0.1 when MASTER_ADDR is a loopback
-  // address (or unset), else this machine's hostname.
+  // Address this process listens on for its peers. Empty: the interface GLOO_SOCKET_IFNAME names,
+  // else 127.0.0.1 when MASTER_ADDR is a loopback address (or unset), else the local address of the
+  // route to MASTER_ADDR (gloo.cpp, [Peer address]).
   std::string hostname;
 };
 

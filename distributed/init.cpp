@@ -178,6 +178,17 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   const int size = options.world_size >= 0 ? options.world_size : env_int("WORLD_SIZE");
   if (size < 1) fail("init_process_group: world_size must be at least 1, got {}", size);
   if (rank < 0 || rank >= size) fail("init_process_group: rank {} is outside [0, {}) for world_size {}", rank, size, size);
+  // CHORUS_TIMEOUT_S replaces the default timeout (a program that set its own keeps it): how long a
+  // rank waits for a dead or unreachable peer before every collective fails with an error.
+  if (options.timeout == InitOptions{}.timeout) {
+    if (const char* t = std::getenv("CHORUS_TIMEOUT_S"); t != nullptr && *t != '\0') {
+      char* end = nullptr;
+      const double seconds = std::strtod(t, &end);
+      if (*end != '\0' || !(seconds > 0) || seconds > 1e7)
+        fail("init_process_group: CHORUS_TIMEOUT_S='{}': expected a number of seconds > 0", t);
+      options.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+    }
+  }
   // A malformed spec fails before any connection is made. With a device backend, LOCAL_RANK (set
   // by chorusrun) picks this process's device, as torchrun users do with set_device(LOCAL_RANK).
   for (const auto& [type, name] : parse_backend(options.backend).devices) {

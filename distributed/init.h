@@ -31,7 +31,8 @@ struct InitOptions {
   std::string init_method = "env://";
   int rank = -1;        // -1: from RANK
   int world_size = -1;  // -1: from WORLD_SIZE
-  // Timeout of the rendezvous and of every collective on the groups created (per collective).
+  // Timeout of the rendezvous and of every collective on the groups created (per collective). Left
+  // at this default, the environment variable CHORUS_TIMEOUT_S (seconds) replaces it.
   std::chrono::milliseconds timeout{300000};
   // A store made by the caller replaces init_method's.
   std::shared_ptr<Store> store{};

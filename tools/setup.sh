@@ -28,6 +28,8 @@ packages=(
   # The CPU peer that tests/bench measures chorus against, in the same run (PyTorch's C++ API).
   libtorch-dev
   dataset-fashion-mnist
+  # `ip netns` / `tc` for the two-host test (tests/distributed:two_hosts_test).
+  iproute2
 )
 # One local dpkg-query for all of them; apt-get (and its index update) runs only when one is missing.
 installed="$(dpkg-query -W -f='${Package} ${Status}\n' "${packages[@]}" 2>/dev/null || true)"

@@ -21,12 +21,20 @@ fi
 # target still has its log from the run that produced the cached result.
 passed=0
 failed=0
+skipped=0
 testlogs=bazel-testlogs  # the convenience symlink: the latest invocation's test logs
 
-# Adds one test log's Catch2 summary to passed/failed; returns 1 when the log has no summary.
+# Adds one test log's Catch2 summary to passed/failed; returns 1 when the log has no summary. A test
+# case that could not run here prints a line "CHORUS-SKIP: why" and returns: counted as skipped.
 count_log() {
-  local log="$1" line n word rest part parts
+  local log="$1" line n word rest part parts skips
   line="$(grep -E '^All tests passed \(|^test cases: ' "$log" | tail -n 1)" || return 1
+  skips="$(grep -c '^CHORUS-SKIP' "$log" || true)"
+  if ((skips > 0)); then
+    skipped=$((skipped + skips))
+    passed=$((passed - skips))
+    grep '^CHORUS-SKIP' "$log" | sed 's/^/  /'
+  fi
   if [[ "$line" =~ ^All\ tests\ passed\ \([0-9]+\ assertions?\ in\ ([0-9]+)\ test\ cases?\) ]]; then
     passed=$((passed + BASH_REMATCH[1]))
     return 0
@@ -123,9 +131,10 @@ count_run "$output"
 set -e
 
 if ((${#filters[@]})); then
-  skipped="$(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null | wc -l)"
-  echo "(no GPU here: $skipped gpu-tagged test target(s) built but not run)"
+  gpu_skipped="$(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null | wc -l)"
+  echo "(no GPU here: $gpu_skipped gpu-tagged test target(s) built but not run)"
 fi
+((skipped == 0)) || echo "($skipped test case(s) skipped: they could not run on this machine, see CHORUS-SKIP above)"
 echo "$passed passed, $failed failed"
 if ((bazel_rc != 0 || tsan_rc != 0 || cap_rc != 0 || asan_rc != 0 || failed > 0)); then
   exit 1
