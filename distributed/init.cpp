@@ -2,6 +2,7 @@
 #include "distributed/stream_group.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -153,13 +154,9 @@ void parse_host_port(const std::string& spec, std::string& host, int& port) {
 
 }  // namespace
 
-int env_int(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') {
-    fail("init_process_group: environment variable {} is not set (launch with chorusrun, which sets RANK, "
-         "WORLD_SIZE, MASTER_ADDR and MASTER_PORT, or pass InitOptions)",
-         name);
-  }
+namespace {
+
+int parse_env_int(const char* name, const char* v) {
   try {
     size_t used = 0;
     const int value = std::stoi(v, &used);
@@ -170,12 +167,112 @@ int env_int(const char* name) {
   }
 }
 
+}  // namespace
+
+int env_int(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') {
+    fail("init_process_group: environment variable {} is not set (launch with chorusrun, which sets RANK, "
+         "WORLD_SIZE, MASTER_ADDR and MASTER_PORT, or pass InitOptions)",
+         name);
+  }
+  return parse_env_int(name, v);
+}
+
+std::string slurm_first_host(const std::string& nodelist) {
+  // The first entry at bracket depth 0.
+  size_t end = 0;
+  int depth = 0;
+  for (; end < nodelist.size(); ++end) {
+    if (nodelist[end] == '[') ++depth;
+    else if (nodelist[end] == ']') --depth;
+    else if (nodelist[end] == ',' && depth == 0) break;
+    if (depth < 0 || depth > 1) break;
+  }
+  const std::string first = nodelist.substr(0, end);
+  if (first.empty() || depth != 0) fail("SLURM node list '{}': expected host names such as node[01-04,07],gpu5", nodelist);
+  const size_t open = first.find('[');
+  if (open == std::string::npos) return first;
+  const size_t close = first.find(']', open);
+  if (close == std::string::npos) fail("SLURM node list '{}': a '[' without its ']'", nodelist);
+  // The first number of the first range keeps its zero padding: [008-010] -> 008.
+  const std::string ranges = first.substr(open + 1, close - open - 1);
+  size_t digits = 0;
+  while (digits < ranges.size() && std::isdigit(static_cast<unsigned char>(ranges[digits]))) ++digits;
+  if (digits == 0) fail("SLURM node list '{}': expected a number after '[', got '{}'", nodelist, ranges);
+  return first.substr(0, open) + ranges.substr(0, digits) + first.substr(close + 1);
+}
+
+LaunchEnv launch_env_from(const std::function<const char*(const char*)>& lookup) {
+  auto get = [&](const char* name) -> const char* {
+    const char* v = lookup(name);
+    return v != nullptr && *v != '\0' ? v : nullptr;
+  };
+  auto integer = [&](const char* name) { return parse_env_int(name, get(name)); };
+  LaunchEnv env;
+  const char* scheduler_rank = nullptr;
+  if (get("RANK") || get("WORLD_SIZE")) {
+    env.launcher = "env";
+    env.rank_variable = "RANK";
+    env.world_size_variable = "WORLD_SIZE";
+    if (!get("WORLD_SIZE"))
+      fail("init_process_group: environment variable RANK is set but WORLD_SIZE is not (launch with chorusrun, "
+           "which sets both)");
+    env.world_size = integer("WORLD_SIZE");
+    if (env.world_size < 1) fail("WORLD_SIZE={} is not a world size (expected an integer >= 1)", env.world_size);
+    // A world of one needs no RANK (it is 0); any larger one does.
+    if (get("RANK")) env.rank = integer("RANK");
+    else if (env.world_size == 1) env.rank = 0;
+    else fail("init_process_group: environment variable WORLD_SIZE is set but RANK is not (launch with chorusrun, "
+              "which sets both)");
+    if (get("LOCAL_RANK")) env.local_rank = integer("LOCAL_RANK");
+  } else if (get("OMPI_COMM_WORLD_SIZE")) {
+    env.launcher = "openmpi";
+    scheduler_rank = "OMPI_COMM_WORLD_RANK";
+    env.rank_variable = scheduler_rank;
+    env.world_size_variable = "OMPI_COMM_WORLD_SIZE";
+    env.world_size = integer("OMPI_COMM_WORLD_SIZE");
+    if (!get(scheduler_rank)) fail("init_process_group: OMPI_COMM_WORLD_SIZE is set but OMPI_COMM_WORLD_RANK is not");
+    env.rank = integer(scheduler_rank);
+    if (get("OMPI_COMM_WORLD_LOCAL_RANK")) env.local_rank = integer("OMPI_COMM_WORLD_LOCAL_RANK");
+  } else if (get("SLURM_NTASKS")) {
+    env.launcher = "slurm";
+    scheduler_rank = "SLURM_PROCID";
+    env.rank_variable = scheduler_rank;
+    env.world_size_variable = "SLURM_NTASKS";
+    env.world_size = integer("SLURM_NTASKS");
+    if (!get(scheduler_rank)) fail("init_process_group: SLURM_NTASKS is set but SLURM_PROCID is not (run under srun)");
+    env.rank = integer(scheduler_rank);
+    if (get("SLURM_LOCALID")) env.local_rank = integer("SLURM_LOCALID");
+  } else {
+    return env;
+  }
+  if (env.world_size < 1)
+    fail("{}={} is not a world size (expected an integer >= 1)", env.world_size_variable, env.world_size);
+  if (env.rank < 0 || env.rank >= env.world_size)
+    fail("{}={} is outside a world of size {} (expected 0 <= rank < {})", env.rank_variable, env.rank, env.world_size,
+         env.world_size);
+  if (const char* addr = get("MASTER_ADDR")) {
+    env.master_addr = addr;
+  } else if (env.launcher != "env") {
+    const char* nodes = get("SLURM_JOB_NODELIST") ? get("SLURM_JOB_NODELIST") : get("SLURM_NODELIST");
+    if (nodes) env.master_addr = slurm_first_host(nodes);
+  }
+  if (get("MASTER_PORT")) env.master_port = integer("MASTER_PORT");
+  else if (env.launcher != "env") env.master_port = 29500;
+  return env;
+}
+
+LaunchEnv launch_env() { return launch_env_from([](const char* name) { return std::getenv(name); }); }
+
 std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.group) fail("init_process_group: the default process group is already initialized (call destroy_process_group first)");
-  const int rank = options.rank >= 0 ? options.rank : env_int("RANK");
-  const int size = options.world_size >= 0 ? options.world_size : env_int("WORLD_SIZE");
+  const LaunchEnv launch = launch_env();
+  // Without RANK / WORLD_SIZE (nor a scheduler's variables) env_int names what is missing.
+  const int rank = options.rank >= 0 ? options.rank : launch.rank >= 0 ? launch.rank : env_int("RANK");
+  const int size = options.world_size >= 0 ? options.world_size : launch.world_size >= 0 ? launch.world_size : env_int("WORLD_SIZE");
   if (size < 1) fail("init_process_group: world_size must be at least 1, got {}", size);
   if (rank < 0 || rank >= size) fail("init_process_group: rank {} is outside [0, {}) for world_size {}", rank, size, size);
   // CHORUS_TIMEOUT_S replaces the default timeout (a program that set its own keeps it): how long a
@@ -192,9 +289,8 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   // A malformed spec fails before any connection is made. With a device backend, LOCAL_RANK (set
   // by chorusrun) picks this process's device, as torchrun users do with set_device(LOCAL_RANK).
   for (const auto& [type, name] : parse_backend(options.backend).devices) {
-    const char* local = std::getenv("LOCAL_RANK");
-    if (local == nullptr || *local == '\0' || device_count(type) == 0) continue;
-    const int index = env_int("LOCAL_RANK");
+    if (launch.local_rank < 0 || device_count(type) == 0) continue;
+    const int index = launch.local_rank;
     if (index < device_count(type)) set_device(Device(type, index));
   }
   std::shared_ptr<Store> store = options.store;
@@ -206,13 +302,13 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
       if (method.rfind("tcp://", 0) == 0) {
         parse_host_port(method.substr(6), host, port);
       } else {
-        const char* addr = std::getenv("MASTER_ADDR");
-        if (addr == nullptr || *addr == '\0') {
+        if (launch.master_addr.empty()) {
           fail("init_process_group: environment variable MASTER_ADDR is not set (launch with chorusrun, or set "
-               "MASTER_ADDR and MASTER_PORT)");
+               "MASTER_ADDR and MASTER_PORT{})",
+               launch.launcher == "openmpi" ? "; with mpirun: -x MASTER_ADDR=<first host>" : "");
         }
-        host = addr;
-        port = env_int("MASTER_PORT");
+        host = launch.master_addr;
+        port = launch.master_port >= 0 ? launch.master_port : env_int("MASTER_PORT");
       }
       if (port <= 0 || port > 65535) fail("init_process_group: master port {} is outside 1..65535", port);
       store = std::make_shared<TCPStore>(

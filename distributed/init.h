@@ -75,4 +75,25 @@ void register_device_backend(const std::string& name, DeviceBackendFactory facto
 // Reads an environment variable as an integer; chorus::Error naming it when missing or malformed.
 int env_int(const char* name);
 
+// Where this process sits in the job, from the environment of the launcher that started it:
+// chorusrun/torchrun (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) first; without RANK and
+// WORLD_SIZE, Open MPI's mpirun (OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK) or SLURM's srun
+// (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the master is the first host of SLURM_JOB_NODELIST).
+// Under a scheduler MASTER_PORT defaults to 29500 (torchrun's); MASTER_ADDR must be set for mpirun
+// outside SLURM (`mpirun -x MASTER_ADDR=host`). Values are parsed strictly: a malformed one is a
+// chorus::Error naming the variable.
+struct LaunchEnv {
+  std::string launcher;  // "env" (RANK/WORLD_SIZE), "openmpi", "slurm", or "" (none: a single process)
+  int rank = -1, world_size = -1, local_rank = -1;  // -1: not given
+  std::string master_addr;                          // empty: not given
+  int master_port = -1;
+  std::string rank_variable, world_size_variable;   // where rank and world size came from (messages)
+};
+LaunchEnv launch_env();
+// The same from any lookup (tests pass a map).
+LaunchEnv launch_env_from(const std::function<const char*(const char*)>& lookup);
+// The first host of a SLURM host list: "node[01-04,07],gpu5" -> "node01", "tux3,tux4" -> "tux3",
+// "n[008-010]-ib" -> "n008-ib". chorus::Error for an empty or malformed list.
+std::string slurm_first_host(const std::string& nodelist);
+
 }  // namespace chorus::distributed

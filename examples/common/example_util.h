@@ -26,19 +26,12 @@ struct Job {
   // Data parallel when launched with a world size above 1 (chorusrun sets WORLD_SIZE, RANK, ...).
   // WORLD_SIZE and RANK are parsed strictly (distributed::env_int): "two", "-2" or "0" and a rank
   // outside the world are errors, not a silent run alone.
+  // Under mpirun or srun (Open MPI's or SLURM's variables, distributed::launch_env) too.
   static Job join() {
     Job job;
-    const char* ws = std::getenv("WORLD_SIZE");
-    if (ws == nullptr || *ws == '\0') return job;
-    const int world = distributed::env_int("WORLD_SIZE");
-    if (world < 1) fail("WORLD_SIZE={} is not a world size (expected an integer >= 1)", world);
-    if (world == 1) {
-      if (const char* r = std::getenv("RANK"); r != nullptr && *r != '\0') {
-        const int rank = distributed::env_int("RANK");
-        if (rank != 0) fail("RANK={} is outside a world of size 1 (expected 0)", rank);
-      }
-      return job;
-    }
+    const distributed::LaunchEnv launch = distributed::launch_env();
+    if (launch.launcher.empty()) return job;
+    if (launch.world_size == 1) return job;  // launch_env checked the rank is 0
     {
       job.group = distributed::init_process_group();
       job.rank = job.group->rank();

@@ -114,6 +114,13 @@ TEST_CASE("point-to-point works complete when waited, polled, given a callback o
   require_all_ok(run_dist_workers(2, {"p2p_completion"}, {}, 60));
 }
 
+TEST_CASE("workers started with only Open MPI's or SLURM's variables join the job", "[distributed][launch]") {
+  // No RANK / WORLD_SIZE: mpirun's OMPI_COMM_WORLD_* (MASTER_ADDR given), or srun's SLURM_* with the
+  // master taken from SLURM_JOB_NODELIST's first host; the collectives scenario runs as under chorusrun.
+  require_all_ok(run_dist_workers(3, {"collectives"}, {"CHORUS_TEST_LAUNCHER=openmpi"}));
+  require_all_ok(run_dist_workers(2, {"collectives"}, {"CHORUS_TEST_LAUNCHER=slurm"}));
+}
+
 TEST_CASE("join lets ranks with fewer batches finish while the others train on", "[distributed][ddp][join]") {
   require_all_ok(run_dist_workers(2, {"join"}));
   require_all_ok(run_dist_workers(3, {"join"}));

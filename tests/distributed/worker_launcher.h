@@ -87,10 +87,28 @@ inline Result run_workers_once(const std::string& exe, int world, const std::vec
     logs.push_back(std::string(tmp ? tmp : "/tmp") + "/worker_" + std::to_string(port) + "_" + std::to_string(rank) + ".log");
     pid_t pid = ::fork();
     if (pid == 0) {
-      ::setenv("RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      // "CHORUS_TEST_LAUNCHER=openmpi|slurm" in extra_env: the variables mpirun or srun would set
+      // instead of chorusrun's (init_process_group's launch_env reads them).
+      std::string launcher = "chorusrun";
+      for (const std::string& kv : extra_env)
+        if (kv.rfind("CHORUS_TEST_LAUNCHER=", 0) == 0) launcher = kv.substr(21);
+      const std::string r = std::to_string(rank), w = std::to_string(world);
+      if (launcher == "openmpi") {
+        ::setenv("OMPI_COMM_WORLD_RANK", r.c_str(), 1);
+        ::setenv("OMPI_COMM_WORLD_SIZE", w.c_str(), 1);
+        ::setenv("OMPI_COMM_WORLD_LOCAL_RANK", r.c_str(), 1);
+        ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      } else if (launcher == "slurm") {
+        ::setenv("SLURM_PROCID", r.c_str(), 1);
+        ::setenv("SLURM_NTASKS", w.c_str(), 1);
+        ::setenv("SLURM_LOCALID", r.c_str(), 1);
+        ::setenv("SLURM_JOB_NODELIST", "localhost,otherhost[1-3]", 1);  // the master: its first host
+      } else {
+        ::setenv("RANK", r.c_str(), 1);
+        ::setenv("WORLD_SIZE", w.c_str(), 1);
+        ::setenv("LOCAL_RANK", r.c_str(), 1);
+        ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      }
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
       ::setenv("OMP_NUM_THREADS", "1", 1);
       for (const std::string& kv : extra_env) ::putenv(const_cast<char*>(kv.c_str()));
