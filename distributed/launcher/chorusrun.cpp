@@ -99,6 +99,11 @@ int main(int argc, char** argv) {
   app.add_option("--master-port,--master_port", master_port, "port of rank 0's store")->check(CLI::Range(1, 65535));
   app.add_option("--grace-period", grace_s, "seconds between SIGTERM and SIGKILL when stopping workers")
       ->check(CLI::NonNegativeNumber);
+  int max_restarts = 0;
+  app.add_option("--max-restarts,--max_restarts", max_restarts,
+                 "when a worker fails, stop all and start them again, up to this many times (torchrun's flag); "
+                 "CHORUS_RESTART_COUNT tells the workers which start this is")
+      ->check(CLI::Range(0, 1000000));
   app.prefix_command();  // everything from the first non-option on is the program and its arguments
   app.footer("Usage: chorusrun [options] program [program arguments...]");
   try {
@@ -131,157 +136,180 @@ int main(int argc, char** argv) {
   ::sigaction(SIGTERM, &sa, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
-  std::vector<Worker> workers(nproc);
-  const pid_t launcher = ::getpid();
-  // A worker that cannot be started (out of file descriptors or processes) stops the job: the ones
-  // already running are killed and reaped, none is left behind.
-  auto abandon_start = [&](const char* what, int local) {
-    std::fprintf(stderr, "chorusrun: cannot start worker %d of %d (%s: %s); stopping the %d already started\n", local,
-                 nproc, what, std::strerror(errno), local);
-    for (int i = 0; i < local; ++i) {
-      if (workers[i].pid > 0) {
-        ::kill(-workers[i].pid, SIGKILL);
-        ::kill(workers[i].pid, SIGKILL);
-      }
-    }
-    for (int i = 0; i < local; ++i) {
-      if (workers[i].pid > 0) ::waitpid(workers[i].pid, nullptr, 0);
-    }
-    return 1;
+  // One start of every worker, watched until all have exited. The result: the job's exit code, and
+  // whether a worker failed by itself (a restart may help) rather than the launcher being signalled.
+  struct Round {
+    int code = 0;
+    bool worker_failed = false;
   };
-  for (int local = 0; local < nproc; ++local) {
-    Worker& w = workers[local];
-    w.local_rank = local;
-    w.rank = node_rank * nproc + local;
-    int out[2] = {-1, -1}, err[2] = {-1, -1};
-    if (::pipe(out) != 0 || ::pipe(err) != 0) {
-      for (int fd : {out[0], out[1], err[0], err[1]})
-        if (fd >= 0) ::close(fd);
-      return abandon_start("pipe", local);
-    }
-    pid_t pid = ::fork();
-    if (pid < 0) return abandon_start("fork", local);
-    if (pid == 0) {
-      // Dies with the launcher, even when the launcher is killed with SIGKILL and cannot forward
-      // anything (checked once more after the call: the launcher may already be gone).
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != launcher) ::_exit(128 + SIGKILL);
-      ::setpgid(0, 0);  // the worker's own process group: a terminal's Ctrl-C reaches it through us
-      ::dup2(out[1], STDOUT_FILENO);
-      ::dup2(err[1], STDERR_FILENO);
-      ::close(out[0]);
-      ::close(out[1]);
-      ::close(err[0]);
-      ::close(err[1]);
-      ::setenv("RANK", std::to_string(w.rank).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
-      ::setenv("GROUP_RANK", std::to_string(node_rank).c_str(), 1);
-      ::setenv("MASTER_ADDR", master_addr.c_str(), 1);
-      ::setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
-      if (set_threads) ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
-      std::vector<char*> args;
-      for (std::string& s : command) args.push_back(s.data());
-      args.push_back(nullptr);
-      ::execvp(args[0], args.data());
-      std::fprintf(stderr, "chorusrun: cannot run %s: %s\n", args[0], std::strerror(errno));
-      ::_exit(127);
-    }
-    ::setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before any signal
-    ::close(out[1]);
-    ::close(err[1]);
-    w.pid = pid;
-    w.out_fd = out[0];
-    w.err_fd = err[0];
-  }
-
-  int failed_code = 0, failed_rank = -1;
-  bool stopping = false;
-  auto stop_started = std::chrono::steady_clock::now();
-  bool killed = false;
-  // Each worker leads its own process group: a signal reaches what it started, too.
-  auto signal_all = [&](int sig) {
-    for (Worker& w : workers)
-      if (w.running) ::kill(-w.pid, sig);
-  };
-  auto all_exited_at = std::chrono::steady_clock::time_point();
-
-  for (;;) {
-    if (g_signal != 0) {
-      const int sig = g_signal;
-      g_signal = 0;
-      std::fprintf(stderr, "chorusrun: got signal %d, forwarding it to the workers\n", sig);
-      signal_all(sig);
-      if (!stopping) {
-        stopping = true;
-        stop_started = std::chrono::steady_clock::now();
-        if (failed_code == 0) failed_code = 128 + sig;
-      }
-    }
-    // Output: poll every open pipe for up to 100 ms.
-    std::vector<pollfd> fds;
-    std::vector<std::pair<int, bool>> owners;  // (worker, is_stdout)
-    for (int i = 0; i < nproc; ++i) {
-      if (workers[i].out_fd >= 0) fds.push_back({workers[i].out_fd, POLLIN, 0}), owners.push_back({i, true});
-      if (workers[i].err_fd >= 0) fds.push_back({workers[i].err_fd, POLLIN, 0}), owners.push_back({i, false});
-    }
-    if (!fds.empty()) {
-      int ready = ::poll(fds.data(), fds.size(), 100);
-      if (ready > 0) {
-        for (size_t k = 0; k < fds.size(); ++k) {
-          if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-          Worker& w = workers[owners[k].first];
-          const std::string prefix = "[" + std::to_string(w.rank) + "]: ";
-          if (owners[k].second) {
-            const bool open = drain(w.out_fd, w.out_buf);
-            emit_lines(w.out_buf, STDOUT_FILENO, prefix, !open);
-          } else {
-            const bool open = drain(w.err_fd, w.err_buf);
-            emit_lines(w.err_buf, STDERR_FILENO, prefix, !open);
-          }
+  auto run_round = [&](int restart) -> Round {
+    std::vector<Worker> workers(nproc);
+    const pid_t launcher = ::getpid();
+    // A worker that cannot be started (out of file descriptors or processes) stops the job: the ones
+    // already running are killed and reaped, none is left behind.
+    auto abandon_start = [&](const char* what, int local) {
+      std::fprintf(stderr, "chorusrun: cannot start worker %d of %d (%s: %s); stopping the %d already started\n", local,
+                   nproc, what, std::strerror(errno), local);
+      for (int i = 0; i < local; ++i) {
+        if (workers[i].pid > 0) {
+          ::kill(-workers[i].pid, SIGKILL);
+          ::kill(workers[i].pid, SIGKILL);
         }
       }
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      for (int i = 0; i < local; ++i) {
+        if (workers[i].pid > 0) ::waitpid(workers[i].pid, nullptr, 0);
+      }
+      return 1;
+    };
+    for (int local = 0; local < nproc; ++local) {
+      Worker& w = workers[local];
+      w.local_rank = local;
+      w.rank = node_rank * nproc + local;
+      int out[2] = {-1, -1}, err[2] = {-1, -1};
+      if (::pipe(out) != 0 || ::pipe(err) != 0) {
+        for (int fd : {out[0], out[1], err[0], err[1]})
+          if (fd >= 0) ::close(fd);
+        return Round{abandon_start("pipe", local), false};
+      }
+      pid_t pid = ::fork();
+      if (pid < 0) return Round{abandon_start("fork", local), false};
+      if (pid == 0) {
+        // Dies with the launcher, even when the launcher is killed with SIGKILL and cannot forward
+        // anything (checked once more after the call: the launcher may already be gone).
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != launcher) ::_exit(128 + SIGKILL);
+        ::setpgid(0, 0);  // the worker's own process group: a terminal's Ctrl-C reaches it through us
+        ::dup2(out[1], STDOUT_FILENO);
+        ::dup2(err[1], STDERR_FILENO);
+        ::close(out[0]);
+        ::close(out[1]);
+        ::close(err[0]);
+        ::close(err[1]);
+        ::setenv("RANK", std::to_string(w.rank).c_str(), 1);
+        ::setenv("LOCAL_RANK", std::to_string(local).c_str(), 1);
+        ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+        ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
+        ::setenv("GROUP_RANK", std::to_string(node_rank).c_str(), 1);
+        ::setenv("MASTER_ADDR", master_addr.c_str(), 1);
+        ::setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
+        ::setenv("CHORUS_RESTART_COUNT", std::to_string(restart).c_str(), 1);
+        if (set_threads) ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+        std::vector<char*> args;
+        for (std::string& s : command) args.push_back(s.data());
+        args.push_back(nullptr);
+        ::execvp(args[0], args.data());
+        std::fprintf(stderr, "chorusrun: cannot run %s: %s\n", args[0], std::strerror(errno));
+        ::_exit(127);
+      }
+      ::setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before any signal
+      ::close(out[1]);
+      ::close(err[1]);
+      w.pid = pid;
+      w.out_fd = out[0];
+      w.err_fd = err[0];
     }
-    // Exits.
-    bool any_running = false;
-    for (Worker& w : workers) {
-      if (!w.running) continue;
-      int status = 0;
-      pid_t r = ::waitpid(w.pid, &status, WNOHANG);
-      if (r == w.pid) {
-        w.running = false;
-        w.exit_code = code_of(status);
-        if (w.exit_code != 0 && failed_rank < 0 && !stopping) {
-          failed_rank = w.rank;
-          failed_code = w.exit_code;
-          std::fprintf(stderr, "chorusrun: worker rank %d (pid %d) exited with code %d; stopping the other workers\n",
-                       w.rank, static_cast<int>(w.pid), w.exit_code);
+
+    int failed_code = 0, failed_rank = -1;
+    bool stopping = false;
+    auto stop_started = std::chrono::steady_clock::now();
+    bool killed = false;
+    // Each worker leads its own process group: a signal reaches what it started, too.
+    auto signal_all = [&](int sig) {
+      for (Worker& w : workers)
+        if (w.running) ::kill(-w.pid, sig);
+    };
+    auto all_exited_at = std::chrono::steady_clock::time_point();
+
+    for (;;) {
+      if (g_signal != 0) {
+        const int sig = g_signal;
+        g_signal = 0;
+        std::fprintf(stderr, "chorusrun: got signal %d, forwarding it to the workers\n", sig);
+        signal_all(sig);
+        if (!stopping) {
           stopping = true;
           stop_started = std::chrono::steady_clock::now();
-          signal_all(SIGTERM);
+          if (failed_code == 0) failed_code = 128 + sig;
+        }
+      }
+      // Output: poll every open pipe for up to 100 ms.
+      std::vector<pollfd> fds;
+      std::vector<std::pair<int, bool>> owners;  // (worker, is_stdout)
+      for (int i = 0; i < nproc; ++i) {
+        if (workers[i].out_fd >= 0) fds.push_back({workers[i].out_fd, POLLIN, 0}), owners.push_back({i, true});
+        if (workers[i].err_fd >= 0) fds.push_back({workers[i].err_fd, POLLIN, 0}), owners.push_back({i, false});
+      }
+      if (!fds.empty()) {
+        int ready = ::poll(fds.data(), fds.size(), 100);
+        if (ready > 0) {
+          for (size_t k = 0; k < fds.size(); ++k) {
+            if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            Worker& w = workers[owners[k].first];
+            const std::string prefix = "[" + std::to_string(w.rank) + "]: ";
+            if (owners[k].second) {
+              const bool open = drain(w.out_fd, w.out_buf);
+              emit_lines(w.out_buf, STDOUT_FILENO, prefix, !open);
+            } else {
+              const bool open = drain(w.err_fd, w.err_buf);
+              emit_lines(w.err_buf, STDERR_FILENO, prefix, !open);
+            }
+          }
         }
       } else {
-        any_running = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
       }
+      // Exits.
+      bool any_running = false;
+      for (Worker& w : workers) {
+        if (!w.running) continue;
+        int status = 0;
+        pid_t r = ::waitpid(w.pid, &status, WNOHANG);
+        if (r == w.pid) {
+          w.running = false;
+          w.exit_code = code_of(status);
+          if (w.exit_code != 0 && failed_rank < 0 && !stopping) {
+            failed_rank = w.rank;
+            failed_code = w.exit_code;
+            std::fprintf(stderr, "chorusrun: worker rank %d (pid %d) exited with code %d; stopping the other workers\n",
+                         w.rank, static_cast<int>(w.pid), w.exit_code);
+            stopping = true;
+            stop_started = std::chrono::steady_clock::now();
+            signal_all(SIGTERM);
+          }
+        } else {
+          any_running = true;
+        }
+      }
+      if (stopping && any_running && !killed &&
+          std::chrono::steady_clock::now() - stop_started > std::chrono::duration<double>(grace_s)) {
+        std::fprintf(stderr, "chorusrun: workers still running %.0f s after SIGTERM; sending SIGKILL\n", grace_s);
+        signal_all(SIGKILL);
+        killed = true;
+      }
+      bool pipes_open = false;
+      for (const Worker& w : workers) pipes_open |= w.out_fd >= 0 || w.err_fd >= 0;
+      if (!any_running && !pipes_open) break;
+      // A process a worker left behind may hold its output pipe open: read what comes for a
+      // second after the last worker exits, then stop waiting for it.
+      if (!any_running && all_exited_at == std::chrono::steady_clock::time_point()) {
+        all_exited_at = std::chrono::steady_clock::now();
+      }
+      if (!any_running && std::chrono::steady_clock::now() - all_exited_at > std::chrono::seconds(1)) break;
     }
-    if (stopping && any_running && !killed &&
-        std::chrono::steady_clock::now() - stop_started > std::chrono::duration<double>(grace_s)) {
-      std::fprintf(stderr, "chorusrun: workers still running %.0f s after SIGTERM; sending SIGKILL\n", grace_s);
-      signal_all(SIGKILL);
-      killed = true;
+    return {failed_code, failed_rank >= 0};
+  };
+
+  // [Elastic restart] torchrun's --max-restarts: a failed worker stops the round (the others get
+  // SIGTERM, then SIGKILL), and all start again with CHORUS_RESTART_COUNT one higher; the programs
+  // resume from their latest complete checkpoint (the examples' --resume auto). A signal to the
+  // launcher itself ends the job without restarting.
+  for (int restart = 0;; ++restart) {
+    const Round round = run_round(restart);
+    if (round.code == 0 || !round.worker_failed || restart >= max_restarts || g_signal != 0) {
+      if (round.code != 0 && round.worker_failed && max_restarts > 0 && restart >= max_restarts)
+        std::fprintf(stderr, "chorusrun: giving up after %d restart(s) (--max-restarts %d)\n", restart, max_restarts);
+      return round.code;
     }
-    bool pipes_open = false;
-    for (const Worker& w : workers) pipes_open |= w.out_fd >= 0 || w.err_fd >= 0;
-    if (!any_running && !pipes_open) break;
-    // A process a worker left behind may hold its output pipe open: read what comes for a
-    // second after the last worker exits, then stop waiting for it.
-    if (!any_running && all_exited_at == std::chrono::steady_clock::time_point()) {
-      all_exited_at = std::chrono::steady_clock::now();
-    }
-    if (!any_running && std::chrono::steady_clock::now() - all_exited_at > std::chrono::seconds(1)) break;
+    std::fprintf(stderr, "chorusrun: restarting the workers (%d of %d, --max-restarts)\n", restart + 1, max_restarts);
   }
-  return failed_code;
 }

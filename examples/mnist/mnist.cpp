@@ -38,7 +38,8 @@ struct Flags {
   std::string optimizer = "adam";
   uint64_t seed = 1;
   std::string checkpoint_dir;
-  bool resume = false;
+  std::string resume = "no";  // no, always (the bare flag), auto (when a checkpoint exists)
+  int64_t checkpoint_every = 0;  // steps between mid-epoch checkpoints (0: at epoch ends only)
   int threads = 0;
   std::string data_dir;
   std::string trace;
@@ -101,7 +102,15 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   app.add_option("--seed", f.seed, "seed of initialization and shuffling");
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "write checkpoint.safetensors here after each epoch");
-  app.add_flag("--resume", f.resume, "continue from the checkpoint in --checkpoint-dir");
+  app.add_option("--resume", f.resume,
+                 "continue from the checkpoint in --checkpoint-dir (bare: it must exist; `--resume auto`: when one "
+                 "exists, as after chorusrun --max-restarts)")
+      ->expected(0, 1)
+      ->default_str("always")
+      ->check(CLI::IsMember({"always", "auto"}));
+  app.add_option("--checkpoint-every", f.checkpoint_every,
+                 "also checkpoint every this many steps inside an epoch (resume continues at that step exactly)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", f.threads, "CPU threads per process (default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--data-dir", f.data_dir, "folder holding mnist/ and fashion-mnist/ (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");
@@ -113,7 +122,7 @@ int main(int argc, char** argv) {
   try {
     const auto t_start = Clock::now();
     if (f.threads > 0) set_num_threads(f.threads);
-    if (f.resume && f.checkpoint_dir.empty()) fail("mnist: --resume needs --checkpoint-dir");
+    if (f.resume != "no" && f.checkpoint_dir.empty()) fail("mnist: --resume needs --checkpoint-dir");
 
     examples::Job job = examples::Job::join();
     const int rank = job.rank, world = job.world;
@@ -150,13 +159,20 @@ int main(int argc, char** argv) {
                                optim::WarmupDecayLR::Decay::Cosine);
 
     int start_epoch = 0;
-    int64_t step = 0;
+    int64_t step = 0, skip_in_epoch = 0;
     const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
-    if (f.resume) {
+    const bool have_checkpoint = !ckpt_path.empty() && std::filesystem::exists(ckpt_path);
+    if (f.resume == "always" || (f.resume == "auto" && have_checkpoint)) {
       nn::Checkpoint c = examples::load_checkpoint(ckpt_path, *net, *opt, sched, {{"dataset", f.dataset}, {"model", f.model}});
       start_epoch = static_cast<int>(c.epoch);
       step = c.step;
-      log(fmt::format("resumed from {} at epoch {}, step {}", ckpt_path, start_epoch, step));
+      // A mid-epoch checkpoint (--checkpoint-every): that epoch again, its first steps skipped (the
+      // sampler's order depends only on the seed and the epoch, so the same batches follow).
+      if (auto it = c.extra.find("step_in_epoch"); it != c.extra.end()) skip_in_epoch = std::stoll(it->second);
+      if (skip_in_epoch < 0 || skip_in_epoch >= steps_per_epoch)
+        fail("mnist: the checkpoint {} says step {} of an epoch of {} steps", ckpt_path, skip_in_epoch, steps_per_epoch);
+      log(fmt::format("resumed from {} at epoch {}, step {}{}", ckpt_path, start_epoch, step,
+                      std::getenv("CHORUS_RESTART_COUNT") ? fmt::format(" (restart {})", std::getenv("CHORUS_RESTART_COUNT")) : ""));
     }
     if (!f.checkpoint_dir.empty() && rank == 0) std::filesystem::create_directories(f.checkpoint_dir);
 
@@ -177,6 +193,10 @@ int main(int argc, char** argv) {
       epoch_loss_n = 0;
       int64_t correct = 0, seen = 0, in_epoch = 0;
       for (data::Batch& b : loader) {
+        if (epoch == start_epoch && in_epoch < skip_in_epoch) {
+          ++in_epoch;  // trained before the checkpoint this run resumed from
+          continue;
+        }
         opt->zero_grad();
         Tensor logits = model->forward(b.data);
         Tensor loss = F::cross_entropy(logits, b.target);
@@ -197,6 +217,12 @@ int main(int argc, char** argv) {
         if (!traced && step >= 3) {
           examples::write_trace(ddp.get(), f.trace, job);
           traced = true;
+        }
+        if (f.checkpoint_every > 0 && in_epoch % f.checkpoint_every == 0 && in_epoch < steps_per_epoch &&
+            !ckpt_path.empty() && rank == 0) {
+          examples::save_checkpoint(ckpt_path, *net, *opt, sched, epoch, step,
+                                    {{"dataset", f.dataset}, {"model", f.model}, {"step_in_epoch", std::to_string(in_epoch)}});
+          log(fmt::format("saved {} at epoch {} step {}", ckpt_path, epoch + 1, in_epoch));
         }
         const auto now = Clock::now();
         if (std::chrono::duration<double>(now - t_log).count() >= f.log_every_s || in_epoch == steps_per_epoch) {

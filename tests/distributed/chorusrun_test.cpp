@@ -74,6 +74,34 @@ TEST_CASE("a failing worker stops the others and its exit code is chorusrun's", 
   CHECK_THAT(k.output, Catch::Contains("SIGKILL"));
 }
 
+TEST_CASE("--max-restarts starts every worker again with CHORUS_RESTART_COUNT, then gives up", "[distributed][chorusrun]") {
+  // Rank 1 fails in every round; the others are stopped and all start again, twice.
+  Run r = run("--nproc-per-node 2 --max-restarts 2 --grace-period 2 bash -c "
+              "'echo \"start $RANK $CHORUS_RESTART_COUNT\"; if [ $RANK = 1 ]; then sleep 0.3; exit 5; fi; "
+              "trap \"exit 0\" TERM; sleep 30 & wait'");
+  INFO(r.output);
+  CHECK(r.code == 5);
+  CHECK(r.seconds < 20);
+  for (int round = 0; round <= 2; ++round)
+    for (int rank = 0; rank < 2; ++rank)
+      CHECK_THAT(r.output, Catch::Contains("[" + std::to_string(rank) + "]: start " + std::to_string(rank) + " " +
+                                           std::to_string(round)));
+  CHECK_THAT(r.output, Catch::Contains("restarting the workers (1 of 2") && Catch::Contains("(2 of 2") &&
+                           Catch::Contains("giving up after 2 restart(s)"));
+  CHECK(r.output.find("start 0 3") == std::string::npos);
+  // A job that succeeds after a failure ends with 0: rank 0 fails only in round 0.
+  Run ok = run("--nproc-per-node 2 --max-restarts 3 bash -c "
+               "'if [ $RANK = 0 ] && [ $CHORUS_RESTART_COUNT = 0 ]; then exit 9; fi; sleep 0.2; echo done $RANK'");
+  INFO(ok.output);
+  CHECK(ok.code == 0);
+  CHECK_THAT(ok.output, Catch::Contains("[0]: done 0") && Catch::Contains("restarting the workers (1 of 3"));
+  CHECK(ok.output.find("(2 of 3") == std::string::npos);
+  // Without the flag, no restart (torchrun's default).
+  Run once = run("--nproc-per-node 1 bash -c 'echo round $CHORUS_RESTART_COUNT; exit 4'");
+  CHECK(once.code == 4);
+  CHECK(once.output.find("restarting") == std::string::npos);
+}
+
 TEST_CASE("SIGTERM to chorusrun reaches every worker", "[distributed][chorusrun]") {
   const std::string out = std::string(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") + "/chorusrun_sig.log";
   pid_t pid = ::fork();

@@ -155,4 +155,59 @@ TEST_CASE("the examples refuse bad flags with a message", "[examples]") {
   CHECK(r.output.find("RANK=5 is outside a world of size 1") != std::string::npos);
 }
 
+// [Elastic restart]: a worker killed with SIGKILL in the middle of an epoch; chorusrun --max-restarts
+// starts both again, the MNIST example resumes from its latest mid-epoch checkpoint (--resume auto,
+// --checkpoint-every) and the job ends with the parameters of a run that was never interrupted, bit
+// for bit (same checkpoint bytes).
+TEST_CASE("chorusrun --max-restarts brings a killed MNIST job back to the uninterrupted parameters",
+          "[examples][elastic]") {
+  const std::string flags = " --model mlp --epochs 2 --batch-size 256 --threads 1 --workers 0 --log-every 60 "
+                            "--checkpoint-every 40 --resume auto --checkpoint-dir ";
+  const fs::path ref = scratch("elastic_reference"), job = scratch("elastic_killed");
+  const Run reference = run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " +
+                            std::to_string(chorus::testing::free_port()) + " " + binary("examples/mnist/mnist") + flags +
+                            ref.string());
+  INFO(reference.output);
+  REQUIRE(reference.code == 0);
+
+  // The killed run: chorusrun in the background, its output in a file.
+  fs::create_directories(job);
+  const std::string log = (job / "chorusrun.log").string();
+  const pid_t launcher = ::fork();
+  if (launcher == 0) {
+    FILE* f = std::fopen(log.c_str(), "w");
+    if (f == nullptr) ::_exit(126);
+    ::dup2(fileno(f), STDOUT_FILENO);
+    ::dup2(fileno(f), STDERR_FILENO);
+    const std::string port = std::to_string(chorus::testing::free_port());
+    const std::string cmd = binary("distributed/launcher/chorusrun") + " --max-restarts 2 --nproc-per-node 2 --master-port " +
+                            port + " " + binary("examples/mnist/mnist") + flags + job.string();
+    ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), nullptr);
+    ::_exit(127);
+  }
+  // After the second mid-epoch checkpoint of epoch 1 (step 80 of 234), kill -9 one worker.
+  auto slurp = [](const std::string& path) { return chorus::testing::slurp(path); };
+  for (int i = 0; i < 600 && slurp(log).find("at epoch 1 step 80") == std::string::npos; ++i)
+    ::usleep(100 * 1000);
+  REQUIRE(slurp(log).find("at epoch 1 step 80") != std::string::npos);
+  ::usleep(200 * 1000);  // a few steps past the checkpoint: they are lost and redone
+  const auto children = chorus::testing::run_command("pgrep -P " + std::to_string(launcher));
+  REQUIRE(children.code == 0);
+  const std::string victim = children.output.substr(children.output.rfind('\n', children.output.size() - 2) + 1);
+  REQUIRE(chorus::testing::run_command("kill -9 " + victim).code == 0);
+  int status = 0;
+  ::waitpid(launcher, &status, 0);
+  const std::string out = slurp(log);
+  INFO(out);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  CHECK(out.find("exited with code 137") != std::string::npos);  // the SIGKILL, as a code
+  CHECK(out.find("restarting the workers (1 of 2") != std::string::npos);
+  CHECK(out.find("resumed from") != std::string::npos);
+  CHECK(out.find("(restart 1)") != std::string::npos);
+  const std::string a = slurp((ref / "checkpoint.safetensors").string()), b = slurp((job / "checkpoint.safetensors").string());
+  REQUIRE(a.size() > 100000);
+  REQUIRE(a == b);
+}
+
 }  // namespace
