@@ -97,8 +97,13 @@ set +e
 #    DDP's reducer on a device are concurrent code: their tests
 #    also run under ThreadSanitizer (its own output tree, docs/build.md). Counted before the main
 #    run, because bazel-testlogs follows the latest invocation.
-bazel test -c opt --config=tsan --keep_going "$data_env" //tests/tensor:device_runtime_tsan_test \
-  //tests/distributed:stream_group_tsan_test 2>&1 | tee "$output"
+#    Also the store (server and client threads), the data loader's worker threads and the autograd
+#    engine and hooks (OMP_NUM_THREADS=1: libgomp is not instrumented, so its thread pool would
+#    report false races; the engine's and loader's own threads are what is checked here).
+bazel test -c opt --config=tsan --keep_going "$data_env" --test_env=OMP_NUM_THREADS=1 \
+  //tests/tensor:device_runtime_tsan_test //tests/distributed:stream_group_tsan_test \
+  //tests/distributed:store_test //tests/data:data_test //tests/autograd:engine_test \
+  //tests/autograd:hooks_test 2>&1 | tee "$output"
 tsan_rc=${PIPESTATUS[0]}
 count_run "$output"
 # 2. Everything else. --keep_going: a target that fails to build must not stop every other test.
