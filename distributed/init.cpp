@@ -210,7 +210,6 @@ LaunchEnv launch_env_from(const std::function<const char*(const char*)>& lookup)
   };
   auto integer = [&](const char* name) { return parse_env_int(name, get(name)); };
   LaunchEnv env;
-  const char* scheduler_rank = nullptr;
   if (get("RANK") || get("WORLD_SIZE")) {
     env.launcher = "env";
     env.rank_variable = "RANK";
@@ -226,26 +225,26 @@ LaunchEnv launch_env_from(const std::function<const char*(const char*)>& lookup)
     else fail("init_process_group: environment variable WORLD_SIZE is set but RANK is not (launch with chorusrun, "
               "which sets both)");
     if (get("LOCAL_RANK")) env.local_rank = integer("LOCAL_RANK");
-  } else if (get("OMPI_COMM_WORLD_SIZE")) {
-    env.launcher = "openmpi";
-    scheduler_rank = "OMPI_COMM_WORLD_RANK";
-    env.rank_variable = scheduler_rank;
-    env.world_size_variable = "OMPI_COMM_WORLD_SIZE";
-    env.world_size = integer("OMPI_COMM_WORLD_SIZE");
-    if (!get(scheduler_rank)) fail("init_process_group: OMPI_COMM_WORLD_SIZE is set but OMPI_COMM_WORLD_RANK is not");
-    env.rank = integer(scheduler_rank);
-    if (get("OMPI_COMM_WORLD_LOCAL_RANK")) env.local_rank = integer("OMPI_COMM_WORLD_LOCAL_RANK");
-  } else if (get("SLURM_NTASKS")) {
-    env.launcher = "slurm";
-    scheduler_rank = "SLURM_PROCID";
-    env.rank_variable = scheduler_rank;
-    env.world_size_variable = "SLURM_NTASKS";
-    env.world_size = integer("SLURM_NTASKS");
-    if (!get(scheduler_rank)) fail("init_process_group: SLURM_NTASKS is set but SLURM_PROCID is not (run under srun)");
-    env.rank = integer(scheduler_rank);
-    if (get("SLURM_LOCALID")) env.local_rank = integer("SLURM_LOCALID");
   } else {
-    return env;
+    // A scheduler's variables: the first whose world size is set.
+    struct Scheduler {
+      const char *launcher, *world, *rank, *local, *hint;
+    };
+    static constexpr Scheduler kSchedulers[] = {
+        {"openmpi", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", ""},
+        {"slurm", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID", " (run under srun)"},
+    };
+    const Scheduler* found = nullptr;
+    for (const Scheduler& sch : kSchedulers)
+      if (!found && get(sch.world)) found = &sch;
+    if (!found) return env;
+    env.launcher = found->launcher;
+    env.rank_variable = found->rank;
+    env.world_size_variable = found->world;
+    env.world_size = integer(found->world);
+    if (!get(found->rank)) fail("init_process_group: {} is set but {} is not{}", found->world, found->rank, found->hint);
+    env.rank = integer(found->rank);
+    if (get(found->local)) env.local_rank = integer(found->local);
   }
   if (env.world_size < 1)
     fail("{}={} is not a world size (expected an integer >= 1)", env.world_size_variable, env.world_size);

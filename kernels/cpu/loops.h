@@ -19,85 +19,57 @@
 
 namespace chorus::kernels::cpu {
 
-// [ISA variants] (capability.h): the one vector loop every contiguous run goes through, defined
-// once for the build's floor (AVX2 + FMA) and once inside an AVX-512 region. `body(i)` is inlined
-// into whichever runs; it must have no dependence between iterations (as `#pragma omp simd` says).
-namespace isa_avx2 {
-template <typename Body>
-void simd_for(int64_t begin, int64_t end, const Body& body) {
-#pragma omp simd
-  for (int64_t i = begin; i < end; ++i) body(i);
-}
-}  // namespace isa_avx2
+// [ISA variants] (capability.h): the vector loops every contiguous run goes through, written once
+// here and expanded twice: for the build's floor (AVX2 + FMA) and inside an AVX-512 region. `body(i)`
+// is inlined into whichever runs; it must have no dependence between iterations (as `#pragma omp
+// simd` says).
+//   simd_for(begin, end, body)                 body(i) for every i
+//   simd_sum<Acc>(begin, end, body)            the sum of body(i) in Acc, one partial sum per lane
+//                                              (so its last bits depend on the variant's width)
+//   simd_for_uncontracted(begin, end, body)    simd_for with floating-point contraction off (no
+//                                              a * b + c fused into one multiply-add), for updates
+//                                              that must equal their written arithmetic in every
+//                                              variant: the optimizer steps (optim_math_test)
+#define CHORUS_ISA_LOOPS                                                                      \
+  template <typename Body>                                                                    \
+  void simd_for(int64_t begin, int64_t end, const Body& body) {                               \
+    _Pragma("omp simd") for (int64_t i = begin; i < end; ++i) body(i);                        \
+  }                                                                                           \
+  template <typename Acc, typename Body>                                                      \
+  Acc simd_sum(int64_t begin, int64_t end, const Body& body) {                                \
+    Acc acc = 0;                                                                              \
+    _Pragma("omp simd reduction(+ : acc)") for (int64_t i = begin; i < end; ++i) acc += body(i); \
+    return acc;                                                                               \
+  }                                                                                           \
+  _Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\")")                     \
+  template <typename Body>                                                                    \
+  void simd_for_uncontracted(int64_t begin, int64_t end, const Body& body) {                  \
+    _Pragma("omp simd") for (int64_t i = begin; i < end; ++i) body(i);                        \
+  }                                                                                           \
+  _Pragma("GCC pop_options")
 
+namespace isa_avx2 {
+CHORUS_ISA_LOOPS
+}  // namespace isa_avx2
 CHORUS_AVX512_BEGIN
 namespace isa_avx512 {
-template <typename Body>
-void simd_for(int64_t begin, int64_t end, const Body& body) {
-#pragma omp simd
-  for (int64_t i = begin; i < end; ++i) body(i);
-}
+CHORUS_ISA_LOOPS
 }  // namespace isa_avx512
 CHORUS_AVX512_END
+#undef CHORUS_ISA_LOOPS
 
+// The dispatch: one relaxed atomic load per call (per run of elements, not per element).
 template <typename Body>
 void simd_for(int64_t begin, int64_t end, const Body& body) {
   if (cpu_capability_fast() == CpuCapability::kAvx512) isa_avx512::simd_for(begin, end, body);
   else isa_avx2::simd_for(begin, end, body);
 }
 
-// Sum of body(i) over [begin, end) in `Acc`, vectorized with one partial sum per lane (so the order
-// of additions, and the last bits of the result, depend on the variant's vector width).
-namespace isa_avx2 {
-template <typename Acc, typename Body>
-Acc simd_sum(int64_t begin, int64_t end, const Body& body) {
-  Acc acc = 0;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t i = begin; i < end; ++i) acc += body(i);
-  return acc;
-}
-}  // namespace isa_avx2
-CHORUS_AVX512_BEGIN
-namespace isa_avx512 {
-template <typename Acc, typename Body>
-Acc simd_sum(int64_t begin, int64_t end, const Body& body) {
-  Acc acc = 0;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t i = begin; i < end; ++i) acc += body(i);
-  return acc;
-}
-}  // namespace isa_avx512
-CHORUS_AVX512_END
-
 template <typename Acc, typename Body>
 Acc simd_sum(int64_t begin, int64_t end, const Body& body) {
   if (cpu_capability_fast() == CpuCapability::kAvx512) return isa_avx512::simd_sum<Acc>(begin, end, body);
   return isa_avx2::simd_sum<Acc>(begin, end, body);
 }
-
-// The same loop with floating-point contraction off (no a * b + c fused into one multiply-add), for
-// updates that must equal their written arithmetic in every variant: the optimizer steps
-// (kernels/cpu/optim.cpp; optim_math_test pins them), whose bodies are compiled without contraction
-// too.
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-namespace isa_avx2 {
-template <typename Body>
-void simd_for_uncontracted(int64_t begin, int64_t end, const Body& body) {
-#pragma omp simd
-  for (int64_t i = begin; i < end; ++i) body(i);
-}
-}  // namespace isa_avx2
-CHORUS_AVX512_BEGIN
-namespace isa_avx512 {
-template <typename Body>
-void simd_for_uncontracted(int64_t begin, int64_t end, const Body& body) {
-#pragma omp simd
-  for (int64_t i = begin; i < end; ++i) body(i);
-}
-}  // namespace isa_avx512
-CHORUS_AVX512_END
-#pragma GCC pop_options
 
 template <typename Body>
 void simd_for_uncontracted(int64_t begin, int64_t end, const Body& body) {
