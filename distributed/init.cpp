@@ -257,8 +257,13 @@ LaunchEnv launch_env_from(const std::function<const char*(const char*)>& lookup)
     const char* nodes = get("SLURM_JOB_NODELIST") ? get("SLURM_JOB_NODELIST") : get("SLURM_NODELIST");
     if (nodes) env.master_addr = slurm_first_host(nodes);
   }
-  if (get("MASTER_PORT")) env.master_port = integer("MASTER_PORT");
-  else if (env.launcher != "env") env.master_port = 29500;
+  if (get("MASTER_PORT")) {
+    env.master_port = integer("MASTER_PORT");
+    if (env.master_port < 1 || env.master_port > 65535)
+      fail("MASTER_PORT={} is not a TCP port (expected 1 to 65535)", env.master_port);
+  } else if (env.launcher != "env") {
+    env.master_port = 29500;
+  }
   return env;
 }
 

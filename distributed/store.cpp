@@ -5,6 +5,7 @@
 // (a stray or hostile client cannot crash or stall the server). Waiting for keys is done by the
 // client (check, back off, retry) so the server never blocks.
 #include "distributed/store.h"
+#include "distributed/store_protocol.h"
 
 #include "distributed/process_group.h"
 
@@ -31,61 +32,10 @@
 namespace chorus::distributed {
 namespace {
 
-enum Command : uint8_t { kSet = 1, kGet, kAdd, kCompareSet, kCheck, kDelete, kNumKeys };
-
 using Clock = std::chrono::steady_clock;
+using namespace store_protocol;
 
-void put_u32(Bytes& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-uint32_t get_u32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
-         static_cast<uint32_t>(p[3]) << 24;
-}
-Bytes i64_bytes(int64_t v) {
-  Bytes b(8);
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(static_cast<uint64_t>(v) >> (8 * i));
-  return b;
-}
-int64_t bytes_i64(const Bytes& b) {
-  if (b.size() != 8) fail("Store: expected an 8-byte integer value, got {} bytes", b.size());
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(b[i]) << (8 * i);
-  return static_cast<int64_t>(v);
-}
 Bytes to_bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
-
-Bytes encode(uint8_t command, const std::vector<Bytes>& args) {
-  Bytes body{command};
-  put_u32(body, static_cast<uint32_t>(args.size()));
-  for (const Bytes& a : args) {
-    put_u32(body, static_cast<uint32_t>(a.size()));
-    body.insert(body.end(), a.begin(), a.end());
-  }
-  Bytes frame;
-  put_u32(frame, static_cast<uint32_t>(body.size()));
-  frame.insert(frame.end(), body.begin(), body.end());
-  return frame;
-}
-
-// Parses a request body; false on any inconsistency.
-bool decode(const Bytes& body, uint8_t& command, std::vector<Bytes>& args) {
-  if (body.size() < 5) return false;
-  command = body[0];
-  const uint32_t n = get_u32(&body[1]);
-  size_t pos = 5;
-  if (n > body.size()) return false;
-  args.clear();
-  for (uint32_t i = 0; i < n; ++i) {
-    if (pos + 4 > body.size()) return false;
-    const uint32_t len = get_u32(&body[pos]);
-    pos += 4;
-    if (len > body.size() - pos) return false;
-    args.emplace_back(body.begin() + static_cast<std::ptrdiff_t>(pos), body.begin() + static_cast<std::ptrdiff_t>(pos + len));
-    pos += len;
-  }
-  return pos == body.size();
-}
 
 // Blocking I/O with a deadline.
 void send_all(int fd, const uint8_t* data, size_t n, Clock::time_point deadline, const std::string& who) {
@@ -230,80 +180,16 @@ class TCPStore::Server {
     if (k < 0) return errno == EAGAIN || errno == EINTR;
     Bytes& buf = clients_[fd];
     buf.insert(buf.end(), chunk, chunk + k);
-    while (buf.size() >= 4) {
-      const uint32_t len = get_u32(buf.data());
-      if (len > max_frame_) return false;  // oversized frame: protocol error
-      if (buf.size() < 4 + static_cast<size_t>(len)) break;
-      Bytes body(buf.begin() + 4, buf.begin() + 4 + len);
-      buf.erase(buf.begin(), buf.begin() + 4 + len);
-      uint8_t command;
-      std::vector<Bytes> args;
-      if (!decode(body, command, args)) return false;
-      Bytes reply;
-      if (!handle(command, args, reply)) return false;
-      Bytes frame;
-      put_u32(frame, static_cast<uint32_t>(reply.size()));
-      frame.insert(frame.end(), reply.begin(), reply.end());
+    std::vector<Bytes> replies;
+    const bool ok = serve_frames(buf, max_frame_, table_, replies);
+    for (const Bytes& frame : replies) {
       try {
         send_all(fd, frame.data(), frame.size(), Clock::now() + std::chrono::seconds(30), "TCPStore server");
       } catch (const Error&) {
         return false;
       }
     }
-    return true;
-  }
-
-  bool handle(uint8_t command, const std::vector<Bytes>& a, Bytes& reply) {
-    auto key = [&](size_t i) { return std::string(a[i].begin(), a[i].end()); };
-    switch (command) {
-      case kSet:
-        if (a.size() != 2) return false;
-        data_[key(0)] = a[1];
-        return true;
-      case kGet: {
-        if (a.size() != 1) return false;
-        auto it = data_.find(key(0));
-        reply.push_back(it != data_.end());
-        if (it != data_.end()) reply.insert(reply.end(), it->second.begin(), it->second.end());
-        return true;
-      }
-      case kAdd: {
-        if (a.size() != 2 || a[1].size() != 8) return false;
-        auto it = data_.find(key(0));
-        int64_t v = 0;
-        if (it != data_.end()) {
-          if (it->second.size() != 8) return false;
-          v = bytes_i64(it->second);
-        }
-        v += bytes_i64(a[1]);
-        data_[key(0)] = i64_bytes(v);
-        reply = i64_bytes(v);
-        return true;
-      }
-      case kCompareSet: {
-        if (a.size() != 3) return false;
-        auto it = data_.find(key(0));
-        const bool matches = it == data_.end() ? a[1].empty() : it->second == a[1];
-        if (matches) data_[key(0)] = a[2];
-        reply = data_.count(key(0)) ? data_[key(0)] : Bytes();
-        return true;
-      }
-      case kCheck: {
-        bool all = true;
-        for (size_t i = 0; i < a.size(); ++i) all = all && data_.count(key(i)) > 0;
-        reply.push_back(all);
-        return true;
-      }
-      case kDelete:
-        if (a.size() != 1) return false;
-        reply.push_back(data_.erase(key(0)) > 0);
-        return true;
-      case kNumKeys:
-        reply = i64_bytes(static_cast<int64_t>(data_.size()));
-        return true;
-      default:
-        return false;  // unknown command
-    }
+    return ok;
   }
 
   uint32_t max_frame_;
@@ -313,7 +199,7 @@ class TCPStore::Server {
   std::atomic<bool> stop_{false};
   std::thread thread_;
   std::map<int, Bytes> clients_;
-  std::map<std::string, Bytes> data_;
+  Table table_;
 };
 
 // ------------------------------------------------------------------------------------ client
@@ -521,7 +407,7 @@ int64_t FileStore::add(const std::string& key, int64_t delta) {
   auto data = f.read("FileStore::add");
   int64_t v = 0;
   if (auto it = data.find(key); it != data.end()) v = bytes_i64(it->second);
-  v += delta;
+  v = static_cast<int64_t>(static_cast<uint64_t>(v) + static_cast<uint64_t>(delta));  // wraps, no UB
   Bytes b = i64_bytes(v);
   f.append(key, &b, "FileStore::add");
   return v;

@@ -1,5 +1,6 @@
 #include "nn/init.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "autograd/grad_mode.h"
@@ -41,12 +42,35 @@ double calculate_gain(const std::string& nonlinearity, double param) {
   fail("init::calculate_gain: unsupported nonlinearity '{}'", nonlinearity);
 }
 
+// Fills t with f(draws) computed in float64 (the arithmetic of PyTorch's fills), a chunk at a time:
+// chunk(n) draws n float64 values from the generator and transforms them. Chunks of an even
+// number of elements consume exactly the Philox blocks a whole-tensor draw would (uniform takes
+// two values a block, normal one), so the values are the same bit for bit, while the float64
+// temporary stays small (a whole-tensor one was cached by the CPU allocator and added a float64
+// copy of the largest parameters to a training run's peak memory).
+template <typename Chunk>
+void fill_in_chunks(Tensor& t, const Chunk& chunk) {
+  constexpr int64_t kChunk = 1 << 16;  // 512 KiB of float64
+  NoGradGuard no_grad;
+  if (!t.is_contiguous() || t.numel() <= kChunk) {
+    t.copy_(chunk(t.sizes()));
+    return;
+  }
+  Tensor flat = t.reshape({-1});
+  for (int64_t start = 0; start < t.numel(); start += kChunk) {
+    const int64_t n = std::min(kChunk, t.numel() - start);
+    flat.narrow(0, start, n).copy_(chunk(Shape{n}));
+  }
+}
+
 Tensor& uniform_(Tensor& t, double low, double high, Generator* gen) {
   check_floating(t, "uniform_");
   Generator& g = gen ? *gen : default_generator();
   // low + (high - low) * u in float64, the arithmetic of a uniform fill, drawn on t's device.
-  Tensor v = rand(t.sizes(), {.dtype = kFloat64, .device = t.device()}, &g).mul(high - low).add(low);
-  assign(t, v);
+  fill_in_chunks(t, [&](const Shape& shape) {
+    Tensor v = rand(shape, {.dtype = kFloat64, .device = t.device()}, &g);
+    return v.mul_(high - low).add_(low);
+  });
   return t;
 }
 
@@ -54,8 +78,10 @@ Tensor& normal_(Tensor& t, double mean, double std, Generator* gen) {
   check_floating(t, "normal_");
   if (std < 0) fail("init::normal_: std must be non-negative, got {}", std);
   Generator& g = gen ? *gen : default_generator();
-  Tensor v = randn(t.sizes(), {.dtype = kFloat64, .device = t.device()}, &g).mul(std).add(mean);
-  assign(t, v);
+  fill_in_chunks(t, [&](const Shape& shape) {
+    Tensor v = randn(shape, {.dtype = kFloat64, .device = t.device()}, &g);
+    return v.mul_(std).add_(mean);
+  });
   return t;
 }
 

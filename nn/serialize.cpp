@@ -393,4 +393,8 @@ Checkpoint Checkpoint::load(const std::string& path) {
   return c;
 }
 
+int64_t metadata_int(const Metadata& metadata, const std::string& key, const std::string& path) {
+  return parse_int(metadata, key, path);
+}
+
 }  // namespace chorus::nn

@@ -33,6 +33,10 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
 // naming the file and the problem. Nothing is allocated for tensor data before the header checks out.
 SafetensorsFile load_safetensors(const std::string& path);
 
+// metadata[key] as an integer, parsed strictly (all of it, in int64 range); chorus::Error naming the
+// file, the key and the value when it is absent or not an integer.
+int64_t metadata_int(const Metadata& metadata, const std::string& key, const std::string& path);
+
 // Writes `bytes` to `path` atomically (same-folder temporary file, fsync, rename, folder fsync).
 void atomic_write(const std::string& path, const std::string& bytes);
 

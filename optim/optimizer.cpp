@@ -124,7 +124,12 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
     if (name.rfind("param_groups.", 0) == 0) {
       const std::string rest = name.substr(13);
       const size_t dot = rest.find('.');
-      const size_t gi = dot == std::string::npos ? groups_.size() : std::stoul(rest.substr(0, dot));
+      const std::string digits = dot == std::string::npos ? "" : rest.substr(0, dot);
+      if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) {
+        fail("{}.load_state_dict: '{}' should be param_groups.<group index>.<option>, and '{}' is not an index",
+             name_, name, digits);
+      }
+      const size_t gi = std::stoul(digits);
       if (gi >= groups_.size()) {
         fail("{}.load_state_dict: '{}' names a parameter group this optimizer does not have ({} groups)", name_, name,
              groups_.size());
@@ -177,11 +182,10 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
   for (const auto& [index, bufs] : buffers) {
     for (const std::string& want : required_state()) {
       if (!bufs.count(want)) {
-        fail("{}.load_state_dict: the state of parameter {} has no '{}' (it has: {})", name_, index, want, [&] {
-          std::vector<std::string> have;
-          for (const auto& [k, v] : bufs) have.push_back(k);
-          return fmt::format("{}", fmt::join(have, ", "));
-        }());
+        std::vector<std::string> have;
+        for (const auto& [k, v] : bufs) have.push_back(k);
+        fail("{}.load_state_dict: the state of parameter {} has no '{}' (it has: {})", name_, index, want,
+             fmt::join(have, ", "));
       }
     }
     if (auto it = bufs.find("step"); it != bufs.end()) {

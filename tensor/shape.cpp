@@ -7,8 +7,13 @@
 namespace chorus {
 
 int64_t numel_of(const Shape& shape) {
+  // Shapes can come from outside bytes (files, the network): a product beyond int64 is an error,
+  // not a wrapped count. A zero dim makes the whole product 0 whatever the others are.
+  if (std::find(shape.begin(), shape.end(), int64_t{0}) != shape.end()) return 0;
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) {
+    if (__builtin_mul_overflow(n, s, &n)) fail("shape {} has more elements than an int64 can count", shape_str(shape));
+  }
   return n;
 }
 
@@ -17,7 +22,9 @@ Strides contiguous_strides(const Shape& shape) {
   int64_t stride = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     strides[i] = stride;
-    stride *= std::max<int64_t>(shape[i], 1);
+    if (i > 0 && __builtin_mul_overflow(stride, std::max<int64_t>(shape[i], 1), &stride)) {
+      fail("shape {} has more elements than an int64 can count", shape_str(shape));
+    }
   }
   return strides;
 }

@@ -1,5 +1,6 @@
 #include "distributed/pipeline/plan.h"
 
+#include <climits>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -90,15 +91,35 @@ namespace {
 
 using nlohmann::json;
 
-template <typename T>
-T get_field(const json& j, const char* key, const char* where) {
-  if (!j.contains(key)) fail("pipeline plan JSON: {} has no \"{}\"", where, key);
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception& e) {
-    fail("pipeline plan JSON: \"{}\" in {} is {}; expected {}", key, where, j.at(key).dump(),
-         std::is_same_v<T, std::string> ? "a string" : "an integer");
+// An integer field, strictly: a JSON integer within int's range (nlohmann's get<int> would truncate
+// 4294967297 to 1 and cast 3e72 with undefined behaviour).
+int as_int(const json& v, const std::string& what, const std::string& where) {
+  if (v.is_number_integer()) {
+    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(INT_MAX)
+                                             : v.get<int64_t>() >= INT_MIN && v.get<int64_t>() <= INT_MAX;
+    if (fits) return static_cast<int>(v.get<int64_t>());
   }
+  fail("pipeline plan JSON: {} in {} is {}; expected an integer in [{}, {}]", what, where, v.dump(), INT_MIN, INT_MAX);
+}
+
+int int_field(const json& j, const char* key, const char* where) {
+  if (!j.contains(key)) fail("pipeline plan JSON: {} has no \"{}\"", where, key);
+  return as_int(j.at(key), fmt::format("\"{}\"", key), where);
+}
+
+std::string string_field(const json& j, const char* key, const char* where) {
+  if (!j.contains(key)) fail("pipeline plan JSON: {} has no \"{}\"", where, key);
+  if (!j.at(key).is_string()) fail("pipeline plan JSON: \"{}\" in {} is {}; expected a string", key, where, j.at(key).dump());
+  return j.at(key).get<std::string>();
+}
+
+std::vector<int> int_list(const json& st, const char* key, const std::string& where) {
+  if (!st.contains(key) || !st.at(key).is_array()) {
+    fail("pipeline plan JSON: {} is {}; expected {{\"layers\": [first, end], \"ranks\": [r, ...]}}", where, st.dump());
+  }
+  std::vector<int> out;
+  for (const json& v : st.at(key)) out.push_back(as_int(v, fmt::format("an element of \"{}\"", key), where));
+  return out;
 }
 
 }  // namespace
@@ -122,13 +143,13 @@ PipelinePlan plan_from_json(const std::string& text) {
            it.key());
     }
   }
-  const int version = get_field<int>(j, "version", "the plan");
+  const int version = int_field(j, "version", "the plan");
   if (version != 1) fail("pipeline plan JSON: version {} is not supported; expected version 1", version);
   PipelinePlan p;
-  p.num_layers = get_field<int>(j, "num_layers", "the plan");
-  p.global_batch = get_field<int>(j, "global_batch", "the plan");
-  p.micro_batches = get_field<int>(j, "micro_batches", "the plan");
-  p.schedule = get_field<std::string>(j, "schedule", "the plan");
+  p.num_layers = int_field(j, "num_layers", "the plan");
+  p.global_batch = int_field(j, "global_batch", "the plan");
+  p.micro_batches = int_field(j, "micro_batches", "the plan");
+  p.schedule = string_field(j, "schedule", "the plan");
   if (!j.contains("stages") || !j["stages"].is_array()) fail("pipeline plan JSON: expected an array \"stages\"");
   int s = 0;
   for (const json& st : j["stages"]) {
@@ -139,13 +160,8 @@ PipelinePlan plan_from_json(const std::string& text) {
         fail("pipeline plan JSON: {} has an unknown key \"{}\"; expected only \"layers\" and \"ranks\"", where, it.key());
       }
     }
-    std::vector<int> layers, ranks;
-    try {
-      layers = st.at("layers").get<std::vector<int>>();
-      ranks = st.at("ranks").get<std::vector<int>>();
-    } catch (const json::exception& e) {
-      fail("pipeline plan JSON: {} is {}; expected {{\"layers\": [first, end], \"ranks\": [r, ...]}}", where, st.dump());
-    }
+    const std::vector<int> layers = int_list(st, "layers", where);
+    const std::vector<int> ranks = int_list(st, "ranks", where);
     if (layers.size() != 2) {
       fail("pipeline plan JSON: {} has layers {}; expected [first, end] (two numbers, end exclusive)", where, layers);
     }

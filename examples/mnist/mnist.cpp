@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
       step = c.step;
       // A mid-epoch checkpoint (--checkpoint-every): that epoch again, its first steps skipped (the
       // sampler's order depends only on the seed and the epoch, so the same batches follow).
-      if (auto it = c.extra.find("step_in_epoch"); it != c.extra.end()) skip_in_epoch = std::stoll(it->second);
+      if (c.extra.count("step_in_epoch")) skip_in_epoch = nn::metadata_int(c.extra, "step_in_epoch", ckpt_path);
       if (skip_in_epoch < 0 || skip_in_epoch >= steps_per_epoch)
         fail("mnist: the checkpoint {} says step {} of an epoch of {} steps", ckpt_path, skip_in_epoch, steps_per_epoch);
       log(fmt::format("resumed from {} at epoch {}, step {}{}", ckpt_path, start_epoch, step,

@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "kernels/cpu/capability.h"
+#include "kernels/cpu/kernels.h"
 #include "tensor/error.h"
 #include "tensor/storage.h"
 
@@ -230,7 +231,12 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   const std::shared_ptr<Entry> e = entry_for(key_of(x, weight, /*bias=*/false, w, groups));
   make_backward(*e);
   dnnl::stream stream(engine());
-  const Tensor go = grad_out.is_contiguous() ? grad_out : grad_out.contiguous();
+  // A dense copy through the copy kernel (Tensor::contiguous belongs to the autograd layer above).
+  Tensor go = grad_out;
+  if (!grad_out.is_contiguous()) {
+    go = make_tensor(grad_out.sizes(), grad_out.dtype(), kCPU);
+    copy(go, grad_out);
+  }
   if (grad_x.defined()) {
     Arg diff_dst(e->bwd_data_pd.diff_dst_desc(), e->s.user_dst, ptr(go), true, stream);
     Arg wei(e->bwd_data_pd.weights_desc(), e->s.user_wei, ptr(weight), true, stream);

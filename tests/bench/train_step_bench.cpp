@@ -8,6 +8,7 @@
 // BERT-mini masked-LM at batch 8 of 128 tokens with AdamW.
 //
 //   bazel run -c opt //tests/bench:train_step_bench -- [--steps 20] [--warmup 5]
+#include <cmath>
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -191,77 +192,86 @@ struct TorchBertImpl : torch::nn::Module {
 TORCH_MODULE(TorchBert);
 
 // ------------------------------------------------------------------ timing
-// The issue-6 models: ResNet-18 (torchvision's, 1000 classes) at batch 16 of 3x64x64 with SGD
-// momentum, and BERT-mini masked-LM (batch 8 of 128 tokens, 15% predicted) with AdamW.
+// The issue-6 models: ResNet-18 (torchvision's, 1000 classes) at batch 8, 16 and 32 of 3x64x64 with
+// SGD momentum, and BERT masked-LM (128 tokens, 14% predicted) with AdamW: mini at batch 8 and 16,
+// small (4 layers, hidden 512) at batch 8.
+void resnet18_step(int64_t batch, int threads, int steps, int warmup) {
+  chorus::manual_seed(1);
+  auto cmodel = chorus::models::resnet18();
+  chorus::optim::SGD copt(cmodel->parameters(), {.lr = 0.01, .momentum = 0.9});
+  chorus::Tensor cx = chorus::randn({batch, 3, 64, 64});
+  chorus::Tensor cy = chorus::randint(0, 1000, {batch});
+  const double tc = chorus::bench::median_time(
+      [&] {
+        copt.zero_grad();
+        CF::cross_entropy(cmodel->forward(cx), cy).backward();
+        copt.step();
+      },
+      warmup, steps);
+  torch::manual_seed(1);
+  torch::nn::Sequential tmodel = torch_resnet18();
+  torch::optim::SGD topt(tmodel->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+  torch::Tensor tx = torch::randn({batch, 3, 64, 64});
+  torch::Tensor ty = torch::randint(0, 1000, {batch}, torch::kLong);
+  const double tt = chorus::bench::median_time(
+      [&] {
+        topt.zero_grad();
+        torch::nn::functional::cross_entropy(tmodel->forward(tx), ty).backward();
+        topt.step();
+      },
+      warmup, steps);
+  std::printf("| ResNet-18, batch %lld x 3x64x64 | %d | %.2f | %.2f | %.2f |\n", static_cast<long long>(batch), threads,
+              tc * 1e3, tt * 1e3, tc / tt);
+  std::fflush(stdout);
+}
+
+void bert_step(const std::string& size, int64_t b, int threads, int steps, int warmup) {
+  // The same token ids and masked positions for both.
+  const int64_t t = 128, vocab = 30522;
+  chorus::manual_seed(2);
+  chorus::Tensor ids = chorus::randint(999, vocab, {b, t});
+  std::vector<int64_t> positions;
+  for (int64_t i = 0; i < b * t; ++i) {
+    if (i % 7 == 3) positions.push_back(i);  // 14% of the tokens
+  }
+  chorus::Tensor labels = chorus::full({b, t}, int64_t{-100}, chorus::TensorOptions{.dtype = chorus::kInt64});
+  for (int64_t i : positions) labels.reshape({-1})[i].fill_(ids.reshape({-1})[i].item<int64_t>());
+  const chorus::models::BertConfig config = chorus::models::BertConfig::named(size);
+  chorus::models::BertForPreTraining cmodel(config);
+  chorus::optim::AdamW copt(cmodel.parameters());
+  const double tc = chorus::bench::median_time(
+      [&] {
+        copt.zero_grad();
+        cmodel.masked_lm_loss(ids, chorus::Tensor(), labels).backward();
+        copt.step();
+      },
+      warmup, steps);
+  torch::manual_seed(2);
+  torch::Tensor tids = torch::from_blob(ids.data_ptr<int64_t>(), {b, t}, torch::kLong).clone();
+  torch::Tensor tpos = torch::tensor(positions, torch::kLong);
+  torch::Tensor ttargets = tids.reshape({-1}).index_select(0, tpos);
+  TorchBert tmodel(vocab, config.hidden_size, config.num_hidden_layers, config.num_attention_heads);
+  torch::optim::AdamW topt(tmodel->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
+  const double tt = chorus::bench::median_time(
+      [&] {
+        topt.zero_grad();
+        tmodel->loss(tids, tpos, ttargets).backward();
+        topt.step();
+      },
+      warmup, steps);
+  std::printf("| BERT-%s masked LM, batch %lld x 128 tokens | %d | %.2f | %.2f | %.2f |\n", size.c_str(),
+              static_cast<long long>(b), threads, tc * 1e3, tt * 1e3, tc / tt);
+  std::fflush(stdout);
+}
+
 void models_step(int steps, int warmup) {
   for (int threads : {1, 2}) {
     chorus::set_num_threads(threads);
     torch::set_num_threads(threads);
-    {
-      chorus::manual_seed(1);
-      auto cmodel = chorus::models::resnet18();
-      chorus::optim::SGD copt(cmodel->parameters(), {.lr = 0.01, .momentum = 0.9});
-      chorus::Tensor cx = chorus::randn({16, 3, 64, 64});
-      chorus::Tensor cy = chorus::randint(0, 1000, {16});
-      const double tc = chorus::bench::median_time(
-          [&] {
-            copt.zero_grad();
-            CF::cross_entropy(cmodel->forward(cx), cy).backward();
-            copt.step();
-          },
-          warmup, steps);
-      torch::manual_seed(1);
-      torch::nn::Sequential tmodel = torch_resnet18();
-      torch::optim::SGD topt(tmodel->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
-      torch::Tensor tx = torch::randn({16, 3, 64, 64});
-      torch::Tensor ty = torch::randint(0, 1000, {16}, torch::kLong);
-      const double tt = chorus::bench::median_time(
-          [&] {
-            topt.zero_grad();
-            torch::nn::functional::cross_entropy(tmodel->forward(tx), ty).backward();
-            topt.step();
-          },
-          warmup, steps);
-      std::printf("| ResNet-18, batch 16 x 3x64x64 | %d | %.2f | %.2f | %.2f |\n", threads, tc * 1e3, tt * 1e3, tc / tt);
-      std::fflush(stdout);
-    }
-    {
-      // The same token ids and masked positions for both.
-      const int64_t b = 8, t = 128, vocab = 30522;
-      chorus::manual_seed(2);
-      chorus::Tensor ids = chorus::randint(999, vocab, {b, t});
-      std::vector<int64_t> positions;
-      for (int64_t i = 0; i < b * t; ++i) {
-        if (i % 7 == 3) positions.push_back(i);  // 14% of the tokens
-      }
-      chorus::Tensor labels = chorus::full({b, t}, int64_t{-100}, chorus::TensorOptions{.dtype = chorus::kInt64});
-      for (int64_t i : positions) labels.reshape({-1})[i].fill_(ids.reshape({-1})[i].item<int64_t>());
-      chorus::models::BertForPreTraining cmodel(chorus::models::BertConfig::named("mini"));
-      chorus::optim::AdamW copt(cmodel.parameters());
-      const double tc = chorus::bench::median_time(
-          [&] {
-            copt.zero_grad();
-            cmodel.masked_lm_loss(ids, chorus::Tensor(), labels).backward();
-            copt.step();
-          },
-          warmup, steps);
-      torch::manual_seed(2);
-      torch::Tensor tids = torch::from_blob(ids.data_ptr<int64_t>(), {b, t}, torch::kLong).clone();
-      torch::Tensor tpos = torch::tensor(positions, torch::kLong);
-      torch::Tensor ttargets = tids.reshape({-1}).index_select(0, tpos);
-      TorchBert tmodel(vocab, 256, 4, 4);
-      torch::optim::AdamW topt(tmodel->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
-      const double tt = chorus::bench::median_time(
-          [&] {
-            topt.zero_grad();
-            tmodel->loss(tids, tpos, ttargets).backward();
-            topt.step();
-          },
-          warmup, steps);
-      std::printf("| BERT-mini masked LM, batch 8 x 128 tokens | %d | %.2f | %.2f | %.2f |\n", threads, tc * 1e3,
-                  tt * 1e3, tc / tt);
-      std::fflush(stdout);
-    }
+    for (int64_t batch : {8, 16, 32}) resnet18_step(batch, threads, steps, warmup);
+    bert_step("mini", 8, threads, steps, warmup);
+    bert_step("mini", 16, threads, steps, warmup);
+    bert_step("small", 8, threads, steps, warmup);
   }
 }
 
@@ -278,11 +288,16 @@ struct Case {
 // The last step's loss and a checksum of every parameter, printed with all digits: two runs at one
 // thread count must print the same (results are bit-identical across runs).
 int report(double loss, const std::vector<chorus::Tensor>& params) {
+  // Summed in place in double, in order: no temporaries, so the peak memory measured around a
+  // --profile run is the training's (a float64 copy of every parameter would add its own).
   double sum = 0, abs_sum = 0;
   for (const chorus::Tensor& p : params) {
-    chorus::Tensor d = p.detach().to(chorus::kFloat64);
-    sum += d.sum().item<double>();
-    abs_sum += d.abs().sum().item<double>();
+    const chorus::Tensor c = p.detach().contiguous();
+    const float* d = c.data_ptr<float>();
+    for (int64_t i = 0; i < c.numel(); ++i) {
+      sum += d[i];
+      abs_sum += std::fabs(static_cast<double>(d[i]));
+    }
   }
   std::printf("last loss %.17g, parameter sum %.17g, |parameter| sum %.17g\n", loss, sum, abs_sum);
   return 0;

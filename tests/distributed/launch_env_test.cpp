@@ -83,4 +83,10 @@ TEST_CASE("launch_env reads chorusrun's, Open MPI's or SLURM's variables, in tha
   REQUIRE_THROWS_WITH(from({{"WORLD_SIZE", "1"}, {"RANK", "5"}}), Catch::Contains("RANK=5 is outside a world of size 1"));
   REQUIRE_THROWS_WITH(from({{"SLURM_NTASKS", "4"}, {"SLURM_PROCID", "4"}}),
                       Catch::Contains("SLURM_PROCID=4 is outside a world of size 4"));
+  // Found by the fuzzer (tests/fuzz/corpus/launch_env/finding-port-out-of-range): a port outside
+  // 1..65535 was accepted here and failed only later, in init_process_group.
+  REQUIRE_THROWS_WITH(from({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_PORT", "73260"}}),
+                      Catch::Contains("MASTER_PORT=73260 is not a TCP port (expected 1 to 65535)"));
+  REQUIRE_THROWS_WITH(from({{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_PORT", "0"}}),
+                      Catch::Contains("MASTER_PORT=0 is not a TCP port"));
 }

@@ -189,5 +189,28 @@ TEST_CASE("init is reproducible: the same seed gives the same values, another se
   check_close(f32, doubles(f64), 1e-7);
 }
 
+TEST_CASE("large tensors are filled a chunk at a time with the values of a whole-tensor draw", "[nn][init]") {
+  // normal_ and uniform_ draw float64 in chunks of 65,536 (so the float64 temporary stays small);
+  // the result must equal the whole-tensor formula bit for bit, for sizes that do not divide into
+  // chunks (an odd count: uniform_ takes two values per Philox block), and leave the generator
+  // where the whole draw would.
+  for (const Shape& shape : {Shape{333, 777}, Shape{512, 256, 3}, Shape{65537}}) {
+    INFO("shape " << shape_str(shape));
+    Generator g1(7), g2(7);
+    Tensor t = empty(shape);
+    init::normal_(t, 0.5, 2.0, &g1);
+    Tensor want = randn(shape, {.dtype = kFloat64}, &g2).mul(2.0).add(0.5).to(kFloat32);
+    CHECK(equal(t, want));
+    init::uniform_(t, -0.25, 0.75, &g1);
+    want = rand(shape, {.dtype = kFloat64}, &g2).mul(1.0).add(-0.25).to(kFloat32);
+    CHECK(equal(t, want));
+    CHECK(g1.offset() == g2.offset());
+    // Float64 parameters too.
+    Tensor d = empty(shape, {.dtype = kFloat64});
+    init::normal_(d, -1.0, 0.1, &g1);
+    CHECK(equal(d, randn(shape, {.dtype = kFloat64}, &g2).mul(0.1).add(-1.0)));
+  }
+}
+
 }  // namespace
 }  // namespace chorus

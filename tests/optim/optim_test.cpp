@@ -152,6 +152,11 @@ TEST_CASE("bad options are rejected with the value given", "[optim][errors]") {
     std::vector<std::pair<std::string, Tensor>> bad = state;
     bad.push_back({"state.x1.momentum_buffer", zeros({5})});
     CHECK_THROWS_WITH(opt.load_state_dict(bad), Catch::Contains("'x1' is not an index"));
+    // The same for a parameter group's index (it reached std::stoul's bare "stoul").
+    std::vector<std::pair<std::string, Tensor>> bad_group = state;
+    bad_group.push_back({"param_groups.g0.lr", zeros({})});
+    CHECK_THROWS_WITH(opt.load_state_dict(bad_group),
+                      Catch::Contains("'param_groups.g0.lr' should be param_groups.<group index>.<option>, and 'g0'"));
   }
   // A state missing a buffer the update needs is refused at load, naming it (not map::at in step()).
   {

@@ -126,6 +126,13 @@ TEST_CASE("malformed plan JSON is refused with the offending key", "[pipeline][p
   CHECK_THROWS_WITH(try_json([](auto& j) { j["stages"][1]["replicas"] = 1; }),
                     Contains("stage 1 has an unknown key \"replicas\""));
   CHECK_THROWS_WITH(try_json([](auto& j) { j["stages"][1]["ranks"] = "2"; }), Contains("stage 1 is"));
+  // Numbers outside int's range are refused, not truncated or cast (the fuzzer found a rank of
+  // 3.3e72: undefined behaviour in the cast; 4294967297 would have been read as rank 1).
+  CHECK_THROWS_WITH(try_json([](auto& j) { j["stages"][1]["ranks"] = {3.3e72}; }),
+                    Contains("an element of \"ranks\" in stage 1 is 3.3e+72; expected an integer in"));
+  CHECK_THROWS_WITH(try_json([](auto& j) { j["stages"][1]["ranks"] = {4294967297LL}; }),
+                    Contains("is 4294967297; expected an integer in"));
+  CHECK_THROWS_WITH(try_json([](auto& j) { j["num_layers"] = 1.5; }), Contains("\"num_layers\" in the plan is 1.5"));
   // Structural rules apply on read too (world size is checked by the runtime).
   CHECK_THROWS_WITH(try_json([](auto& j) { j["stages"][1]["layers"] = {5, 8}; }), Contains("gaps"));
 }

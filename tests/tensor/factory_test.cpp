@@ -65,6 +65,16 @@ TEST_CASE("empty allocates the shape and dtype asked for, including zero-size di
   CHECK(scalar.numel() == 1);
 }
 
+TEST_CASE("a shape whose element count overflows int64 is an error, not a wrapped count", "[tensor][factory]") {
+  // Found by the fuzzer through the idx reader (tests/fuzz/corpus/idx/finding-dims-product-overflow):
+  // dims [2^32-1, 2^32-1, 0] hold no elements, but the running product overflowed first (UBSan).
+  CHECK(chorus::numel_of({4294967295, 4294967295, 0}) == 0);
+  CHECK(chorus::empty({4294967295, 4294967295, 0}).numel() == 0);
+  CHECK_THROWS_WITH(chorus::numel_of({int64_t{1} << 40, int64_t{1} << 30}),
+                    Catch::Contains("shape [1099511627776, 1073741824] has more elements than an int64 can count"));
+  CHECK_THROWS_WITH(chorus::empty({int64_t{1} << 40, int64_t{1} << 30}), Catch::Contains("more elements than an int64"));
+}
+
 TEST_CASE("the _like factories keep shape and dtype", "[tensor][factory]") {
   Generator gen(11);
   Tensor src = randn({3, 2}, {.dtype = kFloat64}, &gen).t();  // non-contiguous source
