@@ -30,6 +30,8 @@ packages=(
   dataset-fashion-mnist
   # `ip netns` / `tc` for the two-host test (tests/distributed:two_hosts_test).
   iproute2
+  # clang with libFuzzer and the sanitizer runtimes for the fuzz targets (tools/fuzz.sh).
+  clang-14 libclang-rt-14-dev
 )
 # One local dpkg-query for all of them; apt-get (and its index update) runs only when one is missing.
 installed="$(dpkg-query -W -f='${Package} ${Status}\n' "${packages[@]}" 2>/dev/null || true)"

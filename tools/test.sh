@@ -133,6 +133,19 @@ bazel test -c opt --config=asan --keep_going "$data_env" "${filters[@]}" -- //te
   tee "$output"
 asan_rc=${PIPESTATUS[0]}
 count_run "$output"
+# 5. The libFuzzer targets (tests/fuzz/), clang + ASan + UBSan in their own output base, each for
+#    CHORUS_FUZZ_SECONDS (30 by default) from its corpus; a finding fails the run (tools/fuzz.sh).
+#    Each target counts as one test.
+fuzz_rc=0
+if [[ "${CHORUS_FUZZ_SECONDS:-30}" != 0 ]]; then
+  bash tools/fuzz.sh "${CHORUS_FUZZ_SECONDS:-30}" 2>&1 | tee "$output"
+  fuzz_rc=${PIPESTATUS[0]}
+  fuzz_found="$(grep -c 'FOUND A DEFECT' "$output" || true)"
+  fuzz_targets="$(grep -cE '^fuzz: [a-z_]+: [0-9]+ inputs run' "$output" || true)"
+  passed=$((passed + fuzz_targets - fuzz_found))
+  failed=$((failed + fuzz_found))
+  ((fuzz_rc == 0 || fuzz_found > 0)) || failed=$((failed + 1))  # the build itself failed
+fi
 set -e
 
 if ((${#filters[@]})); then
@@ -141,6 +154,6 @@ if ((${#filters[@]})); then
 fi
 ((skipped == 0)) || echo "($skipped test case(s) skipped: they could not run on this machine, see CHORUS-SKIP above)"
 echo "$passed passed, $failed failed"
-if ((bazel_rc != 0 || tsan_rc != 0 || cap_rc != 0 || asan_rc != 0 || failed > 0)); then
+if ((bazel_rc != 0 || tsan_rc != 0 || cap_rc != 0 || asan_rc != 0 || fuzz_rc != 0 || failed > 0)); then
   exit 1
 fi

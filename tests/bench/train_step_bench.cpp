@@ -320,6 +320,37 @@ int profile(const std::string& which, int steps, int threads) {
     }
     return report(last, model->parameters());
   }
+  if (which == "small-resnet" || which == "mlp") {
+    const bool resnet = which == "small-resnet";
+    auto model = resnet ? chorus_resnet() : chorus_mlp();
+    chorus::optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
+    chorus::Tensor x = resnet ? chorus::randn({32, 3, 32, 32}) : chorus::randn({128, 784});
+    chorus::Tensor y = chorus::randint(0, 10, {resnet ? 32 : 128});
+    double last = 0;
+    for (int i = 0; i < steps; ++i) {
+      opt.zero_grad();
+      chorus::Tensor loss = CF::cross_entropy(model->forward(x), y);
+      loss.backward();
+      opt.step();
+      last = loss.item<double>();
+    }
+    return report(last, model->parameters());
+  }
+  if (which == "torch-small-resnet" || which == "torch-mlp") {
+    const bool resnet = which == "torch-small-resnet";
+    torch::set_num_threads(threads);
+    torch::manual_seed(1);
+    torch::nn::Sequential model = resnet ? torch_resnet() : torch_mlp();
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+    torch::Tensor x = resnet ? torch::randn({32, 3, 32, 32}) : torch::randn({128, 784});
+    torch::Tensor y = torch::randint(0, 10, {resnet ? 32 : 128}, torch::kLong);
+    for (int i = 0; i < steps; ++i) {
+      opt.zero_grad();
+      torch::nn::functional::cross_entropy(model->forward(x), y).backward();
+      opt.step();
+    }
+    return 0;
+  }
   if (which == "bert") {
     const int64_t b = 8, t = 128, vocab = 30522;
     chorus::Tensor ids = chorus::randint(999, vocab, {b, t});
@@ -368,7 +399,7 @@ int profile(const std::string& which, int steps, int threads) {
     }
     return 0;
   }
-  std::fprintf(stderr, "train_step_bench --profile: expected bert, resnet18, torch-bert or torch-resnet18, got '%s'\n",
+  std::fprintf(stderr, "train_step_bench --profile: expected bert, resnet18, small-resnet, mlp or torch-<one of them>, got '%s'\n",
                which.c_str());
   return 2;
 }
