@@ -55,17 +55,17 @@ run() {
   wait "$launcher" || rc=$?
   wait "$sampler" || true
   end=$(date +%s)
-  echo "soak: $name: exit $rc after $((end - start)) s; $(grep -c 'at epoch .* step' "$dir/log") checkpoint lines;" \
+  echo "soak: $name: exit $rc after $((end - start)) s; $(grep -c 'saved .*checkpoint' "$dir/log") checkpoints saved;" \
     "last: $(grep -E 'test accuracy|accuracy' "$dir/log" | tail -n 1)"
-  # Per worker process: the first sample after the first epoch's checkpoint (warm) and the last.
-  local warm_t
-  warm_t="$(awk -v e=$((end - start)) 'BEGIN {print int(e / '"$epochs"') + 1}')"
-  awk -v warm="$warm_t" '
-    { if ($1 >= warm && !($2 in first)) { first[$2] = $0; }
-      last[$2] = $0; n[$2]++ }
-    END { for (p in first) { split(first[p], a, " "); split(last[p], b, " ");
-            printf "soak:   worker %s (%d samples): RSS %d -> %d KiB (%+d), threads %d -> %d, fds %d -> %d (t=%ds -> %ds)\n",
-                   p, n[p], a[3], b[3], b[3] - a[3], a[4], b[4], a[5], b[5], a[1], b[1] } }' "$dir/samples"
+  # Per worker process: the sample a tenth of the way through its life (warm: data loaded, first
+  # steps taken) against the one 95% through (before the final evaluation and exit), and the peak.
+  sort -k2,2n -k1,1n "$dir/samples" | awk '
+    { t[$2, n[$2]] = $1; r[$2, n[$2]] = $3; th[$2, n[$2]] = $4; fd[$2, n[$2]] = $5; n[$2]++;
+      if ($3 > peak[$2]) peak[$2] = $3 }
+    END { for (p in n) { a = int(n[p] / 10); b = int(n[p] * 95 / 100);
+            printf "soak:   worker %s (%d samples): RSS %d -> %d KiB (%+d KiB over %d s), peak %d KiB; threads %d -> %d; fds %d -> %d\n",
+                   p, n[p], r[p, a], r[p, b], r[p, b] - r[p, a], t[p, b] - t[p, a], peak[p], th[p, a], th[p, b],
+                   fd[p, a], fd[p, b] } }'
   return $rc
 }
 

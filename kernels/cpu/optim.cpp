@@ -25,9 +25,21 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
     // Vectorizing changes no result (no contraction; division and sqrt are exact in every lane).
     if (momentum_buffer.defined()) {
       T* v = momentum_buffer.data_ptr<T>();
-      parallel_for(0, n, kGrainSize, [&](int64_t lo, int64_t hi) {
-        simd_for_uncontracted(lo, hi, [&](int64_t i) CHORUS_ELEMENT { update(w[i], g[i], v[i]); });
-      });
+      // The flags chosen once, outside the loop (a select inside it stops vectorization).
+      auto loop = [&]<bool First, bool Nesterov>() {
+        parallel_for(0, n, kGrainSize, [&](int64_t lo, int64_t hi) {
+          simd_for_uncontracted(lo, hi, [&](int64_t i) CHORUS_ELEMENT {
+            update.template with_momentum<First, Nesterov>(w[i], g[i], v[i]);
+          });
+        });
+      };
+      if (update.first) {
+        if (update.nesterov) loop.template operator()<true, true>();
+        else loop.template operator()<true, false>();
+      } else {
+        if (update.nesterov) loop.template operator()<false, true>();
+        else loop.template operator()<false, false>();
+      }
     } else {
       parallel_for(0, n, kGrainSize, [&](int64_t lo, int64_t hi) {
         simd_for_uncontracted(lo, hi, [&](int64_t i) CHORUS_ELEMENT { update(w[i], g[i]); });
@@ -51,16 +63,24 @@ void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, c
     T* m = exp_avg.data_ptr<T>();
     T* v = exp_avg_sq.data_ptr<T>();
     const int64_t n = param.numel();
-    if (max_exp_avg_sq.defined()) {
-      T* vmax = max_exp_avg_sq.data_ptr<T>();
-      parallel_for(0, n, kGrainSize, [&](int64_t lo, int64_t hi) {
-        simd_for_uncontracted(lo, hi, [&](int64_t i) CHORUS_ELEMENT { update(w[i], g[i], m[i], v[i], vmax[i]); });
-      });
-    } else {
-      parallel_for(0, n, kGrainSize, [&](int64_t lo, int64_t hi) {
-        simd_for_uncontracted(lo, hi, [&](int64_t i) CHORUS_ELEMENT { update(w[i], g[i], m[i], v[i]); });
-      });
-    }
+    auto loop = [&]<bool Decoupled>() {
+      if (max_exp_avg_sq.defined()) {
+        T* vmax = max_exp_avg_sq.data_ptr<T>();
+        parallel_for(0, n, kGrainSize, [&](int64_t lo, int64_t hi) {
+          simd_for_uncontracted(lo, hi, [&](int64_t i) CHORUS_ELEMENT {
+            update.template apply<Decoupled>(w[i], g[i], m[i], v[i], vmax[i]);
+          });
+        });
+      } else {
+        parallel_for(0, n, kGrainSize, [&](int64_t lo, int64_t hi) {
+          simd_for_uncontracted(lo, hi, [&](int64_t i) CHORUS_ELEMENT {
+            update.template apply<Decoupled>(w[i], g[i], m[i], v[i]);
+          });
+        });
+      }
+    };
+    if (update.decoupled) loop.template operator()<true>();
+    else loop.template operator()<false>();
   };
   if (param.dtype() == kFloat32) run.template operator()<float>();
   else run.template operator()<double>();

@@ -26,9 +26,24 @@ struct SgdUpdate {
   }
   // With a momentum buffer v.
   CHORUS_HD CHORUS_INLINE void operator()(T& w, T g, T& v) const {
+    if (first) {
+      if (nesterov) with_momentum<true, true>(w, g, v);
+      else with_momentum<true, false>(w, g, v);
+    } else {
+      if (nesterov) with_momentum<false, true>(w, g, v);
+      else with_momentum<false, false>(w, g, v);
+    }
+  }
+  // The same with the flags fixed at compile time: CPU loops call these (choosing once per
+  // tensor), since a run-time select between floating-point expressions is not if-converted
+  // under -ftrapping-math and keeps the loop from vectorizing.
+  template <bool First, bool Nesterov>
+  CHORUS_HD CHORUS_INLINE void with_momentum(T& w, T g, T& v) const {
     T d = g + weight_decay * w;
-    v = first ? d : momentum * v + keep * d;
-    d = nesterov ? d + momentum * v : v;
+    if constexpr (First) v = d;
+    else v = momentum * v + keep * d;
+    if constexpr (Nesterov) d = d + momentum * v;
+    else d = v;
     w -= lr * d;
   }
 };
@@ -51,20 +66,32 @@ struct AdamUpdate {
 
   // Without amsgrad.
   CHORUS_HD CHORUS_INLINE void operator()(T& w, T g, T& m, T& v) const {
-    moments(w, g, m, v);
-    w -= step_size * m / (sqrt_(v) / bias_correction2_sqrt + eps);
+    if (decoupled) apply<true>(w, g, m, v);
+    else apply<false>(w, g, m, v);
   }
   // With amsgrad: vmax keeps the largest v seen, and the denominator uses it.
   CHORUS_HD CHORUS_INLINE void operator()(T& w, T g, T& m, T& v, T& vmax) const {
-    moments(w, g, m, v);
+    if (decoupled) apply<true>(w, g, m, v, vmax);
+    else apply<false>(w, g, m, v, vmax);
+  }
+  // The same with `decoupled` fixed at compile time (see SgdUpdate::with_momentum).
+  template <bool Decoupled>
+  CHORUS_HD CHORUS_INLINE void apply(T& w, T g, T& m, T& v) const {
+    moments<Decoupled>(w, g, m, v);
+    w -= step_size * m / (sqrt_(v) / bias_correction2_sqrt + eps);
+  }
+  template <bool Decoupled>
+  CHORUS_HD CHORUS_INLINE void apply(T& w, T g, T& m, T& v, T& vmax) const {
+    moments<Decoupled>(w, g, m, v);
     vmax = vmax < v ? v : vmax;  // std::max(vmax, v), NaN in vmax kept as std::max keeps it
     w -= step_size * m / (sqrt_(vmax) / bias_correction2_sqrt + eps);
   }
 
  private:
+  template <bool Decoupled>
   CHORUS_HD CHORUS_INLINE void moments(T& w, T g, T& m, T& v) const {
     T gi = g;
-    if (decoupled) w *= decay;
+    if constexpr (Decoupled) w *= decay;
     else gi += weight_decay * w;
     m = beta1 * m + (T(1) - beta1) * gi;
     v = beta2 * v + (T(1) - beta2) * gi * gi;
