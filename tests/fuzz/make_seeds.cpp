@@ -12,6 +12,7 @@
 #include "distributed/pipeline/plan.h"
 #include "distributed/store_protocol.h"
 #include "examples/common/example_util.h"
+#include "tests/fuzz/checkpoint_model.h"
 
 namespace {
 
@@ -52,21 +53,10 @@ std::string be32(uint32_t v) {
 
 void checkpoint_seeds() {
   // The model, optimizer and scheduler of tests/fuzz/checkpoint.cpp, after two steps.
-  manual_seed(0);
-  nn::Sequential model;
-  model.push_back(std::make_shared<nn::Linear>(4, 3));
-  model.push_back(std::make_shared<nn::ReLU>());
-  model.push_back(std::make_shared<nn::Linear>(3, 2));
-  optim::Adam opt(model.parameters(), {});
-  optim::StepLR sched(opt, 2);
-  for (int i = 0; i < 2; ++i) {
-    opt.zero_grad();
-    model.forward(randn({5, 4})).pow(2).mean().backward();
-    opt.step();
-    sched.step();
-  }
+  fuzz::CheckpointModel state;
+  for (int i = 0; i < 2; ++i) state.step();
   const fs::path tmp = fs::temp_directory_path() / "chorus-make-seeds.safetensors";
-  examples::save_checkpoint(tmp, model, opt, sched, 1, 2, {{"model", "fuzz"}, {"step_in_epoch", "0"}});
+  examples::save_checkpoint(tmp, *state.model, *state.opt, *state.sched, 1, 2, {{"model", "fuzz"}, {"step_in_epoch", "0"}});
   put("checkpoint", "adam-mlp.safetensors", read(tmp));
   // A plain safetensors file with several dtypes (not a checkpoint: the reader accepts it, the
   // resume refuses it).
