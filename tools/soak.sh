@@ -60,7 +60,7 @@ run() {
   # Per worker process: the sample a tenth of the way through its life (warm: data loaded, first
   # steps taken) against the one 95% through (before the final evaluation and exit), and the peak.
   sort -k2,2n -k1,1n "$dir/samples" | awk '
-    { t[$2, n[$2]] = $1; r[$2, n[$2]] = $3; th[$2, n[$2]] = $4; fd[$2, n[$2]] = $5; n[$2]++;
+    { k = n[$2] + 0; t[$2, k] = $1; r[$2, k] = $3; th[$2, k] = $4; fd[$2, k] = $5; n[$2] = k + 1;
       if ($3 > peak[$2]) peak[$2] = $3 }
     END { for (p in n) { a = int(n[p] / 10); b = int(n[p] * 95 / 100);
             printf "soak:   worker %s (%d samples): RSS %d -> %d KiB (%+d KiB over %d s), peak %d KiB; threads %d -> %d; fds %d -> %d\n",
