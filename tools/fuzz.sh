@@ -18,7 +18,9 @@ output_base="${CHORUS_FUZZ_OUTPUT_BASE:-$HOME/.cache/chorus/bazel-fuzz}"
 bazel_fuzz() { bazel --output_base="$output_base" "$@"; }
 labels=()
 for t in "${targets[@]}"; do labels+=("//tests/fuzz:${t}_fuzz"); done
-bazel_fuzz build -c opt --config=fuzz "${labels[@]}"
+# --symlink_prefix=/: no bazel-bin/bazel-testlogs links (they would point the main ones at this
+# output base).
+bazel_fuzz build -c opt --config=fuzz --symlink_prefix=/ "${labels[@]}"
 bin="$(bazel_fuzz info -c opt --config=fuzz bazel-bin 2>/dev/null)"
 
 work="$(mktemp -d)"
