@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensor/device.h"
@@ -200,6 +201,34 @@ class Tensor {
   Tensor max() const;
   Tensor min() const;
   Tensor argmax(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
+  // The free functions of tensor/ops.h as methods, with PyTorch's names and defaults.
+  Tensor argmin(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
+  std::pair<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;  // values, int64 indices
+  std::pair<Tensor, Tensor> min(int64_t dim, bool keepdim = false) const;
+  Tensor amax(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
+  Tensor amin(const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
+  Tensor prod(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
+  Tensor var(const std::vector<int64_t>& dims = {}, bool unbiased = true, bool keepdim = false) const;
+  Tensor std(const std::vector<int64_t>& dims = {}, bool unbiased = true, bool keepdim = false) const;
+  Tensor norm(double p = 2.0, const std::vector<int64_t>& dims = {}, bool keepdim = false) const;
+  Tensor logsumexp(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
+  Tensor maximum(const Tensor& other) const;
+  Tensor minimum(const Tensor& other) const;
+  // x.where(condition, y): x where condition is true, else y (torch.Tensor.where).
+  Tensor where(const Tensor& condition, const Tensor& other) const;
+  Tensor where(const Tensor& condition, const Scalar& other) const;
+  Tensor ne(const Scalar& other) const;
+  Tensor lt(const Scalar& other) const;
+  Tensor le(const Scalar& other) const;
+  Tensor ge(const Scalar& other) const;
+  Tensor view_as(const Tensor& other) const;  // view(other.sizes())
+  Tensor type_as(const Tensor& other) const;  // to(other.dtype())
+  std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;
+  std::vector<Tensor> split(const std::vector<int64_t>& split_sizes, int64_t dim = 0) const;
+  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
+  Tensor bmm(const Tensor& other) const;
 
   // ---- linear algebra and indexing ----
   Tensor matmul(const Tensor& other) const;

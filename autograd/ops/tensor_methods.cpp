@@ -195,6 +195,42 @@ Tensor Tensor::mean(const std::vector<int64_t>& dims, bool keepdim) const { retu
 Tensor Tensor::max() const { return chorus::max(*this); }
 Tensor Tensor::min() const { return chorus::min(*this); }
 Tensor Tensor::argmax(std::optional<int64_t> dim, bool keepdim) const { return chorus::argmax(*this, dim, keepdim); }
+Tensor Tensor::argmin(std::optional<int64_t> dim, bool keepdim) const { return chorus::argmin(*this, dim, keepdim); }
+std::pair<Tensor, Tensor> Tensor::max(int64_t dim, bool keepdim) const { return chorus::max(*this, dim, keepdim); }
+std::pair<Tensor, Tensor> Tensor::min(int64_t dim, bool keepdim) const { return chorus::min(*this, dim, keepdim); }
+Tensor Tensor::amax(const std::vector<int64_t>& dims, bool keepdim) const { return chorus::amax(*this, dims, keepdim); }
+Tensor Tensor::amin(const std::vector<int64_t>& dims, bool keepdim) const { return chorus::amin(*this, dims, keepdim); }
+Tensor Tensor::prod(std::optional<int64_t> dim, bool keepdim) const { return chorus::prod(*this, dim, keepdim); }
+Tensor Tensor::var(const std::vector<int64_t>& dims, bool unbiased, bool keepdim) const {
+  return chorus::var(*this, dims, unbiased, keepdim);
+}
+Tensor Tensor::std(const std::vector<int64_t>& dims, bool unbiased, bool keepdim) const {
+  return chorus::std(*this, dims, unbiased, keepdim);
+}
+Tensor Tensor::norm(double p, const std::vector<int64_t>& dims, bool keepdim) const {
+  return chorus::norm(*this, p, dims, keepdim);
+}
+Tensor Tensor::logsumexp(const std::vector<int64_t>& dims, bool keepdim) const {
+  return chorus::logsumexp(*this, dims, keepdim);
+}
+Tensor Tensor::softmax(int64_t dim) const { return chorus::softmax(*this, dim); }
+Tensor Tensor::log_softmax(int64_t dim) const { return chorus::log_softmax(*this, dim); }
+Tensor Tensor::maximum(const Tensor& o) const { return chorus::maximum(*this, o); }
+Tensor Tensor::minimum(const Tensor& o) const { return chorus::minimum(*this, o); }
+Tensor Tensor::where(const Tensor& condition, const Tensor& o) const { return chorus::where(condition, *this, o); }
+Tensor Tensor::where(const Tensor& condition, const Scalar& o) const { return chorus::where(condition, *this, o); }
+Tensor Tensor::ne(const Scalar& o) const { return chorus::ne(*this, o); }
+Tensor Tensor::lt(const Scalar& o) const { return chorus::lt(*this, o); }
+Tensor Tensor::le(const Scalar& o) const { return chorus::le(*this, o); }
+Tensor Tensor::ge(const Scalar& o) const { return chorus::ge(*this, o); }
+Tensor Tensor::view_as(const Tensor& o) const { return view(o.sizes()); }
+Tensor Tensor::type_as(const Tensor& o) const { return to(o.dtype()); }
+std::vector<Tensor> Tensor::split(int64_t split_size, int64_t dim) const { return chorus::split(*this, split_size, dim); }
+std::vector<Tensor> Tensor::split(const std::vector<int64_t>& sizes, int64_t dim) const {
+  return chorus::split(*this, sizes, dim);
+}
+std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t dim) const { return chorus::chunk(*this, chunks, dim); }
+Tensor Tensor::bmm(const Tensor& o) const { return chorus::bmm(*this, o); }
 Tensor Tensor::matmul(const Tensor& o) const { return chorus::matmul(*this, o); }
 Tensor Tensor::mm(const Tensor& o) const { return chorus::mm(*this, o); }
 Tensor Tensor::index_select(int64_t dim, const Tensor& index) const { return chorus::index_select(*this, dim, index); }

@@ -51,7 +51,7 @@ struct Flags {
   uint64_t seed = 1;
   std::string checkpoint_dir;
   int64_t checkpoint_every = 100;
-  bool resume = false;
+  std::string resume = "no";  // no, always (the bare flag), auto (when a checkpoint exists)
   int threads = 0;
   std::string data_dir;
   std::string trace;
@@ -132,7 +132,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", f.seed, "seed of initialization, shuffling and masking");
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "write checkpoint.safetensors here");
   app.add_option("--checkpoint-every", f.checkpoint_every, "steps between checkpoints")->check(CLI::PositiveNumber);
-  app.add_flag("--resume", f.resume, "continue from the checkpoint in --checkpoint-dir");
+  examples::add_resume_option(app, f.resume);
   app.add_option("--threads", f.threads, "CPU threads per process (default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--data-dir", f.data_dir, "folder holding sotu/ and bert/vocab.txt (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");
@@ -143,8 +143,8 @@ int main(int argc, char** argv) {
   try {
     const auto t_start = Clock::now();
     if (f.threads > 0) set_num_threads(f.threads);
-    if (f.resume && f.checkpoint_dir.empty()) fail("bert: --resume needs --checkpoint-dir");
-    if (f.synthetic && (f.resume || !f.checkpoint_dir.empty())) fail("bert: --synthetic does not checkpoint");
+    if (f.resume != "no" && f.checkpoint_dir.empty()) fail("bert: --resume needs --checkpoint-dir");
+    if (f.synthetic && (f.resume != "no" || !f.checkpoint_dir.empty())) fail("bert: --synthetic does not checkpoint");
     examples::Job job = examples::Job::join();
     if (f.batch_size % (job.world * f.accumulate) != 0) {
       fail("bert: --batch-size {} must be divisible by {} processes x --accumulate {}", f.batch_size, job.world,
@@ -197,7 +197,8 @@ int main(int argc, char** argv) {
 
     int64_t step = 0;
     const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
-    if (f.resume) {
+    const bool resuming = examples::should_resume(f.resume, ckpt_path);
+    if (resuming) {
       step = examples::load_checkpoint(ckpt_path, *model, *opt, sched,
                                        {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}})
                  .step;
@@ -216,7 +217,7 @@ int main(int argc, char** argv) {
                         f.config, examples::count_parameters(*model), job.world, f.batch_size, job.world, f.accumulate,
                         micro, f.seq_len, f.steps, steps_per_epoch, get_num_threads()));
     EvalResult before;
-    if (heldout && f.eval_sequences > 0 && !f.resume) {
+    if (heldout && f.eval_sequences > 0 && !resuming) {
       before = evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), job);
       job.log(fmt::format("held-out before training: masked-LM loss {:.4f} (ln {} = {:.4f}), masked-token accuracy {:.2f}% "
                           "over {} predictions",
@@ -315,7 +316,7 @@ int main(int argc, char** argv) {
       EvalResult after = evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), job);
       job.log(fmt::format("held-out after {} steps: masked-LM loss {:.4f}, masked-token accuracy {:.2f}% over {} predictions",
                           step, after.loss, 100 * after.accuracy, after.predicted));
-      if (!f.resume) {
+      if (!resuming) {
         summary["heldout_loss_before"] = before.loss;
         summary["heldout_accuracy_before"] = before.accuracy;
       }

@@ -3,8 +3,11 @@
 // model + optimizer + scheduler + generator.
 #pragma once
 
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -99,6 +102,26 @@ inline std::pair<int64_t, int64_t> classification_accuracy(nn::Module& model, co
     count = t[1].item<int64_t>();
   }
   return {correct, count};
+}
+
+// --resume [auto], as the examples share it: the bare flag resumes from --checkpoint-dir's
+// checkpoint (which must exist); `--resume auto` resumes when one exists and starts afresh
+// otherwise, which is what a job restarted by chorusrun --max-restarts wants. `resume` holds "no",
+// "always" or "auto".
+inline CLI::Option* add_resume_option(CLI::App& app, std::string& resume) {
+  return app
+      .add_option("--resume", resume,
+                  "continue from the checkpoint in --checkpoint-dir (bare: it must exist; `--resume auto`: when one "
+                  "exists, as after chorusrun --max-restarts)")
+      ->expected(0, 1)
+      ->default_str("always")
+      ->check(CLI::IsMember({"always", "auto"}));
+}
+
+// Whether this run resumes from `checkpoint_path` under --resume's value.
+inline bool should_resume(const std::string& resume, const std::string& checkpoint_path) {
+  if (resume == "always") return true;  // a missing file is load_checkpoint's clear error
+  return resume == "auto" && !checkpoint_path.empty() && std::filesystem::exists(checkpoint_path);
 }
 
 // Training state, written atomically by rank 0 (every rank holds the same after a synced step).

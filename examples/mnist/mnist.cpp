@@ -102,12 +102,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   app.add_option("--seed", f.seed, "seed of initialization and shuffling");
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "write checkpoint.safetensors here after each epoch");
-  app.add_option("--resume", f.resume,
-                 "continue from the checkpoint in --checkpoint-dir (bare: it must exist; `--resume auto`: when one "
-                 "exists, as after chorusrun --max-restarts)")
-      ->expected(0, 1)
-      ->default_str("always")
-      ->check(CLI::IsMember({"always", "auto"}));
+  examples::add_resume_option(app, f.resume);
   app.add_option("--checkpoint-every", f.checkpoint_every,
                  "also checkpoint every this many steps inside an epoch (resume continues at that step exactly)")
       ->check(CLI::NonNegativeNumber);
@@ -161,8 +156,7 @@ int main(int argc, char** argv) {
     int start_epoch = 0;
     int64_t step = 0, skip_in_epoch = 0;
     const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
-    const bool have_checkpoint = !ckpt_path.empty() && std::filesystem::exists(ckpt_path);
-    if (f.resume == "always" || (f.resume == "auto" && have_checkpoint)) {
+    if (examples::should_resume(f.resume, ckpt_path)) {
       nn::Checkpoint c = examples::load_checkpoint(ckpt_path, *net, *opt, sched, {{"dataset", f.dataset}, {"model", f.model}});
       start_epoch = static_cast<int>(c.epoch);
       step = c.step;

@@ -52,7 +52,7 @@ struct Flags {
   int64_t checkpoint_every = 0;
   int64_t max_steps = 0;
   int64_t test_limit = 0;
-  bool resume = false;
+  std::string resume = "no";  // no, always (the bare flag), auto (when a checkpoint exists)
   int threads = 0;
   std::string data_dir;
   std::string trace;
@@ -165,7 +165,7 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
 
   int64_t step = 0;
   const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
-  if (f.resume) {
+  if (examples::should_resume(f.resume, ckpt_path)) {
     step = examples::load_checkpoint(ckpt_path, *net, opt, sched, {{"arch", f.arch}}).step;
     job.log(fmt::format("resumed from {} at step {} (epoch {}, batch {})", ckpt_path, step, step / steps_per_epoch + 1,
                         step % steps_per_epoch));
@@ -281,7 +281,7 @@ int main(int argc, char** argv) {
                  "--epochs; 0: no limit)")->check(CLI::NonNegativeNumber);
   app.add_option("--test-limit", f.test_limit, "evaluate on the first N test images only (0: all 10,000)")
       ->check(CLI::NonNegativeNumber);
-  app.add_flag("--resume", f.resume, "continue from the checkpoint in --checkpoint-dir");
+  examples::add_resume_option(app, f.resume);
   app.add_option("--threads", f.threads, "CPU threads per process (default: OMP_NUM_THREADS or all cores)")
       ->check(CLI::Range(1, 1024));
   app.add_option("--data-dir", f.data_dir, "folder holding fashion-mnist/ (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");
@@ -294,8 +294,8 @@ int main(int argc, char** argv) {
   try {
     const auto t_start = Clock::now();
     if (f.threads > 0) set_num_threads(f.threads);
-    if (f.resume && f.checkpoint_dir.empty()) fail("resnet: --resume needs --checkpoint-dir");
-    if (f.synthetic && (f.resume || !f.checkpoint_dir.empty())) fail("resnet: --synthetic does not checkpoint");
+    if (f.resume != "no" && f.checkpoint_dir.empty()) fail("resnet: --resume needs --checkpoint-dir");
+    if (f.synthetic && (f.resume != "no" || !f.checkpoint_dir.empty())) fail("resnet: --synthetic does not checkpoint");
     examples::Job job = examples::Job::join();
     if (f.batch_size % job.world != 0) {
       fail("resnet: --batch-size {} must be divisible by the {} processes", f.batch_size, job.world);

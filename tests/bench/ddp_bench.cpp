@@ -9,13 +9,22 @@
 //                                 Gloo allreduce of float32 buffers from 1 KiB to 64 MiB: time,
 //                                 algbw = bytes / time, busbw = algbw * 2 (N - 1) / N (nccl-tests)
 //
-// tools/bench_ddp.sh runs all of them.
+//   chorusrun --nnodes N ... ddp_bench link STEPS GBPS
+//                                 one process per host over a link of GBPS gigabits per second
+//                                 (tools/shaped_links.sh shapes one with tc): a ResNet-18 DDP step
+//                                 measured, and predicted by scaling_projection's model from this
+//                                 run's own compute times, bucket layout and bucket ready points
+//
+// tools/bench_ddp.sh runs the first three.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "distributed/ddp.h"
 #include "distributed/init.h"
+#include "examples/models/resnet.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
@@ -133,6 +142,74 @@ void allreduce(int reps) {
   distributed::destroy_process_group();
 }
 
+// ResNet-18 (1000 classes) at batch 16 of 3x64x64 per process, SGD momentum: the compute alone
+// (forward, then forward + backward, no communication), the DDP step across the link, and what
+// scaling_projection's model predicts from those: each bucket's ring allreduce takes
+// 2(N-1)/N * bytes / bandwidth + t0 (t0: a 4-byte allreduce, measured), starts when its last
+// gradient is ready (its ready point in this run's backward) and after the previous bucket, and the
+// step ends at max(backward, last allreduce).
+void link(int steps, double gbps) {
+  auto group = distributed::init_process_group();
+  const int rank = group->rank(), n = group->size();
+  set_num_threads(1);
+  manual_seed(11);
+  Tensor x = randn({16, 3, 64, 64});
+  Tensor y = randint(0, 1000, {16});
+  // Compute alone.
+  auto plain = models::resnet18();
+  const double fwd = bench::median_time([&] { autograd::NoGradGuard g; (void)plain->forward(x); }, 2, steps);
+  const double fwd_bwd = bench::median_time([&] { plain->zero_grad(); F::cross_entropy(plain->forward(x), y).backward(); }, 2, steps);
+  const double bwd = std::max(0.0, fwd_bwd - fwd);
+  // A small allreduce: the fixed cost of one collective over this link.
+  Tensor tiny = ones({1});
+  const double t0 = bench::median_time([&] { group->allreduce({tiny})->wait(); }, 3, 21);
+  // A 16 MiB allreduce: the bandwidth Gloo really gets over this link (a ring moves 2(N-1)/N of it).
+  Tensor big = ones({4 << 20});
+  const double t16 = bench::median_time([&] { group->allreduce({big})->wait(); }, 1, 5);
+  const double measured_bytes_per_s = 2.0 * (n - 1) / n * big.nbytes() / std::max(t16 - t0, 1e-9);
+  // The DDP step across the link (the same model, 25 MiB buckets).
+  auto model = models::resnet18();
+  distributed::DistributedDataParallel ddp(model, group);
+  const double measured = bench::median_time([&] { model->zero_grad(); F::cross_entropy(ddp.forward(x), y).backward(); }, 2, steps);
+  // Bucket sizes and ready points (fraction of backward) from the last iteration's spans.
+  const distributed::IterationStats& st = ddp.stats().back();
+  const double bwd_us = st.backward_ms * 1e3, fwd_us = st.forward_ms * 1e3;
+  double comm_end = 0, comm_end_measured = 0, bytes_total = 0;
+  const double bytes_per_s = gbps * 1e9 / 8;
+  std::string layout;
+  for (const auto& b : ddp.reducer().buckets()) {
+    const std::string want = "backward: bucket " + std::to_string(b.index) + " gradients";
+    double ready_us = bwd_us;
+    for (const auto& span : st.spans)
+      if (span.name == want) ready_us = span.end_us - fwd_us;
+    const double ready = std::clamp(ready_us / std::max(bwd_us, 1.0), 0.0, 1.0) * bwd;
+    const double bytes = static_cast<double>(b.buffer.nbytes());
+    bytes_total += bytes;
+    comm_end = std::max(comm_end, ready) + 2.0 * (n - 1) / n * bytes / bytes_per_s + t0;
+    comm_end_measured = std::max(comm_end_measured, ready) + 2.0 * (n - 1) / n * bytes / measured_bytes_per_s + t0;
+    char item[64];
+    std::snprintf(item, sizeof(item), "%s%.1f@%.2f", layout.empty() ? "" : " ", bytes / 1048576.0, ready / std::max(bwd, 1e-9));
+    layout += item;
+  }
+  const double predicted = fwd + std::max(bwd, comm_end);
+  const double predicted_measured_bw = fwd + std::max(bwd, comm_end_measured);
+  if (rank == 0) {
+    std::printf("ResNet-18 b16 x 3x64x64 per process, %d processes, link %.3g Gb/s, median of %d\n", n, gbps, steps);
+    std::printf("compute: forward %.1f ms, backward %.1f ms; allreduce: 4 bytes %.2f ms, 16 MiB %.1f ms (%.3f Gb/s "
+                "achieved); %zu buckets, %.1f MiB (MiB@ready point: %s)\n",
+                fwd * 1e3, bwd * 1e3, t0 * 1e3, t16 * 1e3, measured_bytes_per_s * 8 / 1e9,
+                ddp.reducer().buckets().size(), bytes_total / 1048576.0, layout.c_str());
+    std::printf("| link | step measured ms | predicted at the link's rate ms | predicted at the achieved rate ms | "
+                "efficiency measured | predicted (link rate) | predicted (achieved rate) |\n|---|---|---|---|---|---|---|\n");
+    std::printf("| %.3g Gb/s | %.1f | %.1f (%.2fx) | %.1f (%.2fx) | %.1f%% | %.1f%% | %.1f%% |\n", gbps, measured * 1e3,
+                predicted * 1e3, predicted / measured, predicted_measured_bw * 1e3, predicted_measured_bw / measured,
+                100 * fwd_bwd / measured, 100 * fwd_bwd / predicted, 100 * fwd_bwd / predicted_measured_bw);
+    std::fflush(stdout);
+  }
+  group->barrier()->wait();
+  distributed::destroy_process_group();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -142,8 +219,9 @@ int main(int argc, char** argv) {
     if (mode == "overhead") overhead(steps);
     else if (mode == "overlap") overlap(steps);
     else if (mode == "allreduce") allreduce(steps);
+    else if (mode == "link" && argc > 3) link(steps, std::atof(argv[3]));
     else {
-      std::fprintf(stderr, "usage: ddp_bench overhead|overlap|allreduce [steps]\n");
+      std::fprintf(stderr, "usage: ddp_bench overhead|overlap|allreduce [steps] | link STEPS GBPS\n");
       return 2;
     }
   } catch (const std::exception& e) {

@@ -61,11 +61,14 @@ TEST_CASE("bert: a resumed run ends exactly where the uninterrupted one does", "
   CHECK(std::abs(a.summary["heldout_loss_before"].get<double>() - std::log(30522.0)) < 0.3);
   CHECK(std::abs(a.summary["first_step_loss"].get<double>() - std::log(30522.0)) < 0.3);
   CHECK(a.summary["heldout_predictions"].get<int64_t>() > 50);
-  Run b1 = run(bert + " --checkpoint-dir " + parts + " --max-steps 2");
+  // --resume auto (as under chorusrun --max-restarts): no checkpoint yet, so a fresh start; then a
+  // resume from the one the first part left.
+  Run b1 = run(bert + " --checkpoint-dir " + parts + " --max-steps 2 --resume auto");
   INFO(b1.output);
   REQUIRE(b1.code == 0);
   CHECK(b1.summary["steps"] == 2);
-  Run b2 = run(bert + " --checkpoint-dir " + parts + " --resume");
+  CHECK(b1.output.find("resumed from") == std::string::npos);
+  Run b2 = run(bert + " --checkpoint-dir " + parts + " --resume auto");
   INFO(b2.output);
   REQUIRE(b2.code == 0);
   CHECK(b2.output.find("resumed from") != std::string::npos);
@@ -100,9 +103,10 @@ TEST_CASE("resnet: a resumed run mid-epoch ends exactly where the uninterrupted 
   REQUIRE(a.code == 0);
   CHECK(a.summary["steps"] == 4);
   CHECK(a.summary["mode"] == "fashion-mnist");
-  Run b1 = run(resnet + " --checkpoint-dir " + parts + " --max-steps 2");
+  Run b1 = run(resnet + " --checkpoint-dir " + parts + " --max-steps 2 --resume auto");  // nothing to resume yet
   INFO(b1.output);
   REQUIRE(b1.code == 0);
+  CHECK(b1.output.find("resumed from") == std::string::npos);
   Run b2 = run(resnet + " --max-steps 4 --checkpoint-dir " + parts + " --resume");
   INFO(b2.output);
   REQUIRE(b2.code == 0);
@@ -124,6 +128,13 @@ TEST_CASE("the examples refuse bad flags with a message", "[examples]") {
   Run r = run(binary("examples/resnet/resnet") + " --resume");
   CHECK(r.code != 0);
   CHECK(r.output.find("--resume needs --checkpoint-dir") != std::string::npos);
+  // The bare flag insists on a checkpoint; `auto` is the one that may start afresh.
+  r = run(binary("examples/resnet/resnet") + " --resume --checkpoint-dir " + scratch("resnet_no_checkpoint"));
+  CHECK(r.code != 0);
+  CHECK(r.output.find("cannot open") != std::string::npos);
+  r = run(binary("examples/bert/bert") + " --resume later --checkpoint-dir " + scratch("bert_no_checkpoint"));
+  CHECK(r.code != 0);
+  CHECK(r.output.find("--resume") != std::string::npos);
   r = run(binary("examples/bert/bert") + " --batch-size 10 --accumulate 4");
   CHECK(r.code != 0);
   CHECK(r.output.find("must be divisible by 1 processes x --accumulate 4") != std::string::npos);

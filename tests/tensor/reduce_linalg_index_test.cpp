@@ -355,5 +355,64 @@ TEST_CASE("var and std of nothing are NaN and logsumexp of nothing is -inf, as i
   CHECK(full({4}, inf, {.dtype = kFloat64}).min().item<double>() == inf);
 }
 
+TEST_CASE("the reduction, softmax, comparison, splitting and bmm methods equal their free functions",
+          "[tensor][methods]") {
+  manual_seed(21);
+  const Tensor x = randn({3, 4, 5}, {.dtype = kFloat64});
+  const Tensor y = randn({3, 4, 5}, {.dtype = kFloat64});
+  auto same = [](const Tensor& a, const Tensor& b) { return a.sizes() == b.sizes() && equal(a, b); };
+  CHECK(same(x.argmin(1), argmin(x, 1)));
+  CHECK(same(x.argmin(), argmin(x)));
+  CHECK(same(x.max(2).first, max(x, 2).first));
+  CHECK(same(x.max(2, true).second, max(x, 2, true).second));
+  CHECK(same(x.min(0).first, min(x, 0).first));
+  CHECK(same(x.min(0).second, min(x, 0).second));
+  CHECK(same(x.amax({0, 2}), amax(x, {0, 2})));
+  CHECK(same(x.amin({1}, true), amin(x, {1}, true)));
+  CHECK(same(x.prod(1), prod(x, 1)));
+  CHECK(same(x.prod(), prod(x)));
+  CHECK(same(x.var({1}), var(x, {1})));
+  CHECK(same(x.var({0, 2}, false, true), var(x, {0, 2}, false, true)));
+  CHECK(same(x.std(), chorus::std(x)));
+  CHECK(same(x.norm(1.0, {2}), norm(x, 1.0, {2})));
+  CHECK(same(x.norm(), norm(x)));
+  CHECK(same(x.logsumexp({2}, true), logsumexp(x, {2}, true)));
+  CHECK(same(x.softmax(-1), softmax(x, -1)));
+  CHECK(same(x.log_softmax(1), log_softmax(x, 1)));
+  CHECK(same(x.maximum(y), maximum(x, y)));
+  CHECK(same(x.minimum(y), minimum(x, y)));
+  // x.where(cond, y) is where(cond, x, y): x where the condition holds.
+  const Tensor cond = x.gt(0.0);
+  CHECK(same(x.where(cond, y), where(cond, x, y)));
+  CHECK(same(x.where(cond, 0.5), where(cond, x, Scalar(0.5))));
+  CHECK(values(x.where(cond, 0.5)) == values(where(cond, x, full_like(x, 0.5))));
+  CHECK(same(x.ne(0.25), ne(x, Scalar(0.25))));
+  CHECK(same(x.lt(0.0), lt(x, Scalar(0.0))));
+  CHECK(same(x.le(0.1), le(x, Scalar(0.1))));
+  CHECK(same(x.ge(-0.1), ge(x, Scalar(-0.1))));
+  CHECK(x.lt(0.0).dtype() == kBool);
+  // view_as shares storage; type_as converts.
+  const Tensor flat = randn({60});
+  const Tensor v = flat.view_as(x);
+  CHECK(v.sizes() == x.sizes());
+  CHECK(v.data_ptr<float>() == flat.data_ptr<float>());
+  CHECK(flat.type_as(x).dtype() == kFloat64);
+  CHECK(values(flat.type_as(x)) == values(flat));
+  // split / chunk.
+  const auto parts = x.split(2, 1);
+  REQUIRE(parts.size() == 2);
+  CHECK(same(parts[1], split(x, 2, 1)[1]));
+  CHECK(parts[1].size(1) == 2);
+  const auto uneven = x.split(std::vector<int64_t>{1, 4}, 2);
+  REQUIRE(uneven.size() == 2);
+  CHECK(uneven[1].size(2) == 4);
+  const auto chunks = x.chunk(3, 0);
+  REQUIRE(chunks.size() == 3);
+  CHECK(same(chunks[2], chunk(x, 3, 0)[2]));
+  // bmm.
+  const Tensor a = randn({2, 3, 4}), b = randn({2, 4, 5});
+  CHECK(same(a.bmm(b), bmm(a, b)));
+}
+
 }  // namespace
 }  // namespace chorus
