@@ -29,6 +29,7 @@
 #include "optim/optim.h"
 #include "tensor/ops.h"
 #include "tests/bench/bench_util.h"
+#include "tests/bench/ddp_projection.h"
 
 using namespace chorus;
 namespace F = chorus::nn::functional;
@@ -171,28 +172,18 @@ void link(int steps, double gbps) {
   auto model = models::resnet18();
   distributed::DistributedDataParallel ddp(model, group);
   const double measured = bench::median_time([&] { model->zero_grad(); F::cross_entropy(ddp.forward(x), y).backward(); }, 2, steps);
-  // Bucket sizes and ready points (fraction of backward) from the last iteration's spans.
-  const distributed::IterationStats& st = ddp.stats().back();
-  const double bwd_us = st.backward_ms * 1e3, fwd_us = st.forward_ms * 1e3;
-  double comm_end = 0, comm_end_measured = 0, bytes_total = 0;
-  const double bytes_per_s = gbps * 1e9 / 8;
+  // Bucket sizes and ready points from the last iteration; the model in seconds.
+  const std::vector<bench::BucketTiming> buckets = bench::bucket_timings(ddp);
+  double bytes_total = 0;
   std::string layout;
-  for (const auto& b : ddp.reducer().buckets()) {
-    const std::string want = "backward: bucket " + std::to_string(b.index) + " gradients";
-    double ready_us = bwd_us;
-    for (const auto& span : st.spans)
-      if (span.name == want) ready_us = span.end_us - fwd_us;
-    const double ready = std::clamp(ready_us / std::max(bwd_us, 1.0), 0.0, 1.0) * bwd;
-    const double bytes = static_cast<double>(b.buffer.nbytes());
-    bytes_total += bytes;
-    comm_end = std::max(comm_end, ready) + 2.0 * (n - 1) / n * bytes / bytes_per_s + t0;
-    comm_end_measured = std::max(comm_end_measured, ready) + 2.0 * (n - 1) / n * bytes / measured_bytes_per_s + t0;
+  for (const bench::BucketTiming& b : buckets) {
+    bytes_total += b.bytes;
     char item[64];
-    std::snprintf(item, sizeof(item), "%s%.1f@%.2f", layout.empty() ? "" : " ", bytes / 1048576.0, ready / std::max(bwd, 1e-9));
+    std::snprintf(item, sizeof(item), "%s%.1f@%.2f", layout.empty() ? "" : " ", b.bytes / 1048576.0, b.ready_fraction);
     layout += item;
   }
-  const double predicted = fwd + std::max(bwd, comm_end);
-  const double predicted_measured_bw = fwd + std::max(bwd, comm_end_measured);
+  const double predicted = bench::iteration_time(buckets, fwd, bwd, n, gbps * 1e9 / 8, t0);
+  const double predicted_measured_bw = bench::iteration_time(buckets, fwd, bwd, n, measured_bytes_per_s, t0);
   if (rank == 0) {
     std::printf("ResNet-18 b16 x 3x64x64 per process, %d processes, link %.3g Gb/s, median of %d\n", n, gbps, steps);
     std::printf("compute: forward %.1f ms, backward %.1f ms; allreduce: 4 bytes %.2f ms, 16 MiB %.1f ms (%.3f Gb/s "

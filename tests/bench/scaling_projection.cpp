@@ -27,6 +27,7 @@
 
 #include "distributed/ddp.h"
 #include "distributed/init.h"
+#include "tests/bench/ddp_projection.h"
 #include "examples/models/bert.h"
 #include "examples/models/resnet.h"
 #include "tensor/ops.h"
@@ -35,10 +36,7 @@ using namespace chorus;
 
 namespace {
 
-struct BucketTiming {
-  double bytes;
-  double ready_fraction;  // when its last gradient arrived, as a fraction of backward
-};
+using bench::BucketTiming;
 
 // One measured DDP iteration (the second: buckets are rebuilt after the first).
 std::vector<BucketTiming> measure(const std::shared_ptr<nn::Module>& model, const std::function<Tensor(nn::Module&)>& loss_of,
@@ -48,17 +46,7 @@ std::vector<BucketTiming> measure(const std::shared_ptr<nn::Module>& model, cons
     model->zero_grad();
     ddp.forward([&] { return loss_of(*model); }).backward();
   }
-  const distributed::IterationStats& st = ddp.stats().back();
-  const double fwd_us = st.forward_ms * 1e3, bwd_us = st.backward_ms * 1e3;
-  std::vector<BucketTiming> out;
-  for (const auto& b : ddp.reducer().buckets()) {
-    const std::string want = "backward: bucket " + std::to_string(b.index) + " gradients";
-    double ready = bwd_us;
-    for (const auto& span : st.spans)
-      if (span.name == want) ready = span.end_us - fwd_us;
-    out.push_back({static_cast<double>(b.buffer.nbytes()), std::clamp(ready / bwd_us, 0.0, 1.0)});
-  }
-  return out;
+  return bench::bucket_timings(ddp);
 }
 
 struct Link {
@@ -73,16 +61,8 @@ double efficiency(const std::vector<BucketTiming>& buckets, double fwd_ms, doubl
   const double nvlink_bytes_per_ms = 130e9 / 1e3;  // ~130 GB/s ring bandwidth per GPU inside a node
   const double link_bytes_per_ms = n <= 8 ? nvlink_bytes_per_ms : node_gbps * 1e9 / 8 / 1e3;
   const double latency_ms = n <= 8 ? 0.005 : 0.010;
-  double comm_end = 0;
-  double total_comm = 0;
-  for (const BucketTiming& b : buckets) {
-    const double t = 2.0 * (n - 1) / n * b.bytes / link_bytes_per_ms + 2.0 * (n - 1) * latency_ms;
-    total_comm += t;
-    const double ready = overlap ? b.ready_fraction * bwd_ms : bwd_ms;
-    comm_end = std::max(comm_end, ready) + t;
-  }
-  const double iteration = fwd_ms + (overlap ? std::max(bwd_ms, comm_end) : bwd_ms + total_comm);
-  return (fwd_ms + bwd_ms) / iteration;
+  return (fwd_ms + bwd_ms) /
+         bench::iteration_time(buckets, fwd_ms, bwd_ms, n, link_bytes_per_ms, 2.0 * (n - 1) * latency_ms, overlap);
 }
 
 double flag(int argc, char** argv, const char* name, double fallback) {
