@@ -1,14 +1,13 @@
 #include "distributed/pipeline/plan.h"
 
-#include <climits>
-#include <fstream>
 #include <map>
-#include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "distributed/pipeline/json_fields.h"
 #include "tensor/error.h"
 
 namespace chorus::distributed::pipeline {
+
+namespace jf = json_fields;
 
 int PipelinePlan::stage_of(int rank) const {
   for (size_t s = 0; s < stages.size(); ++s) {
@@ -66,8 +65,8 @@ void PipelinePlan::validate(int world_size) const {
              r, it->second, s);
       }
     }
-    const int mb = global_batch / micro_batches;
-    if (mb % static_cast<int>(st.ranks.size()) != 0) {
+    const int64_t mb = global_batch / micro_batches;
+    if (mb % st.replicas() != 0) {
       fail("pipeline plan: the micro-batch of {} samples (global_batch {} / micro_batches {}) does not split among "
            "stage {}'s {} replicas; expected a micro-batch size divisible by every stage's replica count",
            mb, global_batch, micro_batches, s, st.ranks.size());
@@ -87,120 +86,90 @@ void PipelinePlan::validate(int world_size) const {
   }
 }
 
-namespace {
-
-using nlohmann::json;
-
-// An integer field, strictly: a JSON integer within int's range (nlohmann's get<int> would truncate
-// 4294967297 to 1 and cast 3e72 with undefined behaviour).
-int as_int(const json& v, const std::string& what, const std::string& where) {
-  if (v.is_number_integer()) {
-    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(INT_MAX)
-                                             : v.get<int64_t>() >= INT_MIN && v.get<int64_t>() <= INT_MAX;
-    if (fits) return static_cast<int>(v.get<int64_t>());
+std::string PipelinePlan::str() const {
+  std::string out;
+  for (int s = 0; s < num_stages(); ++s) {
+    const StagePlan& st = stages[s];
+    out += fmt::format("{}[{},{}) x{} on rank{} {}", s ? " | " : "", st.first_layer, st.end_layer, st.replicas(),
+                       st.replicas() > 1 ? "s" : "", fmt::join(st.ranks, ","));
   }
-  fail("pipeline plan JSON: {} in {} is {}; expected an integer in [{}, {}]", what, where, v.dump(), INT_MIN, INT_MAX);
-}
-
-int int_field(const json& j, const char* key, const char* where) {
-  if (!j.contains(key)) fail("pipeline plan JSON: {} has no \"{}\"", where, key);
-  return as_int(j.at(key), fmt::format("\"{}\"", key), where);
-}
-
-std::string string_field(const json& j, const char* key, const char* where) {
-  if (!j.contains(key)) fail("pipeline plan JSON: {} has no \"{}\"", where, key);
-  if (!j.at(key).is_string()) fail("pipeline plan JSON: \"{}\" in {} is {}; expected a string", key, where, j.at(key).dump());
-  return j.at(key).get<std::string>();
-}
-
-std::vector<int> int_list(const json& st, const char* key, const std::string& where) {
-  if (!st.contains(key) || !st.at(key).is_array()) {
-    fail("pipeline plan JSON: {} is {}; expected {{\"layers\": [first, end], \"ranks\": [r, ...]}}", where, st.dump());
-  }
-  std::vector<int> out;
-  for (const json& v : st.at(key)) out.push_back(as_int(v, fmt::format("an element of \"{}\"", key), where));
   return out;
 }
 
-}  // namespace
-
-PipelinePlan plan_from_json(const std::string& text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    fail("pipeline plan JSON: cannot parse: {}", e.what());
-  }
-  if (!j.is_object()) fail("pipeline plan JSON: expected an object at the top, got {}", j.type_name());
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    static const char* known[] = {"version", "num_layers", "global_batch", "micro_batches", "schedule", "stages",
-                                  "predicted"};
-    bool ok = false;
-    for (const char* k : known) ok = ok || it.key() == k;
-    if (!ok) {
-      fail("pipeline plan JSON: unknown key \"{}\"; expected only version, num_layers, global_batch, micro_batches, "
-           "schedule, stages and (optional) predicted",
-           it.key());
-    }
-  }
-  const int version = int_field(j, "version", "the plan");
-  if (version != 1) fail("pipeline plan JSON: version {} is not supported; expected version 1", version);
+PipelinePlan plan_from_json(const std::string& text, const std::string& source) {
+  const jf::Json j = jf::parse(text, source);
+  jf::check_object(j, source, {"version", "num_layers", "global_batch", "micro_batches", "schedule", "stages"},
+                   {"predicted"});
+  const int64_t version = jf::integer(j["version"], source + ".version");
+  if (version != 1) fail("{}.version: got {}, expected 1", source, version);
   PipelinePlan p;
-  p.num_layers = int_field(j, "num_layers", "the plan");
-  p.global_batch = int_field(j, "global_batch", "the plan");
-  p.micro_batches = int_field(j, "micro_batches", "the plan");
-  p.schedule = string_field(j, "schedule", "the plan");
-  if (!j.contains("stages") || !j["stages"].is_array()) fail("pipeline plan JSON: expected an array \"stages\"");
-  int s = 0;
-  for (const json& st : j["stages"]) {
-    const std::string where = fmt::format("stage {}", s++);
-    if (!st.is_object()) fail("pipeline plan JSON: {} is {}; expected an object with layers and ranks", where, st.dump());
-    for (auto it = st.begin(); it != st.end(); ++it) {
-      if (it.key() != "layers" && it.key() != "ranks") {
-        fail("pipeline plan JSON: {} has an unknown key \"{}\"; expected only \"layers\" and \"ranks\"", where, it.key());
-      }
+  p.num_layers = static_cast<int>(jf::integer(j["num_layers"], source + ".num_layers", 1, 1 << 30));
+  p.global_batch = jf::integer(j["global_batch"], source + ".global_batch", 1);
+  p.micro_batches = static_cast<int>(jf::integer(j["micro_batches"], source + ".micro_batches", 1, 1 << 30));
+  p.schedule = jf::string(j["schedule"], source + ".schedule");
+  const jf::Json& stages = jf::array(j["stages"], source + ".stages");
+  int max_rank = -1;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const std::string path = fmt::format("{}.stages[{}]", source, s);
+    jf::check_object(stages[s], path, {"layers", "ranks"});
+    const jf::Json& layers = jf::array(stages[s]["layers"], path + ".layers");
+    if (layers.size() != 2) fail("{}.layers: got {} numbers, expected [first, end]", path, layers.size());
+    StagePlan st;
+    st.first_layer = static_cast<int>(jf::integer(layers[0], path + ".layers[0]", 0, 1 << 30));
+    st.end_layer = static_cast<int>(jf::integer(layers[1], path + ".layers[1]", 0, 1 << 30));
+    const jf::Json& ranks = jf::array(stages[s]["ranks"], path + ".ranks");
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      st.ranks.push_back(static_cast<int>(jf::integer(ranks[i], fmt::format("{}.ranks[{}]", path, i), 0, 1 << 30)));
+      max_rank = std::max(max_rank, st.ranks.back());
     }
-    const std::vector<int> layers = int_list(st, "layers", where);
-    const std::vector<int> ranks = int_list(st, "ranks", where);
-    if (layers.size() != 2) {
-      fail("pipeline plan JSON: {} has layers {}; expected [first, end] (two numbers, end exclusive)", where, layers);
-    }
-    p.stages.push_back({layers[0], layers[1], ranks});
+    p.stages.push_back(std::move(st));
   }
-  p.validate();
+  if (j.contains("predicted")) {
+    const std::string path = source + ".predicted";
+    jf::check_object(j["predicted"], path, {"iteration_ms", "peak_memory_bytes", "pivot_stage"});
+    PlanPrediction pr;
+    pr.iteration_ms = jf::number(j["predicted"]["iteration_ms"], path + ".iteration_ms");
+    const jf::Json& mem = jf::array(j["predicted"]["peak_memory_bytes"], path + ".peak_memory_bytes");
+    for (size_t i = 0; i < mem.size(); ++i)
+      pr.peak_memory_bytes.push_back(jf::integer(mem[i], fmt::format("{}.peak_memory_bytes[{}]", path, i)));
+    if (pr.peak_memory_bytes.size() != p.stages.size())
+      fail("{}.peak_memory_bytes: got {} values, expected one per stage ({})", path, pr.peak_memory_bytes.size(),
+           p.stages.size());
+    pr.pivot_stage = static_cast<int>(
+        jf::integer(j["predicted"]["pivot_stage"], path + ".pivot_stage", 0, std::max<int64_t>(0, p.num_stages() - 1)));
+    p.predicted = std::move(pr);
+  }
+  p.validate(max_rank + 1);
   return p;
 }
 
-std::string plan_to_json(const PipelinePlan& plan) {
-  json stages = json::array();
-  for (const StagePlan& st : plan.stages) stages.push_back({{"layers", {st.first_layer, st.end_layer}}, {"ranks", st.ranks}});
-  json j = {{"version", 1},
-            {"num_layers", plan.num_layers},
-            {"global_batch", plan.global_batch},
-            {"micro_batches", plan.micro_batches},
-            {"schedule", plan.schedule},
-            {"stages", stages}};
-  return j.dump();
-}
-
-PipelinePlan load_plan(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail("pipeline plan: cannot read '{}'", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    return plan_from_json(ss.str());
-  } catch (const Error& e) {
-    fail("{} (in '{}')", e.what(), path);
+std::string plan_to_json(const PipelinePlan& p) {
+  nlohmann::ordered_json j;
+  j["version"] = 1;
+  j["num_layers"] = p.num_layers;
+  j["global_batch"] = p.global_batch;
+  j["micro_batches"] = p.micro_batches;
+  j["schedule"] = p.schedule;
+  j["stages"] = nlohmann::ordered_json::array();
+  for (const StagePlan& st : p.stages) {
+    nlohmann::ordered_json s;
+    s["layers"] = {st.first_layer, st.end_layer};
+    s["ranks"] = st.ranks;
+    j["stages"].push_back(std::move(s));
   }
+  if (p.predicted) {
+    nlohmann::ordered_json pr;
+    pr["iteration_ms"] = p.predicted->iteration_ms;
+    pr["peak_memory_bytes"] = p.predicted->peak_memory_bytes;
+    pr["pivot_stage"] = p.predicted->pivot_stage;
+    j["predicted"] = std::move(pr);
+  }
+  return j.dump() + "\n";
 }
 
-void save_plan(const PipelinePlan& plan, const std::string& path) {
-  std::ofstream out(path);
-  if (!out) fail("pipeline plan: cannot write '{}'", path);
-  out << plan_to_json(plan) << "\n";
-  if (!out) fail("pipeline plan: writing '{}' failed", path);
-}
+PipelinePlan load_plan(const std::string& path) { return plan_from_json(jf::read_file(path, "plan"), "plan " + path); }
+
+void save_plan(const PipelinePlan& plan, const std::string& path) { jf::write_file(path, plan_to_json(plan), "plan"); }
 
 std::vector<int> even_cuts(int num_layers, int num_stages) {
   if (num_stages <= 0 || num_stages > num_layers) {
@@ -212,7 +181,7 @@ std::vector<int> even_cuts(int num_layers, int num_stages) {
 }
 
 PipelinePlan uniform_plan(int num_layers, const std::vector<int>& cuts, const std::vector<int>& replicas,
-                          int global_batch, int micro_batches, const std::string& schedule) {
+                          int64_t global_batch, int micro_batches, const std::string& schedule) {
   if (replicas.size() != cuts.size() + 1) {
     fail("pipeline: {} stage boundaries make {} stages but {} replica counts were given; expected one per stage",
          cuts.size(), cuts.size() + 1, replicas.size());

@@ -1,13 +1,18 @@
 // A pipeline plan: how a model of num_layers layers is cut into stages, which global ranks run
 // each stage (several ranks = data-parallel replicas of that stage), how the global batch is cut
-// into micro-batches, and which schedule runs them. The DAPPLE planner
-// (distributed/pipeline/planner) writes plans as JSON; the runtime (pipeline.h) reads them:
+// into micro-batches, which schedule runs them, and (when the planner wrote it) what the planner
+// predicted. One type for both sides: the DAPPLE planner (distributed/pipeline/planner) writes it,
+// the runtime (pipeline.h) reads it.
 //
 //   {"version":1,"num_layers":8,"global_batch":32,"micro_batches":4,"schedule":"1f1b",
 //    "stages":[{"layers":[0,4],"ranks":[0,1]},{"layers":[4,8],"ranks":[2]}],
-//    "predicted":{...}}                       // optional, the planner's estimates; ignored here
+//    "predicted":{"iteration_ms":12.5,"peak_memory_bytes":[1000,800],"pivot_stage":0}}
+//
+// "predicted" is optional; the runtime ignores it, the planner's tools compare it with measurements.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,17 +22,27 @@ struct StagePlan {
   int first_layer = 0;  // layers [first_layer, end_layer) of the model
   int end_layer = 0;
   std::vector<int> ranks;  // global ranks; replica j of the stage is ranks[j]
+
+  int replicas() const { return static_cast<int>(ranks.size()); }
+};
+
+// The planner's estimates for a plan (cost_model.h).
+struct PlanPrediction {
+  double iteration_ms = 0;
+  std::vector<int64_t> peak_memory_bytes;  // per stage, per device of the stage
+  int pivot_stage = 0;
 };
 
 struct PipelinePlan {
   int num_layers = 0;
-  int global_batch = 0;
+  int64_t global_batch = 0;
   int micro_batches = 1;
-  std::string schedule = "1f1b";  // "gpipe" or "1f1b"
+  std::string schedule = "1f1b";  // "1f1b" (DAPPLE's early backward) or "gpipe"
   std::vector<StagePlan> stages;
+  std::optional<PlanPrediction> predicted;
 
   int num_stages() const { return static_cast<int>(stages.size()); }
-  int micro_batch_size() const { return global_batch / micro_batches; }
+  int64_t micro_batch_size() const { return global_batch / micro_batches; }
   // The stage `rank` runs; chorus::Error when no stage has it.
   int stage_of(int rank) const;
   // Throws chorus::Error naming what was given and what was expected when the plan is not one the
@@ -37,20 +52,25 @@ struct PipelinePlan {
   // schedule must be known. world_size < 0 skips the rank-count check (ranks are still checked to
   // be distinct and non-negative).
   void validate(int world_size = -1) const;
+  // "[0,4) x2 on ranks 0,1 | [4,8) x1 on rank 2"
+  std::string str() const;
 };
 
-// JSON in the schema above (the planner's). Unknown top-level keys other than "predicted" are an
-// error (a misspelt key must not be silently ignored); "version" must be 1.
-PipelinePlan plan_from_json(const std::string& text);
+// Strict JSON (distributed/pipeline/json_fields.h): "version" must be 1; unknown keys (top level,
+// in a stage, in "predicted": a misspelt key must not be silently ignored) and wrong types are a
+// chorus::Error naming `source`, the key path and what was expected. The plan is validated against
+// the ranks it names (every rank in [0, largest rank] used once).
+PipelinePlan plan_from_json(const std::string& text, const std::string& source = "plan");
 std::string plan_to_json(const PipelinePlan& plan);
 PipelinePlan load_plan(const std::string& path);
+// Atomic: written to a temporary file renamed over `path`.
 void save_plan(const PipelinePlan& plan, const std::string& path);
 
 // A plan from stage boundaries: stage i runs layers [cuts[i-1], cuts[i]) with cuts[-1] = 0 and
 // cuts[S-1] = num_layers implied, i.e. `cuts` lists the S-1 interior boundaries; stage i gets
 // replicas[i] consecutive ranks (stage 0 ranks 0..replicas[0]-1, and so on). Validated.
 PipelinePlan uniform_plan(int num_layers, const std::vector<int>& cuts, const std::vector<int>& replicas,
-                          int global_batch, int micro_batches, const std::string& schedule);
+                          int64_t global_batch, int micro_batches, const std::string& schedule);
 // S-1 interior boundaries cutting num_layers layers into S stages of (nearly) equal layer counts.
 std::vector<int> even_cuts(int num_layers, int num_stages);
 

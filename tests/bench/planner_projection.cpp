@@ -28,6 +28,7 @@
 #include "tensor/error.h"
 
 using namespace chorus;
+using namespace chorus::distributed::pipeline;
 using namespace chorus::distributed::pipeline::planner;
 
 namespace {

@@ -120,6 +120,9 @@ void plan_seeds() {
   namespace pp = distributed::pipeline;
   put("plan_json", "hybrid", pp::plan_to_json(pp::uniform_plan(8, {4}, {2, 1}, 32, 4, "1f1b")));
   put("plan_json", "three-stages", pp::plan_to_json(pp::uniform_plan(6, {2, 4}, {1, 1, 1}, 12, 3, "gpipe")));
+  pp::PipelinePlan predicted = pp::uniform_plan(4, {1}, {1, 2}, 16, 2, "1f1b");
+  predicted.predicted = pp::PlanPrediction{12.25, {1000, 800}, 1};
+  put("plan_json", "with-predictions", pp::plan_to_json(predicted));
   put("plan_json", "bad-layers",
       R"({"version":1,"num_layers":4,"global_batch":8,"micro_batches":2,"schedule":"1f1b",)"
       R"("stages":[{"layers":[0,3],"ranks":[0]},{"layers":[2,4],"ranks":[1]}]})");

@@ -1,6 +1,6 @@
 // Fuzz target: the pipeline plan JSON the planner writes and the runtime and chorusrun read
 // (distributed/pipeline/plan.h). A chorus::Error or a plan that validates, and whose JSON reads
-// back as the same plan.
+// back as the same plan (predictions included), valid on the ranks it names.
 #include "distributed/pipeline/plan.h"
 #include "tensor/error.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -25,12 +25,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                             again.stages[i].ranks == plan.stages[i].ranks,
                         "a stage does not read back the same");
   }
+  chorus::fuzz::check(again.predicted.has_value() == plan.predicted.has_value(), "the predictions do not read back");
+  if (plan.predicted) {
+    chorus::fuzz::check(again.predicted->iteration_ms == plan.predicted->iteration_ms &&
+                            again.predicted->peak_memory_bytes == plan.predicted->peak_memory_bytes &&
+                            again.predicted->pivot_stage == plan.predicted->pivot_stage,
+                        "the predictions do not read back the same");
+  }
+  // A plan that was read is valid on the ranks it names, and every one of them has a stage.
   int world = 0;
   for (const auto& s : plan.stages) world += static_cast<int>(s.ranks.size());
-  try {
-    plan.validate(world);
-    for (int r = 0; r < world; ++r) (void)plan.stage_of(r);
-  } catch (const chorus::Error&) {
-  }
+  plan.validate(world);
+  for (int r = 0; r < world; ++r) (void)plan.stage_of(r);
   return 0;
 }

@@ -55,7 +55,7 @@ TEST_CASE("pipeline example: a plan file in the planner's schema", "[pipeline][e
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string path = std::string(tmp ? tmp : "/tmp") + "/pipeline_example_plan.json";
   std::ofstream(path) << R"({"version":1,"num_layers":8,"global_batch":64,"micro_batches":2,"schedule":"1f1b",)"
-                         R"("stages":[{"layers":[0,5],"ranks":[0]},{"layers":[5,8],"ranks":[1]}],"predicted":{}})";
+                         R"("stages":[{"layers":[0,5],"ranks":[0]},{"layers":[5,8],"ranks":[1]}],"predicted":{"iteration_ms":9.5,"peak_memory_bytes":[1000,800],"pivot_stage":0}})";
   Run r = chorusrun(2, "--plan " + path + " --max-steps 20 --test-limit 500");
   INFO(r.output);
   REQUIRE(r.code == 0);

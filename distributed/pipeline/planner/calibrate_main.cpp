@@ -7,7 +7,8 @@
 // Point to point between rank 0 and rank 1 (intra-node) and between rank 0 and the first rank of
 // node 1 (inter-node, with --nnodes > 1), and the allreduce over all ranks; each fitted to the cost
 // model's latency + bytes / bandwidth form (calibration.h). Prints every measured size beside the fit.
-// The allreduce's own figures go into the cluster's *_allreduce_* keys (a backend's allreduce need
+// The allreduce's own figures, as a DDP bucket costs a training step (the Reducer's copies included;
+// the process group's bare allreduce is printed beside them), go into the cluster's *_allreduce_* keys (a backend's allreduce need
 // not run at its point-to-point bandwidth: Gloo's reduces on the CPU as it goes), and
 // "communication_overlaps_compute" is false when these processes' compute threads fill this
 // machine's cores (then Gloo's threads take their cycles from the computation; --overlap overrides).
@@ -20,11 +21,12 @@
 #include "distributed/init.h"
 #include "distributed/pipeline/planner/calibration.h"
 #include "distributed/pipeline/planner/cluster.h"
-#include "distributed/pipeline/planner/json_fields.h"
+#include "distributed/pipeline/json_fields.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
 using namespace chorus;
+using namespace chorus::distributed::pipeline;
 using namespace chorus::distributed::pipeline::planner;
 
 namespace {
@@ -131,8 +133,12 @@ int main(int argc, char** argv) {
       cluster.intra_node_latency_us = cluster.inter_node_latency_us;
       cluster.intra_node_bytes_per_s = cluster.inter_node_bytes_per_s;
     }
-    const LinkFit ring = measure_allreduce(*group, options);
-    if (root) print_fit(fmt::format("allreduce over {} ranks (ring form)", world).c_str(), ring, true, world);
+    const LinkFit bare = measure_allreduce(*group, options);
+    if (root) print_fit(fmt::format("allreduce over {} ranks (ring form), the process group alone", world).c_str(), bare, true, world);
+    const LinkFit ring = measure_ddp_allreduce(group, options);
+    if (root)
+      print_fit(fmt::format("allreduce over {} ranks (ring form), a DDP bucket as a step pays it: written to the cluster",
+                            world).c_str(), ring, true, world);
     if (cluster.nodes == 1) {
       cluster.intra_node_allreduce_bytes_per_s = ring.bytes_per_s;
       cluster.intra_node_allreduce_latency_us = ring.latency_us;

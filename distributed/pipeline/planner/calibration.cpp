@@ -5,6 +5,7 @@
 #include <chrono>
 #include <set>
 
+#include "distributed/reducer.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
@@ -48,6 +49,14 @@ LinkFit make_fit(std::vector<LinkSample> samples, double latency_ms, double ms_p
   fit.latency_us = latency_ms * 1e3;
   fit.bytes_per_s = 1e3 / ms_per_byte;
   return fit;
+}
+
+// Ring form: ms = 2 (r-1) lat + 2 (r-1)/r * bytes / bw, so in the fitted line x0 = 2 (r-1) lat and
+// x1 = 2 (r-1)/r / bw.
+LinkFit ring_fit(std::vector<LinkSample> samples, int r) {
+  const auto [x0, x1] = fit_line(samples);
+  const double steps = 2.0 * (r - 1);
+  return make_fit(std::move(samples), x0 / steps, x1 * r / steps);
 }
 
 }  // namespace
@@ -148,11 +157,40 @@ LinkFit measure_allreduce(ProcessGroup& group, const CalibrationOptions& options
     group.allreduce({mine}, ReduceOp::Max)->wait();
     samples.push_back({bytes, mine.item<double>()});
   }
-  // Ring form: ms = 2 (r-1) lat + 2 (r-1)/r * bytes / bw, so in the fitted line x0 = 2 (r-1) lat and
-  // x1 = 2 (r-1)/r / bw.
-  const auto [x0, x1] = fit_line(samples);
-  const double steps = 2.0 * (r - 1);
-  return make_fit(std::move(samples), x0 / steps, x1 * r / steps);
+  return ring_fit(std::move(samples), r);
+}
+
+LinkFit measure_ddp_allreduce(const std::shared_ptr<ProcessGroup>& group, const CalibrationOptions& options) {
+  check_options(options, options.allreduce_sizes_bytes);
+  const int r = group->size();
+  if (r < 2) fail("calibration: an allreduce needs at least 2 ranks, got a group of {}", r);
+  std::vector<LinkSample> samples;
+  for (int64_t bytes : options.allreduce_sizes_bytes) {
+    // loss = sum(w * c): its backward writes w's gradient (c) in one pass, so what DDP adds stands
+    // out against a small, steady remainder.
+    Tensor w = randn({bytes / 4}).requires_grad_(true), c = randn({bytes / 4});
+    // One parameter: one bucket of exactly `bytes` (a parameter above the cap gets its own bucket).
+    Reducer reducer({w}, {"calibration"}, group, ReducerOptions{.bucket_cap_bytes = bytes, .first_bucket_cap_bytes = bytes});
+    auto step_ms = [&](bool ddp) {
+      w.mutable_grad() = Tensor();  // as zero_grad(set_to_none): the gradient is written, not added
+      group->barrier()->wait();
+      const auto t0 = Clock::now();
+      if (ddp) reducer.prepare_for_forward();
+      Tensor loss = (w * c).sum();
+      if (ddp) reducer.prepare_for_backward({loss});
+      loss.backward();
+      return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    };
+    std::vector<double> with, without;
+    for (int run = 0; run < options.warmup + options.repeats; ++run) {
+      const double a = step_ms(true), b = step_ms(false);
+      if (run >= options.warmup) with.push_back(a), without.push_back(b);
+    }
+    Tensor mine = full({1}, std::max(0.0, mean(with) - mean(without)), {.dtype = kFloat64});
+    group->allreduce({mine}, ReduceOp::Max)->wait();
+    samples.push_back({bytes, mine.item<double>()});
+  }
+  return ring_fit(std::move(samples), r);
 }
 
 }  // namespace chorus::distributed::pipeline::planner

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "distributed/process_group.h"
@@ -57,6 +58,15 @@ LinkFit measure_point_to_point(ProcessGroup& group, int a, int b, const Calibrat
 // slowest rank's), fitted to the ring form with r = group.size() (so the fitted bandwidth is the
 // one the cost model's allreduce term expects). Every rank calls it; every rank gets the same fit.
 LinkFit measure_allreduce(ProcessGroup& group, const CalibrationOptions& options = {});
+
+// What a DDP bucket of each size costs a training step, fitted to the same ring form: the backward
+// of one parameter of that size through DDP's Reducer (gradient copied into its bucket and divided
+// by the world size, the allreduce, the average copied back into .grad), minus the same backward
+// without the Reducer; the slowest rank's mean difference. This is what the cost model's
+// allreduce term stands for (a replicated stage's gradients are reduced by that Reducer), so the
+// `calibrate` tool writes this fit, not measure_allreduce's, into the cluster JSON. Every rank calls
+// it; every rank gets the same fit.
+LinkFit measure_ddp_allreduce(const std::shared_ptr<ProcessGroup>& group, const CalibrationOptions& options = {});
 
 // Least squares of ms = x0 + x1 * bytes over the samples, returned as (x0 ms, x1 ms per byte); a
 // negative intercept is clamped to 0 (and the slope refitted through the origin). chorus::Error for

@@ -132,7 +132,7 @@ int64_t CostModel::memory_bytes(int first, int end, int replicas, int in_flight)
   return param_bytes(first, end) * (2 + options_.optimizer_state_copies) + std::llround(activations);
 }
 
-Prediction CostModel::predict(const Plan& plan) const {
+Prediction CostModel::predict(const PipelinePlan& plan) const {
   plan.validate(cluster_.num_devices());
   if (plan.num_layers != num_layers())
     fail("cost model: the plan has {} layers, expected the profile's {}", plan.num_layers, num_layers());
@@ -203,7 +203,7 @@ Prediction CostModel::predict(const Plan& plan) const {
   return p;
 }
 
-Prediction predict(const Plan& plan, const ModelProfile& profile, const Cluster& cluster, CostOptions options) {
+Prediction predict(const PipelinePlan& plan, const ModelProfile& profile, const Cluster& cluster, CostOptions options) {
   return CostModel(profile, cluster, plan.global_batch, plan.micro_batches, options).predict(plan);
 }
 

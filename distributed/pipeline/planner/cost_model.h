@@ -60,7 +60,7 @@
 #include <vector>
 
 #include "distributed/pipeline/planner/cluster.h"
-#include "distributed/pipeline/planner/plan.h"
+#include "distributed/pipeline/plan.h"
 #include "distributed/pipeline/planner/profile.h"
 
 namespace chorus::distributed::pipeline::planner {
@@ -140,7 +140,7 @@ class CostModel {
 
   // The whole model on `plan` (validated against this cluster: all devices used). A plan whose
   // num_layers, global_batch or micro_batches differ from this model's is a chorus::Error.
-  Prediction predict(const Plan& plan) const;
+  Prediction predict(const PipelinePlan& plan) const;
 
  private:
   // Prefix sums of forward and backward times at one number of samples per device.
@@ -162,6 +162,6 @@ class CostModel {
 };
 
 // Convenience: CostModel(profile, cluster, plan.global_batch, plan.micro_batches).predict(plan).
-Prediction predict(const Plan& plan, const ModelProfile& profile, const Cluster& cluster, CostOptions options = {});
+Prediction predict(const PipelinePlan& plan, const ModelProfile& profile, const Cluster& cluster, CostOptions options = {});
 
 }  // namespace chorus::distributed::pipeline::planner

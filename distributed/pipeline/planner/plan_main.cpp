@@ -15,6 +15,7 @@
 #include "tensor/error.h"
 
 using namespace chorus;
+using namespace chorus::distributed::pipeline;
 using namespace chorus::distributed::pipeline::planner;
 
 int main(int argc, char** argv) {
@@ -69,7 +70,7 @@ int main(int argc, char** argv) {
                 format_bytes(static_cast<double>(cluster.memory_bytes_per_device)).c_str());
 
     if (!evaluate_path.empty()) {
-      const Plan given = load_plan(evaluate_path);
+      const PipelinePlan given = load_plan(evaluate_path);
       const Prediction p = predict(given, profile, cluster, options.cost);
       std::printf("\nplan %s: %s\n%s", evaluate_path.c_str(), given.str().c_str(),
                   describe_plan(given, p, profile, cluster).c_str());
@@ -91,7 +92,7 @@ int main(int argc, char** argv) {
       std::printf("\npure data parallelism: impossible (global batch %lld cannot be shared by %d devices)\n",
                   static_cast<long long>(global_batch), cluster.num_devices());
     } else {
-      const Plan dp = data_parallel_plan(profile.num_layers(), cluster, global_batch, dp_micro);
+      const PipelinePlan dp = data_parallel_plan(profile.num_layers(), cluster, global_batch, dp_micro);
       const Prediction p = predict(dp, profile, cluster, options.cost);
       std::printf("\npure data parallelism (%d micro-batches): %.2f ms%s; chosen plan is %.2fx faster\n", dp_micro,
                   p.iteration_ms, p.fits_memory ? "" : " (does not fit in memory)",

@@ -73,8 +73,8 @@ int footprint(const std::vector<int>& take) {
 
 }  // namespace
 
-Plan data_parallel_plan(int num_layers, const Cluster& cluster, int64_t global_batch, int micro_batches) {
-  Plan plan;
+PipelinePlan data_parallel_plan(int num_layers, const Cluster& cluster, int64_t global_batch, int micro_batches) {
+  PipelinePlan plan;
   plan.num_layers = num_layers;
   plan.global_batch = global_batch;
   plan.micro_batches = micro_batches;
@@ -242,7 +242,7 @@ PlanResult plan_dapple(const ModelProfile& profile, const Cluster& cluster, cons
   }
 
   // Walk the back-pointers: stage 0 first (it was placed last).
-  Plan plan;
+  PipelinePlan plan;
   plan.num_layers = L;
   plan.global_batch = options.global_batch;
   plan.micro_batches = M;

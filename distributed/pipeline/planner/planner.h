@@ -35,7 +35,7 @@
 
 #include "distributed/pipeline/planner/cluster.h"
 #include "distributed/pipeline/planner/cost_model.h"
-#include "distributed/pipeline/planner/plan.h"
+#include "distributed/pipeline/plan.h"
 #include "distributed/pipeline/planner/profile.h"
 
 namespace chorus::distributed::pipeline::planner {
@@ -56,7 +56,7 @@ struct PlannerOptions {
 };
 
 struct PlanResult {
-  Plan plan;  // with plan.predicted filled in
+  PipelinePlan plan;  // with plan.predicted filled in
   Prediction prediction;
   std::vector<std::string> placements;  // per stage: the policy that placed it ("split" when exhaustive)
   double search_iteration_ms = 0;       // the DP's own figure (equals prediction.iteration_ms)
@@ -70,7 +70,7 @@ struct PlanResult {
 PlanResult plan_dapple(const ModelProfile& profile, const Cluster& cluster, const PlannerOptions& options);
 
 // Pure data parallelism: one stage of all layers on every device of the cluster.
-Plan data_parallel_plan(int num_layers, const Cluster& cluster, int64_t global_batch, int micro_batches);
+PipelinePlan data_parallel_plan(int num_layers, const Cluster& cluster, int64_t global_batch, int micro_batches);
 // The micro-batch count pure data parallelism should use to compare with a plan of `micro_batches`:
 // `micro_batches` itself when every device gets a whole share of each micro-batch, else the largest
 // count below it for which they do (gradient accumulation steps; under the linear model the time

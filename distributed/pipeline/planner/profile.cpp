@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "distributed/pipeline/planner/json_fields.h"
+#include "distributed/pipeline/json_fields.h"
 
 namespace chorus::distributed::pipeline::planner {
 

@@ -24,6 +24,7 @@
 #include "tensor/ops.h"
 
 using namespace chorus;
+using namespace chorus::distributed::pipeline;
 using namespace chorus::distributed::pipeline::planner;
 
 int main(int argc, char** argv) {

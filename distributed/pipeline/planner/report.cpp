@@ -14,7 +14,7 @@ std::string format_bytes(double bytes) {
   return fmt::format("{:.0f} B", bytes);
 }
 
-std::string describe_plan(const Plan& plan, const Prediction& p, const ModelProfile& profile, const Cluster& cluster) {
+std::string describe_plan(const PipelinePlan& plan, const Prediction& p, const ModelProfile& profile, const Cluster& cluster) {
   std::string out = fmt::format(
       "{} stage{}, global batch {} in {} micro-batches of {}, schedule {}\n"
       "| stage | layers | replicas | ranks | nodes | fwd ms | bwd ms | accumulate ms | send ms | allreduce ms | "

@@ -7,12 +7,12 @@
 
 #include "distributed/pipeline/planner/cluster.h"
 #include "distributed/pipeline/planner/cost_model.h"
-#include "distributed/pipeline/planner/plan.h"
+#include "distributed/pipeline/plan.h"
 #include "distributed/pipeline/planner/profile.h"
 
 namespace chorus::distributed::pipeline::planner {
 
-std::string describe_plan(const Plan& plan, const Prediction& prediction, const ModelProfile& profile,
+std::string describe_plan(const PipelinePlan& plan, const Prediction& prediction, const ModelProfile& profile,
                           const Cluster& cluster);
 
 // "1.50 GiB"

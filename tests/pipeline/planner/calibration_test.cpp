@@ -49,6 +49,9 @@ TEST_CASE("calibrate measures two processes' links and writes a cluster the plan
   REQUIRE(c.intra_node_bytes_per_s > 0);
   REQUIRE(c.intra_node_allreduce_bytes_per_s > 0);
   REQUIRE(c.intra_node_latency_us >= 0);
+  // Both allreduce fits are printed; the DDP bucket's is the one written.
+  REQUIRE(r.output.find("the process group alone") != std::string::npos);
+  REQUIRE(r.output.find("a DDP bucket as a step pays it: written to the cluster") != std::string::npos);
   // 2 processes x OMP_NUM_THREADS=1 (chorusrun's default here) against this machine's cores.
   REQUIRE(r.output.find("communication_overlaps_compute") != std::string::npos);
 }

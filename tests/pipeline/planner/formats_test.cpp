@@ -5,11 +5,12 @@
 #include <cstdio>
 
 #include "distributed/pipeline/planner/cluster.h"
-#include "distributed/pipeline/planner/plan.h"
+#include "distributed/pipeline/plan.h"
 #include "distributed/pipeline/planner/profile.h"
 #include "tensor/error.h"
 
 using namespace chorus;
+using namespace chorus::distributed::pipeline;
 using namespace chorus::distributed::pipeline::planner;
 
 TEST_CASE("profile JSON round trip keeps every field", "[planner][json]") {
@@ -56,7 +57,7 @@ TEST_CASE("plan JSON has the runtime's schema and round-trips", "[planner][json]
       R"({"version":1,"num_layers":8,"global_batch":32,"micro_batches":4,"schedule":"1f1b",)"
       R"("stages":[{"layers":[0,4],"ranks":[0,1]},{"layers":[4,8],"ranks":[2]}],)"
       R"("predicted":{"iteration_ms":12.5,"peak_memory_bytes":[1000,800],"pivot_stage":1}})";
-  const Plan p = plan_from_json(text);
+  const PipelinePlan p = plan_from_json(text);
   REQUIRE(p.num_stages() == 2);
   REQUIRE(p.stages[0].ranks == std::vector<int>{0, 1});
   REQUIRE(p.stages[1].first_layer == 4);
@@ -102,9 +103,9 @@ TEST_CASE("bad JSON names the key, what was given and what was expected", "[plan
   REQUIRE_THROWS_WITH(plan_from_json(head + R"("stages":[{"layers":[0,4],"ranks":[0],"replicas":1}]})"),
                       Catch::Contains("plan.stages[0]: unknown key \"replicas\""));
   REQUIRE_THROWS_WITH(plan_from_json(head + R"("stages":[{"layers":[0,2],"ranks":[0]},{"layers":[3,4],"ranks":[1]}]})"),
-                      Catch::Contains("stage 1 has layers [3, 4), expected [2, e)"));
+                      Catch::Contains("stage 1 starts at layer 3 but the previous stage ends at layer 2"));
   REQUIRE_THROWS_WITH(plan_from_json(head + R"("stages":[{"layers":[0,4],"ranks":[0,1,2]}]})"),
-                      Catch::Contains("3 replicas, which do not divide the micro-batch of 4 samples"));
+                      Catch::Contains("the micro-batch of 4 samples (global_batch 8 / micro_batches 2) does not split among stage 0's 3 replicas"));
   REQUIRE_THROWS_WITH(plan_from_json(head + R"("stages":[{"layers":[0,4],"ranks":"0"}]})"),
                       Catch::Contains("plan.stages[0].ranks: got a JSON string, expected an array"));
   REQUIRE_THROWS_WITH(plan_from_json(R"({"version":2,"num_layers":4,"global_batch":8,"micro_batches":2,)"
@@ -112,10 +113,10 @@ TEST_CASE("bad JSON names the key, what was given and what was expected", "[plan
                       Catch::Contains("plan.version: got 2, expected 1"));
   REQUIRE_THROWS_WITH(plan_from_json(R"({"version":1,"num_layers":4,"global_batch":9,"micro_batches":2,)"
                                      R"("schedule":"1f1b","stages":[{"layers":[0,4],"ranks":[0]}]})"),
-                      Catch::Contains("global_batch 9 is not divisible by micro_batches 2"));
+                      Catch::Contains("global_batch 9 does not split into 2 equal micro-batches"));
   REQUIRE_THROWS_WITH(plan_from_json(R"({"version":1,"num_layers":4,"global_batch":8,"micro_batches":2,)"
                                      R"("schedule":"zigzag","stages":[{"layers":[0,4],"ranks":[0]}]})"),
-                      Catch::Contains("got schedule \"zigzag\", expected \"1f1b\" or \"gpipe\""));
+                      Catch::Contains("schedule 'zigzag' is unknown; expected \"gpipe\" or \"1f1b\""));
 }
 
 TEST_CASE("profile timings at other batch sizes, accumulation and optimizer times round-trip and interpolate",

@@ -11,6 +11,7 @@
 #include "distributed/pipeline/planner/planner.h"
 #include "tensor/error.h"
 
+using namespace chorus::distributed::pipeline;
 using namespace chorus::distributed::pipeline::planner;
 
 namespace {
@@ -60,7 +61,7 @@ TEST_CASE("the plan tool writes the cost model's plan and evaluates given plans"
   INFO(out);
   REQUIRE(rc == 0);
   REQUIRE(out.find("pure data parallelism (8 micro-batches)") != std::string::npos);
-  const Plan plan = load_plan(tmp("plan.json"));
+  const PipelinePlan plan = load_plan(tmp("plan.json"));
   const PlanResult expected = plan_dapple(profile, cluster, {.global_batch = 32, .micro_batches = 8});
   REQUIRE(plan.str() == expected.plan.str());
   REQUIRE(plan.predicted->iteration_ms == Approx(predict(plan, profile, cluster).iteration_ms).epsilon(1e-9));

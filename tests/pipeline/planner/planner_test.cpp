@@ -13,6 +13,7 @@
 #include "tensor/error.h"
 
 using namespace chorus;
+using namespace chorus::distributed::pipeline;
 using namespace chorus::distributed::pipeline::planner;
 
 namespace {
@@ -71,8 +72,8 @@ void for_each_partition(int layers, int max_stages, const std::function<void(con
   rec(0);
 }
 
-Plan make_plan(const std::vector<int>& ends, const std::vector<std::vector<int>>& ranks, int64_t batch, int micro) {
-  Plan plan;
+PipelinePlan make_plan(const std::vector<int>& ends, const std::vector<std::vector<int>>& ranks, int64_t batch, int micro) {
+  PipelinePlan plan;
   plan.num_layers = ends.back();
   plan.global_batch = batch;
   plan.micro_batches = micro;
@@ -241,7 +242,7 @@ TEST_CASE("the cost model gives the hand-computed time and memory of a two-stage
   p.batch = 2;
   p.layers = {{"a", 1.0, 2.0, 1000, 4000, 3000}, {"b", 2.0, 3.0, 2000, 8000, -1}, {"c", 3.0, 5.0, 500, 100, 700}};
   const Cluster c = make_cluster(2, 2, 1e6, 1e5, 1 << 20);  // 1 MB/s inside, 0.1 MB/s between nodes
-  Plan plan = make_plan({2, 3}, {{0, 1}, {2, 3}}, 8, 2);
+  PipelinePlan plan = make_plan({2, 3}, {{0, 1}, {2, 3}}, 8, 2);
   const Prediction pr = predict(plan, p, c);
   // Stage 0: 2 replicas x 2 samples = 1 profiled batch: f = 3, b = 5. Stage 1: 2 replicas, f = 3, b = 5.
   REQUIRE(pr.stages[0].forward_ms == Approx(3.0));
@@ -286,7 +287,7 @@ TEST_CASE("the cost model's micro-batch terms and transfers without overlap, by 
   b.optimizer_ms = 1.0;
   p.layers = {a, b};
   Cluster c = make_cluster(1, 2, 1e6, 1e6, 1 << 30, 1000);  // 1 ms per message + 1 MB/s
-  const Plan plan = make_plan({1, 2}, {{0}, {1}}, 8, 4);
+  const PipelinePlan plan = make_plan({1, 2}, {{0}, {1}}, 8, 4);
   // Stage 0: f = 3, b = 5, a = 0.5, o = 2. Stage 1: f = 1, b = 1 (linear), a = 0, o = 1.
   // Transfer: 1 ms + 500 bytes / 1e6 B/s = 1.5 ms.
   Prediction pr = predict(plan, p, c);
@@ -350,7 +351,7 @@ TEST_CASE("pure data parallelism is chosen when communication is cheap and layer
   REQUIRE(r.plan.num_stages() == 1);
   REQUIRE(r.plan.stages[0].ranks == std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7});
   // And it beats a balanced two-stage pipeline over the same devices (which idles in warm-up and ending).
-  const Plan two_stage = make_plan({3, 6}, {{0, 1, 2, 3}, {4, 5, 6, 7}}, 64, 2);
+  const PipelinePlan two_stage = make_plan({3, 6}, {{0, 1, 2, 3}, {4, 5, 6, 7}}, 64, 2);
   REQUIRE(predict(two_stage, p, c).iteration_ms > 1.2 * r.prediction.iteration_ms);
 }
 
@@ -397,5 +398,5 @@ TEST_CASE("the planner refuses bad inputs with what was given and what was expec
   REQUIRE(plan_dapple(p, three, {.global_batch = 4, .micro_batches = 2}).plan.num_stages() == 2);
   // A plan that does not match the profile.
   REQUIRE_THROWS_WITH(predict(data_parallel_plan(3, c, 8, 2), p, c), Catch::Contains("plan has 3 layers, expected the profile's 2"));
-  REQUIRE_THROWS_WITH(data_parallel_plan(2, c, 6, 2), Catch::Contains("2 replicas, which do not divide the micro-batch of 3"));
+  REQUIRE_THROWS_WITH(data_parallel_plan(2, c, 6, 2), Catch::Contains("the micro-batch of 3 samples (global_batch 6 / micro_batches 2) does not split among stage 0's 2 replicas"));
 }

@@ -1,5 +1,5 @@
-// Strict reading of the planner's JSON files (profile, cluster, plan): every object lists the keys
-// it accepts, and a missing key, an unknown key or a value of the wrong type is a chorus::Error
+// Strict reading of the pipeline's JSON files (the plan; the planner's profile and cluster): every
+// object lists the keys it accepts, and a missing key, an unknown key or a value of the wrong type is a chorus::Error
 // that names the file's role, the key path, what was given and what was expected. One set of
 // helpers so that the three readers word their errors the same way.
 #pragma once
@@ -17,7 +17,7 @@
 
 #include "tensor/error.h"
 
-namespace chorus::distributed::pipeline::planner::json_fields {
+namespace chorus::distributed::pipeline::json_fields {
 
 using Json = nlohmann::json;
 
@@ -106,4 +106,4 @@ inline void write_file(const std::string& path, const std::string& text, const s
   if (std::rename(temp.c_str(), path.c_str()) != 0) fail("{}: cannot rename \"{}\" to \"{}\"", what, temp, path);
 }
 
-}  // namespace chorus::distributed::pipeline::planner::json_fields
+}  // namespace chorus::distributed::pipeline::json_fields
