@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "tensor/ops.h"
 
@@ -71,6 +72,8 @@ void Engine::queue_callback(std::function<void()> callback) {
 
 TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& grad_roots, bool keep_graph,
                            const std::vector<Edge>& inputs) {
+  // Gradients are computed in the dtype each forward op ran in, whatever autocast says now.
+  autocast::DisableGuard no_autocast;
   // 1. Count, for each node reachable from the roots, how many edges lead into it.
   std::unordered_map<Node*, int> dependencies;
   std::unordered_set<Node*> seen;

@@ -295,7 +295,8 @@ namespace {
 
 constexpr const char* kFormatKey = "format";
 constexpr const char* kFormat = "chorus-checkpoint-1";
-const char* const kSections[] = {"model.", "optimizer.", "scheduler."};
+const char* const kSections[] = {"model.", "optimizer.", "scheduler.", "grad_scaler."};
+constexpr int kNumSections = 4;
 
 int64_t parse_int(const Metadata& m, const std::string& key, const std::string& path) {
   auto it = m.find(key);
@@ -346,8 +347,8 @@ void Checkpoint::save(const std::string& path) const {
   }
   if (epoch < 0 || step < 0) fail("save checkpoint {}: epoch {} and step {} must be >= 0", path, epoch, step);
   NamedTensors all;
-  const NamedTensors* parts[] = {&model, &optimizer, &scheduler};
-  for (int s = 0; s < 3; ++s) {
+  const NamedTensors* parts[] = {&model, &optimizer, &scheduler, &grad_scaler};
+  for (int s = 0; s < kNumSections; ++s) {
     for (const auto& [name, t] : *parts[s]) all.emplace_back(kSections[s] + name, t);
   }
   Metadata meta = extra;
@@ -368,17 +369,17 @@ Checkpoint Checkpoint::load(const std::string& path) {
          format == file.metadata.end() ? "" : format->second, kFormat);
   }
   Checkpoint c;
-  NamedTensors* parts[] = {&c.model, &c.optimizer, &c.scheduler};
+  NamedTensors* parts[] = {&c.model, &c.optimizer, &c.scheduler, &c.grad_scaler};
   for (auto& [name, t] : file.tensors) {
     bool placed = false;
-    for (int s = 0; s < 3 && !placed; ++s) {
+    for (int s = 0; s < kNumSections && !placed; ++s) {
       const std::string prefix = kSections[s];
       if (name.rfind(prefix, 0) == 0) {
         parts[s]->emplace_back(name.substr(prefix.size()), t);
         placed = true;
       }
     }
-    if (!placed) fail("load checkpoint {}: tensor '{}' belongs to no section (model., optimizer., scheduler.)", path, name);
+    if (!placed) fail("load checkpoint {}: tensor '{}' belongs to no section (model., optimizer., scheduler., grad_scaler.)", path, name);
   }
   c.epoch = parse_int(file.metadata, "epoch", path);
   c.step = parse_int(file.metadata, "step", path);

@@ -46,6 +46,7 @@ void atomic_write(const std::string& path, const std::string& bytes);
 // "optimizer." and "scheduler."; a PyTorch user can open it with safetensors.torch.load_file.
 struct Checkpoint {
   NamedTensors model, optimizer, scheduler;
+  NamedTensors grad_scaler;  // optim::GradScaler::state_dict() when training with fp16 loss scaling, else empty
   int64_t epoch = 0;  // epochs completed
   int64_t step = 0;   // optimizer steps taken
   uint64_t rng_seed = 0, rng_offset = 0;

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "kernels/dispatch.h"

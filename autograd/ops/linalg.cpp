@@ -39,6 +39,7 @@ Tensor mat1_grad(const Tensor& g, const Tensor& mat2, bool mat1_transposed) {
 }  // namespace
 
 Tensor mm(const Tensor& a, const Tensor& b) {
+  if (auto low = autocast::lower_precision({&a, &b})) return mm(autocast::cast(a, *low), autocast::cast(b, *low));
   check_matmul_args("mm", a, b);
   if (a.dim() != 2 || b.dim() != 2) {
     fail("mm: expected 2-D tensors, got shapes {} and {}", shape_str(a.sizes()), shape_str(b.sizes()));
@@ -63,6 +64,7 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (auto low = autocast::lower_precision({&a, &b})) return bmm(autocast::cast(a, *low), autocast::cast(b, *low));
   check_matmul_args("bmm", a, b);
   if (a.dim() != 3 || b.dim() != 3) {
     fail("bmm: expected 3-D tensors, got shapes {} and {}", shape_str(a.sizes()), shape_str(b.sizes()));
@@ -86,6 +88,9 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
 }
 
 Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Scalar& beta, const Scalar& alpha) {
+  if (auto low = autocast::lower_precision({&a, &b, &bias})) {
+    return addmm(autocast::cast(bias, *low), autocast::cast(a, *low), autocast::cast(b, *low), beta, alpha);
+  }
   check_matmul_args("addmm", a, b);
   check_defined(bias, "addmm", "self");
   if (a.dim() != 2 || b.dim() != 2) {
@@ -124,6 +129,7 @@ Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Scalar&
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (auto low = autocast::lower_precision({&a, &b})) return matmul(autocast::cast(a, *low), autocast::cast(b, *low));
   check_matmul_args("matmul", a, b);
   const int64_t da = a.dim(), db = b.dim();
   if (da == 0 || db == 0) {

@@ -40,6 +40,7 @@ Tensor keep_dims(const Tensor& g, const Shape& in_shape, const std::vector<int64
 }  // namespace
 
 Tensor sum(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
+  if (auto f32 = autocast::full_precision({&t})) return sum(autocast::cast(t, *f32), dims, keepdim);
   check_defined(t, "sum", "input");
   check_kernels(t, "sum");
   const std::vector<int64_t> d = wrap_dims("sum", dims, t.dim());
@@ -55,6 +56,7 @@ Tensor sum(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
+  if (auto f32 = autocast::full_precision({&t})) return mean(autocast::cast(t, *f32), dims, keepdim);
   check_defined(t, "mean", "input");
   if (!is_floating(t.dtype())) {
     fail("mean: could not infer output dtype; input dtype must be floating point, got {}", dtype_name(t.dtype()));
@@ -246,6 +248,7 @@ Tensor logsumexp(const Tensor& t, const std::vector<int64_t>& dims, bool keepdim
 
 namespace {
 Tensor softmax_impl(const Tensor& t, int64_t dim, bool log) {
+  if (auto f32 = autocast::full_precision({&t})) return softmax_impl(autocast::cast(t, *f32), dim, log);
   const char* name = log ? "log_softmax" : "softmax";
   check_defined(t, name, "input");
   check_kernels(t, name);

@@ -11,6 +11,9 @@ namespace chorus::nn::functional {
 using autograd::SavedTensor;
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  if (auto low = autocast::lower_precision({&input, &weight, &bias})) {
+    return linear(autocast::cast(input, *low), autocast::cast(weight, *low), autocast::cast(bias, *low));
+  }
   ops::check_defined(input, "linear", "input");
   ops::check_defined(weight, "linear", "weight");
   if (weight.dim() != 2) fail("linear: weight must be 2-D [out_features, in_features], got shape {}", shape_str(weight.sizes()));

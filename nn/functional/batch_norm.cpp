@@ -14,6 +14,10 @@ using autograd::SavedTensor;
 
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
+  if (auto f32 = autocast::full_precision({&input, &weight, &bias})) {
+    return batch_norm(autocast::cast(input, *f32), running_mean, running_var, autocast::cast(weight, *f32),
+                      autocast::cast(bias, *f32), training, momentum, eps);
+  }
   ops::check_defined(input, "batch_norm", "input");
   ops::check_kernels(input, "batch_norm");
   if (input.dim() < 2) {
@@ -84,6 +88,10 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
 Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, double momentum, double eps,
                        const std::shared_ptr<CrossReplicaSum>& sync) {
+  if (auto f32 = autocast::full_precision({&input, &weight, &bias})) {
+    return sync_batch_norm(autocast::cast(input, *f32), running_mean, running_var, autocast::cast(weight, *f32),
+                           autocast::cast(bias, *f32), momentum, eps, sync);
+  }
   ops::check_defined(input, "sync_batch_norm", "input");
   if (!sync) fail("sync_batch_norm: no CrossReplicaSum given");
   if (input.dim() < 2) fail("sync_batch_norm: expected an input of at least 2 dims [N, C, ...], got {}", shape_str(input.sizes()));

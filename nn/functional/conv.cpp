@@ -86,6 +86,10 @@ Tensor compute_view(const Tensor& t, DType cd) { return ops::cast(alias_without_
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding, Pair dilation,
               int64_t groups) {
+  if (auto low = autocast::lower_precision({&input, &weight, &bias})) {
+    return conv2d(autocast::cast(input, *low), autocast::cast(weight, *low), autocast::cast(bias, *low), stride, padding,
+                  dilation, groups);
+  }
   bool unbatched = false;
   const Tensor in4 = batched_input(input, "conv2d", unbatched);
   ops::check_defined(weight, "conv2d", "weight");

@@ -11,6 +11,10 @@ using autograd::SavedTensor;
 
 Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
+  if (auto f32 = autocast::full_precision({&input, &weight, &bias})) {
+    return layer_norm(autocast::cast(input, *f32), normalized_shape, autocast::cast(weight, *f32),
+                      autocast::cast(bias, *f32), eps);
+  }
   ops::check_defined(input, "layer_norm", "input");
   ops::check_kernels(input, "layer_norm");
   const int64_t k = static_cast<int64_t>(normalized_shape.size());

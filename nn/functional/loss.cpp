@@ -68,6 +68,11 @@ void check_targets(const char* name, const Tensor& target, int64_t classes, int6
 }  // namespace
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& options) {
+  if (auto f32 = autocast::full_precision({&input, &target, &options.weight})) {
+    CrossEntropyOptions o = options;
+    o.weight = autocast::cast(options.weight, *f32);
+    return cross_entropy(autocast::cast(input, *f32), autocast::cast(target, *f32), o);
+  }
   Tensor logits2d, target1d;
   Shape loss_shape;
   flatten_classes("cross_entropy", input, target, logits2d, target1d, loss_shape);
@@ -126,6 +131,11 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
 }
 
 Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options) {
+  if (auto f32 = autocast::full_precision({&input, &options.weight})) {
+    NLLLossOptions o = options;
+    o.weight = autocast::cast(options.weight, *f32);
+    return nll_loss(autocast::cast(input, *f32), target, o);
+  }
   Tensor logp2d, target1d;
   Shape loss_shape;
   flatten_classes("nll_loss", input, target, logp2d, target1d, loss_shape);
@@ -146,6 +156,9 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions&
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  if (auto f32 = autocast::full_precision({&input, &target})) {
+    return mse_loss(autocast::cast(input, *f32), autocast::cast(target, *f32), reduction);
+  }
   ops::check_defined(input, "mse_loss", "input");
   ops::check_defined(target, "mse_loss", "target");
   if (input.sizes() != target.sizes()) {
@@ -158,6 +171,10 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target, Reduction reduction,
                                         const Tensor& pos_weight) {
+  if (auto f32 = autocast::full_precision({&input, &target, &pos_weight})) {
+    return binary_cross_entropy_with_logits(autocast::cast(input, *f32), autocast::cast(target, *f32), reduction,
+                                            autocast::cast(pos_weight, *f32));
+  }
   ops::check_defined(input, "binary_cross_entropy_with_logits", "input");
   ops::check_defined(target, "binary_cross_entropy_with_logits", "target");
   if (input.sizes() != target.sizes()) {
