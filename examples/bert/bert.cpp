@@ -56,6 +56,7 @@ struct Flags {
   std::string data_dir;
   std::string trace;
   double log_every_s = 10;
+  std::string amp = "none";  // none, bf16, fp16
 };
 
 // No weight decay on biases and LayerNorm parameters (BERT's recipe).
@@ -138,6 +139,7 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", f.data_dir, "folder holding sotu/ and bert/vocab.txt (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");
   app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration to this file");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
+  examples::add_amp_option(app, f.amp);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -194,13 +196,14 @@ int main(int argc, char** argv) {
     }
     auto opt = make_optimizer(*model, f);
     optim::WarmupDecayLR sched(*opt, static_cast<int64_t>(f.warmup * f.steps), f.steps, optim::WarmupDecayLR::Decay::Linear);
+    examples::MixedPrecision amp(f.amp, DeviceType::CPU);
 
     int64_t step = 0;
     const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
     const bool resuming = examples::should_resume(f.resume, ckpt_path);
     if (resuming) {
       step = examples::load_checkpoint(ckpt_path, *model, *opt, sched,
-                                       {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}})
+                                       {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}}, amp.scaler())
                  .step;
       job.log(fmt::format("resumed from {} at step {}", ckpt_path, step));
     }
@@ -208,7 +211,8 @@ int main(int argc, char** argv) {
     auto save = [&] {
       if (ckpt_path.empty() || job.rank != 0) return;
       examples::save_checkpoint(ckpt_path, *model, *opt, sched, step / steps_per_epoch, step,
-                                {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}});
+                                {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}, {"amp", f.amp}},
+                                amp.scaler());
       job.log(fmt::format("saved {} at step {}", ckpt_path, step));
     };
 
@@ -248,9 +252,12 @@ int main(int argc, char** argv) {
         auto run = [&] {
           Tensor loss;
           // [PAD] (id 0) only ends the corpus's last sequence; masking never writes it.
-          auto call = [&] { return model->masked_lm_loss(b.data, ne(b.data, tokenizer.pad_id()).to(kInt64), b.target); };
+          auto call = [&] {
+            auto scope = amp.autocast();
+            return model->masked_lm_loss(b.data, ne(b.data, tokenizer.pad_id()).to(kInt64), b.target);
+          };
           loss = ddp ? ddp->forward(call) : call();
-          (loss / static_cast<double>(f.accumulate)).backward();
+          amp.backward(loss / static_cast<double>(f.accumulate));
           step_loss += loss.item<double>() / f.accumulate;
         };
         if (ddp && !last_micro) {
@@ -265,8 +272,9 @@ int main(int argc, char** argv) {
           continue;
         }
         micro_i = 0;
+        amp.unscale(*opt);
         optim::clip_grad_norm_(model->parameters(), 1.0);
-        opt->step();
+        amp.step(*opt);
         sched.step();
         ++step;
         step_times.push_back(std::chrono::duration<double>(Clock::now() - t_step).count());
@@ -295,6 +303,9 @@ int main(int argc, char** argv) {
     if (!f.synthetic && step % f.checkpoint_every != 0) save();
     nlohmann::json summary = {{"mode", f.synthetic ? "synthetic" : "sotu"},
                               {"config", f.config},
+                              {"amp", f.amp},
+                              {"skipped_steps", amp.skipped_steps()},
+                              {"loss_scale", amp.scaler() ? amp.scaler()->get_scale() : 1.0},
                               {"parameters", examples::count_parameters(*model)},
                               {"seq_len", f.seq_len},
                               {"batch_size", f.batch_size},

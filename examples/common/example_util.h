@@ -1,6 +1,6 @@
 // What the example programs share: joining the job chorusrun started (or running alone), rank-0
-// logging, ETA strings, parameter counts, test-set accuracy summed over ranks, and checkpoints of
-// model + optimizer + scheduler + generator.
+// logging, ETA strings, parameter counts, test-set accuracy summed over ranks, checkpoints of
+// model + optimizer + scheduler + generator (+ loss scale), and --amp (mixed precision).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -9,13 +9,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "autograd/autocast.h"
 #include "data/dataset.h"
 #include "distributed/ddp.h"
 #include "distributed/init.h"
 #include "nn/nn.h"
 #include "nn/serialize.h"
+#include "optim/grad_scaler.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
 
@@ -124,13 +127,77 @@ inline bool should_resume(const std::string& resume, const std::string& checkpoi
   return resume == "auto" && !checkpoint_path.empty() && std::filesystem::exists(checkpoint_path);
 }
 
+// --amp none|bf16|fp16, as the examples share it: the forward pass and loss under autocast in
+// bfloat16 or float16 (float32 master weights and gradients), and with fp16 a GradScaler around the
+// backward and the optimizer step (a step whose gradients overflowed is skipped).
+//
+//   examples::MixedPrecision amp(f.amp, DeviceType::CPU);
+//   Tensor loss;
+//   { auto scope = amp.autocast(); loss = loss_fn(model->forward(x), y); }
+//   amp.backward(loss);
+//   amp.unscale(opt);  clip...;  amp.step(opt);
+class MixedPrecision {
+ public:
+  MixedPrecision(const std::string& mode, DeviceType device) : mode_(mode), device_(device) {
+    if (mode != "none" && mode != "bf16" && mode != "fp16") {
+      fail("--amp {}: expected none, bf16 or fp16", mode);
+    }
+    if (mode == "fp16") scaler_.emplace();
+  }
+  const std::string& mode() const { return mode_; }
+  bool enabled() const { return mode_ != "none"; }
+  // The autocast scope for a forward pass and its loss (nothing for none).
+  std::optional<autocast::AutocastGuard> autocast() const {
+    if (!enabled()) return std::nullopt;
+    return std::optional<autocast::AutocastGuard>(std::in_place, device_, mode_ == "fp16" ? kFloat16 : kBFloat16);
+  }
+  // loss.backward(), the loss scaled first with fp16.
+  void backward(const Tensor& loss) const { (scaler_ ? scaler_->scale(loss) : loss).backward(); }
+  // The true gradients in .grad (before clipping); a no-op without a scaler.
+  void unscale(optim::Optimizer& opt) {
+    if (scaler_) scaler_->unscale_(opt);
+  }
+  // The optimizer step (skipped when an fp16 gradient overflowed) and the scale's update; returns
+  // whether the optimizer stepped.
+  bool step(optim::Optimizer& opt) {
+    if (!scaler_) {
+      opt.step();
+      return true;
+    }
+    const bool stepped = scaler_->step(opt);
+    scaler_->update();
+    skipped_ += stepped ? 0 : 1;
+    return stepped;
+  }
+  optim::GradScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
+  const optim::GradScaler* scaler() const { return scaler_ ? &*scaler_ : nullptr; }
+  int64_t skipped_steps() const { return skipped_; }
+
+ private:
+  std::string mode_;
+  DeviceType device_;
+  std::optional<optim::GradScaler> scaler_;
+  int64_t skipped_ = 0;
+};
+
+inline CLI::Option* add_amp_option(CLI::App& app, std::string& amp) {
+  return app
+      .add_option("--amp", amp,
+                  "mixed precision: bf16 or fp16 autocast of the forward pass (float32 master weights; fp16 with "
+                  "dynamic loss scaling), or none")
+      ->check(CLI::IsMember({"none", "bf16", "fp16"}));
+}
+
 // Training state, written atomically by rank 0 (every rank holds the same after a synced step).
+// `scaler`: the loss scale of --amp fp16, restored by load_checkpoint.
 inline void save_checkpoint(const std::string& path, nn::Module& model, const optim::Optimizer& opt,
-                            const optim::LRScheduler& sched, int64_t epochs_done, int64_t step, nn::Metadata extra) {
+                            const optim::LRScheduler& sched, int64_t epochs_done, int64_t step, nn::Metadata extra,
+                            const optim::GradScaler* scaler = nullptr) {
   nn::Checkpoint c;
   c.model = model.state_dict();
   c.optimizer = opt.state_dict();
   c.scheduler = sched.state_dict();
+  if (scaler) c.grad_scaler = scaler->state_dict();
   c.epoch = epochs_done;
   c.step = step;
   c.capture_rng();
@@ -142,8 +209,11 @@ inline void save_checkpoint(const std::string& path, nn::Module& model, const op
 // Each key of `expect` must have the same value in the checkpoint's extras (e.g. the model's
 // name), checked before any state is loaded, so resuming with other flags fails with a clear
 // message instead of a shape mismatch.
+// With `scaler`, its state comes from the checkpoint when the checkpoint has one (a run that
+// switches to --amp fp16 on resume starts from the default scale).
 inline nn::Checkpoint load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer& opt,
-                                      optim::LRScheduler& sched, const nn::Metadata& expect = {}) {
+                                      optim::LRScheduler& sched, const nn::Metadata& expect = {},
+                                      optim::GradScaler* scaler = nullptr) {
   nn::Checkpoint c = nn::Checkpoint::load(path);
   for (const auto& [key, value] : expect) {
     auto it = c.extra.find(key);
@@ -154,6 +224,7 @@ inline nn::Checkpoint load_checkpoint(const std::string& path, nn::Module& model
   model.load_state_dict(c.model);
   opt.load_state_dict(c.optimizer);
   sched.load_state_dict(c.scheduler);
+  if (scaler && !c.grad_scaler.empty()) scaler->load_state_dict(c.grad_scaler);
   c.restore_rng();
   return c;
 }

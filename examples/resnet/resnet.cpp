@@ -58,6 +58,7 @@ struct Flags {
   std::string trace;
   double log_every_s = 10;
   int workers = 1;
+  std::string amp = "none";  // none, bf16, fp16
 };
 
 std::shared_ptr<models::ResNet> make_model(const Flags& f, bool small_input, int64_t in_channels, int64_t classes) {
@@ -119,6 +120,7 @@ nlohmann::json run_synthetic(const Flags& f, examples::Job& job, int64_t local_b
                                      .weight_decay = f.weight_decay});
   Tensor x = randn({local_batch, 3, f.image_size, f.image_size});
   Tensor y = randint(0, 1000, {local_batch});
+  examples::MixedPrecision amp(f.amp, DeviceType::CPU);
   job.log(fmt::format("synthetic {} at {}x{}: {} parameters, world size {}, batch {} ({} per process), {} threads per process",
                       f.arch, f.image_size, f.image_size, examples::count_parameters(*net), job.world, f.batch_size,
                       local_batch, get_num_threads()));
@@ -127,9 +129,13 @@ nlohmann::json run_synthetic(const Flags& f, examples::Job& job, int64_t local_b
   for (int64_t i = 0; i < f.warmup + f.steps; ++i) {
     const auto t0 = Clock::now();
     opt.zero_grad();
-    Tensor loss = F::cross_entropy(model->forward(x), y);
-    loss.backward();
-    opt.step();
+    Tensor loss;
+    {
+      auto scope = amp.autocast();
+      loss = F::cross_entropy(model->forward(x), y);
+    }
+    amp.backward(loss);
+    amp.step(opt);
     loss_value = loss.item<float>();
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     if (i >= f.warmup) times.push_back(dt);
@@ -141,6 +147,7 @@ nlohmann::json run_synthetic(const Flags& f, examples::Job& job, int64_t local_b
   const double median = times.empty() ? 0 : times[times.size() / 2];
   return {{"mode", "synthetic"},
           {"arch", f.arch},
+          {"amp", f.amp},
           {"image_size", f.image_size},
           {"median_step_s", median},
           {"images_per_s", median > 0 ? f.batch_size / median : 0.0},
@@ -162,18 +169,20 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
   const int64_t steps_per_epoch = loader.size();
   const int64_t total_steps = steps_per_epoch * f.epochs;
   optim::WarmupDecayLR sched(opt, std::min<int64_t>(200, total_steps / 10), total_steps, optim::WarmupDecayLR::Decay::Cosine);
+  examples::MixedPrecision amp(f.amp, DeviceType::CPU);
 
   int64_t step = 0;
   const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
   if (examples::should_resume(f.resume, ckpt_path)) {
-    step = examples::load_checkpoint(ckpt_path, *net, opt, sched, {{"arch", f.arch}}).step;
+    step = examples::load_checkpoint(ckpt_path, *net, opt, sched, {{"arch", f.arch}}, amp.scaler()).step;
     job.log(fmt::format("resumed from {} at step {} (epoch {}, batch {})", ckpt_path, step, step / steps_per_epoch + 1,
                         step % steps_per_epoch));
   }
   if (!f.checkpoint_dir.empty() && job.rank == 0) std::filesystem::create_directories(f.checkpoint_dir);
   auto save = [&](int64_t epochs_done) {
     if (ckpt_path.empty() || job.rank != 0) return;
-    examples::save_checkpoint(ckpt_path, *net, opt, sched, epochs_done, step, {{"arch", f.arch}, {"dataset", "fashion-mnist"}});
+    examples::save_checkpoint(ckpt_path, *net, opt, sched, epochs_done, step,
+                              {{"arch", f.arch}, {"dataset", "fashion-mnist"}, {"amp", f.amp}}, amp.scaler());
     job.log(fmt::format("saved {} at step {}", ckpt_path, step));
   };
 
@@ -198,10 +207,14 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
     for (data::Batch& b : loader) {
       if (f.augment) augment(b.data, f.shift, f.seed, job.rank, step);
       opt.zero_grad();
-      Tensor logits = model->forward(b.data);
-      Tensor loss = F::cross_entropy(logits, b.target);
-      loss.backward();
-      opt.step();
+      Tensor logits, loss;
+      {
+        auto scope = amp.autocast();
+        logits = model->forward(b.data);
+        loss = F::cross_entropy(logits, b.target);
+      }
+      amp.backward(loss);
+      amp.step(opt);
       sched.step();
       ++step;
       last_loss = loss.item<float>();
@@ -245,6 +258,9 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
   }
   return {{"mode", "fashion-mnist"},
           {"arch", f.arch},
+          {"amp", f.amp},
+          {"skipped_steps", amp.skipped_steps()},
+          {"loss_scale", amp.scaler() ? amp.scaler()->get_scale() : 1.0},
           {"test_accuracy", test_accuracy.back()},
           {"test_accuracy_per_epoch", test_accuracy},
           {"train_loss", epoch_loss_n ? epoch_loss_sum / epoch_loss_n : 0.0},
@@ -288,6 +304,7 @@ int main(int argc, char** argv) {
   app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration to this file");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
   app.add_option("--workers", f.workers, "DataLoader worker threads")->check(CLI::Range(0, 256));
+  examples::add_amp_option(app, f.amp);
   CLI11_PARSE(app, argc, argv);
   if (f.synthetic && app.count("--arch") == 0) f.arch = "resnet50";
 

@@ -115,6 +115,47 @@ TEST_CASE("resnet: a resumed run mid-epoch ends exactly where the uninterrupted 
   CHECK(b2.summary["test_accuracy"].get<double>() == a.summary["test_accuracy"].get<double>());
 }
 
+TEST_CASE("resnet --amp fp16: overflowing steps skipped, and the loss scale resumes from the checkpoint",
+          "[examples][resnet][amp]") {
+  const std::string resnet = binary("examples/resnet/resnet") +
+                             " --batch-size 16 --epochs 1 --test-limit 64 --threads 1 --log-every 0 --amp fp16 "
+                             "--checkpoint-every 3";
+  const std::string whole = scratch("resnet_amp_whole"), parts = scratch("resnet_amp_parts");
+  Run a = run(resnet + " --max-steps 6 --checkpoint-dir " + whole);
+  INFO(a.output);
+  REQUIRE(a.code == 0);
+  CHECK(a.summary["amp"] == "fp16");
+  // 65536 x ResNet-18's first gradients overflow float16: the scaler skips those steps and backs off.
+  CHECK(a.summary["skipped_steps"].get<int64_t>() >= 1);
+  CHECK(a.summary["loss_scale"].get<double>() < 65536.0);
+  Run b1 = run(resnet + " --max-steps 3 --checkpoint-dir " + parts);
+  INFO(b1.output);
+  REQUIRE(b1.code == 0);
+  Run b2 = run(resnet + " --max-steps 6 --resume --checkpoint-dir " + parts);
+  INFO(b2.output);
+  REQUIRE(b2.code == 0);
+  // The scale came back with the checkpoint (a fresh 65536 would skip again and end elsewhere).
+  CHECK(b2.summary["loss_scale"].get<double>() == a.summary["loss_scale"].get<double>());
+  CHECK(b2.summary["last_batch_loss"].get<double>() == a.summary["last_batch_loss"].get<double>());
+}
+
+TEST_CASE("bert --amp bf16 trains like float32", "[examples][bert][amp]") {
+  const std::string bert = binary("examples/bert/bert") +
+                           " --config tiny --seq-len 32 --batch-size 8 --steps 6 --eval-sequences 16 --threads 1 "
+                           "--log-every 0";
+  Run f32 = run(bert);
+  INFO(f32.output);
+  REQUIRE(f32.code == 0);
+  Run bf16 = run(bert + " --amp bf16");
+  INFO(bf16.output);
+  REQUIRE(bf16.code == 0);
+  CHECK(bf16.summary["amp"] == "bf16");
+  CHECK(bf16.summary["last_step_loss"].get<double>() < bf16.summary["first_step_loss"].get<double>() - 0.1);
+  // Same data, masks and initialization: the losses differ by bfloat16 rounding only.
+  CHECK(std::abs(bf16.summary["last_step_loss"].get<double>() - f32.summary["last_step_loss"].get<double>()) < 0.02);
+  CHECK(bf16.summary["last_step_loss"].get<double>() != f32.summary["last_step_loss"].get<double>());
+}
+
 TEST_CASE("resnet --synthetic times ImageNet-shaped batches", "[examples][resnet]") {
   Run r = run(binary("examples/resnet/resnet") +
               " --synthetic --arch resnet18 --image-size 64 --batch-size 4 --steps 2 --warmup 1 --threads 1");
@@ -151,6 +192,9 @@ TEST_CASE("the examples refuse bad flags with a message", "[examples]") {
     CHECK(r.code != 0);
     CHECK((r.output.find("not in range") != std::string::npos || r.output.find("positive") != std::string::npos));
   }
+  r = run(binary("examples/bert/bert") + " --amp fp8");
+  CHECK(r.code != 0);
+  CHECK(r.output.find("--amp") != std::string::npos);
   r = run(binary("examples/bert/bert") + " --lr inf");
   CHECK(r.code != 0);
   CHECK(r.output.find("--lr") != std::string::npos);
