@@ -134,6 +134,12 @@ void register_device_backend(const std::string& name, DeviceBackendFactory facto
   backends()[name] = std::move(factory);
 }
 
+bool has_device_backend(const std::string& name) {
+  if (name == "gloo") return true;
+  std::lock_guard<std::mutex> lock(backends_mutex());
+  return backends().count(name) > 0;
+}
+
 namespace {
 
 // "host:port" of a tcp:// init method.

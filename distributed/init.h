@@ -71,6 +71,8 @@ class Communicator;
 using DeviceBackendFactory = std::function<std::shared_ptr<Communicator>(std::shared_ptr<Store> store, int rank,
                                                                          int size, std::chrono::milliseconds timeout)>;
 void register_device_backend(const std::string& name, DeviceBackendFactory factory);
+// Whether a device backend of that name is registered in this process ("gloo" always is).
+bool has_device_backend(const std::string& name);
 
 // Reads an environment variable as an integer; chorus::Error naming it when missing or malformed.
 int env_int(const char* name);

@@ -20,9 +20,11 @@ if ((${#targets[@]} == 0)); then
   echo "gpu_bundle.sh: no gpu-tagged targets" >&2
   exit 1
 fi
-# Helper programs the gpu tests start (not tests themselves): libexec/.
+# Helper programs the gpu tests start (not tests themselves): libexec/. The examples run.sh trains
+# on the GPU for a few steps (--device cuda): examples/, with BERT's vocabulary in data/.
 helpers=(//tests/distributed:dist_worker)
-bazel build -c opt "${targets[@]}" "${helpers[@]}"
+examples=(//examples/resnet:resnet //examples/bert:bert)
+bazel build -c opt "${targets[@]}" "${helpers[@]}" "${examples[@]}"
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
@@ -44,10 +46,20 @@ for label in "${helpers[@]}"; do
   strip --strip-debug "$out/libexec/$(basename "$path")"
 done
 
+mkdir -p "$out/examples" "$out/data/bert"
+for label in "${examples[@]}"; do
+  path="bazel-bin/${label#//}"
+  path="${path/://}"
+  cp -L "$path" "$out/examples/$(basename "$path")"
+  chmod u+w "$out/examples/$(basename "$path")"
+  strip --strip-debug "$out/examples/$(basename "$path")"
+done
+cp "${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}/bert/vocab.txt" "$out/data/bert/vocab.txt"
+
 # Shared libraries the binaries load, except the C runtime (the GPU machine has its own glibc) and
 # the CUDA libraries (taken from the PyTorch wheels there).
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libmvec\.|libdl\.|libpthread\.|librt\.|libcuda\.|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink)'
-for bin in "$out"/bin/* "$out"/libexec/*; do
+for bin in "$out"/bin/* "$out"/libexec/* "$out"/examples/*; do
   ldd "$bin" | awk '/=> \// {print $1, $3}' | while read -r soname file; do
     [[ "$soname" =~ $skip ]] && continue
     [[ -e "$out/lib/$soname" ]] || cp -L "$file" "$out/lib/$soname"
@@ -55,8 +67,8 @@ for bin in "$out"/bin/* "$out"/libexec/*; do
 done
 
 # The binaries and libraries travel xz-compressed (oneDNN alone is 40 MB); run.sh unpacks them.
-tar -C "$out" -cf - bin lib libexec | xz -T0 -6 >"$out/payload.tar.xz"
-rm -rf "$out/bin" "$out/lib" "$out/libexec"
+tar -C "$out" -cf - bin lib libexec examples data | xz -T0 -6 >"$out/payload.tar.xz"
+rm -rf "$out/bin" "$out/lib" "$out/libexec" "$out/examples" "$out/data"
 cp tools/gpu/peer.py "$out/peer.py"
 cp tools/gpu/run.sh "$out/run.sh"
 chmod +x "$out/run.sh"

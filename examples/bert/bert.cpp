@@ -57,6 +57,7 @@ struct Flags {
   std::string trace;
   double log_every_s = 10;
   std::string amp = "none";  // none, bf16, fp16
+  std::string device = "auto";
 };
 
 // No weight decay on biases and LayerNorm parameters (BERT's recipe).
@@ -82,7 +83,7 @@ struct EvalResult {
 // Held-out masked-LM loss (mean over predicted tokens) and masked-token accuracy, with masks fixed
 // by the seed; each rank takes every world-th of the first `limit` sequences, summed over ranks.
 EvalResult evaluate(models::BertForPreTraining& model, const data::MaskedLMDataset& heldout, int64_t limit,
-                    int64_t pad_id, const examples::Job& job) {
+                    int64_t pad_id, const examples::Job& job, Device device) {
   NoGradGuard no_grad;
   model.eval();
   double loss_sum = 0;
@@ -94,7 +95,8 @@ EvalResult evaluate(models::BertForPreTraining& model, const data::MaskedLMDatas
     std::vector<int64_t> chunk(mine.begin() + start, mine.begin() + std::min(mine.size(), start + 16));
     data::Batch b = heldout.get_batch(chunk);
     Tensor logits, targets;
-    Tensor loss = model.masked_lm_loss(b.data, ne(b.data, pad_id).to(kInt64), b.target, &logits, &targets);
+    const Tensor ids = b.data.to(device);
+    Tensor loss = model.masked_lm_loss(ids, ne(ids, pad_id).to(kInt64), b.target.to(device), &logits, &targets);
     loss_sum += loss.item<double>() * targets.numel();
     correct += logits.argmax(1).eq(targets).sum().item<int64_t>();
     count += targets.numel();
@@ -140,6 +142,7 @@ int main(int argc, char** argv) {
   app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration to this file");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
   examples::add_amp_option(app, f.amp);
+  examples::add_device_option(app, f.device);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -147,7 +150,8 @@ int main(int argc, char** argv) {
     if (f.threads > 0) set_num_threads(f.threads);
     if (f.resume != "no" && f.checkpoint_dir.empty()) fail("bert: --resume needs --checkpoint-dir");
     if (f.synthetic && (f.resume != "no" || !f.checkpoint_dir.empty())) fail("bert: --synthetic does not checkpoint");
-    examples::Job job = examples::Job::join();
+    const Device device = examples::training_device(f.device);
+    examples::Job job = examples::Job::join(device);
     if (f.batch_size % (job.world * f.accumulate) != 0) {
       fail("bert: --batch-size {} must be divisible by {} processes x --accumulate {}", f.batch_size, job.world,
            f.accumulate);
@@ -188,6 +192,7 @@ int main(int argc, char** argv) {
 
     manual_seed(f.seed);
     auto model = std::make_shared<models::BertForPreTraining>(config);
+    model->to(device);
     std::shared_ptr<distributed::DistributedDataParallel> ddp;
     if (job.group) {
       // The pooler and the next-sentence head take no part in masked-LM training.
@@ -196,7 +201,7 @@ int main(int argc, char** argv) {
     }
     auto opt = make_optimizer(*model, f);
     optim::WarmupDecayLR sched(*opt, static_cast<int64_t>(f.warmup * f.steps), f.steps, optim::WarmupDecayLR::Decay::Linear);
-    examples::MixedPrecision amp(f.amp, DeviceType::CPU);
+    examples::MixedPrecision amp(f.amp, device.type);
 
     int64_t step = 0;
     const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
@@ -222,7 +227,7 @@ int main(int argc, char** argv) {
                         micro, f.seq_len, f.steps, steps_per_epoch, get_num_threads()));
     EvalResult before;
     if (heldout && f.eval_sequences > 0 && !resuming) {
-      before = evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), job);
+      before = evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), job, device);
       job.log(fmt::format("held-out before training: masked-LM loss {:.4f} (ln {} = {:.4f}), masked-token accuracy {:.2f}% "
                           "over {} predictions",
                           before.loss, config.vocab_size, std::log(static_cast<double>(config.vocab_size)),
@@ -254,7 +259,8 @@ int main(int argc, char** argv) {
           // [PAD] (id 0) only ends the corpus's last sequence; masking never writes it.
           auto call = [&] {
             auto scope = amp.autocast();
-            return model->masked_lm_loss(b.data, ne(b.data, tokenizer.pad_id()).to(kInt64), b.target);
+            const Tensor ids = b.data.to(device);
+            return model->masked_lm_loss(ids, ne(ids, tokenizer.pad_id()).to(kInt64), b.target.to(device));
           };
           loss = ddp ? ddp->forward(call) : call();
           amp.backward(loss / static_cast<double>(f.accumulate));
@@ -317,14 +323,14 @@ int main(int argc, char** argv) {
                               {"train_s", train_s},
                               {"world_size", job.world},
                               {"threads_per_process", get_num_threads()},
-                              {"device", "cpu"}};
+                              {"device", device.str()}};
     if (!step_times.empty()) {
       std::vector<double> sorted = step_times;
       std::sort(sorted.begin(), sorted.end());
       summary["median_step_s"] = sorted[sorted.size() / 2];
     }
     if (heldout && f.eval_sequences > 0) {
-      EvalResult after = evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), job);
+      EvalResult after = evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), job, device);
       job.log(fmt::format("held-out after {} steps: masked-LM loss {:.4f}, masked-token accuracy {:.2f}% over {} predictions",
                           step, after.loss, 100 * after.accuracy, after.predicted));
       if (!resuming) {

@@ -33,13 +33,18 @@ struct Job {
   // WORLD_SIZE and RANK are parsed strictly (distributed::env_int): "two", "-2" or "0" and a rank
   // outside the world are errors, not a silent run alone.
   // Under mpirun or srun (Open MPI's or SLURM's variables, distributed::launch_env) too.
-  static Job join() {
+  // `device`: the training device; for cuda the group's CUDA backend is NCCL when this binary links
+  // it (//distributed:nccl), else Gloo staging through host memory; sim tensors go through Gloo on
+  // the communication stream.
+  static Job join(Device device = Device::cpu()) {
     Job job;
     const distributed::LaunchEnv launch = distributed::launch_env();
     if (launch.launcher.empty()) return job;
     if (launch.world_size == 1) return job;  // launch_env checked the rank is 0
     {
-      job.group = distributed::init_process_group();
+      distributed::InitOptions init;
+      if (device.is_cuda() && distributed::has_device_backend("nccl")) init.backend = "cpu:gloo,cuda:nccl";
+      job.group = distributed::init_process_group(init);
       job.rank = job.group->rank();
       job.world = job.group->size();
     }
@@ -73,6 +78,36 @@ inline int64_t count_parameters(nn::Module& m) {
   return n;
 }
 
+// --device cpu|cuda|cuda:N|sim|sim:N|auto, as the examples share it.
+inline CLI::Option* add_device_option(CLI::App& app, std::string& device) {
+  return app.add_option("--device", device,
+                        "where to train: cpu, cuda (cuda:N), sim (the simulated CUDA-like device) or auto (cuda when a "
+                        "GPU is present, else cpu)");
+}
+
+// The device --device names. auto: cuda when a GPU is present, else the CPU. A bare "cuda" is this
+// process's GPU under chorusrun (LOCAL_RANK modulo the GPUs), which becomes the current device.
+// chorus::Error for cuda without a GPU, naming what is available instead.
+inline Device training_device(const std::string& flag) {
+  const int gpus = device_count(DeviceType::CUDA);
+  const int local_rank = std::max(0, distributed::launch_env().local_rank);
+  Device d;
+  if (flag == "auto") {
+    d = gpus > 0 ? Device::cuda(local_rank % gpus) : Device::cpu();
+  } else {
+    d = Device::parse(flag);
+    if (d.is_cuda() && gpus == 0) {
+      fail("--device {}: this machine has no CUDA device; expected cpu or sim here (sim runs the device code paths "
+           "on the CPU)",
+           flag);
+    }
+    if (d.is_cuda() && flag == "cuda") d = Device::cuda(local_rank % gpus);
+    if (d.is_cuda() && d.index >= gpus) fail("--device {}: this machine has {} CUDA devices (0 to {})", flag, gpus, gpus - 1);
+  }
+  if (!d.is_cpu()) set_device(d);
+  return d;
+}
+
 // Rank 0 writes the Chrome trace of DDP's latest iteration to `path` and says so; nothing without
 // DDP or without a path.
 inline void write_trace(const distributed::DistributedDataParallel* ddp, const std::string& path, const Job& job) {
@@ -83,8 +118,9 @@ inline void write_trace(const distributed::DistributedDataParallel* ddp, const s
 
 // Correct predictions and count over this rank's strided share (every world-th example) of the
 // first `limit` examples of `test` (0: all), summed over ranks; the model is in eval mode meanwhile.
+// `device`: where the model is (batches are moved there).
 inline std::pair<int64_t, int64_t> classification_accuracy(nn::Module& model, const data::Dataset& test, int64_t limit,
-                                                            const Job& job) {
+                                                            const Job& job, Device device = Device::cpu()) {
   NoGradGuard no_grad;
   model.eval();
   int64_t correct = 0, count = 0;
@@ -94,7 +130,7 @@ inline std::pair<int64_t, int64_t> classification_accuracy(nn::Module& model, co
   for (size_t start = 0; start < indices.size(); start += 250) {
     std::vector<int64_t> chunk(indices.begin() + start, indices.begin() + std::min(indices.size(), start + 250));
     data::Batch b = test.get_batch(chunk);
-    correct += model.forward(b.data).argmax(1).eq(b.target).sum().item<int64_t>();
+    correct += model.forward(b.data.to(device)).argmax(1).to(kCPU).eq(b.target).sum().item<int64_t>();
     count += b.size();
   }
   model.train();

@@ -45,6 +45,9 @@ struct Flags {
   std::string trace;
   double log_every_s = 5;
   int workers = 1;
+  std::string device = "auto";
+  std::string amp = "none";  // none, bf16, fp16
+  int64_t max_steps = 0;     // stop after this many steps (0: all epochs)
 };
 
 std::shared_ptr<nn::Sequential> make_model(const std::string& kind) {
@@ -112,6 +115,10 @@ int main(int argc, char** argv) {
   app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration to this file");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
   app.add_option("--workers", f.workers, "DataLoader worker threads")->check(CLI::Range(0, 256));
+  examples::add_device_option(app, f.device);
+  examples::add_amp_option(app, f.amp);
+  app.add_option("--max-steps", f.max_steps, "stop after this many steps, as if interrupted (0: train all epochs)")
+      ->check(CLI::NonNegativeNumber);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -119,7 +126,8 @@ int main(int argc, char** argv) {
     if (f.threads > 0) set_num_threads(f.threads);
     if (f.resume != "no" && f.checkpoint_dir.empty()) fail("mnist: --resume needs --checkpoint-dir");
 
-    examples::Job job = examples::Job::join();
+    const Device device = examples::training_device(f.device);
+    examples::Job job = examples::Job::join(device);
     const int rank = job.rank, world = job.world;
     const auto& group = job.group;
     if (f.batch_size % world != 0) fail("mnist: --batch-size {} must be divisible by the {} processes", f.batch_size, world);
@@ -141,6 +149,7 @@ int main(int argc, char** argv) {
 
     manual_seed(f.seed);
     auto net = make_model(f.model);
+    net->to(device);
     std::shared_ptr<nn::Module> model = net;
     std::shared_ptr<distributed::DistributedDataParallel> ddp;
     if (group) {
@@ -148,6 +157,7 @@ int main(int argc, char** argv) {
       model = ddp;
     }
     auto opt = make_optimizer(f, net->parameters());
+    examples::MixedPrecision amp(f.amp, device.type);
     const int64_t steps_per_epoch = loader.size();
     const int64_t total_steps = steps_per_epoch * f.epochs;
     optim::WarmupDecayLR sched(*opt, std::min<int64_t>(100, total_steps / 10), total_steps,
@@ -176,7 +186,7 @@ int main(int argc, char** argv) {
                     examples::count_parameters(*net),
                     world, f.batch_size, local_batch, get_num_threads()));
 
-    double last_loss = 0, epoch_loss_sum = 0;
+    double last_loss = 0, epoch_loss_sum = 0, first_loss = -1;
     int64_t epoch_loss_n = 0, samples = 0;
     const auto t_train = Clock::now();
     auto t_log = t_train;
@@ -192,19 +202,25 @@ int main(int argc, char** argv) {
           continue;
         }
         opt->zero_grad();
-        Tensor logits = model->forward(b.data);
-        Tensor loss = F::cross_entropy(logits, b.target);
-        loss.backward();
-        opt->step();
+        const Tensor data = b.data.to(device), target = b.target.to(device);
+        Tensor logits, loss;
+        {
+          auto scope = amp.autocast();
+          logits = model->forward(data);
+          loss = F::cross_entropy(logits, target);
+        }
+        amp.backward(loss);
+        amp.step(*opt);
         sched.step();
         ++step;
         ++in_epoch;
         last_loss = loss.item<float>();
+        if (first_loss < 0) first_loss = last_loss;
         epoch_loss_sum += last_loss;
         ++epoch_loss_n;
         {
           NoGradGuard no_grad;
-          correct += logits.argmax(1).eq(b.target).sum().item<int64_t>();
+          correct += logits.argmax(1).eq(target).sum().item<int64_t>();
         }
         seen += b.size();
         samples += b.size() * world;
@@ -228,8 +244,10 @@ int main(int argc, char** argv) {
                           in_epoch, steps_per_epoch, epoch_loss_sum / epoch_loss_n, 100.0 * correct / seen, rate,
                           examples::eta_str(left)));
         }
+        if (f.max_steps > 0 && step >= f.max_steps) break;
       }
-      auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, 0, job);
+      if (f.max_steps > 0 && step >= f.max_steps) break;  // as if interrupted: no epoch-end checkpoint
+      auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, 0, job, device);
       log(fmt::format("epoch {} done: train loss {:.4f}, test accuracy {:.2f}% ({}/{})", epoch + 1,
                       epoch_loss_sum / std::max<int64_t>(epoch_loss_n, 1), 100.0 * test_correct / test_count,
                       test_correct, test_count));
@@ -239,13 +257,14 @@ int main(int argc, char** argv) {
       }
     }
     const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
-    auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, 0, job);
+    auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, 0, job, device);
     nlohmann::json summary = {
         {"dataset", f.dataset},
         {"model", f.model},
         {"optimizer", f.optimizer},
         {"test_accuracy", static_cast<double>(test_correct) / std::max<int64_t>(test_count, 1)},
         {"train_loss", epoch_loss_n ? epoch_loss_sum / epoch_loss_n : 0.0},
+        {"first_batch_loss", first_loss},
         {"last_batch_loss", last_loss},
         {"epochs", f.epochs},
         {"steps", step},
@@ -254,6 +273,9 @@ int main(int argc, char** argv) {
         {"wall_s", std::chrono::duration<double>(Clock::now() - t_start).count()},
         {"world_size", world},
         {"threads_per_process", get_num_threads()},
+        {"device", device.str()},
+        {"amp", f.amp},
+        {"skipped_steps", amp.skipped_steps()},
     };
     log(nlohmann::json{{"summary", summary}}.dump());
     job.finish();

@@ -183,13 +183,16 @@ Tensor BertForPreTraining::masked_lm_loss(const Tensor& input_ids, const Tensor&
          input_ids.sizes());
   }
   Tensor flat = labels.reshape({-1}).contiguous();
+  // The labelled positions, read on the host (one copy of the labels from a device, as PyTorch's
+  // nonzero() would), then back on the labels' device.
+  const Tensor host = flat.to(kCPU);
   std::vector<int64_t> positions;
-  const int64_t* y = flat.data_ptr<int64_t>();
+  const int64_t* y = host.data_ptr<int64_t>();
   for (int64_t i = 0; i < flat.numel(); ++i) {
     if (y[i] != -100) positions.push_back(i);
   }
   if (positions.empty()) fail("BertForPreTraining::masked_lm_loss: no position has a label (all are -100)");
-  Tensor pos = tensor<int64_t>(positions);
+  Tensor pos = tensor<int64_t>(positions).to(flat.device());
   Tensor out = masked_lm_logits(bert->forward(input_ids, Tensor(), attention_mask), pos);
   Tensor target = index_select(flat, 0, pos);
   if (logits) *logits = out;

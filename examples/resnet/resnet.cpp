@@ -59,6 +59,8 @@ struct Flags {
   double log_every_s = 10;
   int workers = 1;
   std::string amp = "none";  // none, bf16, fp16
+  std::string device = "auto";
+  Device on = Device::cpu();  // --device, resolved
 };
 
 std::shared_ptr<models::ResNet> make_model(const Flags& f, bool small_input, int64_t in_channels, int64_t classes) {
@@ -112,15 +114,16 @@ std::shared_ptr<distributed::DistributedDataParallel> wrap(const std::shared_ptr
 nlohmann::json run_synthetic(const Flags& f, examples::Job& job, int64_t local_batch) {
   manual_seed(f.seed);
   auto net = make_model(f, false, 3, 1000);
+  net->to(f.on);
   auto ddp = wrap(net, job, f);
   std::shared_ptr<nn::Module> model = ddp ? std::static_pointer_cast<nn::Module>(ddp) : net;
   // Goyal et al.'s linear scaling (lr 0.1 per 256 images): the same random batch every step at
   // lr 0.1 and batch 8 diverges, and a throughput run should still train sanely.
   optim::SGD opt(net->parameters(), {.lr = f.lr * static_cast<double>(f.batch_size) / 256.0, .momentum = 0.9,
                                      .weight_decay = f.weight_decay});
-  Tensor x = randn({local_batch, 3, f.image_size, f.image_size});
-  Tensor y = randint(0, 1000, {local_batch});
-  examples::MixedPrecision amp(f.amp, DeviceType::CPU);
+  Tensor x = randn({local_batch, 3, f.image_size, f.image_size}).to(f.on);
+  Tensor y = randint(0, 1000, {local_batch}).to(f.on);
+  examples::MixedPrecision amp(f.amp, f.on.type);
   job.log(fmt::format("synthetic {} at {}x{}: {} parameters, world size {}, batch {} ({} per process), {} threads per process",
                       f.arch, f.image_size, f.image_size, examples::count_parameters(*net), job.world, f.batch_size,
                       local_batch, get_num_threads()));
@@ -163,13 +166,14 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
 
   manual_seed(f.seed);
   auto net = make_model(f, true, 1, 10);
+  net->to(f.on);
   auto ddp = wrap(net, job, f);
   std::shared_ptr<nn::Module> model = ddp ? std::static_pointer_cast<nn::Module>(ddp) : net;
   optim::SGD opt(net->parameters(), {.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay, .nesterov = true});
   const int64_t steps_per_epoch = loader.size();
   const int64_t total_steps = steps_per_epoch * f.epochs;
   optim::WarmupDecayLR sched(opt, std::min<int64_t>(200, total_steps / 10), total_steps, optim::WarmupDecayLR::Decay::Cosine);
-  examples::MixedPrecision amp(f.amp, DeviceType::CPU);
+  examples::MixedPrecision amp(f.amp, f.on.type);
 
   int64_t step = 0;
   const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
@@ -207,11 +211,12 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
     for (data::Batch& b : loader) {
       if (f.augment) augment(b.data, f.shift, f.seed, job.rank, step);
       opt.zero_grad();
+      const Tensor data = b.data.to(f.on), target = b.target.to(f.on);
       Tensor logits, loss;
       {
         auto scope = amp.autocast();
-        logits = model->forward(b.data);
-        loss = F::cross_entropy(logits, b.target);
+        logits = model->forward(data);
+        loss = F::cross_entropy(logits, target);
       }
       amp.backward(loss);
       amp.step(opt);
@@ -222,7 +227,7 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
       ++epoch_loss_n;
       {
         NoGradGuard no_grad;
-        correct += logits.argmax(1).eq(b.target).sum().item<int64_t>();
+        correct += logits.argmax(1).eq(target).sum().item<int64_t>();
       }
       seen += b.size();
       samples += b.size() * job.world;
@@ -244,7 +249,7 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
       if (step == stop_step) break;
     }
     if (step - epoch * steps_per_epoch < steps_per_epoch) break;  // stopped by --max-steps
-    auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, f.test_limit, job);
+    auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, f.test_limit, job, f.on);
     test_accuracy.push_back(static_cast<double>(test_correct) / std::max<int64_t>(test_count, 1));
     job.log(fmt::format("epoch {} done: train loss {:.4f}, test accuracy {:.2f}% ({}/{})", epoch + 1,
                         epoch_loss_sum / std::max<int64_t>(epoch_loss_n, 1), 100.0 * test_accuracy.back(), test_correct,
@@ -253,7 +258,7 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
   }
   const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
   if (test_accuracy.empty()) {  // resumed after the last step: evaluate what was loaded
-    auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, f.test_limit, job);
+    auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, f.test_limit, job, f.on);
     test_accuracy.push_back(static_cast<double>(test_correct) / std::max<int64_t>(test_count, 1));
   }
   return {{"mode", "fashion-mnist"},
@@ -305,6 +310,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
   app.add_option("--workers", f.workers, "DataLoader worker threads")->check(CLI::Range(0, 256));
   examples::add_amp_option(app, f.amp);
+  examples::add_device_option(app, f.device);
   CLI11_PARSE(app, argc, argv);
   if (f.synthetic && app.count("--arch") == 0) f.arch = "resnet50";
 
@@ -313,7 +319,8 @@ int main(int argc, char** argv) {
     if (f.threads > 0) set_num_threads(f.threads);
     if (f.resume != "no" && f.checkpoint_dir.empty()) fail("resnet: --resume needs --checkpoint-dir");
     if (f.synthetic && (f.resume != "no" || !f.checkpoint_dir.empty())) fail("resnet: --synthetic does not checkpoint");
-    examples::Job job = examples::Job::join();
+    f.on = examples::training_device(f.device);
+    examples::Job job = examples::Job::join(f.on);
     if (f.batch_size % job.world != 0) {
       fail("resnet: --batch-size {} must be divisible by the {} processes", f.batch_size, job.world);
     }
@@ -322,7 +329,7 @@ int main(int argc, char** argv) {
     summary["batch_size"] = f.batch_size;
     summary["world_size"] = job.world;
     summary["threads_per_process"] = get_num_threads();
-    summary["device"] = "cpu";
+    summary["device"] = f.on.str();
     summary["wall_s"] = std::chrono::duration<double>(Clock::now() - t_start).count();
     job.log(nlohmann::json{{"summary", summary}}.dump());
     job.finish();

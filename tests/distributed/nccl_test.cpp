@@ -39,6 +39,10 @@ TEST_CASE("backend specs: device:backend pairs as PyTorch's, with clear errors",
   CHECK_THROWS_WITH(parse_backend("tpu:gloo"), Catch::Contains("unknown device 'tpu'"));
   CHECK_THROWS_WITH(parse_backend("cuda:gloo,cuda:nccl"), Catch::Contains("names cuda twice"));
   CHECK_THROWS_WITH(parse_backend("cpu:gloo,cuda"), Catch::Contains("'cuda' is not device:backend"));
+  // This binary links //distributed:nccl, which registers itself; gloo is built in.
+  CHECK(has_device_backend("nccl"));
+  CHECK(has_device_backend("gloo"));
+  CHECK_FALSE(has_device_backend("mpi"));
 
   // A group without a backend for sim tensors says so at the first collective on one.
   const std::string path = std::filesystem::temp_directory_path() / "chorus_backend_spec_store";

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "tensor/runtime.h"
 #include "tests/distributed/worker_launcher.h"
 #include <string>
 
@@ -156,6 +157,72 @@ TEST_CASE("bert --amp bf16 trains like float32", "[examples][bert][amp]") {
   CHECK(bf16.summary["last_step_loss"].get<double>() != f32.summary["last_step_loss"].get<double>());
 }
 
+// The examples on the sim device (the CUDA-like device run on the CPU) under chorusrun with 2
+// processes: DDP through Gloo on the communication stream, bf16 autocast, a checkpoint resumed to
+// the uninterrupted run's loss bit for bit.
+Run sim_job(const std::string& example, const std::string& flags) {
+  static int next = 0;
+  const int port = 23000 + static_cast<int>((::getpid() * 7 + next++) % 7000);
+  return run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " + std::to_string(port) +
+             " " + binary(example) + " --device sim --amp bf16 --threads 1 --log-every 0 " + flags);
+}
+
+TEST_CASE("mnist on sim: the same training as on the CPU, and under chorusrun with bf16", "[examples][sim]") {
+  const std::string mnist = binary("examples/mnist/mnist") + " --max-steps 8 --epochs 1 --threads 1 --log-every 0";
+  Run cpu = run(mnist + " --device cpu");
+  INFO(cpu.output);
+  REQUIRE(cpu.code == 0);
+  Run sim = run(mnist + " --device sim");
+  INFO(sim.output);
+  REQUIRE(sim.code == 0);
+  CHECK(sim.summary["device"] == "sim:0");
+  CHECK(sim.summary["last_batch_loss"].get<double>() == cpu.summary["last_batch_loss"].get<double>());
+  CHECK(sim.summary["test_accuracy"].get<double>() == cpu.summary["test_accuracy"].get<double>());
+  Run ddp = sim_job("examples/mnist/mnist", "--max-steps 12 --epochs 1");
+  INFO(ddp.output);
+  REQUIRE(ddp.code == 0);
+  CHECK(ddp.summary["world_size"] == 2);
+  CHECK(ddp.summary["amp"] == "bf16");
+  CHECK(ddp.summary["last_batch_loss"].get<double>() < ddp.summary["first_batch_loss"].get<double>());
+}
+
+TEST_CASE("resnet on sim under chorusrun with bf16: the loss falls, the checkpoint resumes", "[examples][sim]") {
+  const std::string flags = "--batch-size 16 --epochs 1 --test-limit 64 --checkpoint-every 3 --lr 0.05";
+  const std::string whole = scratch("resnet_sim_whole"), parts = scratch("resnet_sim_parts");
+  Run a = sim_job("examples/resnet/resnet", flags + " --max-steps 6 --checkpoint-dir " + whole);
+  INFO(a.output);
+  REQUIRE(a.code == 0);
+  CHECK(a.summary["device"] == "sim:0");
+  CHECK(a.summary["world_size"] == 2);
+  Run b1 = sim_job("examples/resnet/resnet", flags + " --max-steps 3 --checkpoint-dir " + parts);
+  INFO(b1.output);
+  REQUIRE(b1.code == 0);
+  Run b2 = sim_job("examples/resnet/resnet", flags + " --max-steps 6 --resume --checkpoint-dir " + parts);
+  INFO(b2.output);
+  REQUIRE(b2.code == 0);
+  CHECK(b2.output.find("resumed from") != std::string::npos);
+  CHECK(b2.summary["last_batch_loss"].get<double>() == a.summary["last_batch_loss"].get<double>());
+  CHECK(a.summary["train_loss"].get<double>() < 2.5);
+}
+
+TEST_CASE("bert on sim under chorusrun with bf16: the loss falls, the checkpoint resumes", "[examples][sim]") {
+  const std::string flags = "--config tiny --seq-len 32 --batch-size 8 --steps 4 --eval-sequences 16 --checkpoint-every 2";
+  const std::string whole = scratch("bert_sim_whole"), parts = scratch("bert_sim_parts");
+  Run a = sim_job("examples/bert/bert", flags + " --checkpoint-dir " + whole);
+  INFO(a.output);
+  REQUIRE(a.code == 0);
+  CHECK(a.summary["device"] == "sim:0");
+  CHECK(a.summary["last_step_loss"].get<double>() < a.summary["first_step_loss"].get<double>());
+  Run b1 = sim_job("examples/bert/bert", flags + " --max-steps 2 --checkpoint-dir " + parts);
+  INFO(b1.output);
+  REQUIRE(b1.code == 0);
+  Run b2 = sim_job("examples/bert/bert", flags + " --resume --checkpoint-dir " + parts);
+  INFO(b2.output);
+  REQUIRE(b2.code == 0);
+  CHECK(b2.summary["last_step_loss"].get<double>() == a.summary["last_step_loss"].get<double>());
+  CHECK(b2.summary["heldout_loss"].get<double>() == a.summary["heldout_loss"].get<double>());
+}
+
 TEST_CASE("resnet --synthetic times ImageNet-shaped batches", "[examples][resnet]") {
   Run r = run(binary("examples/resnet/resnet") +
               " --synthetic --arch resnet18 --image-size 64 --batch-size 4 --steps 2 --warmup 1 --threads 1");
@@ -192,6 +259,14 @@ TEST_CASE("the examples refuse bad flags with a message", "[examples]") {
     CHECK(r.code != 0);
     CHECK((r.output.find("not in range") != std::string::npos || r.output.find("positive") != std::string::npos));
   }
+  if (chorus::device_count(chorus::DeviceType::CUDA) == 0) {  // this test's machines; a GPU one would train
+    r = run(binary("examples/mnist/mnist") + " --device cuda");
+    CHECK(r.code != 0);
+    CHECK(r.output.find("--device cuda: this machine has no CUDA device; expected cpu or sim") != std::string::npos);
+  }
+  r = run(binary("examples/resnet/resnet") + " --device tpu");
+  CHECK(r.code != 0);
+  CHECK(r.output.find("tpu") != std::string::npos);
   r = run(binary("examples/bert/bert") + " --amp fp8");
   CHECK(r.code != 0);
   CHECK(r.output.find("--amp") != std::string::npos);

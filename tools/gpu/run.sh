@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs a chorus GPU bundle (made by tools/gpu_bundle.sh) on a machine with a GPU: every gpu test,
 # then each again under compute-sanitizer memcheck and racecheck, then every GPU benchmark, then
-# PyTorch's figures for the same work (peer.py), and writes logs plus summary.txt into LOG_DIR
+# PyTorch's figures for the same work (peer.py), the ResNet-50 and BERT-base examples on synthetic
+# batches (--device cuda, float32 and bf16 autocast), and writes logs plus summary.txt into LOG_DIR
 # (default $OUT, else ./gpu_logs). The CUDA libraries come from the PyTorch wheels (nvidia/*/lib).
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -78,6 +79,21 @@ for bin in "$here"/bin/*_bench; do
   name="$(basename "$bin")"
   run_one "$name" "$logs/$name.log" "$bin"
   tail -n 40 "$logs/$name.log" >>"$summary"
+done
+
+# The examples on the GPU (--device cuda, synthetic batches: no datasets here): a few steps each in
+# float32 and under bf16 autocast; the summary line of each goes into summary.txt.
+example() {  # name command...
+  local name="$1"
+  shift
+  run_one "$name" "$logs/$name.log" timeout 600 "$@"
+  grep -h '"summary"' "$logs/$name.log" >>"$summary" || true
+}
+for amp in none bf16; do
+  example "resnet50 synthetic amp=$amp" "$here/examples/resnet" --synthetic --device cuda --amp "$amp" --arch resnet50 \
+    --image-size 224 --batch-size 32 --steps 10 --warmup 3 --log-every 30
+  example "bert-base synthetic amp=$amp" "$here/examples/bert" --synthetic --device cuda --amp "$amp" --config base \
+    --seq-len 128 --batch-size 32 --steps 10 --eval-sequences 0 --data-dir "$here/data" --log-every 30
 done
 
 if python3 -c 'import torch' 2>/dev/null; then
