@@ -1,7 +1,8 @@
 // conv2d and conv2d_backward on CUDA as direct kernels (NCHW, contiguous, float32/float64, groups,
 // stride, padding, dilation): forward one thread per output, grad_x one thread per input element
 // (gathering the outputs it fed), grad_weight/grad_bias one block per element with a double sum.
-// Correct but not fast: cuDNN (or implicit GEMM) is the way to speed, not yet done.
+// Correct but not fast: the fallback when cuDNN is off (chorus::cuda::set_cudnn_enabled) or cannot
+// run a case; cudnn_conv.cpp is the usual path.
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/kernels.h"
 
@@ -132,8 +133,8 @@ T* ptr_or_null(const Tensor& t) {
 
 }  // namespace
 
-void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
-            int64_t groups) {
+void conv2d_direct(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
+                   int64_t groups) {
   const int64_t total = out.numel();
   if (total == 0) return;
   const ConvShape cs = conv_shape(x, weight, w, groups);
@@ -146,8 +147,9 @@ void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
   });
 }
 
-void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_out,
-                     const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups) {
+void conv2d_backward_direct(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                            const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Window2d& w,
+                            int64_t groups) {
   const ConvShape cs = conv_shape(x, weight, w, groups);
   CHORUS_DISPATCH_FLOATING(x.dtype(), "conv2d_backward", [&]<typename T>() {
     LaunchContext ctx(x.device());

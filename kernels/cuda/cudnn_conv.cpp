@@ -1,0 +1,275 @@
+// conv2d forward, backward-data, backward-filter and backward-bias through cuDNN 9's convolution
+// API, following the plan of kernels/cuda/cudnn_plan.h (descriptors from the tensors' sizes and
+// strides, NCHW or channels-last). The algorithm of each (direction, shapes, layout, dtype, device,
+// determinism) is chosen once by cuDNN's search (cudnnFind*AlgorithmEx on the call's own buffers,
+// with a workspace of at most chorus::cuda::cudnn_workspace_limit() bytes from the caching
+// allocator) and cached; later calls only allocate the chosen algorithm's workspace. One cuDNN
+// handle per device and thread, set to the thread's current stream before every call.
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <array>
+#include <vector>
+
+#include "kernels/cuda/cudnn_plan.h"
+#include "kernels/cuda/kernels.h"
+#include "tensor/error.h"
+#include "tensor/runtime.h"
+
+namespace chorus::kernels::cuda_impl {
+namespace {
+
+namespace cp = ::chorus::kernels::cudnn_plan;
+
+void check_cudnn(cudnnStatus_t status, const char* what) {
+  if (status != CUDNN_STATUS_SUCCESS) fail("cuDNN {}: {} ({})", what, cudnnGetErrorString(status), static_cast<int>(status));
+}
+
+cudnnHandle_t handle_for(int device) {
+  constexpr int kMaxDevices = 64;
+  thread_local std::array<cudnnHandle_t, kMaxDevices> handles{};
+  CHORUS_CHECK(device >= 0 && device < kMaxDevices, "cuDNN: device index {} out of range", device);
+  if (handles[device] == nullptr) check_cudnn(cudnnCreate(&handles[device]), "cudnnCreate");
+  return handles[device];
+}
+
+cudnnDataType_t cudnn_type(cp::DataType t) {
+  switch (t) {
+    case cp::DataType::Float: return CUDNN_DATA_FLOAT;
+    case cp::DataType::Double: return CUDNN_DATA_DOUBLE;
+    case cp::DataType::Half: return CUDNN_DATA_HALF;
+    case cp::DataType::BFloat16: return CUDNN_DATA_BFLOAT16;
+  }
+  return CUDNN_DATA_FLOAT;
+}
+
+// RAII descriptors made from the plan.
+struct TensorDescriptor {
+  cudnnTensorDescriptor_t d = nullptr;
+  explicit TensorDescriptor(const cp::TensorDesc& t) {
+    check_cudnn(cudnnCreateTensorDescriptor(&d), "cudnnCreateTensorDescriptor");
+    check_cudnn(cudnnSetTensorNdDescriptor(d, cudnn_type(t.type), 4, t.dims.data(), t.strides.data()),
+                "cudnnSetTensorNdDescriptor");
+  }
+  ~TensorDescriptor() { cudnnDestroyTensorDescriptor(d); }
+  TensorDescriptor(const TensorDescriptor&) = delete;
+  TensorDescriptor& operator=(const TensorDescriptor&) = delete;
+};
+
+struct FilterDescriptor {
+  cudnnFilterDescriptor_t d = nullptr;
+  explicit FilterDescriptor(const cp::FilterDesc& f) {
+    check_cudnn(cudnnCreateFilterDescriptor(&d), "cudnnCreateFilterDescriptor");
+    check_cudnn(cudnnSetFilterNdDescriptor(d, cudnn_type(f.type),
+                                           f.format == cp::FilterFormat::NHWC ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, 4,
+                                           f.dims.data()),
+                "cudnnSetFilterNdDescriptor");
+  }
+  ~FilterDescriptor() { cudnnDestroyFilterDescriptor(d); }
+  FilterDescriptor(const FilterDescriptor&) = delete;
+  FilterDescriptor& operator=(const FilterDescriptor&) = delete;
+};
+
+struct ConvolutionDescriptor {
+  cudnnConvolutionDescriptor_t d = nullptr;
+  explicit ConvolutionDescriptor(const cp::ConvPlan& p) {
+    check_cudnn(cudnnCreateConvolutionDescriptor(&d), "cudnnCreateConvolutionDescriptor");
+    check_cudnn(cudnnSetConvolutionNdDescriptor(d, 2, p.conv.pad.data(), p.conv.stride.data(), p.conv.dilation.data(),
+                                                CUDNN_CROSS_CORRELATION, cudnn_type(p.conv.compute)),
+                "cudnnSetConvolutionNdDescriptor");
+    check_cudnn(cudnnSetConvolutionGroupCount(d, p.conv.groups), "cudnnSetConvolutionGroupCount");
+    // The search below tries the math types this allows; FMA math keeps float32 out of TF32.
+    check_cudnn(cudnnSetConvolutionMathType(d, p.tensor_ops ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION : CUDNN_FMA_MATH),
+                "cudnnSetConvolutionMathType");
+  }
+  void set_math(int math) {
+    check_cudnn(cudnnSetConvolutionMathType(d, static_cast<cudnnMathType_t>(math)), "cudnnSetConvolutionMathType");
+  }
+  ~ConvolutionDescriptor() { cudnnDestroyConvolutionDescriptor(d); }
+  ConvolutionDescriptor(const ConvolutionDescriptor&) = delete;
+  ConvolutionDescriptor& operator=(const ConvolutionDescriptor&) = delete;
+};
+
+// A device buffer of `bytes` from the caching allocator (ordered on the current stream like every
+// other tensor); an empty tensor for 0.
+Tensor workspace(Device device, int64_t bytes) { return make_tensor({std::max<int64_t>(bytes, 0)}, kUInt8, device); }
+
+// The largest workspace up to the limit the allocator gives now (search only): halves on failure.
+Tensor search_workspace(Device device, int64_t& bytes) {
+  bytes = ::chorus::cuda::cudnn_workspace_limit();
+  while (bytes > 0) {
+    try {
+      return workspace(device, bytes);
+    } catch (const Error&) {
+      bytes /= 2;
+    }
+  }
+  return workspace(device, 0);
+}
+
+// Picks the first (fastest) result that succeeded, fits the workspace, and is deterministic when
+// that is asked for; records it in the cache.
+template <typename Perf>
+cp::AlgoChoice pick(const std::vector<Perf>& results, int returned, int64_t limit, bool deterministic,
+                    const cp::ConvKey& key) {
+  for (int i = 0; i < returned; ++i) {
+    const Perf& r = results[i];
+    if (r.status != CUDNN_STATUS_SUCCESS) continue;
+    if (static_cast<int64_t>(r.memory) > limit) continue;
+    if (deterministic && r.determinism != CUDNN_DETERMINISTIC) continue;
+    cp::AlgoChoice c{static_cast<int>(r.algo), static_cast<int>(r.mathType), static_cast<int64_t>(r.memory)};
+    cp::AlgoCache::global().insert(key, c);
+    return c;
+  }
+  fail("cuDNN: no algorithm for {} ran within the workspace limit of {} bytes{}", cp::describe(key), limit,
+       deterministic ? " among the deterministic ones (chorus::cuda::set_cudnn_deterministic)" : "");
+}
+
+bool cudnn_can_run(const Tensor& x, const Tensor& weight) {
+  if (!::chorus::cuda::cudnn_enabled()) return false;
+  const DType d = x.dtype();
+  if (d != kFloat32 && d != kFloat64 && d != kFloat16 && d != kBFloat16) return false;
+  return weight.dtype() == d;
+}
+
+struct Call {
+  Device device;
+  cudnnHandle_t handle;
+  cp::ConvPlan plan;
+  bool deterministic;
+  Call(const Tensor& x, const Tensor& weight, const Tensor& y, const Window2d& w, int64_t groups)
+      : device(x.device()),
+        handle(handle_for(x.device().index)),
+        plan(cp::plan_conv2d(x.sizes(), x.strides(), weight.sizes(), weight.strides(), y.sizes(), y.strides(), x.dtype(),
+                             w, groups, ::chorus::cuda::cudnn_allow_tf32())),
+        deterministic(::chorus::cuda::cudnn_deterministic()) {
+    check_cudnn(cudnnSetStream(handle, static_cast<cudaStream_t>(current_stream(device).handle())), "cudnnSetStream");
+  }
+  cp::ConvKey key(cp::Direction d) const { return cp::conv_key(plan, d, device.index, deterministic); }
+};
+
+// alpha/beta are float for float/half/bfloat16 data and double for double (cuDNN's rule).
+struct Scalars {
+  float f1 = 1.f, f0 = 0.f;
+  double d1 = 1.0, d0 = 0.0;
+  bool dbl;
+  explicit Scalars(const cp::ConvPlan& p) : dbl(p.conv.compute == cp::DataType::Double) {}
+  const void* one() const { return dbl ? static_cast<const void*>(&d1) : &f1; }
+  const void* zero() const { return dbl ? static_cast<const void*>(&d0) : &f0; }
+};
+
+}  // namespace
+
+void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
+            int64_t groups) {
+  if (out.numel() == 0) return;
+  if (!cudnn_can_run(x, weight)) return conv2d_direct(out, x, weight, bias, w, groups);
+  DeviceGuard guard(x.device());
+  Call call(x, weight, out, w, groups);
+  TensorDescriptor xd(call.plan.x), yd(call.plan.y);
+  FilterDescriptor wd(call.plan.w);
+  ConvolutionDescriptor cd(call.plan);
+  const Scalars s(call.plan);
+  const cp::ConvKey key = call.key(cp::Direction::Forward);
+  std::optional<cp::AlgoChoice> choice = cp::AlgoCache::global().find(key);
+  if (!choice) {
+    int64_t limit = 0;
+    Tensor ws = search_workspace(call.device, limit);
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> results(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
+    int returned = 0;
+    check_cudnn(cudnnFindConvolutionForwardAlgorithmEx(call.handle, xd.d, x.raw_data_ptr(), wd.d, weight.raw_data_ptr(),
+                                                       cd.d, yd.d, out.raw_data_ptr(), static_cast<int>(results.size()),
+                                                       &returned, results.data(), ws.raw_data_ptr(), limit),
+                "cudnnFindConvolutionForwardAlgorithmEx");
+    choice = pick(results, returned, limit, call.deterministic, key);
+  }
+  cd.set_math(choice->math_type);
+  Tensor ws = workspace(call.device, choice->workspace);
+  check_cudnn(cudnnConvolutionForward(call.handle, s.one(), xd.d, x.raw_data_ptr(), wd.d, weight.raw_data_ptr(), cd.d,
+                                      static_cast<cudnnConvolutionFwdAlgo_t>(choice->algorithm), ws.raw_data_ptr(),
+                                      choice->workspace, s.zero(), yd.d, out.raw_data_ptr()),
+              "cudnnConvolutionForward");
+  if (bias.defined()) {
+    TensorDescriptor bd(call.plan.bias);
+    check_cudnn(cudnnAddTensor(call.handle, s.one(), bd.d, bias.raw_data_ptr(), s.one(), yd.d, out.raw_data_ptr()),
+                "cudnnAddTensor (bias)");
+  }
+}
+
+void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_out,
+                     const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups) {
+  if (!cudnn_can_run(x, weight) || grad_out.numel() == 0 || x.numel() == 0) {
+    return conv2d_backward_direct(grad_x, grad_weight, grad_bias, grad_out, x, weight, w, groups);
+  }
+  DeviceGuard guard(x.device());
+  Call call(x, weight, grad_out, w, groups);
+  // The gradients are written through the descriptors of x, w and y: they must share those layouts.
+  if (grad_x.defined() && grad_x.strides() != x.strides()) {
+    fail("cuDNN conv2d backward: grad_x strides {} differ from the input's {}", shape_str(grad_x.strides()),
+         shape_str(x.strides()));
+  }
+  if (grad_weight.defined() && grad_weight.strides() != weight.strides()) {
+    fail("cuDNN conv2d backward: grad_weight strides {} differ from the weight's {}", shape_str(grad_weight.strides()),
+         shape_str(weight.strides()));
+  }
+  TensorDescriptor xd(call.plan.x), yd(call.plan.y);
+  FilterDescriptor wd(call.plan.w);
+  const Scalars s(call.plan);
+  if (grad_x.defined()) {
+    ConvolutionDescriptor cd(call.plan);
+    const cp::ConvKey key = call.key(cp::Direction::BackwardData);
+    std::optional<cp::AlgoChoice> choice = cp::AlgoCache::global().find(key);
+    if (!choice) {
+      int64_t limit = 0;
+      Tensor ws = search_workspace(call.device, limit);
+      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> results(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
+      int returned = 0;
+      check_cudnn(cudnnFindConvolutionBackwardDataAlgorithmEx(
+                      call.handle, wd.d, weight.raw_data_ptr(), yd.d, grad_out.raw_data_ptr(), cd.d, xd.d,
+                      grad_x.raw_data_ptr(), static_cast<int>(results.size()), &returned, results.data(),
+                      ws.raw_data_ptr(), limit),
+                  "cudnnFindConvolutionBackwardDataAlgorithmEx");
+      choice = pick(results, returned, limit, call.deterministic, key);
+    }
+    cd.set_math(choice->math_type);
+    Tensor ws = workspace(call.device, choice->workspace);
+    check_cudnn(cudnnConvolutionBackwardData(call.handle, s.one(), wd.d, weight.raw_data_ptr(), yd.d,
+                                             grad_out.raw_data_ptr(), cd.d,
+                                             static_cast<cudnnConvolutionBwdDataAlgo_t>(choice->algorithm),
+                                             ws.raw_data_ptr(), choice->workspace, s.zero(), xd.d, grad_x.raw_data_ptr()),
+                "cudnnConvolutionBackwardData");
+  }
+  if (grad_weight.defined()) {
+    ConvolutionDescriptor cd(call.plan);
+    const cp::ConvKey key = call.key(cp::Direction::BackwardFilter);
+    std::optional<cp::AlgoChoice> choice = cp::AlgoCache::global().find(key);
+    if (!choice) {
+      int64_t limit = 0;
+      Tensor ws = search_workspace(call.device, limit);
+      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> results(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
+      int returned = 0;
+      check_cudnn(cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                      call.handle, xd.d, x.raw_data_ptr(), yd.d, grad_out.raw_data_ptr(), cd.d, wd.d,
+                      grad_weight.raw_data_ptr(), static_cast<int>(results.size()), &returned, results.data(),
+                      ws.raw_data_ptr(), limit),
+                  "cudnnFindConvolutionBackwardFilterAlgorithmEx");
+      choice = pick(results, returned, limit, call.deterministic, key);
+    }
+    cd.set_math(choice->math_type);
+    Tensor ws = workspace(call.device, choice->workspace);
+    check_cudnn(cudnnConvolutionBackwardFilter(call.handle, s.one(), xd.d, x.raw_data_ptr(), yd.d,
+                                               grad_out.raw_data_ptr(), cd.d,
+                                               static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice->algorithm),
+                                               ws.raw_data_ptr(), choice->workspace, s.zero(), wd.d,
+                                               grad_weight.raw_data_ptr()),
+                "cudnnConvolutionBackwardFilter");
+  }
+  if (grad_bias.defined()) {
+    TensorDescriptor bd(call.plan.bias);
+    check_cudnn(cudnnConvolutionBackwardBias(call.handle, s.one(), yd.d, grad_out.raw_data_ptr(), s.zero(), bd.d,
+                                             grad_bias.raw_data_ptr()),
+                "cudnnConvolutionBackwardBias");
+  }
+}
+
+}  // namespace chorus::kernels::cuda_impl

@@ -1,0 +1,132 @@
+// conv2d on CUDA through cuDNN against the CPU convolution, on random inputs: forward and the three
+// backward products for grouped, strided, padded and dilated windows in float32 (TF32 off) and
+// float64; channels-last (NHWC) tensors straight through the kernel; deterministic mode giving
+// bit-identical gradients run to run; the algorithm cache filled once per shape and direction; a
+// zero workspace limit still finding an algorithm; cuDNN off falling back to the direct kernels.
+// Tagged "gpu": needs a CUDA device, and fails (not skips) without one.
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "kernels/cuda/cudnn_plan.h"
+#include "kernels/cuda/device.h"
+#include "kernels/dispatch.h"
+#include "nn/functional.h"
+#include "tensor/ops.h"
+#include "tensor/runtime.h"
+
+namespace chorus {
+namespace {
+
+namespace F = nn::functional;
+namespace cp = kernels::cudnn_plan;
+const Device kGpu = Device::cuda(0);
+
+struct Settings {  // restores the cuDNN settings a test changes
+  bool tf32 = cuda::cudnn_allow_tf32(), det = cuda::cudnn_deterministic(), on = cuda::cudnn_enabled();
+  int64_t ws = cuda::cudnn_workspace_limit();
+  ~Settings() {
+    cuda::set_cudnn_allow_tf32(tf32);
+    cuda::set_cudnn_deterministic(det);
+    cuda::set_cudnn_enabled(on);
+    cuda::set_cudnn_workspace_limit(ws);
+  }
+};
+
+double rel_diff(const Tensor& gpu, const Tensor& cpu) {
+  const Tensor a = gpu.cpu().to(kFloat64), b = cpu.to(kFloat64);
+  return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-30);
+}
+
+struct Case {
+  int64_t n, cin, cout, h, w, k, stride, pad, dilation, groups;
+};
+
+// Forward and gradients of conv2d (through the op layer) on `device`.
+std::vector<Tensor> run(const Case& c, DType dtype, Device device, uint64_t seed) {
+  manual_seed(seed);
+  Tensor x = randn({c.n, c.cin, c.h, c.w}, {.dtype = dtype}).to(device).requires_grad_();
+  Tensor w = randn({c.cout, c.cin / c.groups, c.k, c.k}, {.dtype = dtype}).to(device).requires_grad_();
+  Tensor b = randn({c.cout}, {.dtype = dtype}).to(device).requires_grad_();
+  Tensor y = F::conv2d(x, w, b, {c.stride, c.stride}, {c.pad, c.pad}, {c.dilation, c.dilation}, c.groups);
+  Tensor g = randn(y.sizes(), {.dtype = dtype}).to(device);
+  sum(mul(y, g)).backward();
+  return {y, x.grad(), w.grad(), b.grad()};
+}
+
+const std::vector<Case> kCases = {
+    {2, 3, 8, 16, 16, 3, 1, 1, 1, 1},   {4, 16, 32, 14, 14, 3, 2, 1, 1, 1}, {2, 8, 8, 9, 11, 3, 1, 2, 2, 1},
+    {3, 12, 12, 10, 10, 3, 1, 1, 1, 4}, {2, 32, 32, 7, 7, 3, 1, 1, 1, 32}, {8, 64, 64, 8, 8, 1, 1, 0, 1, 1},
+    {2, 4, 6, 15, 15, 5, 3, 2, 1, 2},
+};
+
+}  // namespace
+
+TEST_CASE("cuDNN conv2d forward and backward equal the CPU's", "[cuda][cudnn][gpu]") {
+  cuda::require_device("cudnn_gpu_test");
+  Settings keep;
+  cuda::set_cudnn_allow_tf32(false);
+  for (DType dtype : {kFloat32, kFloat64}) {
+    for (const Case& c : kCases) {
+      INFO(dtype_name(dtype) << " n " << c.n << " cin " << c.cin << " cout " << c.cout << " " << c.h << "x" << c.w
+                             << " k " << c.k << " stride " << c.stride << " pad " << c.pad << " dilation "
+                             << c.dilation << " groups " << c.groups);
+      const auto gpu = run(c, dtype, kGpu, 11), cpu = run(c, dtype, Device::cpu(), 11);
+      const double tol = dtype == kFloat32 ? 1e-5 : 1e-12;
+      for (int i = 0; i < 4; ++i) {
+        INFO("output " << i << " (y, dx, dw, db)");
+        CHECK(rel_diff(gpu[i], cpu[i]) < tol);
+      }
+    }
+  }
+}
+
+TEST_CASE("cuDNN conv2d takes channels-last tensors as they are", "[cuda][cudnn][gpu]") {
+  cuda::require_device("cudnn_gpu_test");
+  Settings keep;
+  cuda::set_cudnn_allow_tf32(false);
+  manual_seed(3);
+  const Tensor x = randn({4, 16, 12, 12}), w = randn({24, 16, 3, 3}), b = randn({24});
+  const Tensor expected = F::conv2d(x, w, b, {1, 1}, {1, 1});
+  // NHWC memory, NCHW sizes (as PyTorch's channels_last): permute a dense NHWC tensor.
+  auto nhwc = [](const Tensor& t) { return t.permute({0, 2, 3, 1}).contiguous().to(kGpu).permute({0, 3, 1, 2}); };
+  const Tensor xg = nhwc(x), wg = nhwc(w), bg = b.to(kGpu);
+  REQUIRE(cp::is_channels_last(xg.sizes(), xg.strides()));
+  const Tensor yg = nhwc(zeros(expected.sizes()));
+  kernels::Window2d win;
+  win.in_h = win.in_w = 12;
+  win.out_h = win.out_w = 12;
+  win.kernel_h = win.kernel_w = 3;
+  win.pad_h = win.pad_w = 1;
+  kernels::conv2d(yg, xg, wg, bg, win, 1);
+  CHECK(cp::is_channels_last(yg.sizes(), yg.strides()));
+  CHECK(rel_diff(yg.contiguous(), expected) < 1e-5);
+}
+
+TEST_CASE("cuDNN: deterministic mode, the algorithm cache, workspace limits, the fallback", "[cuda][cudnn][gpu]") {
+  cuda::require_device("cudnn_gpu_test");
+  Settings keep;
+  const Case c{8, 32, 32, 16, 16, 3, 1, 1, 1, 1};
+  cuda::set_cudnn_deterministic(true);
+  const auto a = run(c, kFloat32, kGpu, 5), b = run(c, kFloat32, kGpu, 5);
+  for (int i = 0; i < 4; ++i) CHECK(equal(a[i].cpu(), b[i].cpu()));
+  // One search per (shape, direction): a new shape adds forward, backward-data and backward-filter.
+  const size_t before = cp::AlgoCache::global().size();
+  const Case fresh{3, 5, 7, 13, 13, 3, 1, 1, 1, 1};
+  (void)run(fresh, kFloat32, kGpu, 1);
+  CHECK(cp::AlgoCache::global().size() == before + 3);
+  (void)run(fresh, kFloat32, kGpu, 2);
+  CHECK(cp::AlgoCache::global().size() == before + 3);
+  // No workspace at all: cuDNN still has algorithms that need none.
+  cuda::set_cudnn_deterministic(false);
+  cuda::set_cudnn_workspace_limit(0);
+  const Case small{2, 6, 6, 9, 9, 3, 1, 1, 1, 1};
+  const auto none = run(small, kFloat64, kGpu, 4), cpu = run(small, kFloat64, Device::cpu(), 4);
+  for (int i = 0; i < 4; ++i) CHECK(rel_diff(none[i], cpu[i]) < 1e-12);
+  // cuDNN off: the direct kernels give the same results.
+  cuda::set_cudnn_enabled(false);
+  const auto direct = run(small, kFloat64, kGpu, 4);
+  for (int i = 0; i < 4; ++i) CHECK(rel_diff(direct[i], cpu[i]) < 1e-12);
+}
+
+}  // namespace chorus
