@@ -12,7 +12,8 @@ namespace chorus::kernels {
 
 enum class UnaryOp {
   Neg, Abs, Exp, Log, Log1p, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, GeluErf, GeluTanh, Sin, Cos,
-  Sign, LogicalNot, Reciprocal
+  Sign, LogicalNot, Reciprocal,
+  Floor, Ceil, Round, Trunc, Erf, Erfinv, Expm1, Log2, Log10  // floating point (integers: floor & co. are identity)
 };
 
 enum class BinaryOp {

@@ -112,6 +112,17 @@ Tensor relu(const Tensor& t);
 Tensor gelu(const Tensor& t, const std::string& approximate = "none");
 Tensor sin(const Tensor& t);
 Tensor cos(const Tensor& t);
+Tensor expm1(const Tensor& t);
+Tensor erf(const Tensor& t);
+Tensor erfinv(const Tensor& t);  // |x| > 1 gives NaN, +-1 gives +-inf
+Tensor log2(const Tensor& t);
+Tensor log10(const Tensor& t);
+// Piecewise constant (gradient zero); round halves to even. On integer tensors the identity.
+Tensor floor(const Tensor& t);
+Tensor ceil(const Tensor& t);
+Tensor round(const Tensor& t);
+Tensor trunc(const Tensor& t);
+Tensor sign(const Tensor& t);
 Tensor clamp(const Tensor& t, std::optional<Scalar> min, std::optional<Scalar> max);
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& condition, const Tensor& a, const Scalar& b);

@@ -173,6 +173,16 @@ class Tensor {
   Tensor relu() const;
   Tensor sin() const;
   Tensor cos() const;
+  Tensor expm1() const;
+  Tensor erf() const;
+  Tensor erfinv() const;
+  Tensor log2() const;
+  Tensor log10() const;
+  Tensor floor() const;
+  Tensor ceil() const;
+  Tensor round() const;
+  Tensor trunc() const;
+  Tensor sign() const;
   Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max) const;
   Tensor eq(const Tensor& other) const;
   Tensor eq(const Scalar& other) const;

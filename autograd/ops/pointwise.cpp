@@ -295,6 +295,32 @@ CHORUS_UNARY_IN_SAVED(log, Log, "LogBackward", div(g[0], x))
 CHORUS_UNARY_IN_SAVED(log1p, Log1p, "Log1pBackward", div(g[0], add(x, 1.0)))
 CHORUS_UNARY_IN_SAVED(sin, Sin, "SinBackward", mul(g[0], cos(x)))
 CHORUS_UNARY_IN_SAVED(cos, Cos, "CosBackward", neg(mul(g[0], sin(x))))
+// d expm1 = expm1 + 1;  d erf = 2/sqrt(pi) exp(-x^2);  d erfinv = sqrt(pi)/2 exp(erfinv^2)
+CHORUS_UNARY_OUT_SAVED(expm1, Expm1, "Expm1Backward", mul(g[0], add(y, 1.0)))
+CHORUS_UNARY_IN_SAVED(erf, Erf, "ErfBackward", mul(g[0], mul(exp(neg(mul(x, x))), 1.12837916709551257390)))
+CHORUS_UNARY_OUT_SAVED(erfinv, Erfinv, "ErfinvBackward", mul(g[0], mul(exp(mul(y, y)), 0.88622692545275801365)))
+// d log2 = 1/(x ln 2);  d log10 = 1/(x ln 10)
+CHORUS_UNARY_IN_SAVED(log2, Log2, "Log2Backward", div(g[0], mul(x, 0.69314718055994530942)))
+CHORUS_UNARY_IN_SAVED(log10, Log10, "Log10Backward", div(g[0], mul(x, 2.30258509299404568402)))
+
+namespace {
+// floor, ceil, round, trunc and sign: piecewise constant, so their gradient is zero (as PyTorch's).
+// On integer (and bool for sign) tensors floor & co. are the identity, returned as a copy.
+Tensor step_function(UnaryOp op, const char* name, const char* node, const Tensor& t) {
+  check_defined(t, name, "input");
+  Tensor out = op != UnaryOp::Sign && !is_floating(t.dtype()) ? clone(t) : unary_kernel(op, name, t, false);
+  if (autograd::any_requires_grad({&t})) {
+    autograd::record(node, {t}, {out}, [](const TensorList& g) -> TensorList { return {zeros_like(g[0])}; });
+  }
+  return out;
+}
+}  // namespace
+
+Tensor floor(const Tensor& t) { return step_function(UnaryOp::Floor, "floor", "FloorBackward", t); }
+Tensor ceil(const Tensor& t) { return step_function(UnaryOp::Ceil, "ceil", "CeilBackward", t); }
+Tensor round(const Tensor& t) { return step_function(UnaryOp::Round, "round", "RoundBackward", t); }
+Tensor trunc(const Tensor& t) { return step_function(UnaryOp::Trunc, "trunc", "TruncBackward", t); }
+Tensor sign(const Tensor& t) { return step_function(UnaryOp::Sign, "sign", "SignBackward", t); }
 
 Tensor relu(const Tensor& t) {
   Tensor out = unary_kernel(UnaryOp::Relu, "relu", t, false);

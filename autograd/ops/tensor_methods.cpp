@@ -167,6 +167,16 @@ Tensor Tensor::sigmoid() const { return chorus::sigmoid(*this); }
 Tensor Tensor::relu() const { return chorus::relu(*this); }
 Tensor Tensor::sin() const { return chorus::sin(*this); }
 Tensor Tensor::cos() const { return chorus::cos(*this); }
+Tensor Tensor::expm1() const { return chorus::expm1(*this); }
+Tensor Tensor::erf() const { return chorus::erf(*this); }
+Tensor Tensor::erfinv() const { return chorus::erfinv(*this); }
+Tensor Tensor::log2() const { return chorus::log2(*this); }
+Tensor Tensor::log10() const { return chorus::log10(*this); }
+Tensor Tensor::floor() const { return chorus::floor(*this); }
+Tensor Tensor::ceil() const { return chorus::ceil(*this); }
+Tensor Tensor::round() const { return chorus::round(*this); }
+Tensor Tensor::trunc() const { return chorus::trunc(*this); }
+Tensor Tensor::sign() const { return chorus::sign(*this); }
 Tensor Tensor::clamp(std::optional<Scalar> lo, std::optional<Scalar> hi) const { return chorus::clamp(*this, lo, hi); }
 Tensor Tensor::eq(const Tensor& o) const { return chorus::eq(*this, o); }
 Tensor Tensor::eq(const Scalar& o) const { return chorus::eq(*this, o); }

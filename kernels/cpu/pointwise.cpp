@@ -45,6 +45,15 @@ void unary_typed(UnaryOp op, const StridedIter<2>& it) {
       case UnaryOp::GeluTanh: unary_loop<T, T>(it, sm::GeluTanh{}); return;
       case UnaryOp::Sin: unary_loop<T, T>(it, sm::Sin{}); return;
       case UnaryOp::Cos: unary_loop<T, T>(it, sm::Cos{}); return;
+      case UnaryOp::Floor: unary_loop<T, T>(it, sm::Floor{}); return;
+      case UnaryOp::Ceil: unary_loop<T, T>(it, sm::Ceil{}); return;
+      case UnaryOp::Round: unary_loop<T, T>(it, sm::Round{}); return;
+      case UnaryOp::Trunc: unary_loop<T, T>(it, sm::Trunc{}); return;
+      case UnaryOp::Erf: unary_loop<T, T>(it, sm::Erf{}); return;
+      case UnaryOp::Erfinv: unary_loop<T, T>(it, sm::Erfinv{}); return;
+      case UnaryOp::Expm1: unary_loop<T, T>(it, sm::Expm1{}); return;
+      case UnaryOp::Log2: unary_loop<T, T>(it, sm::Log2{}); return;
+      case UnaryOp::Log10: unary_loop<T, T>(it, sm::Log10{}); return;
       default: break;
     }
   }

@@ -36,6 +36,15 @@ void unary_typed(UnaryOp op, const Tensor& out, const Tensor& in) {
       case UnaryOp::GeluTanh: unary_launch<T, T>("gelu_tanh", out, in, sh::GeluTanh{}); return;
       case UnaryOp::Sin: unary_launch<T, T>("sin", out, in, sh::Sin{}); return;
       case UnaryOp::Cos: unary_launch<T, T>("cos", out, in, sh::Cos{}); return;
+      case UnaryOp::Floor: unary_launch<T, T>("floor", out, in, sh::Floor{}); return;
+      case UnaryOp::Ceil: unary_launch<T, T>("ceil", out, in, sh::Ceil{}); return;
+      case UnaryOp::Round: unary_launch<T, T>("round", out, in, sh::Round{}); return;
+      case UnaryOp::Trunc: unary_launch<T, T>("trunc", out, in, sh::Trunc{}); return;
+      case UnaryOp::Erf: unary_launch<T, T>("erf", out, in, sh::Erf{}); return;
+      case UnaryOp::Erfinv: unary_launch<T, T>("erfinv", out, in, sh::Erfinv{}); return;
+      case UnaryOp::Expm1: unary_launch<T, T>("expm1", out, in, sh::Expm1{}); return;
+      case UnaryOp::Log2: unary_launch<T, T>("log2", out, in, sh::Log2{}); return;
+      case UnaryOp::Log10: unary_launch<T, T>("log10", out, in, sh::Log10{}); return;
       default: break;
     }
   }

@@ -36,6 +36,13 @@ CHORUS_SHARED_MATH_1(tanh)
 CHORUS_SHARED_MATH_1(erf)
 CHORUS_SHARED_MATH_1(sin)
 CHORUS_SHARED_MATH_1(cos)
+CHORUS_SHARED_MATH_1(floor)
+CHORUS_SHARED_MATH_1(ceil)
+CHORUS_SHARED_MATH_1(trunc)
+CHORUS_SHARED_MATH_1(rint)
+CHORUS_SHARED_MATH_1(expm1)
+CHORUS_SHARED_MATH_1(log2)
+CHORUS_SHARED_MATH_1(log10)
 #undef CHORUS_SHARED_MATH_1
 CHORUS_HD CHORUS_INLINE float pow(float x, float y) { return ::powf(x, y); }
 CHORUS_HD CHORUS_INLINE double pow(double x, double y) { return ::pow(x, y); }
@@ -131,6 +138,87 @@ struct Sin {
 struct Cos {
   template <typename T>
   CHORUS_HD CHORUS_INLINE T operator()(T x) const { return math::cos(x); }
+};
+struct Floor {
+  template <typename T>
+  CHORUS_HD CHORUS_INLINE T operator()(T x) const { return math::floor(x); }
+};
+struct Ceil {
+  template <typename T>
+  CHORUS_HD CHORUS_INLINE T operator()(T x) const { return math::ceil(x); }
+};
+struct Round {  // halves to even, as PyTorch's round (rint in the default rounding mode)
+  template <typename T>
+  CHORUS_HD CHORUS_INLINE T operator()(T x) const { return math::rint(x); }
+};
+struct Trunc {
+  template <typename T>
+  CHORUS_HD CHORUS_INLINE T operator()(T x) const { return math::trunc(x); }
+};
+struct Erf {
+  template <typename T>
+  CHORUS_HD CHORUS_INLINE T operator()(T x) const { return math::erf(x); }
+};
+struct Expm1 {
+  template <typename T>
+  CHORUS_HD CHORUS_INLINE T operator()(T x) const { return math::expm1(x); }
+};
+struct Log2 {
+  template <typename T>
+  CHORUS_HD CHORUS_INLINE T operator()(T x) const { return math::log2(x); }
+};
+struct Log10 {
+  template <typename T>
+  CHORUS_HD CHORUS_INLINE T operator()(T x) const { return math::log10(x); }
+};
+// The inverse error function: Giles's single-precision approximation ("Approximating the erfinv
+// function", GPU Computing Gems, 2010), then Newton steps on erf(x) = y (one for float, two for
+// double) so both types are accurate to a few ulps; the same code on the host and the device (the
+// C library has no erfinv). erfinv(+-1) = +-inf, |y| > 1 or NaN gives NaN.
+struct Erfinv {
+  template <typename T>
+  CHORUS_HD CHORUS_INLINE T operator()(T y) const {
+    if (!(y >= T(-1) && y <= T(1))) return (y - y) / (y - y);  // NaN for |y| > 1 and NaN
+    if (y == T(1) || y == T(-1)) return y > T(0) ? T(INFINITY) : T(-INFINITY);
+    // w in T's precision: in float, 1 - y loses the digits that decide the tails of a double y.
+    T w = -math::log((T(1) - y) * (T(1) + y));
+    T p;
+    if (w < T(5)) {
+      w = w - T(2.5);
+      p = T(2.81022636e-08f);
+      p = T(3.43273939e-07f) + p * w;
+      p = T(-3.5233877e-06f) + p * w;
+      p = T(-4.39150654e-06f) + p * w;
+      p = T(0.00021858087f) + p * w;
+      p = T(-0.00125372503f) + p * w;
+      p = T(-0.00417768164f) + p * w;
+      p = T(0.246640727f) + p * w;
+      p = T(1.50140941f) + p * w;
+    } else {
+      w = math::sqrt(w) - T(3);
+      p = T(-0.000200214257f);
+      p = T(0.000100950558f) + p * w;
+      p = T(0.00134934322f) + p * w;
+      p = T(-0.00367342844f) + p * w;
+      p = T(0.00573950773f) + p * w;
+      p = T(-0.0076224613f) + p * w;
+      p = T(0.00943887047f) + p * w;
+      p = T(1.00167406f) + p * w;
+      p = T(2.83297682f) + p * w;
+    }
+    T x = p * y;
+    // Newton on erf(x) = y: the approximation is good to ~1e-7 inside the float range, less in
+    // double's far tails (|y| within 1e-12 of 1), so double takes up to 4 steps.
+    const int steps = sizeof(T) == sizeof(double) ? 4 : 1;
+    for (int i = 0; i < steps; ++i) {
+      const T slope = T(1.12837916709551257390) * math::exp(-x * x);  // 2/sqrt(pi) exp(-x^2)
+      if (slope == T(0)) break;  // beyond where erf can tell x apart
+      const T step = (math::erf(x) - y) / slope;
+      x = x - step;
+      if (step == T(0)) break;
+    }
+    return x;
+  }
 };
 
 // ------------------------------------------------------------------ pow, clamp

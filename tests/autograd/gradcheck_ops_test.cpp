@@ -166,6 +166,16 @@ void pointwise_rows(Table& t) {
   unary(t, "gelu (tanh)", [](L x) { return gelu(x[0], "tanh"); });
   unary(t, "sin", [](L x) { return sin(x[0]); });
   unary(t, "cos", [](L x) { return cos(x[0]); });
+  unary(t, "expm1", [](L x) { return expm1(x[0]); });
+  unary(t, "erf", [](L x) { return erf(x[0]); });
+  unary(t, "erfinv", [](L x) { return erfinv(mul(tanh(x[0]), 0.9)); });
+  unary(t, "log2", [](L x) { return log2(x[0]); }, Values::Positive);
+  unary(t, "log10", [](L x) { return x[0].log10(); }, Values::Positive);
+  unary(t, "floor (zero gradient)", [](L x) { return add(floor(x[0]), x[0]); });
+  unary(t, "ceil (zero gradient)", [](L x) { return add(ceil(x[0]), x[0]); });
+  unary(t, "round (zero gradient)", [](L x) { return add(round(x[0]), x[0]); });
+  unary(t, "trunc (zero gradient)", [](L x) { return add(x[0].trunc(), x[0]); });
+  unary(t, "sign (zero gradient)", [](L x) { return add(sign(x[0]), x[0]); }, Values::AwayFromZero);
   // AwayFromZero values have |x| >= 0.2, so bounds at +-0.1 and 0.15 are never within eps.
   unary(t, "clamp min", [](L x) { return clamp(x[0], -0.1, std::nullopt); }, Values::AwayFromZero);
   unary(t, "clamp max", [](L x) { return clamp(x[0], std::nullopt, 0.15); }, Values::AwayFromZero);

@@ -55,6 +55,16 @@ const std::vector<UnaryCase>& unary_cases() {
       {"gelu tanh", [](const Tensor& t) { return gelu(t, "tanh"); }, gelu_tanh, -4, 4, true},
       {"sin", [](const Tensor& t) { return sin(t); }, [](double x) { return std::sin(x); }, -6, 6, true},
       {"cos", [](const Tensor& t) { return cos(t); }, [](double x) { return std::cos(x); }, -6, 6, true},
+      {"expm1", [](const Tensor& t) { return expm1(t); }, [](double x) { return std::expm1(x); }, -3, 3, true},
+      {"erf", [](const Tensor& t) { return erf(t); }, [](double x) { return std::erf(x); }, -3, 3, true},
+      {"log2", [](const Tensor& t) { return log2(t); }, [](double x) { return std::log2(x); }, 0.01, 20, true},
+      {"log10", [](const Tensor& t) { return log10(t); }, [](double x) { return std::log10(x); }, 0.01, 20, true},
+      {"floor", [](const Tensor& t) { return floor(t); }, [](double x) { return std::floor(x); }, -5, 5, false},
+      {"ceil", [](const Tensor& t) { return ceil(t); }, [](double x) { return std::ceil(x); }, -5, 5, false},
+      {"round", [](const Tensor& t) { return round(t); }, [](double x) { return std::nearbyint(x); }, -5, 5, false},
+      {"trunc", [](const Tensor& t) { return trunc(t); }, [](double x) { return std::trunc(x); }, -5, 5, false},
+      {"sign", [](const Tensor& t) { return sign(t); }, [](double x) { return double((0 < x) - (x < 0)); }, -5, 5,
+       false},
   };
   return cases;
 }
@@ -112,6 +122,37 @@ TEST_CASE("unary ops on special values: inf, nan, zero, large magnitudes", "[ten
   CHECK(matches(rsqrt(pos), {3}, {INFINITY, 1, 0}));
   CHECK(matches(log(tensor(std::vector<double>{-1.0})), {1}, {NAN}));
   CHECK(matches(log1p(tensor(std::vector<double>{-1.0, 1e-20})), {2}, {-INFINITY, 1e-20}, 1e-15, 0));
+}
+
+TEST_CASE("erfinv inverts erf; round halves to even; the step functions on special values", "[tensor][unary]") {
+  Generator gen(202);
+  for (DType dt : {kFloat32, kFloat64}) {
+    INFO(dtype_name(dt));
+    Tensor y = random_in({200}, -0.999, 0.999, dt, gen);
+    const double tol = dt == kFloat64 ? 1e-14 : 2e-6;
+    CHECK(sub(erf(erfinv(y)), y).abs().max().to(kFloat64).item<double>() < tol);
+    // mpmath.erfinv (30 digits) of 0.5, -0.9, 1e-3 and 0.999999 as this dtype holds them.
+    Tensor known = tensor(std::vector<double>{0.5, -0.9, 1e-3, 0.999999}).to(dt);
+    const std::vector<double> expected =
+        dt == kFloat64 ? std::vector<double>{0.4769362762044699, -1.1630871536766743, 0.0008862271574665521, 3.458910737275499}
+                       : std::vector<double>{0.4769362762044699, -1.1630870719457722, 0.0008862271995601054, 3.45707472603595};
+    // Near +-1 erfinv amplifies the last bit of erf by 1/erf'(x) (~1e5 at 0.999999): 1e-11, not 1e-15.
+    CHECK(matches(erfinv(known), {4}, expected, dt == kFloat64 ? 1e-11 : 3e-6, 0));
+  }
+  CHECK(matches(erfinv(tensor(std::vector<double>{1.0, -1.0, 1.5, NAN, 0.0})), {5}, {INFINITY, -INFINITY, NAN, NAN, 0.0}));
+  CHECK(matches_exactly(round(tensor(std::vector<double>{0.5, 1.5, 2.5, -0.5, -2.5, 2.4999})), {6}, {0, 2, 2, -0.0, -2, 2}));
+  Tensor x = tensor(std::vector<double>{-INFINITY, -1.5, -0.0, 0.0, 1.5, INFINITY, NAN});
+  CHECK(matches(floor(x), {7}, {-INFINITY, -2, -0.0, 0, 1, INFINITY, NAN}));
+  CHECK(matches(ceil(x), {7}, {-INFINITY, -1, -0.0, 0, 2, INFINITY, NAN}));
+  CHECK(matches(trunc(x), {7}, {-INFINITY, -1, -0.0, 0, 1, INFINITY, NAN}));
+  CHECK(matches(sign(x.narrow(0, 0, 6)), {6}, {-1, -1, 0, 0, 1, 1}));
+  CHECK(matches(expm1(tensor(std::vector<double>{1e-20, -INFINITY})), {2}, {1e-20, -1}, 1e-15, 0));
+  CHECK(matches(log2(tensor(std::vector<double>{8.0, 0.0})), {2}, {3, -INFINITY}));
+  CHECK(matches(log10(tensor(std::vector<double>{1000.0})), {1}, {3}, 1e-15, 0));
+  // The step functions' gradient is zero, as PyTorch's.
+  Tensor v = tensor(std::vector<double>{-1.7, 0.2, 2.5}).requires_grad_();
+  sum(add(add(floor(v), ceil(v)), add(round(v), add(trunc(v), sign(v))))).backward();
+  CHECK(matches_exactly(v.grad(), {3}, {0, 0, 0}));
 }
 
 TEST_CASE("pow with a scalar exponent, a tensor exponent and a scalar base", "[tensor][unary][pow]") {

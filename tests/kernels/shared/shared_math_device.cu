@@ -63,6 +63,15 @@ __device__ T apply(DeviceOp op, T x, T y) {
     case DeviceOp::Cos: return Cos{}(x);
     case DeviceOp::Sign: return Sign{}(x);
     case DeviceOp::Reciprocal: return Reciprocal{}(x);
+    case DeviceOp::Floor: return Floor{}(x);
+    case DeviceOp::Ceil: return Ceil{}(x);
+    case DeviceOp::Round: return Round{}(x);
+    case DeviceOp::Trunc: return Trunc{}(x);
+    case DeviceOp::Erf: return Erf{}(x);
+    case DeviceOp::Erfinv: return Erfinv{}(x);
+    case DeviceOp::Expm1: return Expm1{}(x);
+    case DeviceOp::Log2: return Log2{}(x);
+    case DeviceOp::Log10: return Log10{}(x);
     case DeviceOp::Add: return Add{}(x, y);
     case DeviceOp::Sub: return SubAlpha<T>{T(0.5)}(x, y);
     case DeviceOp::Mul: return Mul{}(x, y);

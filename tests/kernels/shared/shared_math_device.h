@@ -11,6 +11,7 @@ namespace chorus::kernels::shared::testing {
 // The ops evaluated by ops_on_device: unary ops read x, binary ops read (x, y).
 enum class DeviceOp {
   Neg, Abs, Exp, Log, Log1p, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, GeluErf, GeluTanh, Sin, Cos, Sign, Reciprocal,
+  Floor, Ceil, Round, Trunc, Erf, Erfinv, Expm1, Log2, Log10,
   Add, Sub, Mul, Div, Max, Min, Pow, ReluBackward, TanhBackward, SigmoidBackward, GeluErfBackward,
   GeluTanhBackward, Lt, Eq,  // comparisons give 1 or 0
   kCount
