@@ -208,6 +208,49 @@ Tensor masked_fill(const Tensor& t, const Tensor& mask, const Scalar& value);
 Tensor index(const Tensor& t, const Tensor& indices);
 Tensor one_hot(const Tensor& labels, int64_t num_classes = -1);
 
+// ---- composite ops (autograd/ops/composite.cpp): made of the ops above, so differentiable and on
+// every device; nonzero, masked_select, sort/argsort/topk and multinomial compute indices on the
+// host from a copy of the input (a device synchronization, as PyTorch's nonzero).
+Tensor tril(const Tensor& t, int64_t diagonal = 0);
+Tensor triu(const Tensor& t, int64_t diagonal = 0);
+Tensor flip(const Tensor& t, const std::vector<int64_t>& dims);
+// Without dims: over the flattened tensor (one shift).
+Tensor roll(const Tensor& t, const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims = {});
+Tensor repeat(const Tensor& t, const std::vector<int64_t>& repeats);  // Tensor.repeat
+Tensor tile(const Tensor& t, const std::vector<int64_t>& reps);
+Tensor repeat_interleave(const Tensor& t, int64_t repeats, std::optional<int64_t> dim = std::nullopt);
+Tensor cumsum(const Tensor& t, int64_t dim);   // integers accumulate in int64
+Tensor cumprod(const Tensor& t, int64_t dim);
+Tensor dot(const Tensor& a, const Tensor& b);
+Tensor outer(const Tensor& a, const Tensor& b);
+Tensor addcmul(const Tensor& t, const Tensor& a, const Tensor& b, const Scalar& value = 1);
+Tensor addcdiv(const Tensor& t, const Tensor& a, const Tensor& b, const Scalar& value = 1);
+Tensor lerp(const Tensor& start, const Tensor& end, const Scalar& weight);
+Tensor lerp(const Tensor& start, const Tensor& end, const Tensor& weight);
+Tensor clamp(const Tensor& t, const Tensor& min, const Tensor& max);  // either may be undefined
+Tensor remainder(const Tensor& a, const Tensor& b);  // sign of the divisor (Python's %)
+Tensor remainder(const Tensor& a, const Scalar& b);
+Tensor fmod(const Tensor& a, const Tensor& b);  // sign of the dividend (C's fmod)
+Tensor fmod(const Tensor& a, const Scalar& b);
+Tensor floor_divide(const Tensor& a, const Tensor& b);  // rounds toward -inf
+Tensor floor_divide(const Tensor& a, const Scalar& b);
+Tensor any(const Tensor& t);
+Tensor any(const Tensor& t, int64_t dim, bool keepdim = false);
+Tensor all(const Tensor& t);
+Tensor all(const Tensor& t, int64_t dim, bool keepdim = false);
+Tensor isnan(const Tensor& t);
+Tensor isinf(const Tensor& t);
+Tensor isfinite(const Tensor& t);
+Tensor nonzero(const Tensor& t);  // int64 [count, dims]
+Tensor masked_select(const Tensor& t, const Tensor& mask);  // 1-D, broadcasting t and mask
+// (values, int64 indices); stable; NaN sorts as the largest value.
+std::pair<Tensor, Tensor> sort(const Tensor& t, int64_t dim = -1, bool descending = false);
+Tensor argsort(const Tensor& t, int64_t dim = -1, bool descending = false);
+std::pair<Tensor, Tensor> topk(const Tensor& t, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);
+Tensor bernoulli(const Tensor& p, Generator* generator = nullptr);  // 0/1 in p's dtype
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false,
+                   Generator* generator = nullptr);  // int64 category indices
+
 // ---------------------------------------------------------------- threads
 // CPU kernels use this many threads for large tensors (default: the machine's cores).
 void set_num_threads(int threads);
