@@ -38,6 +38,47 @@ class SiLU : public Module {
   Tensor forward(const Tensor& input) override;
 };
 
+class LeakyReLU : public Module {
+ public:
+  explicit LeakyReLU(double negative_slope = 0.01) : Module("LeakyReLU"), negative_slope(negative_slope) {}
+  Tensor forward(const Tensor& input) override;
+  double negative_slope;
+};
+
+class ELU : public Module {
+ public:
+  explicit ELU(double alpha = 1.0) : Module("ELU"), alpha(alpha) {}
+  Tensor forward(const Tensor& input) override;
+  double alpha;
+};
+
+class Softplus : public Module {
+ public:
+  explicit Softplus(double beta = 1.0, double threshold = 20.0) : Module("Softplus"), beta(beta), threshold(threshold) {}
+  Tensor forward(const Tensor& input) override;
+  double beta, threshold;
+};
+
+class Hardswish : public Module {
+ public:
+  Hardswish() : Module("Hardswish") {}
+  Tensor forward(const Tensor& input) override;
+};
+
+class Mish : public Module {
+ public:
+  Mish() : Module("Mish") {}
+  Tensor forward(const Tensor& input) override;
+};
+
+// A learnt negative slope: one for all channels (num_parameters = 1) or one per channel.
+class PReLU : public Module {
+ public:
+  explicit PReLU(int64_t num_parameters = 1, double init = 0.25);
+  Tensor forward(const Tensor& input) override;
+  Tensor weight;
+};
+
 class Softmax : public Module {
  public:
   explicit Softmax(int64_t dim) : Module("Softmax"), dim(dim) {}

@@ -10,5 +10,6 @@
 #include "nn/init.h"
 #include "nn/layers.h"
 #include "nn/linear.h"
+#include "nn/loss.h"
 #include "nn/module.h"
 #include "nn/transformer.h"

@@ -18,6 +18,15 @@ Tensor tanh(const Tensor& input);
 Tensor sigmoid(const Tensor& input);
 Tensor softmax(const Tensor& input, int64_t dim);
 Tensor log_softmax(const Tensor& input, int64_t dim);
+// activations_extra.cpp; PyTorch's defaults.
+Tensor leaky_relu(const Tensor& input, double negative_slope = 0.01);
+Tensor elu(const Tensor& input, double alpha = 1.0);
+// log(1 + exp(beta x)) / beta, and x itself where beta x > threshold.
+Tensor softplus(const Tensor& input, double beta = 1.0, double threshold = 20.0);
+Tensor hardswish(const Tensor& input);
+Tensor mish(const Tensor& input);
+// weight: 1 value, or one per channel (dim 1 of the input).
+Tensor prelu(const Tensor& input, const Tensor& weight);
 // Zeroes elements with probability p and scales the rest by 1/(1-p) in training; identity otherwise.
 Tensor dropout(const Tensor& input, double p = 0.5, bool training = true, Generator* generator = nullptr);
 // Rows of weight [num_embeddings, dim] picked by integer indices of any shape -> [..., dim]. The

@@ -216,4 +216,83 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
   return reduce(losses, reduction);
 }
 
+namespace {
+void check_same_shape(const char* name, const Tensor& input, const Tensor& target) {
+  ops::check_defined(input, name, "input");
+  ops::check_defined(target, name, "target");
+  if (input.sizes() != target.sizes()) {
+    fail("{}: input of shape {} and target of shape {} must have the same shape", name, shape_str(input.sizes()),
+         shape_str(target.sizes()));
+  }
+}
+}  // namespace
+
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight, Reduction reduction) {
+  check_same_shape("binary_cross_entropy", input, target);
+  {
+    NoGradGuard no_grad;
+    if (any(logical_or(lt(input, 0), gt(input, 1))).item<bool>()) {
+      fail("binary_cross_entropy: input values must be probabilities in [0, 1] (use binary_cross_entropy_with_logits "
+           "for logits)");
+    }
+  }
+  const Tensor log_p = clamp(log(input), -100.0, std::nullopt);
+  const Tensor log_1mp = clamp(log(rsub(input, 1.0)), -100.0, std::nullopt);
+  Tensor losses = neg(add(mul(target, log_p), mul(rsub(target, 1.0), log_1mp)));
+  if (weight.defined()) losses = mul(losses, weight);
+  return reduce(losses, reduction);
+}
+
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  check_same_shape("l1_loss", input, target);
+  return reduce(abs(sub(input, target)), reduction);
+}
+
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction, double beta) {
+  check_same_shape("smooth_l1_loss", input, target);
+  if (beta < 0) fail("smooth_l1_loss: beta is {}; expected a number >= 0", beta);
+  const Tensor d = abs(sub(input, target));
+  if (beta == 0) return reduce(d, reduction);
+  return reduce(where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, 0.5 * beta)), reduction);
+}
+
+Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction, double delta) {
+  check_same_shape("huber_loss", input, target);
+  if (!(delta > 0)) fail("huber_loss: delta is {}; expected a positive number", delta);
+  const Tensor d = abs(sub(input, target));
+  return reduce(where(le(d, delta), mul(mul(d, d), 0.5), mul(sub(d, 0.5 * delta), delta)), reduction);
+}
+
+Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivOptions& options) {
+  check_same_shape("kl_div", input, target);
+  // target * (log target - input); 0 where target = 0 (0 log 0 = 0), as PyTorch's xlogy.
+  Tensor losses = options.log_target
+                      ? mul(exp(target), sub(target, input))
+                      : where(gt(target, 0), mul(target, sub(log(where(gt(target, 0), target, ones_like(target))), input)),
+                              zeros_like(input));
+  if (options.batch_mean) {
+    if (input.dim() == 0) return sum(losses);
+    return div(sum(losses), static_cast<double>(input.size(0)));
+  }
+  return reduce(losses, options.reduction);
+}
+
+Tensor cosine_embedding_loss(const Tensor& input1, const Tensor& input2, const Tensor& target, double margin,
+                             Reduction reduction) {
+  check_same_shape("cosine_embedding_loss", input1, input2);
+  ops::check_defined(target, "cosine_embedding_loss", "target");
+  if (input1.dim() != 2 || target.dim() != 1 || target.size(0) != input1.size(0)) {
+    fail("cosine_embedding_loss: expected inputs [N, D] and target [N], got {}, {} and {}", shape_str(input1.sizes()),
+         shape_str(input2.sizes()), shape_str(target.sizes()));
+  }
+  constexpr double kEps = 1e-12;  // PyTorch's EPSILON in the norms
+  const Tensor prod = sum(mul(input1, input2), {1});
+  const Tensor n1 = add(sum(mul(input1, input1), {1}), kEps), n2 = add(sum(mul(input2, input2), {1}), kEps);
+  const Tensor cos = div(prod, sqrt(mul(n1, n2)));
+  const Tensor y = target.to(cos.dtype());
+  const Tensor losses = where(eq(y, 1.0), rsub(cos, 1.0),
+                              where(eq(y, -1.0), clamp(sub(cos, margin), 0.0, std::nullopt), zeros_like(cos)));
+  return reduce(losses, reduction);
+}
+
 }  // namespace chorus::nn::functional

@@ -36,4 +36,27 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
                                         Reduction reduction = Reduction::Mean,
                                         const Tensor& pos_weight = Tensor());
 
+// input: probabilities in [0, 1]; each log is clamped at -100, as PyTorch's, so p = 0 or 1 stays finite.
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight = Tensor(),
+                            Reduction reduction = Reduction::Mean);
+Tensor l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+// 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (beta = 0: l1).
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean,
+                      double beta = 1.0);
+// 0.5 d^2 where |d| <= delta, else delta (|d| - 0.5 delta).
+Tensor huber_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean,
+                  double delta = 1.0);
+// input: log-probabilities; target: probabilities (log-probabilities with log_target). batch_mean:
+// the sum divided by the batch size (PyTorch's reduction='batchmean', the mathematically right
+// KL divergence per sample); otherwise `reduction` as usual.
+struct KLDivOptions {
+  Reduction reduction = Reduction::Mean;
+  bool batch_mean = false;
+  bool log_target = false;
+};
+Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivOptions& options = {});
+// 1 - cos(x1, x2) where y = 1; max(0, cos(x1, x2) - margin) where y = -1. x1, x2: [N, D], y: [N].
+Tensor cosine_embedding_loss(const Tensor& input1, const Tensor& input2, const Tensor& target, double margin = 0.0,
+                             Reduction reduction = Reduction::Mean);
+
 }  // namespace chorus::nn::functional

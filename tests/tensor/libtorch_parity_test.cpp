@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "nn/functional.h"
 #include "tensor/ops.h"
 
 namespace {
@@ -63,7 +64,10 @@ void check(const Case& c) {
   (tout * to_torch(g)).sum().backward();
   for (size_t i = 0; i < in.size(); ++i) {
     INFO("gradient of input " << i);
-    REQUIRE(tin[i].grad().defined());
+    if (!tin[i].grad().defined()) {  // an input both sides use only detached (a label)
+      CHECK_FALSE(in[i].grad().defined());
+      continue;
+    }
     REQUIRE(in[i].grad().defined());
     CHECK(max_diff(in[i].grad(), tin[i].grad()) < 1e-12);
   }
@@ -76,6 +80,7 @@ TEST_CASE("new ops equal libtorch 1.13's, forward and backward", "[tensor][libto
   namespace c = chorus;
   using L = const c::TensorList&;
   using T = const std::vector<torch::Tensor>&;
+  namespace F = chorus::nn::functional;
   const std::vector<Case> cases = {
       {"floor", {{4, 5}}, [](L x) { return c::floor(c::mul(x[0], 3.0)); }, [](T x) { return torch::floor(x[0] * 3.0); }},
       {"ceil", {{4, 5}}, [](L x) { return c::ceil(c::mul(x[0], 3.0)); }, [](T x) { return torch::ceil(x[0] * 3.0); }},
@@ -142,6 +147,44 @@ TEST_CASE("new ops equal libtorch 1.13's, forward and backward", "[tensor][libto
                               y.isinf().any(1).to(torch::kFloat64)});
        },
        false},
+      // Activations and losses (nn/functional).
+      {"leaky_relu", {{4, 5}}, [](L x) { return F::leaky_relu(x[0], 0.1); },
+       [](T x) { return torch::leaky_relu(x[0], 0.1); }},
+      {"elu", {{4, 5}}, [](L x) { return F::elu(c::mul(x[0], 3.0), 0.7); },
+       [](T x) { return torch::elu(x[0] * 3.0, 0.7); }},
+      {"softplus (across the threshold)", {{4, 5}}, [](L x) { return F::softplus(c::mul(x[0], 15.0), 2.0, 20.0); },
+       [](T x) { return torch::softplus(x[0] * 15.0, 2.0, 20.0); }},
+      {"hardswish", {{4, 5}}, [](L x) { return F::hardswish(c::mul(x[0], 3.0)); },
+       [](T x) { return torch::hardswish(x[0] * 3.0); }},
+      {"mish", {{4, 5}}, [](L x) { return F::mish(c::mul(x[0], 3.0)); }, [](T x) { return torch::mish(x[0] * 3.0); }},
+      {"prelu per channel", {{2, 3, 4}, {3}}, [](L x) { return F::prelu(x[0], x[1]); },
+       [](T x) { return torch::prelu(x[0], x[1]); }},
+      {"l1_loss", {{4, 5}, {4, 5}}, [](L x) { return F::l1_loss(x[0], x[1]); },
+       [](T x) { return torch::l1_loss(x[0], x[1]); }},
+      {"smooth_l1_loss beta 0.5", {{4, 5}, {4, 5}}, [](L x) { return F::smooth_l1_loss(x[0], x[1], F::Reduction::Sum, 0.5); },
+       [](T x) { return torch::smooth_l1_loss(x[0], x[1], at::Reduction::Sum, 0.5); }},
+      {"huber_loss delta 0.7", {{4, 5}, {4, 5}}, [](L x) { return F::huber_loss(x[0], x[1], F::Reduction::Mean, 0.7); },
+       [](T x) { return torch::huber_loss(x[0], x[1], at::Reduction::Mean, 0.7); }},
+      {"kl_div batchmean", {{4, 5}, {4, 5}},
+       [](L x) { return F::kl_div(c::log_softmax(x[0], 1), c::softmax(x[1], 1), {.batch_mean = true}); },
+       [](T x) { return torch::kl_div(torch::log_softmax(x[0], 1), torch::softmax(x[1], 1), at::Reduction::Sum) / 4.0; }},
+      {"kl_div log_target", {{4, 5}, {4, 5}},
+       [](L x) { return F::kl_div(c::log_softmax(x[0], 1), c::log_softmax(x[1], 1), {.log_target = true}); },
+       [](T x) {
+         return torch::kl_div(torch::log_softmax(x[0], 1), torch::log_softmax(x[1], 1), at::Reduction::Mean, true);
+       }},
+      {"binary_cross_entropy", {{4, 5}, {4, 5}},  // (PyTorch: not differentiable in the weight)
+       [](L x) {
+         return F::binary_cross_entropy(c::sigmoid(x[0]), c::sigmoid(x[1]),
+                                        c::arange(1, 6, 1, c::TensorOptions{.dtype = c::kFloat64}));
+       },
+       [](T x) {
+         return torch::binary_cross_entropy(torch::sigmoid(x[0]), torch::sigmoid(x[1]),
+                                            torch::arange(1, 6, torch::kFloat64));
+       }},
+      {"cosine_embedding_loss", {{6, 4}, {6, 4}, {6}},
+       [](L x) { return F::cosine_embedding_loss(x[0], x[1], c::sign(x[2].detach()), 0.2); },
+       [](T x) { return torch::cosine_embedding_loss(x[0], x[1], torch::sign(x[2].detach()), 0.2); }},
   };
   for (const Case& k : cases) check(k);
 }
