@@ -2,5 +2,6 @@
 #pragma once
 
 #include "optim/clip_grad.h"
+#include "optim/more_optimizers.h"
 #include "optim/optimizer.h"
 #include "optim/schedulers.h"

@@ -122,4 +122,109 @@ double WarmupDecayLR::lr_at(size_t, double base) const {
   return min_lr_ + (base - min_lr_) * factor;
 }
 
+ExponentialLR::ExponentialLR(Optimizer& optimizer, double gamma) : LRScheduler(optimizer), gamma_(gamma) {
+  if (!(gamma > 0) || !std::isfinite(gamma)) fail("ExponentialLR: gamma is {}; expected a finite number > 0", gamma);
+}
+double ExponentialLR::lr_at(size_t, double base) const { return base * std::pow(gamma_, static_cast<double>(last_epoch_)); }
+
+LinearLR::LinearLR(Optimizer& optimizer, double start_factor, double end_factor, int64_t total_iters)
+    : LRScheduler(optimizer), start_(start_factor), end_(end_factor), total_(total_iters) {
+  if (!(start_factor > 0 && start_factor <= 1) || !(end_factor >= 0 && end_factor <= 1)) {
+    fail("LinearLR: start_factor {} must be in (0, 1] and end_factor {} in [0, 1]", start_factor, end_factor);
+  }
+  if (total_iters < 1) fail("LinearLR: total_iters is {}; expected at least 1", total_iters);
+  apply();
+}
+double LinearLR::lr_at(size_t, double base) const {
+  const double t = static_cast<double>(std::min(last_epoch_, total_)) / static_cast<double>(total_);
+  return base * (start_ + (end_ - start_) * t);
+}
+
+LambdaLR::LambdaLR(Optimizer& optimizer, std::function<double(int64_t)> lr_lambda)
+    : LRScheduler(optimizer), lambda_(std::move(lr_lambda)) {
+  if (!lambda_) fail("LambdaLR: no lr_lambda given");
+  apply();
+}
+double LambdaLR::lr_at(size_t, double base) const { return base * lambda_(last_epoch_); }
+
+OneCycleLR::OneCycleLR(Optimizer& optimizer, double max_lr, int64_t total_steps, double pct_start, double div_factor,
+                       double final_div_factor)
+    : LRScheduler(optimizer), max_lr_(max_lr), total_(total_steps), pct_(pct_start), div_(div_factor),
+      final_div_(final_div_factor) {
+  if (!(max_lr > 0)) fail("OneCycleLR: max_lr is {}; expected a positive learning rate", max_lr);
+  if (total_steps < 2) fail("OneCycleLR: total_steps is {}; expected at least 2", total_steps);
+  if (!(pct_start > 0 && pct_start < 1)) fail("OneCycleLR: pct_start is {}; expected a number in (0, 1)", pct_start);
+  if (!(div_factor > 0) || !(final_div_factor > 0)) {
+    fail("OneCycleLR: div_factor {} and final_div_factor {} must be positive", div_factor, final_div_factor);
+  }
+  apply();
+}
+double OneCycleLR::lr_at(size_t, double) const {
+  const double initial = max_lr_ / div_, minimum = initial / final_div_;
+  // PyTorch's phase ends: step pct*total - 1 reaches max_lr, step total - 1 reaches the minimum.
+  const double up_end = pct_ * static_cast<double>(total_) - 1, down_end = static_cast<double>(total_) - 1;
+  const double step = static_cast<double>(last_epoch_);
+  auto cos_anneal = [](double start, double end, double pct) { return end + (start - end) / 2 * (std::cos(std::numbers::pi * pct) + 1); };
+  if (step <= up_end) return cos_anneal(initial, max_lr_, step / up_end);
+  return cos_anneal(max_lr_, minimum, std::min(1.0, (step - up_end) / (down_end - up_end)));
+}
+
+ReduceLROnPlateau::ReduceLROnPlateau(Optimizer& optimizer, Options options) : optimizer_(optimizer), options_(options) {
+  if (!(options.factor > 0 && options.factor < 1)) fail("ReduceLROnPlateau: factor is {}; expected a number in (0, 1)", options.factor);
+  if (options.patience < 0 || options.cooldown < 0) {
+    fail("ReduceLROnPlateau: patience {} and cooldown {} must be >= 0", options.patience, options.cooldown);
+  }
+  best_ = options.mode_max ? -INFINITY : INFINITY;
+}
+
+void ReduceLROnPlateau::step(double metric) {
+  ++last_epoch_;
+  const bool better = options_.mode_max ? metric > best_ * (1 + options_.threshold * (best_ >= 0 ? 1 : -1))
+                                        : metric < best_ * (1 - options_.threshold * (best_ >= 0 ? 1 : -1));
+  if (better) {
+    best_ = metric;
+    num_bad_epochs_ = 0;
+  } else {
+    ++num_bad_epochs_;
+  }
+  if (cooldown_counter_ > 0) {
+    --cooldown_counter_;
+    num_bad_epochs_ = 0;
+  }
+  if (num_bad_epochs_ > options_.patience) {
+    for (ParamGroup& g : optimizer_.param_groups()) {
+      const double lr = std::max(g.lr() * options_.factor, options_.min_lr);
+      if (g.lr() - lr > options_.eps) g.set_lr(lr);
+    }
+    cooldown_counter_ = options_.cooldown;
+    num_bad_epochs_ = 0;
+  }
+}
+
+std::vector<double> ReduceLROnPlateau::get_last_lr() const {
+  std::vector<double> out;
+  for (const ParamGroup& g : optimizer_.param_groups()) out.push_back(g.lr());
+  return out;
+}
+
+NamedTensors ReduceLROnPlateau::state_dict() const {
+  auto f64 = [](double v) { return full({}, v, TensorOptions{.dtype = kFloat64}); };
+  return {{"best", f64(best_)},
+          {"num_bad_epochs", f64(static_cast<double>(num_bad_epochs_))},
+          {"cooldown_counter", f64(static_cast<double>(cooldown_counter_))},
+          {"last_epoch", f64(static_cast<double>(last_epoch_))}};
+}
+
+void ReduceLROnPlateau::load_state_dict(const NamedTensors& state) {
+  auto get = [&state](const char* key) {
+    for (const auto& [name, t] : state)
+      if (name == key) return t.to(kFloat64).item<double>();
+    fail("ReduceLROnPlateau.load_state_dict: the state has no '{}'", key);
+  };
+  best_ = get("best");
+  num_bad_epochs_ = static_cast<int64_t>(get("num_bad_epochs"));
+  cooldown_counter_ = static_cast<int64_t>(get("cooldown_counter"));
+  last_epoch_ = static_cast<int64_t>(get("last_epoch"));
+}
+
 }  // namespace chorus::optim
