@@ -125,6 +125,19 @@ cp::AlgoChoice pick(const std::vector<Perf>& results, int returned, int64_t limi
        deterministic ? " among the deterministic ones (chorus::cuda::set_cudnn_deterministic)" : "");
 }
 
+// The cached choice for `key`, or cuDNN's search (`find` runs cudnnFind*AlgorithmEx with the
+// workspace, its size, the result capacity and the output slots) picked and cached.
+template <typename Perf, typename Find>
+cp::AlgoChoice choose(Device device, bool deterministic, const cp::ConvKey& key, int count, Find find) {
+  if (std::optional<cp::AlgoChoice> cached = cp::AlgoCache::global().find(key)) return *cached;
+  int64_t limit = 0;
+  Tensor ws = search_workspace(device, limit);
+  std::vector<Perf> results(count);
+  int returned = 0;
+  find(ws.raw_data_ptr(), limit, count, &returned, results.data());
+  return pick(results, returned, limit, deterministic, key);
+}
+
 bool cudnn_can_run(const Tensor& x, const Tensor& weight) {
   if (!::chorus::cuda::cudnn_enabled()) return false;
   const DType d = x.dtype();
@@ -171,23 +184,19 @@ void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
   ConvolutionDescriptor cd(call.plan);
   const Scalars s(call.plan);
   const cp::ConvKey key = call.key(cp::Direction::Forward);
-  std::optional<cp::AlgoChoice> choice = cp::AlgoCache::global().find(key);
-  if (!choice) {
-    int64_t limit = 0;
-    Tensor ws = search_workspace(call.device, limit);
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> results(CUDNN_CONVOLUTION_FWD_ALGO_COUNT);
-    int returned = 0;
-    check_cudnn(cudnnFindConvolutionForwardAlgorithmEx(call.handle, xd.d, x.raw_data_ptr(), wd.d, weight.raw_data_ptr(),
-                                                       cd.d, yd.d, out.raw_data_ptr(), static_cast<int>(results.size()),
-                                                       &returned, results.data(), ws.raw_data_ptr(), limit),
-                "cudnnFindConvolutionForwardAlgorithmEx");
-    choice = pick(results, returned, limit, call.deterministic, key);
-  }
-  cd.set_math(choice->math_type);
-  Tensor ws = workspace(call.device, choice->workspace);
+  const auto choice = choose<cudnnConvolutionFwdAlgoPerf_t>(
+      call.device, call.deterministic, key, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+      [&](void* ws, int64_t limit, int count, int* returned, cudnnConvolutionFwdAlgoPerf_t* results) {
+        check_cudnn(cudnnFindConvolutionForwardAlgorithmEx(call.handle, xd.d, x.raw_data_ptr(), wd.d,
+                                                           weight.raw_data_ptr(), cd.d, yd.d, out.raw_data_ptr(), count,
+                                                           returned, results, ws, limit),
+                    "cudnnFindConvolutionForwardAlgorithmEx");
+      });
+  cd.set_math(choice.math_type);
+  Tensor ws = workspace(call.device, choice.workspace);
   check_cudnn(cudnnConvolutionForward(call.handle, s.one(), xd.d, x.raw_data_ptr(), wd.d, weight.raw_data_ptr(), cd.d,
-                                      static_cast<cudnnConvolutionFwdAlgo_t>(choice->algorithm), ws.raw_data_ptr(),
-                                      choice->workspace, s.zero(), yd.d, out.raw_data_ptr()),
+                                      static_cast<cudnnConvolutionFwdAlgo_t>(choice.algorithm), ws.raw_data_ptr(),
+                                      choice.workspace, s.zero(), yd.d, out.raw_data_ptr()),
               "cudnnConvolutionForward");
   if (bias.defined()) {
     TensorDescriptor bd(call.plan.bias);
@@ -218,49 +227,41 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   if (grad_x.defined()) {
     ConvolutionDescriptor cd(call.plan);
     const cp::ConvKey key = call.key(cp::Direction::BackwardData);
-    std::optional<cp::AlgoChoice> choice = cp::AlgoCache::global().find(key);
-    if (!choice) {
-      int64_t limit = 0;
-      Tensor ws = search_workspace(call.device, limit);
-      std::vector<cudnnConvolutionBwdDataAlgoPerf_t> results(CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT);
-      int returned = 0;
-      check_cudnn(cudnnFindConvolutionBackwardDataAlgorithmEx(
-                      call.handle, wd.d, weight.raw_data_ptr(), yd.d, grad_out.raw_data_ptr(), cd.d, xd.d,
-                      grad_x.raw_data_ptr(), static_cast<int>(results.size()), &returned, results.data(),
-                      ws.raw_data_ptr(), limit),
-                  "cudnnFindConvolutionBackwardDataAlgorithmEx");
-      choice = pick(results, returned, limit, call.deterministic, key);
-    }
-    cd.set_math(choice->math_type);
-    Tensor ws = workspace(call.device, choice->workspace);
+    const auto choice = choose<cudnnConvolutionBwdDataAlgoPerf_t>(
+        call.device, call.deterministic, key, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+        [&](void* ws, int64_t limit, int count, int* returned, cudnnConvolutionBwdDataAlgoPerf_t* results) {
+          check_cudnn(cudnnFindConvolutionBackwardDataAlgorithmEx(call.handle, wd.d, weight.raw_data_ptr(), yd.d,
+                                                                  grad_out.raw_data_ptr(), cd.d, xd.d,
+                                                                  grad_x.raw_data_ptr(), count, returned, results, ws,
+                                                                  limit),
+                      "cudnnFindConvolutionBackwardDataAlgorithmEx");
+        });
+    cd.set_math(choice.math_type);
+    Tensor ws = workspace(call.device, choice.workspace);
     check_cudnn(cudnnConvolutionBackwardData(call.handle, s.one(), wd.d, weight.raw_data_ptr(), yd.d,
                                              grad_out.raw_data_ptr(), cd.d,
-                                             static_cast<cudnnConvolutionBwdDataAlgo_t>(choice->algorithm),
-                                             ws.raw_data_ptr(), choice->workspace, s.zero(), xd.d, grad_x.raw_data_ptr()),
+                                             static_cast<cudnnConvolutionBwdDataAlgo_t>(choice.algorithm),
+                                             ws.raw_data_ptr(), choice.workspace, s.zero(), xd.d, grad_x.raw_data_ptr()),
                 "cudnnConvolutionBackwardData");
   }
   if (grad_weight.defined()) {
     ConvolutionDescriptor cd(call.plan);
     const cp::ConvKey key = call.key(cp::Direction::BackwardFilter);
-    std::optional<cp::AlgoChoice> choice = cp::AlgoCache::global().find(key);
-    if (!choice) {
-      int64_t limit = 0;
-      Tensor ws = search_workspace(call.device, limit);
-      std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> results(CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT);
-      int returned = 0;
-      check_cudnn(cudnnFindConvolutionBackwardFilterAlgorithmEx(
-                      call.handle, xd.d, x.raw_data_ptr(), yd.d, grad_out.raw_data_ptr(), cd.d, wd.d,
-                      grad_weight.raw_data_ptr(), static_cast<int>(results.size()), &returned, results.data(),
-                      ws.raw_data_ptr(), limit),
-                  "cudnnFindConvolutionBackwardFilterAlgorithmEx");
-      choice = pick(results, returned, limit, call.deterministic, key);
-    }
-    cd.set_math(choice->math_type);
-    Tensor ws = workspace(call.device, choice->workspace);
+    const auto choice = choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
+        call.device, call.deterministic, key, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+        [&](void* ws, int64_t limit, int count, int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* results) {
+          check_cudnn(cudnnFindConvolutionBackwardFilterAlgorithmEx(call.handle, xd.d, x.raw_data_ptr(), yd.d,
+                                                                    grad_out.raw_data_ptr(), cd.d, wd.d,
+                                                                    grad_weight.raw_data_ptr(), count, returned,
+                                                                    results, ws, limit),
+                      "cudnnFindConvolutionBackwardFilterAlgorithmEx");
+        });
+    cd.set_math(choice.math_type);
+    Tensor ws = workspace(call.device, choice.workspace);
     check_cudnn(cudnnConvolutionBackwardFilter(call.handle, s.one(), xd.d, x.raw_data_ptr(), yd.d,
                                                grad_out.raw_data_ptr(), cd.d,
-                                               static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice->algorithm),
-                                               ws.raw_data_ptr(), choice->workspace, s.zero(), wd.d,
+                                               static_cast<cudnnConvolutionBwdFilterAlgo_t>(choice.algorithm),
+                                               ws.raw_data_ptr(), choice.workspace, s.zero(), wd.d,
                                                grad_weight.raw_data_ptr()),
                 "cudnnConvolutionBackwardFilter");
   }
