@@ -201,6 +201,30 @@ class Tensor {
   Tensor& div_(const Tensor& other);
   Tensor& div_(const Scalar& other);
   Tensor& clamp_(std::optional<Scalar> min, std::optional<Scalar> max);
+  // In-place unary forms (x.relu_() is x.copy_(relu(x)), recorded as such; a leaf that requires
+  // grad is refused, as every in-place op). Same dtype rules as the out-of-place op, cast back.
+  Tensor& relu_();
+  Tensor& exp_();
+  Tensor& log_();
+  Tensor& log1p_();
+  Tensor& log2_();
+  Tensor& log10_();
+  Tensor& expm1_();
+  Tensor& sqrt_();
+  Tensor& rsqrt_();
+  Tensor& tanh_();
+  Tensor& sigmoid_();
+  Tensor& neg_();
+  Tensor& abs_();
+  Tensor& sin_();
+  Tensor& cos_();
+  Tensor& floor_();
+  Tensor& ceil_();
+  Tensor& round_();
+  Tensor& trunc_();
+  Tensor& sign_();
+  Tensor& erf_();
+  Tensor& erfinv_();
   Tensor& masked_fill_(const Tensor& mask, const Scalar& value);
 
   // ---- reductions ----

@@ -197,6 +197,37 @@ Tensor& Tensor::div_(const Scalar& o) { return chorus::div_(*this, o); }
 Tensor& Tensor::clamp_(std::optional<Scalar> lo, std::optional<Scalar> hi) { return chorus::clamp_(*this, lo, hi); }
 Tensor& Tensor::masked_fill_(const Tensor& mask, const Scalar& v) { return chorus::masked_fill_(*this, mask, v); }
 
+namespace {
+// self = f(self) in place. With history, f runs on a clone so that what f saves for backward is
+// not the tensor this overwrites (log's backward needs the old x); without, on self directly.
+Tensor& unary_in_place(Tensor& self, Tensor (*f)(const Tensor&)) {
+  const bool history = autograd::GradMode::is_enabled() && self.requires_grad();
+  return chorus::copy_(self, f(history ? chorus::clone(self) : self));
+}
+}  // namespace
+Tensor& Tensor::relu_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::relu(t); }); }
+Tensor& Tensor::exp_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::exp(t); }); }
+Tensor& Tensor::log_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::log(t); }); }
+Tensor& Tensor::log1p_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::log1p(t); }); }
+Tensor& Tensor::log2_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::log2(t); }); }
+Tensor& Tensor::log10_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::log10(t); }); }
+Tensor& Tensor::expm1_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::expm1(t); }); }
+Tensor& Tensor::sqrt_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::sqrt(t); }); }
+Tensor& Tensor::rsqrt_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::rsqrt(t); }); }
+Tensor& Tensor::tanh_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::tanh(t); }); }
+Tensor& Tensor::sigmoid_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::sigmoid(t); }); }
+Tensor& Tensor::neg_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::neg(t); }); }
+Tensor& Tensor::abs_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::abs(t); }); }
+Tensor& Tensor::sin_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::sin(t); }); }
+Tensor& Tensor::cos_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::cos(t); }); }
+Tensor& Tensor::floor_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::floor(t); }); }
+Tensor& Tensor::ceil_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::ceil(t); }); }
+Tensor& Tensor::round_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::round(t); }); }
+Tensor& Tensor::trunc_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::trunc(t); }); }
+Tensor& Tensor::sign_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::sign(t); }); }
+Tensor& Tensor::erf_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::erf(t); }); }
+Tensor& Tensor::erfinv_() { return unary_in_place(*this, [](const Tensor& t) { return chorus::erfinv(t); }); }
+
 // ---- reductions, linear algebra, indexing ----
 Tensor Tensor::sum() const { return chorus::sum(*this); }
 Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim) const { return chorus::sum(*this, dims, keepdim); }

@@ -284,3 +284,57 @@ TEST_CASE("dividing in place by a tensor that requires grad is refused", "[autog
 }
 
 }  // namespace chorus
+
+namespace chorus {
+
+TEST_CASE("in-place unary methods equal their out-of-place ops, values and gradients", "[autograd][inplace]") {
+  using Method = Tensor& (Tensor::*)();
+  struct Row {
+    const char* name;
+    Method in_place;
+    Tensor (*op)(const Tensor&);
+    bool positive;  // inputs must be > 0 (log & co.)
+  };
+  const std::vector<Row> rows = {
+      {"relu_", &Tensor::relu_, [](const Tensor& t) { return relu(t); }, false},
+      {"exp_", &Tensor::exp_, [](const Tensor& t) { return exp(t); }, false},
+      {"log_", &Tensor::log_, [](const Tensor& t) { return log(t); }, true},
+      {"log1p_", &Tensor::log1p_, [](const Tensor& t) { return log1p(t); }, true},
+      {"log2_", &Tensor::log2_, [](const Tensor& t) { return log2(t); }, true},
+      {"sqrt_", &Tensor::sqrt_, [](const Tensor& t) { return sqrt(t); }, true},
+      {"rsqrt_", &Tensor::rsqrt_, [](const Tensor& t) { return rsqrt(t); }, true},
+      {"tanh_", &Tensor::tanh_, [](const Tensor& t) { return tanh(t); }, false},
+      {"sigmoid_", &Tensor::sigmoid_, [](const Tensor& t) { return sigmoid(t); }, false},
+      {"neg_", &Tensor::neg_, [](const Tensor& t) { return neg(t); }, false},
+      {"abs_", &Tensor::abs_, [](const Tensor& t) { return abs(t); }, false},
+      {"sin_", &Tensor::sin_, [](const Tensor& t) { return sin(t); }, false},
+      {"cos_", &Tensor::cos_, [](const Tensor& t) { return cos(t); }, false},
+      {"erf_", &Tensor::erf_, [](const Tensor& t) { return erf(t); }, false},
+      {"expm1_", &Tensor::expm1_, [](const Tensor& t) { return expm1(t); }, false},
+      {"floor_", &Tensor::floor_, [](const Tensor& t) { return floor(t); }, false},
+      {"round_", &Tensor::round_, [](const Tensor& t) { return round(t); }, false},
+  };
+  Generator gen(41);
+  for (const Row& r : rows) {
+    INFO(r.name);
+    Tensor base = randn({3, 4}, {.dtype = kFloat64}, &gen);
+    if (r.positive) base = add(abs(base), 0.1);
+    // Values, without autograd.
+    Tensor y = base.clone();
+    (y.*r.in_place)();
+    CHECK(equal(y, r.op(base)));
+    // Gradients through a non-leaf modified in place equal those of the out-of-place op.
+    Tensor a = base.clone().requires_grad_(), b = base.clone().requires_grad_();
+    Tensor h = mul(a, 1.0);
+    (h.*r.in_place)();
+    sum(mul(h, h)).backward();
+    Tensor o = r.op(mul(b, 1.0));
+    sum(mul(o, o)).backward();
+    CHECK(equal(a.grad(), b.grad()));
+    // A leaf that requires grad is refused.
+    Tensor leaf = base.clone().requires_grad_();
+    CHECK_THROWS_WITH((leaf.*r.in_place)(), Catch::Contains("leaf tensor that requires grad"));
+  }
+}
+
+}  // namespace chorus

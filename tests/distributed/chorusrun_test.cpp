@@ -159,7 +159,7 @@ std::vector<pid_t> read_pids(const std::string& dir, int n) {
 
 TEST_CASE("workers die with chorusrun even when it is killed with SIGKILL", "[distributed][chorusrun]") {
   const std::string dir = tmpdir() + "/chorusrun_kill9";
-  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  REQUIRE(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()) == 0);
   pid_t pid = ::fork();
   if (pid == 0) {
     const std::string exe = launcher(), script = "echo $$ > " + dir + "/pid$LOCAL_RANK; exec sleep 60";
@@ -188,7 +188,7 @@ TEST_CASE("workers die with chorusrun even when it is killed with SIGKILL", "[di
 TEST_CASE("a worker that cannot be started stops the ones already running", "[distributed][chorusrun]") {
   // With 24 file descriptors, the pipes for the 12 workers run out part-way through the start.
   const std::string dir = tmpdir() + "/chorusrun_nofile";
-  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  REQUIRE(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()) == 0);
   const std::string cmd = "bash -c 'ulimit -n 24; exec " + launcher() +
                           " --nproc-per-node 12 bash -c \"echo \\$\\$ > " + dir + "/pid\\$LOCAL_RANK; exec sleep 60\"' 2>&1";
   const auto start = std::chrono::steady_clock::now();

@@ -44,7 +44,7 @@ struct LayerProfile {
   double grad_accumulate_ms = 0;
   double optimizer_ms = 0;  // one optimizer step over the layer's parameters; 0: not measured
   // Times at batch sizes other than the profile's `batch` (no duplicates, none equal to it).
-  std::vector<BatchTiming> timings;
+  std::vector<BatchTiming> timings{};
 
   int64_t saved_or_activation_bytes() const { return saved_bytes >= 0 ? saved_bytes : activation_bytes; }
 

@@ -30,11 +30,11 @@ struct ProfileOptions {
   int repeats = 5;
   bool measure_saved_bytes = true;
   Device memory_device = Device::sim(0);
-  std::vector<int64_t> extra_batches;  // also time these batch sizes (LayerProfile::timings)
+  std::vector<int64_t> extra_batches{};  // also time these batch sizes (LayerProfile::timings)
   bool measure_grad_accumulate = true;
   // Builds the optimizer the training will use over a layer's parameters; its step is timed (the
   // parameters are restored afterwards). Empty: optimizer_ms stays 0.
-  std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)> make_optimizer;
+  std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)> make_optimizer{};
 };
 
 using NamedLayers = std::vector<std::pair<std::string, std::shared_ptr<nn::Module>>>;
