@@ -71,7 +71,7 @@ class AutogradContext {
 namespace detail {
 
 // One entry per forward argument as backward returns them: a tensor input (possibly undefined) or
-// a non-tensor placeholder.
+// a non-tensor argument (no graph input, but it has its slot in backward's results).
 struct InputSlot {
   bool is_tensor = false;
   Tensor tensor;

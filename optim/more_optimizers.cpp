@@ -25,10 +25,6 @@ double next_step(std::map<std::string, Tensor>& st) {
   return *step;
 }
 
-void update(Tensor& p, const Tensor& value) {
-  p.copy_(value);
-}
-
 }  // namespace
 
 Options RMSpropOptions::to_map() const {
@@ -75,9 +71,9 @@ void RMSprop::step() {
       if (momentum > 0) {
         Tensor& buf = st.at("momentum_buffer");
         buf.copy_(add(mul(buf, momentum), div(g, avg)));
-        update(p, sub(p.detach(), mul(buf, lr)));
+        p.copy_(sub(p.detach(), mul(buf, lr)));
       } else {
-        update(p, sub(p.detach(), mul(div(g, avg), lr)));
+        p.copy_(sub(p.detach(), mul(div(g, avg), lr)));
       }
     }
   }
@@ -116,7 +112,7 @@ void Adagrad::step() {
       const double clr = lr / (1 + (step - 1) * lr_decay);
       Tensor& sum_sq = st.at("sum");
       sum_sq.copy_(add(sum_sq, mul(g, g)));
-      update(p, sub(p.detach(), mul(div(g, add(sqrt(sum_sq), eps)), clr)));
+      p.copy_(sub(p.detach(), mul(div(g, add(sqrt(sum_sq), eps)), clr)));
     }
   }
 }
@@ -157,7 +153,7 @@ void Adamax::step() {
       exp_avg.copy_(add(mul(exp_avg, b1), mul(g, 1 - b1)));
       exp_inf.copy_(maximum(mul(exp_inf, b2), add(abs(g), eps)));
       const double clr = lr / (1 - std::pow(b1, step));
-      update(p, sub(p.detach(), mul(div(exp_avg, exp_inf), clr)));
+      p.copy_(sub(p.detach(), mul(div(exp_avg, exp_inf), clr)));
     }
   }
 }

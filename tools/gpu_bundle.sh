@@ -27,33 +27,23 @@ examples=(//examples/resnet:resnet //examples/bert:bert)
 bazel build -c opt "${targets[@]}" "${helpers[@]}" "${examples[@]}"
 
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib"
-for label in "${targets[@]}"; do
-  path="bazel-bin/${label#//}"
-  path="${path/://}"
-  name="$(basename "$path")"
-  cp -L "$path" "$out/bin/$name"
-  chmod u+w "$out/bin/$name"
-  strip --strip-debug "$out/bin/$name"
-done
-
-mkdir -p "$out/libexec"
-for label in "${helpers[@]}"; do
-  path="bazel-bin/${label#//}"
-  path="${path/://}"
-  cp -L "$path" "$out/libexec/$(basename "$path")"
-  chmod u+w "$out/libexec/$(basename "$path")"
-  strip --strip-debug "$out/libexec/$(basename "$path")"
-done
-
-mkdir -p "$out/examples" "$out/data/bert"
-for label in "${examples[@]}"; do
-  path="bazel-bin/${label#//}"
-  path="${path/://}"
-  cp -L "$path" "$out/examples/$(basename "$path")"
-  chmod u+w "$out/examples/$(basename "$path")"
-  strip --strip-debug "$out/examples/$(basename "$path")"
-done
+mkdir -p "$out/lib" "$out/data/bert"
+# Copies each label's binary into $out/<folder>, stripped of debug information.
+place() {  # folder label...
+  local folder="$1" label path
+  shift
+  mkdir -p "$out/$folder"
+  for label in "$@"; do
+    path="bazel-bin/${label#//}"
+    path="${path/://}"
+    cp -L "$path" "$out/$folder/$(basename "$path")"
+    chmod u+w "$out/$folder/$(basename "$path")"
+    strip --strip-debug "$out/$folder/$(basename "$path")"
+  done
+}
+place bin "${targets[@]}"
+place libexec "${helpers[@]}"
+place examples "${examples[@]}"
 cp "${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}/bert/vocab.txt" "$out/data/bert/vocab.txt"
 
 # Shared libraries the binaries load, except the C runtime (the GPU machine has its own glibc) and

@@ -14,6 +14,15 @@ using autograd::SavedTensor;
 
 namespace {
 
+void check_same_shape(const char* name, const Tensor& input, const Tensor& target) {
+  ops::check_defined(input, name, "input");
+  ops::check_defined(target, name, "target");
+  if (input.sizes() != target.sizes()) {
+    fail("{}: input of shape {} and target of shape {} must have the same shape", name, shape_str(input.sizes()),
+         shape_str(target.sizes()));
+  }
+}
+
 Tensor reduce(const Tensor& losses, Reduction reduction) {
   switch (reduction) {
     case Reduction::None: return losses;
@@ -159,12 +168,7 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) 
   if (auto f32 = autocast::full_precision({&input, &target})) {
     return mse_loss(autocast::cast(input, *f32), autocast::cast(target, *f32), reduction);
   }
-  ops::check_defined(input, "mse_loss", "input");
-  ops::check_defined(target, "mse_loss", "target");
-  if (input.sizes() != target.sizes()) {
-    fail("mse_loss: input of shape {} and target of shape {} must have the same shape", shape_str(input.sizes()),
-         shape_str(target.sizes()));
-  }
+  check_same_shape("mse_loss", input, target);
   Tensor d = sub(input, target);
   return reduce(mul(d, d), reduction);
 }
@@ -215,17 +219,6 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
   }
   return reduce(losses, reduction);
 }
-
-namespace {
-void check_same_shape(const char* name, const Tensor& input, const Tensor& target) {
-  ops::check_defined(input, name, "input");
-  ops::check_defined(target, name, "target");
-  if (input.sizes() != target.sizes()) {
-    fail("{}: input of shape {} and target of shape {} must have the same shape", name, shape_str(input.sizes()),
-         shape_str(target.sizes()));
-  }
-}
-}  // namespace
 
 Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const Tensor& weight, Reduction reduction) {
   check_same_shape("binary_cross_entropy", input, target);
