@@ -9,6 +9,11 @@
 // SIGTERM are forwarded to the workers. When a worker fails, the others are stopped (SIGTERM, then
 // SIGKILL after a grace period) and chorusrun exits with the failed worker's code (128 + signal
 // when it was killed by a signal).
+//
+// With --nnodes > 1 and --max-restarts > 0 the launchers of all nodes meet in a rendezvous (a TCP
+// store hosted by node 0's chorusrun at --rdzv-port): every round starts only when all nodes have
+// joined it, a failed worker on any node stops the workers of every node, and all restart together
+// with the same CHORUS_RESTART_COUNT.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -17,13 +22,19 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "distributed/store.h"
 
 namespace {
 
@@ -78,6 +89,129 @@ bool drain(int& fd, std::string& buf) {
   return false;
 }
 
+
+// [Multi-node rendezvous] The launchers of a job with several nodes agree on every round through a
+// TCP store that node 0's launcher hosts (torchrun's c10d rendezvous, reduced to what a restart
+// needs). Keys, all under "round/<r>/":
+//   joined  a counter; a round starts when every node has joined it
+//   failed  the first failure of the round ("restart: ..." or "stop: ..."); every launcher watches it
+//   exited  a counter; a launcher adds 1 once its workers of the round have all exited
+//   left    a counter; a launcher adds 1 once it has read the round's outcome (node 0 waits for all
+//           before it closes the store)
+class Rendezvous {
+ public:
+  Rendezvous(const std::string& addr, int port, int node, int nnodes, std::chrono::milliseconds timeout)
+      : node_(node), nnodes_(nnodes), timeout_(timeout) {
+    chorus::distributed::TCPStoreOptions options;
+    options.is_server = node == 0;
+    options.timeout = timeout;
+    store_ = std::make_unique<chorus::distributed::TCPStore>(addr, port, options);
+  }
+
+  // Waits until every node has joined round r.
+  void join(int r) {
+    const std::string key = prefix(r) + "joined";
+    store_->add(key, 1);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (int64_t n; (n = store_->add(key, 0)) < nnodes_;) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw std::runtime_error("rendezvous for round " + std::to_string(r) + ": only " + std::to_string(n) + " of " +
+                                 std::to_string(nnodes_) + " nodes joined within " +
+                                 std::to_string(timeout_.count() / 1000) + " s (--rdzv-timeout)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+
+  // Records the round's first failure; a later one is dropped (the first is what stopped the round).
+  void report(int r, const std::string& what) {
+    const std::string text = what;
+    store_->compare_set(prefix(r) + "failed", {}, chorus::distributed::Bytes(text.begin(), text.end()));
+  }
+
+  // The round's failure as reported by any node, if there is one yet.
+  std::optional<std::string> failure(int r) {
+    const std::string key = prefix(r) + "failed";
+    if (!store_->check({key})) return std::nullopt;
+    return store_->get_string(key);
+  }
+
+  // After this node's workers of round r have exited: waits for every node's, then returns the
+  // round's failure (none when every worker of every node succeeded).
+  std::optional<std::string> finish(int r) {
+    const std::string key = prefix(r) + "exited";
+    store_->add(key, 1);
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (int64_t n; (n = store_->add(key, 0)) < nnodes_;) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw std::runtime_error("rendezvous for round " + std::to_string(r) + ": the workers of only " +
+                                 std::to_string(n) + " of " + std::to_string(nnodes_) + " nodes exited within " +
+                                 std::to_string(timeout_.count() / 1000) + " s (--rdzv-timeout)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    std::optional<std::string> outcome = failure(r);
+    const std::string left = prefix(r) + "left";
+    store_->add(left, 1);
+    if (node_ == 0) {
+      // Node 0 hosts the store: the others must have read the outcome before it can go away.
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (store_->add(left, 0) < nnodes_ && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return outcome;
+  }
+
+ private:
+  static std::string prefix(int r) { return "round/" + std::to_string(r) + "/"; }
+  int node_, nnodes_;
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<chorus::distributed::TCPStore> store_;
+};
+
+// Watches a round's failure key from a thread of its own, so a slow store never stalls the
+// forwarding of the workers' output.
+class FailureWatch {
+ public:
+  FailureWatch(Rendezvous* rdzv, int round) : rdzv_(rdzv) {
+    if (rdzv_ == nullptr) return;
+    thread_ = std::thread([this, round] {
+      while (!done_.load()) {
+        try {
+          if (auto f = rdzv_->failure(round)) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            what_ = *f;
+            seen_.store(true);
+            return;
+          }
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> lock(mutex_);
+          what_ = std::string("stop: lost the rendezvous store: ") + e.what();
+          seen_.store(true);
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+    });
+  }
+  ~FailureWatch() {
+    done_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  std::optional<std::string> seen() {
+    if (!seen_.load()) return std::nullopt;
+    std::lock_guard<std::mutex> lock(mutex_);
+    return what_;
+  }
+
+ private:
+  Rendezvous* rdzv_;
+  std::thread thread_;
+  std::atomic<bool> done_{false}, seen_{false};
+  std::mutex mutex_;
+  std::string what_;
+};
+
 int code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -104,6 +238,15 @@ int main(int argc, char** argv) {
                  "when a worker fails, stop all and start them again, up to this many times (torchrun's flag); "
                  "CHORUS_RESTART_COUNT tells the workers which start this is")
       ->check(CLI::Range(0, 1000000));
+  int rdzv_port = -1;
+  double rdzv_timeout_s = 300.0;
+  app.add_option("--rdzv-port,--rdzv_port", rdzv_port,
+                 "with --nnodes > 1 and --max-restarts: port of the launchers' rendezvous, hosted by node 0's "
+                 "chorusrun at --master-addr (default: --master-port + 1)")
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--rdzv-timeout,--rdzv_timeout", rdzv_timeout_s,
+                 "seconds to wait for every node to join a round (and for their workers to exit)")
+      ->check(CLI::PositiveNumber);
   app.prefix_command();  // everything from the first non-option on is the program and its arguments
   app.footer("Usage: chorusrun [options] program [program arguments...]");
   try {
@@ -142,7 +285,31 @@ int main(int argc, char** argv) {
     int code = 0;
     bool worker_failed = false;
   };
+  // The launchers of several nodes restart together through a rendezvous; one node restarts alone.
+  std::unique_ptr<Rendezvous> rdzv;
+  if (nnodes > 1 && max_restarts > 0) {
+    if (rdzv_port < 0) rdzv_port = master_port % 65535 + 1;
+    try {
+      rdzv = std::make_unique<Rendezvous>(master_addr, rdzv_port, node_rank, nnodes,
+                                          std::chrono::milliseconds(static_cast<int64_t>(rdzv_timeout_s * 1000)));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "chorusrun: cannot reach the rendezvous of the %d nodes at %s:%d: %s\n", nnodes,
+                   master_addr.c_str(), rdzv_port, e.what());
+      return 1;
+    }
+  }
+  // Reports this node's failure of a round to the other nodes; a lost store is said, not thrown.
+  auto report = [&](int restart, const std::string& what) {
+    if (!rdzv) return;
+    try {
+      rdzv->report(restart, what);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "chorusrun: cannot tell the other nodes (%s): %s\n", what.c_str(), e.what());
+    }
+  };
+
   auto run_round = [&](int restart) -> Round {
+    FailureWatch watch(rdzv.get(), restart);
     std::vector<Worker> workers(nproc);
     const pid_t launcher = ::getpid();
     // A worker that cannot be started (out of file descriptors or processes) stops the job: the ones
@@ -212,7 +379,7 @@ int main(int argc, char** argv) {
     int failed_code = 0, failed_rank = -1;
     bool stopping = false;
     auto stop_started = std::chrono::steady_clock::now();
-    bool killed = false;
+    bool killed = false, peer_failed = false;
     // Each worker leads its own process group: a signal reaches what it started, too.
     auto signal_all = [&](int sig) {
       for (Worker& w : workers)
@@ -226,10 +393,22 @@ int main(int argc, char** argv) {
         g_signal = 0;
         std::fprintf(stderr, "chorusrun: got signal %d, forwarding it to the workers\n", sig);
         signal_all(sig);
+        report(restart, "stop: chorusrun on node " + std::to_string(node_rank) + " got signal " + std::to_string(sig));
         if (!stopping) {
           stopping = true;
           stop_started = std::chrono::steady_clock::now();
           if (failed_code == 0) failed_code = 128 + sig;
+        }
+      }
+      // Another node's failure (or the rendezvous store lost) stops this node's workers too.
+      if (!stopping) {
+        if (auto why = watch.seen()) {
+          std::fprintf(stderr, "chorusrun: the round stops on every node (%s); stopping this node's workers\n",
+                       why->c_str());
+          stopping = true;
+          peer_failed = true;
+          stop_started = std::chrono::steady_clock::now();
+          signal_all(SIGTERM);
         }
       }
       // Output: poll every open pipe for up to 100 ms.
@@ -275,6 +454,8 @@ int main(int argc, char** argv) {
             stopping = true;
             stop_started = std::chrono::steady_clock::now();
             signal_all(SIGTERM);
+            report(restart, "restart: worker rank " + std::to_string(w.rank) + " on node " + std::to_string(node_rank) +
+                                " exited with code " + std::to_string(w.exit_code));
           }
         } else {
           any_running = true;
@@ -296,7 +477,7 @@ int main(int argc, char** argv) {
       }
       if (!any_running && std::chrono::steady_clock::now() - all_exited_at > std::chrono::seconds(1)) break;
     }
-    return {failed_code, failed_rank >= 0};
+    return {failed_code != 0 ? failed_code : (peer_failed ? 1 : 0), failed_rank >= 0 || peer_failed};
   };
 
   // [Elastic restart] torchrun's --max-restarts: a failed worker stops the round (the others get
@@ -304,6 +485,34 @@ int main(int argc, char** argv) {
   // resume from their latest complete checkpoint (the examples' --resume auto). A signal to the
   // launcher itself ends the job without restarting.
   for (int restart = 0;; ++restart) {
+    if (rdzv) {
+      // Several nodes: the round starts when all have joined, and ends with one outcome for all.
+      try {
+        rdzv->join(restart);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "chorusrun: %s\n", e.what());
+        return 1;
+      }
+      const Round round = run_round(restart);
+      std::optional<std::string> failure;
+      try {
+        failure = rdzv->finish(restart);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "chorusrun: %s\n", e.what());
+        return round.code != 0 ? round.code : 1;
+      }
+      if (!failure) return round.code;
+      const int code = round.code != 0 ? round.code : 1;
+      if (failure->rfind("stop:", 0) == 0 || g_signal != 0) return code;
+      if (restart >= max_restarts) {
+        std::fprintf(stderr, "chorusrun: giving up after %d restart(s) (--max-restarts %d; %s)\n", restart,
+                     max_restarts, failure->c_str());
+        return code;
+      }
+      std::fprintf(stderr, "chorusrun: restarting the workers of all %d nodes (%d of %d, --max-restarts; %s)\n",
+                   nnodes, restart + 1, max_restarts, failure->c_str());
+      continue;
+    }
     const Round round = run_round(restart);
     if (round.code == 0 || !round.worker_failed || restart >= max_restarts || g_signal != 0) {
       if (round.code != 0 && round.worker_failed && max_restarts > 0 && restart >= max_restarts)

@@ -1,6 +1,6 @@
 // chorusrun as a user runs it: workers get torchrun's environment, every output line carries its
 // rank, a failing worker stops the others and its exit code becomes chorusrun's, signals reach the
-// workers, and bad usage is refused.
+// workers, the launchers of several nodes restart together, and bad usage is refused.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -11,9 +11,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "tests/distributed/worker_launcher.h"
 
 namespace {
 
@@ -209,6 +212,115 @@ TEST_CASE("a worker that cannot be started stops the ones already running", "[di
     CHECK_FALSE(alive(w));
     ::kill(w, SIGKILL);
   }
+}
+
+namespace {
+
+// Runs one chorusrun per node (`nodes` of them, on this machine) at once, each with `flags` plus its
+// --node-rank, and returns each node's exit code and output; `during` runs while they do, with the
+// launchers' pids.
+struct NodeRun {
+  std::vector<int> codes;
+  std::vector<std::string> outputs;
+  double seconds;
+};
+NodeRun run_nodes(int nodes, const std::string& flags, const std::string& script,
+                  const std::function<void(const std::vector<pid_t>&)>& during = {}) {
+  const std::string dir = tmpdir();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<pid_t> pids;
+  for (int node = 0; node < nodes; ++node) {
+    const std::string log = dir + "/node" + std::to_string(node) + ".log";
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      FILE* f = std::fopen(log.c_str(), "w");
+      ::dup2(fileno(f), STDOUT_FILENO);
+      ::dup2(fileno(f), STDERR_FILENO);
+      const std::string cmd = "exec " + launcher() + " --nnodes " + std::to_string(nodes) + " --node-rank " +
+                              std::to_string(node) + " " + flags + " bash -c '" + script + "'";
+      ::execl("/bin/bash", "bash", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  if (during) during(pids);
+  NodeRun r;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    r.codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (int node = 0; node < nodes; ++node) r.outputs.push_back(chorus::testing::slurp(dir + "/node" + std::to_string(node) + ".log"));
+  return r;
+}
+
+std::string node_flags(int extra_restarts) {
+  return "--nproc-per-node 2 --grace-period 2 --rdzv-timeout 20 --rdzv-port " +
+         std::to_string(chorus::testing::free_port()) + " --max-restarts " + std::to_string(extra_restarts);
+}
+
+}  // namespace
+
+TEST_CASE("the launchers of several nodes restart together through their rendezvous", "[distributed][chorusrun]") {
+  // Node 1's first worker fails in round 0 only; node 0's workers would sleep for a minute: they
+  // are stopped within the poll interval and every worker of both nodes starts round 1.
+  const std::string script =
+      "echo start $RANK $CHORUS_RESTART_COUNT; if [ $RANK = 2 ] && [ $CHORUS_RESTART_COUNT = 0 ]; then sleep 1; exit 5; fi; "
+      "if [ $CHORUS_RESTART_COUNT = 0 ]; then trap \"echo stopped $RANK; exit 0\" TERM; sleep 60 & wait; fi; echo done $RANK";
+  NodeRun r = run_nodes(2, node_flags(2), script);
+  INFO("node 0:\n" << r.outputs[0] << "\nnode 1:\n" << r.outputs[1]);
+  CHECK(r.codes == std::vector<int>{0, 0});
+  CHECK(r.seconds < 20);
+  CHECK_THAT(r.outputs[0], Catch::Contains("[0]: stopped 0") && Catch::Contains("[1]: stopped 1") &&
+                               Catch::Contains("worker rank 2 on node 1 exited with code 5"));
+  for (int node = 0; node < 2; ++node) {
+    CHECK_THAT(r.outputs[node], Catch::Contains("restarting the workers of all 2 nodes (1 of 2"));
+    for (int local = 0; local < 2; ++local) {
+      const std::string rank = std::to_string(2 * node + local);
+      CHECK_THAT(r.outputs[node], Catch::Contains("[" + rank + "]: start " + rank + " 1") &&
+                                      Catch::Contains("[" + rank + "]: done " + rank));
+    }
+    CHECK(r.outputs[node].find("(2 of 2") == std::string::npos);
+  }
+
+  // A worker that fails in every round: both nodes give up after the last restart, non-zero.
+  NodeRun g = run_nodes(2, node_flags(1),
+                        "echo start $RANK $CHORUS_RESTART_COUNT; if [ $RANK = 3 ]; then sleep 0.5; exit 6; fi; "
+                        "trap \"exit 0\" TERM; sleep 60 & wait");
+  INFO("node 0:\n" << g.outputs[0] << "\nnode 1:\n" << g.outputs[1]);
+  CHECK(g.codes[0] != 0);
+  CHECK(g.codes[1] == 6);
+  CHECK(g.seconds < 20);
+  for (int node = 0; node < 2; ++node) {
+    CHECK_THAT(g.outputs[node], Catch::Contains("giving up after 1 restart(s)"));
+    CHECK(g.outputs[node].find(" start " + std::to_string(2 * node) + " 2") == std::string::npos);
+  }
+}
+
+TEST_CASE("a signal to one node's launcher ends the job on every node, without a restart", "[distributed][chorusrun]") {
+  NodeRun r = run_nodes(2, node_flags(3), "echo ready $RANK $CHORUS_RESTART_COUNT; trap \"echo got TERM $RANK; exit 0\" TERM; sleep 60 & wait",
+                        [](const std::vector<pid_t>& pids) {
+                          std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+                          ::kill(pids[1], SIGTERM);
+                        });
+  INFO("node 0:\n" << r.outputs[0] << "\nnode 1:\n" << r.outputs[1]);
+  CHECK(r.codes[1] == 128 + SIGTERM);
+  CHECK(r.codes[0] != 0);
+  CHECK(r.seconds < 20);
+  CHECK_THAT(r.outputs[0], Catch::Contains("got signal 15") && Catch::Contains("[0]: got TERM 0"));
+  CHECK(r.outputs[0].find("restarting") == std::string::npos);
+  CHECK(r.outputs[1].find("restarting") == std::string::npos);
+}
+
+TEST_CASE("a node whose peers never come says so after --rdzv-timeout", "[distributed][chorusrun]") {
+  const auto start = std::chrono::steady_clock::now();
+  Run r = run("--nnodes 2 --node-rank 0 --max-restarts 1 --rdzv-timeout 1 --rdzv-port " +
+              std::to_string(chorus::testing::free_port()) + " true");
+  INFO(r.output);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("only 1 of 2 nodes joined within 1 s"));
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
 }
 
 TEST_CASE("chorusrun refuses bad usage", "[distributed][chorusrun]") {
