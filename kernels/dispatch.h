@@ -31,6 +31,8 @@ void collect_device(Device& device, bool& found, const T& first, const Rest&... 
         fail("internal error: a kernel got tensors on {} and {}", device.str(), first.device().str());
       }
     }
+  } else if constexpr (std::is_same_v<T, TensorList>) {
+    for (const Tensor& t : first) collect_device(device, found, t);
   }
   collect_device(device, found, rest...);
 }

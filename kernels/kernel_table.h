@@ -105,6 +105,16 @@ namespace chorus::kernels {
      const Tensor& max_exp_avg_sq, double lr, double beta1, double beta2, double eps, double weight_decay,        \
      double step_size, double bias_correction2_sqrt, bool decoupled),                                             \
     (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step_size,            \
+     bias_correction2_sqrt, decoupled))                                                                          \
+  X(sgd_step_multi,                                                                                               \
+    (const TensorList& params, const TensorList& grads, const TensorList& momentum_buffers, double lr,            \
+     double weight_decay, double momentum, double dampening, bool nesterov, bool first_step),                     \
+    (params, grads, momentum_buffers, lr, weight_decay, momentum, dampening, nesterov, first_step))               \
+  X(adam_step_multi,                                                                                              \
+    (const TensorList& params, const TensorList& grads, const TensorList& exp_avgs, const TensorList& exp_avg_sqs, \
+     const TensorList& max_exp_avg_sqs, double lr, double beta1, double beta2, double eps, double weight_decay,   \
+     double step_size, double bias_correction2_sqrt, bool decoupled),                                             \
+    (params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, lr, beta1, beta2, eps, weight_decay, step_size,       \
      bias_correction2_sqrt, decoupled))
 
 // One device type's kernels. The cpu, sim and cuda tables fill every entry; a backend added later

@@ -4,11 +4,19 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/shared/reduce_math.h"
 #include "tensor/dtype.h"
 
+namespace chorus {
+class Tensor;
+}
+
 namespace chorus::kernels {
+
+// A list argument of the multi-tensor kernels (the *_multi entries): one launch over many tensors.
+using TensorList = std::vector<Tensor>;
 
 enum class UnaryOp {
   Neg, Abs, Exp, Log, Log1p, Sqrt, Rsqrt, Tanh, Sigmoid, Relu, GeluErf, GeluTanh, Sin, Cos,

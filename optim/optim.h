@@ -2,6 +2,7 @@
 #pragma once
 
 #include "optim/clip_grad.h"
+#include "optim/foreach.h"
 #include "optim/more_optimizers.h"
 #include "optim/optimizer.h"
 #include "optim/schedulers.h"

@@ -1,9 +1,11 @@
 #include "optim/optimizer.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "autograd/grad_mode.h"
 #include "kernels/dispatch.h"
+#include "optim/foreach.h"
 #include "tensor/ops.h"
 
 namespace chorus::optim {
@@ -38,7 +40,78 @@ void finish(Tensor& p, const Raw& raw) {
   p.bump_version();
 }
 
+// The parameters of one group that have a gradient, with their kernel operands. All are checked
+// before any state is created or any parameter moves, so a bad gradient leaves the group as it was.
+struct WithGrad {
+  std::vector<Tensor*> params;
+  std::vector<Raw> raws;
+};
+WithGrad with_grad(const std::string& opt, ParamGroup& group) {
+  WithGrad out;
+  for (Tensor& p : group.params) {
+    if (!p.grad().defined()) continue;
+    out.raws.push_back(raw_operands(opt, p));
+    out.params.push_back(&p);
+  }
+  return out;
+}
+
+// After a multi-tensor call, which bumped the versions of the tensors it updated: non-contiguous
+// parameters get their updated copies back.
+void finish_all(WithGrad& todo) {
+  for (size_t i = 0; i < todo.params.size(); ++i) {
+    if (!todo.raws[i].param.is_same(*todo.params[i])) finish(*todo.params[i], todo.raws[i]);
+  }
+}
+
+// Indices of a group's parameters sorted into the launches of the multi-tensor path: one per
+// distinct key (device, dtype and what the launch's scalars depend on), in first-seen order.
+template <typename Key>
+std::vector<std::vector<size_t>> buckets_by(const std::vector<Key>& keys) {
+  std::vector<Key> seen;
+  std::vector<std::vector<size_t>> out;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    size_t b = 0;
+    while (b < seen.size() && !(seen[b] == keys[i])) ++b;
+    if (b == seen.size()) {
+      seen.push_back(keys[i]);
+      out.emplace_back();
+    }
+    out[b].push_back(i);
+  }
+  return out;
+}
+
 }  // namespace
+
+bool MultiTensorChoice::for_group(const ParamGroup& group) const {
+  if (fused) return true;
+  if (foreach.has_value()) return *foreach;
+  if (group.params.empty()) return false;
+  const Tensor& first = group.params.front();
+  for (const Tensor& p : group.params) {
+    if (p.device() != first.device() || p.dtype() != first.dtype()) return false;
+    if (p.dtype() != kFloat32 && p.dtype() != kFloat64) return false;
+  }
+  return true;
+}
+
+void MultiTensorChoice::check(const std::string& optimizer, const std::vector<ParamGroup>& groups) const {
+  if (fused && foreach.value_or(false)) {
+    fail("{}: `fused` and `foreach` cannot both be true (fused is the multi-tensor kernel already; set one)",
+         optimizer);
+  }
+  if (!fused) return;
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    for (size_t i = 0; i < groups[gi].params.size(); ++i) {
+      const DType dtype = groups[gi].params[i].dtype();
+      if (dtype != kFloat32 && dtype != kFloat64) {
+        fail("{}: fused=true needs float32 or float64 parameters, but parameter {} of group {} is {}", optimizer, i,
+             gi, dtype_name(dtype));
+      }
+    }
+  }
+}
 
 std::vector<ParamGroup> single_group(const std::vector<Tensor>& params) { return {ParamGroup{params, {}}}; }
 
@@ -204,8 +277,11 @@ Options SGDOptions::to_map() const {
           {"nesterov", nesterov ? 1.0 : 0.0}};
 }
 
-SGD::SGD(std::vector<ParamGroup> groups, SGDOptions options) : Optimizer("SGD", std::move(groups), options.to_map()) {
+SGD::SGD(std::vector<ParamGroup> groups, SGDOptions options)
+    : Optimizer("SGD", std::move(groups), options.to_map()),
+      multi_tensor_{.foreach = options.foreach, .fused = options.fused} {
   for (const ParamGroup& g : groups_) check_options(g.options);
+  multi_tensor_.check(name_, groups_);
 }
 
 void SGD::check_options(const Options& o) const {
@@ -231,6 +307,10 @@ void SGD::step() {
     const double lr = group.options["lr"], mom = group.options["momentum"], damp = group.options["dampening"],
                  wd = group.options["weight_decay"];
     const bool nesterov = group.options["nesterov"] != 0;
+    if (uses_multi_tensor(group)) {
+      step_multi_tensor(group);
+      continue;
+    }
     for (Tensor& p : group.params) {
       if (!p.grad().defined()) continue;
       std::map<std::string, Tensor>* st = nullptr;
@@ -250,6 +330,46 @@ void SGD::step() {
   }
 }
 
+// The foreach / fused path: the per-tensor loop above, with the kernel calls gathered into one
+// multi-tensor call per (device, dtype, first step). `first` varies within a group when a parameter
+// got its first gradient later than the others.
+void SGD::step_multi_tensor(ParamGroup& group) {
+  const SgdStepOptions options{.lr = group.options["lr"],
+                               .momentum = group.options["momentum"],
+                               .dampening = group.options["dampening"],
+                               .weight_decay = group.options["weight_decay"],
+                               .nesterov = group.options["nesterov"] != 0};
+  WithGrad todo = with_grad("SGD", group);
+  const size_t n = todo.params.size();
+  std::vector<Tensor> buffers(n);
+  std::vector<std::tuple<Device, DType, bool>> keys;
+  for (size_t i = 0; i < n; ++i) {
+    const Tensor& p = *todo.params[i];
+    bool first = false;
+    if (options.momentum != 0) {
+      auto& st = state_of(p);
+      if (!st.count("momentum_buffer")) {
+        st["momentum_buffer"] = zeros(p.sizes(), p.options());
+        first = true;
+      }
+      buffers[i] = st.at("momentum_buffer");
+    }
+    keys.emplace_back(p.device(), p.dtype(), first);
+  }
+  for (const std::vector<size_t>& bucket : buckets_by(keys)) {
+    std::vector<Tensor> params, grads, momentum_buffers;
+    for (size_t i : bucket) {
+      params.push_back(todo.raws[i].param);
+      grads.push_back(todo.raws[i].grad);
+      if (options.momentum != 0) momentum_buffers.push_back(buffers[i]);
+    }
+    SgdStepOptions launch = options;
+    launch.first_step = std::get<2>(keys[bucket.front()]);
+    foreach_sgd_step(params, grads, momentum_buffers, launch);
+  }
+  finish_all(todo);
+}
+
 // ------------------------------------------------------------------ Adam / AdamW
 Options AdamOptions::to_map() const {
   return {{"lr", lr}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps}, {"weight_decay", weight_decay},
@@ -259,8 +379,11 @@ Options AdamOptions::to_map() const {
 Adam::Adam(std::vector<ParamGroup> groups, AdamOptions options) : Adam("Adam", std::move(groups), options, false) {}
 
 Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions options, bool decoupled)
-    : Optimizer(std::move(name), std::move(groups), options.to_map()), decoupled_(decoupled) {
+    : Optimizer(std::move(name), std::move(groups), options.to_map()),
+      decoupled_(decoupled),
+      multi_tensor_{.foreach = options.foreach, .fused = options.fused} {
   for (const ParamGroup& g : groups_) check_options(g.options);
+  multi_tensor_.check(name_, groups_);
 }
 
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamOptions options) : Adam("AdamW", std::move(groups), options, true) {}
@@ -286,6 +409,10 @@ void Adam::step() {
     const double lr = group.options["lr"], b1 = group.options["beta1"], b2 = group.options["beta2"],
                  eps = group.options["eps"], wd = group.options["weight_decay"];
     const bool amsgrad = group.options["amsgrad"] != 0;
+    if (uses_multi_tensor(group)) {
+      step_multi_tensor(group);
+      continue;
+    }
     for (Tensor& p : group.params) {
       if (!p.grad().defined()) continue;
       auto& st = state_of(p);
@@ -297,16 +424,62 @@ void Adam::step() {
       }
       double* step = st["step"].data_ptr<double>();
       *step += 1;
-      const double bc1 = 1 - std::pow(b1, *step), bc2 = 1 - std::pow(b2, *step);
-      const double step_size = lr / bc1, bc2_sqrt = std::sqrt(bc2);
+      const AdamBiasCorrection bc = adam_bias_correction(lr, b1, b2, *step);
       const bool use_max = amsgrad && st.count("max_exp_avg_sq");
       Raw raw = raw_operands(name_, p);
       kernels::adam_step(raw.param, raw.grad, st.at("exp_avg"), st.at("exp_avg_sq"),
-                         use_max ? st.at("max_exp_avg_sq") : Tensor(), lr, b1, b2, eps, wd, step_size, bc2_sqrt,
-                         decoupled_);
+                         use_max ? st.at("max_exp_avg_sq") : Tensor(), lr, b1, b2, eps, wd, bc.step_size,
+                         bc.bias_correction2_sqrt, decoupled_);
       finish(p, raw);
     }
   }
+}
+
+// The foreach / fused path. Each parameter keeps its own step count (PyTorch's per-parameter
+// `step`): parameters that got gradients on different steps, or whose state was loaded from a
+// checkpoint, have different bias corrections, so the launches are per (device, dtype, step,
+// amsgrad buffer); in a steady state that is one launch per device and dtype.
+void Adam::step_multi_tensor(ParamGroup& group) {
+  const AdamStepOptions options{.lr = group.options["lr"],
+                                .beta1 = group.options["beta1"],
+                                .beta2 = group.options["beta2"],
+                                .eps = group.options["eps"],
+                                .weight_decay = group.options["weight_decay"],
+                                .decoupled = decoupled_};
+  const bool amsgrad = group.options["amsgrad"] != 0;
+  WithGrad todo = with_grad(name_, group);
+  const size_t n = todo.params.size();
+  std::vector<std::map<std::string, Tensor>*> states;
+  std::vector<std::tuple<Device, DType, double, bool>> keys;
+  for (size_t i = 0; i < n; ++i) {
+    const Tensor& p = *todo.params[i];
+    auto& st = state_of(p);
+    if (!st.count("exp_avg")) {
+      st["step"] = zeros({}, TensorOptions{.dtype = kFloat64});
+      st["exp_avg"] = zeros(p.sizes(), p.options());
+      st["exp_avg_sq"] = zeros(p.sizes(), p.options());
+      if (amsgrad) st["max_exp_avg_sq"] = zeros(p.sizes(), p.options());
+    }
+    double* step = st["step"].data_ptr<double>();
+    *step += 1;
+    keys.emplace_back(p.device(), p.dtype(), *step, amsgrad && st.count("max_exp_avg_sq"));
+    states.push_back(&st);
+  }
+  for (const std::vector<size_t>& bucket : buckets_by(keys)) {
+    const bool use_max = std::get<3>(keys[bucket.front()]);
+    std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
+    for (size_t i : bucket) {
+      params.push_back(todo.raws[i].param);
+      grads.push_back(todo.raws[i].grad);
+      exp_avgs.push_back(states[i]->at("exp_avg"));
+      exp_avg_sqs.push_back(states[i]->at("exp_avg_sq"));
+      if (use_max) max_exp_avg_sqs.push_back(states[i]->at("max_exp_avg_sq"));
+    }
+    AdamStepOptions launch = options;
+    launch.step = std::get<2>(keys[bucket.front()]);
+    foreach_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, launch);
+  }
+  finish_all(todo);
 }
 
 }  // namespace chorus::optim

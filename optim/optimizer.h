@@ -3,10 +3,13 @@
 //   param_groups.<g>.<option>         0-d float64 (lr, momentum, betas as beta1/beta2, ...)
 //   state.<i>.<buffer>                per parameter i (global index over all groups, in order):
 //                                     momentum_buffer, exp_avg, exp_avg_sq, max_exp_avg_sq, step
+// SGD and Adam/AdamW step a group one parameter at a time or through the multi-tensor kernels
+// (options `foreach` and `fused`, as PyTorch's); the state and its state_dict are the same either way.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +43,13 @@ class Optimizer {
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   const Options& defaults() const { return defaults_; }
 
+  // Whether step() updates `group` through the multi-tensor kernels (see MultiTensorChoice) rather
+  // than one parameter at a time.
+  virtual bool uses_multi_tensor(const ParamGroup& group) const {
+    (void)group;
+    return false;
+  }
+
   NamedTensors state_dict() const;
   // Checks the group count, parameter count and each buffer's shape; chorus::Error on mismatch.
   void load_state_dict(const NamedTensors& state);
@@ -65,12 +75,33 @@ class Optimizer {
 // Wraps a plain parameter list as one group.
 std::vector<ParamGroup> single_group(const std::vector<Tensor>& params);
 
+// How SGD and Adam/AdamW step a group, as PyTorch's `foreach` and `fused` options:
+// - foreach = true: the multi-tensor path (optim/foreach.h): one kernel launch per device, dtype
+//   and per-launch scalars (Adam's step count, SGD's first momentum step) over all of the group's
+//   parameters with a gradient, instead of one per parameter. false: one parameter at a time.
+//   Unset (the default): true for a group whose parameters are all on one device with one
+//   floating dtype (float32 or float64), else false.
+// - fused = true: the fused multi-tensor kernel, as torch's fused=True; on cuda and sim that is
+//   the multi-tensor apply kernel, on the CPU the foreach loop (chorus has one multi-tensor kernel
+//   per optimizer and device, so fused and foreach run the same code). Needs float32/float64
+//   parameters; fused and foreach both true is an error, as in PyTorch.
+// Every path rounds alike: results are bit-identical, and the state (and its state_dict) the same.
+struct MultiTensorChoice {
+  std::optional<bool> foreach;
+  bool fused = false;
+  bool for_group(const ParamGroup& group) const;
+  // chorus::Error naming the optimizer for fused with foreach, or fused with a non-float parameter.
+  void check(const std::string& optimizer, const std::vector<ParamGroup>& groups) const;
+};
+
 struct SGDOptions {
   double lr = 1e-3;
   double momentum = 0.0;
   double dampening = 0.0;
   double weight_decay = 0.0;
   bool nesterov = false;
+  std::optional<bool> foreach{};  // MultiTensorChoice; not a group option (not in the state_dict)
+  bool fused = false;
   Options to_map() const;
 };
 
@@ -81,10 +112,15 @@ class SGD : public Optimizer {
   SGD(std::vector<ParamGroup> groups, SGDOptions options);
   SGD(const std::vector<Tensor>& params, SGDOptions options) : SGD(single_group(params), options) {}
   void step() override;
+  bool uses_multi_tensor(const ParamGroup& group) const override { return multi_tensor_.for_group(group); }
 
  protected:
   void check_options(const Options& o) const override;
   std::vector<std::string> required_state() const override { return {"momentum_buffer"}; }
+
+ private:
+  void step_multi_tensor(ParamGroup& group);
+  MultiTensorChoice multi_tensor_;
 };
 
 struct AdamOptions {
@@ -93,6 +129,8 @@ struct AdamOptions {
   double eps = 1e-8;
   double weight_decay = 0.0;  // Adam: L2 added to the gradient; AdamW: decoupled (default 0.01)
   bool amsgrad = false;
+  std::optional<bool> foreach{};  // MultiTensorChoice; not a group option (not in the state_dict)
+  bool fused = false;
   Options to_map() const;
 };
 
@@ -101,12 +139,17 @@ class Adam : public Optimizer {
   Adam(std::vector<ParamGroup> groups, AdamOptions options);
   Adam(const std::vector<Tensor>& params, AdamOptions options) : Adam(single_group(params), options) {}
   void step() override;
+  bool uses_multi_tensor(const ParamGroup& group) const override { return multi_tensor_.for_group(group); }
 
  protected:
   Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions options, bool decoupled);
   void check_options(const Options& o) const override;
   std::vector<std::string> required_state() const override { return {"step", "exp_avg", "exp_avg_sq"}; }
   bool decoupled_;
+
+ private:
+  void step_multi_tensor(ParamGroup& group);
+  MultiTensorChoice multi_tensor_;
 };
 
 // Adam with decoupled weight decay: p *= 1 - lr * weight_decay before the Adam update.

@@ -77,5 +77,15 @@ void sgd_step(const Tensor& param, const Tensor& grad, const Tensor& momentum_bu
 void adam_step(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
                const Tensor& max_exp_avg_sq, double lr, double beta1, double beta2, double eps, double weight_decay,
                double step_size, double bias_correction2_sqrt, bool decoupled);
+// The same updates over lists of tensors (the "foreach" path): parameter i with grads[i] and state
+// buffers [i] (momentum_buffers / max_exp_avg_sqs empty when unused), all of one dtype and contiguous,
+// as one parallel loop over every tensor's elements. Results equal sgd_step / adam_step per tensor
+// bit for bit: the same functor, and splitting a tensor between threads changes no element's math.
+void sgd_step_multi(const TensorList& params, const TensorList& grads, const TensorList& momentum_buffers, double lr,
+                    double weight_decay, double momentum, double dampening, bool nesterov, bool first_step);
+void adam_step_multi(const TensorList& params, const TensorList& grads, const TensorList& exp_avgs,
+                     const TensorList& exp_avg_sqs, const TensorList& max_exp_avg_sqs, double lr, double beta1,
+                     double beta2, double eps, double weight_decay, double step_size, double bias_correction2_sqrt,
+                     bool decoupled);
 
 }  // namespace chorus::kernels::cpu

@@ -22,6 +22,8 @@ namespace {
   X(random_int_at)                  \
   X(sgd_step)                      \
   X(adam_step)                     \
+  X(sgd_step_multi)                \
+  X(adam_step_multi)               \
   X(reduce)                        \
   X(arg_reduce)                    \
   X(softmax)                       \

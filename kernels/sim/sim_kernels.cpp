@@ -3,10 +3,12 @@
 // stream. The wrapper is generated once for every entry of CHORUS_KERNEL_LIST (kernels/kernel_table.h).
 //
 // What a task holds: tensor arguments become history-free aliases (same storage, sizes, strides,
-// dtype), so the task keeps the memory alive until it has run. Pointer arguments (clamp's bounds)
-// are copied by value. The buffers named to the runtime are the storages' base pointers: the sim
-// device opens exactly those segments while the task runs, so a kernel that touched memory it was
-// not given would crash, as a host read of device memory does.
+// dtype), so the task keeps the memory alive until it has run; a tensor list (the multi-tensor
+// optimizer steps) becomes a list of such aliases, one task for the whole list. Pointer arguments
+// (clamp's bounds) are copied by value. The buffers named to the runtime are the storages' base
+// pointers, every list element's included: the sim device opens exactly those segments while the
+// task runs, so a kernel that touched memory it was not given would crash, as a host read of device
+// memory does.
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -34,6 +36,17 @@ struct Held<const Tensor&> {
   static const Tensor& pass(const Tensor& h) { return h; }
 };
 template <>
+struct Held<const TensorList&> {
+  using type = TensorList;
+  static TensorList hold(const TensorList& list) {
+    TensorList out;
+    out.reserve(list.size());
+    for (const Tensor& t : list) out.push_back(Held<const Tensor&>::hold(t));
+    return out;
+  }
+  static const TensorList& pass(const TensorList& h) { return h; }
+};
+template <>
 struct Held<const Scalar*> {
   using type = std::optional<Scalar>;
   static type hold(const Scalar* s) { return s ? std::optional<Scalar>(*s) : std::nullopt; }
@@ -44,6 +57,8 @@ template <typename A>
 void name_buffer(std::vector<const void*>& buffers, const A& a) {
   if constexpr (std::is_same_v<std::decay_t<A>, Tensor>) {
     if (a.defined() && a.storage()) buffers.push_back(a.storage()->data());
+  } else if constexpr (std::is_same_v<std::decay_t<A>, TensorList>) {
+    for (const Tensor& t : a) name_buffer(buffers, t);  // a multi-tensor kernel touches every one
   }
 }
 
