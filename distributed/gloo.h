@@ -4,6 +4,7 @@
 // the op, its sequence number, this rank, the group size and the timeout.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -56,8 +57,10 @@ class ProcessGroupGloo : public ProcessGroup {
   // Collectives are numbered apart from point-to-point ops: the collective's number is also its
   // Gloo tag, which must agree on every rank, and ranks send and receive different numbers of
   // point-to-point messages (a pipeline's middle stage twice its neighbours').
-  uint64_t sequence_ = 0;
-  uint64_t p2p_sequence_ = 0;
+  // Atomic: a stream-ordered group issues sends and receives from two communication streams'
+  // threads at once (ThreadSanitizer found the plain counter's race).
+  std::atomic<uint64_t> sequence_{0};
+  std::atomic<uint64_t> p2p_sequence_{0};
 
   std::mutex mutex_;
   std::condition_variable cv_;

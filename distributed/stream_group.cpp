@@ -216,9 +216,12 @@ void StreamOrderedGroup::watch() {
       std::vector<InFlight> rest;
       rest.swap(in_flight_);
       lock.unlock();
+      // Each names the failure that aborted it: whoever waits on a later collective learns why.
+      const std::string cause = fmt::format("{} failed on the communication stream: {}",
+                                            failed.front().first.work->description(), failed.front().second);
       for (InFlight& f : rest) {
         f.work->finish({}, std::make_exception_ptr(Error(fmt::format(
-                               "{} was aborted: an earlier collective of the group failed", f.work->description()))));
+                               "{} was aborted: an earlier collective of the group failed ({})", f.work->description(), cause))));
       }
     }
     lock.lock();
