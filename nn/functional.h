@@ -1,6 +1,7 @@
 // All of nn's functional forms: `namespace F = chorus::nn::functional;`.
 #pragma once
 
+#include "nn/functional/attention.h"
 #include "nn/functional/basic.h"
 #include "nn/functional/conv.h"
 #include "nn/functional/loss.h"

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "autograd/grad_mode.h"
+#include "nn/functional/attention.h"
 #include "nn/functional/basic.h"
 #include "nn/init.h"
 #include "tensor/ops.h"
@@ -60,10 +61,10 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
     return F::linear(x, w, b).reshape({N, x.size(1), H, D}).permute({0, 2, 1, 3});
   };
   Tensor q = proj(q_in, 0), k = proj(k_in, 1), v = proj(v_in, 2);
-  Tensor scores = div(matmul(q, k.transpose(-2, -1)), std::sqrt(static_cast<double>(D)));  // [N, H, L, S]
 
   const double neg_inf = -std::numeric_limits<double>::infinity();
-  auto apply_mask = [&](const Tensor& mask, const char* what) {
+  // Both masks in scores layout: attn_mask [L, S] or [N, H, L, S], key_padding_mask [N, 1, 1, S].
+  auto checked_mask = [&](const Tensor& mask, const char* what) {
     Tensor m = mask;
     if (m.dim() == 2) {
       if (m.size(0) != L || m.size(1) != S) {
@@ -77,23 +78,55 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
     } else {
       fail("MultiheadAttention: {} must be 2-D or 3-D, got shape {}", what, shape_str(m.sizes()));
     }
-    scores = m.dtype() == kBool ? masked_fill(scores, m, neg_inf) : add(scores, m.to(scores.dtype()));
+    return m;
   };
-  if (attn_mask.defined()) apply_mask(attn_mask, "attn_mask");
-  if (is_causal) {
-    Tensor causal = gt(arange(S).unsqueeze(0), arange(L).unsqueeze(1));  // true above the diagonal
-    scores = masked_fill(scores, causal, neg_inf);
-  }
+  Tensor mask = attn_mask.defined() ? checked_mask(attn_mask, "attn_mask") : Tensor();
+  Tensor padding;
   if (key_padding_mask.defined()) {
     if (key_padding_mask.dim() != 2 || key_padding_mask.size(0) != N || key_padding_mask.size(1) != S) {
       fail("MultiheadAttention: key_padding_mask of shape {} must be [N={}, S={}]", shape_str(key_padding_mask.sizes()),
            N, S);
     }
-    Tensor m = key_padding_mask.reshape({N, 1, 1, S});
-    scores = m.dtype() == kBool ? masked_fill(scores, m, neg_inf) : add(scores, m.to(scores.dtype()));
+    padding = key_padding_mask.reshape({N, 1, 1, S});
   }
+  const double dropout_p = is_training() ? options.dropout : 0.0;
+
+  if (!need_weights) {
+    // The weights stay inside scaled_dot_product_attention. Its masks say where attention is
+    // allowed, these where it is not, so they are merged into one additive mask as PyTorch's
+    // MultiheadAttention does; is_causal alone is passed through.
+    auto additive = [&](const Tensor& m) {
+      return m.dtype() == kBool ? where(m, full({1}, neg_inf, q.options()), 0.0) : m.to(q.dtype());
+    };
+    Tensor merged;
+    for (const Tensor& m : {mask, padding}) {
+      if (m.defined()) merged = merged.defined() ? add(merged, additive(m)) : additive(m);
+    }
+    bool causal = is_causal;
+    if (causal && merged.defined()) {
+      merged = masked_fill(merged, gt(arange(S, TensorOptions{.dtype = kInt64, .device = q.device()}).unsqueeze(0),
+                                      arange(L, TensorOptions{.dtype = kInt64, .device = q.device()}).unsqueeze(1)),
+                           neg_inf);
+      causal = false;
+    }
+    Tensor context = F::scaled_dot_product_attention(q, k, v, {.attn_mask = merged, .dropout_p = dropout_p,
+                                                               .is_causal = causal});
+    Tensor out = out_proj->forward(context.permute({0, 2, 1, 3}).reshape({N, L, E}));
+    return {options.batch_first ? out : out.transpose(0, 1), Tensor()};
+  }
+
+  Tensor scores = div(matmul(q, k.transpose(-2, -1)), std::sqrt(static_cast<double>(D)));  // [N, H, L, S]
+  auto apply_mask = [&](const Tensor& m) {
+    scores = m.dtype() == kBool ? masked_fill(scores, m, neg_inf) : add(scores, m.to(scores.dtype()));
+  };
+  if (mask.defined()) apply_mask(mask);
+  if (is_causal) {
+    Tensor causal = gt(arange(S).unsqueeze(0), arange(L).unsqueeze(1));  // true above the diagonal
+    scores = masked_fill(scores, causal, neg_inf);
+  }
+  if (padding.defined()) apply_mask(padding);
   Tensor attn = softmax(scores, -1);
-  Tensor attn_used = F::dropout(attn, options.dropout, is_training());
+  Tensor attn_used = F::dropout(attn, dropout_p, true);
   Tensor out = matmul(attn_used, v).permute({0, 2, 1, 3}).reshape({N, L, E});
   out = out_proj->forward(out);
   if (!options.batch_first) out = out.transpose(0, 1);

@@ -29,7 +29,9 @@ class MultiheadAttention : public Module {
     Tensor weights;  // [N, L, S] averaged over heads ([N, H, L, S] if not averaged); undefined if not needed
   };
   // key_padding_mask: [N, S] (bool: true = padding, or float added). attn_mask: [L, S] or [N*H, L, S].
-  // is_causal builds the causal mask itself (position i sees keys 0..i).
+  // is_causal builds the causal mask itself (position i sees keys 0..i). Without need_weights the
+  // attention runs in F::scaled_dot_product_attention, where a query whose masks exclude every key
+  // gets zeros (PyTorch's fast path); with need_weights that row is NaN, as PyTorch's slow path.
   Output forward(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& key_padding_mask = Tensor(),
                  bool need_weights = true, const Tensor& attn_mask = Tensor(), bool average_attn_weights = true,
                  bool is_causal = false);

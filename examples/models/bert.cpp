@@ -47,10 +47,11 @@ class BertSelfAttention : public nn::Module {
     const int64_t b = x.size(0), t = x.size(1), h = x.size(2), d = h / heads;
     auto split = [&](const Tensor& y) { return y.reshape({b, t, heads, d}).permute({0, 2, 1, 3}); };
     Tensor q = split(query->forward(x)), k = split(key->forward(x)), v = split(value->forward(x));
-    Tensor scores = matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(d)));
-    if (additive_mask.defined()) scores = scores + additive_mask;
-    Tensor probs = dropout->forward(softmax(scores, -1));
-    return matmul(probs, v).permute({0, 2, 1, 3}).reshape({b, t, h});
+    // The dropout module keeps its place in the tree (Hugging Face's attention.self.dropout); its
+    // probability is applied inside the attention, to the weights, as before.
+    Tensor context = F::scaled_dot_product_attention(
+        q, k, v, {.attn_mask = additive_mask, .dropout_p = is_training() ? dropout->p : 0.0});
+    return context.permute({0, 2, 1, 3}).reshape({b, t, h});
   }
   Tensor forward(const Tensor& x) override { return forward(x, Tensor()); }
   int64_t heads;
