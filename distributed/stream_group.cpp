@@ -2,6 +2,7 @@
 #include "distributed/stream_group.h"
 
 #include <atomic>
+#include <optional>
 
 #include "distributed/gloo.h"
 #include "distributed/gloo_communicator.h"
@@ -54,8 +55,29 @@ double StreamWork::elapsed_ms() const {
 }
 
 void StreamWork::note_error(std::exception_ptr error) {
+  // The message is read here, by the thread that caught the error while the failed work is still
+  // alive: an exception object's reference count lives in libstdc++ (not instrumented), so a
+  // watchdog reading what() while the backend's thread drops the last reference would look like a
+  // race to ThreadSanitizer; a string copied under this mutex is plainly ordered.
+  std::string message;
+  try {
+    if (error) std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    message = e.what();
+  } catch (...) {
+    message = "an unknown error";
+  }
   std::lock_guard<std::mutex> lock(note_mutex_);
-  if (!noted_) noted_ = error;
+  if (!noted_) {
+    noted_ = error;
+    noted_message_ = std::move(message);
+  }
+}
+
+std::optional<std::string> StreamWork::noted_message() const {
+  std::lock_guard<std::mutex> lock(note_mutex_);
+  if (!noted_) return std::nullopt;
+  return noted_message_;
 }
 
 std::exception_ptr StreamWork::noted_error() const {
@@ -176,15 +198,8 @@ void StreamOrderedGroup::watch() {
     lock.unlock();
     // Outside the lock: callbacks run here, and communicators are polled.
     for (InFlight& f : done) {
-      std::exception_ptr error = f.work->noted_error();
-      if (error) {
-        std::string why;
-        try {
-          std::rethrow_exception(error);
-        } catch (const std::exception& e) {
-          why = e.what();
-        }
-        failed.emplace_back(f, why);
+      if (std::optional<std::string> why = f.work->noted_message()) {
+        failed.emplace_back(f, *why);
         continue;
       }
       f.work->finish({});

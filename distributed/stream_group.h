@@ -25,6 +25,7 @@
 // CPU tensors go to the CPU group (Gloo) unchanged.
 #pragma once
 
+#include <optional>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -56,6 +57,8 @@ class StreamWork : public Work {
   // finishes the work with it once the end event has passed).
   void note_error(std::exception_ptr error);
   std::exception_ptr noted_error() const;
+  // The noted error's message (read when it was noted), if an error was noted.
+  std::optional<std::string> noted_message() const;
   // The group, before launch: outputs of further ops of a coalesced group.
   void add_outputs(const TensorList& outputs);
 
@@ -66,6 +69,7 @@ class StreamWork : public Work {
   Event end_{/*enable_timing=*/true};
   mutable std::mutex note_mutex_;
   std::exception_ptr noted_;
+  std::string noted_message_;
 };
 
 class ProcessGroupGloo;

@@ -70,12 +70,17 @@ TEST_CASE("without the communication stream's event waits DDP on sim goes wrong"
   // The same job with the waits of [Sync Streams] switched off (test-only) must not match: this is
   // what shows the ordering test above can fail.
 #if defined(__SANITIZE_THREAD__)
-  // Under ThreadSanitizer the missing waits are a data race it must see: a worker stops at the
-  // race between a compute stream's kernel and the communication that overwrites its buffer.
+  // Under ThreadSanitizer the missing waits are a data race: either it reports the race (a worker
+  // stops there, between a compute stream's kernel and the communication that overwrites its
+  // buffer), or, where the racing accesses fell outside what it tracks (libgloo's reads are not
+  // instrumented), every worker finds the result wrong, as without TSan.
   const Result r = run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0", "unordered"});
-  INFO(r.output);
-  CHECK(r.output.find("WARNING: ThreadSanitizer: data race") != std::string::npos);
-  CHECK((r.codes[0] != 0 || r.codes[1] != 0));
+  if (r.output.find("WARNING: ThreadSanitizer: data race") != std::string::npos) {
+    INFO(r.output);
+    CHECK((r.codes[0] != 0 || r.codes[1] != 0));
+  } else {
+    require_all_ok(r);
+  }
 #else
   require_all_ok(run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0", "unordered"}));
 #endif
