@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything that needs a GPU to run — every gpu-tagged test and every GPU benchmark — and
 # gathers it into one folder (default .gpu_bundle/, ignored by git) that a GPU machine without Bazel
-# can run: the binaries (stripped), the non-CUDA shared libraries they load, a PyTorch peer script,
-# and run.sh. The CUDA libraries are not bundled (cuBLASLt alone is ~500 MB): run.sh takes them from
+# can run: the binaries (stripped), the non-CUDA shared libraries they load, the PyTorch peer scripts
+# (tools/gpu/peer.py, tools/torch_peer.py for gpu_bench), compare_bench.py, and run.sh. The CUDA libraries are not bundled (cuBLASLt alone is ~500 MB): run.sh takes them from
 # the PyTorch wheels on that machine (nvidia/*/lib). See docs/gpu.md.
 #   tools/gpu_bundle.sh [OUT_DIR]          then, on the GPU machine:  OUT_DIR/run.sh [LOG_DIR]
 set -euo pipefail
@@ -60,6 +60,8 @@ done
 tar -C "$out" -cf - bin lib libexec examples data | xz -T0 -6 >"$out/payload.tar.xz"
 rm -rf "$out/bin" "$out/lib" "$out/libexec" "$out/examples" "$out/data"
 cp tools/gpu/peer.py "$out/peer.py"
+cp tools/torch_peer.py "$out/torch_peer.py"
+cp tools/gpu/compare_bench.py "$out/compare_bench.py"
 cp tools/gpu/run.sh "$out/run.sh"
 chmod +x "$out/run.sh"
 size=$(du -sb "$out" | cut -f1)

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Runs a chorus GPU bundle (made by tools/gpu_bundle.sh) on a machine with a GPU: every gpu test,
-# then each again under compute-sanitizer memcheck and racecheck, then every GPU benchmark, then
+# then each again under compute-sanitizer memcheck and racecheck, then gpu_bench with its PyTorch twin
+# (torch_peer.py) and their ratio table (compare_bench.py), then every other GPU benchmark, then
 # PyTorch's figures for the same work (peer.py), the ResNet-50 and BERT-base examples on synthetic
 # batches (--device cuda, float32 and bf16 autocast), and writes logs plus summary.txt into LOG_DIR
 # (default $OUT, else ./gpu_logs). The CUDA libraries come from the PyTorch wheels (nvidia/*/lib).
+# GPU_BENCH_ONLY=gemm,conv (say) limits gpu_bench and torch_peer.py to those sections.
 set -uo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # The bundle's binaries and libraries come compressed (tools/gpu_bundle.sh): unpack them into a
@@ -11,7 +13,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 if [[ -f "$here/payload.tar.xz" ]]; then
   unpack="$(mktemp -d)"
   xz -dc "$here/payload.tar.xz" | tar -C "$unpack" -xf -
-  cp "$here/peer.py" "$unpack/"
+  cp "$here/peer.py" "$here/torch_peer.py" "$here/compare_bench.py" "$unpack/"
   here="$unpack"
 fi
 logs="${1:-${OUT:-$PWD/gpu_logs}}"
@@ -74,9 +76,25 @@ else
   say "compute-sanitizer not found: sanitizer runs skipped"
 fi
 
+# chorus and PyTorch on the same sections and shapes in this one call, then the ratios with issue
+# 17's goals marked; the JSON rows and the table stay in $logs beside the archive.
+if [[ -x "$here/bin/gpu_bench" ]]; then
+  only="${GPU_BENCH_ONLY:-resnet50,bert,gemm,memory,conv}"
+  run_one "gpu_bench" "$logs/gpu_bench.log" timeout 1200 "$here/bin/gpu_bench" --only "$only" --json "$logs/gpu_bench.jsonl"
+  if python3 -c 'import torch' 2>/dev/null; then
+    run_one "torch_peer.py" "$logs/torch_peer.log" timeout 1200 python3 "$here/torch_peer.py" --only "$only" \
+      --json "$logs/torch_peer.jsonl"
+  else
+    say "torch_peer.py skipped: python3 has no torch"
+  fi
+  python3 "$here/compare_bench.py" "$logs/gpu_bench.jsonl" "$logs/torch_peer.jsonl" >"$logs/gpu_bench_compare.md" 2>&1
+  cat "$logs/gpu_bench_compare.md" >>"$summary"
+fi
+
 for bin in "$here"/bin/*_bench; do
   [[ -e "$bin" ]] || continue
   name="$(basename "$bin")"
+  [[ "$name" == gpu_bench ]] && continue  # run above, beside PyTorch
   run_one "$name" "$logs/$name.log" "$bin"
   tail -n 40 "$logs/$name.log" >>"$summary"
 done

@@ -1,0 +1,523 @@
+// chorus on one GPU against PyTorch 2.11 eager (tools/torch_peer.py, the same sections and shapes, run
+// in the same call) and against the raw libraries chorus calls:
+//   resnet50  ResNet-50 training steps (224², batch 128, SGD momentum): float32 with TF32, and bf16
+//             autocast; images/s and peak memory
+//   bert      BERT-base masked-LM training steps (seq 128, batch 32, AdamW, bf16 autocast);
+//             sequences/s and peak memory
+//   gemm      matmul TFLOP/s (4096³ and BERT-base's shapes; float32, TF32, bf16) against cublasGemmEx
+//   memory    layer norm, softmax, add GB/s against a device-to-device cudaMemcpyAsync of the same size
+//   conv      conv2d forward + backward on ResNet-50's layer shapes against raw cuDNN
+// Each timed figure is the median of --iters runs after --warmup, between two timing events on the
+// device's stream. Peak memory comes from the caching allocator (max allocated / reserved), reset
+// before each case. Output: a Markdown table per section and one JSON line per row
+// ({"gpu_bench": "row", ...}) for tools/gpu/compare_bench.py.
+//
+// --device sim runs every section with tiny shapes on the simulated device (tests/bench:
+// gpu_bench_sim_test), which keeps the program working without a GPU; its figures say nothing about
+// a GPU. The raw cuBLAS/cuDNN rows need a CUDA device and are left out there.
+//   gpu_bench [--device cuda|sim] [--only resnet50,bert,gemm,memory,conv] [--tiny] [--iters N] ...
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "autograd/autocast.h"
+#include "autograd/grad_mode.h"
+#include "examples/models/bert.h"
+#include "examples/models/resnet.h"
+#include "nn/functional.h"
+#include "optim/optim.h"
+#include "tensor/caching_allocator.h"
+#include "tensor/ops.h"
+#include "tensor/runtime.h"
+#include "tests/bench/gpu_bench_raw.h"
+
+using namespace chorus;
+namespace F = chorus::nn::functional;
+namespace raw = chorus::bench::raw;
+
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+struct Setup {
+  Device device = Device::cuda(0);
+  bool raw = false;  // the cuBLAS/cuDNN rows (a CUDA device and a CUDA build)
+  bool tiny = false;
+  int warmup = 10, iters = 50;           // single ops
+  int step_warmup = 5, step_iters = 20;  // training steps
+  int conv_warmup = 5, conv_iters = 20;
+  int64_t resnet_batch = 128, resnet_image = 224;
+  std::string bert_config = "base";
+  int64_t bert_batch = 32, bert_seq = 128;
+  int64_t conv_batch = 128;
+};
+
+struct Row {
+  std::string section, impl, name;
+  double ms = 0;
+  double value = 0;  // in `unit`
+  std::string unit;
+  std::optional<double> peak_allocated_mib, peak_reserved_mib;
+  std::string note;
+};
+
+Row make_row(std::string impl, std::string name, double ms, double value, std::string unit, std::string note = "") {
+  Row r;
+  r.impl = std::move(impl), r.name = std::move(name), r.ms = ms, r.value = value, r.unit = std::move(unit);
+  r.note = std::move(note);
+  return r;
+}
+
+// Rows of one section: printed as a Markdown table (chorus beside the baseline of the same case)
+// and as JSON lines when the section ends.
+class Section {
+ public:
+  Section(const Setup& setup, std::string name, std::string baseline, std::string json_path)
+      : setup_(setup), name_(std::move(name)), baseline_(std::move(baseline)), json_path_(std::move(json_path)) {}
+  void add(Row r) {
+    r.section = name_;
+    rows_.push_back(std::move(r));
+  }
+  void print() const {
+    const bool with_base = std::any_of(rows_.begin(), rows_.end(), [&](const Row& r) { return r.impl != "chorus"; });
+    std::printf("\n| case | chorus ms | chorus | peak allocated MiB | peak reserved MiB |%s\n",
+                with_base ? (" " + baseline_ + " ms | " + baseline_ + " | chorus / " + baseline_ + " |").c_str() : "");
+    std::printf("|---|---|---|---|---|%s\n", with_base ? "---|---|---|" : "");
+    for (const Row& r : rows_) {
+      if (r.impl != "chorus") continue;
+      std::printf("| %s | %.3f | %.4g %s | %s | %s |", r.name.c_str(), r.ms, r.value, r.unit.c_str(),
+                  mib(r.peak_allocated_mib).c_str(), mib(r.peak_reserved_mib).c_str());
+      if (with_base) {
+        const Row* b = find(r.name, baseline_);
+        if (b) std::printf(" %.3f | %.4g %s | %.3f |", b->ms, b->value, b->unit.c_str(), r.value / b->value);
+        else std::printf(" | | |");
+      }
+      std::printf("\n");
+    }
+    std::string json_lines;
+    for (const Row& r : rows_) {
+      nlohmann::json j = {{"gpu_bench", "row"}, {"impl", r.impl}, {"section", r.section}, {"case", r.name},
+                          {"ms", r.ms}, {"value", r.value}, {"unit", r.unit}, {"device", setup_.device.str()}};
+      if (r.peak_allocated_mib) j["peak_allocated_mib"] = *r.peak_allocated_mib;
+      if (r.peak_reserved_mib) j["peak_reserved_mib"] = *r.peak_reserved_mib;
+      if (!r.note.empty()) j["note"] = r.note;
+      json_lines += j.dump() + "\n";
+    }
+    std::printf("\n%s", json_lines.c_str());
+    if (!json_path_.empty()) std::ofstream(json_path_, std::ios::app) << json_lines;
+    std::fflush(stdout);
+  }
+
+ private:
+  static std::string mib(const std::optional<double>& v) {
+    if (!v) return "";
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.0f", *v);
+    return buf;
+  }
+  const Row* find(const std::string& name, const std::string& impl) const {
+    for (const Row& r : rows_) {
+      if (r.name == name && r.impl == impl) return &r;
+    }
+    return nullptr;
+  }
+  const Setup& setup_;
+  std::string name_, baseline_, json_path_;
+  std::vector<Row> rows_;
+};
+
+// Median milliseconds of `iters` runs of fn after `warmup` untimed ones. Each run sits between two
+// timing events on the device's current stream and the host waits for the second before the next
+// run, so a run's time includes any gap in which the device waited for the host.
+double median_ms(const Setup& s, int warmup, int iters, const std::function<void()>& fn) {
+  const Stream stream = current_stream(s.device);
+  for (int i = 0; i < warmup; ++i) fn();
+  synchronize(s.device);
+  std::vector<double> ms;
+  Event start(true), end(true);
+  for (int i = 0; i < iters; ++i) {
+    start.record(stream);
+    fn();
+    end.record(stream);
+    end.synchronize();
+    ms.push_back(start.elapsed_time(end));
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// Frees what earlier cases left cached, so each case's peak reserved is its own.
+void fresh_peak(const Setup& s) {
+  synchronize(s.device);
+  empty_cache(s.device);
+  reset_peak_memory_stats(s.device);
+}
+void set_peaks(const Setup& s, Row& r) {
+  r.peak_allocated_mib = max_memory_allocated(s.device) / kMiB;
+  r.peak_reserved_mib = max_memory_reserved(s.device) / kMiB;
+}
+
+Tensor random(const Setup& s, const Shape& shape, DType dtype = kFloat32) {
+  Tensor t = randn(shape, {.device = s.device});
+  return dtype == kFloat32 ? t : t.to(dtype);
+}
+
+// ---- resnet50 ----------------------------------------------------------------------------------
+
+void resnet50(const Setup& s, Section& out) {
+  // chorus has no channels-last memory format: its ResNet-50 runs NCHW (PyTorch's figure is
+  // channels-last, the layout it is fastest in, and NCHW beside it).
+  for (const std::string mode : {"tf32", "bf16"}) {
+    fresh_peak(s);
+    raw::set_chorus_tf32(true);
+    raw::set_chorus_cudnn_tf32(true);
+    manual_seed(1);
+    auto model = models::resnet50();
+    model->to(s.device);
+    model->train();
+    optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4});
+    Tensor images = random(s, {s.resnet_batch, 3, s.resnet_image, s.resnet_image});
+    Tensor labels = randint(0, 1000, {s.resnet_batch}, {.dtype = kInt64, .device = s.device});
+    const double ms = median_ms(s, s.step_warmup, s.step_iters, [&] {
+      opt.zero_grad();
+      Tensor loss;
+      {
+        std::optional<autocast::AutocastGuard> amp;
+        if (mode == "bf16") amp.emplace(s.device.type, kBFloat16);
+        loss = F::cross_entropy(model->forward(images), labels);
+      }
+      loss.backward();
+      opt.step();
+    });
+    Row r = make_row("chorus", fmt::format("batch {} x 3x{}² {}", s.resnet_batch, s.resnet_image, mode), ms,
+                     s.resnet_batch / (ms / 1e3), "images/s", "nchw: chorus has no channels-last memory format");
+    set_peaks(s, r);
+    out.add(r);
+  }
+}
+
+// ---- bert --------------------------------------------------------------------------------------
+
+void bert(const Setup& s, Section& out) {
+  fresh_peak(s);
+  raw::set_chorus_tf32(true);
+  manual_seed(2);
+  const models::BertConfig config = models::BertConfig::named(s.bert_config);
+  auto model = std::make_shared<models::BertForPreTraining>(config);
+  model->to(s.device);
+  model->train();
+  optim::AdamW opt(model->parameters(), optim::AdamOptions{.lr = 1e-4, .weight_decay = 0.01});
+  // Random word pieces; 15% of the positions, evenly spread, carry a label (the masked-LM head and
+  // the vocabulary-wide decoder run on those only, as examples/bert and tools/torch_peer.py do).
+  const int64_t b = s.bert_batch, t = s.bert_seq, n = b * t;
+  Tensor ids_host = randint(999, config.vocab_size, {b, t});
+  Tensor labels_host = full({b, t}, -100, {.dtype = kInt64});
+  const int64_t masked = std::max<int64_t>(1, std::llround(0.15 * static_cast<double>(n)));
+  {
+    const int64_t* ids = ids_host.data_ptr<int64_t>();
+    int64_t* labels = labels_host.data_ptr<int64_t>();
+    for (int64_t j = 0; j < masked; ++j) labels[j * n / masked] = ids[j * n / masked];
+  }
+  Tensor ids = ids_host.to(s.device), labels = labels_host.to(s.device);
+  Tensor attention = ones({b, t}, {.dtype = kInt64, .device = s.device});
+  const double ms = median_ms(s, s.step_warmup, s.step_iters, [&] {
+    opt.zero_grad();
+    Tensor loss;
+    {
+      autocast::AutocastGuard amp(s.device.type, kBFloat16);
+      loss = model->masked_lm_loss(ids, attention, labels);
+    }
+    loss.backward();
+    opt.step();
+  });
+  Row r = make_row("chorus", fmt::format("BERT-{} batch {} x seq {} bf16", s.bert_config, b, t), ms, b / (ms / 1e3),
+                   "sequences/s");
+  set_peaks(s, r);
+  out.add(r);
+}
+
+// ---- gemm --------------------------------------------------------------------------------------
+
+struct GemmShape {
+  std::string what;
+  int64_t batch, m, n, k;  // batch 0: a plain 2-D matmul
+};
+
+std::vector<GemmShape> gemm_shapes(const Setup& s) {
+  const models::BertConfig c = models::BertConfig::named(s.bert_config);
+  const int64_t tokens = s.bert_batch * s.bert_seq, h = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t d = h / heads, t = s.bert_seq;
+  const int64_t masked = std::max<int64_t>(1, std::llround(0.15 * static_cast<double>(tokens)));
+  const int64_t square = s.tiny ? 64 : 4096;
+  return {
+      {"square", 0, square, square, square},
+      {"BERT QKV / attention output", 0, tokens, h, h},
+      {"BERT FFN up", 0, tokens, c.intermediate_size, h},
+      {"BERT FFN down", 0, tokens, h, c.intermediate_size},
+      {"BERT MLM decoder (masked positions)", 0, masked, c.vocab_size, h},
+      {"BERT attention scores (bmm)", s.bert_batch * heads, t, t, d},
+      {"BERT attention context (bmm)", s.bert_batch * heads, t, d, t},
+  };
+}
+
+void gemm(const Setup& s, Section& out) {
+  NoGradGuard no_grad;
+  for (const GemmShape& g : gemm_shapes(s)) {
+    for (const std::string mode : {"fp32", "tf32", "bf16"}) {
+      const DType dtype = mode == "bf16" ? kBFloat16 : kFloat32;
+      const raw::GemmMath math = mode == "bf16"   ? raw::GemmMath::BFloat16
+                                 : mode == "tf32" ? raw::GemmMath::TF32
+                                                  : raw::GemmMath::Float32;
+      raw::set_chorus_tf32(mode == "tf32");
+      const Shape as = g.batch ? Shape{g.batch, g.m, g.k} : Shape{g.m, g.k};
+      const Shape bs = g.batch ? Shape{g.batch, g.k, g.n} : Shape{g.k, g.n};
+      const Shape cs = g.batch ? Shape{g.batch, g.m, g.n} : Shape{g.m, g.n};
+      const std::string name = g.batch ? fmt::format("{} {}x[{}x{}x{}] {}", g.what, g.batch, g.m, g.n, g.k, mode)
+                                       : fmt::format("{} {}x{}x{} {}", g.what, g.m, g.n, g.k, mode);
+      const double flop = 2.0 * std::max<int64_t>(g.batch, 1) * g.m * g.n * g.k;
+      fresh_peak(s);
+      Tensor a = random(s, as, dtype), b = random(s, bs, dtype);
+      const double ms = median_ms(s, s.warmup, s.iters, [&] { matmul(a, b); });
+      Row r = make_row("chorus", name, ms, flop / ms / 1e9, "TFLOP/s");
+      set_peaks(s, r);
+      out.add(r);
+      if (s.raw) {
+        Tensor c = empty(cs, {.dtype = dtype, .device = s.device});
+        const double raw_ms = median_ms(s, s.warmup, s.iters, [&] { raw::gemm(a, b, c, math); });
+        out.add(make_row("cublas", name, raw_ms, flop / raw_ms / 1e9, "TFLOP/s"));
+      }
+    }
+  }
+  raw::set_chorus_tf32(true);  // chorus's default
+}
+
+// ---- memory ------------------------------------------------------------------------------------
+
+// A device-to-device copy of `bytes` through the runtime (cudaMemcpyAsync on cuda), the bandwidth a
+// memory-bound kernel is measured against; counted as bytes read plus bytes written.
+Row copy_row(const Setup& s, const std::string& name, int64_t bytes) {
+  Tensor src = empty({bytes}, {.dtype = kUInt8, .device = s.device});
+  Tensor dst = empty({bytes}, {.dtype = kUInt8, .device = s.device});
+  src.zero_();
+  DeviceRuntime& rt = runtime_for(s.device, "gpu_bench copy");
+  const Stream stream = current_stream(s.device);
+  const double ms = median_ms(s, s.warmup, s.iters, [&] {
+    rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), static_cast<size_t>(bytes), CopyKind::DeviceToDevice,
+                    stream.handle());
+  });
+  return make_row("copy", name, ms, 2.0 * bytes / ms / 1e6, "GB/s");
+}
+
+void memory(const Setup& s, Section& out) {
+  NoGradGuard no_grad;
+  raw::set_chorus_tf32(true);
+  const models::BertConfig c = models::BertConfig::named(s.bert_config);
+  const int64_t tokens = s.bert_batch * s.bert_seq, heads = c.num_attention_heads;
+  const int64_t big_rows = s.tiny ? 64 : 65536, big_cols = s.tiny ? 128 : 1024;
+  const int64_t add_n = s.tiny ? 4096 : int64_t(1) << 26;
+  struct Case {
+    std::string name;
+    std::function<std::function<void()>()> make;  // allocates the inputs, returns the timed call
+    int64_t elements;                             // of the output (the copy baseline's size)
+    double bytes;                                 // read + written by the op
+  };
+  auto ln = [&](int64_t rows, int64_t cols) {
+    return Case{fmt::format("layer_norm [{}, {}] fp32", rows, cols),
+                [&s, rows, cols]() -> std::function<void()> {
+                  Tensor x = random(s, {rows, cols}), w = random(s, {cols}), bias = random(s, {cols});
+                  return [x, w, bias, cols] { F::layer_norm(x, {cols}, w, bias, 1e-12); };
+                },
+                rows * cols, 4.0 * (2.0 * rows * cols + 2.0 * cols)};
+  };
+  auto sm = [&](int64_t rows, int64_t cols) {
+    return Case{fmt::format("softmax [{}, {}] fp32", rows, cols),
+                [&s, rows, cols]() -> std::function<void()> {
+                  Tensor x = random(s, {rows, cols});
+                  return [x] { softmax(x, -1); };
+                },
+                rows * cols, 4.0 * 2.0 * rows * cols};
+  };
+  const std::vector<Case> cases = {
+      {fmt::format("add [{}] fp32", add_n),
+       [&s, add_n]() -> std::function<void()> {
+         Tensor a = random(s, {add_n}), b = random(s, {add_n});
+         return [a, b] { add(a, b); };
+       },
+       add_n, 4.0 * 3.0 * add_n},
+      ln(big_rows, big_cols),
+      ln(tokens, c.hidden_size),
+      sm(big_rows, big_cols),
+      sm(s.bert_batch * heads * s.bert_seq, s.bert_seq),
+  };
+  for (const Case& k : cases) {
+    fresh_peak(s);
+    {
+      const std::function<void()> op = k.make();
+      const double ms = median_ms(s, s.warmup, s.iters, op);
+      Row r = make_row("chorus", k.name, ms, k.bytes / ms / 1e6, "GB/s");
+      set_peaks(s, r);
+      out.add(r);
+    }
+    out.add(copy_row(s, k.name, 4 * k.elements));
+  }
+}
+
+// ---- conv --------------------------------------------------------------------------------------
+
+struct ConvShape {
+  std::string where;
+  int64_t in_channels, out_channels, kernel, stride, pad, in_size;  // at a 224² input
+};
+
+// Every distinct convolution of ResNet-50 (torchvision v1.5: the stride on the 3x3).
+std::vector<ConvShape> resnet50_convs() {
+  std::vector<ConvShape> v = {{"conv1", 3, 64, 7, 2, 3, 224}};
+  const int64_t planes[4] = {64, 128, 256, 512}, sizes[4] = {56, 56, 28, 14};
+  int64_t inplanes = 64;
+  for (int stage = 0; stage < 4; ++stage) {
+    const int64_t p = planes[stage], in = sizes[stage], stride = stage == 0 ? 1 : 2, out = in / stride;
+    const std::string l = "layer" + std::to_string(stage + 1);
+    v.push_back({l + ".0.conv1", inplanes, p, 1, 1, 0, in});
+    v.push_back({l + ".0.conv2", p, p, 3, stride, 1, in});
+    v.push_back({l + ".*.conv3", p, 4 * p, 1, 1, 0, out});
+    if (stage > 0) v.push_back({l + ".0.downsample", inplanes, 4 * p, 1, 2, 0, in});  // layer1's is conv3's shape
+    v.push_back({l + ".1.conv1", 4 * p, p, 1, 1, 0, out});
+    if (stage > 0) v.push_back({l + ".1.conv2", p, p, 3, 1, 1, out});  // layer1's is .0.conv2's shape
+    inplanes = 4 * p;
+  }
+  return v;
+}
+
+void conv(const Setup& s, Section& out) {
+  for (const std::string mode : {"tf32", "bf16"}) {
+    const DType dtype = mode == "bf16" ? kBFloat16 : kFloat32;
+    raw::set_chorus_cudnn_tf32(true);
+    for (ConvShape c : resnet50_convs()) {
+      if (s.tiny) {
+        // The same layer structure at a size the simulated device runs in moments.
+        c.in_size = std::max<int64_t>(2, c.in_size / 8);
+        if (c.in_channels > 3) c.in_channels = std::max<int64_t>(1, c.in_channels / 16);
+        c.out_channels = std::max<int64_t>(1, c.out_channels / 16);
+      }
+      const int64_t o = (c.in_size + 2 * c.pad - c.kernel) / c.stride + 1, n = s.conv_batch;
+      const std::string name = fmt::format("{} {}x{}x{}² -> {}x{}² k{} s{} {}", c.where, n, c.in_channels, c.in_size,
+                                           c.out_channels, o, c.kernel, c.stride, mode);
+      // Forward and both backward products (input and weight gradients).
+      const double flop = 3.0 * 2.0 * n * c.out_channels * o * o * c.in_channels * c.kernel * c.kernel;
+      fresh_peak(s);
+      Tensor x = random(s, {n, c.in_channels, c.in_size, c.in_size}, dtype).requires_grad_();
+      Tensor w = random(s, {c.out_channels, c.in_channels, c.kernel, c.kernel}, dtype).requires_grad_();
+      Tensor dy = random(s, {n, c.out_channels, o, o}, dtype);
+      {
+        const double ms = median_ms(s, s.conv_warmup, s.conv_iters, [&] {
+          Tensor y = F::conv2d(x, w, Tensor(), {c.stride, c.stride}, {c.pad, c.pad});
+          y.backward(dy);
+          // Fresh gradients each run, as the raw calls write theirs (no accumulation kernel).
+          x.mutable_grad() = Tensor();
+          w.mutable_grad() = Tensor();
+        });
+        Row r = make_row("chorus", name, ms, flop / ms / 1e9, "TFLOP/s");
+        set_peaks(s, r);
+        out.add(r);
+      }
+      if (s.raw) {
+        NoGradGuard no_grad;
+        Tensor xd = x.detach(), wd = w.detach();
+        Tensor y = empty(dy.sizes(), {.dtype = dtype, .device = s.device});
+        Tensor dx = empty(xd.sizes(), {.dtype = dtype, .device = s.device});
+        Tensor dw = empty(wd.sizes(), {.dtype = dtype, .device = s.device});
+        raw::Conv call(xd, wd, y, dy, dx, dw, c.stride, c.pad, true);
+        const double ms = median_ms(s, s.conv_warmup, s.conv_iters, [&] { call.run(); });
+        out.add(make_row("cudnn", name, ms, flop / ms / 1e9, "TFLOP/s", call.algorithms()));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"chorus GPU benchmark: models, GEMM, memory-bound kernels and convolutions against raw libraries"};
+  std::string device = "cuda", only = "resnet50,bert,gemm,memory,conv", json_path;
+  bool tiny = false;
+  std::optional<int> warmup, iters, step_warmup, step_iters;
+  app.add_option("--device", device, "cuda or sim (sim: tiny shapes, few iterations)")->check(CLI::IsMember({"cuda", "sim"}));
+  app.add_option("--only", only, "comma-separated sections: resnet50,bert,gemm,memory,conv");
+  app.add_flag("--tiny", tiny, "tiny shapes and few iterations (always on for sim)");
+  app.add_option("--warmup", warmup, "untimed runs before each timed op or convolution");
+  app.add_option("--iters", iters, "timed runs of each op or convolution (the median is reported)");
+  app.add_option("--step-warmup", step_warmup, "untimed training steps (resnet50, bert)");
+  app.add_option("--step-iters", step_iters, "timed training steps (resnet50, bert)");
+  app.add_option("--json", json_path, "also append the JSON lines to this file");
+  CLI11_PARSE(app, argc, argv);
+
+  Setup s;
+  s.device = Device::parse(device);
+  s.tiny = tiny || s.device.is_sim();
+  std::set<std::string> sections;
+  std::stringstream list(only);
+  for (std::string item; std::getline(list, item, ',');) {
+    if (item.empty()) continue;
+    if (item != "resnet50" && item != "bert" && item != "gemm" && item != "memory" && item != "conv") {
+      std::fprintf(stderr, "gpu_bench: unknown section '%s' (expected resnet50, bert, gemm, memory, conv)\n",
+                   item.c_str());
+      return 2;
+    }
+    sections.insert(item);
+  }
+  if (s.device.type == DeviceType::CUDA && device_count(DeviceType::CUDA) == 0) {
+    std::fprintf(stderr, "gpu_bench: no CUDA device (run it on a GPU, or with --device sim)\n");
+    return 2;
+  }
+  if (s.tiny) {
+    s.warmup = 1, s.iters = 3, s.step_warmup = 1, s.step_iters = 2, s.conv_warmup = 1, s.conv_iters = 2;
+    s.resnet_batch = 2, s.resnet_image = 32;
+    s.bert_config = "tiny", s.bert_batch = 2, s.bert_seq = 16;
+    s.conv_batch = 2;
+  }
+  if (warmup) s.warmup = s.conv_warmup = *warmup;
+  if (iters) s.iters = s.conv_iters = *iters;
+  if (step_warmup) s.step_warmup = *step_warmup;
+  if (step_iters) s.step_iters = *step_iters;
+  s.raw = s.device.type == DeviceType::CUDA && raw::available();
+  if (!json_path.empty()) std::ofstream(json_path, std::ios::trunc);
+
+  std::printf("gpu_bench on %s%s: medians of %d runs after %d (ops), %d training steps after %d\n",
+              s.device.str().c_str(), s.tiny ? " (tiny shapes)" : "", s.iters, s.warmup, s.step_iters, s.step_warmup);
+  if (s.device.is_sim()) {
+    std::printf("sim: the simulated device on the CPU, to check that every section runs; its figures say "
+                "nothing about a GPU. Raw cuBLAS/cuDNN baselines need a CUDA device: chorus rows only "
+                "(the copy baseline goes through the sim runtime).\n");
+  }
+  struct Entry {
+    std::string name, title, baseline;
+    void (*run)(const Setup&, Section&);
+  };
+  const std::vector<Entry> entries = {
+      {"resnet50", "ResNet-50 training step (SGD momentum; TF32 / bf16 autocast)", "torch", resnet50},
+      {"bert", "BERT masked-LM training step (AdamW, bf16 autocast)", "torch", bert},
+      {"gemm", "GEMM (matmul) against cublasGemmEx", "cublas", gemm},
+      {"memory", "memory-bound kernels against a device-to-device copy of the output's size", "copy", memory},
+      {"conv", "conv2d forward + backward (input and weight gradients) against raw cuDNN", "cudnn", conv},
+  };
+  for (const Entry& e : entries) {
+    if (!sections.count(e.name)) continue;
+    std::printf("\n## %s: %s\n", e.name.c_str(), e.title.c_str());
+    std::fflush(stdout);
+    Section section(s, e.name, e.baseline, json_path);
+    e.run(s, section);
+    section.print();
+  }
+  return 0;
+}
