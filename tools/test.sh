@@ -104,14 +104,18 @@ set +e
 #    Its own output base, built without CUDA (--config=tsan sets CUDA_HOME=/nonexistent): nvcc's
 #    objects are not instrumented, and the linker may keep their copy of an inline function
 #    (shared_ptr's release, say), hiding the synchronization TSan must see (docs/reliability.md).
+#    No convenience symlinks from it (--symlink_prefix=/): bazel-<workspace> would point into the
+#    other output base, and the main run's //... would then walk it as a package.
 tsan_base="${CHORUS_TSAN_OUTPUT_BASE:-$HOME/.cache/chorus/bazel-tsan}"
-bazel --output_base="$tsan_base" test -c opt --config=tsan --keep_going "$data_env" --test_env=OMP_NUM_THREADS=1 \
+testlogs="$(bazel --output_base="$tsan_base" info -c opt --config=tsan bazel-testlogs 2>/dev/null)"
+bazel --output_base="$tsan_base" test -c opt --config=tsan --symlink_prefix=/ --keep_going "$data_env" --test_env=OMP_NUM_THREADS=1 \
   //tests/tensor:device_runtime_tsan_test //tests/distributed:stream_group_tsan_test \
   //tests/distributed:store_test //tests/data:data_test //tests/autograd:engine_test \
   //tests/autograd:hooks_test //tests/distributed:multiprocess_test 2>&1 | tee "$output"
 tsan_rc=${PIPESTATUS[0]}
 count_run "$output"
 bazel --output_base="$tsan_base" shutdown >/dev/null 2>&1 || true
+testlogs=bazel-testlogs
 # 2. Everything else. --keep_going: a target that fails to build must not stop every other test.
 bazel test //... -c opt --keep_going "$data_env" "${filters[@]}" "$@" 2>&1 | tee "$output"
 bazel_rc=${PIPESTATUS[0]}
