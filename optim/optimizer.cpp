@@ -82,6 +82,15 @@ std::vector<std::vector<size_t>> buckets_by(const std::vector<Key>& keys) {
   return out;
 }
 
+// Adam's per-parameter state on its first step (the per-tensor and multi-tensor paths alike).
+void init_adam_state(std::map<std::string, Tensor>& st, const Tensor& p, bool amsgrad) {
+  if (st.count("exp_avg")) return;
+  st["step"] = zeros({}, TensorOptions{.dtype = kFloat64});
+  st["exp_avg"] = zeros(p.sizes(), p.options());
+  st["exp_avg_sq"] = zeros(p.sizes(), p.options());
+  if (amsgrad) st["max_exp_avg_sq"] = zeros(p.sizes(), p.options());
+}
+
 }  // namespace
 
 bool MultiTensorChoice::for_group(const ParamGroup& group) const {
@@ -416,12 +425,7 @@ void Adam::step() {
     for (Tensor& p : group.params) {
       if (!p.grad().defined()) continue;
       auto& st = state_of(p);
-      if (!st.count("exp_avg")) {
-        st["step"] = zeros({}, TensorOptions{.dtype = kFloat64});
-        st["exp_avg"] = zeros(p.sizes(), p.options());
-        st["exp_avg_sq"] = zeros(p.sizes(), p.options());
-        if (amsgrad) st["max_exp_avg_sq"] = zeros(p.sizes(), p.options());
-      }
+      init_adam_state(st, p, amsgrad);
       double* step = st["step"].data_ptr<double>();
       *step += 1;
       const AdamBiasCorrection bc = adam_bias_correction(lr, b1, b2, *step);
@@ -454,12 +458,7 @@ void Adam::step_multi_tensor(ParamGroup& group) {
   for (size_t i = 0; i < n; ++i) {
     const Tensor& p = *todo.params[i];
     auto& st = state_of(p);
-    if (!st.count("exp_avg")) {
-      st["step"] = zeros({}, TensorOptions{.dtype = kFloat64});
-      st["exp_avg"] = zeros(p.sizes(), p.options());
-      st["exp_avg_sq"] = zeros(p.sizes(), p.options());
-      if (amsgrad) st["max_exp_avg_sq"] = zeros(p.sizes(), p.options());
-    }
+    init_adam_state(st, p, amsgrad);
     double* step = st["step"].data_ptr<double>();
     *step += 1;
     keys.emplace_back(p.device(), p.dtype(), *step, amsgrad && st.count("max_exp_avg_sq"));
