@@ -12,4 +12,5 @@
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/module.h"
+#include "nn/padding.h"
 #include "nn/transformer.h"

@@ -1,0 +1,119 @@
+// nn's issue-18 layers against libtorch 1.13 (Debian's libtorch-dev, linked here): each case runs
+// on the same random inputs in float32 and float64, and compares the forward values and the
+// gradients of sum(out * g) for a random g. Float64 must agree to round-off (1e-10 relative to the
+// largest value); float32 to 2e-5 (different summation orders).
+#include <torch/torch.h>
+// glog (through torch's headers) defines a CHECK that aborts; Catch2's must win, so it comes after.
+#undef CHECK
+#include <catch2/catch.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "nn/functional.h"
+#include "nn/nn.h"
+#include "tensor/ops.h"
+
+namespace {
+
+using chorus::Tensor;
+using CFn = std::function<Tensor(const chorus::TensorList&)>;
+using TFn = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
+
+torch::Tensor to_torch(const Tensor& t) {
+  const Tensor c = t.detach().to(chorus::kFloat64).contiguous();
+  std::vector<int64_t> sizes(c.sizes().begin(), c.sizes().end());
+  return torch::from_blob(const_cast<double*>(c.data_ptr<double>()), sizes, torch::kFloat64).clone();
+}
+
+// max |a - b| / max(1, max |b|); infinity when shapes differ.
+double max_diff(const Tensor& c, const torch::Tensor& t) {
+  const torch::Tensor a = to_torch(c), b = t.detach().to(torch::kFloat64);
+  if (a.sizes() != b.sizes()) return INFINITY;
+  if (a.numel() == 0) return 0;
+  return (a - b).abs().max().item<double>() / std::max(1.0, b.abs().max().item<double>());
+}
+
+struct Case {
+  std::string name;
+  std::vector<std::vector<int64_t>> shapes;
+  CFn chorus_fn;
+  TFn torch_fn;
+};
+
+void check(const Case& c, chorus::DType dtype) {
+  const bool f64 = dtype == chorus::kFloat64;
+  INFO(c.name << (f64 ? " float64" : " float32"));
+  const double tol = f64 ? 1e-10 : 2e-5;
+  chorus::manual_seed(1234);
+  chorus::TensorList in;
+  std::vector<torch::Tensor> tin;
+  for (const auto& s : c.shapes) {
+    Tensor x = chorus::randn(s, {.dtype = dtype});
+    in.push_back(x.requires_grad_());
+    tin.push_back(to_torch(x).to(f64 ? torch::kFloat64 : torch::kFloat32).requires_grad_());
+  }
+  const Tensor out = c.chorus_fn(in);
+  const torch::Tensor tout = c.torch_fn(tin);
+  CHECK(out.dtype() == dtype);
+  CHECK(out.sizes() == chorus::Shape(tout.sizes().begin(), tout.sizes().end()));
+  CHECK(max_diff(out, tout) < tol);
+  const Tensor g = chorus::randn(out.sizes(), {.dtype = dtype});
+  chorus::sum(chorus::mul(out, g)).backward();
+  (tout * to_torch(g).to(tout.dtype())).sum().backward();
+  for (size_t i = 0; i < in.size(); ++i) {
+    INFO("gradient of input " << i);
+    REQUIRE(tin[i].grad().defined());
+    REQUIRE(in[i].grad().defined());
+    CHECK(max_diff(in[i].grad(), tin[i].grad()) < tol);
+  }
+}
+
+void check_all(const std::vector<Case>& cases) {
+  torch::set_num_threads(1);
+  for (const Case& k : cases) {
+    check(k, chorus::kFloat64);
+    check(k, chorus::kFloat32);
+  }
+}
+
+namespace c = chorus;
+namespace F = chorus::nn::functional;
+namespace TF = torch::nn::functional;
+using L = const c::TensorList&;
+using T = const std::vector<torch::Tensor>&;
+
+}  // namespace
+
+TEST_CASE("pad equals libtorch's in every mode, forward and backward", "[nn][libtorch][pad]") {
+  using M = F::PadMode;
+  check_all({
+      {"constant 1 dim", {{2, 3, 5}}, [](L x) { return F::pad(x[0], {1, 2}, M::Constant, 0.5); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({1, 2}).value(0.5)); }},
+      {"constant 3 dims of 4", {{2, 3, 4, 5}}, [](L x) { return F::pad(x[0], {1, 0, 0, 2, 3, 1}); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({1, 0, 0, 2, 3, 1})); }},
+      {"constant negative crops", {{2, 3, 6, 5}}, [](L x) { return F::pad(x[0], {-1, 2, -2, -1}, M::Constant, -1.0); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({-1, 2, -2, -1}).value(-1.0)); }},
+      {"reflect 1d", {{2, 3, 6}}, [](L x) { return F::pad(x[0], {3, 5}, M::Reflect); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({3, 5}).mode(torch::kReflect)); }},
+      {"reflect 2d", {{2, 3, 4, 5}}, [](L x) { return F::pad(x[0], {2, 4, 3, 1}, M::Reflect); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({2, 4, 3, 1}).mode(torch::kReflect)); }},
+      {"reflect 2d unbatched", {{3, 4, 5}}, [](L x) { return F::pad(x[0], {1, 1, 2, 0}, M::Reflect); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({1, 1, 2, 0}).mode(torch::kReflect)); }},
+      {"replicate 2d", {{2, 3, 4, 5}}, [](L x) { return F::pad(x[0], {3, 1, 0, 6}, M::Replicate); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({3, 1, 0, 6}).mode(torch::kReplicate)); }},
+      {"replicate 3d", {{1, 2, 3, 4, 3}}, [](L x) { return F::pad(x[0], {1, 2, 2, 1, 1, 3}, M::Replicate); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({1, 2, 2, 1, 1, 3}).mode(torch::kReplicate)); }},
+      {"circular 1d", {{2, 3, 5}}, [](L x) { return F::pad(x[0], {5, 2}, M::Circular); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({5, 2}).mode(torch::kCircular)); }},
+      {"circular 2d", {{2, 3, 4, 5}}, [](L x) { return F::pad(x[0], {2, 3, 4, 1}, M::Circular); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({2, 3, 4, 1}).mode(torch::kCircular)); }},
+      {"ReflectionPad2d module", {{2, 3, 4, 5}}, [](L x) { return c::nn::ReflectionPad2d(2)(x[0]); },
+       [](T x) { return torch::nn::ReflectionPad2d(2)(x[0]); }},
+      {"ZeroPad2d module", {{2, 3, 4, 5}}, [](L x) { return c::nn::ZeroPad2d({1, 2, 0, 3})(x[0]); },
+       [](T x) { return torch::nn::ZeroPad2d(torch::nn::ZeroPad2dOptions({1, 2, 0, 3}))(x[0]); }},
+      {"ReplicationPad1d module", {{2, 3, 4}}, [](L x) { return c::nn::ReplicationPad1d({0, 3})(x[0]); },
+       [](T x) { return torch::nn::ReplicationPad1d(torch::nn::ReplicationPad1dOptions({0, 3}))(x[0]); }},
+  });
+}
