@@ -58,3 +58,52 @@ TEST_CASE("pad: bad padding lists and sizes are errors naming what was given", "
   CHECK_THAT(error_message([&] { F::pad(x, {1, 1}, F::PadMode::Reflect, 3.0); }), Contains("only used in constant mode"));
   CHECK_THAT(error_message([&] { F::pad(x, {-3, -2}); }), Contains("negative or empty size -1"));
 }
+
+namespace {
+std::vector<std::string> state_names(const c::nn::Module& m) {
+  std::vector<std::string> names;
+  for (const auto& [name, t] : m.state_dict()) names.push_back(name);
+  return names;
+}
+}  // namespace
+
+TEST_CASE("GroupNorm and InstanceNorm2d: state_dict names and initial values as PyTorch's", "[nn][norm]") {
+  c::nn::GroupNorm gn(2, 4);
+  CHECK(state_names(gn) == std::vector<std::string>{"weight", "bias"});
+  CHECK(c::nn_test::doubles(gn.weight) == std::vector<double>(4, 1.0));
+  CHECK(state_names(c::nn::GroupNorm(2, 4, 1e-5, false)).empty());
+  CHECK(state_names(c::nn::InstanceNorm2d(3)).empty());
+  CHECK(state_names(c::nn::InstanceNorm2d(3, 1e-5, 0.1, true, true)) ==
+        std::vector<std::string>{"weight", "bias", "running_mean", "running_var", "num_batches_tracked"});
+  c::nn::Sequential seq{std::make_shared<c::nn::InstanceNorm2d>(3, 1e-5, 0.1, false, true)};
+  CHECK(state_names(seq) == std::vector<std::string>{"0.running_mean", "0.running_var", "0.num_batches_tracked"});
+}
+
+TEST_CASE("group_norm and instance_norm: the sim device gives the CPU's values and gradients", "[nn][norm][sim]") {
+  check_sim_equals_cpu({2, 6, 3, 4}, [](const c::Tensor& x) { return F::group_norm(x, 3); });
+  check_sim_equals_cpu({2, 3, 4, 5}, [](const c::Tensor& x) { return F::instance_norm(x); });
+}
+
+TEST_CASE("group_norm, instance_norm and their modules: bad input is an error naming it", "[nn][norm][errors]") {
+  c::Tensor x = c::randn({2, 6, 4});
+  CHECK_THAT(error_message([&] { F::group_norm(x, 4); }), Contains("6 channels") && Contains("num_groups (4)"));
+  CHECK_THAT(error_message([&] { F::group_norm(x, 3, c::ones({5})); }), Contains("weight must have shape [6]"));
+  CHECK_THAT(error_message([&] { F::group_norm(c::randn({2, 6, 1}), 6); }), Contains("more than one value"));
+  CHECK_THAT(error_message([&] { c::nn::GroupNorm(4, 6); }), Contains("divisible by num_groups (4)"));
+  CHECK_THAT(error_message([&] { c::nn::GroupNorm(3, 6)(c::randn({2, 5, 4})); }), Contains("[2, 5, 4]"));
+  CHECK_THAT(error_message([&] { F::instance_norm(c::randn({2, 6})); }), Contains("at least 3 dims"));
+  CHECK_THAT(error_message([&] { F::instance_norm(x, c::Tensor(), c::Tensor(), c::Tensor(), c::Tensor(), false); }),
+             Contains("needs running_mean"));
+  CHECK_THAT(error_message([&] { c::nn::InstanceNorm2d(6)(c::randn({2, 6})); }),
+             Contains("4-D (batched) or 3-D (unbatched) input, got shape [2, 6]"));
+  CHECK_THAT(error_message([&] { c::nn::InstanceNorm2d(5)(c::randn({2, 6, 4, 4})); }), Contains("expected input with 5 channels"));
+}
+
+TEST_CASE("InstanceNorm2d without running statistics normalizes with the input's in eval too", "[nn][norm]") {
+  c::nn::InstanceNorm2d norm(2);
+  norm.eval();
+  c::Tensor y = norm(c::add(c::mul(c::randn({3, 2, 4, 4}, {.dtype = c::kFloat64}), 3.0), 5.0));
+  c::Tensor m = c::mean(y, {2, 3});
+  CHECK(c::amax(c::abs(m)).item<double>() < 1e-12);
+  CHECK(c::amax(c::abs(c::sub(c::var(y, {2, 3}, false), 1.0))).item<double>() < 1e-3);
+}

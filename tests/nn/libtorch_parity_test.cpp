@@ -117,3 +117,69 @@ TEST_CASE("pad equals libtorch's in every mode, forward and backward", "[nn][lib
        [](T x) { return torch::nn::ReplicationPad1d(torch::nn::ReplicationPad1dOptions({0, 3}))(x[0]); }},
   });
 }
+
+TEST_CASE("group_norm and instance_norm equal libtorch's, forward and backward", "[nn][libtorch][norm]") {
+  check_all({
+      {"group_norm affine 4-D", {{3, 6, 4, 5}, {6}, {6}}, [](L x) { return F::group_norm(x[0], 3, x[1], x[2], 1e-5); },
+       [](T x) { return torch::group_norm(x[0], 3, x[1], x[2], 1e-5); }},
+      {"group_norm no affine 3-D", {{2, 8, 7}}, [](L x) { return F::group_norm(x[0], 2); },
+       [](T x) { return torch::group_norm(x[0], 2); }},
+      {"group_norm one channel per group, shifted input", {{2, 4, 3, 3}, {4}},
+       [](L x) { return F::group_norm(c::add(x[0], 3.0), 4, x[1], c::Tensor(), 1e-3); },
+       [](T x) { return torch::group_norm(x[0] + 3.0, 4, x[1], {}, 1e-3); }},
+      {"instance_norm affine", {{3, 4, 5, 6}, {4}, {4}},
+       [](L x) { return F::instance_norm(x[0], c::Tensor(), c::Tensor(), x[1], x[2], true, 0.1, 1e-5); },
+       [](T x) { return torch::instance_norm(x[0], x[1], x[2], {}, {}, true, 0.1, 1e-5, false); }},
+      {"instance_norm 1-d, no affine", {{2, 3, 9}},
+       [](L x) { return F::instance_norm(x[0]); },
+       [](T x) { return torch::instance_norm(x[0], {}, {}, {}, {}, true, 0.1, 1e-5, false); }},
+      {"GroupNorm module", {{2, 6, 3, 4}},
+       [](L x) {
+         c::nn::GroupNorm m(2, 6);
+         m.to(x[0].dtype());
+         return m(x[0]);
+       },
+       [](T x) {
+         torch::nn::GroupNorm m(2, 6);
+         m->to(x[0].scalar_type());
+         return m(x[0]);
+       }},
+      {"InstanceNorm2d module, unbatched", {{4, 3, 5}}, [](L x) { return c::nn::InstanceNorm2d(4)(x[0]); },
+       [](T x) { return torch::nn::InstanceNorm2d(4)(x[0]); }},
+  });
+}
+
+TEST_CASE("InstanceNorm2d with running statistics follows libtorch's in training and eval", "[nn][libtorch][norm]") {
+  torch::set_num_threads(1);
+  for (c::DType dtype : {c::kFloat64, c::kFloat32}) {
+    const bool f64 = dtype == c::kFloat64;
+    INFO((f64 ? "float64" : "float32"));
+    const double tol = f64 ? 1e-10 : 2e-5;
+    c::nn::InstanceNorm2d ours(3, 1e-5, 0.3, true, true);
+    ours.to(dtype);
+    torch::nn::InstanceNorm2d theirs(torch::nn::InstanceNorm2dOptions(3).momentum(0.3).affine(true).track_running_stats(true));
+    theirs->to(f64 ? torch::kFloat64 : torch::kFloat32);
+    c::manual_seed(5);
+    {
+      c::NoGradGuard no_grad;
+      c::Tensor w = c::randn({3}, {.dtype = dtype}), b = c::randn({3}, {.dtype = dtype});
+      ours.weight.copy_(w);
+      ours.bias.copy_(b);
+      torch::NoGradGuard tno_grad;
+      theirs->weight.copy_(to_torch(w));
+      theirs->bias.copy_(to_torch(b));
+    }
+    for (int step = 0; step < 2; ++step) {
+      c::Tensor x = c::add(c::mul(c::randn({4, 3, 5, 6}, {.dtype = dtype}), 2.0), 1.5);
+      CHECK(max_diff(ours.forward(x), theirs->forward(to_torch(x).to(theirs->weight.dtype()))) < tol);
+    }
+    CHECK(max_diff(ours.running_mean, theirs->running_mean) < tol);
+    CHECK(max_diff(ours.running_var, theirs->running_var) < tol);
+    // The running statistics moved away from their initial zeros and ones.
+    CHECK(c::amax(c::abs(ours.running_mean)).item<double>() > 0.1);
+    ours.eval();
+    theirs->eval();
+    c::Tensor x = c::randn({2, 3, 4, 4}, {.dtype = dtype});
+    CHECK(max_diff(ours.forward(x), theirs->forward(to_torch(x).to(theirs->weight.dtype()))) < tol);
+  }
+}
