@@ -7,3 +7,4 @@
 #include "nn/functional/loss.h"
 #include "nn/functional/normalization.h"
 #include "nn/functional/pad.h"
+#include "nn/functional/upsample.h"

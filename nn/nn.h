@@ -15,3 +15,4 @@
 #include "nn/normalization.h"
 #include "nn/padding.h"
 #include "nn/transformer.h"
+#include "nn/upsample.h"

@@ -107,3 +107,40 @@ TEST_CASE("InstanceNorm2d without running statistics normalizes with the input's
   CHECK(c::amax(c::abs(m)).item<double>() < 1e-12);
   CHECK(c::amax(c::abs(c::sub(c::var(y, {2, 3}, false), 1.0))).item<double>() < 1e-3);
 }
+
+TEST_CASE("interpolate: the sim device gives the CPU's values and gradients", "[nn][upsample][sim]") {
+  using M = F::InterpolateMode;
+  check_sim_equals_cpu({2, 3, 4, 5}, [](const c::Tensor& x) { return F::interpolate(x, {.size = {7, 3}, .mode = M::Bilinear}); });
+  check_sim_equals_cpu({2, 3, 4, 5}, [](const c::Tensor& x) { return F::interpolate(x, {.scale_factor = {1.5}}); });
+  check_sim_equals_cpu({2, 8, 3, 5}, [](const c::Tensor& x) { return F::pixel_shuffle(x, 2); });
+}
+
+TEST_CASE("pixel_unshuffle undoes pixel_shuffle exactly", "[nn][upsample]") {
+  c::Tensor x = c::randn({2, 18, 3, 4});
+  CHECK(c::equal(F::pixel_unshuffle(F::pixel_shuffle(x, 3), 3), x));
+  // Output pixel (h*r + i, w*r + j) of channel c is input channel c*r*r + i*r + j at (h, w).
+  c::Tensor y = F::pixel_shuffle(x, 3);
+  CHECK(y.sizes() == c::Shape{2, 2, 9, 12});
+  CHECK(y.select(0, 1).select(0, 1).select(0, 4).select(0, 7).item<float>() ==
+        x.select(0, 1).select(0, 9 + 1 * 3 + 1).select(0, 1).select(0, 2).item<float>());
+}
+
+TEST_CASE("interpolate, Upsample and pixel (un)shuffle: bad arguments are errors naming them", "[nn][upsample][errors]") {
+  using M = F::InterpolateMode;
+  c::Tensor x = c::randn({2, 3, 4, 5});
+  CHECK_THAT(error_message([&] { F::interpolate(x, {}); }), Contains("exactly one of size ({}) and scale_factor ({})"));
+  CHECK_THAT(error_message([&] { F::interpolate(x, {.size = {4}, .scale_factor = {2.0}}); }), Contains("exactly one"));
+  CHECK_THAT(error_message([&] { F::interpolate(x, {.size = {4, 5, 6}}); }), Contains("1 or 2 values") && Contains("{4, 5, 6}"));
+  CHECK_THAT(error_message([&] { F::interpolate(x, {.size = {4}, .mode = M::Linear}); }),
+             Contains("linear expects a 3-D input") && Contains("[2, 3, 4, 5]"));
+  CHECK_THAT(error_message([&] { F::interpolate(x, {.size = {4}, .align_corners = true}); }), Contains("not nearest"));
+  CHECK_THAT(error_message([&] { F::interpolate(x, {.scale_factor = {-1.0}}); }), Contains("positive and finite"));
+  CHECK_THAT(error_message([&] { F::interpolate(x, {.scale_factor = {0.1}}); }), Contains("must both be positive"));
+  CHECK_THAT(error_message([&] { F::interpolate(c::ones({1, 1, 2, 2}, {.dtype = c::kInt64}), {.size = {4}}); }),
+             Contains("floating-point"));
+  CHECK_THAT(error_message([&] { c::nn::Upsample({.mode = M::Bilinear}); }), Contains("exactly one"));
+  CHECK_THAT(error_message([&] { F::pixel_shuffle(x, 2); }), Contains("3 channels") && Contains("upscale_factor^2 = 4"));
+  CHECK_THAT(error_message([&] { F::pixel_unshuffle(x, 2); }), Contains("divisible by downscale_factor 2"));
+  CHECK_THAT(error_message([&] { F::pixel_shuffle(c::randn({4, 4}), 2); }), Contains("at least 3 dims"));
+  CHECK_THAT(error_message([&] { c::nn::PixelShuffle(0); }), Contains("must be positive, got 0"));
+}

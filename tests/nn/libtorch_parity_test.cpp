@@ -183,3 +183,63 @@ TEST_CASE("InstanceNorm2d with running statistics follows libtorch's in training
     CHECK(max_diff(ours.forward(x), theirs->forward(to_torch(x).to(theirs->weight.dtype()))) < tol);
   }
 }
+
+TEST_CASE("interpolate, Upsample and pixel (un)shuffle equal libtorch's, forward and backward",
+          "[nn][libtorch][upsample]") {
+  using M = F::InterpolateMode;
+  auto opts = [](std::vector<int64_t> size, std::vector<double> scale, torch::nn::functional::InterpolateFuncOptions::mode_t mode,
+                 std::optional<bool> align = std::nullopt) {
+    auto o = TF::InterpolateFuncOptions().mode(mode);
+    if (!size.empty()) o.size(size);
+    if (!scale.empty()) o.scale_factor(scale);
+    if (align) o.align_corners(*align);
+    return o;
+  };
+  check_all({
+      {"nearest size up, uneven", {{2, 3, 4, 5}}, [](L x) { return F::interpolate(x[0], {.size = {7, 11}}); },
+       [=](T x) { return TF::interpolate(x[0], opts({7, 11}, {}, torch::kNearest)); }},
+      {"nearest size down", {{2, 3, 9, 7}}, [](L x) { return F::interpolate(x[0], {.size = {4, 3}}); },
+       [=](T x) { return TF::interpolate(x[0], opts({4, 3}, {}, torch::kNearest)); }},
+      {"nearest scale 2", {{2, 3, 4, 5}}, [](L x) { return F::interpolate(x[0], {.scale_factor = {2.0}}); },
+       [=](T x) { return TF::interpolate(x[0], opts({}, {2.0, 2.0}, torch::kNearest)); }},
+      {"nearest scale 1.7 x 0.6", {{1, 2, 5, 8}}, [](L x) { return F::interpolate(x[0], {.scale_factor = {1.7, 0.6}}); },
+       [=](T x) { return TF::interpolate(x[0], opts({}, {1.7, 0.6}, torch::kNearest)); }},
+      {"nearest 1-d", {{2, 3, 5}}, [](L x) { return F::interpolate(x[0], {.size = {12}}); },
+       [=](T x) { return TF::interpolate(x[0], opts({12}, {}, torch::kNearest)); }},
+      {"bilinear size", {{2, 3, 4, 5}}, [](L x) { return F::interpolate(x[0], {.size = {7, 9}, .mode = M::Bilinear}); },
+       [=](T x) { return TF::interpolate(x[0], opts({7, 9}, {}, torch::kBilinear, false)); }},
+      {"bilinear size down", {{2, 3, 9, 8}}, [](L x) { return F::interpolate(x[0], {.size = {4, 5}, .mode = M::Bilinear}); },
+       [=](T x) { return TF::interpolate(x[0], opts({4, 5}, {}, torch::kBilinear, false)); }},
+      {"bilinear align_corners", {{2, 3, 4, 5}},
+       [](L x) { return F::interpolate(x[0], {.size = {7, 9}, .mode = M::Bilinear, .align_corners = true}); },
+       [=](T x) { return TF::interpolate(x[0], opts({7, 9}, {}, torch::kBilinear, true)); }},
+      {"bilinear align_corners to 1 row", {{2, 3, 4, 5}},
+       [](L x) { return F::interpolate(x[0], {.size = {1, 3}, .mode = M::Bilinear, .align_corners = true}); },
+       [=](T x) { return TF::interpolate(x[0], opts({1, 3}, {}, torch::kBilinear, true)); }},
+      {"bilinear scale 1.5 x 2.25", {{2, 2, 4, 4}},
+       [](L x) { return F::interpolate(x[0], {.scale_factor = {1.5, 2.25}, .mode = M::Bilinear}); },
+       [=](T x) { return TF::interpolate(x[0], opts({}, {1.5, 2.25}, torch::kBilinear, false)); }},
+      {"bilinear scale 1.3 recomputed", {{2, 2, 5, 4}},
+       [](L x) {
+         return F::interpolate(x[0], {.scale_factor = {1.3}, .mode = M::Bilinear, .recompute_scale_factor = true});
+       },
+       [=](T x) { return TF::interpolate(x[0], opts({}, {1.3, 1.3}, torch::kBilinear, false).recompute_scale_factor(true)); }},
+      {"linear 1-d", {{2, 3, 6}}, [](L x) { return F::interpolate(x[0], {.size = {10}, .mode = M::Linear}); },
+       [=](T x) { return TF::interpolate(x[0], opts({10}, {}, torch::kLinear, false)); }},
+      {"trilinear align_corners", {{1, 2, 3, 4, 3}},
+       [](L x) { return F::interpolate(x[0], {.size = {5, 6, 2}, .mode = M::Trilinear, .align_corners = true}); },
+       [=](T x) { return TF::interpolate(x[0], opts({5, 6, 2}, {}, torch::kTrilinear, true)); }},
+      {"Upsample module bilinear x2", {{2, 3, 4, 5}},
+       [](L x) { return c::nn::Upsample({.scale_factor = {2.0}, .mode = M::Bilinear})(x[0]); },
+       [](T x) {
+         return torch::nn::Upsample(torch::nn::UpsampleOptions().scale_factor(std::vector<double>{2.0, 2.0})
+                                        .mode(torch::kBilinear).align_corners(false))(x[0]);
+       }},
+      {"pixel_shuffle", {{2, 12, 3, 4}}, [](L x) { return F::pixel_shuffle(x[0], 2); },
+       [](T x) { return torch::pixel_shuffle(x[0], 2); }},
+      {"pixel_unshuffle", {{2, 3, 6, 9}}, [](L x) { return F::pixel_unshuffle(x[0], 3); },
+       [](T x) { return torch::pixel_unshuffle(x[0], 3); }},
+      {"PixelShuffle module, extra leading dim", {{2, 2, 9, 2, 3}}, [](L x) { return c::nn::PixelShuffle(3)(x[0]); },
+       [](T x) { return torch::nn::PixelShuffle(3)(x[0]); }},
+  });
+}
