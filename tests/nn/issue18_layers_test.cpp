@@ -144,3 +144,71 @@ TEST_CASE("interpolate, Upsample and pixel (un)shuffle: bad arguments are errors
   CHECK_THAT(error_message([&] { F::pixel_shuffle(c::randn({4, 4}), 2); }), Contains("at least 3 dims"));
   CHECK_THAT(error_message([&] { c::nn::PixelShuffle(0); }), Contains("must be positive, got 0"));
 }
+
+TEST_CASE("Conv1d: parameters, state_dict names, default init bounds and errors", "[nn][conv]") {
+  c::nn::Conv1d conv(c::nn::Conv1dOptions(4, 6, 5).groups(2));
+  CHECK(state_names(conv) == std::vector<std::string>{"weight", "bias"});
+  CHECK(conv.weight.sizes() == c::Shape{6, 2, 5});
+  // kaiming_uniform(a = sqrt(5)) bounds the weights by 1/sqrt(fan_in) = 1/sqrt(2 * 5), as the bias.
+  const double bound = 1.0 / std::sqrt(10.0);
+  CHECK(c::amax(c::abs(conv.weight)).item<float>() <= bound);
+  CHECK(c::amax(c::abs(conv.weight)).item<float>() > 0.5 * bound);
+  CHECK(c::nn::Conv1d(c::nn::Conv1dOptions(2, 2, 3).bias(false)).state_dict().size() == 1);
+  c::Tensor w = c::randn({4, 3, 3});
+  CHECK_THAT(error_message([&] { F::conv1d(c::randn({2, 3, 4, 5}), w); }), Contains("2-D [C_in, L] or 3-D") && Contains("[2, 3, 4, 5]"));
+  CHECK_THAT(error_message([&] { F::conv1d(c::randn({2, 5, 8}), w); }), Contains("5 channels") && Contains("expects 3"));
+  CHECK_THAT(error_message([&] { F::conv1d(c::randn({2, 3, 8}), c::randn({4, 3})); }), Contains("3-D weight"));
+  CHECK_THAT(error_message([&] { F::conv1d(c::randn({2, 3, 2}), w); }), Contains("shorter than the kernel's span 3"));
+  CHECK_THAT(error_message([&] { F::conv1d(c::randn({2, 3, 8}), w, c::Tensor(), 0); }), Contains("stride >= 1"));
+  CHECK_THAT(error_message([&] { c::nn::Conv1d(c::nn::Conv1dOptions(3, 4, 3).groups(2)); }), Contains("divisible by groups (2)"));
+}
+
+TEST_CASE("conv1d: the sim device gives the CPU's values and gradients", "[nn][conv][sim]") {
+  c::manual_seed(9);
+  c::Tensor w = c::randn({4, 3, 3}, {.dtype = c::kFloat64});
+  check_sim_equals_cpu({2, 3, 10}, [&](const c::Tensor& x) { return F::conv1d(x, w.to(x.device()), c::Tensor(), 2, 1); });
+}
+
+TEST_CASE("dropout2d zeroes whole channels with probability p and scales the rest", "[nn][dropout]") {
+  c::manual_seed(21);
+  const double p = 0.3;
+  c::Tensor x = c::add(c::rand({200, 50, 3, 4}, {.dtype = c::kFloat64}), 0.5).requires_grad_();
+  c::Tensor y = F::dropout2d(x, p);
+  // Per channel: y / x is 0 everywhere or 1/(1-p) everywhere.
+  c::Tensor ratio = c::div(y.detach(), x.detach());
+  c::Tensor lo = c::amin(ratio, {2, 3}), hi = c::amax(ratio, {2, 3});
+  CHECK(c::amax(c::abs(c::sub(hi, lo))).item<double>() < 1e-12);
+  c::Tensor dropped = c::eq(hi, 0.0);
+  CHECK(c::all(c::logical_or(dropped, c::lt(c::abs(c::sub(hi, 1.0 / (1.0 - p))), 1e-12))).item<bool>());
+  const double fraction = c::mean(dropped.to(c::kFloat64)).item<double>();
+  CHECK(std::abs(fraction - p) < 0.02);  // 10,000 channels: the standard deviation is 0.0046
+  // The gradient is the same mask.
+  c::sum(y).backward();
+  CHECK(c::allclose(x.grad(), c::div(y.detach(), x.detach()), 1e-12, 1e-12));
+  // Unbatched [C, H, W]: channels are dim 0.
+  c::Tensor u = F::dropout2d(c::ones({400, 2, 2}), 0.5);
+  CHECK(c::equal(c::amin(u, {1, 2}), c::amax(u, {1, 2})));
+  // dropout1d: [N, C, L] channels.
+  c::Tensor v = F::dropout1d(c::ones({40, 30, 5}), 0.5);
+  CHECK(c::equal(c::amin(v, {2}), c::amax(v, {2})));
+  CHECK(c::any(c::eq(v, 0.0)).item<bool>());
+}
+
+TEST_CASE("Dropout2d: identity in eval, p = 0 and p = 1, same numbers on sim, errors", "[nn][dropout]") {
+  c::nn::Dropout2d drop(0.4);
+  c::Tensor x = c::randn({4, 6, 3, 3});
+  drop.eval();
+  CHECK(c::equal(drop(x), x));
+  drop.train();
+  CHECK_FALSE(c::equal(drop(x), x));
+  CHECK(c::equal(F::dropout2d(x, 0.0), x));
+  CHECK(c::equal(F::dropout2d(x, 1.0), c::zeros_like(x)));
+  c::manual_seed(5);
+  c::Tensor on_cpu = F::dropout2d(x, 0.5);
+  c::manual_seed(5);
+  c::Tensor on_sim = F::dropout2d(x.to(c::Device("sim:0")), 0.5);
+  CHECK(c::equal(on_sim.to(c::kCPU), on_cpu));
+  CHECK_THAT(error_message([&] { F::dropout2d(c::randn({4, 6}), 0.5); }), Contains("4-D (batched) or 3-D") && Contains("[4, 6]"));
+  CHECK_THAT(error_message([&] { c::nn::Dropout2d(1.5); }), Contains("between 0 and 1, but got 1.5"));
+  CHECK_THAT(error_message([&] { F::dropout1d(c::randn({4, 6, 2, 2})); }), Contains("3-D (batched) or 2-D"));
+}

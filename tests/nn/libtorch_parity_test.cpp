@@ -243,3 +243,47 @@ TEST_CASE("interpolate, Upsample and pixel (un)shuffle equal libtorch's, forward
        [](T x) { return torch::nn::PixelShuffle(3)(x[0]); }},
   });
 }
+
+TEST_CASE("conv1d equals libtorch's, forward and backward", "[nn][libtorch][conv]") {
+  check_all({
+      {"conv1d plain", {{2, 3, 10}, {4, 3, 3}, {4}}, [](L x) { return F::conv1d(x[0], x[1], x[2]); },
+       [](T x) { return torch::conv1d(x[0], x[1], x[2]); }},
+      {"conv1d stride 2 padding 2 dilation 2", {{2, 3, 11}, {5, 3, 3}, {5}},
+       [](L x) { return F::conv1d(x[0], x[1], x[2], 2, 2, 2); },
+       [](T x) { return torch::conv1d(x[0], x[1], x[2], 2, 2, 2); }},
+      {"conv1d groups 2, no bias", {{3, 4, 9}, {6, 2, 4}}, [](L x) { return F::conv1d(x[0], x[1], c::Tensor(), 1, 1, 1, 2); },
+       [](T x) { return torch::conv1d(x[0], x[1], {}, 1, 1, 1, 2); }},
+      {"conv1d unbatched", {{3, 8}, {2, 3, 5}, {2}}, [](L x) { return F::conv1d(x[0], x[1], x[2], 1, 2); },
+       [](T x) { return torch::conv1d(x[0], x[1], x[2], 1, 2); }},
+  });
+}
+
+TEST_CASE("Conv1d with each padding_mode equals libtorch's with the same weights", "[nn][libtorch][conv]") {
+  torch::set_num_threads(1);
+  using PM = F::PadMode;
+  const std::vector<std::pair<PM, torch::nn::detail::conv_padding_mode_t>> modes = {
+      {PM::Constant, torch::kZeros}, {PM::Reflect, torch::kReflect}, {PM::Replicate, torch::kReplicate},
+      {PM::Circular, torch::kCircular}};
+  for (const auto& [mode, tmode] : modes) {
+    INFO(F::pad_mode_name(mode));
+    c::manual_seed(3);
+    c::nn::Conv1d ours(c::nn::Conv1dOptions(4, 6, 3).stride(2).padding(2).groups(2).padding_mode(mode));
+    ours.to(c::kFloat64);
+    torch::nn::Conv1d theirs(torch::nn::Conv1dOptions(4, 6, 3).stride(2).padding(2).groups(2).padding_mode(tmode));
+    theirs->to(torch::kFloat64);
+    {
+      torch::NoGradGuard no_grad;
+      theirs->weight.copy_(to_torch(ours.weight));
+      theirs->bias.copy_(to_torch(ours.bias));
+    }
+    c::Tensor x = c::randn({2, 4, 9}, {.dtype = c::kFloat64});
+    c::Tensor y = ours(x);
+    torch::Tensor ty = theirs(to_torch(x));
+    CHECK(max_diff(y, ty) < 1e-12);
+    c::Tensor g = c::randn(y.sizes(), {.dtype = c::kFloat64});
+    c::sum(c::mul(y, g)).backward();
+    (ty * to_torch(g)).sum().backward();
+    CHECK(max_diff(ours.weight.grad(), theirs->weight.grad()) < 1e-12);
+    CHECK(max_diff(ours.bias.grad(), theirs->bias.grad()) < 1e-12);
+  }
+}
