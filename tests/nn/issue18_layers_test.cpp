@@ -212,3 +212,49 @@ TEST_CASE("Dropout2d: identity in eval, p = 0 and p = 1, same numbers on sim, er
   CHECK_THAT(error_message([&] { c::nn::Dropout2d(1.5); }), Contains("between 0 and 1, but got 1.5"));
   CHECK_THAT(error_message([&] { F::dropout1d(c::randn({4, 6, 2, 2})); }), Contains("3-D (batched) or 2-D"));
 }
+
+TEST_CASE("ModuleDict keeps insertion order, replaces in place, and names state as <key>.<param>", "[nn][container]") {
+  auto enc = std::make_shared<c::nn::Linear>(3, 4);
+  c::nn::ModuleDict dict{{"encoder", enc}, {"act", std::make_shared<c::nn::ReLU>()}};
+  dict.insert("head", std::make_shared<c::nn::Linear>(4, 2));
+  CHECK(dict.keys() == std::vector<std::string>{"encoder", "act", "head"});
+  CHECK(state_names(dict) == std::vector<std::string>{"encoder.weight", "encoder.bias", "head.weight", "head.bias"});
+  CHECK(dict.parameters().size() == 4);
+  CHECK(dict.at<c::nn::Linear>("encoder") == enc);
+  CHECK(dict.contains("act"));
+  CHECK_FALSE(dict.contains("missing"));
+  // Replacing "encoder" keeps its position and swaps its parameters.
+  auto enc2 = std::make_shared<c::nn::Linear>(3, 4, false);
+  dict.insert("encoder", enc2);
+  CHECK(dict.keys() == std::vector<std::string>{"encoder", "act", "head"});
+  CHECK(state_names(dict) == std::vector<std::string>{"encoder.weight", "head.weight", "head.bias"});
+  CHECK(dict["encoder"] == enc2);
+  // pop removes the module and its parameters; update appends new keys.
+  CHECK(dict.pop("act")->type_name() == "ReLU");
+  dict.update({{"norm", std::make_shared<c::nn::GroupNorm>(2, 4)}, {"head", std::make_shared<c::nn::Linear>(4, 3)}});
+  CHECK(dict.keys() == std::vector<std::string>{"encoder", "head", "norm"});
+  CHECK(dict.at<c::nn::Linear>("head")->weight.sizes() == c::Shape{3, 4});
+  CHECK(dict.children().size() == 3);
+  // Inside a model, the dict's registered name prefixes its keys, and state loads by those names.
+  c::nn::Sequential model{std::make_shared<c::nn::ModuleDict>(std::initializer_list<c::nn::ModuleDict::Item>{
+      {"proj", std::make_shared<c::nn::Linear>(2, 2)}})};
+  CHECK(state_names(model) == std::vector<std::string>{"0.proj.weight", "0.proj.bias"});
+  c::nn::Sequential copy{std::make_shared<c::nn::ModuleDict>(std::initializer_list<c::nn::ModuleDict::Item>{
+      {"proj", std::make_shared<c::nn::Linear>(2, 2)}})};
+  copy.load_state_dict(model.state_dict());
+  CHECK(c::equal(copy.state_dict()[0].second, model.state_dict()[0].second));
+  dict.clear();
+  CHECK(dict.empty());
+  CHECK(dict.parameters().empty());
+}
+
+TEST_CASE("ModuleDict: bad keys and missing keys are errors naming them", "[nn][container][errors]") {
+  c::nn::ModuleDict dict{{"a", std::make_shared<c::nn::ReLU>()}};
+  CHECK_THAT(error_message([&] { dict["b"]; }), Contains("no key 'b'") && Contains("keys: a"));
+  CHECK_THAT(error_message([&] { dict.pop("b"); }), Contains("no key 'b'"));
+  CHECK_THAT(error_message([&] { dict.insert("x.y", std::make_shared<c::nn::ReLU>()); }), Contains("'x.y'") && Contains("no '.'"));
+  CHECK_THAT(error_message([&] { dict.insert("", std::make_shared<c::nn::ReLU>()); }), Contains("non-empty"));
+  CHECK_THAT(error_message([&] { dict.insert("n", nullptr); }), Contains("'n' is null"));
+  CHECK_THAT(error_message([&] { dict.at<c::nn::Linear>("a"); }), Contains("'a' is a ReLU"));
+  CHECK_THAT(error_message([&] { dict.forward(c::randn({2})); }), !Contains("no error"));
+}

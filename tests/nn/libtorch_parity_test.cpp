@@ -287,3 +287,31 @@ TEST_CASE("Conv1d with each padding_mode equals libtorch's with the same weights
     CHECK(max_diff(ours.bias.grad(), theirs->bias.grad()) < 1e-12);
   }
 }
+
+TEST_CASE("ModuleDict and the norm layers name their state as libtorch's", "[nn][libtorch][container]") {
+  auto names = [](const auto& pairs) {
+    std::vector<std::string> out;
+    for (const auto& p : pairs) out.push_back(p.key());
+    return out;
+  };
+  auto our_names = [](const c::nn::Module& m) {
+    std::vector<std::string> out;
+    for (const auto& [n, t] : m.state_dict()) out.push_back(n);
+    return out;
+  };
+  c::nn::ModuleDict ours{{"conv", std::make_shared<c::nn::Conv1d>(2, 4, 3)},
+                         {"gn", std::make_shared<c::nn::GroupNorm>(2, 4)},
+                         {"inorm", std::make_shared<c::nn::InstanceNorm2d>(4, 1e-5, 0.1, true, true)},
+                         {"up", std::make_shared<c::nn::Upsample>(F::InterpolateOptions{.scale_factor = {2.0}})}};
+  torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>> items;
+  items.insert("conv", torch::nn::Conv1d(2, 4, 3).ptr());
+  items.insert("gn", torch::nn::GroupNorm(2, 4).ptr());
+  items.insert("inorm",
+               torch::nn::InstanceNorm2d(torch::nn::InstanceNorm2dOptions(4).affine(true).track_running_stats(true)).ptr());
+  items.insert("up", torch::nn::Upsample(torch::nn::UpsampleOptions().scale_factor(std::vector<double>{2.0, 2.0})).ptr());
+  torch::nn::ModuleDict theirs(items);
+  std::vector<std::string> expected = names(theirs->named_parameters());
+  for (const auto& b : names(theirs->named_buffers())) expected.push_back(b);
+  CHECK(our_names(ours) == expected);
+  CHECK(expected.size() == 9);
+}
