@@ -5,6 +5,8 @@
 // under Reflect), which is what PyTorch's dedicated pad kernels compute.
 #include "nn/functional/pad.h"
 
+#include <algorithm>
+
 #include "autograd/ops/common.h"
 #include "tensor/ops.h"
 
@@ -94,6 +96,11 @@ Tensor pad(const Tensor& input, const std::vector<int64_t>& pad, PadMode mode, d
     if (n + before + after < 0 || (mode != PadMode::Constant && n + before + after <= 0)) {
       fail("pad: padding ({}, {}) of dim {} (size {}) leaves a negative or empty size {}", before, after, dim, n,
            n + before + after);
+    }
+    const int64_t crop = std::max<int64_t>(0, -before) + std::max<int64_t>(0, -after);
+    if (crop > n) {
+      fail("pad: padding ({}, {}) of dim {} crops {} elements from a dim of size {} (input shape {})", before, after,
+           dim, crop, n, shape_str(input.sizes()));
     }
     if (mode == PadMode::Reflect && (before >= n || after >= n)) {
       fail("pad: reflect padding ({}, {}) of dim {} must be smaller than the dim's size {} (input shape {})", before,

@@ -57,6 +57,7 @@ TEST_CASE("pad: bad padding lists and sizes are errors naming what was given", "
              Contains("2-D or 3-D input") && Contains("[4]"));
   CHECK_THAT(error_message([&] { F::pad(x, {1, 1}, F::PadMode::Reflect, 3.0); }), Contains("only used in constant mode"));
   CHECK_THAT(error_message([&] { F::pad(x, {-3, -2}); }), Contains("negative or empty size -1"));
+  CHECK_THAT(error_message([&] { F::pad(x, {-5, 6}); }), Contains("crops 5 elements from a dim of size 4"));
 }
 
 namespace {
