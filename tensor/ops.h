@@ -189,7 +189,8 @@ Tensor mm(const Tensor& a, const Tensor& b);
 Tensor bmm(const Tensor& a, const Tensor& b);
 // Einstein summation, as torch.einsum: "ij,jk->ik", "bhqd,bhkd->bhqk", implicit output ("ij,jk":
 // the labels used once, sorted, upper case first), repeated labels within an operand (diagonals:
-// "ii->i", "ii->"), "..." for broadcast leading dims; size-1 dims broadcast. Operands share a dtype.
+// "ii->i", "ii->"), "..." for broadcast leading dims (summed when an explicit output leaves it
+// out); size-1 dims broadcast. Operands share a dtype.
 // A composite of diagonal gathers, sums, permutes and bmm (autograd/ops/einsum.cpp).
 Tensor einsum(const std::string& equation, const TensorList& operands);
 // beta * bias + alpha * (a @ b), bias broadcast to [n, m].
