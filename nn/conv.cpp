@@ -49,6 +49,50 @@ std::string Conv2d::extra_repr() const {
   return s;
 }
 
+Conv1d::Conv1d(const Conv1dOptions& opts) : Module("Conv1d"), options(opts) {
+  const int64_t in = opts.in_channels(), out = opts.out_channels(), groups = opts.groups();
+  if (in <= 0 || out <= 0) fail("Conv1d: in_channels ({}) and out_channels ({}) must be positive", in, out);
+  if (groups <= 0 || in % groups != 0 || out % groups != 0) {
+    fail("Conv1d: in_channels ({}) and out_channels ({}) must be divisible by groups ({})", in, out, groups);
+  }
+  if (opts.kernel_size() <= 0) fail("Conv1d: kernel_size must be positive, got {}", opts.kernel_size());
+  weight = register_parameter("weight", empty({out, in / groups, opts.kernel_size()}));
+  if (opts.bias()) bias = register_parameter("bias", empty({out}));
+  reset_parameters();
+}
+
+void Conv1d::reset_parameters() {
+  init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (bias.defined()) {
+    const auto [fan_in, fan_out] = init::fan_in_and_fan_out(weight);
+    (void)fan_out;
+    const double bound = fan_in > 0 ? 1.0 / std::sqrt(static_cast<double>(fan_in)) : 0.0;
+    init::uniform_(bias, -bound, bound);
+  }
+}
+
+Tensor Conv1d::forward(const Tensor& input) {
+  const int64_t p = options.padding();
+  if (options.padding_mode() != functional::PadMode::Constant && p > 0) {
+    return functional::conv1d(functional::pad(input, {p, p}, options.padding_mode()), weight, bias, options.stride(), 0,
+                              options.dilation(), options.groups());
+  }
+  return functional::conv1d(input, weight, bias, options.stride(), p, options.dilation(), options.groups());
+}
+
+std::string Conv1d::extra_repr() const {
+  std::string s = fmt::format("{}, {}, kernel_size=({},), stride=({},)", options.in_channels(), options.out_channels(),
+                              options.kernel_size(), options.stride());
+  if (options.padding() != 0) s += fmt::format(", padding=({},)", options.padding());
+  if (options.dilation() != 1) s += fmt::format(", dilation=({},)", options.dilation());
+  if (options.groups() != 1) s += fmt::format(", groups={}", options.groups());
+  if (!options.bias()) s += ", bias=false";
+  if (options.padding_mode() != functional::PadMode::Constant) {
+    s += fmt::format(", padding_mode={}", functional::pad_mode_name(options.padding_mode()));
+  }
+  return s;
+}
+
 MaxPool2d::MaxPool2d(Pair k, std::optional<Pair> s, Pair p, Pair d, bool ceil)
     : Module("MaxPool2d"), kernel_size(k), stride(s), padding(p), dilation(d), ceil_mode(ceil) {}
 Tensor MaxPool2d::forward(const Tensor& input) {

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "nn/functional/conv.h"
+#include "nn/functional/pad.h"
 #include "nn/module.h"
 
 namespace chorus::nn {
@@ -53,6 +54,51 @@ class Conv2d : public Module {
   void reset_parameters();
 
   Conv2dOptions options;
+  Tensor weight, bias;  // bias undefined with bias(false)
+
+ protected:
+  std::string extra_repr() const override;
+};
+
+// Chainable like Conv2dOptions, with single numbers; padding_mode pads with F::pad (Reflect,
+// Replicate, Circular) before an unpadded convolution, as PyTorch's padding_mode.
+struct Conv1dOptions {
+  Conv1dOptions(int64_t in_channels, int64_t out_channels, int64_t kernel_size)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_size_(kernel_size) {}
+#define CHORUS_OPTION(type, name) \
+  Conv1dOptions& name(type value) { \
+    name##_ = value;                \
+    return *this;                   \
+  }                                 \
+  type name() const { return name##_; }
+  CHORUS_OPTION(int64_t, stride)
+  CHORUS_OPTION(int64_t, padding)
+  CHORUS_OPTION(int64_t, dilation)
+  CHORUS_OPTION(int64_t, groups)
+  CHORUS_OPTION(bool, bias)
+  CHORUS_OPTION(functional::PadMode, padding_mode)
+#undef CHORUS_OPTION
+  int64_t in_channels() const { return in_channels_; }
+  int64_t out_channels() const { return out_channels_; }
+  int64_t kernel_size() const { return kernel_size_; }
+
+ private:
+  int64_t in_channels_, out_channels_, kernel_size_;
+  int64_t stride_ = 1, padding_ = 0, dilation_ = 1, groups_ = 1;
+  bool bias_ = true;
+  functional::PadMode padding_mode_ = functional::PadMode::Constant;  // zeros
+};
+
+// weight [out, in/groups, k] and bias initialized as Conv2d's (kaiming_uniform(a = sqrt(5))).
+class Conv1d : public Module {
+ public:
+  explicit Conv1d(const Conv1dOptions& options);
+  Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size)
+      : Conv1d(Conv1dOptions(in_channels, out_channels, kernel_size)) {}
+  Tensor forward(const Tensor& input) override;
+  void reset_parameters();
+
+  Conv1dOptions options;
   Tensor weight, bias;  // bias undefined with bias(false)
 
  protected:

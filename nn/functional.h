@@ -6,3 +6,5 @@
 #include "nn/functional/conv.h"
 #include "nn/functional/loss.h"
 #include "nn/functional/normalization.h"
+#include "nn/functional/pad.h"
+#include "nn/functional/upsample.h"

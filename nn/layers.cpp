@@ -14,6 +14,18 @@ Dropout::Dropout(double p_) : Module("Dropout"), p(p_) {
 Tensor Dropout::forward(const Tensor& input) { return functional::dropout(input, p, is_training()); }
 std::string Dropout::extra_repr() const { return fmt::format("p={}", p); }
 
+Dropout1d::Dropout1d(double p_) : Module("Dropout1d"), p(p_) {
+  if (p < 0.0 || p > 1.0) fail("Dropout1d: probability has to be between 0 and 1, but got {}", p);
+}
+Tensor Dropout1d::forward(const Tensor& input) { return functional::dropout1d(input, p, is_training()); }
+std::string Dropout1d::extra_repr() const { return fmt::format("p={}", p); }
+
+Dropout2d::Dropout2d(double p_) : Module("Dropout2d"), p(p_) {
+  if (p < 0.0 || p > 1.0) fail("Dropout2d: probability has to be between 0 and 1, but got {}", p);
+}
+Tensor Dropout2d::forward(const Tensor& input) { return functional::dropout2d(input, p, is_training()); }
+std::string Dropout2d::extra_repr() const { return fmt::format("p={}", p); }
+
 Embedding::Embedding(int64_t num, int64_t dim, std::optional<int64_t> pad)
     : Module("Embedding"), num_embeddings(num), embedding_dim(dim), padding_idx(pad) {
   if (num <= 0 || dim <= 0) fail("Embedding: num_embeddings ({}) and embedding_dim ({}) must be positive", num, dim);

@@ -1,4 +1,4 @@
-// Dropout, Embedding and LayerNorm modules.
+// Dropout (elementwise and channel-wise), Embedding and LayerNorm modules.
 #pragma once
 
 #include <optional>
@@ -11,6 +11,27 @@ namespace chorus::nn {
 class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& input) override;
+  double p;
+
+ protected:
+  std::string extra_repr() const override;
+};
+
+// Whole channels zeroed (F::dropout1d / dropout2d); identity in eval().
+class Dropout1d : public Module {
+ public:
+  explicit Dropout1d(double p = 0.5);
+  Tensor forward(const Tensor& input) override;
+  double p;
+
+ protected:
+  std::string extra_repr() const override;
+};
+
+class Dropout2d : public Module {
+ public:
+  explicit Dropout2d(double p = 0.5);
   Tensor forward(const Tensor& input) override;
   double p;
 

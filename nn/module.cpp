@@ -1,5 +1,6 @@
 #include "nn/module.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <sstream>
@@ -56,6 +57,12 @@ void Module::replace_module(const std::string& name, std::shared_ptr<Module> mod
     }
   }
   fail("{}::replace_module: no submodule named '{}'", type_name_, name);
+}
+
+void Module::unregister_module(const std::string& name) {
+  auto it = std::find_if(children_.begin(), children_.end(), [&](const auto& c) { return c.first == name; });
+  if (it == children_.end()) fail("{}::unregister_module: no submodule named '{}'", type_name_, name);
+  children_.erase(it);
 }
 
 void Module::collect(const std::string& prefix, bool params, bool recurse, NamedTensors& out) const {

@@ -39,6 +39,8 @@ class Module : public std::enable_shared_from_this<Module> {
   }
   // Replaces a registered submodule (same name), e.g. to swap a layer in a pretrained model.
   void replace_module(const std::string& name, std::shared_ptr<Module> module);
+  // Removes a registered submodule (its parameters leave parameters() and state_dict()).
+  void unregister_module(const std::string& name);
 
   // ---- traversal (registration order, depth first, this module first) ----
   std::vector<Tensor> parameters(bool recurse = true) const;

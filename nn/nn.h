@@ -12,4 +12,7 @@
 #include "nn/linear.h"
 #include "nn/loss.h"
 #include "nn/module.h"
+#include "nn/normalization.h"
+#include "nn/padding.h"
 #include "nn/transformer.h"
+#include "nn/upsample.h"

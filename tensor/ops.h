@@ -187,6 +187,12 @@ Tensor log_softmax(const Tensor& t, int64_t dim);
 Tensor matmul(const Tensor& a, const Tensor& b);  // 1-D, 2-D and batched with broadcasting
 Tensor mm(const Tensor& a, const Tensor& b);
 Tensor bmm(const Tensor& a, const Tensor& b);
+// Einstein summation, as torch.einsum: "ij,jk->ik", "bhqd,bhkd->bhqk", implicit output ("ij,jk":
+// the labels used once, sorted, upper case first), repeated labels within an operand (diagonals:
+// "ii->i", "ii->"), "..." for broadcast leading dims (summed when an explicit output leaves it
+// out); size-1 dims broadcast. Operands share a dtype.
+// A composite of diagonal gathers, sums, permutes and bmm (autograd/ops/einsum.cpp).
+Tensor einsum(const std::string& equation, const TensorList& operands);
 // beta * bias + alpha * (a @ b), bias broadcast to [n, m].
 Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Scalar& beta = 1,
              const Scalar& alpha = 1);

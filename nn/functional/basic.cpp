@@ -55,6 +55,44 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* generato
   return mul(input, mask);
 }
 
+namespace {
+
+// One uniform draw per (sample, channel), broadcast over the spatial dims: the mask multiply's
+// backward applies the same mask to the gradient.
+Tensor channel_dropout(const Tensor& input, double p, bool training, Generator* generator, int64_t spatial_dims,
+                       const char* op) {
+  ops::check_defined(input, op, "input");
+  if (p < 0.0 || p > 1.0) fail("{}: probability has to be between 0 and 1, but got {}", op, p);
+  const int64_t batched = spatial_dims + 2;
+  if (input.dim() != batched && input.dim() != batched - 1) {
+    fail("{}: expected a {}-D (batched) or {}-D (unbatched) input, got shape {}", op, batched, batched - 1,
+         shape_str(input.sizes()));
+  }
+  if (!training || p == 0.0) return input;
+  if (!input.is_floating_point()) fail("{}: expected a floating-point input, got {}", op, dtype_name(input.dtype()));
+  if (p == 1.0) return mul(input, 0.0);
+  Shape mask_shape = input.sizes();
+  for (int64_t d = input.dim() - spatial_dims; d < input.dim(); ++d) mask_shape[static_cast<size_t>(d)] = 1;
+  Tensor u = rand(mask_shape, {.dtype = input.dtype() == kFloat64 ? kFloat64 : kFloat32, .device = input.device()},
+                  generator);
+  Tensor mask;
+  {
+    NoGradGuard no_grad;
+    mask = mul(ge(u, p).to(input.dtype()), 1.0 / (1.0 - p));
+  }
+  return mul(input, mask);
+}
+
+}  // namespace
+
+Tensor dropout1d(const Tensor& input, double p, bool training, Generator* generator) {
+  return channel_dropout(input, p, training, generator, 1, "dropout1d");
+}
+
+Tensor dropout2d(const Tensor& input, double p, bool training, Generator* generator) {
+  return channel_dropout(input, p, training, generator, 2, "dropout2d");
+}
+
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx) {
   ops::check_defined(indices, "embedding", "indices");
   ops::check_defined(weight, "embedding", "weight");

@@ -29,6 +29,10 @@ Tensor mish(const Tensor& input);
 Tensor prelu(const Tensor& input, const Tensor& weight);
 // Zeroes elements with probability p and scales the rest by 1/(1-p) in training; identity otherwise.
 Tensor dropout(const Tensor& input, double p = 0.5, bool training = true, Generator* generator = nullptr);
+// Channel-wise dropout: zeroes whole channels (dim 1 of [N, C, L] / [N, C, H, W]; dim 0 of an
+// unbatched [C, L] / [C, H, W]) with probability p and scales the rest by 1/(1-p) in training.
+Tensor dropout1d(const Tensor& input, double p = 0.5, bool training = true, Generator* generator = nullptr);
+Tensor dropout2d(const Tensor& input, double p = 0.5, bool training = true, Generator* generator = nullptr);
 // Rows of weight [num_embeddings, dim] picked by integer indices of any shape -> [..., dim]. The
 // row at padding_idx gets no gradient.
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx = std::nullopt);

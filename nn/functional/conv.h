@@ -15,6 +15,10 @@ using Pair = std::array<int64_t, 2>;
 // input [N, C_in, H, W], weight [C_out, C_in/groups, kH, kW], bias [C_out] or undefined.
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), Pair stride = {1, 1},
               Pair padding = {0, 0}, Pair dilation = {1, 1}, int64_t groups = 1);
+// input [N, C_in, L] or unbatched [C_in, L], weight [C_out, C_in/groups, k], bias [C_out] or
+// undefined: conv2d over a height of 1 (conv1d.cpp), so it runs wherever conv2d does.
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), int64_t stride = 1,
+              int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
 // stride defaults to kernel_size (as in PyTorch) when not given.
 Tensor max_pool2d(const Tensor& input, Pair kernel_size, std::optional<Pair> stride = std::nullopt,
                   Pair padding = {0, 0}, Pair dilation = {1, 1}, bool ceil_mode = false);

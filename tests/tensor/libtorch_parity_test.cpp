@@ -1,8 +1,10 @@
 // chorus against libtorch 1.13 (Debian's libtorch-dev, linked here) on the same random float64
 // inputs: forward values and the gradients of sum(out * g) for the ops added for issue 18 (unary
-// step and special functions, composite ops); bool and index results compared exactly.
-#include <catch2/catch.hpp>
+// step and special functions, composite ops, einsum); bool and index results compared exactly.
 #include <torch/torch.h>
+// glog (through torch's headers) defines a CHECK that aborts; Catch2's must win, so it comes after.
+#undef CHECK
+#include <catch2/catch.hpp>
 
 #include <functional>
 #include <string>
@@ -187,4 +189,50 @@ TEST_CASE("new ops equal libtorch 1.13's, forward and backward", "[tensor][libto
        [](T x) { return torch::cosine_embedding_loss(x[0], x[1], torch::sign(x[2].detach()), 0.2); }},
   };
   for (const Case& k : cases) check(k);
+}
+
+TEST_CASE("einsum equals libtorch's on the common forms, forward and backward", "[tensor][libtorch][einsum]") {
+  torch::set_num_threads(1);
+  namespace c = chorus;
+  using L = const c::TensorList&;
+  using T = const std::vector<torch::Tensor>&;
+  auto ein = [](std::string eq, std::vector<std::vector<int64_t>> shapes) {
+    return Case{eq, shapes, [eq](L x) { return c::einsum(eq, x); },
+                [eq](T x) { return torch::einsum(eq, std::vector<torch::Tensor>(x.begin(), x.end())); }};
+  };
+  const std::vector<Case> cases = {
+      ein("ij,jk->ik", {{3, 4}, {4, 5}}),
+      ein("bij,bjk->bik", {{2, 3, 4}, {2, 4, 5}}),
+      ein("bhqd,bhkd->bhqk", {{2, 3, 4, 5}, {2, 3, 6, 5}}),
+      ein("ij,jk", {{3, 4}, {4, 5}}),
+      ein("ba,cb", {{3, 4}, {5, 3}}),
+      ein("Ab,ba", {{3, 4}, {4, 3}}),
+      ein("ii->", {{4, 4}}),
+      ein("ii->i", {{4, 4}}),
+      ein("ii", {{5, 5}}),
+      ein("bii->bi", {{2, 3, 3}}),
+      ein("iji->j", {{3, 2, 3}}),
+      ein("i,j->ij", {{3}, {4}}),
+      ein("i,i->", {{5}, {5}}),
+      ein("ij->", {{3, 4}}),
+      ein("ij->ji", {{3, 4}}),
+      ein("ij", {{3, 4}}),
+      ein("...ij,...jk->...ik", {{2, 3, 4, 5}, {3, 5, 2}}),
+      ein("...ij,jk", {{2, 3, 4}, {4, 5}}),
+      ein("b...,b...->b", {{2, 3, 4}, {2, 3, 4}}),
+      ein("...ij->...ji", {{2, 3, 4}}),
+      ein("...ij->ij", {{2, 3, 4}}),
+      ein("ij,jk,kl->il", {{2, 3}, {3, 4}, {4, 5}}),
+      ein("bn,anm,bm->ba", {{2, 3}, {4, 3, 5}, {2, 5}}),
+      ein("ij,kj->ikj", {{1, 3}, {4, 3}}),
+      ein("bij,bkj->bik", {{1, 2, 3}, {4, 5, 3}}),
+  };
+  for (const Case& k : cases) check(k);
+  // float32 too, on the attention form.
+  c::manual_seed(3);
+  Tensor q = c::randn({2, 3, 4, 8}), k = c::randn({2, 3, 5, 8});
+  torch::Tensor tq = to_torch(q).to(torch::kFloat32), tk = to_torch(k).to(torch::kFloat32);
+  Tensor out = c::einsum("bhqd,bhkd->bhqk", {q, k});
+  CHECK(out.dtype() == c::kFloat32);
+  CHECK(max_diff(out, torch::einsum("bhqd,bhkd->bhqk", {tq, tk})) < 1e-5);
 }

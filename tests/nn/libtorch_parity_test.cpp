@@ -1,0 +1,317 @@
+// nn's issue-18 layers against libtorch 1.13 (Debian's libtorch-dev, linked here): each case runs
+// on the same random inputs in float32 and float64, and compares the forward values and the
+// gradients of sum(out * g) for a random g. Float64 must agree to round-off (1e-10 relative to the
+// largest value); float32 to 2e-5 (different summation orders).
+#include <torch/torch.h>
+// glog (through torch's headers) defines a CHECK that aborts; Catch2's must win, so it comes after.
+#undef CHECK
+#include <catch2/catch.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "nn/functional.h"
+#include "nn/nn.h"
+#include "tensor/ops.h"
+
+namespace {
+
+using chorus::Tensor;
+using CFn = std::function<Tensor(const chorus::TensorList&)>;
+using TFn = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
+
+torch::Tensor to_torch(const Tensor& t) {
+  const Tensor c = t.detach().to(chorus::kFloat64).contiguous();
+  std::vector<int64_t> sizes(c.sizes().begin(), c.sizes().end());
+  return torch::from_blob(const_cast<double*>(c.data_ptr<double>()), sizes, torch::kFloat64).clone();
+}
+
+// max |a - b| / max(1, max |b|); infinity when shapes differ.
+double max_diff(const Tensor& c, const torch::Tensor& t) {
+  const torch::Tensor a = to_torch(c), b = t.detach().to(torch::kFloat64);
+  if (a.sizes() != b.sizes()) return INFINITY;
+  if (a.numel() == 0) return 0;
+  return (a - b).abs().max().item<double>() / std::max(1.0, b.abs().max().item<double>());
+}
+
+struct Case {
+  std::string name;
+  std::vector<std::vector<int64_t>> shapes;
+  CFn chorus_fn;
+  TFn torch_fn;
+};
+
+void check(const Case& c, chorus::DType dtype) {
+  const bool f64 = dtype == chorus::kFloat64;
+  INFO(c.name << (f64 ? " float64" : " float32"));
+  const double tol = f64 ? 1e-10 : 2e-5;
+  chorus::manual_seed(1234);
+  chorus::TensorList in;
+  std::vector<torch::Tensor> tin;
+  for (const auto& s : c.shapes) {
+    Tensor x = chorus::randn(s, {.dtype = dtype});
+    in.push_back(x.requires_grad_());
+    tin.push_back(to_torch(x).to(f64 ? torch::kFloat64 : torch::kFloat32).requires_grad_());
+  }
+  const Tensor out = c.chorus_fn(in);
+  const torch::Tensor tout = c.torch_fn(tin);
+  CHECK(out.dtype() == dtype);
+  CHECK(out.sizes() == chorus::Shape(tout.sizes().begin(), tout.sizes().end()));
+  CHECK(max_diff(out, tout) < tol);
+  const Tensor g = chorus::randn(out.sizes(), {.dtype = dtype});
+  chorus::sum(chorus::mul(out, g)).backward();
+  (tout * to_torch(g).to(tout.dtype())).sum().backward();
+  for (size_t i = 0; i < in.size(); ++i) {
+    INFO("gradient of input " << i);
+    REQUIRE(tin[i].grad().defined());
+    REQUIRE(in[i].grad().defined());
+    CHECK(max_diff(in[i].grad(), tin[i].grad()) < tol);
+  }
+}
+
+void check_all(const std::vector<Case>& cases) {
+  torch::set_num_threads(1);
+  for (const Case& k : cases) {
+    check(k, chorus::kFloat64);
+    check(k, chorus::kFloat32);
+  }
+}
+
+namespace c = chorus;
+namespace F = chorus::nn::functional;
+namespace TF = torch::nn::functional;
+using L = const c::TensorList&;
+using T = const std::vector<torch::Tensor>&;
+
+}  // namespace
+
+TEST_CASE("pad equals libtorch's in every mode, forward and backward", "[nn][libtorch][pad]") {
+  using M = F::PadMode;
+  check_all({
+      {"constant 1 dim", {{2, 3, 5}}, [](L x) { return F::pad(x[0], {1, 2}, M::Constant, 0.5); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({1, 2}).value(0.5)); }},
+      {"constant 3 dims of 4", {{2, 3, 4, 5}}, [](L x) { return F::pad(x[0], {1, 0, 0, 2, 3, 1}); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({1, 0, 0, 2, 3, 1})); }},
+      {"constant negative crops", {{2, 3, 6, 5}}, [](L x) { return F::pad(x[0], {-1, 2, -2, -1}, M::Constant, -1.0); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({-1, 2, -2, -1}).value(-1.0)); }},
+      {"reflect 1d", {{2, 3, 6}}, [](L x) { return F::pad(x[0], {3, 5}, M::Reflect); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({3, 5}).mode(torch::kReflect)); }},
+      {"reflect 2d", {{2, 3, 4, 5}}, [](L x) { return F::pad(x[0], {2, 4, 3, 1}, M::Reflect); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({2, 4, 3, 1}).mode(torch::kReflect)); }},
+      {"reflect 2d unbatched", {{3, 4, 5}}, [](L x) { return F::pad(x[0], {1, 1, 2, 0}, M::Reflect); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({1, 1, 2, 0}).mode(torch::kReflect)); }},
+      {"replicate 2d", {{2, 3, 4, 5}}, [](L x) { return F::pad(x[0], {3, 1, 0, 6}, M::Replicate); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({3, 1, 0, 6}).mode(torch::kReplicate)); }},
+      {"replicate 3d", {{1, 2, 3, 4, 3}}, [](L x) { return F::pad(x[0], {1, 2, 2, 1, 1, 3}, M::Replicate); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({1, 2, 2, 1, 1, 3}).mode(torch::kReplicate)); }},
+      {"circular 1d", {{2, 3, 5}}, [](L x) { return F::pad(x[0], {5, 2}, M::Circular); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({5, 2}).mode(torch::kCircular)); }},
+      {"circular 2d", {{2, 3, 4, 5}}, [](L x) { return F::pad(x[0], {2, 3, 4, 1}, M::Circular); },
+       [](T x) { return TF::pad(x[0], TF::PadFuncOptions({2, 3, 4, 1}).mode(torch::kCircular)); }},
+      {"ReflectionPad2d module", {{2, 3, 4, 5}}, [](L x) { return c::nn::ReflectionPad2d(2)(x[0]); },
+       [](T x) { return torch::nn::ReflectionPad2d(2)(x[0]); }},
+      {"ZeroPad2d module", {{2, 3, 4, 5}}, [](L x) { return c::nn::ZeroPad2d({1, 2, 0, 3})(x[0]); },
+       [](T x) { return torch::nn::ZeroPad2d(torch::nn::ZeroPad2dOptions({1, 2, 0, 3}))(x[0]); }},
+      {"ReplicationPad1d module", {{2, 3, 4}}, [](L x) { return c::nn::ReplicationPad1d({0, 3})(x[0]); },
+       [](T x) { return torch::nn::ReplicationPad1d(torch::nn::ReplicationPad1dOptions({0, 3}))(x[0]); }},
+  });
+}
+
+TEST_CASE("group_norm and instance_norm equal libtorch's, forward and backward", "[nn][libtorch][norm]") {
+  check_all({
+      {"group_norm affine 4-D", {{3, 6, 4, 5}, {6}, {6}}, [](L x) { return F::group_norm(x[0], 3, x[1], x[2], 1e-5); },
+       [](T x) { return torch::group_norm(x[0], 3, x[1], x[2], 1e-5); }},
+      {"group_norm no affine 3-D", {{2, 8, 7}}, [](L x) { return F::group_norm(x[0], 2); },
+       [](T x) { return torch::group_norm(x[0], 2); }},
+      {"group_norm one channel per group, shifted input", {{2, 4, 3, 3}, {4}},
+       [](L x) { return F::group_norm(c::add(x[0], 3.0), 4, x[1], c::Tensor(), 1e-3); },
+       [](T x) { return torch::group_norm(x[0] + 3.0, 4, x[1], {}, 1e-3); }},
+      {"instance_norm affine", {{3, 4, 5, 6}, {4}, {4}},
+       [](L x) { return F::instance_norm(x[0], c::Tensor(), c::Tensor(), x[1], x[2], true, 0.1, 1e-5); },
+       [](T x) { return torch::instance_norm(x[0], x[1], x[2], {}, {}, true, 0.1, 1e-5, false); }},
+      {"instance_norm 1-d, no affine", {{2, 3, 9}},
+       [](L x) { return F::instance_norm(x[0]); },
+       [](T x) { return torch::instance_norm(x[0], {}, {}, {}, {}, true, 0.1, 1e-5, false); }},
+      {"GroupNorm module", {{2, 6, 3, 4}},
+       [](L x) {
+         c::nn::GroupNorm m(2, 6);
+         m.to(x[0].dtype());
+         return m(x[0]);
+       },
+       [](T x) {
+         torch::nn::GroupNorm m(2, 6);
+         m->to(x[0].scalar_type());
+         return m(x[0]);
+       }},
+      {"InstanceNorm2d module, unbatched", {{4, 3, 5}}, [](L x) { return c::nn::InstanceNorm2d(4)(x[0]); },
+       [](T x) { return torch::nn::InstanceNorm2d(4)(x[0]); }},
+  });
+}
+
+TEST_CASE("InstanceNorm2d with running statistics follows libtorch's in training and eval", "[nn][libtorch][norm]") {
+  torch::set_num_threads(1);
+  for (c::DType dtype : {c::kFloat64, c::kFloat32}) {
+    const bool f64 = dtype == c::kFloat64;
+    INFO((f64 ? "float64" : "float32"));
+    const double tol = f64 ? 1e-10 : 2e-5;
+    c::nn::InstanceNorm2d ours(3, 1e-5, 0.3, true, true);
+    ours.to(dtype);
+    torch::nn::InstanceNorm2d theirs(torch::nn::InstanceNorm2dOptions(3).momentum(0.3).affine(true).track_running_stats(true));
+    theirs->to(f64 ? torch::kFloat64 : torch::kFloat32);
+    c::manual_seed(5);
+    {
+      c::NoGradGuard no_grad;
+      c::Tensor w = c::randn({3}, {.dtype = dtype}), b = c::randn({3}, {.dtype = dtype});
+      ours.weight.copy_(w);
+      ours.bias.copy_(b);
+      torch::NoGradGuard tno_grad;
+      theirs->weight.copy_(to_torch(w));
+      theirs->bias.copy_(to_torch(b));
+    }
+    for (int step = 0; step < 2; ++step) {
+      c::Tensor x = c::add(c::mul(c::randn({4, 3, 5, 6}, {.dtype = dtype}), 2.0), 1.5);
+      CHECK(max_diff(ours.forward(x), theirs->forward(to_torch(x).to(theirs->weight.dtype()))) < tol);
+    }
+    CHECK(max_diff(ours.running_mean, theirs->running_mean) < tol);
+    CHECK(max_diff(ours.running_var, theirs->running_var) < tol);
+    // The running statistics moved away from their initial zeros and ones.
+    CHECK(c::amax(c::abs(ours.running_mean)).item<double>() > 0.1);
+    ours.eval();
+    theirs->eval();
+    c::Tensor x = c::randn({2, 3, 4, 4}, {.dtype = dtype});
+    CHECK(max_diff(ours.forward(x), theirs->forward(to_torch(x).to(theirs->weight.dtype()))) < tol);
+  }
+}
+
+TEST_CASE("interpolate, Upsample and pixel (un)shuffle equal libtorch's, forward and backward",
+          "[nn][libtorch][upsample]") {
+  using M = F::InterpolateMode;
+  auto opts = [](std::vector<int64_t> size, std::vector<double> scale, torch::nn::functional::InterpolateFuncOptions::mode_t mode,
+                 std::optional<bool> align = std::nullopt) {
+    auto o = TF::InterpolateFuncOptions().mode(mode);
+    if (!size.empty()) o.size(size);
+    if (!scale.empty()) o.scale_factor(scale);
+    if (align) o.align_corners(*align);
+    return o;
+  };
+  check_all({
+      {"nearest size up, uneven", {{2, 3, 4, 5}}, [](L x) { return F::interpolate(x[0], {.size = {7, 11}}); },
+       [=](T x) { return TF::interpolate(x[0], opts({7, 11}, {}, torch::kNearest)); }},
+      {"nearest size down", {{2, 3, 9, 7}}, [](L x) { return F::interpolate(x[0], {.size = {4, 3}}); },
+       [=](T x) { return TF::interpolate(x[0], opts({4, 3}, {}, torch::kNearest)); }},
+      {"nearest scale 2", {{2, 3, 4, 5}}, [](L x) { return F::interpolate(x[0], {.scale_factor = {2.0}}); },
+       [=](T x) { return TF::interpolate(x[0], opts({}, {2.0, 2.0}, torch::kNearest)); }},
+      {"nearest scale 1.7 x 0.6", {{1, 2, 5, 8}}, [](L x) { return F::interpolate(x[0], {.scale_factor = {1.7, 0.6}}); },
+       [=](T x) { return TF::interpolate(x[0], opts({}, {1.7, 0.6}, torch::kNearest)); }},
+      {"nearest 1-d", {{2, 3, 5}}, [](L x) { return F::interpolate(x[0], {.size = {12}}); },
+       [=](T x) { return TF::interpolate(x[0], opts({12}, {}, torch::kNearest)); }},
+      {"bilinear size", {{2, 3, 4, 5}}, [](L x) { return F::interpolate(x[0], {.size = {7, 9}, .mode = M::Bilinear}); },
+       [=](T x) { return TF::interpolate(x[0], opts({7, 9}, {}, torch::kBilinear, false)); }},
+      {"bilinear size down", {{2, 3, 9, 8}}, [](L x) { return F::interpolate(x[0], {.size = {4, 5}, .mode = M::Bilinear}); },
+       [=](T x) { return TF::interpolate(x[0], opts({4, 5}, {}, torch::kBilinear, false)); }},
+      {"bilinear align_corners", {{2, 3, 4, 5}},
+       [](L x) { return F::interpolate(x[0], {.size = {7, 9}, .mode = M::Bilinear, .align_corners = true}); },
+       [=](T x) { return TF::interpolate(x[0], opts({7, 9}, {}, torch::kBilinear, true)); }},
+      {"bilinear align_corners to 1 row", {{2, 3, 4, 5}},
+       [](L x) { return F::interpolate(x[0], {.size = {1, 3}, .mode = M::Bilinear, .align_corners = true}); },
+       [=](T x) { return TF::interpolate(x[0], opts({1, 3}, {}, torch::kBilinear, true)); }},
+      {"bilinear scale 1.5 x 2.25", {{2, 2, 4, 4}},
+       [](L x) { return F::interpolate(x[0], {.scale_factor = {1.5, 2.25}, .mode = M::Bilinear}); },
+       [=](T x) { return TF::interpolate(x[0], opts({}, {1.5, 2.25}, torch::kBilinear, false)); }},
+      {"bilinear scale 1.3 recomputed", {{2, 2, 5, 4}},
+       [](L x) {
+         return F::interpolate(x[0], {.scale_factor = {1.3}, .mode = M::Bilinear, .recompute_scale_factor = true});
+       },
+       [=](T x) { return TF::interpolate(x[0], opts({}, {1.3, 1.3}, torch::kBilinear, false).recompute_scale_factor(true)); }},
+      {"linear 1-d", {{2, 3, 6}}, [](L x) { return F::interpolate(x[0], {.size = {10}, .mode = M::Linear}); },
+       [=](T x) { return TF::interpolate(x[0], opts({10}, {}, torch::kLinear, false)); }},
+      {"trilinear align_corners", {{1, 2, 3, 4, 3}},
+       [](L x) { return F::interpolate(x[0], {.size = {5, 6, 2}, .mode = M::Trilinear, .align_corners = true}); },
+       [=](T x) { return TF::interpolate(x[0], opts({5, 6, 2}, {}, torch::kTrilinear, true)); }},
+      {"Upsample module bilinear x2", {{2, 3, 4, 5}},
+       [](L x) { return c::nn::Upsample({.scale_factor = {2.0}, .mode = M::Bilinear})(x[0]); },
+       [](T x) {
+         return torch::nn::Upsample(torch::nn::UpsampleOptions().scale_factor(std::vector<double>{2.0, 2.0})
+                                        .mode(torch::kBilinear).align_corners(false))(x[0]);
+       }},
+      {"pixel_shuffle", {{2, 12, 3, 4}}, [](L x) { return F::pixel_shuffle(x[0], 2); },
+       [](T x) { return torch::pixel_shuffle(x[0], 2); }},
+      {"pixel_unshuffle", {{2, 3, 6, 9}}, [](L x) { return F::pixel_unshuffle(x[0], 3); },
+       [](T x) { return torch::pixel_unshuffle(x[0], 3); }},
+      {"PixelShuffle module, extra leading dim", {{2, 2, 9, 2, 3}}, [](L x) { return c::nn::PixelShuffle(3)(x[0]); },
+       [](T x) { return torch::nn::PixelShuffle(3)(x[0]); }},
+  });
+}
+
+TEST_CASE("conv1d equals libtorch's, forward and backward", "[nn][libtorch][conv]") {
+  check_all({
+      {"conv1d plain", {{2, 3, 10}, {4, 3, 3}, {4}}, [](L x) { return F::conv1d(x[0], x[1], x[2]); },
+       [](T x) { return torch::conv1d(x[0], x[1], x[2]); }},
+      {"conv1d stride 2 padding 2 dilation 2", {{2, 3, 11}, {5, 3, 3}, {5}},
+       [](L x) { return F::conv1d(x[0], x[1], x[2], 2, 2, 2); },
+       [](T x) { return torch::conv1d(x[0], x[1], x[2], 2, 2, 2); }},
+      {"conv1d groups 2, no bias", {{3, 4, 9}, {6, 2, 4}}, [](L x) { return F::conv1d(x[0], x[1], c::Tensor(), 1, 1, 1, 2); },
+       [](T x) { return torch::conv1d(x[0], x[1], {}, 1, 1, 1, 2); }},
+      {"conv1d unbatched", {{3, 8}, {2, 3, 5}, {2}}, [](L x) { return F::conv1d(x[0], x[1], x[2], 1, 2); },
+       [](T x) { return torch::conv1d(x[0], x[1], x[2], 1, 2); }},
+  });
+}
+
+TEST_CASE("Conv1d with each padding_mode equals libtorch's with the same weights", "[nn][libtorch][conv]") {
+  torch::set_num_threads(1);
+  using PM = F::PadMode;
+  const std::vector<std::pair<PM, torch::nn::detail::conv_padding_mode_t>> modes = {
+      {PM::Constant, torch::kZeros}, {PM::Reflect, torch::kReflect}, {PM::Replicate, torch::kReplicate},
+      {PM::Circular, torch::kCircular}};
+  for (const auto& [mode, tmode] : modes) {
+    INFO(F::pad_mode_name(mode));
+    c::manual_seed(3);
+    c::nn::Conv1d ours(c::nn::Conv1dOptions(4, 6, 3).stride(2).padding(2).groups(2).padding_mode(mode));
+    ours.to(c::kFloat64);
+    torch::nn::Conv1d theirs(torch::nn::Conv1dOptions(4, 6, 3).stride(2).padding(2).groups(2).padding_mode(tmode));
+    theirs->to(torch::kFloat64);
+    {
+      torch::NoGradGuard no_grad;
+      theirs->weight.copy_(to_torch(ours.weight));
+      theirs->bias.copy_(to_torch(ours.bias));
+    }
+    c::Tensor x = c::randn({2, 4, 9}, {.dtype = c::kFloat64});
+    c::Tensor y = ours(x);
+    torch::Tensor ty = theirs(to_torch(x));
+    CHECK(max_diff(y, ty) < 1e-12);
+    c::Tensor g = c::randn(y.sizes(), {.dtype = c::kFloat64});
+    c::sum(c::mul(y, g)).backward();
+    (ty * to_torch(g)).sum().backward();
+    CHECK(max_diff(ours.weight.grad(), theirs->weight.grad()) < 1e-12);
+    CHECK(max_diff(ours.bias.grad(), theirs->bias.grad()) < 1e-12);
+  }
+}
+
+TEST_CASE("ModuleDict and the norm layers name their state as libtorch's", "[nn][libtorch][container]") {
+  auto names = [](const auto& pairs) {
+    std::vector<std::string> out;
+    for (const auto& p : pairs) out.push_back(p.key());
+    return out;
+  };
+  auto our_names = [](const c::nn::Module& m) {
+    std::vector<std::string> out;
+    for (const auto& [n, t] : m.state_dict()) out.push_back(n);
+    return out;
+  };
+  c::nn::ModuleDict ours{{"conv", std::make_shared<c::nn::Conv1d>(2, 4, 3)},
+                         {"gn", std::make_shared<c::nn::GroupNorm>(2, 4)},
+                         {"inorm", std::make_shared<c::nn::InstanceNorm2d>(4, 1e-5, 0.1, true, true)},
+                         {"up", std::make_shared<c::nn::Upsample>(F::InterpolateOptions{.scale_factor = {2.0}})}};
+  torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>> items;
+  items.insert("conv", torch::nn::Conv1d(2, 4, 3).ptr());
+  items.insert("gn", torch::nn::GroupNorm(2, 4).ptr());
+  items.insert("inorm",
+               torch::nn::InstanceNorm2d(torch::nn::InstanceNorm2dOptions(4).affine(true).track_running_stats(true)).ptr());
+  items.insert("up", torch::nn::Upsample(torch::nn::UpsampleOptions().scale_factor(std::vector<double>{2.0, 2.0})).ptr());
+  torch::nn::ModuleDict theirs(items);
+  std::vector<std::string> expected = names(theirs->named_parameters());
+  for (const auto& b : names(theirs->named_buffers())) expected.push_back(b);
+  CHECK(our_names(ours) == expected);
+  CHECK(expected.size() == 9);
+}
