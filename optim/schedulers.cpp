@@ -147,6 +147,39 @@ LambdaLR::LambdaLR(Optimizer& optimizer, std::function<double(int64_t)> lr_lambd
 }
 double LambdaLR::lr_at(size_t, double base) const { return base * lambda_(last_epoch_); }
 
+SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRScheduler>> schedulers,
+                           std::vector<int64_t> milestones)
+    : LRScheduler(optimizer), schedulers_(std::move(schedulers)), milestones_(std::move(milestones)) {
+  if (schedulers_.empty()) fail("SequentialLR: expected at least one scheduler, got none");
+  if (milestones_.size() != schedulers_.size() - 1) {
+    fail("SequentialLR: {} schedulers need {} milestones, got {}", schedulers_.size(), schedulers_.size() - 1,
+         milestones_.size());
+  }
+  for (size_t i = 0; i < schedulers_.size(); ++i) {
+    if (!schedulers_[i]) fail("SequentialLR: scheduler {} is null", i);
+    if (&schedulers_[i]->optimizer_ != &optimizer) {
+      fail("SequentialLR: scheduler {} was made for another optimizer; every scheduler must drive this one", i);
+    }
+  }
+  for (size_t i = 0; i < milestones_.size(); ++i) {
+    if (milestones_[i] < 1 || (i > 0 && milestones_[i] <= milestones_[i - 1])) {
+      fail("SequentialLR: milestones must be positive and increasing, got {} at position {}", milestones_[i], i);
+    }
+  }
+  // The learning rates before any scheduler touched the optimizer: the first child's (each child
+  // applied its epoch-0 rate when it was made, so the optimizer's current rates are not them).
+  base_lrs_ = schedulers_.front()->base_lrs_;
+  apply();
+}
+
+double SequentialLR::lr_at(size_t group, double base) const {
+  const size_t active =
+      static_cast<size_t>(std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin());
+  LRScheduler& child = *schedulers_[active];
+  child.last_epoch_ = active == 0 ? last_epoch_ : last_epoch_ - milestones_[active - 1];
+  return child.lr_at(group, base);
+}
+
 OneCycleLR::OneCycleLR(Optimizer& optimizer, double max_lr, int64_t total_steps, double pct_start, double div_factor,
                        double final_div_factor)
     : LRScheduler(optimizer), max_lr_(max_lr), total_(total_steps), pct_(pct_start), div_(div_factor),

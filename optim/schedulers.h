@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "optim/optimizer.h"
@@ -25,6 +26,7 @@ class LRScheduler {
   virtual double lr_at(size_t group, double base_lr) const = 0;
   void apply();
 
+  friend class SequentialLR;  // sets its children's epoch and reads their formulas
   Optimizer& optimizer_;
   std::vector<double> base_lrs_;
   std::vector<double> last_lr_;
@@ -108,6 +110,22 @@ class LambdaLR : public LRScheduler {
  protected:
   double lr_at(size_t, double base) const override;
   std::function<double(int64_t)> lambda_;
+};
+
+// torch.optim.lr_scheduler.SequentialLR: schedulers[0] until milestones[0], schedulers[1] until
+// milestones[1], ...; each starts at its own epoch 0 when its milestone is reached. Every child
+// computes from the learning rates the optimizer had before any scheduler (PyTorch's initial_lr),
+// not from what an earlier child left. Children must be made for the same optimizer; only
+// SequentialLR.step() is called (stepping a child directly is overridden at the next step).
+class SequentialLR : public LRScheduler {
+ public:
+  SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRScheduler>> schedulers,
+               std::vector<int64_t> milestones);
+
+ protected:
+  double lr_at(size_t group, double base) const override;
+  std::vector<std::shared_ptr<LRScheduler>> schedulers_;
+  std::vector<int64_t> milestones_;
 };
 
 // The 1cycle policy (Smith & Topin), as PyTorch's with anneal_strategy "cos" and two phases:

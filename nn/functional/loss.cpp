@@ -76,12 +76,60 @@ void check_targets(const char* name, const Tensor& target, int64_t classes, int6
 
 }  // namespace
 
+namespace {
+
+// cross_entropy with class probabilities as the target (PyTorch's soft labels): the target has the
+// input's shape; loss = -sum_c weight_c * t_c * log_softmax(input)_c per position, with t smoothed
+// toward uniform by label_smoothing; the mean divides by the number of positions (N * d1 * ...),
+// not by the weights. A composite: gradients reach the input and a target that requires them.
+Tensor probability_cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& options) {
+  if (!input.is_floating_point()) fail("cross_entropy: expected floating-point logits, got {}", dtype_name(input.dtype()));
+  if (input.dim() < 2 || target.sizes() != input.sizes()) {
+    fail("cross_entropy: a {} target of shape {} is neither class indices (dtype int64, the input's shape without "
+         "the class dim) nor class probabilities (the input's shape {}, at least [N, C])",
+         dtype_name(target.dtype()), shape_str(target.sizes()), shape_str(input.sizes()));
+  }
+  if (target.dtype() != input.dtype()) {
+    fail("cross_entropy: probability target of dtype {} must match the input's dtype {}", dtype_name(target.dtype()),
+         dtype_name(input.dtype()));
+  }
+  ops::check_same_device(input, target, "cross_entropy");
+  const int64_t C = input.size(1);
+  if (options.label_smoothing < 0.0 || options.label_smoothing > 1.0) {
+    fail("cross_entropy: label_smoothing must be in [0, 1], got {}", options.label_smoothing);
+  }
+  if (options.weight.defined() && (options.weight.dim() != 1 || options.weight.size(0) != C)) {
+    fail("cross_entropy: weight of shape {} must have one entry per class ({})", shape_str(options.weight.sizes()), C);
+  }
+  Tensor t = target;
+  if (options.label_smoothing > 0.0) {
+    t = add(mul(t, 1.0 - options.label_smoothing), full({}, options.label_smoothing / static_cast<double>(C),
+                                                          {.dtype = input.dtype(), .device = input.device()}));
+  }
+  Tensor terms = mul(chorus::log_softmax(input, 1), t);
+  if (options.weight.defined()) {
+    Shape per_class(static_cast<size_t>(input.dim()), 1);
+    per_class[1] = C;
+    terms = mul(terms, options.weight.to(input.dtype()).reshape(per_class));
+  }
+  const Tensor per_position = neg(sum(terms, {1}));
+  switch (options.reduction) {
+    case Reduction::None: return per_position;
+    case Reduction::Sum: return sum(per_position);
+    case Reduction::Mean: return mean(per_position);
+  }
+  return per_position;
+}
+
+}  // namespace
+
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& options) {
   if (auto f32 = autocast::full_precision({&input, &target, &options.weight})) {
     CrossEntropyOptions o = options;
     o.weight = autocast::cast(options.weight, *f32);
     return cross_entropy(autocast::cast(input, *f32), autocast::cast(target, *f32), o);
   }
+  if (target.defined() && target.is_floating_point()) return probability_cross_entropy(input, target, options);
   Tensor logits2d, target1d;
   Shape loss_shape;
   flatten_classes("cross_entropy", input, target, logits2d, target1d, loss_shape);

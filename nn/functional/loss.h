@@ -17,7 +17,9 @@ struct CrossEntropyOptions {
   Reduction reduction = Reduction::Mean;
 };
 
-// input: logits [N, C] or [N, C, d1, ...]; target: int64 class indices [N] or [N, d1, ...].
+// input: logits [N, C] or [N, C, d1, ...]; target: int64 class indices [N] or [N, d1, ...], or
+// class probabilities of the input's shape and dtype (soft labels; ignore_index does not apply and
+// the mean is over the N * d1 * ... positions, as PyTorch).
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& options = {});
 
 struct NLLLossOptions {

@@ -288,6 +288,39 @@ TEST_CASE("Conv1d with each padding_mode equals libtorch's with the same weights
   }
 }
 
+TEST_CASE("cross_entropy with class-probability targets equals libtorch's, forward and backward",
+          "[nn][libtorch][loss]") {
+  // The second input becomes probabilities through a softmax on both sides, so its gradient is
+  // compared too (a soft target may require grad).
+  auto probs = [](const Tensor& t) { return c::softmax(t, 1); };
+  auto tprobs = [](const torch::Tensor& t) { return torch::softmax(t, 1); };
+  check_all({
+      {"probabilities, mean", {{5, 7}, {5, 7}}, [=](L x) { return F::cross_entropy(x[0], probs(x[1])); },
+       [=](T x) { return TF::cross_entropy(x[0], tprobs(x[1])); }},
+      {"probabilities, sum, label smoothing", {{4, 6}, {4, 6}},
+       [=](L x) { return F::cross_entropy(x[0], probs(x[1]), {.label_smoothing = 0.2, .reduction = F::Reduction::Sum}); },
+       [=](T x) {
+         return TF::cross_entropy(x[0], tprobs(x[1]), TF::CrossEntropyFuncOptions().label_smoothing(0.2).reduction(torch::kSum));
+       }},
+      {"probabilities, spatial, none", {{2, 3, 4, 5}, {2, 3, 4, 5}},
+       [=](L x) { return F::cross_entropy(x[0], probs(x[1]), {.reduction = F::Reduction::None}); },
+       [=](T x) { return TF::cross_entropy(x[0], tprobs(x[1]), TF::CrossEntropyFuncOptions().reduction(torch::kNone)); }},
+      {"probabilities, class weights, mean", {{6, 4}, {6, 4}},
+       [=](L x) {
+         const Tensor w = c::tensor({0.5, 1.0, 2.0, 0.25}).to(x[0].dtype());
+         return F::cross_entropy(x[0], probs(x[1]), {.weight = w});
+       },
+       [=](T x) {
+         const torch::Tensor w = torch::tensor({0.5, 1.0, 2.0, 0.25}, x[0].options()).detach();
+         return TF::cross_entropy(x[0], tprobs(x[1]), TF::CrossEntropyFuncOptions().weight(w));
+       }},
+  });
+  c::Tensor logits = c::randn({3, 4});
+  CHECK_THROWS_WITH(F::cross_entropy(logits, c::rand({3, 5})), Catch::Contains("nor class probabilities (the input's shape [3, 4]"));
+  CHECK_THROWS_WITH(F::cross_entropy(logits, c::rand({3, 4}, {.dtype = c::kFloat64})),
+                    Catch::Contains("must match the input's dtype"));
+}
+
 TEST_CASE("ModuleDict and the norm layers name their state as libtorch's", "[nn][libtorch][container]") {
   auto names = [](const auto& pairs) {
     std::vector<std::string> out;

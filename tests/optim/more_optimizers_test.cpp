@@ -154,6 +154,43 @@ TEST_CASE("ExponentialLR, LinearLR, LambdaLR and OneCycleLR learning rates", "[o
   CHECK_THROWS_WITH(o::OneCycleLR(sgd4, 1.0, 10, 1.5), Catch::Contains("pct_start is 1.5"));
 }
 
+TEST_CASE("SequentialLR runs its schedulers one after another, each from its own epoch 0", "[optim][schedulers]") {
+  namespace o = chorus::optim;
+  Tensor p = chorus::zeros({1}).requires_grad_();
+  o::SGD sgd({p}, {.lr = 0.5});
+  auto warmup = std::make_shared<o::LinearLR>(sgd, 0.1, 1.0, 4);
+  auto cosine = std::make_shared<o::CosineAnnealingLR>(sgd, 6, 0.01);
+  auto steps = std::make_shared<o::StepLR>(sgd, 2, 0.5);
+  o::SequentialLR seq(sgd, {warmup, cosine, steps}, {4, 9});
+  // PyTorch 1.13 (python3-torch): the same schedulers in torch.optim.lr_scheduler.SequentialLR,
+  // the lr after construction and after each of 14 steps.
+  const std::vector<double> torch_lrs = {0.05, 0.1625, 0.275, 0.38750000000000007, 0.5, 0.4671762239271875, 0.3775,
+                                         0.255, 0.13250000000000006, 0.5, 0.5, 0.25, 0.25, 0.125, 0.125};
+  std::vector<double> lrs = {sgd.param_groups()[0].lr()};
+  for (int i = 0; i < 14; ++i) {
+    seq.step();
+    lrs.push_back(sgd.param_groups()[0].lr());
+  }
+  REQUIRE(lrs.size() == torch_lrs.size());
+  for (size_t i = 0; i < lrs.size(); ++i) {
+    INFO("epoch " << i);
+    CHECK(lrs[i] == Approx(torch_lrs[i]).epsilon(1e-12));
+  }
+  // Resumed from its state, it continues where it was.
+  o::SGD sgd2({p}, {.lr = 0.5});
+  auto w2 = std::make_shared<o::LinearLR>(sgd2, 0.1, 1.0, 4);
+  auto c2 = std::make_shared<o::CosineAnnealingLR>(sgd2, 6, 0.01);
+  auto s2 = std::make_shared<o::StepLR>(sgd2, 2, 0.5);
+  o::SequentialLR resumed(sgd2, {w2, c2, s2}, {4, 9});
+  resumed.load_state_dict(seq.state_dict());
+  seq.step();
+  resumed.step();
+  CHECK(sgd2.param_groups()[0].lr() == sgd.param_groups()[0].lr());
+  CHECK_THROWS_WITH(o::SequentialLR(sgd, {warmup, cosine}, {4, 9}), Catch::Contains("2 schedulers need 1 milestones, got 2"));
+  CHECK_THROWS_WITH(o::SequentialLR(sgd, {warmup, cosine, steps}, {5, 5}), Catch::Contains("increasing, got 5 at position 1"));
+  CHECK_THROWS_WITH(o::SequentialLR(sgd, {warmup, c2}, {4}), Catch::Contains("scheduler 1 was made for another optimizer"));
+}
+
 TEST_CASE("ReduceLROnPlateau: patience, cooldown, min_lr and its state", "[optim][schedulers]") {
   namespace o = chorus::optim;
   Tensor p = chorus::zeros({1}).requires_grad_();
