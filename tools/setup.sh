@@ -28,7 +28,7 @@ packages=(
   # The CPU peer that tests/bench measures chorus against, in the same run (PyTorch's C++ API).
   libtorch-dev
   dataset-fashion-mnist
-  # `ip netns` / `tc` for the two-host test (tests/distributed:hosts_test).
+  # `ip netns` / `tc` for the multi-host tests (tests/distributed:hosts_test).
   iproute2
   # clang with libFuzzer and the sanitizer runtimes for the fuzz targets (tools/fuzz.sh).
   clang-14 libclang-rt-14-dev
