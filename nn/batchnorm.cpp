@@ -11,33 +11,41 @@ BatchNormBase::BatchNormBase(const char* name, int64_t features, double eps_, st
                              bool affine_, bool track)
     : Module(name), num_features(features), eps(eps_), momentum(momentum_), affine(affine_), track_running_stats(track) {
   if (features <= 0) fail("{}: num_features must be positive, got {}", name, features);
-  if (affine) {
-    weight = register_parameter("weight", empty({features}));
-    bias = register_parameter("bias", empty({features}));
-  }
-  if (track) {
-    running_mean = register_buffer("running_mean", zeros({features}));
-    running_var = register_buffer("running_var", ones({features}));
-    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, TensorOptions{.dtype = kInt64}));
-  }
+  state().register_on(*this, features, affine, track);
   reset_parameters();
 }
 
-void BatchNormBase::reset_running_stats() {
-  if (!track_running_stats) return;
+void NormState::register_on(Module& m, int64_t features, bool affine, bool track) {
+  if (affine) {
+    weight = m.register_parameter("weight", empty({features}));
+    bias = m.register_parameter("bias", empty({features}));
+  }
+  if (track) {
+    running_mean = m.register_buffer("running_mean", zeros({features}));
+    running_var = m.register_buffer("running_var", ones({features}));
+    num_batches_tracked = m.register_buffer("num_batches_tracked", zeros({}, TensorOptions{.dtype = kInt64}));
+  }
+}
+
+void NormState::reset_running_stats(bool track) {
+  if (!track) return;
   NoGradGuard no_grad;
   running_mean.zero_();
   running_var.fill_(1);
   num_batches_tracked.zero_();
 }
 
-void BatchNormBase::reset_parameters() {
-  reset_running_stats();
+void NormState::reset_parameters(bool affine, bool track) {
+  reset_running_stats(track);
   if (affine) {
     init::ones_(weight);
     init::zeros_(bias);
   }
 }
+
+void BatchNormBase::reset_running_stats() { state().reset_running_stats(track_running_stats); }
+
+void BatchNormBase::reset_parameters() { state().reset_parameters(affine, track_running_stats); }
 
 Tensor BatchNormBase::forward(const Tensor& input) {
   check_input_dim(input);

@@ -20,6 +20,20 @@ class CrossReplicaSum {
   virtual int world_size() const = 0;
 };
 
+// The affine parameters and running statistics every normalization layer with PyTorch's names
+// has (BatchNorm*, InstanceNorm*): registered on `m` as weight/bias (when affine) and
+// running_mean/running_var/num_batches_tracked (when track), and reset to 1/0 and 0/1/0.
+struct NormState {
+  Tensor& weight;
+  Tensor& bias;
+  Tensor& running_mean;
+  Tensor& running_var;
+  Tensor& num_batches_tracked;
+  void register_on(Module& m, int64_t features, bool affine, bool track);
+  void reset_running_stats(bool track);
+  void reset_parameters(bool affine, bool track);
+};
+
 class BatchNormBase : public Module {
  public:
   Tensor forward(const Tensor& input) override;
@@ -43,6 +57,7 @@ class BatchNormBase : public Module {
   std::string extra_repr() const override;
 
  private:
+  NormState state() { return {weight, bias, running_mean, running_var, num_batches_tracked}; }
   std::shared_ptr<CrossReplicaSum> sync_;
 };
 

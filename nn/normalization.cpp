@@ -47,33 +47,13 @@ InstanceNormBase::InstanceNormBase(const char* name, int64_t features, double ep
       track_running_stats(track),
       spatial_dims_(spatial_dims) {
   if (features <= 0) fail("{}: num_features must be positive, got {}", name, features);
-  if (affine) {
-    weight = register_parameter("weight", empty({features}));
-    bias = register_parameter("bias", empty({features}));
-  }
-  if (track) {
-    running_mean = register_buffer("running_mean", zeros({features}));
-    running_var = register_buffer("running_var", ones({features}));
-    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, TensorOptions{.dtype = kInt64}));
-  }
+  state().register_on(*this, features, affine, track);
   reset_parameters();
 }
 
-void InstanceNormBase::reset_running_stats() {
-  if (!track_running_stats) return;
-  NoGradGuard no_grad;
-  running_mean.zero_();
-  running_var.fill_(1);
-  num_batches_tracked.zero_();
-}
+void InstanceNormBase::reset_running_stats() { state().reset_running_stats(track_running_stats); }
 
-void InstanceNormBase::reset_parameters() {
-  reset_running_stats();
-  if (affine) {
-    init::ones_(weight);
-    init::zeros_(bias);
-  }
-}
+void InstanceNormBase::reset_parameters() { state().reset_parameters(affine, track_running_stats); }
 
 Tensor InstanceNormBase::forward(const Tensor& input) {
   const int64_t batched = spatial_dims_ + 2;

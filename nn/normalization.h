@@ -4,6 +4,7 @@
 // (default false), which eval() then normalizes with. BatchNorm is nn/batchnorm.h.
 #pragma once
 
+#include "nn/batchnorm.h"
 #include "nn/module.h"
 
 namespace chorus::nn {
@@ -41,6 +42,7 @@ class InstanceNormBase : public Module {
   std::string extra_repr() const override;
 
  private:
+  NormState state() { return {weight, bias, running_mean, running_var, num_batches_tracked}; }
   int64_t spatial_dims_;
 };
 

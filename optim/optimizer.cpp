@@ -58,9 +58,9 @@ WithGrad with_grad(const std::string& opt, ParamGroup& group) {
 
 // After a multi-tensor call, which bumped the versions of the tensors it updated: non-contiguous
 // parameters get their updated copies back.
-void finish_all(WithGrad& todo) {
-  for (size_t i = 0; i < todo.params.size(); ++i) {
-    if (!todo.raws[i].param.is_same(*todo.params[i])) finish(*todo.params[i], todo.raws[i]);
+void finish_all(WithGrad& pending) {
+  for (size_t i = 0; i < pending.params.size(); ++i) {
+    if (!pending.raws[i].param.is_same(*pending.params[i])) finish(*pending.params[i], pending.raws[i]);
   }
 }
 
@@ -348,12 +348,12 @@ void SGD::step_multi_tensor(ParamGroup& group) {
                                .dampening = group.options["dampening"],
                                .weight_decay = group.options["weight_decay"],
                                .nesterov = group.options["nesterov"] != 0};
-  WithGrad todo = with_grad("SGD", group);
-  const size_t n = todo.params.size();
+  WithGrad pending = with_grad("SGD", group);
+  const size_t n = pending.params.size();
   std::vector<Tensor> buffers(n);
   std::vector<std::tuple<Device, DType, bool>> keys;
   for (size_t i = 0; i < n; ++i) {
-    const Tensor& p = *todo.params[i];
+    const Tensor& p = *pending.params[i];
     bool first = false;
     if (options.momentum != 0) {
       auto& st = state_of(p);
@@ -368,15 +368,15 @@ void SGD::step_multi_tensor(ParamGroup& group) {
   for (const std::vector<size_t>& bucket : buckets_by(keys)) {
     std::vector<Tensor> params, grads, momentum_buffers;
     for (size_t i : bucket) {
-      params.push_back(todo.raws[i].param);
-      grads.push_back(todo.raws[i].grad);
+      params.push_back(pending.raws[i].param);
+      grads.push_back(pending.raws[i].grad);
       if (options.momentum != 0) momentum_buffers.push_back(buffers[i]);
     }
     SgdStepOptions launch = options;
     launch.first_step = std::get<2>(keys[bucket.front()]);
     foreach_sgd_step(params, grads, momentum_buffers, launch);
   }
-  finish_all(todo);
+  finish_all(pending);
 }
 
 // ------------------------------------------------------------------ Adam / AdamW
@@ -451,12 +451,12 @@ void Adam::step_multi_tensor(ParamGroup& group) {
                                 .weight_decay = group.options["weight_decay"],
                                 .decoupled = decoupled_};
   const bool amsgrad = group.options["amsgrad"] != 0;
-  WithGrad todo = with_grad(name_, group);
-  const size_t n = todo.params.size();
+  WithGrad pending = with_grad(name_, group);
+  const size_t n = pending.params.size();
   std::vector<std::map<std::string, Tensor>*> states;
   std::vector<std::tuple<Device, DType, double, bool>> keys;
   for (size_t i = 0; i < n; ++i) {
-    const Tensor& p = *todo.params[i];
+    const Tensor& p = *pending.params[i];
     auto& st = state_of(p);
     init_adam_state(st, p, amsgrad);
     double* step = st["step"].data_ptr<double>();
@@ -468,8 +468,8 @@ void Adam::step_multi_tensor(ParamGroup& group) {
     const bool use_max = std::get<3>(keys[bucket.front()]);
     std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
     for (size_t i : bucket) {
-      params.push_back(todo.raws[i].param);
-      grads.push_back(todo.raws[i].grad);
+      params.push_back(pending.raws[i].param);
+      grads.push_back(pending.raws[i].grad);
       exp_avgs.push_back(states[i]->at("exp_avg"));
       exp_avg_sqs.push_back(states[i]->at("exp_avg_sq"));
       if (use_max) max_exp_avg_sqs.push_back(states[i]->at("max_exp_avg_sq"));
@@ -478,7 +478,7 @@ void Adam::step_multi_tensor(ParamGroup& group) {
     launch.step = std::get<2>(keys[bucket.front()]);
     foreach_adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, launch);
   }
-  finish_all(todo);
+  finish_all(pending);
 }
 
 }  // namespace chorus::optim
