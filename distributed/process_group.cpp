@@ -46,6 +46,12 @@ void Work::wait(std::optional<std::chrono::milliseconds> timeout) {
   if (error_) std::rethrow_exception(error_);
 }
 
+void Work::wait_finished() {
+  complete_in_background();
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return done_; });
+}
+
 void Work::then(std::function<void(Work&)> fn) {
   complete_in_background();
   {

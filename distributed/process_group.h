@@ -33,6 +33,10 @@ class Work {
   // Blocks until done and rethrows a failure. With a timeout, a collective still running after it
   // is reported as a chorus::Error (the collective itself also has the group's timeout).
   virtual void wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // Blocks the host until the work has finished and its then() callbacks have run; never raises.
+  // Unlike wait(), which a device work answers by ordering the current stream, this is what an
+  // owner must call before freeing anything a callback or the collective still touches.
+  void wait_finished();
   // The tensors the op wrote (allreduce: its inputs, in place; allgather: the outputs).
   virtual const TensorList& result() const { return result_; }
   // Runs `fn` once the work has finished (at once if it already has), on the completing thread.

@@ -48,14 +48,11 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names, std
 
 Reducer::~Reducer() {
   for (auto& h : hooks_) h.remove();
-  // Never leave a collective running against buffers we are about to free.
+  // Never leave a collective running against buffers we are about to free, nor a completion
+  // callback that writes into a bucket: a device work's wait() only orders the current stream, so
+  // the host waits for the work itself to finish.
   for (auto& b : buckets_) {
-    if (b.work) {
-      try {
-        b.work->wait();
-      } catch (...) {
-      }
-    }
+    if (b.work) b.work->wait_finished();
   }
 }
 
@@ -329,8 +326,13 @@ void Reducer::launch_ready_buckets() {
     b.launched = Clock::now();
     if (timing_) timing_->launched[b.index].record(current_stream(*device_));
     b.work = identity_reduction() ? completed_work("allreduce (world size 1)", {b.buffer}) : comm_hook_(*group_, b);
-    Bucket* bp = &b;
-    b.work->then([bp](Work&) { bp->finished = Clock::now(); });
+    // The host clock's end of the collective, for the CPU statistics. On a device the statistics
+    // come from events, and the work finishes on the group's watchdog thread long after the host
+    // has moved on (perhaps past a rebuild of buckets_), so no callback touches a bucket there.
+    if (!device_) {
+      Bucket* bp = &b;
+      b.work->then([bp](Work&) { bp->finished = Clock::now(); });
+    }
   }
 }
 
