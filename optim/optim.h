@@ -3,6 +3,7 @@
 
 #include "optim/clip_grad.h"
 #include "optim/foreach.h"
+#include "optim/lbfgs.h"
 #include "optim/more_optimizers.h"
 #include "optim/optimizer.h"
 #include "optim/schedulers.h"

@@ -50,9 +50,9 @@ class Optimizer {
     return false;
   }
 
-  NamedTensors state_dict() const;
+  virtual NamedTensors state_dict() const;
   // Checks the group count, parameter count and each buffer's shape; chorus::Error on mismatch.
-  void load_state_dict(const NamedTensors& state);
+  virtual void load_state_dict(const NamedTensors& state);
 
  protected:
   Optimizer(std::string name, std::vector<ParamGroup> groups, Options defaults);

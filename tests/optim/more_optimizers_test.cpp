@@ -2,8 +2,10 @@
 // (8 steps, every option on); Adamax against its update written out; their state through
 // state_dict; the new schedulers' learning rates at chosen steps; ReduceLROnPlateau's patience,
 // cooldown and state.
-#include <catch2/catch.hpp>
 #include <torch/torch.h>
+// glog (through torch's headers) defines a CHECK that aborts; Catch2's must win, so it comes after.
+#undef CHECK
+#include <catch2/catch.hpp>
 
 #include <cmath>
 

@@ -1,0 +1,159 @@
+// L-BFGS against libtorch 1.13's torch::optim::LBFGS on the same problem (a tanh least-squares fit
+// with an L2 term, float64, random data): the parameters after each step() and the number of
+// closure evaluations, with the fixed step and with the strong-Wolfe line search; convergence on
+// the Rosenbrock function; the state through state_dict into a fresh optimizer; the errors.
+#include <torch/torch.h>
+// glog (through torch's headers) defines a CHECK that aborts; Catch2's must win, so it comes after.
+#undef CHECK
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "optim/optim.h"
+#include "tensor/ops.h"
+
+namespace {
+
+using chorus::Tensor;
+namespace o = chorus::optim;
+
+torch::Tensor to_torch(const Tensor& t) {
+  const Tensor c = t.detach().to(chorus::kFloat64).contiguous();
+  std::vector<int64_t> sizes(c.sizes().begin(), c.sizes().end());
+  return torch::from_blob(const_cast<double*>(c.data_ptr<double>()), sizes, torch::kFloat64).clone();
+}
+
+double max_diff(const Tensor& c, const torch::Tensor& t) {
+  return (to_torch(c) - t.detach()).abs().max().item<double>();
+}
+
+// mean((tanh(X W + b) - Y)^2) + 0.01 |W|^2, with its gradients.
+struct Problem {
+  Tensor x, y;
+  Tensor loss(const Tensor& w, const Tensor& b) const {
+    const Tensor r = chorus::sub(chorus::tanh(chorus::add(chorus::matmul(x, w), b)), y);
+    return chorus::add(chorus::mean(chorus::mul(r, r)), chorus::mul(chorus::sum(chorus::mul(w, w)), 0.01));
+  }
+  torch::Tensor loss(const torch::Tensor& w, const torch::Tensor& b) const {
+    const torch::Tensor r = torch::tanh(torch::matmul(to_torch(x), w) + b) - to_torch(y);
+    return (r * r).mean() + (w * w).sum() * 0.01;
+  }
+};
+
+Problem make_problem(uint64_t seed) {
+  chorus::Generator g(seed);
+  Problem p{chorus::randn({12, 5}, {.dtype = chorus::kFloat64}, &g), chorus::randn({12, 3}, {.dtype = chorus::kFloat64}, &g)};
+  p.y = chorus::mul(chorus::tanh(p.y), 0.8);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("LBFGS equals libtorch's, with and without the strong-Wolfe line search", "[optim][libtorch]") {
+  torch::set_num_threads(1);
+  const Problem problem = make_problem(11);
+  for (bool wolfe : {false, true}) {
+    for (int64_t history : {3, 100}) {
+      INFO("strong Wolfe " << wolfe << ", history " << history);
+      chorus::Generator g(5);
+      Tensor w = chorus::mul(chorus::randn({5, 3}, {.dtype = chorus::kFloat64}, &g), 0.5).requires_grad_();
+      Tensor b = chorus::zeros({3}, {.dtype = chorus::kFloat64}).requires_grad_();
+      torch::Tensor tw = to_torch(w).requires_grad_(), tb = to_torch(b).requires_grad_();
+      o::LBFGSOptions options{.lr = wolfe ? 1.0 : 0.3, .max_iter = 7, .history_size = history};
+      if (wolfe) options.line_search = o::LBFGSOptions::LineSearch::StrongWolfe;
+      o::LBFGS opt({w, b}, options);
+      auto topts = torch::optim::LBFGSOptions(options.lr).max_iter(7).history_size(history);
+      if (wolfe) topts.line_search_fn("strong_wolfe");
+      torch::optim::LBFGS topt({tw, tb}, topts);
+      int evals = 0, tevals = 0;
+      auto closure = [&] {
+        ++evals;
+        opt.zero_grad();
+        Tensor l = problem.loss(w, b);
+        l.backward();
+        return l;
+      };
+      auto tclosure = [&] {
+        ++tevals;
+        topt.zero_grad();
+        torch::Tensor l = problem.loss(tw, tb);
+        l.backward();
+        return l;
+      };
+      double first = 0, last = 0;
+      for (int step = 0; step < 4; ++step) {
+        const double l = opt.step(closure).item<double>();
+        const double tl = topt.step(tclosure).item<double>();
+        CHECK(std::abs(l - tl) < 1e-12);
+        if (step == 0) first = l;
+        last = l;
+        CHECK(max_diff(w, tw) < 1e-10);
+        CHECK(max_diff(b, tb) < 1e-10);
+        CHECK(evals == tevals);
+      }
+      CHECK(opt.func_evals() == evals);
+      CHECK(last < 0.5 * first);
+    }
+  }
+}
+
+TEST_CASE("LBFGS with the line search minimizes the Rosenbrock function", "[optim]") {
+  Tensor xy = chorus::tensor({-1.5, 2.0}).to(chorus::kFloat64).requires_grad_();
+  o::LBFGS opt({xy}, {.lr = 1, .max_iter = 50, .tolerance_grad = 1e-12, .tolerance_change = 1e-14,
+                      .line_search = o::LBFGSOptions::LineSearch::StrongWolfe});
+  auto closure = [&] {
+    opt.zero_grad();
+    const Tensor x = xy[0], y = xy[1];
+    const Tensor a = chorus::sub(x, 1.0), c = chorus::sub(y, chorus::mul(x, x));
+    Tensor l = chorus::add(chorus::mul(a, a), chorus::mul(chorus::mul(c, c), 100.0));
+    l.backward();
+    return l;
+  };
+  for (int step = 0; step < 5; ++step) opt.step(closure);
+  CHECK(std::abs(xy[0].item<double>() - 1) < 1e-8);
+  CHECK(std::abs(xy[1].item<double>() - 1) < 1e-8);
+  CHECK(opt.n_iter() < 100);
+}
+
+TEST_CASE("LBFGS state goes through state_dict; bad use is refused", "[optim]") {
+  const Problem problem = make_problem(12);
+  chorus::Generator g(8);
+  Tensor w = chorus::randn({5, 3}, {.dtype = chorus::kFloat64}, &g).requires_grad_();
+  Tensor b = chorus::randn({3}, {.dtype = chorus::kFloat64}, &g).requires_grad_();
+  const o::LBFGSOptions options{.lr = 1, .max_iter = 4, .history_size = 3,
+                                .line_search = o::LBFGSOptions::LineSearch::StrongWolfe};
+  o::LBFGS opt({w, b}, options);
+  auto closure_for = [&](o::LBFGS& which, Tensor& pw, Tensor& pb) {
+    return [&] {
+      which.zero_grad();
+      Tensor l = problem.loss(pw, pb);
+      l.backward();
+      return l;
+    };
+  };
+  opt.step(closure_for(opt, w, b));
+  opt.step(closure_for(opt, w, b));
+  const auto state = opt.state_dict();
+  // A fresh optimizer on copies of the parameters, given the state, continues identically.
+  Tensor w2 = w.detach().clone().requires_grad_(), b2 = b.detach().clone().requires_grad_();
+  o::LBFGS again({w2, b2}, options);
+  again.load_state_dict(state);
+  CHECK(again.n_iter() == opt.n_iter());
+  CHECK(again.func_evals() == opt.func_evals());
+  opt.step(closure_for(opt, w, b));
+  again.step(closure_for(again, w2, b2));
+  CHECK(chorus::equal(w, w2));
+  CHECK(chorus::equal(b, b2));
+
+  CHECK_THROWS_WITH(opt.step(), Catch::Contains("needs a closure"));
+  CHECK_THROWS_WITH(o::LBFGS({w}, {.lr = -1}), Catch::Contains("invalid learning rate -1"));
+  CHECK_THROWS_WITH(o::LBFGS({w}, {.history_size = 0}), Catch::Contains("history_size is 0"));
+  auto bad = state;
+  for (auto& [name, t] : bad) {
+    if (name == "lbfgs.d") t = chorus::zeros({4}, {.dtype = chorus::kFloat64});
+  }
+  CHECK_THROWS_WITH(again.load_state_dict(bad), Catch::Contains("'lbfgs.d' has shape [4], expected [18]"));
+  o::LBFGS two({w}, {});
+  two.add_param_group({{b}, {}});
+  CHECK_THROWS_WITH(two.step(closure_for(two, w, b)), Catch::Contains("doesn't support per-parameter options"));
+}
