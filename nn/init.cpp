@@ -42,47 +42,16 @@ double calculate_gain(const std::string& nonlinearity, double param) {
   fail("init::calculate_gain: unsupported nonlinearity '{}'", nonlinearity);
 }
 
-// Fills t with f(draws) computed in float64 (the arithmetic of PyTorch's fills), a chunk at a time:
-// chunk(n) draws n float64 values from the generator and transforms them. Chunks of an even
-// number of elements consume exactly the Philox blocks a whole-tensor draw would (uniform takes
-// two values a block, normal one), so the values are the same bit for bit, while the float64
-// temporary stays small (a whole-tensor one was cached by the CPU allocator and added a float64
-// copy of the largest parameters to a training run's peak memory).
-template <typename Chunk>
-void fill_in_chunks(Tensor& t, const Chunk& chunk) {
-  constexpr int64_t kChunk = 1 << 16;  // 512 KiB of float64
-  NoGradGuard no_grad;
-  if (!t.is_contiguous() || t.numel() <= kChunk) {
-    t.copy_(chunk(t.sizes()));
-    return;
-  }
-  Tensor flat = t.reshape({-1});
-  for (int64_t start = 0; start < t.numel(); start += kChunk) {
-    const int64_t n = std::min(kChunk, t.numel() - start);
-    flat.narrow(0, start, n).copy_(chunk(Shape{n}));
-  }
-}
-
 Tensor& uniform_(Tensor& t, double low, double high, Generator* gen) {
   check_floating(t, "uniform_");
-  Generator& g = gen ? *gen : default_generator();
-  // low + (high - low) * u in float64, the arithmetic of a uniform fill, drawn on t's device.
-  fill_in_chunks(t, [&](const Shape& shape) {
-    Tensor v = rand(shape, {.dtype = kFloat64, .device = t.device()}, &g);
-    return v.mul_(high - low).add_(low);
-  });
-  return t;
+  NoGradGuard no_grad;
+  return chorus::uniform_(t, low, high, gen);
 }
 
 Tensor& normal_(Tensor& t, double mean, double std, Generator* gen) {
   check_floating(t, "normal_");
-  if (std < 0) fail("init::normal_: std must be non-negative, got {}", std);
-  Generator& g = gen ? *gen : default_generator();
-  fill_in_chunks(t, [&](const Shape& shape) {
-    Tensor v = randn(shape, {.dtype = kFloat64, .device = t.device()}, &g);
-    return v.mul_(std).add_(mean);
-  });
-  return t;
+  NoGradGuard no_grad;
+  return chorus::normal_(t, mean, std, gen);
 }
 
 Tensor& trunc_normal_(Tensor& t, double mean, double std, double a, double b, Generator* gen) {
@@ -122,12 +91,12 @@ Tensor& ones_(Tensor& t) { return constant_(t, 1.0); }
 Tensor& xavier_uniform_(Tensor& t, double gain, Generator* gen) {
   auto [fan_in, fan_out] = fan_in_and_fan_out(t);
   const double bound = gain * std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
-  return uniform_(t, -bound, bound, gen);
+  return init::uniform_(t, -bound, bound, gen);
 }
 
 Tensor& xavier_normal_(Tensor& t, double gain, Generator* gen) {
   auto [fan_in, fan_out] = fan_in_and_fan_out(t);
-  return normal_(t, 0.0, gain * std::sqrt(2.0 / static_cast<double>(fan_in + fan_out)), gen);
+  return init::normal_(t, 0.0, gain * std::sqrt(2.0 / static_cast<double>(fan_in + fan_out)), gen);
 }
 
 namespace {
@@ -142,11 +111,11 @@ double kaiming_std(const Tensor& t, double a, const std::string& mode, const std
 
 Tensor& kaiming_uniform_(Tensor& t, double a, const std::string& mode, const std::string& nonlinearity, Generator* gen) {
   const double bound = std::sqrt(3.0) * kaiming_std(t, a, mode, nonlinearity);
-  return uniform_(t, -bound, bound, gen);
+  return init::uniform_(t, -bound, bound, gen);
 }
 
 Tensor& kaiming_normal_(Tensor& t, double a, const std::string& mode, const std::string& nonlinearity, Generator* gen) {
-  return normal_(t, 0.0, kaiming_std(t, a, mode, nonlinearity), gen);
+  return init::normal_(t, 0.0, kaiming_std(t, a, mode, nonlinearity), gen);
 }
 
 }  // namespace chorus::nn::init

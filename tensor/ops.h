@@ -256,6 +256,13 @@ std::pair<Tensor, Tensor> topk(const Tensor& t, int64_t k, int64_t dim = -1, boo
 Tensor bernoulli(const Tensor& p, Generator* generator = nullptr);  // 0/1 in p's dtype
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false,
                    Generator* generator = nullptr);  // int64 category indices
+// In-place random fills, as Tensor.uniform_/normal_/bernoulli_ (nn::init's fills are these): the
+// values are computed in float64 and cast into t (any device), a chunk at a time. A leaf that
+// requires grad is refused in grad mode; on a tensor with history the old values get no gradient.
+Tensor& uniform_(Tensor& t, double from = 0.0, double to = 1.0, Generator* generator = nullptr);  // [from, to)
+Tensor& normal_(Tensor& t, double mean = 0.0, double std = 1.0, Generator* generator = nullptr);
+Tensor& bernoulli_(Tensor& t, double p = 0.5, Generator* generator = nullptr);  // 1 with probability p
+Tensor& bernoulli_(Tensor& t, const Tensor& p, Generator* generator = nullptr);  // p broadcast to t
 
 // ---------------------------------------------------------------- threads
 // CPU kernels use this many threads for large tensors (default: the machine's cores).

@@ -26,6 +26,7 @@ namespace autograd {
 class Node;
 }
 
+class Generator;
 class Tensor;
 class TensorImpl;
 
@@ -226,6 +227,11 @@ class Tensor {
   Tensor& erf_();
   Tensor& erfinv_();
   Tensor& masked_fill_(const Tensor& mask, const Scalar& value);
+  // Random fills in place (tensor/ops.h): uniform in [from, to), normal, 0/1 with probability p.
+  Tensor& uniform_(double from = 0.0, double to = 1.0, Generator* generator = nullptr);
+  Tensor& normal_(double mean = 0.0, double std = 1.0, Generator* generator = nullptr);
+  Tensor& bernoulli_(double p = 0.5, Generator* generator = nullptr);
+  Tensor& bernoulli_(const Tensor& p, Generator* generator = nullptr);
 
   // ---- reductions ----
   Tensor sum() const;

@@ -312,6 +312,98 @@ Tensor bernoulli(const Tensor& p, Generator* generator) {
   return lt(rand_like(q, generator), q).to(p.dtype());
 }
 
+namespace {
+
+// Fills t with chunk(shape)'s float64 values (cast into t), a chunk at a time. Chunks of an even
+// number of elements consume exactly the Philox blocks a whole-tensor draw would (uniform takes two
+// values a block, normal one), so the values are the same bit for bit, while the float64 temporary
+// stays small (a whole-tensor one was cached by the CPU allocator and added a float64 copy of the
+// largest parameters to a training run's peak memory).
+template <typename Chunk>
+void fill_in_chunks(Tensor& t, const Chunk& chunk) {
+  constexpr int64_t kChunk = 1 << 16;  // 512 KiB of float64
+  NoGradGuard no_grad;
+  if (!t.is_contiguous() || t.numel() <= kChunk) {
+    t.copy_(chunk(t.sizes()));
+    return;
+  }
+  Tensor flat = t.reshape({-1});
+  for (int64_t start = 0; start < t.numel(); start += kChunk) {
+    const int64_t n = std::min(kChunk, t.numel() - start);
+    flat.narrow(0, start, n).copy_(chunk(Shape{n}));
+  }
+}
+
+// A random fill of t in place: a leaf that requires grad is refused (in grad mode, as any in-place
+// op); a tensor with history is overwritten through copy_ from the drawn values, so its old values
+// get no gradient.
+template <typename Chunk>
+Tensor& fill_random(Tensor& t, const char* op, const Chunk& chunk) {
+  check_defined(t, op, "self");
+  autograd::check_inplace(t, op, /*will_record=*/false);
+  if (!autograd::any_requires_grad({&t})) {
+    fill_in_chunks(t, chunk);
+    return t;
+  }
+  Tensor values = empty(t.sizes(), t.options());
+  fill_in_chunks(values, chunk);
+  return t.copy_(values);
+}
+
+void check_floating_self(const Tensor& t, const char* op) {
+  check_defined(t, op, "self");
+  if (!t.is_floating_point()) fail("{}: expected a floating-point tensor, got {}", op, dtype_name(t.dtype()));
+}
+
+}  // namespace
+
+Tensor& uniform_(Tensor& t, double from, double to, Generator* generator) {
+  check_floating_self(t, "uniform_");
+  if (!(from <= to) || !std::isfinite(to - from)) {
+    fail("uniform_: expected a finite range [from, to) with from <= to, got from={} to={}", from, to);
+  }
+  Generator& g = generator ? *generator : default_generator();
+  // from + (to - from) * u in float64, drawn on t's device.
+  return fill_random(t, "uniform_", [&](const Shape& shape) {
+    return rand(shape, {.dtype = kFloat64, .device = t.device()}, &g).mul_(to - from).add_(from);
+  });
+}
+
+Tensor& normal_(Tensor& t, double mean, double std, Generator* generator) {
+  check_floating_self(t, "normal_");
+  if (!(std >= 0) || !std::isfinite(std) || !std::isfinite(mean)) {
+    fail("normal_: expected a finite mean and std >= 0, got mean={} std={} (std must be non-negative)", mean, std);
+  }
+  Generator& g = generator ? *generator : default_generator();
+  return fill_random(t, "normal_", [&](const Shape& shape) {
+    return randn(shape, {.dtype = kFloat64, .device = t.device()}, &g).mul_(std).add_(mean);
+  });
+}
+
+Tensor& bernoulli_(Tensor& t, double p, Generator* generator) {
+  if (!(p >= 0 && p <= 1)) fail("bernoulli_: expected a probability p in [0, 1], got {}", p);
+  check_defined(t, "bernoulli_", "self");
+  Generator& g = generator ? *generator : default_generator();
+  return fill_random(t, "bernoulli_", [&](const Shape& shape) {
+    return lt(rand(shape, {.dtype = kFloat64, .device = t.device()}, &g), p).to(kFloat64);
+  });
+}
+
+Tensor& bernoulli_(Tensor& t, const Tensor& p, Generator* generator) {
+  check_defined(t, "bernoulli_", "self");
+  check_defined(p, "bernoulli_", "p");
+  if (!is_floating(p.dtype())) fail("bernoulli_: expected floating-point probabilities p, got {}", dtype_name(p.dtype()));
+  const Tensor q = p.detach().to(kFloat64).to(t.device()).expand(t.sizes()).contiguous();
+  if (any(logical_or(lt(q, 0), gt(q, 1))).item<bool>()) fail("bernoulli_: probabilities p must be in [0, 1]");
+  autograd::check_inplace(t, "bernoulli_", /*will_record=*/false);
+  Generator& g = generator ? *generator : default_generator();
+  // One draw for the whole tensor, compared with p (as fill_random's path for a tensor with history).
+  const Tensor values = lt(rand(t.sizes(), {.dtype = kFloat64, .device = t.device()}, &g), q);
+  if (autograd::any_requires_grad({&t})) return t.copy_(values);
+  NoGradGuard no_grad;
+  return t.copy_(values);
+}
+
 Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement, Generator* generator) {
   check_defined(probs, "multinomial", "input");
   if (probs.dim() < 1 || probs.dim() > 2) {

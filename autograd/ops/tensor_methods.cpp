@@ -196,6 +196,10 @@ Tensor& Tensor::div_(const Tensor& o) { return chorus::div_(*this, o); }
 Tensor& Tensor::div_(const Scalar& o) { return chorus::div_(*this, o); }
 Tensor& Tensor::clamp_(std::optional<Scalar> lo, std::optional<Scalar> hi) { return chorus::clamp_(*this, lo, hi); }
 Tensor& Tensor::masked_fill_(const Tensor& mask, const Scalar& v) { return chorus::masked_fill_(*this, mask, v); }
+Tensor& Tensor::uniform_(double from, double to, Generator* g) { return chorus::uniform_(*this, from, to, g); }
+Tensor& Tensor::normal_(double mean, double std, Generator* g) { return chorus::normal_(*this, mean, std, g); }
+Tensor& Tensor::bernoulli_(double p, Generator* g) { return chorus::bernoulli_(*this, p, g); }
+Tensor& Tensor::bernoulli_(const Tensor& p, Generator* g) { return chorus::bernoulli_(*this, p, g); }
 
 namespace {
 // self = f(self) in place. With history, f runs on a clone so that what f saves for backward is

@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
 #include "tensor/ops.h"
 #include "tests/tensor/tensor_testing.h"
@@ -184,6 +185,76 @@ TEST_CASE("the composite ops on the sim device equal the CPU's", "[tensor][compo
   CHECK(same([](const Tensor& x, const Tensor&) { return topk(x, 2, 0).second; }));
   CHECK(same([](const Tensor& x, const Tensor&) { return masked_select(x, gt(x, 0)); }));
   CHECK(same([](const Tensor& x, const Tensor&) { return nonzero(gt(x, 0)); }));
+}
+
+// Tensor.uniform_/normal_/bernoulli_: the values' range and moments over 200,000 draws (bounds
+// of more than 5 standard errors), non-contiguous targets filled everywhere, the same draws as
+// the sim device's for one seed, and autograd's rules for in-place ops.
+TEST_CASE("uniform_, normal_ and bernoulli_ fill a tensor in place", "[tensor][composite]") {
+  const int64_t n = 200000;
+  for (DType dtype : {kFloat32, kFloat64}) {
+    INFO(dtype_name(dtype));
+    Generator g(21);
+    Tensor u = empty({n}, {.dtype = dtype});
+    u.uniform_(-2.0, 3.0, &g);
+    CHECK(min(u).item<double>() >= -2.0);
+    CHECK(max(u).item<double>() < 3.0);
+    CHECK(std::abs(mean(u).item<double>() - 0.5) < 5 * 5.0 / std::sqrt(12.0 * n));
+    Tensor z = empty({n}, {.dtype = dtype});
+    z.normal_(1.5, 0.5, &g);
+    CHECK(std::abs(mean(z).item<double>() - 1.5) < 5 * 0.5 / std::sqrt(double(n)));
+    CHECK(std::abs(z.std().item<double>() - 0.5) < 0.01);
+    Tensor b = empty({n}, {.dtype = dtype});
+    b.bernoulli_(0.3, &g);
+    CHECK(sum(logical_and(ne(b, 0), ne(b, 1))).item<int64_t>() == 0);
+    CHECK(std::abs(mean(b).item<double>() - 0.3) < 5 * std::sqrt(0.3 * 0.7 / n));
+  }
+  // A transposed (non-contiguous) view is filled everywhere, and through the view its base.
+  Tensor base = full({40, 30}, 100.0, {.dtype = kFloat64});
+  Tensor view = base.t();
+  view.uniform_(0.0, 1.0);
+  CHECK(max(base).item<double>() < 1.0);
+  // The same generator state draws the same values again, and on the sim device.
+  Generator g1(5), g3(5);
+  Tensor a = empty({1000}, {.dtype = kFloat32}), c = empty({1000}, {.dtype = kFloat32});
+  a.normal_(0.0, 2.0, &g1);
+  c.normal_(0.0, 2.0, &g3);
+  CHECK(equal(a, c));
+  CHECK(!equal(a, empty({1000}, {.dtype = kFloat32}).normal_(0.0, 2.0, &g3)));
+  Generator g4(5);
+  Tensor on_sim = empty({1000}, {.dtype = kFloat32, .device = Device::sim(0)});
+  on_sim.normal_(0.0, 2.0, &g4);
+  CHECK(equal(on_sim.cpu(), a));
+  // Probabilities as a tensor, broadcast: 0 and 1 are certain.
+  Tensor p = f64({0, 1, 1, 0}, {4});
+  Tensor m = empty({3, 4}, {.dtype = kFloat32});
+  m.bernoulli_(p);
+  CHECK(equal(m, p.to(kFloat32).expand({3, 4})));
+}
+
+TEST_CASE("random in-place fills follow autograd's rules and refuse bad arguments", "[tensor][composite]") {
+  Tensor leaf = randn({4}, {.dtype = kFloat64}).requires_grad_();
+  CHECK_THROWS_WITH(leaf.normal_(), Catch::Contains("a leaf tensor that requires grad"));
+  {
+    NoGradGuard no_grad;
+    leaf.uniform_(0.0, 1.0);  // as nn::init does
+  }
+  CHECK(max(leaf.detach()).item<double>() < 1.0);
+  // A tensor with history: the overwritten values carry no gradient back.
+  Tensor y = mul(leaf, 3.0);
+  y.normal_();
+  sum(mul(y, y)).backward();
+  REQUIRE(leaf.grad().defined());
+  CHECK(equal(leaf.grad(), zeros({4}, {.dtype = kFloat64})));
+  Tensor ints = zeros({3}, {.dtype = kInt64});
+  CHECK_THROWS_WITH(ints.uniform_(), Catch::Contains("uniform_: expected a floating-point tensor, got int64"));
+  Tensor f = zeros({3});
+  CHECK_THROWS_WITH(f.uniform_(1.0, 0.0), Catch::Contains("from <= to, got from=1 to=0"));
+  CHECK_THROWS_WITH(f.normal_(0.0, -1.0), Catch::Contains("std must be non-negative"));
+  CHECK_THROWS_WITH(f.bernoulli_(1.5), Catch::Contains("probability p in [0, 1], got 1.5"));
+  CHECK_THROWS_WITH(f.bernoulli_(f64({2, 0, 0}, {3})), Catch::Contains("probabilities p must be in [0, 1]"));
+  ints.bernoulli_(1.0);  // integer targets take 0/1 too, as PyTorch's
+  CHECK(equal(ints, ones({3}, {.dtype = kInt64})));
 }
 
 }  // namespace chorus
