@@ -144,4 +144,34 @@ std::tuple<Tensor, Tensor> pad_packed_sequence(const PackedSequence& sequence, b
   return {padded, tensor(lengths)};
 }
 
+Tensor pad_sequence(const TensorList& sequences, bool batch_first, double padding_value) {
+  if (sequences.empty()) fail("pad_sequence: got no sequences");
+  int64_t longest = 0;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    const Tensor& s = sequences[i];
+    if (!s.defined() || s.dim() < 1 ||
+        !std::equal(s.sizes().begin() + 1, s.sizes().end(), sequences[0].sizes().begin() + 1,
+                    sequences[0].sizes().end())) {
+      fail("pad_sequence: sequence {} has shape {}; every sequence must be [L_i, *] with the trailing shape of "
+           "sequence 0, {}",
+           i, s.defined() ? shape_str(s.sizes()) : "undefined", shape_str(sequences[0].sizes()));
+    }
+    longest = std::max(longest, s.size(0));
+  }
+  TensorList padded;
+  for (const Tensor& s : sequences) {
+    Shape rest = s.sizes();
+    rest[0] = longest - s.size(0);
+    padded.push_back(rest[0] == 0 ? s : cat({s, full(rest, padding_value, {.dtype = s.dtype(), .device = s.device()})}, 0));
+  }
+  return stack(padded, batch_first ? 0 : 1);
+}
+
+PackedSequence pack_sequence(const TensorList& sequences, bool enforce_sorted) {
+  const Tensor padded = pad_sequence(sequences);
+  std::vector<int64_t> lengths;
+  for (const Tensor& s : sequences) lengths.push_back(s.size(0));
+  return pack_padded_sequence(padded, lengths, false, enforce_sorted);
+}
+
 }  // namespace chorus::nn::utils::rnn

@@ -39,4 +39,10 @@ std::tuple<Tensor, Tensor> pad_packed_sequence(const PackedSequence& sequence, b
                                                double padding_value = 0.0,
                                                std::optional<int64_t> total_length = std::nullopt);
 
+// Sequences [L_i, *] (same trailing shape) stacked into [max L, B, *] ([B, max L, *] with
+// batch_first), the steps past each length set to padding_value.
+Tensor pad_sequence(const TensorList& sequences, bool batch_first = false, double padding_value = 0.0);
+// pad_sequence then pack_padded_sequence with the sequences' own lengths.
+PackedSequence pack_sequence(const TensorList& sequences, bool enforce_sorted = true);
+
 }  // namespace chorus::nn::utils::rnn

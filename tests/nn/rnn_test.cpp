@@ -358,7 +358,7 @@ TEST_CASE("packed variable-length batches (enforce_sorted false) equal libtorch'
   }
 }
 
-TEST_CASE("pack_padded_sequence and pad_packed_sequence equal libtorch's", "[nn][rnn][libtorch][packed]") {
+TEST_CASE("pack_padded_sequence, pad_packed_sequence, pad_sequence and pack_sequence equal libtorch's", "[nn][rnn][libtorch][packed]") {
   c::manual_seed(11);
   Tensor x = c::randn({5, 4, 2}, {.dtype = c::kFloat64});
   const std::vector<int64_t> lengths{2, 5, 3, 1};
@@ -372,6 +372,16 @@ TEST_CASE("pack_padded_sequence and pad_packed_sequence equal libtorch's", "[nn]
   auto [tpadded, tlengths] = TU::pad_packed_sequence(theirs, true, -1.0, 7);
   CHECK(max_diff(padded, tpadded) == 0);
   CHECK(max_diff(out_lengths, tlengths) == 0);
+
+  const c::TensorList sequences{c::randn({3, 2}, {.dtype = c::kFloat64}), c::randn({5, 2}, {.dtype = c::kFloat64}),
+                                 c::randn({1, 2}, {.dtype = c::kFloat64})};
+  std::vector<torch::Tensor> tsequences;
+  for (const Tensor& s : sequences) tsequences.push_back(to_torch(s));
+  CHECK(max_diff(U::pad_sequence(sequences, true, 2.0), TU::pad_sequence(tsequences, true, 2.0)) == 0);
+  const U::PackedSequence from_list = U::pack_sequence(sequences, false);
+  const TU::PackedSequence tfrom_list = TU::pack_sequence(tsequences, false);
+  CHECK(max_diff(from_list.data, tfrom_list.data()) == 0);
+  CHECK(max_diff(from_list.batch_sizes, tfrom_list.batch_sizes()) == 0);
 
   const U::PackedSequence sorted = U::pack_padded_sequence(c::transpose(x, 0, 1), {5, 3, 3, 1}, true);
   CHECK_FALSE(sorted.sorted_indices.defined());
@@ -516,6 +526,8 @@ TEST_CASE("bad arguments are errors naming what was given and what was expected"
   CHECK_THAT(error_message([&] { U::pack_padded_sequence(x, {3, 1}); }), Contains("2 lengths for a batch of 3"));
   CHECK_THAT(error_message([&] { U::pad_packed_sequence(U::pack_padded_sequence(x, {4, 3, 1}), false, 0.0, 2); }),
              Contains("total_length 2 is shorter"));
+  CHECK_THAT(error_message([] { U::pad_sequence({c::randn({2, 3}), c::randn({4, 2})}); }),
+             Contains("sequence 1 has shape [4, 2]") && Contains("[2, 3]"));
   CHECK_THAT(error_message([&] { gru.forward(U::pack_padded_sequence(c::randn({4, 3, 2}), {4, 3, 1})); }),
              Contains("packed data [8, 3]") && Contains("got [8, 2]"));
 }
