@@ -8,14 +8,19 @@
 #undef CHECK
 #include <catch2/catch.hpp>
 
+#include <array>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "autograd/gradcheck.h"
+#include "data/mnist.h"
 #include "nn/nn.h"
+#include "optim/optimizer.h"
 #include "tensor/ops.h"
 #include "tests/nn/reference.h"
 
@@ -530,4 +535,54 @@ TEST_CASE("bad arguments are errors naming what was given and what was expected"
              Contains("sequence 1 has shape [4, 2]") && Contains("[2, 3]"));
   CHECK_THAT(error_message([&] { gru.forward(U::pack_padded_sequence(c::randn({4, 3, 2}), {4, 3, 1})); }),
              Contains("packed data [8, 3]") && Contains("got [8, 2]"));
+}
+
+TEST_CASE("a character-level LSTM on real text: the training loss falls", "[nn][rnn][train]") {
+  // The corpus tools/setup.sh installs (data/sotu in $CHORUS_DATA_DIR); the 1790 address is 8 KB.
+  std::ifstream file(c::data::default_data_dir() + "/sotu/1790_george_washington_n.txt");
+  REQUIRE(file);
+  const std::string text{std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()};
+  REQUIRE(text.size() > 5000);
+  std::array<int64_t, 256> id_of;
+  id_of.fill(-1);
+  int64_t vocab = 0;
+  std::vector<int64_t> ids;
+  for (unsigned char ch : text) {
+    if (id_of[ch] < 0) id_of[ch] = vocab++;
+    ids.push_back(id_of[ch]);
+  }
+  const Tensor corpus = c::tensor(ids);
+  const int64_t batch = 16, steps = 32;
+
+  c::manual_seed(0);
+  c::nn::Embedding embed(vocab, 16);
+  c::nn::LSTM lstm(16, 64, {.batch_first = true});
+  c::nn::Linear head(64, vocab);
+  std::vector<Tensor> params;
+  for (c::nn::Module* m : std::initializer_list<c::nn::Module*>{&embed, &lstm, &head}) {
+    for (const Tensor& p : m->parameters()) params.push_back(p);
+  }
+  c::optim::Adam adam(params, {.lr = 0.01});
+  std::vector<double> losses;
+  for (int iteration = 0; iteration < 100; ++iteration) {
+    // batch windows of steps + 1 characters at random offsets: inputs and next-character targets.
+    const Tensor starts = c::randint(0, corpus.size(0) - steps - 1, {batch, 1});
+    const Tensor window = c::index(corpus, c::add(starts, c::arange(steps + 1)));
+    const Tensor x = c::narrow(window, 1, 0, steps), y = c::narrow(window, 1, 1, steps);
+    const Tensor logits = head(lstm(embed(x)));
+    const Tensor loss = c::nn::functional::cross_entropy(c::reshape(logits, {-1, vocab}), c::reshape(y, {-1}));
+    adam.zero_grad();
+    loss.backward();
+    adam.step();
+    losses.push_back(loss.item<double>());
+  }
+  auto mean_of = [&](size_t from, size_t count) {
+    double s = 0;
+    for (size_t i = from; i < from + count; ++i) s += losses[i];
+    return s / static_cast<double>(count);
+  };
+  const double first = mean_of(0, 5), last = mean_of(losses.size() - 10, 10);
+  INFO("vocabulary " << vocab << ", loss " << first << " -> " << last);
+  CHECK(first > 3.3);  // near log(vocabulary): little learnt yet
+  CHECK(last < 2.6);   // below a unigram model's ~3.1 nats: the LSTM uses the preceding characters
 }
