@@ -116,7 +116,7 @@ DirectionOutput run_direction(RNNMode mode, const RNNBase::LayerWeights& w, cons
   return out;
 }
 
-std::string state_str(const Tensor& t) { return t.defined() ? shape_str(t.sizes()) : "an undefined tensor"; }
+std::string shape_or_undefined(const Tensor& t) { return t.defined() ? shape_str(t.sizes()) : "an undefined tensor"; }
 
 }  // namespace
 
@@ -173,7 +173,7 @@ void RNNBase::check_state(const char* what, const Tensor& state, int64_t batch, 
   const Shape expected = batched ? Shape{stacked, batch, hidden_size} : Shape{stacked, hidden_size};
   if (state.sizes() != expected) {
     fail("{}: expected {} of shape {} ([num_layers * directions, {}hidden_size]), got {}", type_name(), what,
-         shape_str(expected), batched ? "batch, " : "", state_str(state));
+         shape_str(expected), batched ? "batch, " : "", shape_or_undefined(state));
   }
 }
 
@@ -181,7 +181,7 @@ std::tuple<Tensor, Tensor, Tensor> RNNBase::run(const Tensor& input, const Tenso
   if (!input.defined() || (input.dim() != 2 && input.dim() != 3)) {
     fail("{}: expected a 3-D input ([L, N, input_size], [N, L, input_size] with batch_first) or a 2-D unbatched "
          "one [L, input_size], got {}",
-         type_name(), state_str(input));
+         type_name(), shape_or_undefined(input));
   }
   const bool batched = input.dim() == 3;
   const Tensor x = !batched ? unsqueeze(input, 1) : options.batch_first ? transpose(input, 0, 1) : input;
@@ -220,7 +220,7 @@ std::tuple<PackedSequence, Tensor, Tensor> RNNBase::run(const PackedSequence& in
   if (!input.data.defined() || input.data.dim() != 2 || input.data.size(0) != total ||
       input.data.size(1) != input_size) {
     fail("{}: expected packed data [{}, {}] (sum of batch_sizes, input_size), got {}", type_name(), total,
-         input_size, state_str(input.data));
+         input_size, shape_or_undefined(input.data));
   }
   const int64_t batch = batch_sizes[0];
   check_state(mode == RNNMode::LSTM ? "h0" : "hx", hx, batch, true);
@@ -341,7 +341,7 @@ std::string RNNCellBase::extra_repr() const {
 bool RNNCellBase::prepare(Tensor& input, Tensor& h, Tensor& c) const {
   if (!input.defined() || (input.dim() != 1 && input.dim() != 2) || input.size(-1) != input_size) {
     fail("{}: expected input [N, {}] or unbatched [{}] (input_size {}), got {}", type_name(), input_size, input_size,
-         input_size, state_str(input));
+         input_size, shape_or_undefined(input));
   }
   const bool batched = input.dim() == 2;
   if (!batched) input = unsqueeze(input, 0);
@@ -353,7 +353,7 @@ bool RNNCellBase::prepare(Tensor& input, Tensor& h, Tensor& c) const {
     }
     if (s.sizes() != expected) {
       fail("{}: expected {} of shape {} for input {}, got {}", type_name(), what, shape_str(expected),
-           shape_str(batched ? input.sizes() : Shape{input_size}), state_str(s));
+           shape_str(batched ? input.sizes() : Shape{input_size}), shape_or_undefined(s));
     }
     if (!batched) s = unsqueeze(s, 0);
   };

@@ -495,6 +495,32 @@ TEST_CASE("unbatched input equals a batch of one", "[nn][rnn]") {
   CHECK(c::equal(gru.forward(x), std::get<0>(gru.forward(x, Tensor()))));
 }
 
+TEST_CASE("a packed bidirectional LSTM on the sim device gives the CPU's outputs and gradients", "[nn][rnn][sim]") {
+  c::manual_seed(4);
+  c::nn::LSTM lstm(3, 4, {.num_layers = 2, .bidirectional = true});
+  lstm.to(c::kFloat64);
+  const Tensor x = c::randn({5, 3, 3}, {.dtype = c::kFloat64});
+  const std::vector<int64_t> lengths{2, 5, 3};
+  auto run = [&](const c::Device& device) {
+    auto [out, state] = lstm.forward(U::pack_padded_sequence(x.to(device), lengths, false, false));
+    const Tensor padded = std::get<0>(U::pad_packed_sequence(out));
+    c::add(c::sum(c::mul(padded, padded)), c::sum(std::get<1>(state))).backward();
+    c::TensorList results{padded.to(c::kCPU), std::get<0>(state).to(c::kCPU), std::get<1>(state).to(c::kCPU)};
+    for (const Tensor& p : lstm.parameters()) results.push_back(p.grad().to(c::kCPU));
+    lstm.zero_grad();
+    return results;
+  };
+  const c::TensorList cpu = run(c::kCPU);
+  lstm.to(c::Device("sim:0"));
+  const c::TensorList sim = run(c::Device("sim:0"));
+  REQUIRE(lstm.parameters()[0].device() == c::Device("sim:0"));
+  REQUIRE(cpu.size() == sim.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    INFO("result " << i);
+    CHECK(c::allclose(sim[i], cpu[i], 1e-12, 1e-12));
+  }
+}
+
 TEST_CASE("bad arguments are errors naming what was given and what was expected", "[nn][rnn][errors]") {
   CHECK_THAT(error_message([] { c::nn::LSTM(3, 4, {.num_layers = 0}); }), Contains("num_layers must be at least 1, got 0"));
   CHECK_THAT(error_message([] { c::nn::GRU(3, 4, {.dropout = 1.5}); }), Contains("dropout") && Contains("[0, 1], got 1.5"));
