@@ -14,5 +14,7 @@
 #include "nn/module.h"
 #include "nn/normalization.h"
 #include "nn/padding.h"
+#include "nn/rnn.h"
 #include "nn/transformer.h"
 #include "nn/upsample.h"
+#include "nn/utils/rnn.h"
