@@ -348,3 +348,82 @@ TEST_CASE("ModuleDict and the norm layers name their state as libtorch's", "[nn]
   CHECK(our_names(ours) == expected);
   CHECK(expected.size() == 9);
 }
+
+TEST_CASE("conv_transpose1d/2d equal libtorch's, forward and backward", "[nn][libtorch][conv_transpose]") {
+  check_all({
+      {"conv_transpose2d plain", {{2, 3, 4, 5}, {3, 4, 3, 3}, {4}}, [](L x) { return F::conv_transpose2d(x[0], x[1], x[2]); },
+       [](T x) { return torch::conv_transpose2d(x[0], x[1], x[2]); }},
+      {"conv_transpose2d stride 2 padding 1 output_padding 1", {{2, 4, 3, 4}, {4, 3, 3, 2}, {3}},
+       [](L x) { return F::conv_transpose2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 1}); },
+       [](T x) { return torch::conv_transpose2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 1}); }},
+      {"conv_transpose2d stride (3, 2) padding (2, 0) output_padding (2, 1) groups 2", {{2, 4, 3, 3}, {4, 3, 4, 3}, {6}},
+       [](L x) { return F::conv_transpose2d(x[0], x[1], x[2], {3, 2}, {2, 0}, {2, 1}, 2); },
+       [](T x) { return torch::conv_transpose2d(x[0], x[1], x[2], {3, 2}, {2, 0}, {2, 1}, 2); }},
+      {"conv_transpose2d dilation 2 stride 2, no bias", {{2, 2, 4, 3}, {2, 3, 2, 3}},
+       [](L x) { return F::conv_transpose2d(x[0], x[1], c::Tensor(), {2, 2}, {1, 2}, {0, 1}, 1, {2, 2}); },
+       [](T x) { return torch::conv_transpose2d(x[0], x[1], {}, {2, 2}, {1, 2}, {0, 1}, 1, {2, 2}); }},
+      {"conv_transpose2d output_padding >= stride, < dilation", {{2, 2, 3, 4}, {2, 2, 3, 2}, {2}},
+       [](L x) { return F::conv_transpose2d(x[0], x[1], x[2], {1, 2}, {1, 0}, {2, 2}, 1, {3, 3}); },
+       [](T x) { return torch::conv_transpose2d(x[0], x[1], x[2], {1, 2}, {1, 0}, {2, 2}, 1, {3, 3}); }},
+      {"conv_transpose2d unbatched, groups 3", {{3, 4, 4}, {3, 2, 2, 2}, {6}},
+       [](L x) { return F::conv_transpose2d(x[0], x[1], x[2], {2, 1}, {0, 1}, {1, 0}, 3); },
+       [](T x) { return torch::conv_transpose2d(x[0], x[1], x[2], {2, 1}, {0, 1}, {1, 0}, 3); }},
+      {"conv_transpose2d larger, oneDNN-sized", {{4, 8, 6, 7}, {8, 4, 3, 3}, {8}},
+       [](L x) { return F::conv_transpose2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 0}, 2); },
+       [](T x) { return torch::conv_transpose2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 0}, 2); }},
+      {"conv_transpose1d plain", {{2, 3, 6}, {3, 5, 3}, {5}}, [](L x) { return F::conv_transpose1d(x[0], x[1], x[2]); },
+       [](T x) { return torch::conv_transpose1d(x[0], x[1], x[2]); }},
+      {"conv_transpose1d stride 3 padding 1 output_padding 2 groups 2 dilation 2", {{2, 4, 5}, {4, 3, 3}, {6}},
+       [](L x) { return F::conv_transpose1d(x[0], x[1], x[2], 3, 1, 2, 2, 2); },
+       [](T x) { return torch::conv_transpose1d(x[0], x[1], x[2], 3, 1, 2, 2, 2); }},
+      {"conv_transpose1d unbatched, no bias", {{3, 7}, {3, 2, 4}},
+       [](L x) { return F::conv_transpose1d(x[0], x[1], c::Tensor(), 2, 1, 1); },
+       [](T x) { return torch::conv_transpose1d(x[0], x[1], {}, 2, 1, 1); }},
+  });
+}
+
+TEST_CASE("ConvTranspose1d/2d with the same weights and an output_size equal libtorch's", "[nn][libtorch][conv_transpose]") {
+  torch::set_num_threads(1);
+  c::manual_seed(5);
+  c::nn::ConvTranspose2d ours(c::nn::ConvTranspose2dOptions(4, 6, {3, 2}).stride({2, 3}).padding(1).groups(2));
+  ours.to(c::kFloat64);
+  torch::nn::ConvTranspose2d theirs(torch::nn::ConvTranspose2dOptions(4, 6, {3, 2}).stride({2, 3}).padding(1).groups(2));
+  theirs->to(torch::kFloat64);
+  REQUIRE(ours.weight.sizes() == c::Shape(theirs->weight.sizes().begin(), theirs->weight.sizes().end()));
+  {
+    torch::NoGradGuard no_grad;
+    theirs->weight.copy_(to_torch(ours.weight));
+    theirs->bias.copy_(to_torch(ours.bias));
+  }
+  c::Tensor x = c::randn({2, 4, 3, 4}, {.dtype = c::kFloat64});
+  c::Tensor y = ours.forward(x, std::vector<int64_t>{6, 11});
+  torch::Tensor ty = theirs->forward(to_torch(x), std::vector<int64_t>{6, 11});
+  CHECK(y.sizes() == c::Shape{2, 6, 6, 11});
+  CHECK(max_diff(y, ty) < 1e-10);
+  c::Tensor g = c::randn(y.sizes(), {.dtype = c::kFloat64});
+  c::sum(c::mul(y, g)).backward();
+  (ty * to_torch(g)).sum().backward();
+  CHECK(max_diff(ours.weight.grad(), theirs->weight.grad()) < 1e-10);
+  CHECK(max_diff(ours.bias.grad(), theirs->bias.grad()) < 1e-10);
+
+  // Dilation 1 here: libtorch 1.13's C++ _output_padding leaves dilation out of the smallest size
+  // (Python's includes it, as chorus does).
+  c::nn::ConvTranspose1d ours1(c::nn::ConvTranspose1dOptions(3, 2, 4).stride(3).bias(false));
+  ours1.to(c::kFloat64);
+  torch::nn::ConvTranspose1d theirs1(torch::nn::ConvTranspose1dOptions(3, 2, 4).stride(3).bias(false));
+  theirs1->to(torch::kFloat64);
+  {
+    torch::NoGradGuard no_grad;
+    theirs1->weight.copy_(to_torch(ours1.weight));
+  }
+  c::Tensor x1 = c::randn({2, 3, 5}, {.dtype = c::kFloat64}).requires_grad_();
+  torch::Tensor tx1 = to_torch(x1).requires_grad_();
+  c::Tensor y1 = ours1.forward(x1, std::vector<int64_t>{2, 2, 17});
+  torch::Tensor ty1 = theirs1->forward(tx1, std::vector<int64_t>{2, 2, 17});
+  CHECK(max_diff(y1, ty1) < 1e-10);
+  c::Tensor g1 = c::randn(y1.sizes(), {.dtype = c::kFloat64});
+  c::sum(c::mul(y1, g1)).backward();
+  (ty1 * to_torch(g1)).sum().backward();
+  CHECK(max_diff(x1.grad(), tx1.grad()) < 1e-10);
+  CHECK(max_diff(ours1.weight.grad(), theirs1->weight.grad()) < 1e-10);
+}

