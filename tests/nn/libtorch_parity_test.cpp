@@ -427,3 +427,60 @@ TEST_CASE("ConvTranspose1d/2d with the same weights and an output_size equal lib
   CHECK(max_diff(x1.grad(), tx1.grad()) < 1e-10);
   CHECK(max_diff(ours1.weight.grad(), theirs1->weight.grad()) < 1e-10);
 }
+
+TEST_CASE("embedding_bag equals libtorch's in every mode, forward and backward", "[nn][libtorch][embedding_bag]") {
+  using M = F::EmbeddingBagMode;
+  // Fixed bags with an empty one and repeated indices; 7 is padding_idx where one is given.
+  const std::vector<int64_t> idx = {1, 7, 3, 3, 0, 9, 7, 2, 5, 1, 8};
+  const std::vector<int64_t> off = {0, 3, 3, 6};
+  const std::vector<int64_t> off_last = {0, 3, 3, 6, 11};
+  const c::Tensor ci = c::tensor<int64_t>(idx), co = c::tensor<int64_t>(off), co_last = c::tensor<int64_t>(off_last);
+  const c::Tensor ci2 = c::tensor<int64_t>({4, 1, 4, 0, 7, 2, 9, 9, 3, 7, 7, 7}, c::Shape{4, 3});
+  const torch::Tensor ti = torch::tensor(idx), to = torch::tensor(off), to_last = torch::tensor(off_last);
+  const torch::Tensor ti2 = torch::tensor({4, 1, 4, 0, 7, 2, 9, 9, 3, 7, 7, 7}, torch::kInt64).view({4, 3});
+  using EO = TF::EmbeddingBagFuncOptions;
+  check_all({
+      {"sum with offsets", {{10, 3}}, [=](L x) { return F::embedding_bag(ci, x[0], co, M::Sum); },
+       [=](T x) { return TF::embedding_bag(ti, x[0], EO().offsets(to).mode(torch::kSum)); }},
+      {"mean with offsets", {{10, 3}}, [=](L x) { return F::embedding_bag(ci, x[0], co, M::Mean); },
+       [=](T x) { return TF::embedding_bag(ti, x[0], EO().offsets(to).mode(torch::kMean)); }},
+      {"max with offsets", {{10, 3}}, [=](L x) { return F::embedding_bag(ci, x[0], co, M::Max); },
+       [=](T x) { return TF::embedding_bag(ti, x[0], EO().offsets(to).mode(torch::kMax)); }},
+      {"sum with per_sample_weights", {{10, 4}, {11}},
+       [=](L x) { return F::embedding_bag(ci, x[0], co, M::Sum, x[1]); },
+       [=](T x) { return TF::embedding_bag(ti, x[0], EO().offsets(to).mode(torch::kSum).per_sample_weights(x[1])); }},
+      {"sum include_last_offset, per_sample_weights, padding_idx", {{10, 2}, {11}},
+       [=](L x) { return F::embedding_bag(ci, x[0], co_last, M::Sum, x[1], true, 7); },
+       [=](T x) {
+         return TF::embedding_bag(
+             ti, x[0], EO().offsets(to_last).mode(torch::kSum).per_sample_weights(x[1]).include_last_offset(true).padding_idx(7));
+       }},
+      {"mean include_last_offset, padding_idx", {{10, 3}},
+       [=](L x) { return F::embedding_bag(ci, x[0], co_last, M::Mean, c::Tensor(), true, 7); },
+       [=](T x) { return TF::embedding_bag(ti, x[0], EO().offsets(to_last).mode(torch::kMean).include_last_offset(true).padding_idx(7)); }},
+      {"max padding_idx -3", {{10, 3}}, [=](L x) { return F::embedding_bag(ci, x[0], co, M::Max, c::Tensor(), false, -3); },
+       [=](T x) { return TF::embedding_bag(ti, x[0], EO().offsets(to).mode(torch::kMax).padding_idx(7)); }},
+      {"2-D input sum", {{10, 3}}, [=](L x) { return F::embedding_bag(ci2, x[0], c::Tensor(), M::Sum); },
+       [=](T x) { return TF::embedding_bag(ti2, x[0], EO().mode(torch::kSum)); }},
+      {"2-D input mean, padding_idx", {{10, 3}},
+       [=](L x) { return F::embedding_bag(ci2, x[0], c::Tensor(), M::Mean, c::Tensor(), false, 7); },
+       [=](T x) { return TF::embedding_bag(ti2, x[0], EO().mode(torch::kMean).padding_idx(7)); }},
+      {"2-D input max with per_sample_weights for sum", {{10, 3}, {4, 3}},
+       [=](L x) { return F::embedding_bag(ci2, x[0], c::Tensor(), M::Sum, x[1]); },
+       [=](T x) { return TF::embedding_bag(ti2, x[0], EO().mode(torch::kSum).per_sample_weights(x[1])); }},
+      {"2-D input max", {{10, 3}}, [=](L x) { return F::embedding_bag(ci2, x[0], c::Tensor(), M::Max, c::Tensor(), false, 7); },
+       [=](T x) { return TF::embedding_bag(ti2, x[0], EO().mode(torch::kMax).padding_idx(7)); }},
+      {"EmbeddingBag module, weight as input", {{10, 3}},
+       [=](L x) {
+         c::nn::EmbeddingBag bag(10, 3, {.mode = M::Sum, .include_last_offset = true});
+         bag.weight = x[0];
+         return bag.forward(ci, co_last);
+       },
+       [=](T x) {
+         // (libtorch 1.13's from_pretrained drops include_last_offset, so the weight is set by hand.)
+         torch::nn::EmbeddingBag bag(torch::nn::EmbeddingBagOptions(10, 3).mode(torch::kSum).include_last_offset(true));
+         bag->weight = x[0];
+         return bag(ti, to_last);
+       }},
+  });
+}

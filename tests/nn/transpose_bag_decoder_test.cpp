@@ -120,3 +120,72 @@ TEST_CASE("conv_transpose and ConvTranspose: bad arguments are errors naming wha
              Contains("output_size must have 2 or 4 elements") && Contains("7, 7, 7"));
   CHECK(m.forward(x, std::vector<int64_t>{2, 2, 8, 7}).sizes() == c::Shape{2, 2, 8, 7});
 }
+
+// ------------------------------------------------------------------ embedding_bag
+
+TEST_CASE("embedding_bag: gradcheck of weight (and per_sample_weights) in each mode", "[nn][embedding_bag][gradcheck]") {
+  using M = F::EmbeddingBagMode;
+  c::manual_seed(21);
+  const c::Tensor idx = c::tensor<int64_t>({2, 0, 5, 5, 1, 3, 4, 0});
+  const c::Tensor offsets = c::tensor<int64_t>({0, 3, 3, 5});
+  const c::Tensor rows2d = c::tensor<int64_t>({1, 2, 3, 3, 0, 4}, c::Shape{2, 3});
+  for (M mode : {M::Sum, M::Mean, M::Max}) {
+    INFO(F::embedding_bag_mode_name(mode));
+    c::TensorList w = {rand64({6, 3})};
+    CHECK(c::autograd::gradcheck([&](const c::TensorList& x) { return F::embedding_bag(idx, x[0], offsets, mode); }, w));
+    CHECK(c::autograd::gradcheck(
+        [&](const c::TensorList& x) { return F::embedding_bag(idx, x[0], offsets, mode, c::Tensor(), false, 5); }, w));
+    CHECK(c::autograd::gradcheck(
+        [&](const c::TensorList& x) { return F::embedding_bag(rows2d, x[0], c::Tensor(), mode); }, w));
+  }
+  c::TensorList with_weights = {rand64({6, 3}), rand64({8})};
+  CHECK(c::autograd::gradcheck(
+      [&](const c::TensorList& x) {
+        return F::embedding_bag(idx, x[0], c::tensor<int64_t>({0, 3, 3, 5, 8}), M::Sum, x[1], true);
+      },
+      with_weights));
+}
+
+TEST_CASE("embedding_bag: empty bags give zeros and padding_idx rows are left out of the mean", "[nn][embedding_bag]") {
+  using M = F::EmbeddingBagMode;
+  const c::Tensor w = c::tensor<double>({1, 2, 3, 4, 5, 6}, c::Shape{3, 2});
+  const c::Tensor idx = c::tensor<int64_t>({0, 2, 1});
+  const c::Tensor off = c::tensor<int64_t>({0, 0, 2});
+  CHECK(c::nn_test::doubles(F::embedding_bag(idx, w, off, M::Mean, c::Tensor(), false, 2)) ==
+        std::vector<double>{0, 0, 1, 2, 3, 4});
+  CHECK(c::nn_test::doubles(F::embedding_bag(idx, w, off, M::Max)) == std::vector<double>{0, 0, 5, 6, 3, 4});
+  CHECK(c::nn_test::doubles(F::embedding_bag(idx, w, off, M::Sum)) == std::vector<double>{0, 0, 6, 8, 3, 4});
+}
+
+TEST_CASE("EmbeddingBag: parameter name, padding row zero, forward with offsets", "[nn][embedding_bag]") {
+  c::nn::EmbeddingBag bag(5, 3, {.mode = F::EmbeddingBagMode::Max, .padding_idx = -1});
+  CHECK(state_names(bag) == std::vector<std::string>{"weight"});
+  CHECK(bag.options.padding_idx == 4);
+  CHECK(c::nn_test::doubles(bag.weight.select(0, 4)) == std::vector<double>(3, 0.0));
+  CHECK(bag.forward(c::tensor<int64_t>({1, 2, 3}), c::tensor<int64_t>({0, 1})).sizes() == c::Shape{2, 3});
+  CHECK(bag(c::tensor<int64_t>({1, 2, 3, 0}, c::Shape{2, 2})).sizes() == c::Shape{2, 3});
+}
+
+TEST_CASE("embedding_bag: bad arguments are errors naming what was given", "[nn][embedding_bag][errors]") {
+  using M = F::EmbeddingBagMode;
+  const c::Tensor w = c::randn({5, 2});
+  const c::Tensor idx = c::tensor<int64_t>({0, 1, 4});
+  CHECK_THAT(error_message([&] { F::embedding_bag(idx, w); }), Contains("1-D indices need 1-D offsets") && Contains("none"));
+  CHECK_THAT(error_message([&] { F::embedding_bag(idx.view({1, 3}), w, c::tensor<int64_t>({0})); }),
+             Contains("one bag per row and take no offsets"));
+  CHECK_THAT(error_message([&] { F::embedding_bag(idx, w, c::tensor<int64_t>({1, 2})); }), Contains("offsets[0] must be 0") && Contains("got 1"));
+  CHECK_THAT(error_message([&] { F::embedding_bag(idx, w, c::tensor<int64_t>({0, 2, 1})); }),
+             Contains("non-decreasing") && Contains("0, 2, 1"));
+  CHECK_THAT(error_message([&] { F::embedding_bag(idx, w, c::tensor<int64_t>({0, 2}), M::Sum, c::Tensor(), true); }),
+             Contains("last offset must be the number of indices 3, got 2"));
+  CHECK_THAT(error_message([&] { F::embedding_bag(idx, w, c::tensor<int64_t>({0}), M::Mean, c::randn({3})); }),
+             Contains("only supported for mode sum, got mode mean"));
+  CHECK_THAT(error_message([&] { F::embedding_bag(idx, w, c::tensor<int64_t>({0}), M::Sum, c::randn({2})); }),
+             Contains("per_sample_weights of shape [2] must have the shape of indices [3]"));
+  CHECK_THAT(error_message([&] { F::embedding_bag(c::tensor<int64_t>({0, 5}), w, c::tensor<int64_t>({0})); }),
+             Contains("index 5 at position 1 is out of range for 5 embeddings"));
+  CHECK_THAT(error_message([&] { F::embedding_bag(idx, w, c::tensor<int64_t>({0}), M::Sum, c::Tensor(), false, 5); }),
+             Contains("padding_idx 5 must be within the 5 embeddings"));
+  CHECK_THAT(error_message([&] { F::embedding_bag(c::randn({3}), w, c::tensor<int64_t>({0})); }),
+             Contains("int64 or int32 indices, got float32"));
+}
