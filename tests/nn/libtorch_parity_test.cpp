@@ -7,6 +7,7 @@
 #undef CHECK
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -483,4 +484,115 @@ TEST_CASE("embedding_bag equals libtorch's in every mode, forward and backward",
          return bag(ti, to_last);
        }},
   });
+}
+
+namespace {
+
+// Copies every chorus parameter into the libtorch parameter of the same name; the two name lists
+// must be equal (which is what makes state dicts portable).
+void copy_parameters_by_name(const c::nn::Module& ours, torch::nn::Module& theirs) {
+  std::vector<std::string> our_names, their_names;
+  for (const auto& [name, p] : ours.named_parameters()) our_names.push_back(name);
+  for (const auto& item : theirs.named_parameters()) their_names.push_back(item.key());
+  std::sort(our_names.begin(), our_names.end());
+  std::sort(their_names.begin(), their_names.end());
+  REQUIRE(our_names == their_names);
+  torch::NoGradGuard no_grad;
+  auto theirs_by_name = theirs.named_parameters();
+  for (const auto& [name, p] : ours.named_parameters()) {
+    torch::Tensor& t = theirs_by_name[name];
+    REQUIRE(c::Shape(t.sizes().begin(), t.sizes().end()) == p.sizes());
+    t.copy_(to_torch(p));
+  }
+}
+
+// Every parameter's gradient of ours against the same-named one of theirs.
+void check_parameter_grads(const c::nn::Module& ours, torch::nn::Module& theirs, double tol) {
+  auto theirs_by_name = theirs.named_parameters();
+  for (const auto& [name, p] : ours.named_parameters()) {
+    INFO("gradient of " << name);
+    REQUIRE(p.grad().defined());
+    CHECK(max_diff(p.grad(), theirs_by_name[name].grad()) < tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Transformer, TransformerDecoder(Layer) equal libtorch's with every parameter copied by name",
+          "[nn][libtorch][transformer]") {
+  torch::set_num_threads(1);
+  const int64_t E = 8, H = 2, S = 5, T = 4, N = 3;
+  c::manual_seed(31);
+  for (const bool gelu : {false, true}) {
+    INFO((gelu ? "gelu" : "relu"));
+    c::nn::Transformer ours({.d_model = E, .nhead = H, .num_encoder_layers = 2, .num_decoder_layers = 2,
+                             .dim_feedforward = 12, .dropout = 0.0, .activation = gelu ? "gelu" : "relu"});
+    ours.to(c::kFloat64);
+    ours.eval();
+    torch::nn::TransformerOptions topts(E, H);
+    topts.num_encoder_layers(2).num_decoder_layers(2).dim_feedforward(12).dropout(0.0);
+    if (gelu) topts.activation(torch::kGELU);
+    torch::nn::Transformer theirs(topts);
+    theirs->to(torch::kFloat64);
+    theirs->eval();
+    copy_parameters_by_name(ours, *theirs);
+
+    c::Tensor src = c::randn({S, N, E}, {.dtype = c::kFloat64}).requires_grad_();
+    c::Tensor tgt = c::randn({T, N, E}, {.dtype = c::kFloat64}).requires_grad_();
+    c::Tensor tgt_mask = c::nn::Transformer::generate_square_subsequent_mask(T, {.dtype = c::kFloat64});
+    c::Tensor memory_mask = c::randn({T, S}, {.dtype = c::kFloat64});
+    c::Tensor src_pad = c::tensor<bool>({false, false, false, false, true, false, false, false, true, true,
+                                         false, false, false, false, false}, c::Shape{N, S});
+    c::Tensor tgt_pad = c::tensor<bool>({false, false, false, true, false, false, false, false, false, false,
+                                         false, true}, c::Shape{N, T});
+    torch::Tensor tsrc = to_torch(src).requires_grad_(), ttgt = to_torch(tgt).requires_grad_();
+    torch::Tensor ttgt_mask = torch::nn::TransformerImpl::generate_square_subsequent_mask(T).to(torch::kFloat64);
+    CHECK(torch::equal(to_torch(tgt_mask), ttgt_mask));
+    auto to_bool = [](const c::Tensor& m) { return to_torch(m).to(torch::kBool); };
+
+    c::Tensor y = ours.forward(src, tgt, c::Tensor(), tgt_mask, memory_mask, src_pad, tgt_pad, src_pad);
+    torch::Tensor ty = theirs->forward(tsrc, ttgt, {}, ttgt_mask, to_torch(memory_mask), to_bool(src_pad),
+                                       to_bool(tgt_pad), to_bool(src_pad));
+    REQUIRE(y.sizes() == c::Shape{T, N, E});
+    CHECK(max_diff(y, ty) < 1e-10);
+    c::Tensor g = c::randn(y.sizes(), {.dtype = c::kFloat64});
+    c::sum(c::mul(y, g)).backward();
+    (ty * to_torch(g)).sum().backward();
+    CHECK(max_diff(src.grad(), tsrc.grad()) < 1e-10);
+    CHECK(max_diff(tgt.grad(), ttgt.grad()) < 1e-10);
+    check_parameter_grads(ours, *theirs, 1e-10);
+  }
+
+  // The decoder stack alone, with a final norm, and one layer.
+  c::nn::TransformerDecoder ours_dec(E, H, 2, {.dim_feedforward = 6, .dropout = 0.0}, true);
+  ours_dec.to(c::kFloat64);
+  torch::nn::TransformerDecoder theirs_dec(
+      torch::nn::TransformerDecoderOptions(torch::nn::TransformerDecoderLayerOptions(E, H).dim_feedforward(6).dropout(0.0), 2)
+          .norm(torch::nn::AnyModule(torch::nn::LayerNorm(torch::nn::LayerNormOptions({E})))));
+  theirs_dec->to(torch::kFloat64);
+  copy_parameters_by_name(ours_dec, *theirs_dec);
+  c::Tensor tgt = c::randn({T, N, E}, {.dtype = c::kFloat64}).requires_grad_();
+  c::Tensor memory = c::randn({S, N, E}, {.dtype = c::kFloat64}).requires_grad_();
+  torch::Tensor ttgt = to_torch(tgt).requires_grad_(), tmemory = to_torch(memory).requires_grad_();
+  c::Tensor y = ours_dec.forward(tgt, memory, c::nn::Transformer::generate_square_subsequent_mask(T, {.dtype = c::kFloat64}));
+  torch::Tensor ty = theirs_dec->forward(ttgt, tmemory, torch::nn::TransformerImpl::generate_square_subsequent_mask(T).to(torch::kFloat64));
+  CHECK(max_diff(y, ty) < 1e-10);
+  c::Tensor g = c::randn(y.sizes(), {.dtype = c::kFloat64});
+  c::sum(c::mul(y, g)).backward();
+  (ty * to_torch(g)).sum().backward();
+  CHECK(max_diff(tgt.grad(), ttgt.grad()) < 1e-10);
+  CHECK(max_diff(memory.grad(), tmemory.grad()) < 1e-10);
+  check_parameter_grads(ours_dec, *theirs_dec, 1e-10);
+
+  c::nn::TransformerDecoderLayer ours_layer(E, H, {.dim_feedforward = 6, .dropout = 0.0, .activation = "gelu"});
+  ours_layer.to(c::kFloat64);
+  torch::nn::TransformerDecoderLayer theirs_layer(
+      torch::nn::TransformerDecoderLayerOptions(E, H).dim_feedforward(6).dropout(0.0).activation(torch::kGELU));
+  theirs_layer->to(torch::kFloat64);
+  copy_parameters_by_name(ours_layer, *theirs_layer);
+  c::Tensor memory_pad = c::tensor<bool>({false, true, false, false, false, false, false, false, false, false, false,
+                                          false, false, true, true}, c::Shape{N, S});
+  c::Tensor y1 = ours_layer.forward(tgt, memory, c::Tensor(), c::Tensor(), c::Tensor(), memory_pad);
+  torch::Tensor ty1 = theirs_layer->forward(ttgt, tmemory, {}, {}, {}, to_torch(memory_pad).to(torch::kBool));
+  CHECK(max_diff(y1, ty1) < 1e-10);
 }

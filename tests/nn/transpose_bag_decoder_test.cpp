@@ -3,6 +3,9 @@
 // each kind of bad argument gets, and state_dict names and shapes.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
+
 #include "autograd/gradcheck.h"
 #include "nn/functional.h"
 #include "nn/nn.h"
@@ -188,4 +191,103 @@ TEST_CASE("embedding_bag: bad arguments are errors naming what was given", "[nn]
              Contains("padding_idx 5 must be within the 5 embeddings"));
   CHECK_THAT(error_message([&] { F::embedding_bag(c::randn({3}), w, c::tensor<int64_t>({0})); }),
              Contains("int64 or int32 indices, got float32"));
+}
+
+// ------------------------------------------------------------------ Transformer decoder
+
+namespace {
+
+// gradcheck of a module's forward with respect to its inputs and every parameter (perturbed in place).
+template <typename Fn>
+bool gradcheck_with_parameters(c::nn::Module& m, c::TensorList inputs, Fn fn) {
+  const size_t n_inputs = inputs.size();
+  for (const auto& [name, p] : m.named_parameters()) inputs.push_back(p);
+  return c::autograd::gradcheck(
+      [&](const c::TensorList& x) { return fn(c::TensorList(x.begin(), x.begin() + static_cast<int64_t>(n_inputs))); },
+      inputs);
+}
+
+}  // namespace
+
+TEST_CASE("TransformerDecoderLayer: gradcheck of tgt, memory and every parameter, post- and pre-norm, with masks",
+          "[nn][transformer][gradcheck]") {
+  for (const bool norm_first : {false, true}) {
+    INFO("norm_first " << norm_first);
+    c::manual_seed(41);
+    c::nn::TransformerDecoderLayer layer(4, 2, {.dim_feedforward = 6, .dropout = 0.0, .activation = norm_first ? "gelu" : "relu",
+                                                .norm_first = norm_first});
+    layer.to(c::kFloat64);
+    const c::Tensor tgt_mask = c::nn::Transformer::generate_square_subsequent_mask(3, {.dtype = c::kFloat64});
+    const c::Tensor memory_pad = c::tensor<bool>({false, false, false, true}, c::Shape{2, 2});
+    CHECK(gradcheck_with_parameters(layer, {rand64({3, 2, 4}), rand64({2, 2, 4})}, [&](const c::TensorList& x) {
+      return layer.forward(x[0], x[1], tgt_mask, c::Tensor(), c::Tensor(), memory_pad);
+    }));
+  }
+}
+
+TEST_CASE("Transformer: gradcheck of src, tgt and every parameter with batch_first and norm_first",
+          "[nn][transformer][gradcheck]") {
+  c::manual_seed(42);
+  c::nn::Transformer model({.d_model = 4, .nhead = 2, .num_encoder_layers = 1, .num_decoder_layers = 1,
+                            .dim_feedforward = 4, .dropout = 0.0, .batch_first = true, .norm_first = true});
+  model.to(c::kFloat64);
+  const c::Tensor tgt_mask = c::nn::Transformer::generate_square_subsequent_mask(2, {.dtype = c::kFloat64});
+  CHECK(gradcheck_with_parameters(model, {rand64({2, 3, 4}), rand64({2, 2, 4})}, [&](const c::TensorList& x) {
+    return model.forward(x[0], x[1], c::Tensor(), tgt_mask);
+  }));
+}
+
+TEST_CASE("Transformer: batch_first and unbatched inputs give the sequence-first batched values", "[nn][transformer]") {
+  c::manual_seed(43);
+  c::nn::TransformerOptions opts{.d_model = 8, .nhead = 4, .num_encoder_layers = 2, .num_decoder_layers = 1,
+                                 .dim_feedforward = 16, .dropout = 0.0};
+  c::nn::Transformer seq_first(opts);
+  opts.batch_first = true;
+  c::nn::Transformer batch_first(opts);
+  batch_first.load_state_dict(seq_first.state_dict());
+  const c::Tensor src = c::randn({5, 2, 8}), tgt = c::randn({3, 2, 8});
+  const c::Tensor mask = c::nn::Transformer::generate_square_subsequent_mask(3);
+  const c::Tensor y = seq_first.forward(src, tgt, c::Tensor(), mask);
+  CHECK(c::allclose(batch_first.forward(src.transpose(0, 1), tgt.transpose(0, 1), c::Tensor(), mask).transpose(0, 1), y,
+                    1e-5, 1e-6));
+  const c::Tensor one = seq_first.forward(src.select(1, 1), tgt.select(1, 1), c::Tensor(), mask);
+  CHECK(one.sizes() == c::Shape{3, 8});
+  CHECK(c::allclose(one, y.select(1, 1), 1e-5, 1e-6));
+}
+
+TEST_CASE("Transformer: state_dict names as PyTorch's and generate_square_subsequent_mask's values",
+          "[nn][transformer]") {
+  c::nn::Transformer model({.d_model = 4, .nhead = 2, .num_encoder_layers = 1, .num_decoder_layers = 2,
+                            .dim_feedforward = 6});
+  const std::vector<std::string> names = state_names(model);
+  for (const char* name : {"encoder.layers.0.self_attn.in_proj_weight", "encoder.norm.weight",
+                           "decoder.layers.1.multihead_attn.out_proj.weight", "decoder.layers.0.norm3.bias",
+                           "decoder.layers.1.linear2.weight", "decoder.norm.bias"}) {
+    INFO(name);
+    CHECK(std::find(names.begin(), names.end(), name) != names.end());
+  }
+  CHECK(names.size() == 12 + 2 + 2 * 18 + 2);  // encoder layer 12, its norm 2, decoder layers 18 each, norm 2
+  CHECK(c::nn_test::doubles(c::nn::Transformer::generate_square_subsequent_mask(3)) ==
+        std::vector<double>{0, -INFINITY, -INFINITY, 0, 0, -INFINITY, 0, 0, 0});
+  // xavier_uniform on every matrix: the bound for linear1 [6, 4] is sqrt(6 / 10).
+  const c::Tensor w = model.decoder->layers->at<c::nn::TransformerDecoderLayer>(0)->linear1->weight;
+  CHECK(c::amax(c::abs(w)).item<float>() <= std::sqrt(0.6));
+}
+
+TEST_CASE("Transformer and its decoder: bad arguments are errors naming what was given",
+          "[nn][transformer][errors]") {
+  c::nn::Transformer model({.d_model = 4, .nhead = 2, .num_encoder_layers = 1, .num_decoder_layers = 1,
+                            .dim_feedforward = 4});
+  CHECK_THAT(error_message([&] { model.forward(c::randn({5, 2, 4}), c::randn({3, 3, 4})); }),
+             Contains("batch sizes of src [5, 2, 4] and tgt [3, 3, 4] must be equal"));
+  CHECK_THAT(error_message([&] { model.forward(c::randn({5, 2, 4}), c::randn({3, 2, 6})); }),
+             Contains("[3, 2, 6] must equal d_model=4"));
+  CHECK_THAT(error_message([&] { model.forward(c::randn({5, 2, 4}), c::randn({3, 4})); }),
+             Contains("both 3-D") && Contains("[5, 2, 4] and [3, 4]"));
+  CHECK_THAT(error_message([&] { model.forward(c::randn({5, 2, 4}), c::randn({3, 2, 4}), c::Tensor(), c::randn({2, 2})); }),
+             Contains("attn_mask of shape [2, 2] must be [L=3, S=3]"));
+  CHECK_THAT(error_message([] { c::nn::TransformerDecoderLayer(4, 2, {.activation = "tanh"}); }),
+             Contains("TransformerDecoderLayer: activation must be 'relu' or 'gelu', got 'tanh'"));
+  CHECK_THAT(error_message([] { c::nn::TransformerDecoderLayer(6, 4); }), Contains("embed_dim (6)") && Contains("num_heads (4)"));
+  CHECK_THAT(error_message([] { c::nn::TransformerDecoder(4, 2, 0); }), Contains("num_layers must be positive, got 0"));
 }
