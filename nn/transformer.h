@@ -1,7 +1,8 @@
 // MultiheadAttention, the Transformer encoder and decoder layers and stacks, and nn::Transformer,
 // with PyTorch's parameter names (in_proj_weight, in_proj_bias, out_proj.*, self_attn.*,
-// multihead_attn.*, linear1/2, norm1/2/3, encoder.*, decoder.*), so state dicts map one to one. Masks follow PyTorch: a bool mask is true where attention is NOT allowed; a float
-// mask is added to the scores.
+// multihead_attn.*, linear1/2, norm1/2/3, encoder.*, decoder.*), so state dicts map one to one.
+// Masks follow PyTorch: a bool mask is true where attention is NOT allowed; a float mask is added
+// to the scores.
 #pragma once
 
 #include <memory>

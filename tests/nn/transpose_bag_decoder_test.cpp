@@ -81,6 +81,40 @@ TEST_CASE("conv_transpose2d is the adjoint of conv2d: <conv2d(z, W), x> == <z, c
   CHECK(c::sum(c::mul(cz, x)).item<double>() == Approx(c::sum(c::mul(z, y)).item<double>()).epsilon(1e-12));
 }
 
+TEST_CASE("conv_transpose2d and embedding_bag: the sim device gives the CPU's values and gradients",
+          "[nn][conv_transpose][embedding_bag][sim]") {
+  c::manual_seed(14);
+  const c::Device sim("sim:0");
+  const c::Tensor x = c::randn({2, 4, 3, 4}, {.dtype = c::kFloat64}), w = c::randn({4, 3, 3, 2}, {.dtype = c::kFloat64});
+  c::TensorList cpu = {x.clone().requires_grad_(), w.clone().requires_grad_()};
+  c::TensorList dev = {x.to(sim).requires_grad_(), w.to(sim).requires_grad_()};
+  auto run = [](const c::TensorList& in) {
+    return F::conv_transpose2d(in[0], in[1], c::Tensor(), {2, 2}, {1, 0}, {1, 1}, 1, {1, 2});
+  };
+  const c::Tensor y = run(cpu), ys = run(dev);
+  REQUIRE(ys.device() == sim);
+  CHECK(c::allclose(ys.to(c::kCPU), y, 1e-12, 1e-12));
+  const c::Tensor g = c::randn(y.sizes(), {.dtype = c::kFloat64});
+  c::sum(c::mul(y, g)).backward();
+  c::sum(c::mul(ys, g.to(sim))).backward();
+  CHECK(c::allclose(dev[0].grad().to(c::kCPU), cpu[0].grad(), 1e-12, 1e-12));
+  CHECK(c::allclose(dev[1].grad().to(c::kCPU), cpu[1].grad(), 1e-12, 1e-12));
+
+  const c::Tensor table = c::randn({6, 3}, {.dtype = c::kFloat64});
+  const c::Tensor idx = c::tensor<int64_t>({2, 0, 5, 5, 1}), off = c::tensor<int64_t>({0, 2, 2});
+  for (auto mode : {F::EmbeddingBagMode::Sum, F::EmbeddingBagMode::Mean, F::EmbeddingBagMode::Max}) {
+    INFO(F::embedding_bag_mode_name(mode));
+    c::Tensor t_cpu = table.clone().requires_grad_(), t_sim = table.to(sim).requires_grad_();
+    const c::Tensor b = F::embedding_bag(idx, t_cpu, off, mode);
+    const c::Tensor bs = F::embedding_bag(idx.to(sim), t_sim, off.to(sim), mode);
+    REQUIRE(bs.device() == sim);
+    CHECK(c::allclose(bs.to(c::kCPU), b, 1e-12, 1e-12));
+    c::sum(c::mul(b, b)).backward();
+    c::sum(c::mul(bs, bs)).backward();
+    CHECK(c::allclose(t_sim.grad().to(c::kCPU), t_cpu.grad(), 1e-12, 1e-12));
+  }
+}
+
 TEST_CASE("ConvTranspose2d/1d: parameter names, shapes and init bounds as PyTorch's", "[nn][conv_transpose]") {
   c::nn::ConvTranspose2d m(c::nn::ConvTranspose2dOptions(6, 4, {3, 2}).groups(2));
   CHECK(state_names(m) == std::vector<std::string>{"weight", "bias"});
