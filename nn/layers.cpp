@@ -48,6 +48,35 @@ std::string Embedding::extra_repr() const {
                      : fmt::format("{}, {}", num_embeddings, embedding_dim);
 }
 
+EmbeddingBag::EmbeddingBag(int64_t num, int64_t dim, const EmbeddingBagOptions& opts)
+    : Module("EmbeddingBag"), num_embeddings(num), embedding_dim(dim), options(opts) {
+  if (num <= 0 || dim <= 0) {
+    fail("EmbeddingBag: num_embeddings ({}) and embedding_dim ({}) must be positive", num, dim);
+  }
+  std::optional<int64_t>& pad = options.padding_idx;
+  if (pad) {
+    if (*pad < -num || *pad >= num) fail("EmbeddingBag: padding_idx {} must be within num_embeddings {}", *pad, num);
+    if (*pad < 0) *pad += num;
+  }
+  weight = register_parameter("weight", empty({num, dim}));
+  init::normal_(weight);
+  if (pad) {
+    NoGradGuard no_grad;
+    weight.select(0, *pad).fill_(0);
+  }
+}
+Tensor EmbeddingBag::forward(const Tensor& indices, const Tensor& offsets, const Tensor& per_sample_weights) {
+  return functional::embedding_bag(indices, weight, offsets, options.mode, per_sample_weights,
+                                   options.include_last_offset, options.padding_idx);
+}
+std::string EmbeddingBag::extra_repr() const {
+  std::string s = fmt::format("{}, {}, mode={}", num_embeddings, embedding_dim,
+                              functional::embedding_bag_mode_name(options.mode));
+  if (options.include_last_offset) s += ", include_last_offset=true";
+  if (options.padding_idx) s += fmt::format(", padding_idx={}", *options.padding_idx);
+  return s;
+}
+
 LayerNorm::LayerNorm(Shape shape, double eps_, bool affine) : Module("LayerNorm"), normalized_shape(std::move(shape)), eps(eps_) {
   if (normalized_shape.empty()) fail("LayerNorm: normalized_shape must not be empty");
   if (affine) {

@@ -1,8 +1,9 @@
-// Dropout (elementwise and channel-wise), Embedding and LayerNorm modules.
+// Dropout (elementwise and channel-wise), Embedding, EmbeddingBag and LayerNorm modules.
 #pragma once
 
 #include <optional>
 
+#include "nn/functional/embedding_bag.h"
 #include "nn/module.h"
 
 namespace chorus::nn {
@@ -47,6 +48,28 @@ class Embedding : public Module {
   Tensor forward(const Tensor& indices) override;
   int64_t num_embeddings, embedding_dim;
   std::optional<int64_t> padding_idx;
+  Tensor weight;
+
+ protected:
+  std::string extra_repr() const override;
+};
+
+struct EmbeddingBagOptions {
+  functional::EmbeddingBagMode mode = functional::EmbeddingBagMode::Mean;  // PyTorch's default
+  bool include_last_offset = false;
+  std::optional<int64_t> padding_idx;
+};
+
+// weight [num_embeddings, embedding_dim] ~ N(0, 1), the padding_idx row zero, as PyTorch's
+// EmbeddingBag; forward is F::embedding_bag with the options' mode, include_last_offset and
+// padding_idx.
+class EmbeddingBag : public Module {
+ public:
+  EmbeddingBag(int64_t num_embeddings, int64_t embedding_dim, const EmbeddingBagOptions& options = {});
+  Tensor forward(const Tensor& indices) override { return forward(indices, Tensor()); }
+  Tensor forward(const Tensor& indices, const Tensor& offsets, const Tensor& per_sample_weights = Tensor());
+  int64_t num_embeddings, embedding_dim;
+  EmbeddingBagOptions options;
   Tensor weight;
 
  protected:

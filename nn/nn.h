@@ -6,6 +6,7 @@
 #include "nn/batchnorm.h"
 #include "nn/container.h"
 #include "nn/conv.h"
+#include "nn/conv_transpose.h"
 #include "nn/functional.h"
 #include "nn/init.h"
 #include "nn/layers.h"

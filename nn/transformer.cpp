@@ -13,6 +13,23 @@ namespace chorus::nn {
 
 namespace F = functional;
 
+namespace {
+
+// linear2(dropout(activation(linear1(x)))): the feed-forward block of both layer kinds.
+Tensor feed_forward(Linear& linear1, Dropout& dropout, Linear& linear2, const std::string& activation, const Tensor& x) {
+  Tensor h = linear1.forward(x);
+  h = activation == "gelu" ? F::gelu(h) : F::relu(h);
+  return linear2.forward(dropout.forward(h));
+}
+
+void check_activation(const char* layer, const std::string& activation) {
+  if (activation != "relu" && activation != "gelu") {
+    fail("{}: activation must be 'relu' or 'gelu', got '{}'", layer, activation);
+  }
+}
+
+}  // namespace
+
 MultiheadAttention::MultiheadAttention(int64_t e, int64_t h, MultiheadAttentionOptions opts)
     : Module("MultiheadAttention"), embed_dim(e), num_heads(h), head_dim(h > 0 ? e / h : 0), options(opts) {
   if (e <= 0 || h <= 0 || e % h != 0) {
@@ -140,9 +157,7 @@ Tensor MultiheadAttention::forward(const Tensor& x) { return forward(x, x, x, Te
 
 TransformerEncoderLayer::TransformerEncoderLayer(int64_t d_model, int64_t nhead, TransformerEncoderLayerOptions opts)
     : Module("TransformerEncoderLayer"), options(opts) {
-  if (opts.activation != "relu" && opts.activation != "gelu") {
-    fail("TransformerEncoderLayer: activation must be 'relu' or 'gelu', got '{}'", opts.activation);
-  }
+  check_activation("TransformerEncoderLayer", opts.activation);
   self_attn = register_module("self_attn", std::make_shared<MultiheadAttention>(
                                                d_model, nhead,
                                                MultiheadAttentionOptions{.dropout = opts.dropout, .batch_first = opts.batch_first}));
@@ -161,9 +176,7 @@ Tensor TransformerEncoderLayer::self_attention_block(const Tensor& x, const Tens
 }
 
 Tensor TransformerEncoderLayer::feed_forward_block(const Tensor& x) {
-  Tensor h = linear1->forward(x);
-  h = options.activation == "gelu" ? F::gelu(h) : F::relu(h);
-  return dropout2->forward(linear2->forward(dropout->forward(h)));
+  return dropout2->forward(feed_forward(*linear1, *dropout, *linear2, options.activation, x));
 }
 
 Tensor TransformerEncoderLayer::forward(const Tensor& src, const Tensor& src_mask, const Tensor& src_key_padding_mask,
@@ -195,6 +208,124 @@ Tensor TransformerEncoder::forward(const Tensor& src, const Tensor& mask, const 
     x = std::static_pointer_cast<TransformerEncoderLayer>(m)->forward(x, mask, src_key_padding_mask, is_causal);
   }
   return norm ? norm->forward(x) : x;
+}
+
+TransformerDecoderLayer::TransformerDecoderLayer(int64_t d_model, int64_t nhead, TransformerDecoderLayerOptions opts)
+    : Module("TransformerDecoderLayer"), options(opts) {
+  check_activation("TransformerDecoderLayer", opts.activation);
+  const MultiheadAttentionOptions attention{.dropout = opts.dropout, .batch_first = opts.batch_first};
+  self_attn = register_module("self_attn", std::make_shared<MultiheadAttention>(d_model, nhead, attention));
+  multihead_attn = register_module("multihead_attn", std::make_shared<MultiheadAttention>(d_model, nhead, attention));
+  linear1 = register_module("linear1", std::make_shared<Linear>(d_model, opts.dim_feedforward));
+  dropout = register_module("dropout", std::make_shared<Dropout>(opts.dropout));
+  linear2 = register_module("linear2", std::make_shared<Linear>(opts.dim_feedforward, d_model));
+  norm1 = register_module("norm1", std::make_shared<LayerNorm>(Shape{d_model}, opts.layer_norm_eps));
+  norm2 = register_module("norm2", std::make_shared<LayerNorm>(Shape{d_model}, opts.layer_norm_eps));
+  norm3 = register_module("norm3", std::make_shared<LayerNorm>(Shape{d_model}, opts.layer_norm_eps));
+  dropout1 = register_module("dropout1", std::make_shared<Dropout>(opts.dropout));
+  dropout2 = register_module("dropout2", std::make_shared<Dropout>(opts.dropout));
+  dropout3 = register_module("dropout3", std::make_shared<Dropout>(opts.dropout));
+}
+
+Tensor TransformerDecoderLayer::forward(const Tensor& tgt, const Tensor& memory, const Tensor& tgt_mask,
+                                        const Tensor& memory_mask, const Tensor& tgt_key_padding_mask,
+                                        const Tensor& memory_key_padding_mask) {
+  auto self_block = [&](const Tensor& x) {
+    return dropout1->forward(self_attn->forward(x, x, x, tgt_key_padding_mask, false, tgt_mask).output);
+  };
+  auto cross_block = [&](const Tensor& x) {
+    return dropout2->forward(
+        multihead_attn->forward(x, memory, memory, memory_key_padding_mask, false, memory_mask).output);
+  };
+  auto ff_block = [&](const Tensor& x) {
+    return dropout3->forward(feed_forward(*linear1, *dropout, *linear2, options.activation, x));
+  };
+  Tensor x = tgt;
+  if (options.norm_first) {
+    x = add(x, self_block(norm1->forward(x)));
+    x = add(x, cross_block(norm2->forward(x)));
+    x = add(x, ff_block(norm3->forward(x)));
+  } else {
+    x = norm1->forward(add(x, self_block(x)));
+    x = norm2->forward(add(x, cross_block(x)));
+    x = norm3->forward(add(x, ff_block(x)));
+  }
+  return x;
+}
+
+TransformerDecoder::TransformerDecoder(int64_t d_model, int64_t nhead, int64_t num_layers,
+                                       TransformerDecoderLayerOptions opts, bool final_norm)
+    : Module("TransformerDecoder") {
+  if (num_layers <= 0) fail("TransformerDecoder: num_layers must be positive, got {}", num_layers);
+  layers = register_module("layers", std::make_shared<ModuleList>());
+  for (int64_t i = 0; i < num_layers; ++i) layers->push_back(std::make_shared<TransformerDecoderLayer>(d_model, nhead, opts));
+  if (final_norm) norm = register_module("norm", std::make_shared<LayerNorm>(Shape{d_model}, opts.layer_norm_eps));
+}
+
+Tensor TransformerDecoder::forward(const Tensor& tgt, const Tensor& memory, const Tensor& tgt_mask,
+                                   const Tensor& memory_mask, const Tensor& tgt_key_padding_mask,
+                                   const Tensor& memory_key_padding_mask) {
+  Tensor x = tgt;
+  for (const auto& m : *layers) {
+    x = std::static_pointer_cast<TransformerDecoderLayer>(m)->forward(x, memory, tgt_mask, memory_mask,
+                                                                      tgt_key_padding_mask, memory_key_padding_mask);
+  }
+  return norm ? norm->forward(x) : x;
+}
+
+Transformer::Transformer(TransformerOptions opts) : Module("Transformer"), options(std::move(opts)) {
+  const TransformerEncoderLayerOptions layer{.dim_feedforward = options.dim_feedforward,
+                                             .dropout = options.dropout,
+                                             .activation = options.activation,
+                                             .layer_norm_eps = options.layer_norm_eps,
+                                             .batch_first = options.batch_first,
+                                             .norm_first = options.norm_first};
+  encoder = register_module("encoder", std::make_shared<TransformerEncoder>(options.d_model, options.nhead,
+                                                                            options.num_encoder_layers, layer, true));
+  decoder = register_module("decoder", std::make_shared<TransformerDecoder>(options.d_model, options.nhead,
+                                                                            options.num_decoder_layers, layer, true));
+  reset_parameters();
+}
+
+void Transformer::reset_parameters() {
+  for (auto& [name, p] : named_parameters()) {
+    if (p.dim() > 1) init::xavier_uniform_(p);
+  }
+}
+
+Tensor Transformer::forward(const Tensor& src, const Tensor& tgt, const Tensor& src_mask, const Tensor& tgt_mask,
+                            const Tensor& memory_mask, const Tensor& src_key_padding_mask,
+                            const Tensor& tgt_key_padding_mask, const Tensor& memory_key_padding_mask) {
+  if (!src.defined() || !tgt.defined() || src.dim() != tgt.dim() || (src.dim() != 3 && src.dim() != 2)) {
+    fail("Transformer: expected src and tgt both 3-D ({}) or both 2-D unbatched, got {} and {}",
+         options.batch_first ? "[N, S, E] and [N, T, E]" : "[S, N, E] and [T, N, E]",
+         src.defined() ? shape_str(src.sizes()) : "undefined", tgt.defined() ? shape_str(tgt.sizes()) : "undefined");
+  }
+  if (src.dim() == 2) {  // unbatched: a batch of one
+    const int64_t batch_dim = options.batch_first ? 0 : 1;
+    auto one = [&](const Tensor& m) { return m.defined() ? m.unsqueeze(0) : m; };
+    return forward(src.unsqueeze(batch_dim), tgt.unsqueeze(batch_dim), src_mask, tgt_mask, memory_mask,
+                   one(src_key_padding_mask), one(tgt_key_padding_mask), one(memory_key_padding_mask))
+        .squeeze(batch_dim);
+  }
+  const int64_t batch_dim = options.batch_first ? 0 : 1;
+  if (src.size(batch_dim) != tgt.size(batch_dim)) {
+    fail("Transformer: the batch sizes of src {} and tgt {} must be equal", shape_str(src.sizes()),
+         shape_str(tgt.sizes()));
+  }
+  if (src.size(2) != options.d_model || tgt.size(2) != options.d_model) {
+    fail("Transformer: the feature sizes of src {} and tgt {} must equal d_model={}", shape_str(src.sizes()),
+         shape_str(tgt.sizes()), options.d_model);
+  }
+  const Tensor memory = encoder->forward(src, src_mask, src_key_padding_mask);
+  return decoder->forward(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask);
+}
+
+Tensor Transformer::generate_square_subsequent_mask(int64_t size, const TensorOptions& options) {
+  if (size < 0) fail("Transformer::generate_square_subsequent_mask: size must be >= 0, got {}", size);
+  const TensorOptions index_options{.dtype = kInt64, .device = options.device};
+  const Tensor above = gt(arange(size, index_options).unsqueeze(0), arange(size, index_options).unsqueeze(1));
+  return where(above, full({1}, -std::numeric_limits<double>::infinity(), options), zeros({1}, options));
 }
 
 }  // namespace chorus::nn

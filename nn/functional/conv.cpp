@@ -5,6 +5,7 @@
 #include "autograd/node.h"
 #include "autograd/ops/common.h"
 #include "kernels/dispatch.h"
+#include "nn/functional/pad.h"
 #include "tensor/ops.h"
 
 namespace chorus::nn::functional {
@@ -136,6 +137,113 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pai
       Tensor gw = need_w ? make_tensor(wv.sizes(), xv.dtype(), xv.device()) : Tensor();
       Tensor gb = need_b ? make_tensor({wv.size(0)}, xv.dtype(), xv.device()) : Tensor();
       kernels::conv2d_backward(gx, gw, gb, gv, xv, wv, w, groups);
+      return {gx, gw, gb};
+    });
+  }
+  return unbatch(out, unbatched);
+}
+
+// [Transposed convolution] conv_transpose2d(x, W) is the gradient of y = conv2d(z, W) with respect
+// to z, evaluated at grad_y = x: the conv whose input is the transposed output and whose output is
+// x. So the forward is conv2d_backward's input-gradient path, and its backward is two conv paths:
+// grad_x is a plain conv2d of grad_out with W (the adjoint of the adjoint), grad_W is conv2d's
+// weight gradient with the roles swapped (conv input = grad_out, conv output gradient = x).
+Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding,
+                        Pair output_padding, int64_t groups, Pair dilation) {
+  if (auto low = autocast::lower_precision({&input, &weight, &bias})) {
+    return conv_transpose2d(autocast::cast(input, *low), autocast::cast(weight, *low), autocast::cast(bias, *low),
+                            stride, padding, output_padding, groups, dilation);
+  }
+  const char* op = "conv_transpose2d";
+  bool unbatched = false;
+  const Tensor in4 = batched_input(input, op, unbatched);
+  ops::check_defined(weight, op, "weight");
+  ops::check_same_device(input, weight, op);
+  if (weight.dim() != 4) {
+    fail("conv_transpose2d: expected a 4-D weight [C_in, C_out/groups, kH, kW], got shape {}",
+         shape_str(weight.sizes()));
+  }
+  if (groups < 1) fail("conv_transpose2d: groups must be positive, got {}", groups);
+  check_positive(op, "stride", stride, 1);
+  check_positive(op, "dilation", dilation, 1);
+  check_positive(op, "padding", padding, 0);
+  check_positive(op, "output_padding", output_padding, 0);
+  for (int d = 0; d < 2; ++d) {
+    if (output_padding[d] >= stride[d] && output_padding[d] >= dilation[d]) {
+      fail("conv_transpose2d: output_padding {} must be smaller than either stride {} or dilation {}",
+           pair_str(output_padding), pair_str(stride), pair_str(dilation));
+    }
+  }
+  const int64_t c_in = in4.size(1);
+  if (weight.size(0) != c_in) {
+    fail("conv_transpose2d: input of shape {} has {} channels, but weight of shape {} expects {} (weight is "
+         "[C_in, C_out/groups, kH, kW])",
+         shape_str(input.sizes()), c_in, shape_str(weight.sizes()), weight.size(0));
+  }
+  if (c_in % groups != 0) {
+    fail("conv_transpose2d: input channels {} must be divisible by groups {}", c_in, groups);
+  }
+  const int64_t c_out = weight.size(1) * groups;
+  if (bias.defined() && (bias.dim() != 1 || bias.size(0) != c_out)) {
+    fail("conv_transpose2d: bias must have shape [{}], got {}", c_out, shape_str(bias.sizes()));
+  }
+  if (input.dtype() != weight.dtype() || (bias.defined() && bias.dtype() != input.dtype())) {
+    fail("conv_transpose2d: input ({}), weight ({}) and bias must have the same dtype", dtype_name(input.dtype()),
+         dtype_name(weight.dtype()));
+  }
+  Window2d w;  // of the conv this is the gradient of: its input is our output, its output our input
+  w.out_h = in4.size(2);
+  w.out_w = in4.size(3);
+  w.kernel_h = weight.size(2);
+  w.kernel_w = weight.size(3);
+  w.stride_h = stride[0];
+  w.stride_w = stride[1];
+  w.pad_h = padding[0];
+  w.pad_w = padding[1];
+  w.dilation_h = dilation[0];
+  w.dilation_w = dilation[1];
+  w.in_h = (w.out_h - 1) * w.stride_h - 2 * w.pad_h + w.dilation_h * (w.kernel_h - 1) + output_padding[0] + 1;
+  w.in_w = (w.out_w - 1) * w.stride_w - 2 * w.pad_w + w.dilation_w * (w.kernel_w - 1) + output_padding[1] + 1;
+  if (w.in_h <= 0 || w.in_w <= 0) {
+    fail("conv_transpose2d: input of spatial size ({}, {}) with kernel ({}, {}), stride {}, padding {}, dilation {} "
+         "and output_padding {} gives an empty output ({}, {})",
+         w.out_h, w.out_w, w.kernel_h, w.kernel_w, pair_str(stride), pair_str(padding), pair_str(dilation),
+         pair_str(output_padding), w.in_h, w.in_w);
+  }
+  // With output_padding >= stride (allowed when smaller than dilation) the conv over our output
+  // would have more positions than our input, so the kernels cannot take it as is: compute the
+  // unpadded full output instead and crop/zero-extend it to size (the extra rows get no input).
+  if (output_padding[0] >= stride[0] || output_padding[1] >= stride[1]) {
+    Tensor full = conv_transpose2d(in4, weight, Tensor(), stride, {0, 0}, {0, 0}, groups, dilation);
+    Tensor out = pad(full, {-padding[1], output_padding[1] - padding[1], -padding[0], output_padding[0] - padding[0]});
+    if (bias.defined()) out = add(out, bias.view({1, c_out, 1, 1}));
+    return unbatch(out, unbatched);
+  }
+  const DType cd = compute_dtype(input.dtype());
+  Tensor x = compute_view(in4, cd);
+  Tensor wt = compute_view(weight, cd);
+  Tensor out = make_tensor({x.size(0), c_out, w.in_h, w.in_w}, cd, input.device());
+  // The conv's input is only read for its weight gradient; `out` stands in for its shape.
+  kernels::conv2d_backward(out, Tensor(), Tensor(), x, out, wt, w, groups);
+  if (bias.defined()) out.add_(compute_view(bias, cd).view({1, c_out, 1, 1}));
+  out = ops::cast(out, input.dtype());
+  if (autograd::any_requires_grad({&in4, &weight, &bias})) {
+    const bool need_x = in4.requires_grad(), need_w = weight.requires_grad(),
+               need_b = bias.defined() && bias.requires_grad();
+    SavedTensor sx(x), sw(wt);
+    autograd::record("ConvolutionBackward", {in4, weight, bias}, {out}, [=](const TensorList& g) -> TensorList {
+      Tensor xv = sx.unpack(op), wv = sw.unpack(op);
+      Tensor gv = ops::cast(g[0], xv.dtype()).contiguous();
+      Tensor gx, gw, gb;
+      if (need_x) {
+        gx = make_tensor(xv.sizes(), xv.dtype(), xv.device());
+        kernels::conv2d(gx, gv, wv, Tensor(), w, groups);
+      }
+      if (need_w) {
+        gw = make_tensor(wv.sizes(), xv.dtype(), xv.device());
+        kernels::conv2d_backward(Tensor(), gw, Tensor(), xv, gv, wv, w, groups);
+      }
+      if (need_b) gb = sum(gv, {0, 2, 3});
       return {gx, gw, gb};
     });
   }

@@ -19,6 +19,17 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Te
 // undefined: conv2d over a height of 1 (conv1d.cpp), so it runs wherever conv2d does.
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), int64_t stride = 1,
               int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
+// Transposed convolution, as PyTorch's: the gradient of conv2d with respect to its input, run with
+// conv2d's own input-gradient kernel (conv.cpp). input [N, C_in, H, W] or [C_in, H, W],
+// weight [C_in, C_out/groups, kH, kW], bias [C_out] or undefined;
+// out = (in - 1)*stride - 2*padding + dilation*(kernel - 1) + output_padding + 1, where
+// output_padding must be smaller than stride or dilation.
+Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(),
+                        Pair stride = {1, 1}, Pair padding = {0, 0}, Pair output_padding = {0, 0},
+                        int64_t groups = 1, Pair dilation = {1, 1});
+// input [N, C_in, L] or [C_in, L], weight [C_in, C_out/groups, k]: conv_transpose2d over a height of 1.
+Tensor conv_transpose1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), int64_t stride = 1,
+                        int64_t padding = 0, int64_t output_padding = 0, int64_t groups = 1, int64_t dilation = 1);
 // stride defaults to kernel_size (as in PyTorch) when not given.
 Tensor max_pool2d(const Tensor& input, Pair kernel_size, std::optional<Pair> stride = std::nullopt,
                   Pair padding = {0, 0}, Pair dilation = {1, 1}, bool ceil_mode = false);

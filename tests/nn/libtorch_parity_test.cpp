@@ -7,6 +7,7 @@
 #undef CHECK
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -347,4 +348,251 @@ TEST_CASE("ModuleDict and the norm layers name their state as libtorch's", "[nn]
   for (const auto& b : names(theirs->named_buffers())) expected.push_back(b);
   CHECK(our_names(ours) == expected);
   CHECK(expected.size() == 9);
+}
+
+TEST_CASE("conv_transpose1d/2d equal libtorch's, forward and backward", "[nn][libtorch][conv_transpose]") {
+  check_all({
+      {"conv_transpose2d plain", {{2, 3, 4, 5}, {3, 4, 3, 3}, {4}}, [](L x) { return F::conv_transpose2d(x[0], x[1], x[2]); },
+       [](T x) { return torch::conv_transpose2d(x[0], x[1], x[2]); }},
+      {"conv_transpose2d stride 2 padding 1 output_padding 1", {{2, 4, 3, 4}, {4, 3, 3, 2}, {3}},
+       [](L x) { return F::conv_transpose2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 1}); },
+       [](T x) { return torch::conv_transpose2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 1}); }},
+      {"conv_transpose2d stride (3, 2) padding (2, 0) output_padding (2, 1) groups 2", {{2, 4, 3, 3}, {4, 3, 4, 3}, {6}},
+       [](L x) { return F::conv_transpose2d(x[0], x[1], x[2], {3, 2}, {2, 0}, {2, 1}, 2); },
+       [](T x) { return torch::conv_transpose2d(x[0], x[1], x[2], {3, 2}, {2, 0}, {2, 1}, 2); }},
+      {"conv_transpose2d dilation 2 stride 2, no bias", {{2, 2, 4, 3}, {2, 3, 2, 3}},
+       [](L x) { return F::conv_transpose2d(x[0], x[1], c::Tensor(), {2, 2}, {1, 2}, {0, 1}, 1, {2, 2}); },
+       [](T x) { return torch::conv_transpose2d(x[0], x[1], {}, {2, 2}, {1, 2}, {0, 1}, 1, {2, 2}); }},
+      {"conv_transpose2d output_padding >= stride, < dilation", {{2, 2, 3, 4}, {2, 2, 3, 2}, {2}},
+       [](L x) { return F::conv_transpose2d(x[0], x[1], x[2], {1, 2}, {1, 0}, {2, 2}, 1, {3, 3}); },
+       [](T x) { return torch::conv_transpose2d(x[0], x[1], x[2], {1, 2}, {1, 0}, {2, 2}, 1, {3, 3}); }},
+      {"conv_transpose2d unbatched, groups 3", {{3, 4, 4}, {3, 2, 2, 2}, {6}},
+       [](L x) { return F::conv_transpose2d(x[0], x[1], x[2], {2, 1}, {0, 1}, {1, 0}, 3); },
+       [](T x) { return torch::conv_transpose2d(x[0], x[1], x[2], {2, 1}, {0, 1}, {1, 0}, 3); }},
+      {"conv_transpose2d larger, oneDNN-sized", {{4, 8, 6, 7}, {8, 4, 3, 3}, {8}},
+       [](L x) { return F::conv_transpose2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 0}, 2); },
+       [](T x) { return torch::conv_transpose2d(x[0], x[1], x[2], {2, 2}, {1, 1}, {1, 0}, 2); }},
+      {"conv_transpose1d plain", {{2, 3, 6}, {3, 5, 3}, {5}}, [](L x) { return F::conv_transpose1d(x[0], x[1], x[2]); },
+       [](T x) { return torch::conv_transpose1d(x[0], x[1], x[2]); }},
+      {"conv_transpose1d stride 3 padding 1 output_padding 2 groups 2 dilation 2", {{2, 4, 5}, {4, 3, 3}, {6}},
+       [](L x) { return F::conv_transpose1d(x[0], x[1], x[2], 3, 1, 2, 2, 2); },
+       [](T x) { return torch::conv_transpose1d(x[0], x[1], x[2], 3, 1, 2, 2, 2); }},
+      {"conv_transpose1d unbatched, no bias", {{3, 7}, {3, 2, 4}},
+       [](L x) { return F::conv_transpose1d(x[0], x[1], c::Tensor(), 2, 1, 1); },
+       [](T x) { return torch::conv_transpose1d(x[0], x[1], {}, 2, 1, 1); }},
+  });
+}
+
+TEST_CASE("ConvTranspose1d/2d with the same weights and an output_size equal libtorch's", "[nn][libtorch][conv_transpose]") {
+  torch::set_num_threads(1);
+  c::manual_seed(5);
+  c::nn::ConvTranspose2d ours(c::nn::ConvTranspose2dOptions(4, 6, {3, 2}).stride({2, 3}).padding(1).groups(2));
+  ours.to(c::kFloat64);
+  torch::nn::ConvTranspose2d theirs(torch::nn::ConvTranspose2dOptions(4, 6, {3, 2}).stride({2, 3}).padding(1).groups(2));
+  theirs->to(torch::kFloat64);
+  REQUIRE(ours.weight.sizes() == c::Shape(theirs->weight.sizes().begin(), theirs->weight.sizes().end()));
+  {
+    torch::NoGradGuard no_grad;
+    theirs->weight.copy_(to_torch(ours.weight));
+    theirs->bias.copy_(to_torch(ours.bias));
+  }
+  c::Tensor x = c::randn({2, 4, 3, 4}, {.dtype = c::kFloat64});
+  c::Tensor y = ours.forward(x, std::vector<int64_t>{6, 11});
+  torch::Tensor ty = theirs->forward(to_torch(x), std::vector<int64_t>{6, 11});
+  CHECK(y.sizes() == c::Shape{2, 6, 6, 11});
+  CHECK(max_diff(y, ty) < 1e-10);
+  c::Tensor g = c::randn(y.sizes(), {.dtype = c::kFloat64});
+  c::sum(c::mul(y, g)).backward();
+  (ty * to_torch(g)).sum().backward();
+  CHECK(max_diff(ours.weight.grad(), theirs->weight.grad()) < 1e-10);
+  CHECK(max_diff(ours.bias.grad(), theirs->bias.grad()) < 1e-10);
+
+  // Dilation 1 here: libtorch 1.13's C++ _output_padding leaves dilation out of the smallest size
+  // (Python's includes it, as chorus does).
+  c::nn::ConvTranspose1d ours1(c::nn::ConvTranspose1dOptions(3, 2, 4).stride(3).bias(false));
+  ours1.to(c::kFloat64);
+  torch::nn::ConvTranspose1d theirs1(torch::nn::ConvTranspose1dOptions(3, 2, 4).stride(3).bias(false));
+  theirs1->to(torch::kFloat64);
+  {
+    torch::NoGradGuard no_grad;
+    theirs1->weight.copy_(to_torch(ours1.weight));
+  }
+  c::Tensor x1 = c::randn({2, 3, 5}, {.dtype = c::kFloat64}).requires_grad_();
+  torch::Tensor tx1 = to_torch(x1).requires_grad_();
+  c::Tensor y1 = ours1.forward(x1, std::vector<int64_t>{2, 2, 17});
+  torch::Tensor ty1 = theirs1->forward(tx1, std::vector<int64_t>{2, 2, 17});
+  CHECK(max_diff(y1, ty1) < 1e-10);
+  c::Tensor g1 = c::randn(y1.sizes(), {.dtype = c::kFloat64});
+  c::sum(c::mul(y1, g1)).backward();
+  (ty1 * to_torch(g1)).sum().backward();
+  CHECK(max_diff(x1.grad(), tx1.grad()) < 1e-10);
+  CHECK(max_diff(ours1.weight.grad(), theirs1->weight.grad()) < 1e-10);
+}
+
+TEST_CASE("embedding_bag equals libtorch's in every mode, forward and backward", "[nn][libtorch][embedding_bag]") {
+  using M = F::EmbeddingBagMode;
+  // Fixed bags with an empty one and repeated indices; 7 is padding_idx where one is given.
+  const std::vector<int64_t> idx = {1, 7, 3, 3, 0, 9, 7, 2, 5, 1, 8};
+  const std::vector<int64_t> off = {0, 3, 3, 6};
+  const std::vector<int64_t> off_last = {0, 3, 3, 6, 11};
+  const c::Tensor ci = c::tensor<int64_t>(idx), co = c::tensor<int64_t>(off), co_last = c::tensor<int64_t>(off_last);
+  const c::Tensor ci2 = c::tensor<int64_t>({4, 1, 4, 0, 7, 2, 9, 9, 3, 7, 7, 7}, c::Shape{4, 3});
+  const torch::Tensor ti = torch::tensor(idx), to = torch::tensor(off), to_last = torch::tensor(off_last);
+  const torch::Tensor ti2 = torch::tensor({4, 1, 4, 0, 7, 2, 9, 9, 3, 7, 7, 7}, torch::kInt64).view({4, 3});
+  using EO = TF::EmbeddingBagFuncOptions;
+  check_all({
+      {"sum with offsets", {{10, 3}}, [=](L x) { return F::embedding_bag(ci, x[0], co, M::Sum); },
+       [=](T x) { return TF::embedding_bag(ti, x[0], EO().offsets(to).mode(torch::kSum)); }},
+      {"mean with offsets", {{10, 3}}, [=](L x) { return F::embedding_bag(ci, x[0], co, M::Mean); },
+       [=](T x) { return TF::embedding_bag(ti, x[0], EO().offsets(to).mode(torch::kMean)); }},
+      {"max with offsets", {{10, 3}}, [=](L x) { return F::embedding_bag(ci, x[0], co, M::Max); },
+       [=](T x) { return TF::embedding_bag(ti, x[0], EO().offsets(to).mode(torch::kMax)); }},
+      {"sum with per_sample_weights", {{10, 4}, {11}},
+       [=](L x) { return F::embedding_bag(ci, x[0], co, M::Sum, x[1]); },
+       [=](T x) { return TF::embedding_bag(ti, x[0], EO().offsets(to).mode(torch::kSum).per_sample_weights(x[1])); }},
+      {"sum include_last_offset, per_sample_weights, padding_idx", {{10, 2}, {11}},
+       [=](L x) { return F::embedding_bag(ci, x[0], co_last, M::Sum, x[1], true, 7); },
+       [=](T x) {
+         return TF::embedding_bag(
+             ti, x[0], EO().offsets(to_last).mode(torch::kSum).per_sample_weights(x[1]).include_last_offset(true).padding_idx(7));
+       }},
+      {"mean include_last_offset, padding_idx", {{10, 3}},
+       [=](L x) { return F::embedding_bag(ci, x[0], co_last, M::Mean, c::Tensor(), true, 7); },
+       [=](T x) { return TF::embedding_bag(ti, x[0], EO().offsets(to_last).mode(torch::kMean).include_last_offset(true).padding_idx(7)); }},
+      {"max padding_idx -3", {{10, 3}}, [=](L x) { return F::embedding_bag(ci, x[0], co, M::Max, c::Tensor(), false, -3); },
+       [=](T x) { return TF::embedding_bag(ti, x[0], EO().offsets(to).mode(torch::kMax).padding_idx(7)); }},
+      {"2-D input sum", {{10, 3}}, [=](L x) { return F::embedding_bag(ci2, x[0], c::Tensor(), M::Sum); },
+       [=](T x) { return TF::embedding_bag(ti2, x[0], EO().mode(torch::kSum)); }},
+      {"2-D input mean, padding_idx", {{10, 3}},
+       [=](L x) { return F::embedding_bag(ci2, x[0], c::Tensor(), M::Mean, c::Tensor(), false, 7); },
+       [=](T x) { return TF::embedding_bag(ti2, x[0], EO().mode(torch::kMean).padding_idx(7)); }},
+      {"2-D input max with per_sample_weights for sum", {{10, 3}, {4, 3}},
+       [=](L x) { return F::embedding_bag(ci2, x[0], c::Tensor(), M::Sum, x[1]); },
+       [=](T x) { return TF::embedding_bag(ti2, x[0], EO().mode(torch::kSum).per_sample_weights(x[1])); }},
+      {"2-D input max", {{10, 3}}, [=](L x) { return F::embedding_bag(ci2, x[0], c::Tensor(), M::Max, c::Tensor(), false, 7); },
+       [=](T x) { return TF::embedding_bag(ti2, x[0], EO().mode(torch::kMax).padding_idx(7)); }},
+      {"EmbeddingBag module, weight as input", {{10, 3}},
+       [=](L x) {
+         c::nn::EmbeddingBag bag(10, 3, {.mode = M::Sum, .include_last_offset = true});
+         bag.weight = x[0];
+         return bag.forward(ci, co_last);
+       },
+       [=](T x) {
+         // (libtorch 1.13's from_pretrained drops include_last_offset, so the weight is set by hand.)
+         torch::nn::EmbeddingBag bag(torch::nn::EmbeddingBagOptions(10, 3).mode(torch::kSum).include_last_offset(true));
+         bag->weight = x[0];
+         return bag(ti, to_last);
+       }},
+  });
+}
+
+namespace {
+
+// Copies every chorus parameter into the libtorch parameter of the same name; the two name lists
+// must be equal (which is what makes state dicts portable).
+void copy_parameters_by_name(const c::nn::Module& ours, torch::nn::Module& theirs) {
+  std::vector<std::string> our_names, their_names;
+  for (const auto& [name, p] : ours.named_parameters()) our_names.push_back(name);
+  for (const auto& item : theirs.named_parameters()) their_names.push_back(item.key());
+  std::sort(our_names.begin(), our_names.end());
+  std::sort(their_names.begin(), their_names.end());
+  REQUIRE(our_names == their_names);
+  torch::NoGradGuard no_grad;
+  auto theirs_by_name = theirs.named_parameters();
+  for (const auto& [name, p] : ours.named_parameters()) {
+    torch::Tensor& t = theirs_by_name[name];
+    REQUIRE(c::Shape(t.sizes().begin(), t.sizes().end()) == p.sizes());
+    t.copy_(to_torch(p));
+  }
+}
+
+// Every parameter's gradient of ours against the same-named one of theirs.
+void check_parameter_grads(const c::nn::Module& ours, torch::nn::Module& theirs, double tol) {
+  auto theirs_by_name = theirs.named_parameters();
+  for (const auto& [name, p] : ours.named_parameters()) {
+    INFO("gradient of " << name);
+    REQUIRE(p.grad().defined());
+    CHECK(max_diff(p.grad(), theirs_by_name[name].grad()) < tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Transformer, TransformerDecoder(Layer) equal libtorch's with every parameter copied by name",
+          "[nn][libtorch][transformer]") {
+  torch::set_num_threads(1);
+  const int64_t E = 8, H = 2, S = 5, T = 4, N = 3;
+  c::manual_seed(31);
+  for (const bool gelu : {false, true}) {
+    INFO((gelu ? "gelu" : "relu"));
+    c::nn::Transformer ours({.d_model = E, .nhead = H, .num_encoder_layers = 2, .num_decoder_layers = 2,
+                             .dim_feedforward = 12, .dropout = 0.0, .activation = gelu ? "gelu" : "relu"});
+    ours.to(c::kFloat64);
+    ours.eval();
+    torch::nn::TransformerOptions topts(E, H);
+    topts.num_encoder_layers(2).num_decoder_layers(2).dim_feedforward(12).dropout(0.0);
+    if (gelu) topts.activation(torch::kGELU);
+    torch::nn::Transformer theirs(topts);
+    theirs->to(torch::kFloat64);
+    theirs->eval();
+    copy_parameters_by_name(ours, *theirs);
+
+    c::Tensor src = c::randn({S, N, E}, {.dtype = c::kFloat64}).requires_grad_();
+    c::Tensor tgt = c::randn({T, N, E}, {.dtype = c::kFloat64}).requires_grad_();
+    c::Tensor tgt_mask = c::nn::Transformer::generate_square_subsequent_mask(T, {.dtype = c::kFloat64});
+    c::Tensor memory_mask = c::randn({T, S}, {.dtype = c::kFloat64});
+    c::Tensor src_pad = c::tensor<bool>({false, false, false, false, true, false, false, false, true, true,
+                                         false, false, false, false, false}, c::Shape{N, S});
+    c::Tensor tgt_pad = c::tensor<bool>({false, false, false, true, false, false, false, false, false, false,
+                                         false, true}, c::Shape{N, T});
+    torch::Tensor tsrc = to_torch(src).requires_grad_(), ttgt = to_torch(tgt).requires_grad_();
+    torch::Tensor ttgt_mask = torch::nn::TransformerImpl::generate_square_subsequent_mask(T).to(torch::kFloat64);
+    CHECK(torch::equal(to_torch(tgt_mask), ttgt_mask));
+    auto to_bool = [](const c::Tensor& m) { return to_torch(m).to(torch::kBool); };
+
+    c::Tensor y = ours.forward(src, tgt, c::Tensor(), tgt_mask, memory_mask, src_pad, tgt_pad, src_pad);
+    torch::Tensor ty = theirs->forward(tsrc, ttgt, {}, ttgt_mask, to_torch(memory_mask), to_bool(src_pad),
+                                       to_bool(tgt_pad), to_bool(src_pad));
+    REQUIRE(y.sizes() == c::Shape{T, N, E});
+    CHECK(max_diff(y, ty) < 1e-10);
+    c::Tensor g = c::randn(y.sizes(), {.dtype = c::kFloat64});
+    c::sum(c::mul(y, g)).backward();
+    (ty * to_torch(g)).sum().backward();
+    CHECK(max_diff(src.grad(), tsrc.grad()) < 1e-10);
+    CHECK(max_diff(tgt.grad(), ttgt.grad()) < 1e-10);
+    check_parameter_grads(ours, *theirs, 1e-10);
+  }
+
+  // The decoder stack alone, with a final norm, and one layer.
+  c::nn::TransformerDecoder ours_dec(E, H, 2, {.dim_feedforward = 6, .dropout = 0.0}, true);
+  ours_dec.to(c::kFloat64);
+  torch::nn::TransformerDecoder theirs_dec(
+      torch::nn::TransformerDecoderOptions(torch::nn::TransformerDecoderLayerOptions(E, H).dim_feedforward(6).dropout(0.0), 2)
+          .norm(torch::nn::AnyModule(torch::nn::LayerNorm(torch::nn::LayerNormOptions({E})))));
+  theirs_dec->to(torch::kFloat64);
+  copy_parameters_by_name(ours_dec, *theirs_dec);
+  c::Tensor tgt = c::randn({T, N, E}, {.dtype = c::kFloat64}).requires_grad_();
+  c::Tensor memory = c::randn({S, N, E}, {.dtype = c::kFloat64}).requires_grad_();
+  torch::Tensor ttgt = to_torch(tgt).requires_grad_(), tmemory = to_torch(memory).requires_grad_();
+  c::Tensor y = ours_dec.forward(tgt, memory, c::nn::Transformer::generate_square_subsequent_mask(T, {.dtype = c::kFloat64}));
+  torch::Tensor ty = theirs_dec->forward(ttgt, tmemory, torch::nn::TransformerImpl::generate_square_subsequent_mask(T).to(torch::kFloat64));
+  CHECK(max_diff(y, ty) < 1e-10);
+  c::Tensor g = c::randn(y.sizes(), {.dtype = c::kFloat64});
+  c::sum(c::mul(y, g)).backward();
+  (ty * to_torch(g)).sum().backward();
+  CHECK(max_diff(tgt.grad(), ttgt.grad()) < 1e-10);
+  CHECK(max_diff(memory.grad(), tmemory.grad()) < 1e-10);
+  check_parameter_grads(ours_dec, *theirs_dec, 1e-10);
+
+  c::nn::TransformerDecoderLayer ours_layer(E, H, {.dim_feedforward = 6, .dropout = 0.0, .activation = "gelu"});
+  ours_layer.to(c::kFloat64);
+  torch::nn::TransformerDecoderLayer theirs_layer(
+      torch::nn::TransformerDecoderLayerOptions(E, H).dim_feedforward(6).dropout(0.0).activation(torch::kGELU));
+  theirs_layer->to(torch::kFloat64);
+  copy_parameters_by_name(ours_layer, *theirs_layer);
+  c::Tensor memory_pad = c::tensor<bool>({false, true, false, false, false, false, false, false, false, false, false,
+                                          false, false, true, true}, c::Shape{N, S});
+  c::Tensor y1 = ours_layer.forward(tgt, memory, c::Tensor(), c::Tensor(), c::Tensor(), memory_pad);
+  torch::Tensor ty1 = theirs_layer->forward(ttgt, tmemory, {}, {}, {}, to_torch(memory_pad).to(torch::kBool));
+  CHECK(max_diff(y1, ty1) < 1e-10);
 }
