@@ -110,6 +110,7 @@ Tensor Tensor::contiguous() const { return chorus::contiguous(*this); }
 Tensor Tensor::clone() const { return chorus::clone(*this); }
 Tensor& Tensor::copy_(const Tensor& src) { return chorus::copy_(*this, src); }
 Tensor& Tensor::fill_(const Scalar& value) { return chorus::fill_(*this, value); }
+Tensor& Tensor::fill_(const Tensor& value) { return chorus::fill_(*this, value); }
 Tensor& Tensor::zero_() { return chorus::zero_(*this); }
 
 Scalar Tensor::item() const {
