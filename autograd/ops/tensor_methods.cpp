@@ -96,6 +96,9 @@ Tensor& Tensor::detach_() {
     meta->grad_fn = nullptr;
     meta->output_nr = 0;
     meta->requires_grad = false;
+    // No longer a view in autograd's sense (as detach() makes one): a later write through the base
+    // must not give it back a history.
+    meta->view_base = Tensor();
   }
   return *this;
 }

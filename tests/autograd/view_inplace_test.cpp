@@ -234,6 +234,17 @@ TEST_CASE("in-place ops on views of leaves that require grad are refused, data u
   }
 }
 
+TEST_CASE("a view detached in place stays without history after writes to its base", "[autograd][inplace][view]") {
+  Tensor x = leaf_from({1.0, 2.0, 3.0}, {3});
+  Tensor y = x * 1.0;
+  Tensor v = y.narrow(0, 0, 2);
+  v.detach_();
+  y.mul_(2.0);
+  CHECK_FALSE(v.requires_grad());
+  CHECK(v.grad_fn() == nullptr);
+  CHECK(same_values(v, f64({2.0, 4.0}, {2})));
+}
+
 TEST_CASE("an in-place op with history on an expanded view is refused", "[autograd][inplace][view]") {
   Tensor x = leaf_from({1.0, 2.0, 3.0}, {3});
   Tensor y = x * 1.0;
