@@ -50,7 +50,7 @@ std::string dtypes_str(const Tensor& a, const Tensor& b);
 Tensor reshaped_result(const Tensor& fresh, const Shape& shape);
 
 // A view of `base` with new geometry (shares storage, no history yet), which remembers its root
-// base so that in-place ops on it can rebase the history (autograd/node.h, [In-place ops on views]).
+// base so that in-place ops on it can rebase the history (autograd/inplace.h, [In-place ops on views]).
 Tensor make_view(const Tensor& base, const Shape& sizes, const Strides& strides, int64_t storage_offset);
 
 }  // namespace chorus::ops
