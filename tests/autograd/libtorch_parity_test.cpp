@@ -47,7 +47,8 @@ void check(const Case& c) {
   for (const auto& s : c.shapes) {
     // In [0.5, 2) with a random sign: fine as a divisor.
     Tensor magnitude = chorus::add(chorus::mul(chorus::rand(s, {.dtype = chorus::kFloat64}), 1.5), 0.5);
-    Tensor sign = chorus::sub(chorus::mul(chorus::lt(chorus::rand(s, {.dtype = chorus::kFloat64}), 0.5).to(chorus::kFloat64), 2.0), 1.0);
+    Tensor coin = chorus::lt(chorus::rand(s, {.dtype = chorus::kFloat64}), 0.5).to(chorus::kFloat64);
+    Tensor sign = chorus::sub(chorus::mul(coin, 2.0), 1.0);
     Tensor x = chorus::mul(magnitude, sign);
     tin.push_back(to_torch(x).requires_grad_());
     in.push_back(x.requires_grad_());
