@@ -1,5 +1,6 @@
 // autograd::Function's context and node (see function.h).
 #include "autograd/function.h"
+#include "autograd/inplace.h"
 
 #include <cxxabi.h>
 
@@ -119,7 +120,14 @@ TensorList wrap_outputs(const std::shared_ptr<CustomFunctionNode>& node, Autogra
     }
     Tensor t = out;
     if (ctx.is_dirty(out)) {
-      check_inplace(out, node->name().c_str(), true);  // a leaf that requires grad, or a view: refused
+      check_inplace(out, node->name().c_str(), true);  // a leaf that requires grad, or a view of one: refused
+      const AutogradMeta* out_meta = out.unsafe_impl()->autograd_meta();
+      if (out_meta != nullptr && out_meta->is_view()) {
+        // Its base's history would have to be rebased as built-in ops do (autograd/inplace.h);
+        // custom Functions do not do that.
+        fail("{}: mark_dirty() was given a view (shape {}); a custom Function cannot modify a view in "
+             "place. Modify its base, or clone() the view first.", node->name(), shape_str(out.sizes()));
+      }
     } else if (is_input(out)) {
       t = alias_without_history(out);  // returned as is: the caller's input keeps its own history
     }

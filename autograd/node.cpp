@@ -159,25 +159,4 @@ std::shared_ptr<Node> record(const char* name, const TensorList& inputs, const T
   return node;
 }
 
-void check_inplace(const Tensor& self, const char* op, bool will_record) {
-  if (GradMode::is_enabled() && self.requires_grad() && self.is_leaf()) {
-    fail("{}: a leaf tensor that requires grad (shape {}) is being used in an in-place operation. "
-         "Wrap the update in NoGradGuard (as optimizers do), or apply the op out of place.",
-         op, shape_str(self.sizes()));
-  }
-  const AutogradMeta* meta = self.unsafe_impl()->autograd_meta();
-  if (will_record && meta != nullptr && meta->is_view) {
-    // Recording on a view would leave its base with a stale history (a silently wrong gradient).
-    fail("{}: in-place modification of a view (shape {}) with an operand that requires grad is not "
-         "supported by chorus's autograd; use the out-of-place op, or clone() the view first.",
-         op, shape_str(self.sizes()));
-  }
-}
-
-void rebase_history(const Tensor& self, const std::shared_ptr<Node>& node) {
-  AutogradMeta& meta = self.unsafe_impl()->ensure_autograd_meta();
-  meta.grad_fn = node;
-  meta.output_nr = 0;
-}
-
 }  // namespace chorus::autograd

@@ -131,10 +131,4 @@ Edge gradient_edge(const Tensor& t);
 // Records `backward` as the grad_fn of `outputs`, with edges to `inputs`.
 std::shared_ptr<Node> record(const char* name, const TensorList& inputs, const TensorList& outputs,
                              BackwardFn backward);
-// For in-place ops: refuses a leaf that requires grad (in grad mode), and a view when the op will
-// record history (will_record), naming the op.
-void check_inplace(const Tensor& self, const char* op, bool will_record);
-// For in-place ops: `self` now holds the result of the node.
-void rebase_history(const Tensor& self, const std::shared_ptr<Node>& node);
-
 }  // namespace chorus::autograd

@@ -77,6 +77,8 @@ Tensor to_dtype(const Tensor& t, DType dtype);
 Tensor to_device(const Tensor& t, Device device);
 Tensor& copy_(Tensor& dst, const Tensor& src);
 Tensor& fill_(Tensor& t, const Scalar& value);
+// Fills with the value of a 0-d tensor, which may require grad (it gets the sum of t's gradient).
+Tensor& fill_(Tensor& t, const Tensor& value);
 Tensor& zero_(Tensor& t);
 
 // ---------------------------------------------------------------- elementwise

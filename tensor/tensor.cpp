@@ -74,13 +74,33 @@ void Tensor::check_dtype_for_access(DType requested, const char* what) const {
   }
 }
 
+namespace {
+detail::ViewHistoryRefresh g_view_history_refresh = nullptr;
+
+// A view whose storage was written in place since its history was last derived gets it re-derived
+// from the base before anyone reads it.
+void refresh_if_stale_view(const std::shared_ptr<TensorImpl>& impl) {
+  const AutogradMeta* meta = impl->autograd_meta();
+  if (meta != nullptr && meta->is_view() && meta->view_version != impl->storage()->version() &&
+      g_view_history_refresh != nullptr) {
+    g_view_history_refresh(Tensor(impl));
+  }
+}
+}  // namespace
+
+void detail::set_view_history_refresh(ViewHistoryRefresh refresh) { g_view_history_refresh = refresh; }
+
 bool Tensor::requires_grad() const {
-  const AutogradMeta* meta = checked(impl_, "requires_grad").autograd_meta();
+  checked(impl_, "requires_grad");
+  refresh_if_stale_view(impl_);
+  const AutogradMeta* meta = impl_->autograd_meta();
   return meta != nullptr && (meta->requires_grad || meta->grad_fn != nullptr);
 }
 
 bool Tensor::is_leaf() const {
-  const AutogradMeta* meta = checked(impl_, "is_leaf").autograd_meta();
+  checked(impl_, "is_leaf");
+  refresh_if_stale_view(impl_);
+  const AutogradMeta* meta = impl_->autograd_meta();
   return meta == nullptr || meta->grad_fn == nullptr;
 }
 
@@ -100,12 +120,16 @@ void Tensor::set_grad(const Tensor& grad) {
 }
 
 const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
-  const AutogradMeta* meta = checked(impl_, "grad_fn").autograd_meta();
+  checked(impl_, "grad_fn");
+  refresh_if_stale_view(impl_);
+  const AutogradMeta* meta = impl_->autograd_meta();
   return meta ? meta->grad_fn : kNoNode;
 }
 
 uint32_t Tensor::output_nr() const {
-  const AutogradMeta* meta = checked(impl_, "output_nr").autograd_meta();
+  checked(impl_, "output_nr");
+  refresh_if_stale_view(impl_);
+  const AutogradMeta* meta = impl_->autograd_meta();
   return meta ? meta->output_nr : 0;
 }
 

@@ -129,6 +129,7 @@ class Tensor {
   Tensor clone() const;
   Tensor& copy_(const Tensor& src);  // broadcasting, across dtypes
   Tensor& fill_(const Scalar& value);
+  Tensor& fill_(const Tensor& value);  // a 0-d tensor's value
   Tensor& zero_();
 
   // ---- views ----
@@ -296,8 +297,21 @@ struct AutogradMeta {
   int next_hook_id = 0;
   std::vector<std::pair<int, std::function<Tensor(const Tensor&)>>> hooks;
   std::vector<std::pair<int, std::function<void(Tensor&)>>> post_accumulate_hooks;
-  bool is_view = false;  // a view of another tensor (in-place on it needs care, see autograd)
+  // Views only: the tensor whose memory this one views, followed to the root (never itself a view),
+  // and the storage version at which grad_fn was last known to match the base's history. An
+  // in-place write anywhere in the storage bumps the version; the next read of this view's history
+  // then re-derives it from the base (see [In-place ops on views] in autograd/node.h).
+  Tensor view_base;
+  uint32_t view_version = 0;
+  bool is_view() const { return view_base.defined(); }
 };
+
+namespace detail {
+// Set by autograd: brings a view's grad_fn up to date with its base after an in-place write. The
+// tensor layer calls it from requires_grad(), is_leaf() and grad_fn(), and cannot depend on autograd.
+using ViewHistoryRefresh = void (*)(const Tensor& view);
+void set_view_history_refresh(ViewHistoryRefresh refresh);
+}  // namespace detail
 
 class TensorImpl {
  public:

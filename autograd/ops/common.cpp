@@ -74,11 +74,21 @@ Tensor reshaped_result(const Tensor& fresh, const Shape& shape) {
                                              contiguous_strides(shape), fresh.dtype()));
 }
 
-void mark_view(const Tensor& out) { out.unsafe_impl()->ensure_autograd_meta().is_view = true; }
-
 Tensor make_view(const Tensor& base, const Shape& sizes, const Strides& strides, int64_t storage_offset) {
+  // Every view comes from here, so this is where the tensor layer learns how to bring a view's
+  // history up to date (it cannot depend on autograd itself).
+  static const bool refresh_installed = [] {
+    detail::set_view_history_refresh(&autograd::refresh_view_history);
+    return true;
+  }();
+  (void)refresh_installed;
   Tensor v(std::make_shared<TensorImpl>(base.storage(), storage_offset, sizes, strides, base.dtype()));
-  mark_view(v);
+  // A view of a view records the root: its own geometry says where it lies in the shared storage,
+  // so the intermediate views are not needed to re-derive it.
+  const AutogradMeta* base_meta = base.unsafe_impl()->autograd_meta();
+  AutogradMeta& meta = v.unsafe_impl()->ensure_autograd_meta();
+  meta.view_base = base_meta != nullptr && base_meta->is_view() ? base_meta->view_base : base;
+  meta.view_version = v.version();
   return v;
 }
 

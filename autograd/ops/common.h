@@ -7,6 +7,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
+#include "autograd/inplace.h"
 #include "autograd/node.h"
 #include "kernels/dispatch.h"
 #include "tensor/ops.h"
@@ -48,9 +49,8 @@ std::string dtypes_str(const Tensor& a, const Tensor& b);
 // the autograd sense: nothing else refers to its storage).
 Tensor reshaped_result(const Tensor& fresh, const Shape& shape);
 
-// Marks `out` as a view (in-place ops on it must not record history).
-void mark_view(const Tensor& out);
-// A view of `base` with new geometry (shares storage, no history).
+// A view of `base` with new geometry (shares storage, no history yet), which remembers its root
+// base so that in-place ops on it can rebase the history (autograd/inplace.h, [In-place ops on views]).
 Tensor make_view(const Tensor& base, const Shape& sizes, const Strides& strides, int64_t storage_offset);
 
 }  // namespace chorus::ops

@@ -310,7 +310,7 @@ Tensor& masked_fill_(Tensor& t, const Tensor& mask, const Scalar& value) {
   t.bump_version();
   if (record) {
     SavedTensor m(mask);  // with its version: the caller may modify the mask afterwards
-    autograd::record("MaskedFillBackward", {t}, {t}, [m](const TensorList& g) -> TensorList {
+    autograd::record_inplace("MaskedFillBackward", t, {}, [m](const TensorList& g) -> TensorList {
       return {masked_fill(g[0], m.unpack("masked_fill_"), 0)};
     });
   }

@@ -481,7 +481,10 @@ Tensor& inplace_binary(BinaryOp op, const char* name, Tensor& self, const Tensor
   }
   const bool record = autograd::any_requires_grad({&self, &other}) && is_floating(self.dtype());
   autograd::check_inplace(self, name, record);
-  Tensor self_before = record && other.requires_grad() && op == BinaryOp::Mul ? clone(alias_without_history(self)) : Tensor();
+  // mul_ and div_ need self's old value for other's gradient; a private clone, so that nothing
+  // (this op included) can overwrite it.
+  const bool needs_before = op == BinaryOp::Mul || op == BinaryOp::Div;
+  Tensor self_before = record && other.requires_grad() && needs_before ? clone(alias_without_history(self)) : Tensor();
   // Save `other` (with its version) before writing self: when it shares self's storage
   // (a.mul_(a), a.div_(a.detach())) the write bumps that version, so backward reports the
   // overwrite instead of computing with the new values.
@@ -499,7 +502,7 @@ Tensor& inplace_binary(BinaryOp op, const char* name, Tensor& self, const Tensor
     kernels::copy(self, tmp);
   }
   self.bump_version();
-  if (record) autograd::record(name, {self, other}, {self}, std::move(backward));
+  if (record) autograd::record_inplace(name, self, {other}, std::move(backward));
   return self;
 }
 
@@ -516,12 +519,14 @@ autograd::BackwardFn mul_backward(const Tensor& self_before, const Tensor& other
     return {mul(g[0], so.unpack("mul_")), before.defined() ? mul(g[0], before) : Tensor()};
   };
 }
-autograd::BackwardFn div_backward(const Tensor&, const Tensor& other, const Scalar&) {
+autograd::BackwardFn div_backward(const Tensor& self_before, const Tensor& other, const Scalar&) {
   SavedTensor so(other);
-  return [so](const TensorList& g) -> TensorList {
-    // The gradient for `other` would need self's old value; in-place division by a tensor that
-    // requires grad is rare enough that chorus computes only self's gradient.
-    return {div(g[0], so.unpack("div_")), Tensor()};
+  Tensor before = self_before;  // a private clone: nothing else can modify it
+  return [so, before](const TensorList& g) -> TensorList {
+    const Tensor o = so.unpack("div_");
+    Tensor self_grad = div(g[0], o);
+    // d(a / b)/db = -a / b^2, with a the value self had before the division.
+    return {self_grad, before.defined() ? neg(div(mul(self_grad, before), o)) : Tensor()};
   };
 }
 
@@ -543,9 +548,6 @@ Tensor& mul_(Tensor& t, const Scalar& other) {
   return mul_(t, scalar_to_tensor(other, result_type(t, other), t.device()));
 }
 Tensor& div_(Tensor& t, const Tensor& other) {
-  if (other.defined() && other.requires_grad() && autograd::GradMode::is_enabled()) {
-    fail("div_: dividing in place by a tensor that requires grad is not supported; use div()");
-  }
   return inplace_binary(BinaryOp::Div, "div_", t, other, 1, div_backward);
 }
 Tensor& div_(Tensor& t, const Scalar& other) {
@@ -576,7 +578,7 @@ Tensor& clamp_(Tensor& t, std::optional<Scalar> min, std::optional<Scalar> max) 
   kernels::copy(t, result);
   t.bump_version();
   if (record) {
-    autograd::record("ClampBackward", {t}, {t}, [mask](const TensorList& g) -> TensorList {
+    autograd::record_inplace("ClampBackward", t, {}, [mask](const TensorList& g) -> TensorList {
       return {where(mask.unpack("clamp_"), g[0], 0.0)};
     });
   }

@@ -96,6 +96,9 @@ Tensor& Tensor::detach_() {
     meta->grad_fn = nullptr;
     meta->output_nr = 0;
     meta->requires_grad = false;
+    // No longer a view in autograd's sense (as detach() makes one): a later write through the base
+    // must not give it back a history.
+    meta->view_base = Tensor();
   }
   return *this;
 }
@@ -110,6 +113,7 @@ Tensor Tensor::contiguous() const { return chorus::contiguous(*this); }
 Tensor Tensor::clone() const { return chorus::clone(*this); }
 Tensor& Tensor::copy_(const Tensor& src) { return chorus::copy_(*this, src); }
 Tensor& Tensor::fill_(const Scalar& value) { return chorus::fill_(*this, value); }
+Tensor& Tensor::fill_(const Tensor& value) { return chorus::fill_(*this, value); }
 Tensor& Tensor::zero_() { return chorus::zero_(*this); }
 
 Scalar Tensor::item() const {

@@ -345,17 +345,18 @@ Tensor to_device(const Tensor& t, Device device) {
   return out;
 }
 
-Tensor& copy_(Tensor& dst, const Tensor& src) {
-  check_defined(dst, "copy_", "self");
-  check_defined(src, "copy_", "src");
-  check_kernels(dst, "copy_");
-  check_kernels(src, "copy_");
+namespace {
+
+// dst = src (broadcast), for copy_ and fill_ with a tensor value; `op` names the op in errors.
+Tensor& copy_into(Tensor& dst, const Tensor& src, const char* op, const char* backward_name) {
+  check_kernels(dst, op);
+  check_kernels(src, op);
   if (!is_expandable_to(src.sizes(), dst.sizes())) {
-    fail("copy_: source of shape {} cannot be broadcast to the destination's shape {}", shape_str(src.sizes()),
+    fail("{}: source of shape {} cannot be broadcast to the destination's shape {}", op, shape_str(src.sizes()),
          shape_str(dst.sizes()));
   }
   const bool record = autograd::any_requires_grad({&dst, &src}) && is_floating(dst.dtype());
-  autograd::check_inplace(dst, "copy_", record);
+  autograd::check_inplace(dst, op, record);
   if (dst.device() != src.device()) {
     kernels::copy(dst, to_device(alias_without_history(src), dst.device()));  // then convert and broadcast there
   } else if (dst.storage() == src.storage() &&
@@ -366,11 +367,29 @@ Tensor& copy_(Tensor& dst, const Tensor& src) {
   }
   dst.bump_version();
   if (record) {
-    autograd::record("CopyBackwards", {dst, src}, {dst}, [from = src.device()](const TensorList& g) -> TensorList {
-      return {zeros_like(g[0]), to_device(g[0], from)};
+    autograd::record_inplace(backward_name, dst, {src}, [from = src.device()](const TensorList& g) -> TensorList {
+      return {zeros_like(g[0]), to_device(g[0], from)};  // the engine sums a broadcast src's gradient
     });
   }
   return dst;
+}
+
+}  // namespace
+
+Tensor& copy_(Tensor& dst, const Tensor& src) {
+  check_defined(dst, "copy_", "self");
+  check_defined(src, "copy_", "src");
+  return copy_into(dst, src, "copy_", "CopyBackwards");
+}
+
+Tensor& fill_(Tensor& t, const Tensor& value) {
+  check_defined(t, "fill_", "self");
+  check_defined(value, "fill_", "value");
+  if (value.dim() != 0) {
+    fail("fill_: only supports a 0-dimension value tensor, but got one with {} dimensions (shape {})", value.dim(),
+         shape_str(value.sizes()));
+  }
+  return copy_into(t, value, "fill_", "FillBackward");
 }
 
 Tensor& fill_(Tensor& t, const Scalar& value) {
@@ -381,7 +400,7 @@ Tensor& fill_(Tensor& t, const Scalar& value) {
   kernels::fill(t, value);
   t.bump_version();
   if (record) {
-    autograd::record("FillBackward", {t}, {t}, [](const TensorList& g) -> TensorList { return {zeros_like(g[0])}; });
+    autograd::record_inplace("FillBackward", t, {}, [](const TensorList& g) -> TensorList { return {zeros_like(g[0])}; });
   }
   return t;
 }
