@@ -129,6 +129,7 @@ Tensor GPT2Model::forward(const Tensor& input_ids) {
 
 GPT2LMHeadModel::GPT2LMHeadModel(const GPTConfig& c) : nn::Module("GPT2LMHeadModel") {
   transformer = register_module("transformer", std::make_shared<GPT2Model>(c));
+  if (!c.initialize) return;
   NoGradGuard no_grad;
   const double residual_std = c.initializer_range / std::sqrt(2.0 * static_cast<double>(std::max<int64_t>(c.n_layer, 1)));
   for (auto& [name, p] : named_parameters()) {

@@ -29,6 +29,10 @@ struct GPTConfig {
   double dropout = 0.1;
   double layer_norm_epsilon = 1e-5;
   double initializer_range = 0.02;
+  // false: leave the weights as constructed (zeros, LayerNorm ones) instead of drawing GPT-2's
+  // initialization, for a model whose weights are about to be loaded (drawing 124M normal numbers
+  // takes seconds on a CPU).
+  bool initialize = true;
 
   // gpt2 (124M: 12 layers, 768 wide, 12 heads), gpt2-medium (24, 1024, 16), gpt2-large (36, 1280,
   // 20), gpt2-xl (48, 1600, 25): GPT-2's 50257-token vocabulary and 1024 positions. For training
