@@ -29,9 +29,9 @@ struct GPTConfig {
   double dropout = 0.1;
   double layer_norm_epsilon = 1e-5;
   double initializer_range = 0.02;
-  // false: leave the weights as constructed (zeros, LayerNorm ones) instead of drawing GPT-2's
-  // initialization, for a model whose weights are about to be loaded (drawing 124M normal numbers
-  // takes seconds on a CPU).
+  // false: keep the layers' own initial values (nn::Embedding's N(0, 1), zero projections,
+  // LayerNorm ones/zeros) instead of drawing GPT-2's, for a model whose weights are about to be
+  // loaded (drawing another 124M normal numbers takes seconds on a CPU).
   bool initialize = true;
 
   // gpt2 (124M: 12 layers, 768 wide, 12 heads), gpt2-medium (24, 1024, 16), gpt2-large (36, 1280,
