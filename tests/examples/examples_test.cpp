@@ -285,6 +285,93 @@ TEST_CASE("the examples refuse bad flags with a message", "[examples]") {
   CHECK(r.output.find("RANK=5 is outside a world of size 1") != std::string::npos);
 }
 
+// examples/gpt on the tiny configuration (2 layers, 64 wide, byte tokens): data parallel training
+// lowers the held-out loss from ln 256; an interrupted run resumed from its checkpoint writes the
+// uninterrupted run's final checkpoint byte for byte; top-k 1 sampling is greedy decoding.
+const std::string gpt_flags = " --config tiny --seq-len 32 --batch-size 8 --threads 1 --log-every 0 --lr 3e-3";
+
+TEST_CASE("gpt: 2 processes under chorusrun lower the held-out loss", "[examples][gpt]") {
+  Run r = run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " +
+              std::to_string(chorus::testing::free_port()) + " " + binary("examples/gpt/gpt") + gpt_flags +
+              " --steps 30 --eval-sequences 32");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(r.summary["world_size"] == 2);
+  CHECK(r.summary["steps"] == 30);
+  CHECK(std::abs(r.summary["heldout_loss_before"].get<double>() - std::log(256.0)) < 0.1);
+  CHECK(r.summary["heldout_loss"].get<double>() < r.summary["heldout_loss_before"].get<double>() - 1.0);
+  CHECK(r.summary["heldout_perplexity"].get<double>() < 100);
+  CHECK(r.summary["last_step_loss"].get<double>() < r.summary["first_step_loss"].get<double>() - 1.0);
+}
+
+TEST_CASE("gpt: a run stopped at a checkpoint and resumed ends with the uninterrupted run's checkpoint bytes",
+          "[examples][gpt]") {
+  const std::string gpt = binary("examples/gpt/gpt") + gpt_flags + " --steps 8 --eval-sequences 16 --checkpoint-every 3";
+  const fs::path whole = scratch("gpt_whole"), parts = scratch("gpt_parts");
+  Run a = run(gpt + " --checkpoint-dir " + whole.string());
+  INFO(a.output);
+  REQUIRE(a.code == 0);
+  CHECK(a.summary["steps"] == 8);
+  Run b1 = run(gpt + " --max-steps 5 --resume auto --checkpoint-dir " + parts.string());  // saved at step 3, then 5
+  INFO(b1.output);
+  REQUIRE(b1.code == 0);
+  CHECK(b1.output.find("resumed from") == std::string::npos);
+  Run b2 = run(gpt + " --resume auto --checkpoint-dir " + parts.string());
+  INFO(b2.output);
+  REQUIRE(b2.code == 0);
+  CHECK(b2.output.find("resumed from " + (parts / "checkpoint.safetensors").string() + " at step 5") != std::string::npos);
+  CHECK(b2.summary["steps"] == 8);
+  CHECK(b2.summary["heldout_loss"].get<double>() == a.summary["heldout_loss"].get<double>());
+  const std::string x = chorus::testing::slurp((whole / "checkpoint.safetensors").string());
+  const std::string y = chorus::testing::slurp((parts / "checkpoint.safetensors").string());
+  REQUIRE(x.size() > 100000);
+  CHECK(x == y);
+}
+
+TEST_CASE("gpt --sample: top-k 1 is greedy, a seeded sample repeats", "[examples][gpt]") {
+  const std::string gpt = binary("examples/gpt/gpt") + gpt_flags + " --steps 20 --eval-sequences 0 --sample 40";
+  Run greedy = run(gpt + " --temperature 0");
+  INFO(greedy.output);
+  REQUIRE(greedy.code == 0);
+  CHECK(greedy.output.find("sample (temperature 0") != std::string::npos);
+  const std::string text = greedy.summary["sample"].get<std::string>();
+  CHECK(text.size() == 40);
+  Run top1 = run(gpt + " --temperature 1.3 --top-k 1");
+  REQUIRE(top1.code == 0);
+  CHECK(top1.summary["sample"] == text);
+  Run s1 = run(gpt + " --temperature 1 --top-k 20 --seed 5"), s2 = run(gpt + " --temperature 1 --top-k 20 --seed 5");
+  REQUIRE(s1.code == 0);
+  CHECK(s1.summary["sample"] == s2.summary["sample"]);
+  CHECK(s1.summary["sample"] != text);
+}
+
+TEST_CASE("gpt refuses bad flags with a message", "[examples][gpt]") {
+  const std::string gpt = binary("examples/gpt/gpt");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {" --config gpt5", "--config"},
+      {" --temperature -1", "--temperature"},
+      {" --top-k 300", "--top-k"},
+      {" --config tiny --seq-len 200", "--seq-len 200 exceeds the 128 positions of --config tiny"},
+      {" --resume", "gpt: --resume needs --checkpoint-dir"},
+      {" --sample 10 --prompt ''", "--sample needs a --prompt"},
+      {" --heldout-addresses 0", "--heldout-addresses"},
+      {" --data-dir /nonexistent", "no corpus folder /nonexistent/sotu (tools/setup.sh installs it)"},
+  };
+  for (const auto& [flags, message] : cases) {
+    Run r = run(gpt + flags);
+    INFO(flags << ": " << r.output);
+    CHECK(r.code != 0);
+    CHECK(r.output.find(message) != std::string::npos);
+  }
+  // Resuming with another configuration names both instead of failing on a shape.
+  const std::string dir = scratch("gpt_mismatch");
+  Run r = run(gpt + " --config tiny --seq-len 16 --steps 1 --eval-sequences 0 --threads 1 --checkpoint-dir " + dir);
+  REQUIRE(r.code == 0);
+  r = run(gpt + " --config mini --seq-len 16 --resume --checkpoint-dir " + dir);
+  CHECK(r.code != 0);
+  CHECK(r.output.find("written with config tiny, not the mini asked for now") != std::string::npos);
+}
+
 // [Elastic restart]: a worker killed with SIGKILL in the middle of an epoch; chorusrun --max-restarts
 // starts both again, the MNIST example resumes from its latest mid-epoch checkpoint (--resume auto,
 // --checkpoint-every) and the job ends with the parameters of a run that was never interrupted, bit
