@@ -1,5 +1,6 @@
 #include "nn/conv.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "nn/init.h"
@@ -19,6 +20,10 @@ Conv2d::Conv2d(const Conv2dOptions& opts) : Module("Conv2d"), options(opts) {
   }
   const Pair k = opts.kernel_size();
   if (k[0] <= 0 || k[1] <= 0) fail("Conv2d: kernel_size must be positive, got {}", pair_str(k));
+  if (opts.padding_kind() == functional::ConvPadding::Same && opts.stride() != Pair{1, 1}) {
+    fail("Conv2d: padding=\"same\" is not supported for strided convolutions, got stride {}; expected (1, 1)",
+         pair_str(opts.stride()));
+  }
   weight = register_parameter("weight", empty({out, in / groups, k[0], k[1]}));
   if (opts.bias()) bias = register_parameter("bias", empty({out}));
   reset_parameters();
@@ -35,17 +40,39 @@ void Conv2d::reset_parameters() {
 }
 
 Tensor Conv2d::forward(const Tensor& input) {
-  return functional::conv2d(input, weight, bias, options.stride(), options.padding(), options.dilation(),
-                            options.groups());
+  const Pair d = options.dilation(), k = options.kernel_size();
+  const bool same = options.padding_kind() == functional::ConvPadding::Same;
+  if (options.padding_mode() != functional::PadMode::Constant) {
+    // Pad in the mode first (left, right, top, bottom: F::pad's order), then convolve unpadded.
+    std::vector<int64_t> amounts;
+    if (same) {
+      const auto h = functional::same_padding(k[0], d[0]), w = functional::same_padding(k[1], d[1]);
+      amounts = {w[0], w[1], h[0], h[1]};
+    } else {
+      const Pair p = options.padding();
+      amounts = {p[1], p[1], p[0], p[0]};
+    }
+    const bool any = std::any_of(amounts.begin(), amounts.end(), [](int64_t a) { return a > 0; });
+    return functional::conv2d(any ? functional::pad(input, amounts, options.padding_mode()) : input, weight, bias,
+                              options.stride(), Pair{0, 0}, d, options.groups());
+  }
+  if (options.padding_kind()) {
+    return functional::conv2d(input, weight, bias, options.stride(), *options.padding_kind(), d, options.groups());
+  }
+  return functional::conv2d(input, weight, bias, options.stride(), options.padding(), d, options.groups());
 }
 
 std::string Conv2d::extra_repr() const {
   std::string s = fmt::format("{}, {}, kernel_size={}, stride={}", options.in_channels(), options.out_channels(),
                               pair_str(options.kernel_size()), pair_str(options.stride()));
+  if (options.padding_kind()) s += fmt::format(", padding={}", functional::conv_padding_name(*options.padding_kind()));
   if (options.padding() != Pair{0, 0}) s += fmt::format(", padding={}", pair_str(options.padding()));
   if (options.dilation() != Pair{1, 1}) s += fmt::format(", dilation={}", pair_str(options.dilation()));
   if (options.groups() != 1) s += fmt::format(", groups={}", options.groups());
   if (!options.bias()) s += ", bias=false";
+  if (options.padding_mode() != functional::PadMode::Constant) {
+    s += fmt::format(", padding_mode={}", functional::pad_mode_name(options.padding_mode()));
+  }
   return s;
 }
 
@@ -56,6 +83,10 @@ Conv1d::Conv1d(const Conv1dOptions& opts) : Module("Conv1d"), options(opts) {
     fail("Conv1d: in_channels ({}) and out_channels ({}) must be divisible by groups ({})", in, out, groups);
   }
   if (opts.kernel_size() <= 0) fail("Conv1d: kernel_size must be positive, got {}", opts.kernel_size());
+  if (opts.padding_kind() == functional::ConvPadding::Same && opts.stride() != 1) {
+    fail("Conv1d: padding=\"same\" is not supported for strided convolutions, got stride {}; expected 1",
+         opts.stride());
+  }
   weight = register_parameter("weight", empty({out, in / groups, opts.kernel_size()}));
   if (opts.bias()) bias = register_parameter("bias", empty({out}));
   reset_parameters();
@@ -73,9 +104,17 @@ void Conv1d::reset_parameters() {
 
 Tensor Conv1d::forward(const Tensor& input) {
   const int64_t p = options.padding();
-  if (options.padding_mode() != functional::PadMode::Constant && p > 0) {
-    return functional::conv1d(functional::pad(input, {p, p}, options.padding_mode()), weight, bias, options.stride(), 0,
-                              options.dilation(), options.groups());
+  const bool same = options.padding_kind() == functional::ConvPadding::Same;
+  if (options.padding_mode() != functional::PadMode::Constant && (p > 0 || same)) {
+    const auto amounts = same ? functional::same_padding(options.kernel_size(), options.dilation())
+                              : std::array<int64_t, 2>{p, p};
+    const Tensor padded =
+        amounts[0] || amounts[1] ? functional::pad(input, {amounts[0], amounts[1]}, options.padding_mode()) : input;
+    return functional::conv1d(padded, weight, bias, options.stride(), int64_t{0}, options.dilation(), options.groups());
+  }
+  if (options.padding_kind()) {
+    return functional::conv1d(input, weight, bias, options.stride(), *options.padding_kind(), options.dilation(),
+                              options.groups());
   }
   return functional::conv1d(input, weight, bias, options.stride(), p, options.dilation(), options.groups());
 }
@@ -83,6 +122,7 @@ Tensor Conv1d::forward(const Tensor& input) {
 std::string Conv1d::extra_repr() const {
   std::string s = fmt::format("{}, {}, kernel_size=({},), stride=({},)", options.in_channels(), options.out_channels(),
                               options.kernel_size(), options.stride());
+  if (options.padding_kind()) s += fmt::format(", padding={}", functional::conv_padding_name(*options.padding_kind()));
   if (options.padding() != 0) s += fmt::format(", padding=({},)", options.padding());
   if (options.dilation() != 1) s += fmt::format(", dilation=({},)", options.dilation());
   if (options.groups() != 1) s += fmt::format(", groups={}", options.groups());

@@ -12,6 +12,8 @@ namespace chorus::nn {
 using functional::Pair;
 
 // Chainable options, as torch::nn::Conv2dOptions: Conv2dOptions(3, 32, 3).stride(2).padding(1).bias(false).
+// padding also takes functional::ConvPadding::Same / Valid (PyTorch's padding="same" / "valid");
+// padding_mode pads with F::pad (Reflect, Replicate, Circular) before an unpadded convolution.
 struct Conv2dOptions {
   Conv2dOptions(int64_t in_channels, int64_t out_channels, Pair kernel_size)
       : in_channels_(in_channels), out_channels_(out_channels), kernel_size_(kernel_size) {}
@@ -24,13 +26,26 @@ struct Conv2dOptions {
   }                                           \
   type name() const { return name##_; }
   CHORUS_OPTION(Pair, stride)
-  CHORUS_OPTION(Pair, padding)
   CHORUS_OPTION(Pair, dilation)
   CHORUS_OPTION(int64_t, groups)
   CHORUS_OPTION(bool, bias)
+  CHORUS_OPTION(functional::PadMode, padding_mode)
 #undef CHORUS_OPTION
   Conv2dOptions& stride(int64_t s) { return stride(Pair{s, s}); }
+  Conv2dOptions& padding(Pair p) {
+    padding_ = p;
+    padding_kind_.reset();
+    return *this;
+  }
   Conv2dOptions& padding(int64_t p) { return padding(Pair{p, p}); }
+  // padding="valid" / "same" (functional::ConvPadding); padding() is then {0, 0}.
+  Conv2dOptions& padding(functional::ConvPadding p) {
+    padding_ = {0, 0};
+    padding_kind_ = p;
+    return *this;
+  }
+  Pair padding() const { return padding_; }
+  std::optional<functional::ConvPadding> padding_kind() const { return padding_kind_; }
   Conv2dOptions& dilation(int64_t d) { return dilation(Pair{d, d}); }
   int64_t in_channels() const { return in_channels_; }
   int64_t out_channels() const { return out_channels_; }
@@ -42,6 +57,8 @@ struct Conv2dOptions {
   Pair stride_{1, 1}, padding_{0, 0}, dilation_{1, 1};
   int64_t groups_ = 1;
   bool bias_ = true;
+  functional::PadMode padding_mode_ = functional::PadMode::Constant;  // zeros
+  std::optional<functional::ConvPadding> padding_kind_;
 };
 
 // weight [out, in/groups, kH, kW] ~ kaiming_uniform(a = sqrt(5)); bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
@@ -72,17 +89,30 @@ struct Conv1dOptions {
   }                                 \
   type name() const { return name##_; }
   CHORUS_OPTION(int64_t, stride)
-  CHORUS_OPTION(int64_t, padding)
   CHORUS_OPTION(int64_t, dilation)
   CHORUS_OPTION(int64_t, groups)
   CHORUS_OPTION(bool, bias)
   CHORUS_OPTION(functional::PadMode, padding_mode)
 #undef CHORUS_OPTION
+  Conv1dOptions& padding(int64_t p) {
+    padding_ = p;
+    padding_kind_.reset();
+    return *this;
+  }
+  // padding="valid" / "same" (functional::ConvPadding); padding() is then 0.
+  Conv1dOptions& padding(functional::ConvPadding p) {
+    padding_ = 0;
+    padding_kind_ = p;
+    return *this;
+  }
+  int64_t padding() const { return padding_; }
+  std::optional<functional::ConvPadding> padding_kind() const { return padding_kind_; }
   int64_t in_channels() const { return in_channels_; }
   int64_t out_channels() const { return out_channels_; }
   int64_t kernel_size() const { return kernel_size_; }
 
  private:
+  std::optional<functional::ConvPadding> padding_kind_;
   int64_t in_channels_, out_channels_, kernel_size_;
   int64_t stride_ = 1, padding_ = 0, dilation_ = 1, groups_ = 1;
   bool bias_ = true;

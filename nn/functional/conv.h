@@ -19,6 +19,17 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = Te
 // undefined: conv2d over a height of 1 (conv1d.cpp), so it runs wherever conv2d does.
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor(), int64_t stride = 1,
               int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
+// String padding, as PyTorch's padding="valid" / padding="same": Valid pads nothing; Same pads so
+// the output has the input's length (stride 1 only): dilation * (kernel - 1) in all per dim, half
+// before and the rest after (one more after when odd, as PyTorch).
+enum class ConvPadding { Valid, Same };
+const char* conv_padding_name(ConvPadding padding);  // "valid", "same"
+// The (before, after) amounts of Same for one dim.
+std::array<int64_t, 2> same_padding(int64_t kernel, int64_t dilation);
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, ConvPadding padding,
+              Pair dilation = {1, 1}, int64_t groups = 1);
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int64_t stride, ConvPadding padding,
+              int64_t dilation = 1, int64_t groups = 1);
 // Transposed convolution, as PyTorch's: the gradient of conv2d with respect to its input, run with
 // conv2d's own input-gradient kernel (conv.cpp). input [N, C_in, H, W] or [C_in, H, W],
 // weight [C_in, C_out/groups, kH, kW], bias [C_out] or undefined;

@@ -289,6 +289,109 @@ TEST_CASE("Conv1d with each padding_mode equals libtorch's with the same weights
   }
 }
 
+TEST_CASE("conv1d and conv2d with padding \"same\" and \"valid\" equal libtorch's, forward and backward",
+          "[nn][libtorch][conv]") {
+  using CP = F::ConvPadding;
+  check_all({
+      {"conv2d same, odd kernel", {{2, 3, 7, 6}, {4, 3, 3, 5}, {4}},
+       [](L x) { return F::conv2d(x[0], x[1], x[2], {1, 1}, CP::Same); },
+       [](T x) { return torch::nn::functional::conv2d(x[0], x[1], torch::nn::functional::Conv2dFuncOptions().bias(x[2]).padding(torch::kSame)); }},
+      {"conv2d same, even kernel (one more after), dilation 2, groups 2", {{2, 4, 9, 8}, {6, 2, 4, 2}, {6}},
+       [](L x) { return F::conv2d(x[0], x[1], x[2], {1, 1}, CP::Same, {2, 3}, 2); },
+       [](T x) {
+         return torch::nn::functional::conv2d(
+             x[0], x[1], torch::nn::functional::Conv2dFuncOptions().bias(x[2]).padding(torch::kSame).dilation({2, 3}).groups(2));
+       }},
+      {"conv2d valid, stride 2", {{2, 3, 9, 8}, {4, 3, 3, 3}, {4}},
+       [](L x) { return F::conv2d(x[0], x[1], x[2], {2, 2}, CP::Valid); },
+       [](T x) { return torch::nn::functional::conv2d(x[0], x[1], torch::nn::functional::Conv2dFuncOptions().bias(x[2]).stride(2).padding(torch::kValid)); }},
+      {"conv1d same, even kernel, dilation 3", {{2, 3, 12}, {5, 3, 4}, {5}},
+       [](L x) { return F::conv1d(x[0], x[1], x[2], 1, CP::Same, 3); },
+       [](T x) { return torch::nn::functional::conv1d(x[0], x[1], torch::nn::functional::Conv1dFuncOptions().bias(x[2]).padding(torch::kSame).dilation(3)); }},
+      {"conv1d same, unbatched", {{3, 8}, {2, 3, 5}, {2}},
+       [](L x) { return F::conv1d(x[0], x[1], x[2], 1, CP::Same); },
+       [](T x) { return torch::nn::functional::conv1d(x[0].unsqueeze(0), x[1], torch::nn::functional::Conv1dFuncOptions().bias(x[2]).padding(torch::kSame)).squeeze(0); }},
+  });
+}
+
+TEST_CASE("Conv2d with padding \"same\" in each padding_mode equals libtorch's with the same weights",
+          "[nn][libtorch][conv]") {
+  torch::set_num_threads(1);
+  using PM = F::PadMode;
+  const std::vector<std::pair<PM, torch::nn::detail::conv_padding_mode_t>> modes = {
+      {PM::Constant, torch::kZeros}, {PM::Reflect, torch::kReflect}, {PM::Replicate, torch::kReplicate},
+      {PM::Circular, torch::kCircular}};
+  for (const bool same : {true, false}) {
+    for (const auto& [mode, tmode] : modes) {
+      INFO(F::pad_mode_name(mode) << (same ? " same" : " padding (1, 2)"));
+      c::manual_seed(4);
+      auto opts = c::nn::Conv2dOptions(4, 6, {4, 3}).dilation({1, 2}).groups(2).padding_mode(mode);
+      auto topts = torch::nn::Conv2dOptions(4, 6, {4, 3}).dilation({1, 2}).groups(2).padding_mode(tmode);
+      if (same) {
+        opts.padding(F::ConvPadding::Same);
+        topts.padding(torch::kSame);
+      } else {
+        opts.padding(c::nn::Pair{1, 2});
+        topts.padding({1, 2});
+      }
+      c::nn::Conv2d ours(opts);
+      ours.to(c::kFloat64);
+      torch::nn::Conv2d theirs(topts);
+      theirs->to(torch::kFloat64);
+      {
+        torch::NoGradGuard no_grad;
+        theirs->weight.copy_(to_torch(ours.weight));
+        theirs->bias.copy_(to_torch(ours.bias));
+      }
+      c::Tensor x = c::randn({2, 4, 8, 7}, {.dtype = c::kFloat64});
+      c::Tensor y = ours(x);
+      torch::Tensor ty;
+      if (same && mode != PM::Constant) {
+        // libtorch 1.13's C++ Conv2d applies the height's "same" amounts to the width and the
+        // width's to the height in a non-zeros padding_mode (its output here is [2, 6, 9, 6]), so the
+        // reference is what Python's Conv2d does: F.pad by (2, 2, 1, 2) in the mode, then an
+        // unpadded convolution with the same weights.
+        namespace tf = torch::nn::functional;
+        const tf::PadFuncOptions::mode_t tm = mode == PM::Reflect     ? tf::PadFuncOptions::mode_t(torch::kReflect)
+                                              : mode == PM::Replicate ? tf::PadFuncOptions::mode_t(torch::kReplicate)
+                                                                      : tf::PadFuncOptions::mode_t(torch::kCircular);
+        ty = torch::conv2d(tf::pad(to_torch(x), tf::PadFuncOptions({2, 2, 1, 2}).mode(tm)), theirs->weight, theirs->bias,
+                           std::vector<int64_t>{1, 1}, std::vector<int64_t>{0, 0}, std::vector<int64_t>{1, 2}, 2);
+      } else {
+        ty = theirs(to_torch(x));
+      }
+      if (same) CHECK((y.size(2) == 8 && y.size(3) == 7));
+      INFO("chorus " << c::shape_str(y.sizes()) << " libtorch " << ty.sizes());
+      REQUIRE(max_diff(y, ty) < 1e-12);
+      c::Tensor g = c::randn(y.sizes(), {.dtype = c::kFloat64});
+      c::sum(c::mul(y, g)).backward();
+      (ty * to_torch(g)).sum().backward();
+      CHECK(max_diff(ours.weight.grad(), theirs->weight.grad()) < 1e-12);
+      CHECK(max_diff(ours.bias.grad(), theirs->bias.grad()) < 1e-12);
+    }
+  }
+  // Conv1d padding "same" in reflect mode, and the refusals of "same" with a stride.
+  c::manual_seed(5);
+  c::nn::Conv1d ours(c::nn::Conv1dOptions(3, 2, 4).padding(F::ConvPadding::Same).dilation(2).padding_mode(PM::Reflect));
+  ours.to(c::kFloat64);
+  torch::nn::Conv1d theirs(torch::nn::Conv1dOptions(3, 2, 4).padding(torch::kSame).dilation(2).padding_mode(torch::kReflect));
+  theirs->to(torch::kFloat64);
+  {
+    torch::NoGradGuard no_grad;
+    theirs->weight.copy_(to_torch(ours.weight));
+    theirs->bias.copy_(to_torch(ours.bias));
+  }
+  c::Tensor x = c::randn({2, 3, 10}, {.dtype = c::kFloat64});
+  CHECK(max_diff(ours(x), theirs(to_torch(x))) < 1e-12);
+  CHECK(ours(x).size(2) == 10);
+  CHECK_THROWS_WITH(c::nn::Conv2d(c::nn::Conv2dOptions(2, 2, 3).stride(2).padding(F::ConvPadding::Same)),
+                    Catch::Contains("padding=\"same\" is not supported for strided convolutions, got stride (2, 2)"));
+  CHECK_THROWS_WITH(c::nn::Conv1d(c::nn::Conv1dOptions(2, 2, 3).stride(3).padding(F::ConvPadding::Same)),
+                    Catch::Contains("got stride 3; expected 1"));
+  CHECK_THROWS_WITH(F::conv2d(x.unsqueeze(0), c::randn({2, 3, 1, 3}, {.dtype = c::kFloat64}), c::Tensor(), {1, 2}, F::ConvPadding::Same),
+                    Catch::Contains("not supported for strided convolutions"));
+}
+
 TEST_CASE("cross_entropy with class-probability targets equals libtorch's, forward and backward",
           "[nn][libtorch][loss]") {
   // The second input becomes probabilities through a softmax on both sides, so its gradient is
