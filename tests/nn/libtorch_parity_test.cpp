@@ -2,10 +2,7 @@
 // on the same random inputs in float32 and float64, and compares the forward values and the
 // gradients of sum(out * g) for a random g. Float64 must agree to round-off (1e-10 relative to the
 // largest value); float32 to 2e-5 (different summation orders).
-#include <torch/torch.h>
-// glog (through torch's headers) defines a CHECK that aborts; Catch2's must win, so it comes after.
-#undef CHECK
-#include <catch2/catch.hpp>
+#include "tests/libtorch_testing.h"
 
 #include <algorithm>
 #include <functional>
@@ -22,19 +19,8 @@ using chorus::Tensor;
 using CFn = std::function<Tensor(const chorus::TensorList&)>;
 using TFn = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
 
-torch::Tensor to_torch(const Tensor& t) {
-  const Tensor c = t.detach().to(chorus::kFloat64).contiguous();
-  std::vector<int64_t> sizes(c.sizes().begin(), c.sizes().end());
-  return torch::from_blob(const_cast<double*>(c.data_ptr<double>()), sizes, torch::kFloat64).clone();
-}
-
-// max |a - b| / max(1, max |b|); infinity when shapes differ.
-double max_diff(const Tensor& c, const torch::Tensor& t) {
-  const torch::Tensor a = to_torch(c), b = t.detach().to(torch::kFloat64);
-  if (a.sizes() != b.sizes()) return INFINITY;
-  if (a.numel() == 0) return 0;
-  return (a - b).abs().max().item<double>() / std::max(1.0, b.abs().max().item<double>());
-}
+using chorus::testing::max_diff;
+using chorus::testing::to_torch;
 
 struct Case {
   std::string name;

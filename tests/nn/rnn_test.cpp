@@ -3,10 +3,7 @@
 // (unsorted, variable-length) batches, dropout in eval and at p = 1 — and on their own: gradcheck
 // of every cell and layer form, PyTorch's parameter names and init, padding that never reaches h_n,
 // unbatched inputs, and the errors bad arguments get.
-#include <torch/torch.h>
-// glog (through torch's headers) defines a CHECK that aborts; Catch2's must win, so it comes after.
-#undef CHECK
-#include <catch2/catch.hpp>
+#include "tests/libtorch_testing.h"
 
 #include <array>
 #include <fstream>
@@ -33,19 +30,8 @@ using c::Tensor;
 using c::nn_test::error_message;
 using Catch::Matchers::Contains;
 
-torch::Tensor to_torch(const Tensor& t) {
-  const Tensor d = t.detach().to(c::kFloat64).contiguous();
-  std::vector<int64_t> sizes(d.sizes().begin(), d.sizes().end());
-  return torch::from_blob(const_cast<double*>(d.data_ptr<double>()), sizes, torch::kFloat64).clone();
-}
-
-// max |a - b| / max(1, max |b|); infinity when shapes differ.
-double max_diff(const Tensor& ours, const torch::Tensor& theirs) {
-  const torch::Tensor a = to_torch(ours), b = theirs.detach().to(torch::kFloat64);
-  if (a.sizes() != b.sizes()) return INFINITY;
-  if (a.numel() == 0) return 0;
-  return (a - b).abs().max().item<double>() / std::max(1.0, b.abs().max().item<double>());
-}
+using chorus::testing::max_diff;
+using chorus::testing::to_torch;
 
 enum class Kind { Tanh, Relu, LSTM, GRU };
 

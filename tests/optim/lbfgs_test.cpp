@@ -2,10 +2,7 @@
 // with an L2 term, float64, random data): the parameters after each step() and the number of
 // closure evaluations, with the fixed step and with the strong-Wolfe line search; convergence on
 // the Rosenbrock function; the state through state_dict into a fresh optimizer; the errors.
-#include <torch/torch.h>
-// glog (through torch's headers) defines a CHECK that aborts; Catch2's must win, so it comes after.
-#undef CHECK
-#include <catch2/catch.hpp>
+#include "tests/libtorch_testing.h"
 
 #include <cmath>
 
@@ -17,15 +14,8 @@ namespace {
 using chorus::Tensor;
 namespace o = chorus::optim;
 
-torch::Tensor to_torch(const Tensor& t) {
-  const Tensor c = t.detach().to(chorus::kFloat64).contiguous();
-  std::vector<int64_t> sizes(c.sizes().begin(), c.sizes().end());
-  return torch::from_blob(const_cast<double*>(c.data_ptr<double>()), sizes, torch::kFloat64).clone();
-}
-
-double max_diff(const Tensor& c, const torch::Tensor& t) {
-  return (to_torch(c) - t.detach()).abs().max().item<double>();
-}
+using chorus::testing::max_diff;
+using chorus::testing::to_torch;
 
 // mean((tanh(X W + b) - Y)^2) + 0.01 |W|^2, with its gradients.
 struct Problem {

@@ -2,10 +2,7 @@
 // (8 steps, every option on); Adamax against its update written out; their state through
 // state_dict; the new schedulers' learning rates at chosen steps; ReduceLROnPlateau's patience,
 // cooldown and state.
-#include <torch/torch.h>
-// glog (through torch's headers) defines a CHECK that aborts; Catch2's must win, so it comes after.
-#undef CHECK
-#include <catch2/catch.hpp>
+#include "tests/libtorch_testing.h"
 
 #include <cmath>
 
@@ -16,15 +13,8 @@ namespace {
 
 using chorus::Tensor;
 
-torch::Tensor to_torch(const Tensor& t) {
-  const Tensor c = t.detach().to(chorus::kFloat64).contiguous();
-  std::vector<int64_t> sizes(c.sizes().begin(), c.sizes().end());
-  return torch::from_blob(const_cast<double*>(c.data_ptr<double>()), sizes, torch::kFloat64).clone();
-}
-
-double max_diff(const Tensor& c, const torch::Tensor& t) {
-  return (to_torch(c) - t.detach()).abs().max().item<double>();
-}
+using chorus::testing::max_diff;
+using chorus::testing::to_torch;
 
 // 8 steps of both optimizers on the same parameter with the same gradients; the largest
 // difference of the parameters after each step.

@@ -1,10 +1,7 @@
 // chorus against libtorch 1.13 (Debian's libtorch-dev, linked here) on the same random float64
 // inputs: forward values and the gradients of sum(out * g) for the ops added for issue 18 (unary
 // step and special functions, composite ops, einsum); bool and index results compared exactly.
-#include <torch/torch.h>
-// glog (through torch's headers) defines a CHECK that aborts; Catch2's must win, so it comes after.
-#undef CHECK
-#include <catch2/catch.hpp>
+#include "tests/libtorch_testing.h"
 
 #include <functional>
 #include <string>
@@ -19,22 +16,8 @@ using chorus::Tensor;
 using CFn = std::function<Tensor(const chorus::TensorList&)>;
 using TFn = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
 
-torch::Tensor to_torch(const Tensor& t) {
-  const Tensor c = t.detach().to(chorus::kFloat64).contiguous();
-  std::vector<int64_t> sizes(c.sizes().begin(), c.sizes().end());
-  return torch::from_blob(const_cast<double*>(c.data_ptr<double>()), sizes, torch::kFloat64).clone();
-}
-
-double max_diff(const Tensor& c, const torch::Tensor& t) {
-  const torch::Tensor a = to_torch(c), b = t.detach().to(torch::kFloat64);
-  if (a.sizes() != b.sizes()) return INFINITY;
-  if (a.numel() == 0) return 0;
-  // NaN in the same places counts as equal.
-  const torch::Tensor nan_a = a.isnan(), nan_b = b.isnan();
-  if (!torch::equal(nan_a, nan_b)) return INFINITY;
-  return (a.nan_to_num() - b.nan_to_num()).abs().max().item<double>() /
-         std::max(1.0, b.nan_to_num().abs().max().item<double>());
-}
+using chorus::testing::max_diff;
+using chorus::testing::to_torch;
 
 struct Case {
   std::string name;

@@ -1,0 +1,37 @@
+// What the tests that link libtorch 1.13 (Debian's libtorch-dev) share: chorus tensors as torch
+// tensors, and the difference between a chorus result and libtorch's. Include this first, instead
+// of <torch/torch.h> and <catch2/catch.hpp>: glog (through torch's headers) defines a CHECK that
+// aborts, and Catch2's CHECK must replace it, so the order matters.
+#pragma once
+
+#include <torch/torch.h>
+#undef CHECK
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace chorus::testing {
+
+// A float64 CPU copy of t as a torch tensor (detached; any dtype, device or strides).
+inline torch::Tensor to_torch(const Tensor& t) {
+  const Tensor c = t.detach().to(kFloat64).to(Device::cpu()).contiguous();
+  std::vector<int64_t> sizes(c.sizes().begin(), c.sizes().end());
+  return torch::from_blob(const_cast<double*>(c.data_ptr<double>()), sizes, torch::kFloat64).clone();
+}
+
+// max |ours - theirs| / max(1, max |theirs|), in float64; infinity when the shapes differ or NaN
+// is not in the same places (NaN where both have it counts as equal).
+inline double max_diff(const Tensor& ours, const torch::Tensor& theirs) {
+  const torch::Tensor a = to_torch(ours), b = theirs.detach().to(torch::kFloat64);
+  if (a.sizes() != b.sizes()) return INFINITY;
+  if (a.numel() == 0) return 0;
+  if (!torch::equal(a.isnan(), b.isnan())) return INFINITY;
+  return (a.nan_to_num() - b.nan_to_num()).abs().max().item<double>() /
+         std::max(1.0, b.nan_to_num().abs().max().item<double>());
+}
+
+}  // namespace chorus::testing
