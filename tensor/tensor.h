@@ -300,7 +300,7 @@ struct AutogradMeta {
   // Views only: the tensor whose memory this one views, followed to the root (never itself a view),
   // and the storage version at which grad_fn was last known to match the base's history. An
   // in-place write anywhere in the storage bumps the version; the next read of this view's history
-  // then re-derives it from the base (see [In-place ops on views] in autograd/node.h).
+  // then re-derives it from the base (see [In-place ops on views] in autograd/inplace.h).
   Tensor view_base;
   uint32_t view_version = 0;
   bool is_view() const { return view_base.defined(); }

@@ -5,6 +5,8 @@
 // backward (index_add) sums the gradients of every output that read an input element.
 #include "nn/functional/upsample.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "autograd/ops/common.h"
@@ -18,6 +20,8 @@ const char* interpolate_mode_name(InterpolateMode mode) {
     case InterpolateMode::Linear: return "linear";
     case InterpolateMode::Bilinear: return "bilinear";
     case InterpolateMode::Trilinear: return "trilinear";
+    case InterpolateMode::Bicubic: return "bicubic";
+    case InterpolateMode::Area: return "area";
   }
   return "?";
 }
@@ -76,6 +80,48 @@ LinearTaps linear_taps(int64_t in, int64_t out, std::optional<double> scale, boo
   return t;
 }
 
+// Four taps per output for bicubic: source indices floor(src) - 1 .. floor(src) + 2, clamped to the
+// input, with the cubic-convolution weights of the fraction (A = -0.75). The source position is not
+// clamped at 0 (PyTorch's area_pixel_compute_source_index with cubic = true).
+struct CubicTaps {
+  std::array<std::vector<int64_t>, 4> idx;
+  std::array<std::vector<double>, 4> w;
+};
+
+template <typename T>
+CubicTaps cubic_taps(int64_t in, int64_t out, std::optional<double> scale, bool align_corners) {
+  constexpr T A = T(-0.75);
+  // The kernel for |x| <= 1 and for 1 < |x| < 2.
+  auto near = [](T x) { return ((A + 2) * x - (A + 3)) * x * x + 1; };
+  auto far = [](T x) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; };
+  CubicTaps t;
+  const T ratio = align_corners ? (out > 1 ? static_cast<T>(in - 1) / static_cast<T>(out - 1) : T(0))
+                                : size_ratio<T>(in, out, scale);
+  for (int64_t j = 0; j < out; ++j) {
+    const T src = align_corners ? ratio * static_cast<T>(j) : ratio * (static_cast<T>(j) + T(0.5)) - T(0.5);
+    const T floor_src = std::floor(src);
+    const auto i0 = static_cast<int64_t>(floor_src);
+    const T f = src - floor_src;
+    const std::array<T, 4> w = {far(f + 1), near(f), near(1 - f), far(2 - f)};
+    for (int k = 0; k < 4; ++k) {
+      t.idx[k].push_back(std::clamp<int64_t>(i0 - 1 + k, 0, in - 1));
+      t.w[k].push_back(static_cast<double>(w[k]));
+    }
+  }
+  return t;
+}
+
+// Area: the [out, in] averaging matrix of adaptive average pooling along one dim (output j
+// averages inputs floor(j * in / out) .. ceil((j + 1) * in / out) - 1).
+std::vector<double> area_matrix(int64_t in, int64_t out) {
+  std::vector<double> m(static_cast<size_t>(out * in), 0.0);
+  for (int64_t j = 0; j < out; ++j) {
+    const int64_t start = (j * in) / out, end = ((j + 1) * in + out - 1) / out;
+    for (int64_t i = start; i < end; ++i) m[static_cast<size_t>(j * in + i)] = 1.0 / static_cast<double>(end - start);
+  }
+  return m;
+}
+
 // The weights as a tensor of the input's dtype shaped to broadcast along `dim` of an n-D tensor.
 Tensor weights_along(const std::vector<double>& w, int64_t dim, int64_t ndim, const Tensor& like) {
   Shape s(static_cast<size_t>(ndim), 1);
@@ -92,11 +138,13 @@ Tensor gather(const Tensor& x, int64_t dim, const std::vector<int64_t>& idx) {
 Tensor interpolate(const Tensor& input, const InterpolateOptions& o) {
   ops::check_defined(input, "interpolate", "input");
   const char* mname = interpolate_mode_name(o.mode);
-  const int64_t want_dim = o.mode == InterpolateMode::Linear ? 3 : o.mode == InterpolateMode::Bilinear ? 4 : 5;
-  if (o.mode == InterpolateMode::Nearest ? (input.dim() < 3 || input.dim() > 5) : input.dim() != want_dim) {
+  const bool any_dims = o.mode == InterpolateMode::Nearest || o.mode == InterpolateMode::Area;
+  const int64_t want_dim = o.mode == InterpolateMode::Linear                                         ? 3
+                           : o.mode == InterpolateMode::Bilinear || o.mode == InterpolateMode::Bicubic ? 4
+                                                                                                      : 5;
+  if (any_dims ? (input.dim() < 3 || input.dim() > 5) : input.dim() != want_dim) {
     fail("interpolate: mode {} expects {} input [N, C, spatial...], got shape {}", mname,
-         o.mode == InterpolateMode::Nearest ? std::string("a 3-D to 5-D") : fmt::format("a {}-D", want_dim),
-         shape_str(input.sizes()));
+         any_dims ? std::string("a 3-D to 5-D") : fmt::format("a {}-D", want_dim), shape_str(input.sizes()));
   }
   if (!input.is_floating_point()) fail("interpolate: expected a floating-point input, got {}", dtype_name(input.dtype()));
   const int64_t spatial = input.dim() - 2;
@@ -109,8 +157,8 @@ Tensor interpolate(const Tensor& input, const InterpolateOptions& o) {
          o.size.empty() ? "scale_factor" : "size", o.size.empty() ? list_str(o.scale_factor) : list_str(o.size),
          spatial, spatial, shape_str(input.sizes()));
   }
-  if (o.mode == InterpolateMode::Nearest && o.align_corners) {
-    fail("interpolate: align_corners only applies to the linear modes, not nearest");
+  if (any_dims && o.align_corners) {
+    fail("interpolate: align_corners only applies to the linear and cubic modes, not {}", mname);
   }
   const bool align = o.align_corners.value_or(false);
   const bool f64 = input.dtype() == kFloat64;
@@ -134,6 +182,18 @@ Tensor interpolate(const Tensor& input, const InterpolateOptions& o) {
     }
     if (o.mode == InterpolateMode::Nearest) {
       y = gather(y, dim, nearest_indices(in, out, scale));
+    } else if (o.mode == InterpolateMode::Bicubic) {
+      const CubicTaps t = f64 ? cubic_taps<double>(in, out, scale, align) : cubic_taps<float>(in, out, scale, align);
+      Tensor sum_of_taps;
+      for (int k = 0; k < 4; ++k) {
+        const Tensor term = mul(gather(y, dim, t.idx[k]), weights_along(t.w[k], dim, y.dim(), y));
+        sum_of_taps = k == 0 ? term : add(sum_of_taps, term);
+      }
+      y = sum_of_taps;
+    } else if (o.mode == InterpolateMode::Area) {
+      // dim swapped with the last, times the averaging matrix transposed, and swapped back.
+      const Tensor m = tensor(area_matrix(in, out), Shape{out, in}).to(y.dtype()).to(y.device());
+      y = transpose(matmul(transpose(y, dim, -1), m.t()), dim, -1);
     } else {
       const LinearTaps t = f64 ? linear_taps<double>(in, out, scale, align) : linear_taps<float>(in, out, scale, align);
       y = add(mul(gather(y, dim, t.lo), weights_along(t.w_lo, dim, y.dim(), y)),

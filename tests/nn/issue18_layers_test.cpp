@@ -113,6 +113,8 @@ TEST_CASE("interpolate: the sim device gives the CPU's values and gradients", "[
   using M = F::InterpolateMode;
   check_sim_equals_cpu({2, 3, 4, 5}, [](const c::Tensor& x) { return F::interpolate(x, {.size = {7, 3}, .mode = M::Bilinear}); });
   check_sim_equals_cpu({2, 3, 4, 5}, [](const c::Tensor& x) { return F::interpolate(x, {.scale_factor = {1.5}}); });
+  check_sim_equals_cpu({2, 3, 4, 5}, [](const c::Tensor& x) { return F::interpolate(x, {.size = {6, 3}, .mode = M::Bicubic}); });
+  check_sim_equals_cpu({2, 3, 7, 5}, [](const c::Tensor& x) { return F::interpolate(x, {.size = {3, 4}, .mode = M::Area}); });
   check_sim_equals_cpu({2, 8, 3, 5}, [](const c::Tensor& x) { return F::pixel_shuffle(x, 2); });
 }
 
@@ -135,6 +137,10 @@ TEST_CASE("interpolate, Upsample and pixel (un)shuffle: bad arguments are errors
   CHECK_THAT(error_message([&] { F::interpolate(x, {.size = {4}, .mode = M::Linear}); }),
              Contains("linear expects a 3-D input") && Contains("[2, 3, 4, 5]"));
   CHECK_THAT(error_message([&] { F::interpolate(x, {.size = {4}, .align_corners = true}); }), Contains("not nearest"));
+  CHECK_THAT(error_message([&] { F::interpolate(x, {.size = {4}, .mode = M::Area, .align_corners = false}); }),
+             Contains("not area"));
+  CHECK_THAT(error_message([&] { F::interpolate(c::randn({2, 3, 4}), {.size = {4}, .mode = M::Bicubic}); }),
+             Contains("bicubic expects a 4-D input") && Contains("[2, 3, 4]"));
   CHECK_THAT(error_message([&] { F::interpolate(x, {.scale_factor = {-1.0}}); }), Contains("positive and finite"));
   CHECK_THAT(error_message([&] { F::interpolate(x, {.scale_factor = {0.1}}); }), Contains("must both be positive"));
   CHECK_THAT(error_message([&] { F::interpolate(c::ones({1, 1, 2, 2}, {.dtype = c::kInt64}), {.size = {4}}); }),
