@@ -32,7 +32,7 @@ RNNMode rnn_mode(const std::string& nonlinearity) {
 // One time step. gi = x W_ih^T + b_ih is computed by the caller (for a whole sequence at once in the
 // layers); h [N, H], c [N, H] (LSTM only). Returns (h', c'), c' undefined but for LSTM.
 std::pair<Tensor, Tensor> step(RNNMode mode, const Tensor& gi, const Tensor& h, const Tensor& c, const Tensor& w_hh,
-                               const Tensor& b_hh) {
+                               const Tensor& b_hh, const Tensor& w_hr = Tensor()) {
   const Tensor gh = F::linear(h, w_hh, b_hh);
   switch (mode) {
     case RNNMode::RNNTanh: return {tanh(add(gi, gh)), Tensor()};
@@ -40,7 +40,8 @@ std::pair<Tensor, Tensor> step(RNNMode mode, const Tensor& gi, const Tensor& h, 
     case RNNMode::LSTM: {
       const TensorList gates = chunk(add(gi, gh), 4, 1);  // i, f, g, o
       const Tensor c_next = add(mul(sigmoid(gates[1]), c), mul(sigmoid(gates[0]), tanh(gates[2])));
-      return {mul(sigmoid(gates[3]), tanh(c_next)), c_next};
+      const Tensor h_next = mul(sigmoid(gates[3]), tanh(c_next));
+      return {w_hr.defined() ? F::linear(h_next, w_hr, Tensor()) : h_next, c_next};
     }
     case RNNMode::GRU: {
       // r and z see both halves summed; the candidate n sees the hidden half gated by r, bias included
@@ -85,7 +86,7 @@ DirectionOutput run_direction(RNNMode mode, const RNNBase::LayerWeights& w, cons
           c = narrow(c, 0, 0, running);
         }
       }
-      std::tie(h, c) = step(mode, gi[t], h, c, w.w_hh, w.b_hh);
+      std::tie(h, c) = step(mode, gi[t], h, c, w.w_hh, w.b_hh, w.w_hr);
       outputs[t] = h;
     }
     // The rows set aside last sit just below the ones still running.
@@ -106,7 +107,7 @@ DirectionOutput run_direction(RNNMode mode, const RNNBase::LayerWeights& w, cons
         h = cat({h, narrow(h0, 0, held, running - held)}, 0);
         if (lstm) c = cat({c, narrow(c0, 0, held, running - held)}, 0);
       }
-      std::tie(h, c) = step(mode, gi[t], h, c, w.w_hh, w.b_hh);
+      std::tie(h, c) = step(mode, gi[t], h, c, w.w_hh, w.b_hh, w.w_hr);
       outputs[t] = h;
     }
     out.h_n = h;
@@ -132,19 +133,27 @@ RNNBase::RNNBase(const char* type_name, RNNMode mode, int64_t input_size, int64_
   if (!(options.dropout >= 0.0 && options.dropout <= 1.0)) {
     fail("{}: dropout must be a probability in [0, 1], got {}", type_name, options.dropout);
   }
+  if (options.proj_size != 0 && mode != RNNMode::LSTM) {
+    fail("{}: proj_size ({}) is only supported for LSTM, not RNN or GRU", type_name, options.proj_size);
+  }
+  if (options.proj_size < 0 || (options.proj_size > 0 && options.proj_size >= hidden_size)) {
+    fail("{}: proj_size must be in [0, hidden_size), got proj_size {} with hidden_size {}", type_name,
+         options.proj_size, hidden_size);
+  }
   const int64_t gates = gate_count(mode) * hidden_size;
   const int64_t directions = options.bidirectional ? 2 : 1;
   for (int64_t layer = 0; layer < options.num_layers; ++layer) {
-    const int64_t layer_input = layer == 0 ? input_size : hidden_size * directions;
+    const int64_t layer_input = layer == 0 ? input_size : state_size() * directions;
     for (int64_t direction = 0; direction < directions; ++direction) {
       const std::string suffix = fmt::format("_l{}{}", layer, direction == 1 ? "_reverse" : "");
       LayerWeights w;
       w.w_ih = register_parameter("weight_ih" + suffix, empty({gates, layer_input}));
-      w.w_hh = register_parameter("weight_hh" + suffix, empty({gates, hidden_size}));
+      w.w_hh = register_parameter("weight_hh" + suffix, empty({gates, state_size()}));
       if (options.bias) {
         w.b_ih = register_parameter("bias_ih" + suffix, empty({gates}));
         w.b_hh = register_parameter("bias_hh" + suffix, empty({gates}));
       }
+      if (options.proj_size > 0) w.w_hr = register_parameter("weight_hr" + suffix, empty({options.proj_size, hidden_size}));
       weights_.push_back(w);
     }
   }
@@ -164,16 +173,18 @@ std::string RNNBase::extra_repr() const {
   if (options.batch_first) s += ", batch_first=true";
   if (options.dropout != 0.0) s += fmt::format(", dropout={}", options.dropout);
   if (options.bidirectional) s += ", bidirectional=true";
+  if (options.proj_size > 0) s += fmt::format(", proj_size={}", options.proj_size);
   return s;
 }
 
-void RNNBase::check_state(const char* what, const Tensor& state, int64_t batch, bool batched) const {
+void RNNBase::check_state(const char* what, const Tensor& state, int64_t batch, bool batched, int64_t features) const {
   if (!state.defined()) return;
   const int64_t stacked = options.num_layers * (options.bidirectional ? 2 : 1);
-  const Shape expected = batched ? Shape{stacked, batch, hidden_size} : Shape{stacked, hidden_size};
+  const Shape expected = batched ? Shape{stacked, batch, features} : Shape{stacked, features};
   if (state.sizes() != expected) {
-    fail("{}: expected {} of shape {} ([num_layers * directions, {}hidden_size]), got {}", type_name(), what,
-         shape_str(expected), batched ? "batch, " : "", shape_or_undefined(state));
+    fail("{}: expected {} of shape {} ([num_layers * directions, {}{}]), got {}", type_name(), what,
+         shape_str(expected), batched ? "batch, " : "", features == hidden_size ? "hidden_size" : "proj_size",
+         shape_or_undefined(state));
   }
 }
 
@@ -191,8 +202,8 @@ std::tuple<Tensor, Tensor, Tensor> RNNBase::run(const Tensor& input, const Tenso
   }
   const int64_t steps = x.size(0), batch = x.size(1);
   if (steps == 0 || batch == 0) fail("{}: got an empty input {}", type_name(), shape_str(input.sizes()));
-  check_state(mode == RNNMode::LSTM ? "h0" : "hx", hx, batch, batched);
-  check_state("c0", cx, batch, batched);
+  check_state(mode == RNNMode::LSTM ? "h0" : "hx", hx, batch, batched, state_size());
+  check_state("c0", cx, batch, batched, hidden_size);
   auto time_major_state = [&](const Tensor& s) { return !s.defined() || batched ? s : unsqueeze(s, 1); };
 
   const Tensor rows = reshape(x, {steps * batch, input_size});
@@ -223,8 +234,8 @@ std::tuple<PackedSequence, Tensor, Tensor> RNNBase::run(const PackedSequence& in
          input_size, shape_or_undefined(input.data));
   }
   const int64_t batch = batch_sizes[0];
-  check_state(mode == RNNMode::LSTM ? "h0" : "hx", hx, batch, true);
-  check_state("c0", cx, batch, true);
+  check_state(mode == RNNMode::LSTM ? "h0" : "hx", hx, batch, true, state_size());
+  check_state("c0", cx, batch, true, hidden_size);
   auto sorted = [&](const Tensor& s) {
     return s.defined() && input.sorted_indices.defined() ? index_select(s, 1, input.sorted_indices) : s;
   };
@@ -240,10 +251,10 @@ std::tuple<Tensor, Tensor, Tensor> RNNBase::run_packed(const Tensor& rows, const
                                                        Tensor h0, Tensor c0) {
   const int64_t directions = options.bidirectional ? 2 : 1;
   const bool lstm = mode == RNNMode::LSTM;
-  const Shape state_shape{options.num_layers * directions, batch_sizes[0], hidden_size};
+  const int64_t stacked = options.num_layers * directions;
   const TensorOptions state_options{.dtype = rows.dtype(), .device = rows.device()};
-  if (!h0.defined()) h0 = zeros(state_shape, state_options);
-  if (lstm && !c0.defined()) c0 = zeros(state_shape, state_options);
+  if (!h0.defined()) h0 = zeros({stacked, batch_sizes[0], state_size()}, state_options);
+  if (lstm && !c0.defined()) c0 = zeros({stacked, batch_sizes[0], hidden_size}, state_options);
 
   Tensor layer_input = rows;
   TensorList h_n, c_n;

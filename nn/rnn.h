@@ -26,6 +26,9 @@ struct RNNBaseOptions {
   bool batch_first = false;  // input and output [N, L, *] instead of [L, N, *]; h_n stays [layers, N, H]
   double dropout = 0.0;      // on every layer's output but the last, in training
   bool bidirectional = false;
+  // LSTM only: h is projected to this many features by weight_hr (0: no projection, h has
+  // hidden_size features); must be smaller than hidden_size.
+  int64_t proj_size = 0;
 };
 
 struct RNNOptions {
@@ -36,17 +39,18 @@ struct RNNOptions {
   double dropout = 0.0;
   bool bidirectional = false;
 };
-// LSTM's proj_size is not supported.
 using LSTMOptions = RNNBaseOptions;
 using GRUOptions = RNNBaseOptions;
 
 // Parameters per layer l and direction (suffix "_reverse" for the backward one):
-// weight_ih_l{l} [G*H, in], weight_hh_l{l} [G*H, H], bias_ih_l{l}, bias_hh_l{l} [G*H], with G gates
-// (1 for RNN, 4 for LSTM, 3 for GRU) and in = input_size for layer 0, H * directions above it.
+// weight_ih_l{l} [G*H, in], weight_hh_l{l} [G*H, R], bias_ih_l{l}, bias_hh_l{l} [G*H], with G gates
+// (1 for RNN, 4 for LSTM, 3 for GRU), R = proj_size if set else H, and in = input_size for layer 0,
+// R * directions above it; with proj_size, LSTM also has weight_hr_l{l} [proj_size, H].
 class RNNBase : public Module {
  public:
   struct LayerWeights {
     Tensor w_ih, w_hh, b_ih, b_hh;  // biases undefined without bias
+    Tensor w_hr;                    // LSTM's projection; undefined without proj_size
   };
 
   void reset_parameters();
@@ -71,7 +75,9 @@ class RNNBase : public Module {
   // Time-major packed rows [sum(batch_sizes), I] through every layer; h0/c0 in sorted batch order.
   std::tuple<Tensor, Tensor, Tensor> run_packed(const Tensor& rows, const std::vector<int64_t>& batch_sizes,
                                                 Tensor h0, Tensor c0);
-  void check_state(const char* what, const Tensor& state, int64_t batch, bool batched) const;
+  void check_state(const char* what, const Tensor& state, int64_t batch, bool batched, int64_t features) const;
+  // The features of h: proj_size when set, else hidden_size.
+  int64_t state_size() const { return options.proj_size > 0 ? options.proj_size : hidden_size; }
 
   std::vector<LayerWeights> weights_;
 };

@@ -111,7 +111,9 @@ Pair make_pair(Kind kind, int64_t input_size, int64_t hidden_size, c::nn::RNNBas
                       o.batch_first);
   } else {
     auto ours = std::make_shared<c::nn::LSTM>(input_size, hidden_size, o);
-    auto theirs = torch::nn::LSTM(common_torch_options(torch::nn::LSTMOptions(input_size, hidden_size), o)).ptr();
+    auto torch_options = common_torch_options(torch::nn::LSTMOptions(input_size, hidden_size), o);
+    if (o.proj_size > 0) torch_options.proj_size(o.proj_size);
+    auto theirs = torch::nn::LSTM(torch_options).ptr();
     p.ours = ours;
     p.theirs = theirs;
     auto ours_state = [](const c::TensorList& s) {
@@ -325,6 +327,35 @@ TEST_CASE("RNN, LSTM and GRU equal libtorch's: output, h_n, c_n and every gradie
       check_against_libtorch(p, {{4, 3, 2}, states(kind, {3, 3, 3})});
     }
   }
+}
+
+TEST_CASE("LSTM with proj_size equals libtorch's, padded and packed; gradcheck; errors", "[nn][rnn][libtorch][proj]") {
+  torch::set_num_threads(1);
+  {
+    INFO("two layers, bidirectional, proj_size 2 of hidden 4, initial state");
+    Pair p = make_pair(Kind::LSTM, 3, 4, {.num_layers = 2, .bidirectional = true, .proj_size = 2});
+    check_against_libtorch(p, {{5, 3, 3}, {{4, 3, 2}, {4, 3, 4}}});
+    check_against_libtorch(p, {{5, 4, 3}, {{4, 4, 2}, {4, 4, 4}}, {3, 5, 1, 4}});
+    check_gradients(p, {{3, 2, 3}, {{4, 2, 2}, {4, 2, 4}}});
+  }
+  {
+    INFO("batch_first, one layer");
+    Pair p = make_pair(Kind::LSTM, 2, 5, {.batch_first = true, .proj_size = 3});
+    check_against_libtorch(p, {{2, 4, 2}, {}});
+    check_against_libtorch(p, {{2, 4, 2}, {{1, 2, 3}, {1, 2, 5}}});
+  }
+  c::nn::LSTM lstm(3, 4, {.proj_size = 2});
+  CHECK(lstm.named_parameters().size() == 5);
+  CHECK(lstm.named_parameters()[4].first == "weight_hr_l0");
+  CHECK(lstm.named_parameters()[4].second.sizes() == c::Shape{2, 4});
+  CHECK(lstm.named_parameters()[1].second.sizes() == c::Shape{16, 2});
+  CHECK_THAT(error_message([] { c::nn::LSTM(3, 4, {.proj_size = 4}); }),
+             Contains("proj_size must be in [0, hidden_size), got proj_size 4 with hidden_size 4"));
+  CHECK_THAT(error_message([] { c::nn::GRU(3, 4, {.proj_size = 2}); }), Contains("only supported for LSTM"));
+  CHECK_THAT(error_message([&] {
+               lstm.forward(c::randn({5, 2, 3}), c::nn::LSTM::State{c::zeros({1, 2, 4}), c::zeros({1, 2, 4})});
+             }),
+             Contains("expected h0 of shape [1, 2, 2] ([num_layers * directions, batch, proj_size])"));
 }
 
 TEST_CASE("packed variable-length batches (enforce_sorted false) equal libtorch's", "[nn][rnn][libtorch][packed]") {
