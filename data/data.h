@@ -6,5 +6,6 @@
 #include "data/dataset.h"
 #include "data/mnist.h"
 #include "data/sampler.h"
+#include "data/bpe.h"
 #include "data/tokenizer.h"
 #include "data/mlm.h"

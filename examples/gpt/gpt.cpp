@@ -5,17 +5,18 @@
 //   bazel-bin/distributed/launcher/chorusrun --nproc-per-node 2 bazel-bin/examples/gpt/gpt --steps 300
 //   bazel-bin/examples/gpt/gpt --config tiny --steps 50 --sample 200 --temperature 0.8 --top-k 20
 //
-// Tokens are bytes (a 256-symbol vocabulary; every text round-trips, nothing needs a vocabulary
-// file). The addresses (233, 1790-2021, in file-name order, so by date) are joined with a blank
+// Tokens are bytes (--tokenizer bytes, the default: a 256-symbol vocabulary) or byte-level BPE
+// (--tokenizer bpe: data/bpe.h, --vocab-size tokens learned from the training addresses by every
+// rank alike, so nothing needs a vocabulary file); either way every text round-trips. The addresses (233, 1790-2021, in file-name order, so by date) are joined with a blank
 // line between them; the last --heldout-addresses are held out. Each stream is cut into
-// --seq-len windows, the targets being the same bytes shifted by one. AdamW with GPT-2's
+// --seq-len token windows, the targets being the same tokens shifted by one. AdamW with GPT-2's
 // betas (0.9, 0.95) and weight decay on the 2-D weights only (projections and embeddings, as
 // nanoGPT's; none on biases and LayerNorm), linear warm-up over --warmup of the steps then cosine
 // decay to a tenth of --lr, gradient clipping at norm 1.
 // --batch-size is the global batch per step, split over the processes. The held-out loss (nats per
-// byte) and its perplexity are measured before training (≈ ln 256 = 5.55) and after. Rank 0 prints
+// token) and its perplexity are measured before training (≈ ln of the vocabulary size) and after. Rank 0 prints
 // progress, writes checkpoints (--checkpoint-every; --resume continues on the same batches, so the
-// final checkpoint equals an uninterrupted run's byte for byte), samples --sample bytes from
+// final checkpoint equals an uninterrupted run's byte for byte), samples --sample tokens from
 // --prompt (greedy with --temperature 0) and ends with one JSON line {"summary": {...}}.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "data/data.h"
@@ -64,6 +66,27 @@ struct Flags {
   std::string prompt = "Mr. Speaker, ";
   double temperature = 0.8;
   int64_t top_k = 0;
+  std::string tokenizer = "bytes";
+  int64_t vocab_size = 1024;
+};
+
+// Text to token ids and back: bytes, or byte-level BPE learned from the training text.
+struct Tokenizer {
+  std::optional<data::BytePairTokenizer> bpe;
+  int64_t vocab_size() const { return bpe ? bpe->vocab_size() : 256; }
+  std::vector<int64_t> encode(const std::string& text) const {
+    if (bpe) return bpe->encode(text);
+    std::vector<int64_t> ids;
+    ids.reserve(text.size());
+    for (char ch : text) ids.push_back(static_cast<unsigned char>(ch));
+    return ids;
+  }
+  std::string decode(const std::vector<int64_t>& ids) const {
+    if (bpe) return bpe->decode(ids);
+    std::string text;
+    for (int64_t id : ids) text += static_cast<char>(id);
+    return text;
+  }
 };
 
 // The addresses' bytes, in file-name order: {training stream, held-out stream, documents}.
@@ -97,16 +120,16 @@ ByteCorpus load_corpus(const std::string& folder, int64_t heldout) {
   return c;
 }
 
-// Windows of seq_len bytes: data [N, T] and targets [N, T] (the next byte of each position).
-std::shared_ptr<data::TensorDataset> windows(const std::string& bytes, int64_t seq_len) {
-  const int64_t n = (static_cast<int64_t>(bytes.size()) - 1) / seq_len;
+// Windows of seq_len tokens: data [N, T] and targets [N, T] (the next token of each position).
+std::shared_ptr<data::TensorDataset> windows(const std::vector<int64_t>& ids, int64_t seq_len) {
+  const int64_t n = (static_cast<int64_t>(ids.size()) - 1) / seq_len;
   Tensor x = empty({std::max<int64_t>(n, 0), seq_len}, {.dtype = kInt64});
   Tensor y = empty({std::max<int64_t>(n, 0), seq_len}, {.dtype = kInt64});
   int64_t* xp = x.data_ptr<int64_t>();
   int64_t* yp = y.data_ptr<int64_t>();
   for (int64_t i = 0; i < n * seq_len; ++i) {
-    xp[i] = static_cast<unsigned char>(bytes[i]);
-    yp[i] = static_cast<unsigned char>(bytes[i + 1]);
+    xp[i] = ids[static_cast<size_t>(i)];
+    yp[i] = ids[static_cast<size_t>(i + 1)];
   }
   return std::make_shared<data::TensorDataset>(x, y);
 }
@@ -124,7 +147,7 @@ std::unique_ptr<optim::AdamW> make_optimizer(models::GPT2LMHeadModel& model, con
   return std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup>{decay, no_decay}, o);
 }
 
-// Mean held-out loss per byte over the first `limit` windows, each rank taking every world-th,
+// Mean held-out loss per token over the first `limit` windows, each rank taking every world-th,
 // summed over ranks.
 double evaluate(models::GPT2LMHeadModel& model, const data::TensorDataset& heldout, int64_t limit,
                 const examples::Job& job, Device device) {
@@ -158,7 +181,11 @@ int main(int argc, char** argv) {
   CLI::App app{"Causal language modelling with GPT-2 on the State of the Union corpus (run under chorusrun for DDP)"};
   app.add_option("--config", f.config, "tiny, mini, gpt2, gpt2-medium, gpt2-large or gpt2-xl (with a byte vocabulary)")
       ->check(CLI::IsMember({"tiny", "mini", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}));
-  app.add_option("--seq-len", f.seq_len, "bytes per sequence")->check(CLI::Range(2, 1024));
+  app.add_option("--tokenizer", f.tokenizer, "bytes, or bpe (byte-level BPE learned from the training addresses)")
+      ->check(CLI::IsMember({"bytes", "bpe"}));
+  app.add_option("--vocab-size", f.vocab_size, "BPE vocabulary size (256 bytes + merges) with --tokenizer bpe")
+      ->check(CLI::Range(257, 65536));
+  app.add_option("--seq-len", f.seq_len, "tokens per sequence")->check(CLI::Range(2, 1024));
   app.add_option("--batch-size", f.batch_size, "global sequences per optimizer step")->check(CLI::PositiveNumber);
   app.add_option("--steps", f.steps, "optimizer steps (the schedule's length)")->check(CLI::PositiveNumber);
   app.add_option("--max-steps", f.max_steps, "stop after this many steps, as if interrupted (0: run --steps)")
@@ -179,11 +206,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_option("--data-dir", f.data_dir, "folder holding sotu/ (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
-  app.add_option("--sample", f.sample, "after training, generate this many bytes from --prompt")
+  app.add_option("--sample", f.sample, "after training, generate this many tokens from --prompt")
       ->check(CLI::Range(0, 100000));
   app.add_option("--prompt", f.prompt, "text the sample continues");
   app.add_option("--temperature", f.temperature, "sampling temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
-  app.add_option("--top-k", f.top_k, "sample among the k most likely bytes (0: all)")->check(CLI::Range(0, 256));
+  app.add_option("--top-k", f.top_k, "sample among the k most likely tokens (0: all)")->check(CLI::Range(0, 65536));
   examples::add_amp_option(app, f.amp);
   examples::add_device_option(app, f.device);
   CLI11_PARSE(app, argc, argv);
@@ -201,18 +228,27 @@ int main(int argc, char** argv) {
     const int64_t micro = f.batch_size / job.world;
 
     models::GPTConfig config = models::GPTConfig::named(f.config);
-    config.vocab_size = 256;  // byte tokens
     if (f.seq_len > config.n_positions) {
       fail("gpt: --seq-len {} exceeds the {} positions of --config {}", f.seq_len, config.n_positions, f.config);
     }
     const std::string data_dir = f.data_dir.empty() ? data::default_data_dir() : f.data_dir;
     const ByteCorpus corpus = load_corpus(data_dir + "/sotu", f.heldout_addresses);
-    auto train = windows(corpus.train, f.seq_len);
-    auto heldout = windows(corpus.heldout, f.seq_len);
-    job.log(fmt::format("corpus: {} addresses, {} training bytes ({} sequences of {}), {} held-out bytes ({} addresses, {} "
-                        "sequences)",
-                        corpus.documents, corpus.train.size(), train->size(), f.seq_len, corpus.heldout.size(),
-                        corpus.heldout_documents, heldout->size()));
+    Tokenizer tok;
+    if (f.tokenizer == "bpe") {
+      const auto t_bpe = Clock::now();
+      tok.bpe = data::BytePairTokenizer::train(corpus.train, f.vocab_size);
+      job.log(fmt::format("byte-level BPE: {} tokens learned from the training addresses in {:.1f} s", tok.vocab_size(),
+                          std::chrono::duration<double>(Clock::now() - t_bpe).count()));
+    }
+    if (f.top_k > tok.vocab_size()) fail("gpt: --top-k {} exceeds the vocabulary of {} tokens", f.top_k, tok.vocab_size());
+    config.vocab_size = tok.vocab_size();
+    const std::vector<int64_t> train_ids = tok.encode(corpus.train), heldout_ids = tok.encode(corpus.heldout);
+    auto train = windows(train_ids, f.seq_len);
+    auto heldout = windows(heldout_ids, f.seq_len);
+    job.log(fmt::format("corpus: {} addresses, {} training bytes = {} tokens ({} sequences of {}), {} held-out bytes = {} "
+                        "tokens ({} addresses, {} sequences)",
+                        corpus.documents, corpus.train.size(), train_ids.size(), train->size(), f.seq_len,
+                        corpus.heldout.size(), heldout_ids.size(), corpus.heldout_documents, heldout->size()));
     auto sampler = std::make_shared<data::DistributedSampler>(train->size(), job.world, job.rank, true, f.seed);
     data::DataLoader loader(train, {.batch_size = micro, .drop_last = true, .num_workers = 0, .sampler = sampler});
     const int64_t steps_per_epoch = loader.size();
@@ -230,7 +266,11 @@ int main(int argc, char** argv) {
 
     int64_t step = 0;
     const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
-    const nn::Metadata identity = {{"model", "gpt"}, {"config", f.config}, {"seq_len", std::to_string(f.seq_len)}};
+    const nn::Metadata identity = {{"model", "gpt"},
+                                   {"config", f.config},
+                                   {"seq_len", std::to_string(f.seq_len)},
+                                   {"tokenizer", f.tokenizer},
+                                   {"vocab_size", std::to_string(tok.vocab_size())}};
     const bool resuming = examples::should_resume(f.resume, ckpt_path);
     if (resuming) {
       step = examples::load_checkpoint(ckpt_path, *model, *opt, sched, identity, amp.scaler()).step;
@@ -246,15 +286,16 @@ int main(int argc, char** argv) {
     };
 
     const int64_t parameters = examples::count_parameters(*model);
-    job.log(fmt::format("GPT-2 {}: {} parameters ({} layers, {} wide, {} heads, byte vocabulary), world size {}, batch {} "
+    job.log(fmt::format("GPT-2 {}: {} parameters ({} layers, {} wide, {} heads, {} vocabulary of {}), world size {}, batch {} "
                         "= {} processes x {} sequences of {}, {} steps ({} per epoch), {} threads per process",
-                        f.config, parameters, config.n_layer, config.n_embd, config.n_head, job.world, f.batch_size,
+                        f.config, parameters, config.n_layer, config.n_embd, config.n_head, f.tokenizer,
+                        tok.vocab_size(), job.world, f.batch_size,
                         job.world, micro, f.seq_len, f.steps, steps_per_epoch, get_num_threads()));
     double before = -1;
     if (f.eval_sequences > 0 && !resuming) {
       before = evaluate(*model, *heldout, f.eval_sequences, job, device);
-      job.log(fmt::format("held-out before training: loss {:.4f} (ln 256 = {:.4f}), perplexity {:.2f}", before,
-                          std::log(256.0), std::exp(before)));
+      job.log(fmt::format("held-out before training: loss {:.4f} (ln {} = {:.4f}), perplexity {:.2f}", before,
+                          tok.vocab_size(), std::log(static_cast<double>(tok.vocab_size())), std::exp(before)));
     }
 
     const int64_t stop = f.max_steps > 0 ? std::min(f.steps, f.max_steps) : f.steps;
@@ -303,7 +344,8 @@ int main(int argc, char** argv) {
     const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
     if (step % f.checkpoint_every != 0) save();
     nlohmann::json summary = {{"config", f.config},
-                              {"tokenizer", "bytes"},
+                              {"tokenizer", f.tokenizer},
+                              {"vocab_size", tok.vocab_size()},
                               {"amp", f.amp},
                               {"parameters", parameters},
                               {"seq_len", f.seq_len},
@@ -329,12 +371,10 @@ int main(int argc, char** argv) {
     if (f.sample > 0 && job.rank == 0) {
       // Its own generator, seeded by --seed: the sample does not depend on how training drew numbers.
       Generator gen(f.seed);
-      std::vector<int64_t> prompt_ids;
-      for (char ch : f.prompt) prompt_ids.push_back(static_cast<unsigned char>(ch));
+      const std::vector<int64_t> prompt_ids = tok.encode(f.prompt);
       const std::vector<int64_t> ids = model->generate(
           prompt_ids, {.max_new_tokens = f.sample, .temperature = f.temperature, .top_k = f.top_k, .generator = &gen});
-      std::string text;
-      for (int64_t id : ids) text += static_cast<char>(id);
+      const std::string text = tok.decode(ids);
       job.log(fmt::format("sample (temperature {}, top-k {}):\n{}{}", f.temperature, f.top_k, f.prompt, text));
       summary["sample"] = text;
     }

@@ -345,12 +345,29 @@ TEST_CASE("gpt --sample: top-k 1 is greedy, a seeded sample repeats", "[examples
   CHECK(s1.summary["sample"] != text);
 }
 
+// --tokenizer bpe: byte-level BPE learned from the training addresses (data/bpe.h); the held-out
+// loss starts at about ln 512 and falls, the sample is decoded text, and the summary names the vocabulary.
+TEST_CASE("gpt --tokenizer bpe trains on BPE tokens and samples text", "[examples][gpt]") {
+  Run r = run(binary("examples/gpt/gpt") + gpt_flags +
+              " --steps 30 --eval-sequences 32 --tokenizer bpe --vocab-size 512 --sample 12 --temperature 0");
+  INFO(r.output);
+  REQUIRE(r.code == 0);
+  CHECK(r.summary["tokenizer"] == "bpe");
+  CHECK(r.summary["vocab_size"] == 512);
+  CHECK(r.output.find("byte-level BPE: 512 tokens learned") != std::string::npos);
+  CHECK(std::abs(r.summary["heldout_loss_before"].get<double>() - std::log(512.0)) < 0.15);
+  CHECK(r.summary["heldout_loss"].get<double>() < r.summary["heldout_loss_before"].get<double>() - 0.5);
+  // 12 tokens of at least one byte each.
+  CHECK(r.summary["sample"].get<std::string>().size() >= 12);
+}
+
 TEST_CASE("gpt refuses bad flags with a message", "[examples][gpt]") {
   const std::string gpt = binary("examples/gpt/gpt");
   const std::vector<std::pair<std::string, std::string>> cases = {
       {" --config gpt5", "--config"},
       {" --temperature -1", "--temperature"},
-      {" --top-k 300", "--top-k"},
+      {" --top-k 300", "--top-k 300 exceeds the vocabulary of 256 tokens"},
+      {" --tokenizer words", "--tokenizer"},
       {" --config tiny --seq-len 200", "--seq-len 200 exceeds the 128 positions of --config tiny"},
       {" --resume", "gpt: --resume needs --checkpoint-dir"},
       {" --sample 10 --prompt ''", "--sample needs a --prompt"},
