@@ -11,7 +11,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 seconds="${1:-30}"
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(checkpoint idx wordpiece store_frames file_store plan_json launch_env)
+((${#targets[@]})) || targets=(checkpoint idx wordpiece bpe store_frames file_store plan_json launch_env)
 
 # Its own output base: the clang toolchain must not replace the GCC one of the main trees.
 output_base="${CHORUS_FUZZ_OUTPUT_BASE:-$HOME/.cache/chorus/bazel-fuzz}"
