@@ -23,6 +23,20 @@ CharClass char_class(unsigned char c) {
 
 constexpr int64_t kMaxVocab = int64_t{1} << 20;
 
+// Replaces every (left, right) in ids, left to right without overlaps, by id.
+void merge_pair(std::vector<int64_t>& ids, int64_t left, int64_t right, int64_t id) {
+  size_t out = 0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    if (k + 1 < ids.size() && ids[k] == left && ids[k + 1] == right) {
+      ids[out++] = id;
+      ++k;
+    } else {
+      ids[out++] = ids[k];
+    }
+  }
+  ids.resize(out);
+}
+
 }  // namespace
 
 BytePairTokenizer::BytePairTokenizer() {
@@ -100,18 +114,7 @@ BytePairTokenizer BytePairTokenizer::train(const std::string& text, int64_t voca
     const auto left = static_cast<int64_t>(best_key >> 32), right = static_cast<int64_t>(best_key & 0xffffffffu);
     const int64_t id = t.vocab_size();
     t.add_merge(left, right);
-    for (auto& ids : words) {
-      size_t out = 0;
-      for (size_t k = 0; k < ids.size(); ++k) {
-        if (k + 1 < ids.size() && ids[k] == left && ids[k + 1] == right) {
-          ids[out++] = id;
-          ++k;
-        } else {
-          ids[out++] = ids[k];
-        }
-      }
-      ids.resize(out);
-    }
+    for (auto& ids : words) merge_pair(ids, left, right, id);
   }
   return t;
 }
@@ -129,16 +132,7 @@ std::vector<int64_t> BytePairTokenizer::encode_chunk(const std::string& chunk) c
     }
     if (best < 0) break;
     const auto [left, right] = merges_[static_cast<size_t>(best - 256)];
-    size_t out = 0;
-    for (size_t k = 0; k < ids.size(); ++k) {
-      if (k + 1 < ids.size() && ids[k] == left && ids[k + 1] == right) {
-        ids[out++] = best;
-        ++k;
-      } else {
-        ids[out++] = ids[k];
-      }
-    }
-    ids.resize(out);
+    merge_pair(ids, left, right, best);
   }
   cache_.emplace(chunk, ids);
   return ids;
