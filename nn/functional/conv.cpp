@@ -48,11 +48,8 @@ int64_t out_extent(int64_t in, int64_t kernel, int64_t pad, int64_t stride, int6
   return out;
 }
 
-Window2d make_window(const char* op, const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation,
-                     bool ceil_mode) {
-  Window2d w;
-  w.in_h = x.size(2);
-  w.in_w = x.size(3);
+// The kernel, stride, padding and dilation of a window, per dim.
+void set_geometry(Window2d& w, Pair kernel, Pair stride, Pair padding, Pair dilation) {
   w.kernel_h = kernel[0];
   w.kernel_w = kernel[1];
   w.stride_h = stride[0];
@@ -61,6 +58,14 @@ Window2d make_window(const char* op, const Tensor& x, Pair kernel, Pair stride, 
   w.pad_w = padding[1];
   w.dilation_h = dilation[0];
   w.dilation_w = dilation[1];
+}
+
+Window2d make_window(const char* op, const Tensor& x, Pair kernel, Pair stride, Pair padding, Pair dilation,
+                     bool ceil_mode) {
+  Window2d w;
+  w.in_h = x.size(2);
+  w.in_w = x.size(3);
+  set_geometry(w, kernel, stride, padding, dilation);
   w.out_h = out_extent(w.in_h, w.kernel_h, w.pad_h, w.stride_h, w.dilation_h, ceil_mode);
   w.out_w = out_extent(w.in_w, w.kernel_w, w.pad_w, w.stride_w, w.dilation_w, ceil_mode);
   if (w.out_h <= 0 || w.out_w <= 0) {
@@ -194,14 +199,7 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
   Window2d w;  // of the conv this is the gradient of: its input is our output, its output our input
   w.out_h = in4.size(2);
   w.out_w = in4.size(3);
-  w.kernel_h = weight.size(2);
-  w.kernel_w = weight.size(3);
-  w.stride_h = stride[0];
-  w.stride_w = stride[1];
-  w.pad_h = padding[0];
-  w.pad_w = padding[1];
-  w.dilation_h = dilation[0];
-  w.dilation_w = dilation[1];
+  set_geometry(w, {weight.size(2), weight.size(3)}, stride, padding, dilation);
   w.in_h = (w.out_h - 1) * w.stride_h - 2 * w.pad_h + w.dilation_h * (w.kernel_h - 1) + output_padding[0] + 1;
   w.in_w = (w.out_w - 1) * w.stride_w - 2 * w.pad_w + w.dilation_w * (w.kernel_w - 1) + output_padding[1] + 1;
   if (w.in_h <= 0 || w.in_w <= 0) {
