@@ -46,15 +46,25 @@ place libexec "${helpers[@]}"
 place examples "${examples[@]}"
 cp "${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}/bert/vocab.txt" "$out/data/bert/vocab.txt"
 
-# Shared libraries the binaries load, except the C runtime (the GPU machine has its own glibc) and
-# the CUDA libraries (taken from the PyTorch wheels there).
+# Shared libraries the binaries load — chorus's own (Bazel links each library as a .so found through
+# an RPATH into bazel-bin/_solib_k8, which the copies lose) and the system's — except the C runtime
+# (the GPU machine has its own glibc) and the CUDA libraries (taken from the PyTorch wheels there).
+# ldd runs on the binaries in bazel-bin, where their RPATH still resolves.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libmvec\.|libdl\.|libpthread\.|librt\.|libcuda\.|libcudart|libcublas|libcudnn|libnccl|libnvrtc|libnvJitLink)'
-for bin in "$out"/bin/* "$out"/libexec/* "$out"/examples/*; do
-  ldd "$bin" | awk '/=> \// {print $1, $3}' | while read -r soname file; do
+for label in "${targets[@]}" "${helpers[@]}" "${examples[@]}"; do
+  path="bazel-bin/${label#//}"
+  path="${path/://}"
+  ldd "$path" | awk '/=> \// {print $1, $3}' | while read -r soname file; do
     [[ "$soname" =~ $skip ]] && continue
     [[ -e "$out/lib/$soname" ]] || cp -L "$file" "$out/lib/$soname"
   done
+  if ldd "$path" | grep -q 'not found'; then
+    echo "gpu_bundle.sh: $label: libraries not found: $(ldd "$path" | awk '/not found/ {print $1}' | tr '\n' ' ')" >&2
+    exit 1
+  fi
 done
+chmod -R u+w "$out/lib"
+strip --strip-debug "$out"/lib/lib*_S*.so 2>/dev/null || true
 
 # The binaries and libraries travel xz-compressed (oneDNN alone is 40 MB); run.sh unpacks them.
 tar -C "$out" -cf - bin lib libexec examples data | xz -T0 -6 >"$out/payload.tar.xz"
