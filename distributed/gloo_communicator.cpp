@@ -2,17 +2,96 @@
 #include "distributed/gloo_communicator.h"
 
 #include <condition_variable>
+#include <deque>
+#include <thread>
 
 #include "distributed/stream_group.h"
 #include "tensor/ops.h"
 
 namespace chorus::distributed {
 
+namespace {
+// A one-shot gate: wait() returns once open() has been called.
+class Latch {
+ public:
+  void open() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+}  // namespace
+
 struct GlooStreamCommunicator::State {
   std::mutex mutex;
   std::condition_variable cv;
   uint64_t submitted = 0, issued = 0;  // stream tasks queued / that have issued their collectives
   std::string aborted;                 // why, once abort() ran
+};
+
+// Host work in the order of one stream, run on a thread of its own (see group_end): each job waits
+// for its event, then runs.
+class GlooStreamCommunicator::LaneWorker {
+ public:
+  LaneWorker() : thread_([this] { loop(); }) {}
+  ~LaneWorker() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void push(Event ready, std::function<void(std::exception_ptr)> job) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      jobs_.push_back({std::move(ready), std::move(job)});
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  struct Job {
+    Event ready;
+    std::function<void(std::exception_ptr)> run;  // given the error of waiting for `ready`, if any
+  };
+  void loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopped, and nothing left
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      std::exception_ptr error;
+      try {
+        // Not Event::synchronize(): that counts as the host blocking (host_sync_count), which a
+        // thread of the communicator's own waiting is not.
+        runtime_for(job.ready.device(), "ProcessGroup").synchronize_event(job.ready.handle());
+      } catch (...) {
+        error = std::current_exception();
+      }
+      job.run(error);
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 GlooStreamCommunicator::GlooStreamCommunicator(std::shared_ptr<ProcessGroup> host)
@@ -43,6 +122,14 @@ void GlooStreamCommunicator::release_staging(bool all) {
     DeviceRuntime& rt = runtime_for(st.device, "ProcessGroup");
     for (void* p : st.buffers) rt.host_free(p);
   }
+}
+
+GlooStreamCommunicator::LaneWorker& GlooStreamCommunicator::worker_for(const Stream& stream) {
+  std::lock_guard<std::mutex> lock(workers_mutex_);
+  for (auto& [s, w] : workers_)
+    if (s == stream) return *w;
+  workers_.emplace_back(stream, std::make_unique<LaneWorker>());
+  return *workers_.back().second;
 }
 
 void GlooStreamCommunicator::group_start() {
@@ -115,56 +202,83 @@ void GlooStreamCommunicator::group_end() {
   }
   auto host = host_;
   DeviceRuntime& rt = runtime_for(stream.device(), "ProcessGroup");
-  rt.launch_host_task(
-      stream.handle(),
-      [jobs, host, aliases, keep, state]() {
-        std::string aborted;
-        {
-          std::lock_guard<std::mutex> lock(state->mutex);
-          aborted = state->aborted;
-        }
-        // Issue every collective of the group before waiting for any (a send and a receive of one
-        // group must both be posted), then wait for each.
-        std::vector<std::shared_ptr<Work>> inner(jobs.size());
-        for (size_t j = 0; j < jobs.size(); ++j) {
-          if (!aborted.empty()) {
-            jobs[j].work->note_error(std::make_exception_ptr(Error(fmt::format("the communicator was aborted: {}", aborted))));
-            continue;
-          }
-          try {
-            const auto b = aliases.begin() + static_cast<std::ptrdiff_t>(jobs[j].first);
-            inner[j] = jobs[j].issue(*host, TensorList(b, b + static_cast<std::ptrdiff_t>(jobs[j].count)));
-          } catch (...) {
-            jobs[j].work->note_error(std::current_exception());
-          }
-        }
-        {
-          std::lock_guard<std::mutex> lock(state->mutex);
-          ++state->issued;
-        }
-        state->cv.notify_all();
-        for (size_t j = 0; j < jobs.size(); ++j) {
-          if (!inner[j]) continue;
-          try {
-            inner[j]->wait();
-          } catch (...) {
-            jobs[j].work->note_error(std::current_exception());
-          }
-        }
-      },
-      std::move(open));
-  if (!pinned.empty()) {
-    // Copy the results back (every tensor the collectives write), then free the host copies once
-    // the stream has passed here.
-    for (const auto& [t, p] : copy_back) {
-      rt.memcpy_async(t.raw_data_ptr(), p, static_cast<size_t>(t.numel()) * t.element_size(), CopyKind::HostToDevice,
-                      stream.handle());
+  const bool staged = stream.device().is_cuda() || StreamOrderedGroup::stage_through_host();
+  // On CUDA the task runs as a cudaLaunchHostFunc, where no CUDA call is allowed: it must not hold
+  // the last reference to a device tensor (freeing one records an event on its stream) or to a work
+  // (its events). The device tensors and the works stay with the staging record instead, released
+  // on this side once the stream has passed the task.
+  std::vector<std::shared_ptr<StreamWork>> works;
+  for (const Job& job : jobs) works.push_back(job.work);
+  // The collectives of the group, issued on the host copies (or, on sim, over the device memory the
+  // stream task opens) and waited for. `error`: why they cannot run at all.
+  auto run = [jobs, host, aliases, state](std::exception_ptr error) {
+    std::string aborted;
+    {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      aborted = state->aborted;
     }
-    Staging st{stream.device(), Event(), std::move(pinned)};
-    st.done.record(stream);
-    std::lock_guard<std::mutex> lock(staging_mutex_);
-    staging_.push_back(std::move(st));
+    // Issue every collective of the group before waiting for any (a send and a receive of one
+    // group must both be posted), then wait for each.
+    std::vector<std::shared_ptr<Work>> inner(jobs.size());
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (error) {
+        jobs[j].work->note_error(error);
+        continue;
+      }
+      if (!aborted.empty()) {
+        jobs[j].work->note_error(std::make_exception_ptr(Error(fmt::format("the communicator was aborted: {}", aborted))));
+        continue;
+      }
+      try {
+        const auto b = aliases.begin() + static_cast<std::ptrdiff_t>(jobs[j].first);
+        inner[j] = jobs[j].issue(*host, TensorList(b, b + static_cast<std::ptrdiff_t>(jobs[j].count)));
+      } catch (...) {
+        jobs[j].work->note_error(std::current_exception());
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      ++state->issued;
+    }
+    state->cv.notify_all();
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (!inner[j]) continue;
+      try {
+        inner[j]->wait();
+      } catch (...) {
+        jobs[j].work->note_error(std::current_exception());
+      }
+    }
+  };
+  if (!staged) {
+    // sim, in place: the task runs on the stream's own worker thread with the device memory open.
+    rt.launch_host_task(stream.handle(), [run] { run(nullptr); }, std::move(open));
+  } else {
+    // Staged (CUDA): the collectives run on a thread of this stream's own, once an event after the
+    // copies to the host has passed, and the stream waits in a host function until they are done.
+    // They must not run inside the host function itself: CUDA runs the host functions of all
+    // streams on one thread, so a send waiting there for its peer's receive would keep this
+    // process's own receive (another stream's host function) from ever being posted, and a ring
+    // of sends and receives would deadlock.
+    auto done = std::make_shared<Latch>();
+    Event ready;
+    ready.record(stream);
+    worker_for(stream).push(std::move(ready), [run, done](std::exception_ptr error) {
+      run(error);
+      done->open();
+    });
+    rt.launch_host_task(stream.handle(), [done] { done->wait(); }, {});
   }
+  // Copy the results back (every tensor the collectives write), then free the host copies and let
+  // go of the device tensors and works once the stream has passed here.
+  for (const auto& [t, p] : copy_back) {
+    rt.memcpy_async(t.raw_data_ptr(), p, static_cast<size_t>(t.numel()) * t.element_size(), CopyKind::HostToDevice,
+                    stream.handle());
+  }
+  Staging st{stream.device(), Event(), std::move(pinned), std::move(keep), std::move(works)};
+  st.done.record(stream);
+  std::lock_guard<std::mutex> lock(staging_mutex_);
+  staging_.push_back(std::move(st));
 }
 
 void GlooStreamCommunicator::abort(const std::string& why) {

@@ -5,11 +5,15 @@
 // under the stream-ordered group: real processes, real sockets, the real ordering code.
 //
 // CUDA tensors cannot be read by Gloo: they are staged through pinned host memory on the stream
-// (copy to host, the collective on the host copies, copy back). The pinned buffers are freed once
-// an event after the copies back has passed. CI runs this path on sim tensors with
+// (copy to host, the collective on the host copies, copy back). The collectives then run on a
+// thread of the stream's own, not in a CUDA host function (CUDA runs those of all streams on one
+// thread, where a blocking send would starve the receive of another stream: group_end), and the
+// stream waits for them in a host function. The pinned buffers are freed once an event after the
+// copies back has passed. CI runs this path on sim tensors with
 // StreamOrderedGroup::stage_through_host_for_testing.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -54,6 +58,9 @@ class GlooStreamCommunicator final : public Communicator {
   void add(const char* op, const TensorList& tensors, const TensorList& written, const Stream& stream,
            const std::shared_ptr<StreamWork>& work, Issue issue);
   void release_staging(bool all);
+  // The thread that runs the staged collectives of one stream, in its order (made at first use).
+  class LaneWorker;
+  LaneWorker& worker_for(const Stream& stream);
 
   std::shared_ptr<ProcessGroup> host_;
   struct State;  // shared with the stream tasks, which may outlive the communicator
@@ -78,8 +85,14 @@ class GlooStreamCommunicator final : public Communicator {
     Device device;
     Event done;
     std::vector<void*> buffers;
+    TensorList tensors;                               // the group's tensors, alive until `done`
+    std::vector<std::shared_ptr<StreamWork>> works;  // likewise the works (see group_end)
   };
   std::vector<Staging> staging_;
+
+  std::mutex workers_mutex_;
+  // Last: the workers outlive the destructor's body, which waits for what they still have to run.
+  std::vector<std::pair<Stream, std::unique_ptr<LaneWorker>>> workers_;
 };
 
 }  // namespace chorus::distributed

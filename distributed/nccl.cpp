@@ -152,8 +152,17 @@ class NcclCommunicator final : public Communicator {
     check_cuda({t}, "recv");
     CHORUS_NCCL(ncclRecv(t.raw_data_ptr(), count(t), nccl_dtype(t.dtype(), "recv"), src, comm(s.device()), cuda_stream(s)));
   }
-  void group_start() override { CHORUS_NCCL(ncclGroupStart()); }
-  void group_end() override { CHORUS_NCCL(ncclGroupEnd()); }
+  // The stream-ordered group brackets every launch with group_start()/group_end(). The NCCL group
+  // opens only at the first operation inside, after comm() has made the communicator: a
+  // communicator initialised inside a group is only ready at ncclGroupEnd, and an operation queued
+  // on it before then fails there with "invalid argument".
+  void group_start() override { ++depth_; }
+  void group_end() override {
+    if (depth_ == 0) fail("ProcessGroupNCCL: group_end() without group_start()");
+    if (--depth_ > 0 || !open_) return;
+    open_ = false;
+    CHORUS_NCCL(ncclGroupEnd());
+  }
 
   void abort(const std::string& why) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -175,7 +184,16 @@ class NcclCommunicator final : public Communicator {
  private:
   // The device's communicator, made at first use: rank 0 publishes a unique id in the store and
   // every rank joins with it.
+  // The device's communicator (made outside any NCCL group), with the caller's NCCL group opened.
   ncclComm_t comm(Device device) {
+    ncclComm_t c = make_comm(device);
+    if (depth_ > 0 && !open_) {
+      CHORUS_NCCL(ncclGroupStart());
+      open_ = true;
+    }
+    return c;
+  }
+  ncclComm_t make_comm(Device device) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!aborted_.empty()) fail("ProcessGroupNCCL: the communicator was aborted: {}", aborted_);
     auto it = comms_.find(device.index);
@@ -201,6 +219,8 @@ class NcclCommunicator final : public Communicator {
   std::mutex mutex_;
   std::map<int, ncclComm_t> comms_;
   std::string aborted_;
+  int depth_ = 0;      // group_start() calls not yet ended (the launching thread's)
+  bool open_ = false;  // whether this group has called ncclGroupStart
 };
 
 const bool g_registered = [] {

@@ -68,8 +68,8 @@ Tensor dense_operand(const Tensor& t, bool batched, bool is_output, bool copy_va
 
 void run_gemm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, double beta, bool batched) {
   const DType dtype = c.dtype();
-  CHORUS_CHECK(dtype == kFloat32 || dtype == kFloat64, "matmul on CUDA: only float32 and float64 are supported, got {}",
-               dtype_name(dtype));
+  CHORUS_CHECK(dtype == kFloat32 || dtype == kFloat64 || dtype == kFloat16 || dtype == kBFloat16,
+               "matmul on CUDA: expected float32, float64, float16 or bfloat16, got {}", dtype_name(dtype));
   const int64_t batch = batched ? a.size(0) : 1;
   const ::chorus::cuda::GemmPlan plan =
       ::chorus::cuda::plan_gemm(layout_of(a, batched), layout_of(b, batched), layout_of(c, batched), batch);
@@ -91,10 +91,17 @@ void run_gemm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, d
   cublasHandle_t handle = handle_for(device.index);
   check_cublas(cublasSetStream(handle, static_cast<cudaStream_t>(current_stream(device).handle())), "cublasSetStream");
 
-  const bool is_float = dtype == kFloat32;
-  const cudaDataType_t type = is_float ? CUDA_R_32F : CUDA_R_64F;
+  // float16 / bfloat16 data: tensor cores with float32 accumulation and float32 alpha/beta (as
+  // PyTorch's default, reduced-precision reductions off).
+  const bool is_float = dtype != kFloat64;
+  const cudaDataType_t type = dtype == kFloat32   ? CUDA_R_32F
+                              : dtype == kFloat16 ? CUDA_R_16F
+                              : dtype == kBFloat16 ? CUDA_R_16BF
+                                                   : CUDA_R_64F;
   const cublasComputeType_t compute =
-      is_float ? (::chorus::cuda::allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F) : CUBLAS_COMPUTE_64F;
+      dtype == kFloat64 ? CUBLAS_COMPUTE_64F
+      : (dtype == kFloat32 && ::chorus::cuda::allow_tf32()) ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                            : CUBLAS_COMPUTE_32F;
   const float alpha_f = static_cast<float>(alpha), beta_f = static_cast<float>(beta);
   const void* alpha_p = is_float ? static_cast<const void*>(&alpha_f) : static_cast<const void*>(&alpha);
   const void* beta_p = is_float ? static_cast<const void*>(&beta_f) : static_cast<const void*>(&beta);

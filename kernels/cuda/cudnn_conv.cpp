@@ -145,6 +145,19 @@ bool cudnn_can_run(const Tensor& x, const Tensor& weight) {
   return weight.dtype() == d;
 }
 
+bool is_half(const Tensor& t) { return t.defined() && (t.dtype() == kFloat16 || t.dtype() == kBFloat16); }
+
+// A float32 copy of t (undefined stays undefined), and t's values rounded back into dst.
+Tensor widened(const Tensor& t) {
+  if (!t.defined()) return t;
+  Tensor f = make_tensor(t.sizes(), kFloat32, t.device());
+  copy(f, t);
+  return f;
+}
+void narrow_into(const Tensor& dst, const Tensor& f) {
+  if (dst.defined()) copy(dst, f);
+}
+
 struct Call {
   Device device;
   cudnnHandle_t handle;
@@ -176,7 +189,13 @@ struct Scalars {
 void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
             int64_t groups) {
   if (out.numel() == 0) return;
-  if (!cudnn_can_run(x, weight)) return conv2d_direct(out, x, weight, bias, w, groups);
+  if (!cudnn_can_run(x, weight)) {
+    // The direct kernels know float32 and float64: half precision goes through float32 there.
+    if (!is_half(x)) return conv2d_direct(out, x, weight, bias, w, groups);
+    const Tensor out_f = widened(out);
+    conv2d_direct(out_f, widened(x), widened(weight), widened(bias), w, groups);
+    return narrow_into(out, out_f);
+  }
   DeviceGuard guard(x.device());
   Call call(x, weight, out, w, groups);
   TensorDescriptor xd(call.plan.x), yd(call.plan.y);
@@ -208,7 +227,12 @@ void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_out,
                      const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups) {
   if (!cudnn_can_run(x, weight) || grad_out.numel() == 0 || x.numel() == 0) {
-    return conv2d_backward_direct(grad_x, grad_weight, grad_bias, grad_out, x, weight, w, groups);
+    if (!is_half(x)) return conv2d_backward_direct(grad_x, grad_weight, grad_bias, grad_out, x, weight, w, groups);
+    const Tensor gx = widened(grad_x), gw = widened(grad_weight), gb = widened(grad_bias);
+    conv2d_backward_direct(gx, gw, gb, widened(grad_out), widened(x), widened(weight), w, groups);
+    narrow_into(grad_x, gx);
+    narrow_into(grad_weight, gw);
+    return narrow_into(grad_bias, gb);
   }
   DeviceGuard guard(x.device());
   Call call(x, weight, grad_out, w, groups);

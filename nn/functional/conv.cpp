@@ -124,7 +124,10 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pai
          dtype_name(weight.dtype()));
   }
   const Window2d w = make_window("conv2d", in4, {weight.size(2), weight.size(3)}, stride, padding, dilation, false);
-  const DType cd = compute_dtype(input.dtype());
+  // float16 / bfloat16 stay as they are on CUDA (cuDNN computes them on tensor cores, accumulating in
+  // float32); elsewhere they are widened to float32 and the result rounded back.
+  const bool native_half = input.device().is_cuda() && (input.dtype() == kFloat16 || input.dtype() == kBFloat16);
+  const DType cd = native_half ? input.dtype() : compute_dtype(input.dtype());
   Tensor x = compute_view(in4, cd);
   Tensor wt = compute_view(weight, cd);
   Tensor b = bias.defined() ? compute_view(bias, cd) : Tensor();
@@ -140,8 +143,10 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pai
       Tensor gv = ops::cast(g[0], xv.dtype()).contiguous();
       Tensor gx = need_x ? make_tensor(xv.sizes(), xv.dtype(), xv.device()) : Tensor();
       Tensor gw = need_w ? make_tensor(wv.sizes(), xv.dtype(), xv.device()) : Tensor();
-      Tensor gb = need_b ? make_tensor({wv.size(0)}, xv.dtype(), xv.device()) : Tensor();
+      // A half-precision bias gradient is a float32 sum over batch and positions, rounded once.
+      Tensor gb = need_b && !native_half ? make_tensor({wv.size(0)}, xv.dtype(), xv.device()) : Tensor();
       kernels::conv2d_backward(gx, gw, gb, gv, xv, wv, w, groups);
+      if (need_b && native_half) gb = ops::cast(chorus::sum(ops::cast(gv, kFloat32), {0, 2, 3}), xv.dtype());
       return {gx, gw, gb};
     });
   }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/cuda/cublas.h"
+#include "kernels/cuda/cudnn_plan.h"
 #include "kernels/cuda/device.h"
 #include "nn/functional.h"
 #include "nn/nn.h"
@@ -411,7 +412,7 @@ TEST_CASE("layer_norm and cross_entropy forward and backward", "[cuda][gpu]") {
   require_gpu();
   const Tensor x = mul(randn_cpu({12, 300}, 27), 3.0), w = randn_cpu({300}, 28), b = randn_cpu({300}, 29);
   auto run = [&](Device dev) {
-    Tensor xd = x.to(dev).requires_grad_(), wd = w.to(dev).requires_grad_(), bd = b.to(dev).requires_grad_();
+    Tensor xd = x.to(dev).detach().requires_grad_(), wd = w.to(dev).detach().requires_grad_(), bd = b.to(dev).detach().requires_grad_();
     Tensor y = F::layer_norm(xd, {300}, wd, bd, 1e-5);
     sum(mul(y, y)).backward();
     return std::vector<Tensor>{y.detach().cpu(), xd.grad().cpu(), wd.grad().cpu(), bd.grad().cpu()};
@@ -428,7 +429,7 @@ TEST_CASE("layer_norm and cross_entropy forward and backward", "[cuda][gpu]") {
   for (double smoothing : {0.0, 0.1}) {
     INFO("label_smoothing " << smoothing);
     auto ce = [&](Device dev) {
-      Tensor l = logits.to(dev).requires_grad_();
+      Tensor l = logits.to(dev).detach().requires_grad_();
       Tensor loss = F::cross_entropy(l, target.to(dev), {.label_smoothing = smoothing});
       loss.backward();
       return std::pair{loss.detach().cpu(), l.grad().cpu()};
@@ -457,7 +458,7 @@ TEST_CASE("max, avg and adaptive pooling, forward and backward", "[cuda][gpu]") 
   for (const auto& [name, pool] : pools) {
     INFO(name);
     auto run = [&](Device dev) {
-      Tensor xd = x.to(dev).requires_grad_();
+      Tensor xd = x.to(dev).detach().requires_grad_();
       Tensor y = pool(xd);
       sum(mul(y, narrow(narrow(weights.to(dev), 2, 0, y.size(2)), 3, 0, y.size(3)))).backward();
       return std::pair{y.detach().cpu(), xd.grad().cpu()};
@@ -487,7 +488,7 @@ TEST_CASE("conv2d and batch_norm, forward and backward", "[cuda][gpu]") {
     INFO(c.name);
     const Tensor x = randn_cpu(c.x, 37), w = randn_cpu(c.w, 38), b = randn_cpu({c.w[0]}, 39);
     auto run = [&](Device dev) {
-      Tensor xd = x.to(dev).requires_grad_(), wd = w.to(dev).requires_grad_(), bd = b.to(dev).requires_grad_();
+      Tensor xd = x.to(dev).detach().requires_grad_(), wd = w.to(dev).detach().requires_grad_(), bd = b.to(dev).detach().requires_grad_();
       Tensor y = F::conv2d(xd, wd, bd, c.stride, c.padding, c.dilation, c.groups);
       sum(mul(y, y)).backward();
       return std::vector<Tensor>{y.detach().cpu(), xd.grad().cpu(), wd.grad().cpu(), bd.grad().cpu()};
@@ -506,7 +507,7 @@ TEST_CASE("conv2d and batch_norm, forward and backward", "[cuda][gpu]") {
       bn->to(dev);
       if (training) bn->train();
       else bn->eval();
-      Tensor xd = add(mul(randn_cpu({4, 5, 6, 7}, 40), 3.0), 1.0).to(dev).requires_grad_();
+      Tensor xd = add(mul(randn_cpu({4, 5, 6, 7}, 40), 3.0), 1.0).to(dev).detach().requires_grad_();
       Tensor y = bn->forward(xd);
       sum(mul(y, randn_cpu({4, 5, 6, 7}, 41).to(dev))).backward();
       std::vector<Tensor> r{y.detach().cpu(), xd.grad().cpu()};
@@ -547,7 +548,7 @@ TEST_CASE("gradients of composite expressions equal the CPU's", "[cuda][gpu]") {
   for (const auto& [name, f] : exprs) {
     INFO(name);
     auto grads = [&](Device dev) {
-      Tensor x = x0.to(dev).requires_grad_(), w = w0.to(dev).requires_grad_(), v = v0.to(dev).requires_grad_();
+      Tensor x = x0.to(dev).detach().requires_grad_(), w = w0.to(dev).detach().requires_grad_(), v = v0.to(dev).detach().requires_grad_();
       f(x, w, v).backward();
       return std::vector<Tensor>{x.grad().cpu(), w.grad().cpu(), v.grad().cpu()};
     };
@@ -555,6 +556,48 @@ TEST_CASE("gradients of composite expressions equal the CPU's", "[cuda][gpu]") {
     for (size_t i = 0; i < g.size(); ++i) {
       INFO("grad " << i);
       CHECK(rel_diff(g[i].to(kGpu), c[i]) <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("float16 and bfloat16 matmul and conv2d on cuda:0 stay in their dtype and agree with the CPU's", "[cuda][gpu]") {
+  require_gpu();
+  for (DType dt : {kFloat16, kBFloat16}) {
+    INFO(dtype_name(dt));
+    // cuBLAS and cuDNN accumulate in float32 and round once, as the CPU's widened products do: the
+    // results differ by a rounding of the output (an ulp: 2^-8 relative in bfloat16, 2^-11 in float16).
+    const double tol = dt == kBFloat16 ? 2e-2 : 5e-3;
+    const Tensor a = randn_cpu({67, 130}, 51, dt), b = randn_cpu({130, 45}, 52, dt), bias = randn_cpu({45}, 53, dt);
+    const Tensor prod = mm(a.to(kGpu), b.to(kGpu));
+    CHECK(prod.dtype() == dt);
+    CHECK(rel_diff(prod, mm(a, b)) <= tol);
+    CHECK(rel_diff(mm(a.to(kGpu), t(randn_cpu({45, 130}, 60, dt)).to(kGpu)), mm(a, t(randn_cpu({45, 130}, 60, dt)))) <= tol);
+    CHECK(rel_diff(addmm(bias.to(kGpu), a.to(kGpu), b.to(kGpu), 0.5, 2.0), addmm(bias, a, b, 0.5, 2.0)) <= tol);
+    const Tensor p = randn_cpu({5, 33, 64}, 54, dt), q = randn_cpu({5, 64, 17}, 55, dt);
+    CHECK(rel_diff(bmm(p.to(kGpu), q.to(kGpu)), bmm(p, q)) <= tol);
+
+    // conv2d forward and backward (input, weight and bias gradients), through cuDNN and through the
+    // direct kernels (cuDNN off: they compute half precision in float32).
+    const Tensor x = randn_cpu({4, 6, 13, 11}, 56, dt), w = randn_cpu({8, 6, 3, 3}, 57, dt), cb = randn_cpu({8}, 58, dt);
+    const Tensor gy = randn_cpu({4, 8, 7, 6}, 59, dt);  // the output's shape at stride 2, padding 1
+    auto run = [&](Device dev) {
+      Tensor xd = x.to(dev).detach().requires_grad_(), wd = w.to(dev).detach().requires_grad_(),
+             bd = cb.to(dev).detach().requires_grad_();
+      Tensor y = F::conv2d(xd, wd, bd, F::Pair{2, 2}, F::Pair{1, 1});
+      sum(mul(y, gy.to(dev))).backward();
+      return std::vector<Tensor>{y.detach().cpu(), xd.grad().cpu(), wd.grad().cpu(), bd.grad().cpu()};
+    };
+    const auto c = run(kCPU);
+    for (bool cudnn : {true, false}) {
+      INFO("cuDNN " << (cudnn ? "on" : "off"));
+      cuda::set_cudnn_enabled(cudnn);
+      const auto g = run(kGpu);
+      cuda::set_cudnn_enabled(true);
+      for (size_t i = 0; i < g.size(); ++i) {
+        INFO("output/gradient " << i);
+        CHECK(g[i].dtype() == dt);
+        CHECK(rel_diff(g[i].to(kGpu), c[i]) <= tol);
+      }
     }
   }
 }
@@ -577,9 +620,10 @@ TrainRun train_mlp(Device device, bool adam) {
   else opt = std::make_unique<optim::SGD>(net->parameters(), optim::SGDOptions{.lr = 0.05, .momentum = 0.9});
   Generator data(42);
   TrainRun run;
+  // One fixed batch: the net fits it, so the loss falls (fresh random labels each step would not).
+  const Tensor x = randn({32, 20}, {}, &data);
+  const Tensor y = randint(0, 7, {32}, {.dtype = kInt64}, &data);
   for (int step = 0; step < 20; ++step) {
-    Tensor x = randn({32, 20}, {}, &data);
-    Tensor y = randint(0, 7, {32}, {.dtype = kInt64}, &data);
     opt->zero_grad();
     Tensor loss = F::cross_entropy(net->forward(x.to(device)), y.to(device));
     loss.backward();
