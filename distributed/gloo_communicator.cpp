@@ -53,6 +53,16 @@ class GlooStreamCommunicator::LaneWorker {
     cv_.notify_all();
     thread_.join();
   }
+  // Copies `src` into `dst` (one of them on `device`, the other a host tensor of the same size) on
+  // this worker's own stream, and waits for the copy. Only the worker's thread calls this.
+  void copy(const Tensor& dst, const Tensor& src, Device device) {
+    DeviceRuntime& rt = runtime_for(device, "ProcessGroup");
+    if (!copy_stream_) copy_stream_ = rt.create_stream(device.index, /*high_priority=*/false);
+    const CopyKind kind = dst.device().is_cpu() ? CopyKind::DeviceToHost : CopyKind::HostToDevice;
+    rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), static_cast<size_t>(src.numel()) * src.element_size(),
+                    kind, copy_stream_);
+    rt.synchronize_stream(copy_stream_);
+  }
   void push(Event ready, std::function<void(std::exception_ptr)> job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -91,6 +101,7 @@ class GlooStreamCommunicator::LaneWorker {
   std::condition_variable cv_;
   std::deque<Job> jobs_;
   bool stop_ = false;
+  StreamHandle copy_stream_ = nullptr;  // made at the first copy, on the lane's device
   std::thread thread_;
 };
 
@@ -117,11 +128,9 @@ void GlooStreamCommunicator::release_staging(bool all) {
     }
     staging_.swap(still);
   }
-  for (Staging& st : done) {
-    if (all) st.done.synchronize();
-    DeviceRuntime& rt = runtime_for(st.device, "ProcessGroup");
-    for (void* p : st.buffers) rt.host_free(p);
-  }
+  if (all)
+    for (Staging& st : done) st.done.synchronize();
+  // `done` goes out of scope here: the tensors and works the stream no longer needs are let go.
 }
 
 GlooStreamCommunicator::LaneWorker& GlooStreamCommunicator::worker_for(const Stream& stream) {
@@ -145,7 +154,6 @@ void GlooStreamCommunicator::add(const char* op, const TensorList& tensors, cons
   stream_ = stream;
   const Device device = stream.device();
   const bool staged = device.is_cuda() || StreamOrderedGroup::stage_through_host();
-  DeviceRuntime& rt = runtime_for(device, "ProcessGroup");
   const size_t first = aliases_.size();
   for (const Tensor& t : tensors) {
     keep_.push_back(alias_without_history(t));
@@ -155,15 +163,12 @@ void GlooStreamCommunicator::add(const char* op, const TensorList& tensors, cons
              "{} for shape {}); call .contiguous() first",
              op, device.str(), shape_str(t.strides()), shape_str(t.sizes()));
       }
-      // Copy to pinned host memory on the communication stream; Gloo works on the host copy.
-      const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
-      void* p = rt.host_malloc(std::max<size_t>(n, 1));
-      pinned_.push_back(p);
-      rt.memcpy_async(p, t.raw_data_ptr(), n, CopyKind::DeviceToHost, stream.handle());
-      aliases_.push_back(from_blob(p, t.sizes(), {.dtype = t.dtype()}));
+      // Gloo works on a host copy, which the lane worker fills and copies back (group_end).
+      Tensor host = make_tensor(t.sizes(), t.dtype(), Device::cpu());
+      aliases_.push_back(host);
       bool writes = false;
       for (const Tensor& w : written) writes = writes || w.is_same(t);
-      if (writes) copy_back_.emplace_back(t, p);
+      staged_.push_back({alias_without_history(t), host, writes});
     } else {
       // A CPU-device tensor over the same memory (the task runs while the sim device has it open).
       aliases_.push_back(from_blob(t.raw_data_ptr(), t.sizes(), t.strides(), {.dtype = t.dtype()}));
@@ -189,10 +194,8 @@ void GlooStreamCommunicator::group_end() {
   keep.swap(keep_);
   std::vector<const void*> open;
   open.swap(open_);
-  auto copy_back = std::move(copy_back_);
-  copy_back_.clear();
-  std::vector<void*> pinned;
-  pinned.swap(pinned_);
+  std::vector<StagedTensor> staged_tensors;
+  staged_tensors.swap(staged_);
   stream_.reset();
 
   std::shared_ptr<State> state = state_;  // the task may outlive the communicator
@@ -203,10 +206,10 @@ void GlooStreamCommunicator::group_end() {
   auto host = host_;
   DeviceRuntime& rt = runtime_for(stream.device(), "ProcessGroup");
   const bool staged = stream.device().is_cuda() || StreamOrderedGroup::stage_through_host();
-  // On CUDA the task runs as a cudaLaunchHostFunc, where no CUDA call is allowed: it must not hold
-  // the last reference to a device tensor (freeing one records an event on its stream) or to a work
-  // (its events). The device tensors and the works stay with the staging record instead, released
-  // on this side once the stream has passed the task.
+  // The host function on a CUDA stream may make no CUDA call: it must not hold the last reference
+  // to a device tensor (freeing one records an event on its stream) or to a work (its events). The
+  // device tensors and the works stay with the staging record instead, released on this side once
+  // the stream has passed the task.
   std::vector<std::shared_ptr<StreamWork>> works;
   for (const Job& job : jobs) works.push_back(job.work);
   // The collectives of the group, issued on the host copies (or, on sim, over the device memory the
@@ -254,28 +257,45 @@ void GlooStreamCommunicator::group_end() {
     // sim, in place: the task runs on the stream's own worker thread with the device memory open.
     rt.launch_host_task(stream.handle(), [run] { run(nullptr); }, std::move(open));
   } else {
-    // Staged (CUDA): the collectives run on a thread of this stream's own, once an event after the
-    // copies to the host has passed, and the stream waits in a host function until they are done.
-    // They must not run inside the host function itself: CUDA runs the host functions of all
-    // streams on one thread, so a send waiting there for its peer's receive would keep this
-    // process's own receive (another stream's host function) from ever being posted, and a ring
-    // of sends and receives would deadlock.
+    // Staged (CUDA): once an event after the caller's work has passed, the stream's lane worker
+    // copies the tensors to host memory on a stream of its own, runs the collectives and copies
+    // the results back, while the communication stream waits in a host function until it is done.
+    // Nothing here may wait inside the host function for another stream's work, nor issue device
+    // work that a device-wide barrier could queue behind it:
+    // - CUDA runs the host functions of all streams on one thread, so a send waiting there for its
+    //   peer's receive would keep this process's own receive (another stream's) from being posted;
+    // - allocating or freeing page-locked memory orders all later device work after everything
+    //   issued before (an implicit synchronization), so copies through pinned buffers made for a
+    //   receive would queue behind the send still waiting for the peer: a ring would deadlock.
+    // So the host copies are pageable memory, made and freed without CUDA, and copied by the worker.
     auto done = std::make_shared<Latch>();
     Event ready;
     ready.record(stream);
-    worker_for(stream).push(std::move(ready), [run, done](std::exception_ptr error) {
+    const Device device = stream.device();
+    LaneWorker& worker = worker_for(stream);
+    worker.push(std::move(ready), [run, done, jobs, device, staged_tensors, &worker](std::exception_ptr error) {
+      if (!error) {
+        try {
+          for (const StagedTensor& st : staged_tensors) worker.copy(st.host, st.device, device);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      }
       run(error);
+      if (!error) {
+        try {
+          for (const StagedTensor& st : staged_tensors)
+            if (st.written) worker.copy(st.device, st.host, device);
+        } catch (...) {
+          for (const Job& job : jobs) job.work->note_error(std::current_exception());
+        }
+      }
       done->open();
     });
     rt.launch_host_task(stream.handle(), [done] { done->wait(); }, {});
   }
-  // Copy the results back (every tensor the collectives write), then free the host copies and let
-  // go of the device tensors and works once the stream has passed here.
-  for (const auto& [t, p] : copy_back) {
-    rt.memcpy_async(t.raw_data_ptr(), p, static_cast<size_t>(t.numel()) * t.element_size(), CopyKind::HostToDevice,
-                    stream.handle());
-  }
-  Staging st{stream.device(), Event(), std::move(pinned), std::move(keep), std::move(works)};
+  // The device tensors and works stay here until the stream has passed the task (see Staging).
+  Staging st{stream.device(), Event(), std::move(keep), std::move(works)};
   st.done.record(stream);
   std::lock_guard<std::mutex> lock(staging_mutex_);
   staging_.push_back(std::move(st));

@@ -4,13 +4,12 @@
 // and every event recorded after it — passes only once the collective is done. This is what CI runs
 // under the stream-ordered group: real processes, real sockets, the real ordering code.
 //
-// CUDA tensors cannot be read by Gloo: they are staged through pinned host memory on the stream
-// (copy to host, the collective on the host copies, copy back). The collectives then run on a
-// thread of the stream's own, not in a CUDA host function (CUDA runs those of all streams on one
-// thread, where a blocking send would starve the receive of another stream: group_end), and the
-// stream waits for them in a host function. The pinned buffers are freed once an event after the
-// copies back has passed. CI runs this path on sim tensors with
-// StreamOrderedGroup::stage_through_host_for_testing.
+// CUDA tensors cannot be read by Gloo: they are staged through host memory. A thread of the
+// stream's own (its lane worker) waits for an event after the caller's work, copies the tensors to
+// host memory, runs the collectives on the copies and copies the results back, while the stream
+// waits in a host function until it has. Not in the host function itself, and not through pinned
+// buffers allocated on the way: either can deadlock a ring of sends and receives (group_end says
+// why). CI runs this path on sim tensors with StreamOrderedGroup::stage_through_host_for_testing.
 #pragma once
 
 #include <functional>
@@ -76,16 +75,18 @@ class GlooStreamCommunicator final : public Communicator {
   std::optional<Stream> stream_;
   std::vector<Job> jobs_;
   TensorList aliases_, keep_;
-  std::vector<std::pair<Tensor, void*>> copy_back_;  // device tensor, pinned buffer
-  std::vector<const void*> open_;                    // device memory the task touches (sim)
-  std::vector<void*> pinned_;
+  struct StagedTensor {
+    Tensor device, host;  // the device tensor and its host copy (Gloo's operand)
+    bool written;         // whether the collective writes it (then it is copied back)
+  };
+  std::vector<StagedTensor> staged_;
+  std::vector<const void*> open_;  // device memory the task touches (sim, in place)
 
   std::mutex staging_mutex_;
   struct Staging {
     Device device;
-    Event done;
-    std::vector<void*> buffers;
-    TensorList tensors;                               // the group's tensors, alive until `done`
+    Event done;                                      // recorded after the group's task
+    TensorList tensors;                              // the group's tensors, alive until `done`
     std::vector<std::shared_ptr<StreamWork>> works;  // likewise the works (see group_end)
   };
   std::vector<Staging> staging_;
