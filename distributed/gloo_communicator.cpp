@@ -153,27 +153,20 @@ void GlooStreamCommunicator::add(const char* op, const TensorList& tensors, cons
   if (stream_ && !(*stream_ == stream)) fail("gloo {}: every op of a coalesced group must use one stream", op);
   stream_ = stream;
   const Device device = stream.device();
-  const bool staged = device.is_cuda() || StreamOrderedGroup::stage_through_host();
   const size_t first = aliases_.size();
   for (const Tensor& t : tensors) {
     keep_.push_back(alias_without_history(t));
-    if (staged) {
-      if (!t.is_contiguous()) {
-        fail("ProcessGroup gloo {}: a {} tensor goes to Gloo through host memory and must be contiguous (got strides "
-             "{} for shape {}); call .contiguous() first",
-             op, device.str(), shape_str(t.strides()), shape_str(t.sizes()));
-      }
-      // Gloo works on a host copy, which the lane worker fills and copies back (group_end).
-      Tensor host = make_tensor(t.sizes(), t.dtype(), Device::cpu());
-      aliases_.push_back(host);
-      bool writes = false;
-      for (const Tensor& w : written) writes = writes || w.is_same(t);
-      staged_.push_back({alias_without_history(t), host, writes});
-    } else {
-      // A CPU-device tensor over the same memory (the task runs while the sim device has it open).
-      aliases_.push_back(from_blob(t.raw_data_ptr(), t.sizes(), t.strides(), {.dtype = t.dtype()}));
-      open_.push_back(t.storage()->data());
+    if (!t.is_contiguous()) {
+      fail("ProcessGroup gloo {}: a {} tensor goes to Gloo through host memory and must be contiguous (got strides "
+           "{} for shape {}); call .contiguous() first",
+           op, device.str(), shape_str(t.strides()), shape_str(t.sizes()));
     }
+    // Gloo works on a host copy, which the lane worker fills and copies back (group_end).
+    Tensor host = make_tensor(t.sizes(), t.dtype(), Device::cpu());
+    aliases_.push_back(host);
+    bool writes = false;
+    for (const Tensor& w : written) writes = writes || w.is_same(t);
+    staged_.push_back({alias_without_history(t), host, writes});
   }
   jobs_.push_back({std::move(issue), first, tensors.size(), work});
   if (implicit) group_end();
@@ -192,8 +185,6 @@ void GlooStreamCommunicator::group_end() {
   TensorList aliases, keep;
   aliases.swap(aliases_);
   keep.swap(keep_);
-  std::vector<const void*> open;
-  open.swap(open_);
   std::vector<StagedTensor> staged_tensors;
   staged_tensors.swap(staged_);
   stream_.reset();
@@ -205,15 +196,14 @@ void GlooStreamCommunicator::group_end() {
   }
   auto host = host_;
   DeviceRuntime& rt = runtime_for(stream.device(), "ProcessGroup");
-  const bool staged = stream.device().is_cuda() || StreamOrderedGroup::stage_through_host();
   // The host function on a CUDA stream may make no CUDA call: it must not hold the last reference
   // to a device tensor (freeing one records an event on its stream) or to a work (its events). The
   // device tensors and the works stay with the staging record instead, released on this side once
   // the stream has passed the task.
   std::vector<std::shared_ptr<StreamWork>> works;
   for (const Job& job : jobs) works.push_back(job.work);
-  // The collectives of the group, issued on the host copies (or, on sim, over the device memory the
-  // stream task opens) and waited for. `error`: why they cannot run at all.
+  // The collectives of the group, issued on the host copies and waited for. `error`: why they
+  // cannot run at all.
   auto run = [jobs, host, aliases, state](std::exception_ptr error) {
     std::string aborted;
     {
@@ -253,11 +243,8 @@ void GlooStreamCommunicator::group_end() {
       }
     }
   };
-  if (!staged) {
-    // sim, in place: the task runs on the stream's own worker thread with the device memory open.
-    rt.launch_host_task(stream.handle(), [run] { run(nullptr); }, std::move(open));
-  } else {
-    // Staged (CUDA): once an event after the caller's work has passed, the stream's lane worker
+  {
+    // Once an event after the caller's work has passed, the stream's lane worker
     // copies the tensors to host memory on a stream of its own, runs the collectives and copies
     // the results back, while the communication stream waits in a host function until it is done.
     // Nothing here may wait inside the host function for another stream's work, nor issue device

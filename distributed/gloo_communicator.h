@@ -1,15 +1,18 @@
-// Gloo on the stream: a Communicator (communicator.h) whose collectives are tasks on the
-// communication stream. The task issues the Gloo collective of a host process group over the
-// device buffer (the sim device opens that memory for the task) and waits for it, so the stream —
-// and every event recorded after it — passes only once the collective is done. This is what CI runs
-// under the stream-ordered group: real processes, real sockets, the real ordering code.
+// Gloo on the stream: a Communicator (communicator.h) whose collectives are ordered on the
+// communication stream, so the stream — and every event recorded after it — passes only once the
+// collective is done. This is what CI runs under the stream-ordered group on sim (and what CUDA
+// tensors use where NCCL is not linked): real processes, real sockets, the real ordering code.
 //
-// CUDA tensors cannot be read by Gloo: they are staged through host memory. A thread of the
-// stream's own (its lane worker) waits for an event after the caller's work, copies the tensors to
-// host memory, runs the collectives on the copies and copies the results back, while the stream
-// waits in a host function until it has. Not in the host function itself, and not through pinned
-// buffers allocated on the way: either can deadlock a ring of sends and receives (group_end says
-// why). CI runs this path on sim tensors with StreamOrderedGroup::stage_through_host_for_testing.
+// Gloo reads host memory, so device tensors are staged: a thread of the stream's own (its lane
+// worker) waits for an event after the caller's work, copies the tensors to host memory, runs the
+// collectives on the copies and copies the results back, while the stream waits in a host function
+// until it has. Not in the host function itself, and not through pinned buffers allocated on the
+// way: either can deadlock a ring of sends and receives on CUDA (group_end says why). The sim
+// device refuses device calls in host functions as CUDA does, so CI runs exactly this path.
+// Known limit: CUDA may run the host functions of all streams on one thread, so while one lane's
+// host function waits for its peers, another lane's cannot run; with several lanes in flight at
+// once (a pipeline's sends, receives and data-parallel allreduces over Gloo with CUDA tensors) that
+// can deadlock. Use NCCL for CUDA tensors there (sim does not model this serialization).
 #pragma once
 
 #include <functional>
@@ -80,7 +83,6 @@ class GlooStreamCommunicator final : public Communicator {
     bool written;         // whether the collective writes it (then it is copied back)
   };
   std::vector<StagedTensor> staged_;
-  std::vector<const void*> open_;  // device memory the task touches (sim, in place)
 
   std::mutex staging_mutex_;
   struct Staging {

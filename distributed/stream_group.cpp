@@ -13,7 +13,6 @@ namespace chorus::distributed {
 namespace {
 
 std::atomic<bool> g_skip_waits{false};
-std::atomic<bool> g_force_staging{false};
 
 bool all_cpu(const TensorList& tensors) {
   for (const Tensor& t : tensors)
@@ -91,8 +90,6 @@ void StreamWork::add_outputs(const TensorList& outputs) { outputs_.insert(output
 // StreamOrderedGroup
 
 void StreamOrderedGroup::skip_stream_waits_for_testing(bool skip) { g_skip_waits.store(skip); }
-void StreamOrderedGroup::stage_through_host_for_testing(bool stage) { g_force_staging.store(stage); }
-bool StreamOrderedGroup::stage_through_host() { return g_force_staging.load(); }
 
 StreamOrderedGroup::StreamOrderedGroup(std::shared_ptr<ProcessGroup> cpu, DeviceCommunicators devices,
                                        std::chrono::milliseconds timeout, std::string name)

@@ -113,10 +113,6 @@ class StreamOrderedGroup final : public ProcessGroup {
   // Test-only: leave out both event waits of [Sync Streams], so a test can show that without them
   // the results go wrong (with the sim device's delays).
   static void skip_stream_waits_for_testing(bool skip);
-  // Test-only: stage sim tensors through pinned host memory as CUDA tensors are for Gloo, so CI
-  // runs that path.
-  static void stage_through_host_for_testing(bool stage);
-  static bool stage_through_host();
 
  private:
   using Call = std::function<void(Communicator&, const Stream&, const std::shared_ptr<StreamWork>&)>;

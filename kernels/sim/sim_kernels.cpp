@@ -18,6 +18,7 @@
 #include "kernels/cpu/nn_basic.h"
 #include "kernels/dispatch.h"
 #include "tensor/runtime.h"
+#include "tensor/sim/sim.h"
 
 namespace chorus::kernels::sim {
 namespace {
@@ -73,12 +74,10 @@ struct OnStream<Kernel> {
     (name_buffer(buffers, args), ...);
     auto held = std::make_tuple(Held<A>::hold(args)...);
     const Stream stream = current_stream(device);
-    runtime_for(device, "sim kernel")
-        .launch_host_task(stream.handle(),
-                          [held = std::move(held)]() {
-                            std::apply([](const auto&... h) { Kernel(Held<A>::pass(h)...); }, held);
-                          },
-                          std::move(buffers));
+    ::chorus::sim::launch_kernel(
+        stream.handle(),
+        [held = std::move(held)]() { std::apply([](const auto&... h) { Kernel(Held<A>::pass(h)...); }, held); },
+        std::move(buffers));
   }
 };
 

@@ -211,6 +211,31 @@ class SimStream {
   std::thread worker_;
 };
 
+// ---- Host functions ----------------------------------------------------------------------------
+// As in a CUDA host function (cudaLaunchHostFunc), a device call made inside one fails
+// (cudaErrorNotPermitted), and so does one made while destroying what the function captured.
+// Unlike CUDA, which may run the host functions of all streams on one thread, sim runs each on its
+// own stream's thread (a host function waiting for another stream's would deadlock on CUDA: don't).
+
+thread_local bool t_in_host_function = false;
+
+void refuse_in_host_function(const char* call) {
+  if (t_in_host_function) {
+    fail("sim: {} called inside a host function (launch_host_task): CUDA refuses every CUDA call there "
+         "(cudaErrorNotPermitted); do it on a thread of your own",
+         call);
+  }
+}
+
+// Runs fn and then destroys what it captured, both under the host-function rule. An exception
+// leaving fn ends the process, as one thrown through CUDA's C callback does.
+void run_host_function(std::function<void()>& fn) noexcept {
+  t_in_host_function = true;
+  fn();
+  fn = nullptr;
+  t_in_host_function = false;
+}
+
 // ---- The runtime -------------------------------------------------------------------------------
 
 class SimRuntime final : public DeviceRuntime {
@@ -226,6 +251,7 @@ class SimRuntime final : public DeviceRuntime {
   void set_device(int) override {}
 
   void* malloc(int device, size_t nbytes) override {
+    refuse_in_host_function("malloc");
     size_t cap;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -233,7 +259,10 @@ class SimRuntime final : public DeviceRuntime {
     }
     return memory_.allocate(device, nbytes, cap);
   }
-  void free(int device, void* ptr) override { memory_.release(device, ptr); }
+  void free(int device, void* ptr) override {
+    refuse_in_host_function("free");
+    memory_.release(device, ptr);
+  }
   size_t total_memory(int device) override {
     std::lock_guard<std::mutex> lock(mutex_);
     return capacity_[device];
@@ -241,6 +270,7 @@ class SimRuntime final : public DeviceRuntime {
   // Pinned host memory is remembered: an asynchronous copy from it reads it when the stream gets
   // there (as CUDA's does), while one from any other host memory reads it at the call (staged).
   void* host_malloc(size_t nbytes) override {
+    refuse_in_host_function("host_malloc");
     void* p = std::aligned_alloc(64, std::max<size_t>(64, (nbytes + 63) / 64 * 64));
     if (p == nullptr) fail("sim: out of host memory allocating {} pinned bytes", nbytes);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -248,6 +278,7 @@ class SimRuntime final : public DeviceRuntime {
     return p;
   }
   void host_free(void* ptr) override {
+    refuse_in_host_function("host_free");
     {
       std::lock_guard<std::mutex> lock(mutex_);
       pinned_.erase(reinterpret_cast<uintptr_t>(ptr));
@@ -277,8 +308,12 @@ class SimRuntime final : public DeviceRuntime {
     return default_streams_[device];
   }
   bool query_stream(StreamHandle s) override { return as_stream(s)->idle(); }
-  void synchronize_stream(StreamHandle s) override { as_stream(s)->synchronize(); }
+  void synchronize_stream(StreamHandle s) override {
+    refuse_in_host_function("synchronize_stream");
+    as_stream(s)->synchronize();
+  }
   void synchronize_device(int device) override {
+    refuse_in_host_function("synchronize_device");
     std::vector<SimStream*> all;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -289,6 +324,7 @@ class SimRuntime final : public DeviceRuntime {
   }
 
   void memcpy_async(void* dst, const void* src, size_t nbytes, CopyKind kind, StreamHandle s) override {
+    refuse_in_host_function("memcpy_async");
     if (nbytes == 0) return;
     if (kind == CopyKind::HostToDevice && !is_pinned(src)) {
       // As CUDA with pageable memory: the source is read before the call returns (staged), so the
@@ -302,12 +338,20 @@ class SimRuntime final : public DeviceRuntime {
   }
 
   void launch_host_task(StreamHandle s, std::function<void()> fn, std::vector<const void*> buffers) override {
+    refuse_in_host_function("launch_host_task");
+    auto held = std::make_shared<std::function<void()>>(std::move(fn));
+    as_stream(s)->submit(Task{[held] { run_host_function(*held); }, std::move(buffers)});
+  }
+  // A kernel: runs on the stream's own thread, concurrently with other streams' (sim.h).
+  void launch_kernel(StreamHandle s, std::function<void()> fn, std::vector<const void*> buffers) {
+    refuse_in_host_function("a kernel launch");
     as_stream(s)->submit(Task{std::move(fn), std::move(buffers)});
   }
 
   // An EventHandle is a heap-held shared_ptr: tasks that record or wait take their own reference,
   // so dropping an Event with work pending neither blocks the host nor frees what a stream uses.
   EventHandle create_event(int device, bool enable_timing) override {
+    refuse_in_host_function("create_event");
     auto ev = std::make_shared<SimEvent>();
     ev->device = device;
     ev->timing = enable_timing;
@@ -315,6 +359,7 @@ class SimRuntime final : public DeviceRuntime {
   }
   void destroy_event(EventHandle e) override { delete static_cast<std::shared_ptr<SimEvent>*>(e); }
   void record_event(EventHandle e, StreamHandle s) override {
+    refuse_in_host_function("record_event");
     std::shared_ptr<SimEvent> ev = shared_event(e);
     uint64_t generation;
     {
@@ -324,6 +369,7 @@ class SimRuntime final : public DeviceRuntime {
     as_stream(s)->submit(Task{[ev, generation] { ev->complete(generation); }, {}, true});
   }
   void stream_wait_event(StreamHandle s, EventHandle e) override {
+    refuse_in_host_function("stream_wait_event");
     std::shared_ptr<SimEvent> ev = shared_event(e);
     uint64_t generation;
     {
@@ -339,6 +385,7 @@ class SimRuntime final : public DeviceRuntime {
     return ev->completed >= ev->recorded;
   }
   void synchronize_event(EventHandle e) override {
+    refuse_in_host_function("synchronize_event");
     auto* ev = as_event(e);
     uint64_t target;
     {
@@ -405,5 +452,8 @@ void set_memory_capacity(int device, size_t bytes) { runtime().set_capacity(devi
 size_t memory_in_use(int device) { return runtime().in_use(device); }
 bool protection_enabled() { return runtime().protect(); }
 uint64_t tasks_run() { return g_tasks.load(); }
+void launch_kernel(void* stream, std::function<void()> fn, std::vector<const void*> buffers) {
+  runtime().launch_kernel(stream, std::move(fn), std::move(buffers));
+}
 
 }  // namespace chorus::sim

@@ -10,6 +10,11 @@
 // - An event carries a generation counter: record() bumps it and the stream marks it complete when
 //   it gets there; stream.wait(event) captures the generation at the call (cudaStreamWaitEvent's
 //   documented semantics: a later record does not affect an earlier wait).
+// - Host functions (launch_host_task) follow CUDA's cudaLaunchHostFunc rule: a device call inside
+//   one (an allocation, a free, a copy, an event, a launch), also from a destructor of what it
+//   captured, fails as cudaErrorNotPermitted does. They run on their stream's thread; CUDA may run
+//   those of all streams on one thread, which sim does not model. Kernels (launch_kernel) run on
+//   their stream's own thread without the rule.
 // - Delay injection: CHORUS_SIM_DELAY_US=N (or set_delay_us) sleeps a random 0..N us before every
 //   task, so a missing synchronization shows up as a wrong result in tests.
 // - CHORUS_SIM_DEVICES (default 2) devices, each with a settable capacity (default 16 GiB).
@@ -17,6 +22,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 namespace chorus {
 class DeviceRuntime;
@@ -39,5 +46,9 @@ size_t memory_in_use(int device);
 bool protection_enabled();
 // Number of tasks run so far on all sim streams (tests use it to see work went to the device).
 uint64_t tasks_run();
+// Queues a kernel on a sim stream (a StreamHandle): fn runs on the stream's own thread, with the
+// device memory of `buffers` open, concurrently with other streams' kernels. The sim kernel table
+// launches this way; tests use it for device work of their own.
+void launch_kernel(void* stream, std::function<void()> fn, std::vector<const void*> buffers);
 
 }  // namespace chorus::sim

@@ -50,8 +50,8 @@ Tensor rank_input(int rank, DType dt, const Shape& shape) {
 
 // device: where the collectives' tensors live (sim:N: through the stream-ordered group's
 // communication streams); the expected values are computed on the CPU.
-void scenario_collectives(ProcessGroup& pg, Device device = kCPU, bool staged = false) {
-  if (staged) StreamOrderedGroup::stage_through_host_for_testing(true);
+void scenario_collectives(ProcessGroup& pg, Device device = kCPU) {
+  const bool staged = !device.is_cpu();  // device tensors go to Gloo through host copies
   const int rank = pg.rank(), world = pg.size();
   const Shape shape{3, 5};
   for (DType dt : {kFloat32, kFloat64, kBFloat16, kFloat16, kInt64, kInt32}) {
@@ -707,14 +707,13 @@ int main(int argc, char** argv) {
     auto pg = init_process_group(init);
     g_rank = pg->rank();
     if (scenario == "collectives") {
-      scenario_collectives(*pg, argc > 2 ? Device(argv[2]) : kCPU, argc > 3 && std::string(argv[3]) == "staged");
+      scenario_collectives(*pg, argc > 2 ? Device(argv[2]) : kCPU);
     }
     else if (scenario == "ddp") {
       const std::string kind = argv[2];
       const DType dt = std::string(argv[3]) == "float64" ? kFloat64 : kFloat32;
       const Device device = argc > 6 ? Device(argv[6]) : kCPU;
       const bool unordered = argc > 7 && std::string(argv[7]) == "unordered";
-      if (argc > 7 && std::string(argv[7]) == "staged") StreamOrderedGroup::stage_through_host_for_testing(true);
       scenario_ddp_equivalence(pg, kind, dt, std::atof(argv[4]), std::string(argv[5]) == "1", device, unordered);
     } else if (scenario == "no_sync") {
       scenario_no_sync(pg, argc > 2 ? Device(argv[2]) : kCPU, argc > 3 ? argv[3] : "");

@@ -53,10 +53,9 @@ TEST_CASE("DDP on sim devices equals single-process training, with no host block
   require_all_ok(run_dist_workers(3, {"find_unused", "sim:0"}, delays));
   require_all_ok(run_dist_workers(3, {"join", "sim:0"}, delays));
   require_all_ok(run_dist_workers(2, {"syncbn", "sim:0"}, delays));
-  // The path CUDA tensors take through Gloo: staged through pinned host memory on the
-  // communication stream (forced here for sim tensors).
-  require_all_ok(run_dist_workers(3, {"collectives", "sim:0", "staged"}, delays));
-  require_all_ok(run_dist_workers(2, {"ddp", "cnn", "float64", "0.0005", "0", "sim:0", "staged"}, delays));
+  // (Device tensors reach Gloo through host copies made by a thread of the stream's own, with
+  // sim's host functions run as CUDA runs them: the send/receive ring of "collectives" below is
+  // what deadlocked on a GPU when the copies or the collectives sat in host functions.)
   for (int world = 1; world <= 3; ++world) {
     INFO("every collective and dtype on sim:0, world size " << world);
     require_all_ok(run_dist_workers(world, {"collectives", "sim:0"}, delays));

@@ -235,7 +235,7 @@ TEST_CASE("caching allocator: record_stream keeps a block from reuse until the o
   void* p = alloc.allocate(n, dev);
   // A slow consumer on b writes its pattern into the block long after the host dropped it.
   std::atomic<bool> b_done{false};
-  rt.launch_host_task(
+  sim::launch_kernel(
       b.handle(),
       [p, n, &b_done] {
         std::this_thread::sleep_for(300ms);
@@ -259,7 +259,7 @@ TEST_CASE("caching allocator: record_stream keeps a block from reuse until the o
     CHECK(q == p);  // without record_stream the block is reused at once...
   }
   // a's new tensor is written on a, before b's late write.
-  rt.launch_host_task(a.handle(), [q, n] { std::memset(q, 0xAA, n); }, {q});
+  sim::launch_kernel(a.handle(), [q, n] { std::memset(q, 0xAA, n); }, {q});
   b.synchronize();
   const auto q_data = read_device(rt, a, q, n);
   if (record) {
@@ -293,8 +293,8 @@ TEST_CASE("caching allocator: record_stream on the owning stream or on several s
 
   p = alloc.allocate(1000, dev);
   std::atomic<bool> release_b{false}, release_c{false};
-  rt.launch_host_task(b.handle(), [&] { while (!release_b) std::this_thread::sleep_for(1ms); }, {});
-  rt.launch_host_task(c.handle(), [&] { while (!release_c) std::this_thread::sleep_for(1ms); }, {});
+  sim::launch_kernel(b.handle(), [&] { while (!release_b) std::this_thread::sleep_for(1ms); }, {});
+  sim::launch_kernel(c.handle(), [&] { while (!release_c) std::this_thread::sleep_for(1ms); }, {});
   alloc.record_stream(p, b);
   alloc.record_stream(p, c);
   alloc.deallocate(p, dev);
@@ -369,7 +369,7 @@ TEST_CASE("caching allocator: out of memory frees the cache and retries, then th
   SECTION("blocks awaiting another stream's events are waited for before giving up") {
     void* p = alloc.allocate(40 * MiB, dev);
     std::atomic<bool> b_done{false};
-    rt.launch_host_task(b.handle(), [&] { std::this_thread::sleep_for(200ms); b_done = true; }, {p});
+    sim::launch_kernel(b.handle(), [&] { std::this_thread::sleep_for(200ms); b_done = true; }, {p});
     alloc.record_stream(p, b);
     alloc.deallocate(p, dev);
     const uint64_t syncs = host_sync_count();
@@ -424,7 +424,7 @@ TEST_CASE("caching allocator: sim Storage goes through the registered allocator 
     // record_stream through the storage: freed while a side stream is busy, it waits for it.
     Stream side = stream_from_pool(dev);
     std::atomic<bool> release{false};
-    sim_runtime().launch_host_task(side.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
+    sim::launch_kernel(side.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
     record_stream(large, side);
     void* large_ptr = large->data();
     large.reset();
@@ -650,7 +650,7 @@ TEST_CASE("caching allocator: concurrent allocate/free from host threads and str
         auto* p = static_cast<uint64_t*>(alloc.allocate(words * sizeof(uint64_t), dev));
         auto owned = std::make_shared<Owned>(&alloc, dev, p, words);
         const uint64_t tag = (uint64_t(t) << 32) | uint64_t(i);
-        rt.launch_host_task(
+        sim::launch_kernel(
             own.handle(),
             [owned, tag, &bad_tags] {
               owned->ptr[0] = tag;
@@ -666,7 +666,7 @@ TEST_CASE("caching allocator: concurrent allocate/free from host threads and str
           written.record(own);
           other.wait(written);
           alloc.record_stream(p, other);
-          rt.launch_host_task(
+          sim::launch_kernel(
               other.handle(),
               [owned, tag, &bad_tags] {
                 if (owned->ptr[0] != tag || owned->ptr[owned->words - 1] != tag) bad_tags.fetch_add(1);

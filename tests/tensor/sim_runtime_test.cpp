@@ -10,6 +10,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -41,7 +43,7 @@ TEST_CASE("sim: tasks on one stream run in submission order, one at a time") {
   std::atomic<int> max_running{0};
   const uint64_t tasks_before = sim::tasks_run();
   for (int i = 0; i < 200; ++i) {
-    rt.launch_host_task(
+    sim::launch_kernel(
         s.handle(),
         [&, i] {
           int now = running.fetch_add(1) + 1;
@@ -75,7 +77,7 @@ TEST_CASE("sim: what a task captured is destroyed before synchronize returns") {
   Stream s = stream_from_pool(Device::sim(0));
   {
     auto held = std::make_shared<SlowToDestroy>(&destroyed);
-    sim_runtime().launch_host_task(s.handle(), [held] {}, {});
+    sim::launch_kernel(s.handle(), [held] {}, {});
   }
   s.synchronize();
   CHECK(destroyed.load());
@@ -89,14 +91,14 @@ TEST_CASE("sim: streams run concurrently") {
   // a's task waits for b's: with one thread for both (or a's queue blocking b's) this never ends.
   std::atomic<bool> b_ran{false};
   std::atomic<bool> a_saw_b{false};
-  rt.launch_host_task(
+  sim::launch_kernel(
       a.handle(),
       [&] {
         for (int i = 0; i < 2000 && !b_ran.load(); ++i) std::this_thread::sleep_for(1ms);
         a_saw_b = b_ran.load();
       },
       {});
-  rt.launch_host_task(b.handle(), [&] { b_ran = true; }, {});
+  sim::launch_kernel(b.handle(), [&] { b_ran = true; }, {});
   a.synchronize();
   b.synchronize();
   CHECK(a_saw_b.load());
@@ -111,11 +113,11 @@ TEST_CASE("sim: a stream waiting on an event runs after the work the event captu
   SECTION("with the wait, b sees a's write") {
     std::atomic<int> flag{0};
     std::atomic<int> seen{-1};
-    rt.launch_host_task(a.handle(), [&] { std::this_thread::sleep_for(100ms); flag = 1; }, {});
+    sim::launch_kernel(a.handle(), [&] { std::this_thread::sleep_for(100ms); flag = 1; }, {});
     Event e;
     e.record(a);
     b.wait(e);
-    rt.launch_host_task(b.handle(), [&] { seen = flag.load(); }, {});
+    sim::launch_kernel(b.handle(), [&] { seen = flag.load(); }, {});
     b.synchronize();
     CHECK(seen.load() == 1);
     a.synchronize();
@@ -123,8 +125,8 @@ TEST_CASE("sim: a stream waiting on an event runs after the work the event captu
   SECTION("without it, b runs first (so the section above can fail)") {
     std::atomic<int> flag{0};
     std::atomic<int> seen{-1};
-    rt.launch_host_task(a.handle(), [&] { std::this_thread::sleep_for(300ms); flag = 1; }, {});
-    rt.launch_host_task(b.handle(), [&] { seen = flag.load(); }, {});
+    sim::launch_kernel(a.handle(), [&] { std::this_thread::sleep_for(300ms); flag = 1; }, {});
+    sim::launch_kernel(b.handle(), [&] { seen = flag.load(); }, {});
     b.synchronize();
     CHECK(seen.load() == 0);
     a.synchronize();
@@ -138,12 +140,12 @@ TEST_CASE("sim: a wait captures the event's generation at the call; a later reco
   std::atomic<int> first{0}, second{0};
   std::atomic<int> saw_first{-1}, saw_second{-1};
   Event e;
-  rt.launch_host_task(a.handle(), [&] { std::this_thread::sleep_for(50ms); first = 1; }, {});
+  sim::launch_kernel(a.handle(), [&] { std::this_thread::sleep_for(50ms); first = 1; }, {});
   e.record(a);  // generation 1: after `first`
   b.wait(e);    // waits for generation 1 only
-  rt.launch_host_task(a.handle(), [&] { std::this_thread::sleep_for(500ms); second = 1; }, {});
+  sim::launch_kernel(a.handle(), [&] { std::this_thread::sleep_for(500ms); second = 1; }, {});
   e.record(a);  // generation 2: after `second`; must not delay b
-  rt.launch_host_task(b.handle(), [&] { saw_first = first.load(); saw_second = second.load(); }, {});
+  sim::launch_kernel(b.handle(), [&] { saw_first = first.load(); saw_second = second.load(); }, {});
   b.synchronize();
   CHECK(saw_first.load() == 1);   // the wait did wait
   CHECK(saw_second.load() == 0);  // but only for what was recorded before it (OpenReg waits for this)
@@ -158,7 +160,7 @@ TEST_CASE("sim: query reports pending and completed work; a never-recorded event
   Event never;
   CHECK(never.query());
   std::atomic<bool> release{false};
-  rt.launch_host_task(s.handle(), [&] { while (!release.load()) std::this_thread::sleep_for(1ms); }, {});
+  sim::launch_kernel(s.handle(), [&] { while (!release.load()) std::this_thread::sleep_for(1ms); }, {});
   Event e;
   e.record(s);
   CHECK_FALSE(s.query());
@@ -177,7 +179,7 @@ TEST_CASE("sim: elapsed_time between timing events measures the work between the
   Stream s = stream_from_pool(Device::sim(0));
   Event start(/*enable_timing=*/true), end(/*enable_timing=*/true);
   start.record(s);
-  rt.launch_host_task(s.handle(), [] { std::this_thread::sleep_for(30ms); }, {});
+  sim::launch_kernel(s.handle(), [] { std::this_thread::sleep_for(30ms); }, {});
   end.record(s);
   end.synchronize();
   const double ms = start.elapsed_time(end);
@@ -201,7 +203,7 @@ TEST_CASE("sim: device memory is readable by a task that names it, and a host re
   // Through the stream: H2D, a kernel-like task, D2H.
   std::vector<unsigned char> in(n, 7), out(n, 0);
   rt.memcpy_async(dev, in.data(), n, CopyKind::HostToDevice, s.handle());
-  rt.launch_host_task(s.handle(), [=] { for (size_t i = 0; i < n; ++i) dev[i] = static_cast<unsigned char>(dev[i] + i % 3); }, {dev});
+  sim::launch_kernel(s.handle(), [=] { for (size_t i = 0; i < n; ++i) dev[i] = static_cast<unsigned char>(dev[i] + i % 3); }, {dev});
   rt.memcpy_async(out.data(), dev, n, CopyKind::DeviceToHost, s.handle());
   s.synchronize();
   for (size_t i = 0; i < n; ++i) REQUIRE(out[i] == 7 + i % 3);
@@ -238,7 +240,7 @@ TEST_CASE("sim: with delay injection, many tasks on many streams keep stream ord
   std::atomic<int> out_of_order{0};
   const int steps = 300;
   for (int k = 0; k < steps; ++k) {
-    rt.launch_host_task(
+    sim::launch_kernel(
         a.handle(),
         [=, &out_of_order] {
           for (size_t i = 0; i < n; ++i) {
@@ -263,3 +265,40 @@ TEST_CASE("sim: with delay injection, many tasks on many streams keep stream ord
   a.synchronize();
   rt.free(0, buf);
 }
+
+TEST_CASE("sim: a device call inside a host function fails as cudaErrorNotPermitted") {
+  DeviceRuntime& rt = sim_runtime();
+  Stream s = stream_from_pool(Device::sim(0));
+  void* p = rt.malloc(0, 256);
+  std::vector<std::string> refused;
+  rt.launch_host_task(
+      s.handle(),
+      [&] {
+        auto attempt = [&](const std::function<void()>& call) {
+          try {
+            call();
+          } catch (const Error& e) {
+            refused.push_back(e.what());
+          }
+        };
+        attempt([&] { rt.free(0, p); });
+        attempt([&] { rt.malloc(0, 64); });
+        attempt([&] {
+          EventHandle e = rt.create_event(0, false);
+          rt.destroy_event(e);
+        });
+        attempt([&] { rt.synchronize_stream(s.handle()); });
+        attempt([&] { rt.launch_host_task(s.handle(), [] {}, {}); });
+        attempt([&] { sim::launch_kernel(s.handle(), [] {}, {}); });
+      },
+      {});
+  s.synchronize();
+  REQUIRE(refused.size() == 6);
+  for (const std::string& m : refused) {
+    INFO(m);
+    CHECK(m.find("inside a host function") != std::string::npos);
+    CHECK(m.find("cudaErrorNotPermitted") != std::string::npos);
+  }
+  rt.free(0, p);  // outside, the same call is fine
+}
+
