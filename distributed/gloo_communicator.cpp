@@ -244,17 +244,20 @@ void GlooStreamCommunicator::group_end() {
     }
   };
   {
-    // Once an event after the caller's work has passed, the stream's lane worker
-    // copies the tensors to host memory on a stream of its own, runs the collectives and copies
-    // the results back, while the communication stream waits in a host function until it is done.
-    // Nothing here may wait inside the host function for another stream's work, nor issue device
-    // work that a device-wide barrier could queue behind it:
-    // - CUDA runs the host functions of all streams on one thread, so a send waiting there for its
-    //   peer's receive would keep this process's own receive (another stream's) from being posted;
+    // Once an event after the caller's work has passed, the stream's lane worker copies the
+    // tensors to host memory on a stream of its own, runs the collectives and copies the results
+    // back, while the communication stream waits in a host function until it is done. What the
+    // first GPU run taught (2026-11-26):
+    // - no CUDA call inside a host function (cudaErrorNotPermitted): the worker does the copies;
+    // - CUDA may run the host functions of all streams on one thread, so the collectives must not
+    //   run inside one: a send waiting there for its peer's receive would keep this process's own
+    //   receive (another stream's host function) from being posted, and a ring would deadlock;
     // - allocating or freeing page-locked memory orders all later device work after everything
-    //   issued before (an implicit synchronization), so copies through pinned buffers made for a
-    //   receive would queue behind the send still waiting for the peer: a ring would deadlock.
-    // So the host copies are pageable memory, made and freed without CUDA, and copied by the worker.
+    //   issued before (an implicit synchronization): copies through pinned buffers made for a
+    //   receive would queue behind the send still waiting for its peer. The host copies are
+    //   pageable memory, made and freed without CUDA.
+    // The host function still waits for the worker, so with several lanes in flight a waiting one
+    // can hold up another's host function (gloo_communicator.h, "Known limit").
     auto done = std::make_shared<Latch>();
     Event ready;
     ready.record(stream);
