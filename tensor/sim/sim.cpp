@@ -165,6 +165,15 @@ class SimStream {
     std::lock_guard<std::mutex> lock(mutex_);
     return done_ == submitted_;
   }
+  uint64_t submitted() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return submitted_;
+  }
+  // Blocks until the first n tasks submitted here have finished.
+  void wait_done(uint64_t n) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [&] { return done_ >= n; });
+  }
 
   void synchronize() {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -271,6 +280,7 @@ class SimRuntime final : public DeviceRuntime {
   // there (as CUDA's does), while one from any other host memory reads it at the call (staged).
   void* host_malloc(size_t nbytes) override {
     refuse_in_host_function("host_malloc");
+    barrier_all_streams();
     void* p = std::aligned_alloc(64, std::max<size_t>(64, (nbytes + 63) / 64 * 64));
     if (p == nullptr) fail("sim: out of host memory allocating {} pinned bytes", nbytes);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -279,6 +289,7 @@ class SimRuntime final : public DeviceRuntime {
   }
   void host_free(void* ptr) override {
     refuse_in_host_function("host_free");
+    barrier_all_streams();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       pinned_.erase(reinterpret_cast<uintptr_t>(ptr));
@@ -414,6 +425,26 @@ class SimRuntime final : public DeviceRuntime {
   bool protect() const { return memory_.protect(); }
 
  private:
+  // As CUDA's implicit synchronization around page-locked allocation and free: work issued after
+  // them on any stream starts only once everything issued before, on every stream, has finished
+  // (the host does not wait). A stream-ordered design that allocates pinned memory while another
+  // stream waits for it deadlocks here as it would on a GPU.
+  void barrier_all_streams() {
+    std::vector<std::pair<SimStream*, uint64_t>> tails;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& st : streams_) tails.emplace_back(st.get(), st->submitted());
+    }
+    for (auto& [stream, tail] : tails) {
+      SimStream* self = stream;
+      stream->submit(Task{[tails, self] {
+                            for (const auto& [other, n] : tails)
+                              if (other != self) other->wait_done(n);
+                          },
+                          {},
+                          true});
+    }
+  }
   static SimStream* as_stream(StreamHandle s) { return static_cast<SimStream*>(s); }
   static SimEvent* as_event(EventHandle e) { return static_cast<std::shared_ptr<SimEvent>*>(e)->get(); }
   static std::shared_ptr<SimEvent> shared_event(EventHandle e) { return *static_cast<std::shared_ptr<SimEvent>*>(e); }

@@ -15,6 +15,8 @@
 //   captured, fails as cudaErrorNotPermitted does. They run on their stream's thread; CUDA may run
 //   those of all streams on one thread, which sim does not model. Kernels (launch_kernel) run on
 //   their stream's own thread without the rule.
+// - Page-locked host allocation and free (host_malloc, host_free) are implicit synchronizations, as
+//   on CUDA: work issued after them on any stream waits for everything issued before on every stream.
 // - Delay injection: CHORUS_SIM_DELAY_US=N (or set_delay_us) sleeps a random 0..N us before every
 //   task, so a missing synchronization shows up as a wrong result in tests.
 // - CHORUS_SIM_DEVICES (default 2) devices, each with a settable capacity (default 16 GiB).

@@ -302,3 +302,34 @@ TEST_CASE("sim: a device call inside a host function fails as cudaErrorNotPermit
   rt.free(0, p);  // outside, the same call is fine
 }
 
+TEST_CASE("sim: page-locked allocation and free order later work after all earlier work, as on CUDA") {
+  DeviceRuntime& rt = sim_runtime();
+  Stream a = stream_from_pool(Device::sim(0));
+  Stream b = stream_from_pool(Device::sim(0));
+  REQUIRE(a != b);
+  for (const bool free_it : {false, true}) {
+    INFO((free_it ? "host_free" : "host_malloc"));
+    void* pinned = free_it ? rt.host_malloc(64) : nullptr;
+    a.synchronize();
+    b.synchronize();
+    std::atomic<int> flag{0}, seen{-1};
+    sim::launch_kernel(a.handle(), [&] { std::this_thread::sleep_for(150ms); flag = 1; }, {});
+    const auto t0 = std::chrono::steady_clock::now();
+    if (free_it) rt.host_free(pinned);
+    else pinned = rt.host_malloc(64);
+    CHECK(std::chrono::steady_clock::now() - t0 < 100ms);  // the host does not wait
+    sim::launch_kernel(b.handle(), [&] { seen = flag.load(); }, {});
+    b.synchronize();
+    CHECK(seen.load() == 1);  // b's kernel ran after a's, issued before the barrier
+    a.synchronize();
+    if (!free_it) rt.host_free(pinned);
+  }
+  // Without a barrier b's kernel overtakes a's (the check above can fail).
+  std::atomic<int> flag{0}, seen{-1};
+  sim::launch_kernel(a.handle(), [&] { std::this_thread::sleep_for(150ms); flag = 1; }, {});
+  sim::launch_kernel(b.handle(), [&] { seen = flag.load(); }, {});
+  b.synchronize();
+  CHECK(seen.load() == 0);
+  a.synchronize();
+}
+
