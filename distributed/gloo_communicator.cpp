@@ -155,7 +155,6 @@ void GlooStreamCommunicator::add(const char* op, const TensorList& tensors, cons
   const Device device = stream.device();
   const size_t first = aliases_.size();
   for (const Tensor& t : tensors) {
-    keep_.push_back(alias_without_history(t));
     if (!t.is_contiguous()) {
       fail("ProcessGroup gloo {}: a {} tensor goes to Gloo through host memory and must be contiguous (got strides "
            "{} for shape {}); call .contiguous() first",
@@ -182,9 +181,8 @@ void GlooStreamCommunicator::group_end() {
   const Stream stream = *stream_;
   std::vector<Job> jobs;
   jobs.swap(jobs_);
-  TensorList aliases, keep;
+  TensorList aliases;
   aliases.swap(aliases_);
-  keep.swap(keep_);
   std::vector<StagedTensor> staged_tensors;
   staged_tensors.swap(staged_);
   stream_.reset();
@@ -285,7 +283,8 @@ void GlooStreamCommunicator::group_end() {
     rt.launch_host_task(stream.handle(), [done] { done->wait(); }, {});
   }
   // The device tensors and works stay here until the stream has passed the task (see Staging).
-  Staging st{stream.device(), Event(), std::move(keep), std::move(works)};
+  Staging st{Event(), {}, std::move(works)};
+  for (const StagedTensor& t : staged_tensors) st.tensors.push_back(t.device);
   st.done.record(stream);
   std::lock_guard<std::mutex> lock(staging_mutex_);
   staging_.push_back(std::move(st));

@@ -77,7 +77,7 @@ class GlooStreamCommunicator final : public Communicator {
   int depth_ = 0;
   std::optional<Stream> stream_;
   std::vector<Job> jobs_;
-  TensorList aliases_, keep_;
+  TensorList aliases_;
   struct StagedTensor {
     Tensor device, host;  // the device tensor and its host copy (Gloo's operand)
     bool written;         // whether the collective writes it (then it is copied back)
@@ -86,7 +86,6 @@ class GlooStreamCommunicator final : public Communicator {
 
   std::mutex staging_mutex_;
   struct Staging {
-    Device device;
     Event done;                                      // recorded after the group's task
     TensorList tensors;                              // the group's tensors, alive until `done`
     std::vector<std::shared_ptr<StreamWork>> works;  // likewise the works (see group_end)

@@ -57,6 +57,11 @@ DType result_type(const Tensor& a, const Scalar& b) {
 
 Tensor cast(const Tensor& t, DType dtype) { return t.dtype() == dtype ? t : to_dtype(t, dtype); }
 
+DType product_dtype(const Tensor& t) {
+  const bool half = t.dtype() == kFloat16 || t.dtype() == kBFloat16;
+  return half && t.device().is_cuda() ? t.dtype() : compute_dtype(t.dtype());
+}
+
 Tensor scalar_to_tensor(const Scalar& value, DType dtype, Device device) {
   Tensor t = make_tensor({}, dtype, device);
   kernels::fill(t, value);  // on the device: a scalar never goes through a host temporary

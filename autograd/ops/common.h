@@ -38,6 +38,10 @@ DType result_type(const Tensor& a, const Scalar& b);
 
 // `t` converted to dtype (no copy when it already is).
 Tensor cast(const Tensor& t, DType dtype);
+// The dtype a matrix product or convolution computes in: float16 / bfloat16 stay as they are on
+// CUDA (cuBLAS and cuDNN use tensor cores, accumulating in float32); elsewhere they are widened to
+// float32 and the result rounded back, which gives the same values up to summation order.
+DType product_dtype(const Tensor& t);
 // A 0-d tensor holding `value` in `dtype` on `device`.
 Tensor scalar_to_tensor(const Scalar& value, DType dtype, Device device);
 // Allocates an output of `shape`.

@@ -32,14 +32,6 @@ bool is_transposed_2d(const Tensor& t) {
 Tensor mat2_grad(const Tensor& mat1, const Tensor& g, bool mat2_transposed) {
   return mat2_transposed ? t(mm(t(g), mat1)) : mm(t(mat1), g);
 }
-// The dtype a product is computed in: float16 / bfloat16 stay as they are on CUDA (cuBLAS multiplies
-// them on tensor cores, accumulating in float32); elsewhere they are widened to float32 and the
-// result rounded back, which gives the same values up to summation order.
-DType gemm_dtype(const Tensor& a) {
-  const bool half = a.dtype() == kFloat16 || a.dtype() == kBFloat16;
-  return half && a.device().is_cuda() ? a.dtype() : compute_dtype(a.dtype());
-}
-
 Tensor mat1_grad(const Tensor& g, const Tensor& mat2, bool mat1_transposed) {
   return mat1_transposed ? t(mm(mat2, t(g))) : mm(g, t(mat2));
 }
@@ -55,7 +47,7 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   if (a.size(1) != b.size(0)) {
     fail("mm: mat1 and mat2 shapes cannot be multiplied ({}x{} and {}x{})", a.size(0), a.size(1), b.size(0), b.size(1));
   }
-  const DType cd = gemm_dtype(a);
+  const DType cd = product_dtype(a);
   Tensor out = new_output({a.size(0), b.size(1)}, cd, a.device());
   kernels::gemm(out, cast(a, cd), cast(b, cd), 1.0, 0.0);
   out = cast(out, a.dtype());
@@ -80,7 +72,7 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   if (a.size(0) != b.size(0) || a.size(2) != b.size(1)) {
     fail("bmm: expected shapes [b, n, m] and [b, m, p], got {} and {}", shape_str(a.sizes()), shape_str(b.sizes()));
   }
-  const DType cd = gemm_dtype(a);
+  const DType cd = product_dtype(a);
   Tensor out = new_output({a.size(0), a.size(1), b.size(2)}, cd, a.device());
   kernels::bmm(out, cast(a, cd), cast(b, cd));
   out = cast(out, a.dtype());
@@ -114,7 +106,7 @@ Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Scalar&
   if (bias.dtype() != a.dtype()) {
     fail("addmm: bias has dtype {} but the matrices have {}", dtype_name(bias.dtype()), dtype_name(a.dtype()));
   }
-  const DType cd = gemm_dtype(a);
+  const DType cd = product_dtype(a);
   Tensor out = new_output(out_shape, cd, a.device());
   const double beta_v = beta.to_double();
   if (beta_v != 0.0) kernels::copy(out, cast(bias, cd));

@@ -124,10 +124,8 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pai
          dtype_name(weight.dtype()));
   }
   const Window2d w = make_window("conv2d", in4, {weight.size(2), weight.size(3)}, stride, padding, dilation, false);
-  // float16 / bfloat16 stay as they are on CUDA (cuDNN computes them on tensor cores, accumulating in
-  // float32); elsewhere they are widened to float32 and the result rounded back.
-  const bool native_half = input.device().is_cuda() && (input.dtype() == kFloat16 || input.dtype() == kBFloat16);
-  const DType cd = native_half ? input.dtype() : compute_dtype(input.dtype());
+  const DType cd = ops::product_dtype(input);
+  const bool native_half = cd != compute_dtype(input.dtype());  // float16 / bfloat16 on CUDA
   Tensor x = compute_view(in4, cd);
   Tensor wt = compute_view(weight, cd);
   Tensor b = bias.defined() ? compute_view(bias, cd) : Tensor();
