@@ -147,6 +147,22 @@ void Module::to(DType dtype) {
   to(device, dtype);
 }
 
+void Module::to(MemoryFormat format) {
+  if (format == MemoryFormat::Preserve) {
+    fail("{}::to: MemoryFormat::Preserve keeps every layout as it is; pass ChannelsLast or Contiguous", type_name_);
+  }
+  NoGradGuard no_grad;
+  auto relayout = [&](const Tensor& t) {
+    if (t.dim() != 4) return;
+    Tensor moved = t.contiguous(format);
+    if (!moved.is_same(t)) t.set_data(moved);
+    if (t.grad().defined() && t.grad().dim() == 4) const_cast<Tensor&>(t).mutable_grad() = t.grad().contiguous(format);
+  };
+  for (auto& [n, t] : parameters_) relayout(t);
+  for (auto& [n, t] : buffers_) relayout(t);
+  for (auto& [n, m] : children_) m->to(format);
+}
+
 void Module::zero_grad(bool set_to_none) {
   for (Tensor& p : parameters()) {
     if (!p.grad().defined()) continue;

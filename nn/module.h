@@ -59,6 +59,11 @@ class Module : public std::enable_shared_from_this<Module> {
   // Moves parameters and buffers; a dtype applies to floating-point tensors only (as in PyTorch).
   void to(Device device, std::optional<DType> dtype = std::nullopt);
   void to(DType dtype);
+  // Every 4-D parameter and buffer (convolution weights) in `format`, as PyTorch's
+  // model.to(memory_format=torch.channels_last); other ranks are left as they are. With the input
+  // channels-last too, convolutions, batch norm, pooling and the pointwise ops between them keep the
+  // layout. Contiguous turns it back; Preserve is refused.
+  void to(MemoryFormat format);
   // set_to_none (default, as PyTorch 2): .grad becomes undefined; otherwise it is zeroed in place.
   void zero_grad(bool set_to_none = true);
   // Calls fn on every module, children first then this one (as PyTorch's apply).

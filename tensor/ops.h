@@ -72,7 +72,8 @@ Tensor flatten(const Tensor& t, int64_t start_dim = 0, int64_t end_dim = -1);
 Tensor as_strided(const Tensor& t, const Shape& sizes, const Strides& strides,
                   std::optional<int64_t> storage_offset = std::nullopt);
 Tensor contiguous(const Tensor& t);
-Tensor clone(const Tensor& t);
+Tensor contiguous(const Tensor& t, MemoryFormat format);  // see Tensor::contiguous(MemoryFormat)
+Tensor clone(const Tensor& t, MemoryFormat format = MemoryFormat::Preserve);
 Tensor to_dtype(const Tensor& t, DType dtype);
 Tensor to_device(const Tensor& t, Device device);
 Tensor& copy_(Tensor& dst, const Tensor& src);

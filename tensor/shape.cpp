@@ -1,6 +1,8 @@
 #include "tensor/shape.h"
 
 #include <algorithm>
+#include <initializer_list>
+#include <iterator>
 
 #include "tensor/error.h"
 
@@ -27,6 +29,65 @@ Strides contiguous_strides(const Shape& shape) {
     }
   }
   return strides;
+}
+
+const char* memory_format_name(MemoryFormat format) {
+  switch (format) {
+    case MemoryFormat::Contiguous: return "contiguous";
+    case MemoryFormat::ChannelsLast: return "channels_last";
+    case MemoryFormat::Preserve: return "preserve";
+  }
+  return "unknown";
+}
+
+Strides channels_last_strides(const Shape& shape, const char* op) {
+  if (shape.size() != 4) {
+    fail("{}: the channels_last memory format needs a 4-D [N, C, H, W] tensor, got shape {}", op, shape_str(shape));
+  }
+  // Memory order N, H, W, C: the same product rule as contiguous_strides over the permuted sizes.
+  const Strides nhwc = contiguous_strides({shape[0], shape[2], shape[3], shape[1]});
+  return {nhwc[0], nhwc[3], nhwc[1], nhwc[2]};
+}
+
+namespace {
+// Whether `strides` are dense in the dim order `order` (outermost first); size-1 dims may have any stride.
+bool dense_in_order(const Shape& shape, const Strides& strides, std::initializer_list<size_t> order) {
+  int64_t expected = 1;
+  for (auto it = std::rbegin(order); it != std::rend(order); ++it) {
+    const size_t d = *it;
+    if (shape[d] == 1) continue;
+    if (strides[d] != expected) return false;
+    expected *= shape[d];
+  }
+  return true;
+}
+}  // namespace
+
+bool is_channels_last_strides(const Shape& shape, const Strides& strides) {
+  if (shape.size() != 4 || strides.size() != 4) return false;
+  if (numel_of(shape) == 0) return true;
+  return dense_in_order(shape, strides, {0, 2, 3, 1});
+}
+
+bool is_contiguous_strides(const Shape& shape, const Strides& strides) {
+  if (numel_of(shape) == 0) return true;
+  int64_t expected = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    if (shape[i] == 1) continue;
+    if (strides[i] != expected) return false;
+    expected *= shape[i];
+  }
+  return true;
+}
+
+Strides strides_for(const Shape& shape, MemoryFormat format) {
+  switch (format) {
+    case MemoryFormat::Contiguous: return contiguous_strides(shape);
+    case MemoryFormat::ChannelsLast: return channels_last_strides(shape);
+    case MemoryFormat::Preserve: break;
+  }
+  fail("strides_for: MemoryFormat::Preserve names no layout of its own (it keeps an input's); pass Contiguous or "
+       "ChannelsLast");
 }
 
 std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }

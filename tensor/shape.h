@@ -13,6 +13,24 @@ using Strides = std::vector<int64_t>;
 
 int64_t numel_of(const Shape& shape);
 Strides contiguous_strides(const Shape& shape);
+
+// How a tensor's elements are laid out in memory, as PyTorch's at::MemoryFormat. `Contiguous` is
+// row-major (NCHW for images); `ChannelsLast` keeps the logical [N, C, H, W] sizes with NHWC memory
+// (strides [H*W*C, 1, W*C, C]), the layout cuDNN's and oneDNN's fastest convolutions use;
+// `Preserve` (for clone/to/_like) keeps a channels-last input channels-last and makes everything else
+// contiguous.
+enum class MemoryFormat { Contiguous, ChannelsLast, Preserve };
+const char* memory_format_name(MemoryFormat format);  // "contiguous", "channels_last", "preserve"
+
+// The strides of a dense channels-last tensor of 4-D `shape`; throws naming `op` for another rank.
+Strides channels_last_strides(const Shape& shape, const char* op = "channels_last");
+// Whether 4-D `strides` are channels-last dense (dims of size 1 may have any stride), as PyTorch's
+// is_contiguous(memory_format=channels_last). False for any other rank.
+bool is_channels_last_strides(const Shape& shape, const Strides& strides);
+// Whether `strides` are row-major dense (dims of size 1 may have any stride).
+bool is_contiguous_strides(const Shape& shape, const Strides& strides);
+// The strides of a fresh tensor of `shape` in `format` (Preserve is not a layout: it throws).
+Strides strides_for(const Shape& shape, MemoryFormat format);
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 
 // Broadcasts two shapes as NumPy does; throws chorus::Error naming `op` and both shapes when they

@@ -24,16 +24,7 @@ void TensorImpl::set_sizes_and_strides(Shape sizes, Strides strides, int64_t sto
 void TensorImpl::refresh() {
   numel_ = numel_of(sizes_);
   // Contiguous means row-major dense; dims of size 1 may have any stride (as in PyTorch).
-  is_contiguous_ = true;
-  int64_t expected = 1;
-  for (size_t i = sizes_.size(); i-- > 0;) {
-    if (sizes_[i] == 1) continue;
-    if (strides_[i] != expected) {
-      is_contiguous_ = numel_ == 0;
-      break;
-    }
-    expected *= sizes_[i];
-  }
+  is_contiguous_ = is_contiguous_strides(sizes_, strides_);
 }
 
 AutogradMeta& TensorImpl::ensure_autograd_meta() {
@@ -63,6 +54,20 @@ TensorOptions Tensor::options() const { return {.dtype = dtype(), .device = devi
 size_t Tensor::element_size() const { return chorus::element_size(dtype()); }
 size_t Tensor::nbytes() const { return static_cast<size_t>(numel()) * element_size(); }
 bool Tensor::is_contiguous() const { return checked(impl_, "is_contiguous").is_contiguous(); }
+bool Tensor::is_contiguous(MemoryFormat format) const {
+  const TensorImpl& impl = checked(impl_, "is_contiguous");
+  switch (format) {
+    case MemoryFormat::Contiguous: return impl.is_contiguous();
+    case MemoryFormat::ChannelsLast: return is_channels_last_strides(impl.sizes(), impl.strides());
+    case MemoryFormat::Preserve: break;
+  }
+  fail("is_contiguous: MemoryFormat::Preserve is not a layout; ask about Contiguous or ChannelsLast");
+}
+MemoryFormat Tensor::suggest_memory_format() const {
+  const TensorImpl& impl = checked(impl_, "suggest_memory_format");
+  return !impl.is_contiguous() && is_channels_last_strides(impl.sizes(), impl.strides()) ? MemoryFormat::ChannelsLast
+                                                                                         : MemoryFormat::Contiguous;
+}
 bool Tensor::is_floating_point() const { return is_floating(dtype()); }
 const Storage& Tensor::storage() const { return checked(impl_, "storage").storage(); }
 void* Tensor::raw_data_ptr() const { return checked(impl_, "data_ptr").data(); }
@@ -148,13 +153,17 @@ void Tensor::set_data(const Tensor& new_data) const {
 }
 
 Tensor make_tensor(const Shape& shape, DType dtype, Device device) {
+  return make_tensor(shape, dtype, device, MemoryFormat::Contiguous);
+}
+
+Tensor make_tensor(const Shape& shape, DType dtype, Device device, MemoryFormat format) {
   for (int64_t s : shape) {
     if (s < 0) fail("empty: negative dimension {} in shape {}", s, shape_str(shape));
   }
+  Strides strides = strides_for(shape, format);  // checks the rank for ChannelsLast before allocating
   size_t nbytes = static_cast<size_t>(numel_of(shape)) * element_size(dtype);
   auto storage = std::make_shared<StorageImpl>(nbytes, device);
-  return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, shape, contiguous_strides(shape),
-                                             dtype));
+  return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, shape, std::move(strides), dtype));
 }
 
 Tensor alias_without_history(const Tensor& t) {

@@ -35,6 +35,7 @@ struct TensorOptions {
   DType dtype = DType::Float32;
   Device device = Device::cpu();
   bool requires_grad = false;
+  MemoryFormat memory_format = MemoryFormat::Contiguous;  // empty/zeros/ones/full/rand: the layout made
 };
 
 // Removes a hook registered on a tensor; removing twice is harmless.
@@ -75,6 +76,11 @@ class Tensor {
   size_t element_size() const;
   size_t nbytes() const;
   bool is_contiguous() const;
+  // Dense in `format`'s layout (Contiguous: as is_contiguous(); ChannelsLast: 4-D with NHWC strides).
+  bool is_contiguous(MemoryFormat format) const;
+  // The layout a result made from this tensor should have: ChannelsLast when it is channels-last
+  // dense and not also plain contiguous (e.g. [N, C, 1, 1] is both: Contiguous), else Contiguous.
+  MemoryFormat suggest_memory_format() const;
   bool is_floating_point() const;
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
   const Storage& storage() const;
@@ -126,7 +132,12 @@ class Tensor {
   Tensor cpu() const;                     // to(Device::cpu())
   Tensor cuda(int index = 0) const;       // to(Device::cuda(index))
   Tensor contiguous() const;
-  Tensor clone() const;
+  // This tensor when it is already dense in `format`, else a copy in that layout (recorded for
+  // autograd; Preserve is refused: a layout is required here). ChannelsLast needs a 4-D tensor.
+  Tensor contiguous(MemoryFormat format) const;
+  Tensor to(MemoryFormat format) const;  // contiguous(format), PyTorch's x.to(memory_format=...)
+  Tensor clone() const;                  // keeps a channels-last tensor channels-last (Preserve)
+  Tensor clone(MemoryFormat format) const;
   Tensor& copy_(const Tensor& src);  // broadcasting, across dtypes
   Tensor& fill_(const Scalar& value);
   Tensor& fill_(const Tensor& value);  // a 0-d tensor's value
@@ -355,6 +366,8 @@ class TensorImpl {
 
 // Makes a tensor over fresh storage with contiguous strides (no initialization).
 Tensor make_tensor(const Shape& shape, DType dtype, Device device);
+// The same in `format`'s layout (Contiguous or ChannelsLast).
+Tensor make_tensor(const Shape& shape, DType dtype, Device device, MemoryFormat format);
 // A new handle over the same storage and geometry, with no autograd history.
 Tensor alias_without_history(const Tensor& t);
 

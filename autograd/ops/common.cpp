@@ -70,6 +70,18 @@ Tensor scalar_to_tensor(const Scalar& value, DType dtype, Device device) {
 
 Tensor new_output(const Shape& shape, DType dtype, Device device) { return make_tensor(shape, dtype, device); }
 
+MemoryFormat output_format(const Shape& shape, std::initializer_list<const Tensor*> inputs) {
+  if (shape.size() != 4) return MemoryFormat::Contiguous;
+  for (const Tensor* t : inputs) {
+    if (t->defined() && t->sizes() == shape) return t->suggest_memory_format();
+  }
+  return MemoryFormat::Contiguous;
+}
+
+Tensor new_output(const Shape& shape, DType dtype, Device device, std::initializer_list<const Tensor*> inputs) {
+  return make_tensor(shape, dtype, device, output_format(shape, inputs));
+}
+
 std::string dtypes_str(const Tensor& a, const Tensor& b) {
   return fmt::format("{} and {}", dtype_name(a.dtype()), dtype_name(b.dtype()));
 }

@@ -46,6 +46,12 @@ DType product_dtype(const Tensor& t);
 Tensor scalar_to_tensor(const Scalar& value, DType dtype, Device device);
 // Allocates an output of `shape`.
 Tensor new_output(const Shape& shape, DType dtype, Device device);
+// Allocates an output of `shape` in the layout its inputs suggest, as PyTorch's TensorIterator: the
+// first input with the output's whole shape decides (channels-last stays channels-last, so a
+// ResNet's ReLU, residual add and casts keep the convolutions' layout); broadcast inputs do not.
+Tensor new_output(const Shape& shape, DType dtype, Device device, std::initializer_list<const Tensor*> inputs);
+// The layout that rule picks.
+MemoryFormat output_format(const Shape& shape, std::initializer_list<const Tensor*> inputs);
 
 std::string dtypes_str(const Tensor& a, const Tensor& b);
 

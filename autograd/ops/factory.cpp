@@ -15,7 +15,7 @@ Tensor finish(Tensor t, const TensorOptions& options) {
 
 // Allocates on the requested device and fills there (kernels run on the device's current stream).
 Tensor filled(const Shape& shape, const TensorOptions& options, const std::function<void(const Tensor&)>& fill_fn) {
-  Tensor t = make_tensor(shape, options.dtype, options.device);
+  Tensor t = make_tensor(shape, options.dtype, options.device, options.memory_format);
   fill_fn(t);
   return finish(t, options);
 }
@@ -23,7 +23,7 @@ Tensor filled(const Shape& shape, const TensorOptions& options, const std::funct
 }  // namespace
 
 Tensor empty(const Shape& shape, const TensorOptions& options) {
-  return finish(make_tensor(shape, options.dtype, options.device), options);
+  return finish(make_tensor(shape, options.dtype, options.device, options.memory_format), options);
 }
 
 Tensor full(const Shape& shape, const Scalar& value, const TensorOptions& options) {
@@ -35,10 +35,16 @@ Tensor full(const Shape& shape, const Scalar& value) {
 }
 Tensor zeros(const Shape& shape, const TensorOptions& options) { return full(shape, 0, options); }
 Tensor ones(const Shape& shape, const TensorOptions& options) { return full(shape, 1, options); }
-Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.options()); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), t.options()); }
-Tensor ones_like(const Tensor& t) { return ones(t.sizes(), t.options()); }
-Tensor full_like(const Tensor& t, const Scalar& value) { return full(t.sizes(), value, t.options()); }
+// The _like factories keep a channels-last tensor's layout (PyTorch's MemoryFormat::Preserve).
+static TensorOptions like_options(const Tensor& t) {
+  TensorOptions o = t.options();
+  o.memory_format = t.suggest_memory_format();
+  return o;
+}
+Tensor empty_like(const Tensor& t) { return empty(t.sizes(), like_options(t)); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), like_options(t)); }
+Tensor ones_like(const Tensor& t) { return ones(t.sizes(), like_options(t)); }
+Tensor full_like(const Tensor& t, const Scalar& value) { return full(t.sizes(), value, like_options(t)); }
 
 Tensor scalar_tensor(const Scalar& value, const TensorOptions& options) { return full({}, value, options); }
 
@@ -100,8 +106,8 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, const TensorOption
   return filled(shape, options, [&](const Tensor& t) { random_fill(kernels::RandomKind::Int, t, static_cast<double>(low), static_cast<double>(high), gen); });
 }
 
-Tensor rand_like(const Tensor& t, Generator* generator) { return rand(t.sizes(), t.options(), generator); }
-Tensor randn_like(const Tensor& t, Generator* generator) { return randn(t.sizes(), t.options(), generator); }
+Tensor rand_like(const Tensor& t, Generator* generator) { return rand(t.sizes(), like_options(t), generator); }
+Tensor randn_like(const Tensor& t, Generator* generator) { return randn(t.sizes(), like_options(t), generator); }
 
 template <typename T>
 Tensor tensor(const std::vector<T>& values, std::optional<Shape> shape, const TensorOptions& options) {

@@ -27,7 +27,7 @@ Tensor binary_kernel(BinaryOp op, const char* name, const Tensor& a, const Tenso
   check_kernels(a, name);
   const Shape shape = broadcast_shapes(name, a.sizes(), b.sizes());
   const DType cd = compute_dtype(out_dtype);
-  Tensor out = new_output(shape, cd, a.device());
+  Tensor out = new_output(shape, cd, a.device(), {&a, &b});
   kernels::binary(op, out, cast(a, cd), cast(b, cd), alpha);
   return cast(out, out_dtype);
 }
@@ -39,7 +39,7 @@ Tensor compare_kernel(BinaryOp op, const char* name, const Tensor& a, const Tens
   check_kernels(a, name);
   const Shape shape = broadcast_shapes(name, a.sizes(), b.sizes());
   const DType cd = compute_dtype(result_type(a, b));
-  Tensor out = new_output(shape, kBool, a.device());
+  Tensor out = new_output(shape, kBool, a.device(), {&a, &b});
   kernels::binary(op, out, cast(a, cd), cast(b, cd));
   return out;
 }
@@ -50,7 +50,7 @@ Tensor unary_kernel(UnaryOp op, const char* name, const Tensor& t, bool float_on
   DType out_dtype = t.dtype();
   if (float_only && !is_floating(out_dtype)) out_dtype = kFloat32;  // exp(int) is float, as in PyTorch
   const DType cd = compute_dtype(out_dtype);
-  Tensor out = new_output(t.sizes(), cd, t.device());
+  Tensor out = new_output(t.sizes(), cd, t.device(), {&t});
   kernels::unary(op, out, cast(t, cd));
   return cast(out, out_dtype);
 }
@@ -189,7 +189,7 @@ Tensor pow(const Tensor& a, const Scalar& exponent) {
          dtype_name(a.dtype()), exponent.to<int64_t>());
   }
   const DType cd = compute_dtype(dt);
-  Tensor out = new_output(a.sizes(), cd, a.device());
+  Tensor out = new_output(a.sizes(), cd, a.device(), {&a});
   kernels::pow_scalar(out, cast(a, cd), exponent.to_double());
   out = cast(out, dt);
   if (autograd::any_requires_grad({&a}) && differentiable(out)) {
@@ -278,7 +278,7 @@ Tensor abs(const Tensor& t) {
 namespace {
 Tensor fused_backward(BinaryOp op, const Tensor& g, const Tensor& saved) {
   const DType cd = compute_dtype(g.dtype());
-  Tensor out = new_output(g.sizes(), cd, g.device());
+  Tensor out = new_output(g.sizes(), cd, g.device(), {&g, &saved});
   kernels::binary(op, out, cast(g, cd), cast(saved, cd));
   return cast(out, g.dtype());
 }
@@ -358,7 +358,7 @@ Tensor clamp(const Tensor& t, std::optional<Scalar> min, std::optional<Scalar> m
   if (min) dt = result_type(make_tensor({0}, dt, kCPU), *min);
   if (max) dt = result_type(make_tensor({0}, dt, kCPU), *max);
   const DType cd = compute_dtype(dt);
-  Tensor out = new_output(t.sizes(), cd, t.device());
+  Tensor out = new_output(t.sizes(), cd, t.device(), {&t});
   kernels::clamp(out, cast(t, cd), min ? &*min : nullptr, max ? &*max : nullptr);
   out = cast(out, dt);
   if (autograd::any_requires_grad({&t})) {
@@ -386,7 +386,7 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   check_kernels(a, "where");
   const Shape shape = broadcast_shapes("where", broadcast_shapes("where", condition.sizes(), a.sizes()), b.sizes());
   const DType dt = result_type(a, b);
-  Tensor out = new_output(shape, dt, a.device());
+  Tensor out = new_output(shape, dt, a.device(), {&a, &b, &condition});
   kernels::where(out, condition, cast(a, dt), cast(b, dt));
   if (autograd::any_requires_grad({&a, &b}) && differentiable(out)) {
     SavedTensor sc(condition);
@@ -430,7 +430,7 @@ Tensor logical_xor(const Tensor& a, const Tensor& b) { return compare_kernel(Bin
 Tensor logical_not(const Tensor& t) {
   check_defined(t, "logical_not", "input");
   check_kernels(t, "logical_not");
-  Tensor out = new_output(t.sizes(), kBool, t.device());
+  Tensor out = new_output(t.sizes(), kBool, t.device(), {&t});
   kernels::unary(UnaryOp::LogicalNot, out, cast(t, compute_dtype(t.dtype())));
   return out;
 }
@@ -497,7 +497,7 @@ Tensor& inplace_binary(BinaryOp op, const char* name, Tensor& self, const Tensor
   if (self.dtype() == cd) {
     kernels::binary(op, self, self, cast(other, cd), alpha);
   } else {
-    Tensor tmp = new_output(self.sizes(), cd, self.device());
+    Tensor tmp = new_output(self.sizes(), cd, self.device(), {&self});
     kernels::binary(op, tmp, cast(self, cd), cast(other, cd), alpha);
     kernels::copy(self, tmp);
   }

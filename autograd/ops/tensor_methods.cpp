@@ -110,7 +110,10 @@ Tensor Tensor::to(Device device, DType dtype) const { return to_device(to_dtype(
 Tensor Tensor::cpu() const { return to_device(*this, kCPU); }
 Tensor Tensor::cuda(int index) const { return to_device(*this, Device::cuda(index)); }
 Tensor Tensor::contiguous() const { return chorus::contiguous(*this); }
+Tensor Tensor::contiguous(MemoryFormat format) const { return chorus::contiguous(*this, format); }
+Tensor Tensor::to(MemoryFormat format) const { return chorus::contiguous(*this, format); }
 Tensor Tensor::clone() const { return chorus::clone(*this); }
+Tensor Tensor::clone(MemoryFormat format) const { return chorus::clone(*this, format); }
 Tensor& Tensor::copy_(const Tensor& src) { return chorus::copy_(*this, src); }
 Tensor& Tensor::fill_(const Scalar& value) { return chorus::fill_(*this, value); }
 Tensor& Tensor::fill_(const Tensor& value) { return chorus::fill_(*this, value); }

@@ -269,12 +269,23 @@ Tensor as_strided(const Tensor& t, const Shape& sizes, const Strides& strides, s
 
 Tensor contiguous(const Tensor& t) {
   check_defined(t, "contiguous", "input");
-  return t.is_contiguous() ? t : clone(t);
+  return t.is_contiguous() ? t : clone(t, MemoryFormat::Contiguous);
 }
 
-Tensor clone(const Tensor& t) {
+Tensor contiguous(const Tensor& t, MemoryFormat format) {
+  check_defined(t, "contiguous", "input");
+  if (format == MemoryFormat::Preserve) {
+    fail("contiguous: MemoryFormat::Preserve is not a layout to make a tensor dense in; pass Contiguous or "
+         "ChannelsLast");
+  }
+  if (format == MemoryFormat::ChannelsLast) channels_last_strides(t.sizes(), "contiguous");  // the rank check
+  return t.is_contiguous(format) ? t : clone(t, format);
+}
+
+Tensor clone(const Tensor& t, MemoryFormat format) {
   check_defined(t, "clone", "input");
-  Tensor out = make_tensor(t.sizes(), t.dtype(), t.device());
+  if (format == MemoryFormat::Preserve) format = t.suggest_memory_format();
+  Tensor out = make_tensor(t.sizes(), t.dtype(), t.device(), format);
   kernels::copy(out, t);
   if (autograd::any_requires_grad({&t})) {
     autograd::record("CloneBackward", {t}, {out}, [](const TensorList& g) -> TensorList { return {g[0]}; });
@@ -285,7 +296,7 @@ Tensor clone(const Tensor& t) {
 Tensor to_dtype(const Tensor& t, DType dtype) {
   check_defined(t, "to", "input");
   if (t.dtype() == dtype) return t;
-  Tensor out = make_tensor(t.sizes(), dtype, t.device());
+  Tensor out = make_tensor(t.sizes(), dtype, t.device(), t.suggest_memory_format());
   kernels::copy(out, t);
   if (autograd::any_requires_grad({&t}) && is_floating(dtype)) {
     // The engine casts the gradient back to the input's dtype.
@@ -334,8 +345,10 @@ Tensor to_device(const Tensor& t, Device device) {
   check_defined(t, "to", "input");
   if (t.device() == device) return t;
   if (!device.is_cpu()) runtime_for(device, "to");  // "no CUDA device ..." before anything else
-  Tensor src = contiguous(alias_without_history(t));
-  Tensor out = make_tensor(t.sizes(), t.dtype(), device);
+  // A channels-last tensor arrives channels-last (its dense memory is copied as it is).
+  const MemoryFormat format = t.suggest_memory_format();
+  Tensor src = contiguous(alias_without_history(t), format);
+  Tensor out = make_tensor(t.sizes(), t.dtype(), device, format);
   copy_across_devices(out, src);
   if (autograd::any_requires_grad({&t}) && is_floating(t.dtype())) {
     autograd::record("ToCopyBackward", {t}, {out}, [from = t.device()](const TensorList& g) -> TensorList {

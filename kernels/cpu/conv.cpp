@@ -1,7 +1,9 @@
 #include "kernels/cpu/conv.h"
+#include "kernels/cpu/kernels.h"
 #include "kernels/cpu/onednn_conv.h"
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -204,18 +206,42 @@ int64_t plane_grain(int64_t plane_work) { return std::max<int64_t>(1, kGrainSize
 
 }  // namespace
 
+namespace {
+// The direct kernels read and write NCHW memory: a channels-last operand goes through an NCHW copy
+// in host memory (a sim device's task may touch host memory, never fresh device memory), and a
+// channels-last result is copied back by write_back.
+Tensor nchw(const Tensor& t) {
+  if (!t.defined() || t.is_contiguous()) return t;
+  Tensor dense = make_tensor(t.sizes(), t.dtype(), kCPU);
+  copy(dense, t);
+  return dense;
+}
+Tensor nchw_result(const Tensor& t) {
+  return !t.defined() || t.is_contiguous() ? t : make_tensor(t.sizes(), t.dtype(), kCPU);
+}
+void write_back(const Tensor& result, const Tensor& computed) {
+  if (computed.defined() && !computed.is_same(result)) copy(result, computed);
+}
+}  // namespace
+
 void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
             int64_t groups) {
   if (onednn::handles(x, weight, w)) return onednn::conv2d(out, x, weight, bias, w, groups);
-  CHORUS_DISPATCH_FLOATING(x.dtype(), "conv2d", [&]<typename T>() { conv2d_typed<T>(out, x, weight, bias, w, groups); });
+  const Tensor o = nchw_result(out);
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "conv2d",
+                           [&]<typename T>() { conv2d_typed<T>(o, nchw(x), nchw(weight), bias, w, groups); });
+  write_back(out, o);
 }
 
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_out,
                      const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups) {
   if (onednn::handles(x, weight, w)) return onednn::conv2d_backward(grad_x, grad_weight, grad_bias, grad_out, x, weight, w, groups);
+  const Tensor gx = nchw_result(grad_x), gw = nchw_result(grad_weight);
   CHORUS_DISPATCH_FLOATING(x.dtype(), "conv2d_backward", [&]<typename T>() {
-    conv2d_backward_typed<T>(grad_x, grad_weight, grad_bias, grad_out, x, weight, w, groups);
+    conv2d_backward_typed<T>(gx, gw, grad_bias, nchw(grad_out), nchw(x), nchw(weight), w, groups);
   });
+  write_back(grad_x, gx);
+  write_back(grad_weight, gw);
 }
 
 // ------------------------------------------------------------------ pooling
@@ -402,6 +428,134 @@ void adaptive_avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, 
 }
 
 // ------------------------------------------------------------------ batch norm
+// ------------------------------------------------------------------ batch norm over rows
+// [N, C] memory (s == 1: BatchNorm1d's [N, C] and every channels-last input, whose memory is
+// [N*H*W, C]). The channel-per-thread loops below would read such memory with stride C once per
+// channel; these walk it row by row instead, vectorized across the channels.
+namespace {
+
+constexpr int64_t kBnRowsPerBlock = 64;
+
+// Per-column sums of f(r, j) over the rows r of an [n, c] row-major layout, in double: each fixed
+// block of kBnRowsPerBlock rows is summed in T's vector lanes across the columns, the blocks in
+// double in block order (so the result does not depend on the thread count).
+template <typename T, typename F>
+std::vector<double> column_sums(int64_t n, int64_t c, const F& f) {
+  const int64_t blocks = (n + kBnRowsPerBlock - 1) / kBnRowsPerBlock;
+  std::vector<double> partial(static_cast<size_t>(blocks * c));
+  parallel_for(0, blocks, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(kBnRowsPerBlock * c, 1)),
+               [&](int64_t lo, int64_t hi) {
+                 std::vector<T> acc(static_cast<size_t>(c));
+                 T* a = acc.data();
+                 for (int64_t b = lo; b < hi; ++b) {
+                   std::fill(acc.begin(), acc.end(), T(0));
+                   const int64_t end = std::min(n, (b + 1) * kBnRowsPerBlock);
+                   for (int64_t r = b * kBnRowsPerBlock; r < end; ++r) {
+                     simd_for(0, c, [&](int64_t j) CHORUS_ELEMENT { a[j] += f(r, j); });
+                   }
+                   double* p = partial.data() + b * c;
+                   for (int64_t j = 0; j < c; ++j) p[j] = static_cast<double>(a[j]);
+                 }
+               });
+  std::vector<double> sums(static_cast<size_t>(c), 0.0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const double* p = partial.data() + b * c;
+    for (int64_t j = 0; j < c; ++j) sums[j] += p[j];
+  }
+  return sums;
+}
+
+// out[r, j] = f(r, j) for every row, parallel over rows, vectorized across the columns.
+template <typename T, typename F>
+void for_rows(int64_t n, int64_t c, T* out, const F& f) {
+  parallel_for(0, n, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(c, 1)), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      T* o = out + r * c;
+      simd_for(0, c, [&](int64_t j) CHORUS_ELEMENT { o[j] = f(r, j); });
+    }
+  });
+}
+
+template <typename T>
+void batch_norm_rows(T* po, T* pm, T* pr, const T* px, const T* pw, const T* pb, T* rm, T* rv, bool use_batch_stats,
+                     bool update, double momentum, double eps, int64_t n, int64_t c) {
+  std::vector<double> mean(static_cast<size_t>(c)), var(static_cast<size_t>(c));
+  if (use_batch_stats) {
+    // Two passes, as the per-channel path: the mean, then squared deviations from it (rounded to T).
+    const std::vector<double> sum = column_sums<T>(n, c, [&](int64_t r, int64_t j) CHORUS_ELEMENT { return px[r * c + j]; });
+    std::vector<T> mean_t(static_cast<size_t>(c));
+    for (int64_t j = 0; j < c; ++j) {
+      mean[j] = sum[j] / static_cast<double>(n);
+      mean_t[j] = static_cast<T>(mean[j]);
+    }
+    const T* m = mean_t.data();
+    const std::vector<double> sq = column_sums<T>(n, c, [&](int64_t r, int64_t j) CHORUS_ELEMENT {
+      const T d = px[r * c + j] - m[j];
+      return d * d;
+    });
+    for (int64_t j = 0; j < c; ++j) {
+      var[j] = sq[j] / static_cast<double>(n);
+      if (update) {
+        const double unbiased = n > 1 ? sq[j] / static_cast<double>(n - 1) : var[j];
+        rm[j] = static_cast<T>((1 - momentum) * rm[j] + momentum * mean[j]);
+        rv[j] = static_cast<T>((1 - momentum) * rv[j] + momentum * unbiased);
+      }
+    }
+  } else {
+    for (int64_t j = 0; j < c; ++j) {
+      mean[j] = rm[j];
+      var[j] = rv[j];
+    }
+  }
+  std::vector<T> scale(static_cast<size_t>(c)), shift(static_cast<size_t>(c));
+  for (int64_t j = 0; j < c; ++j) {
+    const double rstd = 1.0 / std::sqrt(var[j] + eps);
+    pm[j] = static_cast<T>(mean[j]);
+    pr[j] = static_cast<T>(rstd);
+    scale[j] = static_cast<T>(rstd * (pw ? pw[j] : 1.0));
+    shift[j] = static_cast<T>((pb ? pb[j] : 0.0) - mean[j] * rstd * (pw ? pw[j] : 1.0));
+  }
+  const T* sc = scale.data();
+  const T* sh = shift.data();
+  for_rows(n, c, po, [&](int64_t r, int64_t j) CHORUS_ELEMENT { return px[r * c + j] * sc[j] + sh[j]; });
+}
+
+template <typename T>
+void batch_norm_rows_backward(T* gx, T* gw, T* gb, const T* pg, const T* px, const T* pm, const T* pr, const T* pw,
+                              bool use_batch_stats, int64_t n, int64_t c) {
+  std::vector<T> mean_t(static_cast<size_t>(c));
+  for (int64_t j = 0; j < c; ++j) mean_t[j] = static_cast<T>(static_cast<double>(pm[j]));
+  const T* m = mean_t.data();
+  const std::vector<double> sum_g =
+      column_sums<T>(n, c, [&](int64_t r, int64_t j) CHORUS_ELEMENT { return pg[r * c + j]; });
+  std::vector<double> sum_gx = column_sums<T>(
+      n, c, [&](int64_t r, int64_t j) CHORUS_ELEMENT { return pg[r * c + j] * (px[r * c + j] - m[j]); });
+  std::vector<T> k(static_cast<size_t>(c)), mg(static_cast<size_t>(c)), mgx(static_cast<size_t>(c));
+  for (int64_t j = 0; j < c; ++j) {
+    const double rstd = pr[j];
+    sum_gx[j] *= rstd;
+    if (gw) gw[j] = static_cast<T>(sum_gx[j]);
+    if (gb) gb[j] = static_cast<T>(sum_g[j]);
+    k[j] = static_cast<T>((pw ? static_cast<double>(pw[j]) : 1.0) * rstd);
+    mg[j] = static_cast<T>(sum_g[j] / static_cast<double>(n));
+    mgx[j] = static_cast<T>(sum_gx[j] / static_cast<double>(n) * rstd);
+  }
+  if (!gx) return;
+  const T* pk = k.data();
+  if (use_batch_stats) {
+    // gx = w * rstd * (g - mean(g) - xhat * mean(g * xhat)), as the per-channel path.
+    const T* pmg = mg.data();
+    const T* pmgx = mgx.data();
+    for_rows(n, c, gx, [&](int64_t r, int64_t j) CHORUS_ELEMENT {
+      return pk[j] * (pg[r * c + j] - pmg[j] - (px[r * c + j] - m[j]) * pmgx[j]);
+    });
+  } else {
+    for_rows(n, c, gx, [&](int64_t r, int64_t j) CHORUS_ELEMENT { return pk[j] * pg[r * c + j]; });
+  }
+}
+
+}  // namespace
+
 void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_rstd, const Tensor& x,
                 const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
                 bool use_batch_stats, double momentum, double eps, int64_t n, int64_t c, int64_t s) {
@@ -415,6 +569,7 @@ void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_r
     const bool update = use_batch_stats && running_mean.defined();
     T* rm = running_mean.defined() ? running_mean.data_ptr<T>() : nullptr;
     T* rv = running_var.defined() ? running_var.data_ptr<T>() : nullptr;
+    if (s == 1) return batch_norm_rows<T>(po, pm, pr, px, pw, pb, rm, rv, use_batch_stats, update, momentum, eps, n, c);
     const int64_t count = n * s;
     parallel_for(0, c, plane_grain(count), [&](int64_t lo, int64_t hi) {
       for (int64_t ch = lo; ch < hi; ++ch) {
@@ -480,6 +635,7 @@ void batch_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
     T* gx = grad_x.defined() ? grad_x.data_ptr<T>() : nullptr;
     T* gw = grad_weight.defined() ? grad_weight.data_ptr<T>() : nullptr;
     T* gb = grad_bias.defined() ? grad_bias.data_ptr<T>() : nullptr;
+    if (s == 1) return batch_norm_rows_backward<T>(gx, gw, gb, pg, px, pm, pr, pw, use_batch_stats, n, c);
     const int64_t count = n * s;
     parallel_for(0, c, plane_grain(2 * count), [&](int64_t lo, int64_t hi) {
       for (int64_t ch = lo; ch < hi; ++ch) {

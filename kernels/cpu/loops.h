@@ -4,7 +4,9 @@
 // per-element work is inlined and vectorized: no virtual call or std::function per element.
 #pragma once
 
+#include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstdint>
 #include <vector>
 
@@ -103,10 +105,18 @@ StridedIter<N> make_iter(const Shape& shape, const std::array<const Tensor*, N>&
       strides[k][d + off] = t.sizes()[d] == 1 ? 0 : t.strides()[d] * es;
     }
   }
+  // Walk the dims in the output's memory order (outermost first), as PyTorch's TensorIterator: a
+  // channels-last output then runs along C innermost and merges into long dense runs, instead of
+  // stepping through W with stride C. A row-major output keeps the logical order (a stable sort).
+  std::vector<size_t> order(nd);
+  for (size_t d = 0; d < nd; ++d) order[d] = d;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return std::abs(strides[0][x]) > std::abs(strides[0][y]);
+  });
   // Merge adjacent dims when every operand steps through them as one; drop size-1 dims.
   Shape merged;
   std::array<std::vector<int64_t>, N> mstride;
-  for (size_t d = 0; d < nd; ++d) {
+  for (size_t d : order) {
     if (shape[d] == 1) continue;
     bool can_merge = !merged.empty();
     for (int k = 0; k < N && can_merge; ++k) {

@@ -2,6 +2,7 @@
 #include "kernels/cpu/onednn_conv.h"
 
 #include <dnnl.hpp>
+#include <algorithm>
 #include <omp.h>
 
 #include <atomic>
@@ -78,20 +79,24 @@ std::atomic<bool>& enabled_flag() {
 struct Key {
   int64_t n, c, h, w, oc, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups;
   bool bias;
+  bool nhwc;  // channels-last input, output and weight (else NCHW and OIHW)
   int threads;
-  auto tie() const { return std::tie(n, c, h, w, oc, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups, bias, threads); }
+  auto tie() const {
+    return std::tie(n, c, h, w, oc, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups, bias, nhwc, threads);
+  }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
 Key key_of(const Tensor& x, const Tensor& weight, bool bias, const Window2d& w, int64_t groups) {
   return {x.size(0),  x.size(1),  w.in_h,     w.in_w,     weight.size(0), w.out_h,      w.out_w,
           w.kernel_h, w.kernel_w, w.stride_h, w.stride_w, w.pad_h,        w.pad_w,      w.dilation_h,
-          w.dilation_w, groups,   bias,       omp_get_max_threads()};
+          w.dilation_w, groups,   bias,       !(x.is_contiguous() && weight.is_contiguous()), omp_get_max_threads()};
 }
 
 struct Shapes {
   memory::dims src, wei, bias, dst, strides, dilates, pad_l, pad_r;
   memory::desc user_src, user_wei, user_dst;
+  bool nhwc = false;
 };
 
 Shapes shapes(const Key& k) {
@@ -107,13 +112,46 @@ Shapes shapes(const Key& k) {
   s.pad_l = {k.ph, k.pw};
   // The right/bottom padding that makes the output exactly oh x ow (PyTorch's floor semantics).
   s.pad_r = {(k.oh - 1) * k.sh + (k.kh - 1) * k.dh + 1 - k.h - k.ph, (k.ow - 1) * k.sw + (k.kw - 1) * k.dw + 1 - k.w - k.pw};
-  s.user_src = memory::desc(s.src, dt::f32, tag::nchw);
-  s.user_wei = memory::desc(s.wei, dt::f32, grouped ? tag::goihw : tag::oihw);
-  s.user_dst = memory::desc(s.dst, dt::f32, tag::nchw);
+  const tag image = k.nhwc ? tag::nhwc : tag::nchw;
+  s.user_src = memory::desc(s.src, dt::f32, image);
+  s.user_wei = memory::desc(s.wei, dt::f32, k.nhwc ? (grouped ? tag::gohwi : tag::ohwi) : (grouped ? tag::goihw : tag::oihw));
+  s.user_dst = memory::desc(s.dst, dt::f32, image);
+  s.nhwc = k.nhwc;
   return s;
 }
 
 memory::desc any(const memory::dims& d) { return memory::desc(d, dt::f32, tag::any); }
+// The source and destination of a primitive: channels-last ones pin oneDNN to its NHWC kernels (no
+// reorder of the activations at all); NCHW ones let it pick its blocked layout.
+memory::desc image(const Shapes& s, const memory::dims& d) {
+  return s.nhwc ? memory::desc(d, dt::f32, tag::nhwc) : any(d);
+}
+
+// Primitives with a user-managed scratchpad: each execution gets its own (Scratchpad below). oneDNN's
+// default keeps one per thread, sized when a primitive is made: a primitive made on one thread and run
+// on another (a sim stream's worker runs cpu kernels) then wrote through a null scratchpad.
+dnnl::primitive_attr user_scratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+// A primitive's scratchpad for one execution, from chorus's host allocator.
+class Scratchpad {
+ public:
+  template <typename PrimitiveDesc>
+  explicit Scratchpad(const PrimitiveDesc& pd) {
+    const memory::desc d = pd.scratchpad_desc();
+    storage_ = std::make_shared<StorageImpl>(std::max<size_t>(d.get_size(), 1), kCPU);
+    mem_ = memory(d, engine(), storage_->data());
+  }
+  // Adds it to a primitive's arguments.
+  void add_to(std::unordered_map<int, memory>& args) const { args.emplace(DNNL_ARG_SCRATCHPAD, mem_); }
+
+ private:
+  Storage storage_;
+  memory mem_;
+};
 
 // The primitives of one shape, made at first use.
 struct Entry {
@@ -138,13 +176,13 @@ std::shared_ptr<Entry> entry_for(const Key& k) {
   e->s = shapes(k);
   const Shapes& s = e->s;
   auto desc = k.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                       dnnl::algorithm::convolution_direct, any(s.src), any(s.wei),
-                                                       memory::desc(s.bias, dt::f32, tag::x), any(s.dst), s.strides,
+                                                       dnnl::algorithm::convolution_direct, image(s, s.src), any(s.wei),
+                                                       memory::desc(s.bias, dt::f32, tag::x), image(s, s.dst), s.strides,
                                                        s.dilates, s.pad_l, s.pad_r)
                      : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                       dnnl::algorithm::convolution_direct, any(s.src), any(s.wei),
-                                                       any(s.dst), s.strides, s.dilates, s.pad_l, s.pad_r);
-  e->fwd_pd = dnnl::convolution_forward::primitive_desc(desc, engine());
+                                                       dnnl::algorithm::convolution_direct, image(s, s.src), any(s.wei),
+                                                       image(s, s.dst), s.strides, s.dilates, s.pad_l, s.pad_r);
+  e->fwd_pd = dnnl::convolution_forward::primitive_desc(desc, user_scratchpad(), engine());
   e->fwd = dnnl::convolution_forward(e->fwd_pd);
   cache.emplace(k, e);
   return e;
@@ -154,20 +192,20 @@ void make_backward(Entry& e) {
   std::call_once(e.backward_once, [&] {
     const Shapes& s = e.s;
     e.bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
-        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, any(s.src), any(s.wei), any(s.dst),
+        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, image(s, s.src), any(s.wei), image(s, s.dst),
                                               s.strides, s.dilates, s.pad_l, s.pad_r),
-        engine(), e.fwd_pd);
+        user_scratchpad(), engine(), e.fwd_pd);
     e.bwd_data = dnnl::convolution_backward_data(e.bwd_data_pd);
     e.bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any(s.src), any(s.wei),
-                                                 memory::desc(s.bias, dt::f32, tag::x), any(s.dst), s.strides,
+        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, image(s, s.src), any(s.wei),
+                                                 memory::desc(s.bias, dt::f32, tag::x), image(s, s.dst), s.strides,
                                                  s.dilates, s.pad_l, s.pad_r),
-        engine(), e.fwd_pd);
+        user_scratchpad(), engine(), e.fwd_pd);
     e.bwd_weights = dnnl::convolution_backward_weights(e.bwd_weights_pd);
     e.bwd_weights_nobias_pd = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, any(s.src), any(s.wei),
-                                                 any(s.dst), s.strides, s.dilates, s.pad_l, s.pad_r),
-        engine(), e.fwd_pd);
+        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, image(s, s.src), any(s.wei),
+                                                 image(s, s.dst), s.strides, s.dilates, s.pad_l, s.pad_r),
+        user_scratchpad(), engine(), e.fwd_pd);
     e.bwd_weights_nobias = dnnl::convolution_backward_weights(e.bwd_weights_nobias_pd);
   });
 }
@@ -208,8 +246,11 @@ bool handles(const Tensor& x, const Tensor& weight, const Window2d& w) {
   // Below a few output positions in the whole batch (e.g. ResNet's last stage at batch 1: 2x2) the
   // per-call reorders of the weights cost more than the convolution; im2col + GEMM is faster there
   // (conv_bench: 512->512 3x3 at 2x2, batch 1: 3.4 ms against 8.2 ms).
-  return enabled() && x.dtype() == kFloat32 && weight.dtype() == kFloat32 && x.is_contiguous() &&
-         weight.is_contiguous() && x.numel() > 0 && x.size(0) * w.out_h * w.out_w >= 8;
+  // NCHW input with an OIHW weight, or (channels-last) NHWC input with an OHWI weight.
+  const bool layouts = (x.is_contiguous() && weight.is_contiguous()) ||
+                       (x.is_contiguous(MemoryFormat::ChannelsLast) && weight.is_contiguous(MemoryFormat::ChannelsLast));
+  return enabled() && x.dtype() == kFloat32 && weight.dtype() == kFloat32 && layouts && x.numel() > 0 &&
+         x.size(0) * w.out_h * w.out_w >= 8;
 }
 
 void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
@@ -221,6 +262,8 @@ void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
   Arg dst(e->fwd_pd.dst_desc(), e->s.user_dst, ptr(out), false, stream);
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, src.get()}, {DNNL_ARG_WEIGHTS, wei.get()}, {DNNL_ARG_DST, dst.get()}};
   if (bias.defined()) args.emplace(DNNL_ARG_BIAS, memory(memory::desc(e->s.bias, dt::f32, tag::x), engine(), ptr(bias)));
+  const Scratchpad scratchpad(e->fwd_pd);
+  scratchpad.add_to(args);
   e->fwd.execute(stream, args);
   dst.write_back(stream);
   stream.wait();
@@ -231,19 +274,23 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   const std::shared_ptr<Entry> e = entry_for(key_of(x, weight, /*bias=*/false, w, groups));
   make_backward(*e);
   dnnl::stream stream(engine());
-  // A dense copy through the copy kernel (Tensor::contiguous belongs to the autograd layer above).
+  // grad_out dense in the input's layout, through the copy kernel (Tensor::contiguous belongs to the
+  // autograd layer above).
+  const MemoryFormat format = e->s.nhwc ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
   Tensor go = grad_out;
-  if (!grad_out.is_contiguous()) {
-    go = make_tensor(grad_out.sizes(), grad_out.dtype(), kCPU);
+  if (!grad_out.is_contiguous(format)) {
+    go = make_tensor(grad_out.sizes(), grad_out.dtype(), kCPU, format);
     copy(go, grad_out);
   }
   if (grad_x.defined()) {
     Arg diff_dst(e->bwd_data_pd.diff_dst_desc(), e->s.user_dst, ptr(go), true, stream);
     Arg wei(e->bwd_data_pd.weights_desc(), e->s.user_wei, ptr(weight), true, stream);
     Arg diff_src(e->bwd_data_pd.diff_src_desc(), e->s.user_src, ptr(grad_x), false, stream);
-    e->bwd_data.execute(stream, {{DNNL_ARG_DIFF_DST, diff_dst.get()},
-                                 {DNNL_ARG_WEIGHTS, wei.get()},
-                                 {DNNL_ARG_DIFF_SRC, diff_src.get()}});
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_DIFF_DST, diff_dst.get()}, {DNNL_ARG_WEIGHTS, wei.get()}, {DNNL_ARG_DIFF_SRC, diff_src.get()}};
+    const Scratchpad scratchpad(e->bwd_data_pd);
+    scratchpad.add_to(args);
+    e->bwd_data.execute(stream, args);
     diff_src.write_back(stream);
     stream.wait();  // before the scratch buffers go
   }
@@ -258,6 +305,8 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     if (with_bias) {
       args.emplace(DNNL_ARG_DIFF_BIAS, memory(memory::desc(e->s.bias, dt::f32, tag::x), engine(), ptr(grad_bias)));
     }
+    const Scratchpad scratchpad(pd);
+    scratchpad.add_to(args);
     (with_bias ? e->bwd_weights : e->bwd_weights_nobias).execute(stream, args);
     diff_wei.write_back(stream);
     stream.wait();
@@ -266,10 +315,12 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     const int64_t n = go.size(0), c = go.size(1), hw = go.numel() / std::max<int64_t>(n * c, 1);
     const float* g = go.data_ptr<float>();
     float* b = grad_bias.data_ptr<float>();
+    // Element (i, k, j) of NCHW memory is at (i * c + k) * hw + j, of NHWC memory at (i * hw + j) * c + k.
+    const int64_t k_step = e->s.nhwc ? 1 : hw, j_step = e->s.nhwc ? c : 1;
     for (int64_t k = 0; k < c; ++k) {
       double sum = 0;
       for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < hw; ++j) sum += g[(i * c + k) * hw + j];
+        for (int64_t j = 0; j < hw; ++j) sum += g[i * c * hw + k * k_step + j * j_step];
       b[k] = static_cast<float>(sum);
     }
   }

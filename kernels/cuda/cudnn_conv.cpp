@@ -147,15 +147,17 @@ bool cudnn_can_run(const Tensor& x, const Tensor& weight) {
 
 bool is_half(const Tensor& t) { return t.defined() && (t.dtype() == kFloat16 || t.dtype() == kBFloat16); }
 
-// A float32 copy of t (undefined stays undefined), and t's values rounded back into dst.
-Tensor widened(const Tensor& t) {
-  if (!t.defined()) return t;
-  Tensor f = make_tensor(t.sizes(), kFloat32, t.device());
+// An operand of the direct kernels, which know NCHW float32/float64 only: t itself when it is one,
+// else an NCHW copy (float32 for half precision; undefined stays undefined). write_back puts a
+// result computed in such a copy into the caller's tensor (rounding half precision once).
+Tensor direct_operand(const Tensor& t) {
+  if (!t.defined() || (t.is_contiguous() && !is_half(t))) return t;
+  Tensor f = make_tensor(t.sizes(), is_half(t) ? kFloat32 : t.dtype(), t.device());
   copy(f, t);
   return f;
 }
-void narrow_into(const Tensor& dst, const Tensor& f) {
-  if (dst.defined()) copy(dst, f);
+void write_back(const Tensor& dst, const Tensor& f) {
+  if (dst.defined() && !f.is_same(dst)) copy(dst, f);
 }
 
 struct Call {
@@ -190,11 +192,9 @@ void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
             int64_t groups) {
   if (out.numel() == 0) return;
   if (!cudnn_can_run(x, weight)) {
-    // The direct kernels know float32 and float64: half precision goes through float32 there.
-    if (!is_half(x)) return conv2d_direct(out, x, weight, bias, w, groups);
-    const Tensor out_f = widened(out);
-    conv2d_direct(out_f, widened(x), widened(weight), widened(bias), w, groups);
-    return narrow_into(out, out_f);
+    const Tensor o = direct_operand(out);
+    conv2d_direct(o, direct_operand(x), direct_operand(weight), direct_operand(bias), w, groups);
+    return write_back(out, o);
   }
   DeviceGuard guard(x.device());
   Call call(x, weight, out, w, groups);
@@ -227,12 +227,11 @@ void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_out,
                      const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups) {
   if (!cudnn_can_run(x, weight) || grad_out.numel() == 0 || x.numel() == 0) {
-    if (!is_half(x)) return conv2d_backward_direct(grad_x, grad_weight, grad_bias, grad_out, x, weight, w, groups);
-    const Tensor gx = widened(grad_x), gw = widened(grad_weight), gb = widened(grad_bias);
-    conv2d_backward_direct(gx, gw, gb, widened(grad_out), widened(x), widened(weight), w, groups);
-    narrow_into(grad_x, gx);
-    narrow_into(grad_weight, gw);
-    return narrow_into(grad_bias, gb);
+    const Tensor gx = direct_operand(grad_x), gw = direct_operand(grad_weight), gb = direct_operand(grad_bias);
+    conv2d_backward_direct(gx, gw, gb, direct_operand(grad_out), direct_operand(x), direct_operand(weight), w, groups);
+    write_back(grad_x, gx);
+    write_back(grad_weight, gw);
+    return write_back(grad_bias, gb);
   }
   DeviceGuard guard(x.device());
   Call call(x, weight, grad_out, w, groups);

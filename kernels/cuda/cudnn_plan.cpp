@@ -68,25 +68,10 @@ TensorDesc tensor_desc(const Shape& sizes, const Strides& strides, DataType type
 
 }  // namespace
 
-bool is_channels_last(const Shape& sizes, const Strides& strides) {
-  if (sizes.size() != 4 || strides.size() != 4) return false;
-  // Dims in memory order C, W, H, N (innermost first), each stride the product of the inner sizes.
-  int64_t expected = 1;
-  for (int d : {1, 3, 2, 0}) {
-    if (sizes[d] != 1 && strides[d] != expected) return false;
-    expected *= sizes[d];
-  }
-  return true;
-}
+bool is_channels_last(const Shape& sizes, const Strides& strides) { return is_channels_last_strides(sizes, strides); }
 
 bool is_nchw_contiguous(const Shape& sizes, const Strides& strides) {
-  if (sizes.size() != 4 || strides.size() != 4) return false;
-  int64_t expected = 1;
-  for (int d = 3; d >= 0; --d) {
-    if (sizes[d] != 1 && strides[d] != expected) return false;
-    expected *= sizes[d];
-  }
-  return true;
+  return sizes.size() == 4 && strides.size() == 4 && is_contiguous_strides(sizes, strides);
 }
 
 ConvPlan plan_conv2d(const Shape& x_sizes, const Strides& x_strides, const Shape& w_sizes, const Strides& w_strides,

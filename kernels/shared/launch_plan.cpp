@@ -118,8 +118,13 @@ ElementwisePlan plan_elementwise(const std::vector<int64_t>& out_shape, const st
   ElementwisePlan plan;
   plan.numel = product(out_shape);
   plan.stride_bytes.assign(n_ops, {});
+  // Walk the dims in the output's memory order (outermost first, a stable sort: a row-major output
+  // keeps the logical order), so a channels-last output runs along C innermost in dense runs.
+  std::vector<size_t> order(nd);
+  for (size_t d = 0; d < nd; ++d) order[d] = d;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return strides[0][x] > strides[0][y]; });
   // Merge adjacent dims every operand steps through as one; drop size-1 dims.
-  for (size_t d = 0; d < nd; ++d) {
+  for (size_t d : order) {
     if (out_shape[d] == 1) continue;
     bool merge = !plan.shape.empty();
     for (size_t k = 0; k < n_ops && merge; ++k) {

@@ -51,13 +51,18 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   auto compute = [cd](const Tensor& t) {
     return t.defined() ? ops::cast(alias_without_history(t), cd).contiguous() : Tensor();
   };
-  Tensor x = compute(input), w = compute(weight), b = compute(bias);
+  // A channels-last input stays channels-last: its memory is [N*H*W, C] rows, which the kernels take
+  // as n = N*H*W samples of c channels with s = 1 position each.
+  const MemoryFormat format = input.suggest_memory_format();
+  const bool nhwc = format == MemoryFormat::ChannelsLast;
+  const int64_t kn = nhwc ? n * s : n, ks = nhwc ? 1 : s;
+  Tensor x = ops::cast(alias_without_history(input), cd).contiguous(format), w = compute(weight), b = compute(bias);
   // The running statistics are updated in place; a float16 buffer goes through a float copy.
   Tensor rm = compute(running_mean), rv = compute(running_var);
-  Tensor out = make_tensor(input.sizes(), cd, input.device());
+  Tensor out = make_tensor(input.sizes(), cd, input.device(), format);
   Tensor save_mean = make_tensor({c}, cd, input.device());
   Tensor save_rstd = make_tensor({c}, cd, input.device());
-  kernels::batch_norm(out, save_mean, save_rstd, x, w, b, rm, rv, training, momentum, eps, n, c, s);
+  kernels::batch_norm(out, save_mean, save_rstd, x, w, b, rm, rv, training, momentum, eps, kn, c, ks);
   if (training && running_mean.defined()) {
     NoGradGuard no_grad;
     for (auto [buf, upd] : {std::pair{running_mean, rm}, std::pair{running_var, rv}}) {
@@ -73,12 +78,12 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
     autograd::record("NativeBatchNormBackward", {input, weight, bias}, {out},
                      [=](const TensorList& g) -> TensorList {
                        Tensor xv = sx.unpack("batch_norm"), wv = sw.unpack("batch_norm");
-                       Tensor gv = ops::cast(g[0], xv.dtype()).contiguous();
-                       Tensor gx = need_x ? make_tensor(xv.sizes(), xv.dtype(), xv.device()) : Tensor();
+                       Tensor gv = ops::cast(g[0], xv.dtype()).contiguous(format);
+                       Tensor gx = need_x ? make_tensor(xv.sizes(), xv.dtype(), xv.device(), format) : Tensor();
                        Tensor gw = need_w ? make_tensor({c}, xv.dtype(), xv.device()) : Tensor();
                        Tensor gb = need_b ? make_tensor({c}, xv.dtype(), xv.device()) : Tensor();
                        kernels::batch_norm_backward(gx, gw, gb, gv, xv, save_mean, save_rstd, wv, training,
-                                                         n, c, s);
+                                                         kn, c, ks);
                        return {gx, gw, gb};
                      });
   }

@@ -88,6 +88,15 @@ void check_pool_args(const char* op, Pair kernel, Pair stride, Pair padding, Pai
 
 Tensor compute_view(const Tensor& t, DType cd) { return ops::cast(alias_without_history(t), cd).contiguous(); }
 
+// A pooling result (computed plane by plane in NCHW) in the layout of its input: a channels-last
+// input gives a channels-last output, as in PyTorch, so the layers after it keep the layout.
+Tensor pooled_in_format(const Tensor& out, const Tensor& input) {
+  if (input.suggest_memory_format() != MemoryFormat::ChannelsLast) return out;
+  Tensor nhwc = make_tensor(out.sizes(), out.dtype(), out.device(), MemoryFormat::ChannelsLast);
+  kernels::copy(nhwc, out);
+  return nhwc;
+}
+
 }  // namespace
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pair stride, Pair padding, Pair dilation,
@@ -126,10 +135,16 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pai
   const Window2d w = make_window("conv2d", in4, {weight.size(2), weight.size(3)}, stride, padding, dilation, false);
   const DType cd = ops::product_dtype(input);
   const bool native_half = cd != compute_dtype(input.dtype());  // float16 / bfloat16 on CUDA
-  Tensor x = compute_view(in4, cd);
-  Tensor wt = compute_view(weight, cd);
+  // Channels-last when the input or the weight is (as PyTorch's cuDNN and oneDNN convolutions): the
+  // kernels then get NHWC input and output and a KRSC (channels-last) weight.
+  const MemoryFormat format = in4.suggest_memory_format() == MemoryFormat::ChannelsLast ||
+                                      weight.suggest_memory_format() == MemoryFormat::ChannelsLast
+                                  ? MemoryFormat::ChannelsLast
+                                  : MemoryFormat::Contiguous;
+  Tensor x = ops::cast(alias_without_history(in4), cd).contiguous(format);
+  Tensor wt = ops::cast(alias_without_history(weight), cd).contiguous(format);
   Tensor b = bias.defined() ? compute_view(bias, cd) : Tensor();
-  Tensor out = make_tensor({x.size(0), c_out, w.out_h, w.out_w}, cd, input.device());
+  Tensor out = make_tensor({x.size(0), c_out, w.out_h, w.out_w}, cd, input.device(), format);
   kernels::conv2d(out, x, wt, b, w, groups);
   out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&in4, &weight, &bias})) {
@@ -138,9 +153,9 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pai
     SavedTensor sx(x), sw(wt);
     autograd::record("ConvolutionBackward", {in4, weight, bias}, {out}, [=](const TensorList& g) -> TensorList {
       Tensor xv = sx.unpack("conv2d"), wv = sw.unpack("conv2d");
-      Tensor gv = ops::cast(g[0], xv.dtype()).contiguous();
-      Tensor gx = need_x ? make_tensor(xv.sizes(), xv.dtype(), xv.device()) : Tensor();
-      Tensor gw = need_w ? make_tensor(wv.sizes(), xv.dtype(), xv.device()) : Tensor();
+      Tensor gv = ops::cast(g[0], xv.dtype()).contiguous(format);
+      Tensor gx = need_x ? make_tensor(xv.sizes(), xv.dtype(), xv.device(), format) : Tensor();
+      Tensor gw = need_w ? make_tensor(wv.sizes(), xv.dtype(), xv.device(), format) : Tensor();
       // A half-precision bias gradient is a float32 sum over batch and positions, rounded once.
       Tensor gb = need_b && !native_half ? make_tensor({wv.size(0)}, xv.dtype(), xv.device()) : Tensor();
       kernels::conv2d_backward(gx, gw, gb, gv, xv, wv, w, groups);
@@ -264,14 +279,15 @@ Tensor max_pool2d(const Tensor& input, Pair kernel_size, std::optional<Pair> str
   Tensor out = make_tensor(out_shape, cd, input.device());
   Tensor indices = make_tensor(out_shape, kInt64, input.device());
   kernels::max_pool2d(out, indices, x, w);
-  out = ops::cast(out, input.dtype());
+  out = ops::cast(pooled_in_format(out, in4), input.dtype());
   if (autograd::any_requires_grad({&in4})) {
     const Shape in_shape = x.sizes();
+    const bool nhwc = in4.suggest_memory_format() == MemoryFormat::ChannelsLast;  // the gradient's layout too
     autograd::record("MaxPool2DWithIndicesBackward", {in4}, {out}, [=](const TensorList& g) -> TensorList {
       Tensor gv = ops::cast(g[0], cd).contiguous();
       Tensor gx = make_tensor(in_shape, cd, gv.device());
       kernels::max_pool2d_backward(gx, gv, indices);
-      return {gx};
+      return {nhwc ? gx.contiguous(MemoryFormat::ChannelsLast) : gx};
     });
   }
   return unbatch(out, unbatched);
@@ -288,14 +304,15 @@ Tensor avg_pool2d(const Tensor& input, Pair kernel_size, std::optional<Pair> str
   Tensor x = compute_view(in4, cd);
   Tensor out = make_tensor({x.size(0), x.size(1), w.out_h, w.out_w}, cd, input.device());
   kernels::avg_pool2d(out, x, w, count_include_pad);
-  out = ops::cast(out, input.dtype());
+  out = ops::cast(pooled_in_format(out, in4), input.dtype());
   if (autograd::any_requires_grad({&in4})) {
     const Shape in_shape = x.sizes();
+    const bool nhwc = in4.suggest_memory_format() == MemoryFormat::ChannelsLast;
     autograd::record("AvgPool2DBackward", {in4}, {out}, [=](const TensorList& g) -> TensorList {
       Tensor gv = ops::cast(g[0], cd).contiguous();
       Tensor gx = make_tensor(in_shape, cd, gv.device());
       kernels::avg_pool2d_backward(gx, gv, w, count_include_pad);
-      return {gx};
+      return {nhwc ? gx.contiguous(MemoryFormat::ChannelsLast) : gx};
     });
   }
   return unbatch(out, unbatched);
@@ -313,14 +330,15 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
   Tensor x = compute_view(in4, cd);
   Tensor out = make_tensor({x.size(0), x.size(1), out_h, out_w}, cd, input.device());
   kernels::adaptive_avg_pool2d(out, x, in_h, in_w, out_h, out_w);
-  out = ops::cast(out, input.dtype());
+  out = ops::cast(pooled_in_format(out, in4), input.dtype());
   if (autograd::any_requires_grad({&in4})) {
     const Shape in_shape = x.sizes();
+    const bool nhwc = in4.suggest_memory_format() == MemoryFormat::ChannelsLast;
     autograd::record("AdaptiveAvgPool2DBackward", {in4}, {out}, [=](const TensorList& g) -> TensorList {
       Tensor gv = ops::cast(g[0], cd).contiguous();
       Tensor gx = make_tensor(in_shape, cd, gv.device());
       kernels::adaptive_avg_pool2d_backward(gx, gv, in_h, in_w, out_h, out_w);
-      return {gx};
+      return {nhwc ? gx.contiguous(MemoryFormat::ChannelsLast) : gx};
     });
   }
   return unbatch(out, unbatched);
