@@ -106,9 +106,12 @@ TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
   Tensor g = run_tensor_hooks(std::move(grad_outputs[0]));
   if (!meta.grad.defined()) {
     // Steal the incoming buffer when nothing else refers to it; otherwise keep our own copy so a
-    // later in-place accumulation cannot write into someone else's tensor.
-    bool sole_owner = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
-    meta.grad = sole_owner ? g : g.clone();
+    // later in-place accumulation cannot write into someone else's tensor. Either way .grad is dense
+    // in the leaf's layout (PyTorch's gradient layout contract): a channels-last parameter gets a
+    // channels-last gradient, whatever layout the op that produced it chose.
+    const MemoryFormat format = leaf_tensor.suggest_memory_format();
+    bool sole_owner = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous(format);
+    meta.grad = sole_owner ? g : g.clone(format);
   } else {
     meta.grad.add_(g);
   }

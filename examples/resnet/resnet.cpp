@@ -59,6 +59,7 @@ struct Flags {
   double log_every_s = 10;
   int workers = 1;
   std::string amp = "none";  // none, bf16, fp16
+  bool channels_last = false;
   std::string device = "auto";
   Device on = Device::cpu();  // --device, resolved
 };
@@ -115,6 +116,7 @@ nlohmann::json run_synthetic(const Flags& f, examples::Job& job, int64_t local_b
   manual_seed(f.seed);
   auto net = make_model(f, false, 3, 1000);
   net->to(f.on);
+  if (f.channels_last) net->to(MemoryFormat::ChannelsLast);
   auto ddp = wrap(net, job, f);
   std::shared_ptr<nn::Module> model = ddp ? std::static_pointer_cast<nn::Module>(ddp) : net;
   // Goyal et al.'s linear scaling (lr 0.1 per 256 images): the same random batch every step at
@@ -122,6 +124,7 @@ nlohmann::json run_synthetic(const Flags& f, examples::Job& job, int64_t local_b
   optim::SGD opt(net->parameters(), {.lr = f.lr * static_cast<double>(f.batch_size) / 256.0, .momentum = 0.9,
                                      .weight_decay = f.weight_decay});
   Tensor x = randn({local_batch, 3, f.image_size, f.image_size}).to(f.on);
+  if (f.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
   Tensor y = randint(0, 1000, {local_batch}).to(f.on);
   examples::MixedPrecision amp(f.amp, f.on.type);
   job.log(fmt::format("synthetic {} at {}x{}: {} parameters, world size {}, batch {} ({} per process), {} threads per process",
@@ -167,6 +170,7 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
   manual_seed(f.seed);
   auto net = make_model(f, true, 1, 10);
   net->to(f.on);
+  if (f.channels_last) net->to(MemoryFormat::ChannelsLast);
   auto ddp = wrap(net, job, f);
   std::shared_ptr<nn::Module> model = ddp ? std::static_pointer_cast<nn::Module>(ddp) : net;
   optim::SGD opt(net->parameters(), {.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay, .nesterov = true});
@@ -215,7 +219,7 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
       Tensor logits, loss;
       {
         auto scope = amp.autocast();
-        logits = model->forward(data);
+        logits = model->forward(f.channels_last ? data.contiguous(MemoryFormat::ChannelsLast) : data);
         loss = F::cross_entropy(logits, target);
       }
       amp.backward(loss);
@@ -293,6 +297,8 @@ int main(int argc, char** argv) {
   app.add_option("--weight-decay", f.weight_decay, "L2 weight decay")->check(CLI::NonNegativeNumber);
   app.add_option("--augment", f.augment, "random horizontal flips, and shifts of up to --shift pixels (true/false)");
   app.add_option("--shift", f.shift, "largest random shift in pixels with --augment (0: flips only)")->check(CLI::Range(0, 8));
+  app.add_flag("--channels-last", f.channels_last,
+               "NHWC memory for the model's convolution weights and the images (PyTorch's channels_last)");
   app.add_flag("--sync-bn", f.sync_bn, "BatchNorm statistics over all processes (SyncBatchNorm)");
   app.add_option("--seed", f.seed, "seed of initialization, shuffling and augmentation");
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "write checkpoint.safetensors here");

@@ -1,7 +1,7 @@
 // chorus on one GPU against PyTorch 2.11 eager (tools/torch_peer.py, the same sections and shapes, run
 // in the same call) and against the raw libraries chorus calls:
 //   resnet50  ResNet-50 training steps (224², batch 128, SGD momentum): float32 with TF32, and bf16
-//             autocast; images/s and peak memory
+//             autocast, channels-last ("chorus") and NCHW ("chorus_nchw"); images/s and peak memory
 //   bert      BERT-base masked-LM training steps (seq 128, batch 32, AdamW, bf16 autocast);
 //             sequences/s and peak memory
 //   gemm      matmul TFLOP/s (4096³ and BERT-base's shapes; float32, TF32, bf16) against cublasGemmEx
@@ -176,34 +176,39 @@ Tensor random(const Setup& s, const Shape& shape, DType dtype = kFloat32) {
 // ---- resnet50 ----------------------------------------------------------------------------------
 
 void resnet50(const Setup& s, Section& out) {
-  // chorus has no channels-last memory format: its ResNet-50 runs NCHW (PyTorch's figure is
-  // channels-last, the layout it is fastest in, and NCHW beside it).
-  for (const std::string mode : {"tf32", "bf16"}) {
-    fresh_peak(s);
-    raw::set_chorus_tf32(true);
-    raw::set_chorus_cudnn_tf32(true);
-    manual_seed(1);
-    auto model = models::resnet50();
-    model->to(s.device);
-    model->train();
-    optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4});
-    Tensor images = random(s, {s.resnet_batch, 3, s.resnet_image, s.resnet_image});
-    Tensor labels = randint(0, 1000, {s.resnet_batch}, {.dtype = kInt64, .device = s.device});
-    const double ms = median_ms(s, s.step_warmup, s.step_iters, [&] {
-      opt.zero_grad();
-      Tensor loss;
-      {
-        std::optional<autocast::AutocastGuard> amp;
-        if (mode == "bf16") amp.emplace(s.device.type, kBFloat16);
-        loss = F::cross_entropy(model->forward(images), labels);
-      }
-      loss.backward();
-      opt.step();
-    });
-    Row r = make_row("chorus", fmt::format("batch {} x 3x{}² {}", s.resnet_batch, s.resnet_image, mode), ms,
-                     s.resnet_batch / (ms / 1e3), "images/s", "nchw: chorus has no channels-last memory format");
-    set_peaks(s, r);
-    out.add(r);
+  // Channels-last (model->to(ChannelsLast), NHWC images) is the "chorus" row, beside PyTorch's
+  // channels-last "torch" row; NCHW runs too ("chorus_nchw", beside "torch_nchw").
+  for (const bool channels_last : {true, false}) {
+    for (const std::string mode : {"tf32", "bf16"}) {
+      fresh_peak(s);
+      raw::set_chorus_tf32(true);
+      raw::set_chorus_cudnn_tf32(true);
+      manual_seed(1);
+      auto model = models::resnet50();
+      model->to(s.device);
+      if (channels_last) model->to(MemoryFormat::ChannelsLast);
+      model->train();
+      optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4});
+      Tensor images = random(s, {s.resnet_batch, 3, s.resnet_image, s.resnet_image});
+      if (channels_last) images = images.contiguous(MemoryFormat::ChannelsLast);
+      Tensor labels = randint(0, 1000, {s.resnet_batch}, {.dtype = kInt64, .device = s.device});
+      const double ms = median_ms(s, s.step_warmup, s.step_iters, [&] {
+        opt.zero_grad();
+        Tensor loss;
+        {
+          std::optional<autocast::AutocastGuard> amp;
+          if (mode == "bf16") amp.emplace(s.device.type, kBFloat16);
+          loss = F::cross_entropy(model->forward(images), labels);
+        }
+        loss.backward();
+        opt.step();
+      });
+      Row r = make_row(channels_last ? "chorus" : "chorus_nchw",
+                       fmt::format("batch {} x 3x{}² {}", s.resnet_batch, s.resnet_image, mode), ms,
+                       s.resnet_batch / (ms / 1e3), "images/s", channels_last ? "channels-last" : "nchw");
+      set_peaks(s, r);
+      out.add(r);
+    }
   }
 }
 

@@ -18,10 +18,11 @@ for section in resnet50 bert gemm memory conv; do
   rows=$(grep -c "\"impl\":\"chorus\".*\"section\":\"$section\"" "$tmp/rows.jsonl" || true)
   ((rows > 0)) || fail "no chorus row for section $section in the JSON lines"
 done
-# Counts of the cases each section has at any size: 2 ResNet-50 modes, 1 BERT, 7 shapes x 3 modes,
+# Counts of the cases each section has at any size: 2 ResNet-50 modes in channels-last and in NCHW, 1 BERT, 7 shapes x 3 modes,
 # 5 memory-bound ops (each with its copy row), 23 convolution shapes x 2 modes.
 count() { grep -c "\"impl\":\"$1\".*\"section\":\"$2\"" "$tmp/rows.jsonl" || true; }
 [[ $(count chorus resnet50) == 2 ]] || fail "resnet50: $(count chorus resnet50) rows, expected 2"
+[[ $(count chorus_nchw resnet50) == 2 ]] || fail "resnet50: $(count chorus_nchw resnet50) NCHW rows, expected 2"
 [[ $(count chorus bert) == 1 ]] || fail "bert: $(count chorus bert) rows, expected 1"
 [[ $(count chorus gemm) == 21 ]] || fail "gemm: $(count chorus gemm) rows, expected 21"
 [[ $(count chorus memory) == 5 && $(count copy memory) == 5 ]] || fail "memory: expected 5 chorus and 5 copy rows"
@@ -35,7 +36,7 @@ import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     assert r["ms"] > 0 and r["value"] > 0, r
-    if r["impl"] == "chorus":
+    if r["impl"] in ("chorus", "chorus_nchw"):
         assert r["peak_allocated_mib"] > 0 and r["peak_reserved_mib"] >= r["peak_allocated_mib"], r
 PY
 

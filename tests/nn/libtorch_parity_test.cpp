@@ -703,3 +703,53 @@ TEST_CASE("Transformer, TransformerDecoder(Layer) equal libtorch's with every pa
   torch::Tensor ty1 = theirs_layer->forward(ttgt, tmemory, {}, {}, {}, to_torch(memory_pad).to(torch::kBool));
   CHECK(max_diff(y1, ty1) < 1e-10);
 }
+
+// Channels-last: the layout of each result (and of the input's gradient) is libtorch's, op by op,
+// with the same values. Inputs are made channels-last in both libraries the same way.
+TEST_CASE("channels-last results have libtorch's layouts and values", "[nn][libtorch][channels_last]") {
+  torch::set_num_threads(1);
+  constexpr auto kCL = c::MemoryFormat::ChannelsLast;
+  struct Op {
+    std::string name;
+    std::function<c::Tensor(const c::Tensor&)> ours;
+    std::function<torch::Tensor(const torch::Tensor&)> theirs;
+  };
+  c::manual_seed(31);
+  const c::Tensor w = c::randn({6, 4, 3, 3}, {.dtype = c::kFloat64}), b = c::randn({6}, {.dtype = c::kFloat64});
+  const c::Tensor g4 = c::randn({4}, {.dtype = c::kFloat64}), b4 = c::randn({4}, {.dtype = c::kFloat64});
+  const torch::Tensor tw = to_torch(w), tb = to_torch(b), tg4 = to_torch(g4), tb4 = to_torch(b4);
+  const std::vector<Op> ops = {
+      {"conv2d", [&](const c::Tensor& x) { return F::conv2d(x, w, b, {1, 1}, {1, 1}); },
+       [&](const torch::Tensor& x) { return torch::conv2d(x, tw, tb, 1, 1); }},
+      {"conv2d with a channels-last weight on an NCHW input",
+       [&](const c::Tensor& x) { return F::conv2d(x.contiguous(), w.contiguous(kCL), b); },
+       [&](const torch::Tensor& x) { return torch::conv2d(x.contiguous(), tw.contiguous(torch::MemoryFormat::ChannelsLast), tb); }},
+      {"batch_norm (training)",
+       [&](const c::Tensor& x) { return F::batch_norm(x, c::Tensor(), c::Tensor(), g4, b4, true, 0.1, 1e-5); },
+       [&](const torch::Tensor& x) { return torch::batch_norm(x, tg4, tb4, {}, {}, true, 0.1, 1e-5, false); }},
+      {"relu", [](const c::Tensor& x) { return x.relu(); }, [](const torch::Tensor& x) { return x.relu(); }},
+      {"x + x * 2", [](const c::Tensor& x) { return x + x * 2.0; }, [](const torch::Tensor& x) { return x + x * 2.0; }},
+      {"max_pool2d", [](const c::Tensor& x) { return F::max_pool2d(x, {3, 3}, F::Pair{2, 2}, {1, 1}); },
+       [](const torch::Tensor& x) { return torch::max_pool2d(x, {3, 3}, {2, 2}, {1, 1}); }},
+      {"avg_pool2d", [](const c::Tensor& x) { return F::avg_pool2d(x, {2, 2}); },
+       [](const torch::Tensor& x) { return torch::avg_pool2d(x, {2, 2}); }},
+      {"adaptive_avg_pool2d 2x3", [](const c::Tensor& x) { return F::adaptive_avg_pool2d(x, {2, 3}); },
+       [](const torch::Tensor& x) { return torch::adaptive_avg_pool2d(x, {2, 3}); }},
+  };
+  for (const Op& op : ops) {
+    INFO(op.name);
+    c::manual_seed(32);
+    c::Tensor x = c::randn({3, 4, 7, 6}, {.dtype = c::kFloat64}).contiguous(kCL).requires_grad_();
+    torch::Tensor tx = to_torch(x).contiguous(torch::MemoryFormat::ChannelsLast).requires_grad_();
+    c::Tensor y = op.ours(x);
+    torch::Tensor ty = op.theirs(tx);
+    CHECK(y.strides() == c::Strides(ty.strides().begin(), ty.strides().end()));
+    CHECK(max_diff(y, ty) < 1e-10);
+    c::Tensor g = c::randn(y.sizes(), {.dtype = c::kFloat64});
+    c::sum(y * g).backward();
+    (ty * to_torch(g)).sum().backward();
+    REQUIRE(x.grad().defined());
+    CHECK(x.grad().strides() == c::Strides(tx.grad().strides().begin(), tx.grad().strides().end()));
+    CHECK(max_diff(x.grad(), tx.grad()) < 1e-10);
+  }
+}

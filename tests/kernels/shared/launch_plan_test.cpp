@@ -190,6 +190,28 @@ TEST_CASE("elementwise plans of common layouts: collapsed dims, contiguity, vect
   }
 }
 
+TEST_CASE("a channels-last output is walked in its memory order", "[shared][launch][channels_last]") {
+  // out, a: [N, C, H, W] with NHWC memory; b: a per-channel bias [1, C, 1, 1]. The plan follows the
+  // output's memory order (C innermost), so out and a collapse into one dense run and the bias is
+  // a two-dim broadcast; in logical order they would be four strided dims.
+  const Shape shape{3, 5, 4, 6};
+  Tensor a = randn(shape).contiguous(MemoryFormat::ChannelsLast), b = randn({1, 5, 1, 1});
+  Tensor out = full(shape, NAN, {.memory_format = MemoryFormat::ChannelsLast});
+  const sm::ElementwisePlan p = sm::plan_elementwise(shape, {layout_of(out), layout_of(a), layout_of(b)});
+  CHECK(p.shape == Shape{72, 5});
+  CHECK(p.stride_bytes[0] == std::vector<int64_t>{20, 4});
+  CHECK(p.stride_bytes[1] == std::vector<int64_t>{20, 4});
+  CHECK(p.stride_bytes[2] == std::vector<int64_t>{0, 4});
+  std::vector<int> writes(static_cast<size_t>(count(shape)), 0);
+  run_add_plan(p, out, a, b, writes);
+  CHECK(std::all_of(writes.begin(), writes.end(), [](int w) { return w == 1; }));
+  CHECK(equal(out, add(a, b)));
+  // Without the bias everything is one contiguous run, loaded 16 bytes at a time.
+  const sm::ElementwisePlan q = sm::plan_elementwise(shape, {layout_of(out), layout_of(a), layout_of(a)});
+  CHECK(q.shape == Shape{360});
+  CHECK(q.contiguous);
+}
+
 TEST_CASE("elementwise plans of random strided and broadcast inputs compute a + b", "[shared][launch]") {
   std::mt19937 rng(2);
   for (int iter = 0; iter < 300; ++iter) {
