@@ -542,8 +542,9 @@ struct InOpmath {
   }
 };
 
-// The element function a kernel instantiates for storage type T: f itself for the types the
+// The element function a CUDA kernel instantiates for storage type T: f itself for the types the
 // functors compute in directly, f wrapped in InOpmath for float16/bfloat16 (Out: the stored type).
+// (The CPU loops do the same through float buffers: kernels/cpu/loops.h, unary_loop_opmath.)
 template <typename T, typename Out = T, typename F>
 CHORUS_HD CHORUS_INLINE auto on_storage(const F& f) {
   if constexpr (is_reduced_float_v<T>) return InOpmath<Out, F>{f};
