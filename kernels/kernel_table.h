@@ -13,8 +13,13 @@
 namespace chorus::kernels {
 
 // X(name, (parameters), (arguments)): every kernel of the table, with the signature the cpu kernels
-// (kernels/cpu/*.h, where each is documented) define. Inputs are in one compute dtype unless a
-// kernel says otherwise; outputs are allocated by the caller.
+// (kernels/cpu/*.h, where each is documented) define. Inputs are in one dtype unless a kernel says
+// otherwise; outputs are allocated by the caller. float16/bfloat16 ([Half storage],
+// kernels/shared/pointwise_math.h): unary, binary, pow_scalar, clamp and where take them as stored and
+// compute each element in float (binary's b may also be float32, a Scalar kept in float; comparisons
+// write bool); batch_norm and batch_norm_backward take a 16-bit x, grad_out and grad_x with float32
+// weight, bias, statistics and parameter gradients. The other kernels take float32/float64 (the op
+// layer widens 16-bit tensors for them with compute_dtype), except where noted (gemm and conv2d on CUDA).
 #define CHORUS_KERNEL_LIST(X)                                                                                     \
   X(copy, (const Tensor& dst, const Tensor& src), (dst, src))                                                     \
   X(fill, (const Tensor& dst, const Scalar& value), (dst, value))                                                 \

@@ -1,6 +1,7 @@
 // Element types of chorus tensors, their names and sizes, PyTorch's type promotion, and the
 // dispatch helper that turns a runtime DType into a compile-time C++ type for kernels.
-// float16 and bfloat16 are storage types: CPU kernels compute them in float32.
+// float16 and bfloat16 are storage types: kernels compute them in float32 (the elementwise ones and
+// batch_norm per element on the stored tensor, the others after the op layer widens them).
 #pragma once
 
 #include <cstdint>
@@ -58,7 +59,8 @@ bool is_floating(DType dtype);         // float16, bfloat16, float32, float64
 bool is_integral(DType dtype, bool include_bool);
 // PyTorch's promotion lattice for two tensors of these dtypes (bool < uint8 < int32 < int64 < floats).
 DType promote_types(DType a, DType b);
-// The dtype a CPU kernel computes in: float32 for float16/bfloat16, the dtype itself otherwise.
+// The dtype a kernel computes in: float32 for float16/bfloat16, the dtype itself otherwise (what the
+// op layer widens to for kernels that take no 16-bit storage).
 DType compute_dtype(DType dtype);
 
 template <typename T>

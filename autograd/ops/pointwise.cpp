@@ -17,8 +17,31 @@ bool category_fits(DType result, DType out) {
   return cat(result) <= cat(out);
 }
 
+// [Half storage] (kernels/shared/pointwise_math.h): the elementwise kernels take float16/bfloat16 as
+// stored and compute each element in float, so a half op on half tensors runs on them directly and
+// gives a half output: one pass, no float32 temporaries, half tensors saved for backward. The bits
+// equal widening to float32, computing there and rounding once. Inputs of other dtypes (an int64
+// tensor added to a bfloat16 one) are still widened, and float32/float64 are their own compute types.
+//
+// The dtype a kernel runs on for an `out_dtype` result: out_dtype itself when it is float16/bfloat16
+// and the inputs already are (`other` may also be float32 when float32_other: a Scalar kept in float,
+// which the arithmetic kernels read as is), compute_dtype(out_dtype) otherwise.
+DType kernel_dtype(DType out_dtype, const Tensor& a, const Tensor* other = nullptr, bool float32_other = true) {
+  const bool half = out_dtype == kFloat16 || out_dtype == kBFloat16;
+  const bool other_fits =
+      !other || other->dtype() == out_dtype || (float32_other && other->dtype() == kFloat32);
+  return half && a.dtype() == out_dtype && other_fits ? out_dtype : compute_dtype(out_dtype);
+}
+
+// `t` as a kernel running on `cd` takes it: cast to cd, except a float32 operand of a float16/bfloat16
+// kernel, which stays float32 (a Scalar is not rounded to 16 bits before use: PyTorch's opmath).
+Tensor kernel_operand(const Tensor& t, DType cd) {
+  const bool half = cd == kFloat16 || cd == kBFloat16;
+  return half && t.dtype() == kFloat32 ? t : cast(t, cd);
+}
+
 // Runs `op` on a and b (tensors) into a fresh output of dtype `out_dtype` (computed in
-// compute_dtype(out_dtype)).
+// kernel_dtype(out_dtype, a, b)).
 Tensor binary_kernel(BinaryOp op, const char* name, const Tensor& a, const Tensor& b, DType out_dtype,
                      const Scalar& alpha = 1) {
   check_defined(a, name, "input");
@@ -26,9 +49,9 @@ Tensor binary_kernel(BinaryOp op, const char* name, const Tensor& a, const Tenso
   check_same_device(a, b, name);
   check_kernels(a, name);
   const Shape shape = broadcast_shapes(name, a.sizes(), b.sizes());
-  const DType cd = compute_dtype(out_dtype);
+  const DType cd = kernel_dtype(out_dtype, a, &b);
   Tensor out = new_output(shape, cd, a.device(), {&a, &b});
-  kernels::binary(op, out, cast(a, cd), cast(b, cd), alpha);
+  kernels::binary(op, out, cast(a, cd), kernel_operand(b, cd), alpha);
   return cast(out, out_dtype);
 }
 
@@ -38,7 +61,7 @@ Tensor compare_kernel(BinaryOp op, const char* name, const Tensor& a, const Tens
   check_same_device(a, b, name);
   check_kernels(a, name);
   const Shape shape = broadcast_shapes(name, a.sizes(), b.sizes());
-  const DType cd = compute_dtype(result_type(a, b));
+  const DType cd = kernel_dtype(result_type(a, b), a, &b, /*float32_other=*/false);
   Tensor out = new_output(shape, kBool, a.device(), {&a, &b});
   kernels::binary(op, out, cast(a, cd), cast(b, cd));
   return out;
@@ -49,12 +72,13 @@ Tensor unary_kernel(UnaryOp op, const char* name, const Tensor& t, bool float_on
   check_kernels(t, name);
   DType out_dtype = t.dtype();
   if (float_only && !is_floating(out_dtype)) out_dtype = kFloat32;  // exp(int) is float, as in PyTorch
-  const DType cd = compute_dtype(out_dtype);
+  const DType cd = kernel_dtype(out_dtype, t);
   Tensor out = new_output(t.sizes(), cd, t.device(), {&t});
   kernels::unary(op, out, cast(t, cd));
   return cast(out, out_dtype);
 }
 
+// A Scalar operand: float32 for a float16/bfloat16 result (the kernels compute in float; see kernel_operand).
 Tensor wrap(const Scalar& s, const Tensor& like, DType dtype) {
   return scalar_to_tensor(s, compute_dtype(dtype), like.device());
 }
@@ -188,7 +212,7 @@ Tensor pow(const Tensor& a, const Scalar& exponent) {
     fail("pow: integers to negative integer powers are not allowed (got a {} tensor and exponent {})",
          dtype_name(a.dtype()), exponent.to<int64_t>());
   }
-  const DType cd = compute_dtype(dt);
+  const DType cd = kernel_dtype(dt, a);
   Tensor out = new_output(a.sizes(), cd, a.device(), {&a});
   kernels::pow_scalar(out, cast(a, cd), exponent.to_double());
   out = cast(out, dt);
@@ -277,9 +301,9 @@ Tensor abs(const Tensor& t) {
 
 namespace {
 Tensor fused_backward(BinaryOp op, const Tensor& g, const Tensor& saved) {
-  const DType cd = compute_dtype(g.dtype());
+  const DType cd = kernel_dtype(g.dtype(), g, &saved);
   Tensor out = new_output(g.sizes(), cd, g.device(), {&g, &saved});
-  kernels::binary(op, out, cast(g, cd), cast(saved, cd));
+  kernels::binary(op, out, cast(g, cd), kernel_operand(saved, cd));
   return cast(out, g.dtype());
 }
 }  // namespace
@@ -357,7 +381,7 @@ Tensor clamp(const Tensor& t, std::optional<Scalar> min, std::optional<Scalar> m
   DType dt = t.dtype();
   if (min) dt = result_type(make_tensor({0}, dt, kCPU), *min);
   if (max) dt = result_type(make_tensor({0}, dt, kCPU), *max);
-  const DType cd = compute_dtype(dt);
+  const DType cd = kernel_dtype(dt, t);
   Tensor out = new_output(t.sizes(), cd, t.device(), {&t});
   kernels::clamp(out, cast(t, cd), min ? &*min : nullptr, max ? &*max : nullptr);
   out = cast(out, dt);
@@ -431,7 +455,7 @@ Tensor logical_not(const Tensor& t) {
   check_defined(t, "logical_not", "input");
   check_kernels(t, "logical_not");
   Tensor out = new_output(t.sizes(), kBool, t.device(), {&t});
-  kernels::unary(UnaryOp::LogicalNot, out, cast(t, compute_dtype(t.dtype())));
+  kernels::unary(UnaryOp::LogicalNot, out, cast(t, kernel_dtype(t.dtype(), t)));
   return out;
 }
 
@@ -493,12 +517,12 @@ Tensor& inplace_binary(BinaryOp op, const char* name, Tensor& self, const Tensor
     Tensor other_saved = op == BinaryOp::Mul || op == BinaryOp::Div ? other : Tensor();
     backward = backward_maker(self_before, other_saved, alpha);
   }
-  const DType cd = compute_dtype(promote_types(rt, self.dtype()));
+  const DType cd = kernel_dtype(promote_types(rt, self.dtype()), self, &other);
   if (self.dtype() == cd) {
-    kernels::binary(op, self, self, cast(other, cd), alpha);
+    kernels::binary(op, self, self, kernel_operand(other, cd), alpha);
   } else {
     Tensor tmp = new_output(self.sizes(), cd, self.device(), {&self});
-    kernels::binary(op, tmp, cast(self, cd), cast(other, cd), alpha);
+    kernels::binary(op, tmp, cast(self, cd), kernel_operand(other, cd), alpha);
     kernels::copy(self, tmp);
   }
   self.bump_version();

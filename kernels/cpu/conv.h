@@ -35,11 +35,14 @@ void adaptive_avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, 
 // x viewed as [N, C, S] (contiguous). Training (use_batch_stats): per-channel batch mean and biased
 // variance; writes save_mean and save_rstd [C]; and when running_mean/var are defined, updates them
 // with momentum and the unbiased variance. Eval: normalizes with running_mean/var (save_* get
-// those statistics, for backward). weight/bias [C] or undefined.
+// those statistics, for backward). weight/bias [C] or undefined. x and out may be float16/bfloat16
+// with every [C] tensor float32 (the mixed precision of cuDNN and PyTorch under autocast): the math
+// is in float, out rounded once; otherwise every tensor has x's dtype.
 void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_rstd, const Tensor& x,
                 const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
                 bool use_batch_stats, double momentum, double eps, int64_t n, int64_t c, int64_t s);
 // Gradients of batch_norm; use_batch_stats selects the training-mode formula (statistics depend on x).
+// dtypes as batch_norm's: grad_out and grad_x in x's dtype, grad_weight and grad_bias as weight's.
 void batch_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                          const Tensor& grad_out, const Tensor& x, const Tensor& save_mean, const Tensor& save_rstd,
                          const Tensor& weight, bool use_batch_stats, int64_t n, int64_t c, int64_t s);

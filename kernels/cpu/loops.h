@@ -13,6 +13,7 @@
 #include "kernels/cpu/capability.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vector_math.h"
+#include "kernels/shared/pointwise_math.h"
 #include "tensor/tensor.h"
 
 // Marks the per-element lambdas given to simd_for: they must be inlined into its vector loop (a
@@ -242,6 +243,81 @@ void ternary_loop(const StridedIter<4>& it, const F& f) {
       *reinterpret_cast<Out*>(p[0] + i * s[0]) = f(*reinterpret_cast<const A*>(p[1] + i * s[1]),
                                                    *reinterpret_cast<const B*>(p[2] + i * s[2]),
                                                    *reinterpret_cast<const C*>(p[3] + i * s[3]));
+    }
+  });
+}
+
+// ------------------------------------------------------------------ float16/bfloat16 storage
+// [Half storage] (kernels/shared/pointwise_math.h): out[i] = round(f(float(a[i]), ...)) with f at
+// float. A contiguous run goes through float buffers of kOpmathChunk elements: widen (exact), then
+// f over the buffers in the very simd_for loop the float32 kernel runs over its arrays, then round.
+// That keeps the bits equal to widening even where the float32 loop calls libmvec's vector erf/exp/
+// tanh (vector_math.h), which differ from the scalar libm calls in the last place: the element
+// positions that run vector or scalar code are the same, since every chunk but the last is a
+// multiple of any vector width. Strided runs are scalar, as the float32 kernel's strided runs.
+inline constexpr int64_t kOpmathChunk = 256;
+
+template <typename Out, typename A, typename F>
+void unary_loop_opmath(const StridedIter<2>& it, const F& f) {
+  using shared::to_opmath;
+  using M = shared::opmath_t<A>;
+  using R = decltype(f(M()));
+  run_parallel<2>(it, [&](char** p, const int64_t* s, int64_t n) {
+    if (s[0] == sizeof(Out) && s[1] == sizeof(A)) {
+      Out* o = reinterpret_cast<Out*>(p[0]);
+      const A* a = reinterpret_cast<const A*>(p[1]);
+      M abuf[kOpmathChunk];
+      R rbuf[kOpmathChunk];
+      for (int64_t c0 = 0; c0 < n; c0 += kOpmathChunk) {
+        const int64_t len = std::min(kOpmathChunk, n - c0);
+        simd_for(0, len, [&](int64_t i) CHORUS_ELEMENT { abuf[i] = to_opmath(a[c0 + i]); });
+        simd_for(0, len, [&](int64_t i) CHORUS_ELEMENT { rbuf[i] = f(abuf[i]); });
+        simd_for(0, len, [&](int64_t i) CHORUS_ELEMENT { o[c0 + i] = shared::Cast<Out>{}(rbuf[i]); });
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        *reinterpret_cast<Out*>(p[0] + i * s[0]) =
+            shared::Cast<Out>{}(f(to_opmath(*reinterpret_cast<const A*>(p[1] + i * s[1]))));
+      }
+    }
+  });
+}
+
+// The three contiguous cases of binary_loop (both operands, a broadcast b, a broadcast a), each
+// through float buffers as unary_loop_opmath. B may be float (a float32 Scalar operand).
+template <typename Out, typename A, typename B, typename F>
+void binary_loop_opmath(const StridedIter<3>& it, const F& f) {
+  using shared::to_opmath;
+  using MA = shared::opmath_t<A>;
+  using MB = shared::opmath_t<B>;
+  using R = decltype(f(MA(), MB()));
+  run_parallel<3>(it, [&](char** p, const int64_t* s, int64_t n) {
+    Out* o = reinterpret_cast<Out*>(p[0]);
+    const A* a = reinterpret_cast<const A*>(p[1]);
+    const B* b = reinterpret_cast<const B*>(p[2]);
+    const bool out_dense = s[0] == sizeof(Out);
+    const bool a_dense = s[1] == sizeof(A), b_dense = s[2] == sizeof(B);
+    if (out_dense && ((a_dense && b_dense) || (a_dense && s[2] == 0) || (s[1] == 0 && b_dense))) {
+      MA abuf[kOpmathChunk];
+      MB bbuf[kOpmathChunk];
+      R rbuf[kOpmathChunk];
+      const MA av = to_opmath(*a);
+      const MB bv = to_opmath(*b);
+      for (int64_t c0 = 0; c0 < n; c0 += kOpmathChunk) {
+        const int64_t len = std::min(kOpmathChunk, n - c0);
+        if (a_dense) simd_for(0, len, [&](int64_t i) CHORUS_ELEMENT { abuf[i] = to_opmath(a[c0 + i]); });
+        if (b_dense) simd_for(0, len, [&](int64_t i) CHORUS_ELEMENT { bbuf[i] = to_opmath(b[c0 + i]); });
+        if (a_dense && b_dense) simd_for(0, len, [&](int64_t i) CHORUS_ELEMENT { rbuf[i] = f(abuf[i], bbuf[i]); });
+        else if (a_dense) simd_for(0, len, [&](int64_t i) CHORUS_ELEMENT { rbuf[i] = f(abuf[i], bv); });
+        else simd_for(0, len, [&](int64_t i) CHORUS_ELEMENT { rbuf[i] = f(av, bbuf[i]); });
+        simd_for(0, len, [&](int64_t i) CHORUS_ELEMENT { o[c0 + i] = shared::Cast<Out>{}(rbuf[i]); });
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        *reinterpret_cast<Out*>(p[0] + i * s[0]) =
+            shared::Cast<Out>{}(f(to_opmath(*reinterpret_cast<const A*>(p[1] + i * s[1])),
+                                  to_opmath(*reinterpret_cast<const B*>(p[2] + i * s[2]))));
+      }
     }
   });
 }

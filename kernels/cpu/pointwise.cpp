@@ -1,6 +1,8 @@
 // Unary, binary, comparison, where and clamp kernels. The op enum is switched on once per call,
 // outside the element loop; each case instantiates a loop with a functor of
 // kernels/shared/pointwise_math.h inlined: the functors the CUDA kernels instantiate too.
+// float16/bfloat16 tensors are taken as they are stored: each loop widens an element to float, runs
+// the functor at float and rounds once on store ([Half storage] in pointwise_math.h, loops.h).
 #include <type_traits>
 
 #include "kernels/cpu/kernels.h"
@@ -11,21 +13,41 @@ namespace chorus::kernels::cpu {
 namespace {
 
 namespace sm = ::chorus::kernels::shared;
+using sm::opmath_t;
+
+// The loops over storage type T with functor f at opmath_t<T>: float16/bfloat16 through the float
+// buffers of loops.h's *_opmath loops; B: b's storage type.
+template <typename T, typename F>
+void unary_on(const StridedIter<2>& it, const F& f) {
+  if constexpr (sm::is_reduced_float_v<T>) unary_loop_opmath<T, T>(it, f);
+  else unary_loop<T, T>(it, f);
+}
+template <typename T, typename B, typename F>
+void binary_on(const StridedIter<3>& it, const F& f) {
+  if constexpr (sm::is_reduced_float_v<T>) binary_loop_opmath<T, T, B>(it, f);
+  else binary_loop<T, T, B>(it, f);
+}
+// Comparisons and logical_not: a bool output.
+template <typename T, typename F>
+void compare_on(const StridedIter<3>& it, const F& f) {
+  if constexpr (sm::is_reduced_float_v<T>) binary_loop_opmath<bool, T, T>(it, f);
+  else binary_loop<bool, T, T>(it, f);
+}
 
 template <typename T>
 void unary_typed(UnaryOp op, const StridedIter<2>& it) {
-  constexpr bool kFloat = std::is_floating_point_v<T>;
+  constexpr bool kFloat = std::is_floating_point_v<opmath_t<T>>;
   auto need_float = [&](const char* name) {
     fail("{}: expected a floating-point tensor, got {}", name, dtype_name(dtype_of<T>::value));
   };
   switch (op) {
     case UnaryOp::Neg:
       if constexpr (std::is_same_v<T, bool>) fail("neg: not defined for bool tensors (use logical_not)");
-      else unary_loop<T, T>(it, sm::Neg{});
+      else unary_on<T>(it, sm::Neg{});
       return;
-    case UnaryOp::Abs: unary_loop<T, T>(it, sm::Abs{}); return;
-    case UnaryOp::Sign: unary_loop<T, T>(it, sm::Sign{}); return;
-    case UnaryOp::Relu: unary_loop<T, T>(it, sm::Relu{}); return;  // NaN stays NaN
+    case UnaryOp::Abs: unary_on<T>(it, sm::Abs{}); return;
+    case UnaryOp::Sign: unary_on<T>(it, sm::Sign{}); return;
+    case UnaryOp::Relu: unary_on<T>(it, sm::Relu{}); return;  // NaN stays NaN
     case UnaryOp::LogicalNot:
       fail("internal: LogicalNot goes through logical_not_typed");
     default:
@@ -33,27 +55,27 @@ void unary_typed(UnaryOp op, const StridedIter<2>& it) {
   }
   if constexpr (kFloat) {
     switch (op) {
-      case UnaryOp::Exp: unary_loop<T, T>(it, sm::Exp{}); return;
-      case UnaryOp::Log: unary_loop<T, T>(it, sm::Log{}); return;
-      case UnaryOp::Log1p: unary_loop<T, T>(it, sm::Log1p{}); return;
-      case UnaryOp::Sqrt: unary_loop<T, T>(it, sm::Sqrt{}); return;
-      case UnaryOp::Rsqrt: unary_loop<T, T>(it, sm::Rsqrt{}); return;
-      case UnaryOp::Reciprocal: unary_loop<T, T>(it, sm::Reciprocal{}); return;
-      case UnaryOp::Tanh: unary_loop<T, T>(it, sm::Tanh{}); return;
-      case UnaryOp::Sigmoid: unary_loop<T, T>(it, sm::Sigmoid{}); return;
-      case UnaryOp::GeluErf: unary_loop<T, T>(it, sm::GeluErf{}); return;
-      case UnaryOp::GeluTanh: unary_loop<T, T>(it, sm::GeluTanh{}); return;
-      case UnaryOp::Sin: unary_loop<T, T>(it, sm::Sin{}); return;
-      case UnaryOp::Cos: unary_loop<T, T>(it, sm::Cos{}); return;
-      case UnaryOp::Floor: unary_loop<T, T>(it, sm::Floor{}); return;
-      case UnaryOp::Ceil: unary_loop<T, T>(it, sm::Ceil{}); return;
-      case UnaryOp::Round: unary_loop<T, T>(it, sm::Round{}); return;
-      case UnaryOp::Trunc: unary_loop<T, T>(it, sm::Trunc{}); return;
-      case UnaryOp::Erf: unary_loop<T, T>(it, sm::Erf{}); return;
-      case UnaryOp::Erfinv: unary_loop<T, T>(it, sm::Erfinv{}); return;
-      case UnaryOp::Expm1: unary_loop<T, T>(it, sm::Expm1{}); return;
-      case UnaryOp::Log2: unary_loop<T, T>(it, sm::Log2{}); return;
-      case UnaryOp::Log10: unary_loop<T, T>(it, sm::Log10{}); return;
+      case UnaryOp::Exp: unary_on<T>(it, sm::Exp{}); return;
+      case UnaryOp::Log: unary_on<T>(it, sm::Log{}); return;
+      case UnaryOp::Log1p: unary_on<T>(it, sm::Log1p{}); return;
+      case UnaryOp::Sqrt: unary_on<T>(it, sm::Sqrt{}); return;
+      case UnaryOp::Rsqrt: unary_on<T>(it, sm::Rsqrt{}); return;
+      case UnaryOp::Reciprocal: unary_on<T>(it, sm::Reciprocal{}); return;
+      case UnaryOp::Tanh: unary_on<T>(it, sm::Tanh{}); return;
+      case UnaryOp::Sigmoid: unary_on<T>(it, sm::Sigmoid{}); return;
+      case UnaryOp::GeluErf: unary_on<T>(it, sm::GeluErf{}); return;
+      case UnaryOp::GeluTanh: unary_on<T>(it, sm::GeluTanh{}); return;
+      case UnaryOp::Sin: unary_on<T>(it, sm::Sin{}); return;
+      case UnaryOp::Cos: unary_on<T>(it, sm::Cos{}); return;
+      case UnaryOp::Floor: unary_on<T>(it, sm::Floor{}); return;
+      case UnaryOp::Ceil: unary_on<T>(it, sm::Ceil{}); return;
+      case UnaryOp::Round: unary_on<T>(it, sm::Round{}); return;
+      case UnaryOp::Trunc: unary_on<T>(it, sm::Trunc{}); return;
+      case UnaryOp::Erf: unary_on<T>(it, sm::Erf{}); return;
+      case UnaryOp::Erfinv: unary_on<T>(it, sm::Erfinv{}); return;
+      case UnaryOp::Expm1: unary_on<T>(it, sm::Expm1{}); return;
+      case UnaryOp::Log2: unary_on<T>(it, sm::Log2{}); return;
+      case UnaryOp::Log10: unary_on<T>(it, sm::Log10{}); return;
       default: break;
     }
   }
@@ -66,26 +88,28 @@ void unary(UnaryOp op, const Tensor& out, const Tensor& in) {
   if (out.numel() == 0) return;
   auto it = make_iter<2>(out.sizes(), {&out, &in});
   if (op == UnaryOp::LogicalNot) {
-    CHORUS_DISPATCH_COMPUTE(in.dtype(), "logical_not", [&]<typename T>() {
-      unary_loop<bool, T>(it, sm::LogicalNot{});
+    CHORUS_DISPATCH_ALL(in.dtype(), "logical_not", [&]<typename T>() {
+      if constexpr (sm::is_reduced_float_v<T>) unary_loop_opmath<bool, T>(it, sm::LogicalNot{});
+      else unary_loop<bool, T>(it, sm::LogicalNot{});
     });
     return;
   }
-  CHORUS_DISPATCH_COMPUTE(in.dtype(), "unary op", [&]<typename T>() { unary_typed<T>(op, it); });
+  CHORUS_DISPATCH_ALL(in.dtype(), "unary op", [&]<typename T>() { unary_typed<T>(op, it); });
 }
 
 void pow_scalar(const Tensor& out, const Tensor& in, double exponent) {
   if (out.numel() == 0) return;
   auto it = make_iter<2>(out.sizes(), {&out, &in});
-  CHORUS_DISPATCH_COMPUTE(in.dtype(), "pow", [&]<typename T>() {
+  CHORUS_DISPATCH_ALL(in.dtype(), "pow", [&]<typename T>() {
     // Floating point: the exponents 2, 0.5 and 1 take exact shortcuts (x*x, sqrt, x), as PyTorch.
-    if constexpr (std::is_floating_point_v<T>) {
-      if (exponent == 2.0) unary_loop<T, T>(it, sm::Square{});
-      else if (exponent == 0.5) unary_loop<T, T>(it, sm::Sqrt{});
-      else if (exponent == 1.0) unary_loop<T, T>(it, sm::Identity{});
-      else unary_loop<T, T>(it, sm::PowScalar<T>{static_cast<T>(exponent)});
+    using M = opmath_t<T>;
+    if constexpr (std::is_floating_point_v<M>) {
+      if (exponent == 2.0) unary_on<T>(it, sm::Square{});
+      else if (exponent == 0.5) unary_on<T>(it, sm::Sqrt{});
+      else if (exponent == 1.0) unary_on<T>(it, sm::Identity{});
+      else unary_on<T>(it, sm::PowScalar<M>{static_cast<M>(exponent)});
     } else {
-      unary_loop<T, T>(it, sm::PowScalar<T>{static_cast<T>(exponent)});
+      unary_on<T>(it, sm::PowScalar<M>{static_cast<M>(exponent)});
     }
   });
 }
@@ -93,48 +117,51 @@ void pow_scalar(const Tensor& out, const Tensor& in, double exponent) {
 void clamp(const Tensor& out, const Tensor& in, const Scalar* min, const Scalar* max) {
   if (out.numel() == 0) return;
   auto it = make_iter<2>(out.sizes(), {&out, &in});
-  CHORUS_DISPATCH_COMPUTE(in.dtype(), "clamp", [&]<typename T>() {
+  CHORUS_DISPATCH_ALL(in.dtype(), "clamp", [&]<typename T>() {
     if constexpr (std::is_same_v<T, bool>) {
       fail("clamp: not defined for bool tensors");
     } else {
+      using M = opmath_t<T>;  // the bounds stay in float for float16/bfloat16 (never rounded to 16 bits)
       const bool has_lo = min != nullptr, has_hi = max != nullptr;
-      const T lo = has_lo ? min->to<T>() : T(0), hi = has_hi ? max->to<T>() : T(0);
-      unary_loop<T, T>(it, sm::Clamp<T>{lo, hi, has_lo, has_hi});
+      const M lo = has_lo ? min->to<M>() : M(0), hi = has_hi ? max->to<M>() : M(0);
+      unary_on<T>(it, sm::Clamp<M>{lo, hi, has_lo, has_hi});
     }
   });
 }
 
 namespace {
 
-template <typename T>
+// T: the storage type of out and a; B: b's (T, or float for a float16/bfloat16 T: a Scalar kept in float).
+template <typename T, typename B>
 void arithmetic_typed(BinaryOp op, const StridedIter<3>& it, const Scalar& alpha) {
+  using M = opmath_t<T>;  // alpha in float for float16/bfloat16, as PyTorch's opmath
   switch (op) {
     case BinaryOp::Add:
-      if (alpha.to_double() == 1.0) binary_loop<T, T, T>(it, sm::Add{});
-      else binary_loop<T, T, T>(it, sm::AddAlpha<T>{alpha.to<T>()});
+      if (alpha.to_double() == 1.0) binary_on<T, B>(it, sm::Add{});
+      else binary_on<T, B>(it, sm::AddAlpha<M>{alpha.to<M>()});
       return;
     case BinaryOp::Sub:
-      if (alpha.to_double() == 1.0) binary_loop<T, T, T>(it, sm::Sub{});
-      else binary_loop<T, T, T>(it, sm::SubAlpha<T>{alpha.to<T>()});
+      if (alpha.to_double() == 1.0) binary_on<T, B>(it, sm::Sub{});
+      else binary_on<T, B>(it, sm::SubAlpha<M>{alpha.to<M>()});
       return;
-    case BinaryOp::Mul: binary_loop<T, T, T>(it, sm::Mul{}); return;
+    case BinaryOp::Mul: binary_on<T, B>(it, sm::Mul{}); return;
     case BinaryOp::Div:
-      if constexpr (std::is_floating_point_v<T>) binary_loop<T, T, T>(it, sm::Div{});
+      if constexpr (std::is_floating_point_v<M>) binary_on<T, B>(it, sm::Div{});
       else fail("div: internal error, integer division must be promoted to float by the op layer");
       return;
-    case BinaryOp::Max: binary_loop<T, T, T>(it, sm::Max{}); return;  // NaN wins
-    case BinaryOp::Min: binary_loop<T, T, T>(it, sm::Min{}); return;
-    case BinaryOp::Pow: binary_loop<T, T, T>(it, sm::Pow{}); return;   // exact for integers
+    case BinaryOp::Max: binary_on<T, B>(it, sm::Max{}); return;  // NaN wins
+    case BinaryOp::Min: binary_on<T, B>(it, sm::Min{}); return;
+    case BinaryOp::Pow: binary_on<T, B>(it, sm::Pow{}); return;   // exact for integers
     default:
       break;
   }
-  if constexpr (std::is_floating_point_v<T>) {
+  if constexpr (std::is_floating_point_v<M>) {
     switch (op) {
-      case BinaryOp::ReluBackward: binary_loop<T, T, T>(it, sm::ReluBackward{}); return;
-      case BinaryOp::TanhBackward: binary_loop<T, T, T>(it, sm::TanhBackward{}); return;
-      case BinaryOp::SigmoidBackward: binary_loop<T, T, T>(it, sm::SigmoidBackward{}); return;
-      case BinaryOp::GeluErfBackward: binary_loop<T, T, T>(it, sm::GeluErfBackward{}); return;
-      case BinaryOp::GeluTanhBackward: binary_loop<T, T, T>(it, sm::GeluTanhBackward{}); return;
+      case BinaryOp::ReluBackward: binary_on<T, B>(it, sm::ReluBackward{}); return;
+      case BinaryOp::TanhBackward: binary_on<T, B>(it, sm::TanhBackward{}); return;
+      case BinaryOp::SigmoidBackward: binary_on<T, B>(it, sm::SigmoidBackward{}); return;
+      case BinaryOp::GeluErfBackward: binary_on<T, B>(it, sm::GeluErfBackward{}); return;
+      case BinaryOp::GeluTanhBackward: binary_on<T, B>(it, sm::GeluTanhBackward{}); return;
       default:
         break;
     }
@@ -145,15 +172,15 @@ void arithmetic_typed(BinaryOp op, const StridedIter<3>& it, const Scalar& alpha
 template <typename T>
 void compare_typed(BinaryOp op, const StridedIter<3>& it) {
   switch (op) {
-    case BinaryOp::Eq: binary_loop<bool, T, T>(it, sm::Eq{}); return;
-    case BinaryOp::Ne: binary_loop<bool, T, T>(it, sm::Ne{}); return;
-    case BinaryOp::Lt: binary_loop<bool, T, T>(it, sm::Lt{}); return;
-    case BinaryOp::Le: binary_loop<bool, T, T>(it, sm::Le{}); return;
-    case BinaryOp::Gt: binary_loop<bool, T, T>(it, sm::Gt{}); return;
-    case BinaryOp::Ge: binary_loop<bool, T, T>(it, sm::Ge{}); return;
-    case BinaryOp::LogicalAnd: binary_loop<bool, T, T>(it, sm::LogicalAnd{}); return;
-    case BinaryOp::LogicalOr: binary_loop<bool, T, T>(it, sm::LogicalOr{}); return;
-    case BinaryOp::LogicalXor: binary_loop<bool, T, T>(it, sm::LogicalXor{}); return;
+    case BinaryOp::Eq: compare_on<T>(it, sm::Eq{}); return;
+    case BinaryOp::Ne: compare_on<T>(it, sm::Ne{}); return;
+    case BinaryOp::Lt: compare_on<T>(it, sm::Lt{}); return;
+    case BinaryOp::Le: compare_on<T>(it, sm::Le{}); return;
+    case BinaryOp::Gt: compare_on<T>(it, sm::Gt{}); return;
+    case BinaryOp::Ge: compare_on<T>(it, sm::Ge{}); return;
+    case BinaryOp::LogicalAnd: compare_on<T>(it, sm::LogicalAnd{}); return;
+    case BinaryOp::LogicalOr: compare_on<T>(it, sm::LogicalOr{}); return;
+    case BinaryOp::LogicalXor: compare_on<T>(it, sm::LogicalXor{}); return;
     default:
       fail("internal: binary op {} is not a comparison", static_cast<int>(op));
   }
@@ -171,16 +198,21 @@ void binary(BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b, co
   if (out.numel() == 0) return;
   auto it = make_iter<3>(out.sizes(), {&out, &a, &b});
   if (is_comparison(op)) {
-    CHORUS_DISPATCH_COMPUTE(a.dtype(), "comparison", [&]<typename T>() { compare_typed<T>(op, it); });
+    CHORUS_DISPATCH_ALL(a.dtype(), "comparison", [&]<typename T>() { compare_typed<T>(op, it); });
   } else {
-    CHORUS_DISPATCH_COMPUTE(a.dtype(), "binary op", [&]<typename T>() {
+    CHORUS_DISPATCH_ALL(a.dtype(), "binary op", [&]<typename T>() {
       if constexpr (std::is_same_v<T, bool>) {
         // bool arithmetic as PyTorch: add is logical or, mul is logical and (alpha is ignored).
         if (op == BinaryOp::Add || op == BinaryOp::Max) binary_loop<bool, bool, bool>(it, sm::LogicalOr{});
         else if (op == BinaryOp::Mul || op == BinaryOp::Min) binary_loop<bool, bool, bool>(it, sm::LogicalAnd{});
         else fail("binary op: subtraction, division and pow are not defined for bool tensors");
+      } else if constexpr (sm::is_reduced_float_v<T>) {
+        if (b.dtype() == a.dtype()) arithmetic_typed<T, T>(op, it, alpha);
+        else if (b.dtype() == kFloat32) arithmetic_typed<T, float>(op, it, alpha);
+        else fail("binary op: a {} tensor takes a {} or float32 other, got {}", dtype_name(a.dtype()),
+                  dtype_name(a.dtype()), dtype_name(b.dtype()));
       } else {
-        arithmetic_typed<T>(op, it, alpha);
+        arithmetic_typed<T, T>(op, it, alpha);
       }
     });
   }

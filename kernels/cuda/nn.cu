@@ -3,6 +3,8 @@
 // (kernels/cpu/nn_basic.cpp, conv.cpp) and the shared exp/log/sqrt of kernels/shared/pointwise_math.h.
 #include <cuda/std/limits>
 
+#include <initializer_list>
+
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/shared/pointwise_math.h"
@@ -171,10 +173,12 @@ __global__ void cross_entropy_backward_kernel(T* grad, const T* row_scale, const
   }
 }
 
-// batch_norm over x viewed as [n, c, s]: block ch handles channel ch (n * s elements).
-template <typename T>
-__global__ void batch_norm_kernel(T* out, T* save_mean, T* save_rstd, const T* x, const T* w, const T* b,
-                                  T* running_mean, T* running_var, bool use_batch_stats, double momentum, double eps,
+// batch_norm over x viewed as [n, c, s]: block ch handles channel ch (n * s elements). T: the storage of
+// x, out, g and gx; P: of the [C] tensors (float for a float16/bfloat16 T, else T). Elements are widened
+// to P (sh::to_opmath) and the output rounded once, as the cpu kernel.
+template <typename T, typename P>
+__global__ void batch_norm_kernel(T* out, P* save_mean, P* save_rstd, const T* x, const P* w, const P* b,
+                                  P* running_mean, P* running_var, bool use_batch_stats, double momentum, double eps,
                                   int64_t n, int64_t c, int64_t s) {
   __shared__ double buf[kThreads];
   const int64_t count = n * s;
@@ -182,20 +186,20 @@ __global__ void batch_norm_kernel(T* out, T* save_mean, T* save_rstd, const T* x
     double mean, var;
     if (use_batch_stats) {
       double sum = 0;
-      for (int64_t k = threadIdx.x; k < count; k += blockDim.x) sum += x[((k / s) * c + ch) * s + k % s];
+      for (int64_t k = threadIdx.x; k < count; k += blockDim.x) sum += sh::to_opmath(x[((k / s) * c + ch) * s + k % s]);
       sum = block_reduce(sum, SumOp{}, buf);
       mean = sum / static_cast<double>(count);
       double sq = 0;
       for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
-        const double d = x[((k / s) * c + ch) * s + k % s] - mean;
+        const double d = sh::to_opmath(x[((k / s) * c + ch) * s + k % s]) - mean;
         sq += d * d;
       }
       sq = block_reduce(sq, SumOp{}, buf);
       var = sq / static_cast<double>(count);
       if (running_mean != nullptr && threadIdx.x == 0) {
         const double unbiased = count > 1 ? sq / static_cast<double>(count - 1) : var;
-        running_mean[ch] = static_cast<T>((1 - momentum) * running_mean[ch] + momentum * mean);
-        running_var[ch] = static_cast<T>((1 - momentum) * running_var[ch] + momentum * unbiased);
+        running_mean[ch] = static_cast<P>((1 - momentum) * running_mean[ch] + momentum * mean);
+        running_var[ch] = static_cast<P>((1 - momentum) * running_var[ch] + momentum * unbiased);
       }
     } else {
       mean = running_mean[ch];
@@ -203,21 +207,21 @@ __global__ void batch_norm_kernel(T* out, T* save_mean, T* save_rstd, const T* x
     }
     const double rstd = 1.0 / sh::Sqrt{}(var + eps);
     if (threadIdx.x == 0) {
-      save_mean[ch] = static_cast<T>(mean);
-      save_rstd[ch] = static_cast<T>(rstd);
+      save_mean[ch] = static_cast<P>(mean);
+      save_rstd[ch] = static_cast<P>(rstd);
     }
-    const T scale = static_cast<T>(rstd * (w ? static_cast<double>(w[ch]) : 1.0));
-    const T shift = static_cast<T>((b ? static_cast<double>(b[ch]) : 0.0) - mean * rstd * (w ? static_cast<double>(w[ch]) : 1.0));
+    const P scale = static_cast<P>(rstd * (w ? static_cast<double>(w[ch]) : 1.0));
+    const P shift = static_cast<P>((b ? static_cast<double>(b[ch]) : 0.0) - mean * rstd * (w ? static_cast<double>(w[ch]) : 1.0));
     for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
       const int64_t at = ((k / s) * c + ch) * s + k % s;
-      out[at] = x[at] * scale + shift;
+      out[at] = sh::Cast<T>{}(sh::to_opmath(x[at]) * scale + shift);
     }
   }
 }
 
-template <typename T>
-__global__ void batch_norm_backward_kernel(T* gx, T* gw, T* gb, const T* g, const T* x, const T* save_mean,
-                                           const T* save_rstd, const T* w, bool use_batch_stats, int64_t n, int64_t c,
+template <typename T, typename P>
+__global__ void batch_norm_backward_kernel(T* gx, P* gw, P* gb, const T* g, const T* x, const P* save_mean,
+                                           const P* save_rstd, const P* w, bool use_batch_stats, int64_t n, int64_t c,
                                            int64_t s) {
   __shared__ double buf[kThreads];
   const int64_t count = n * s;
@@ -226,32 +230,55 @@ __global__ void batch_norm_backward_kernel(T* gx, T* gw, T* gb, const T* g, cons
     double sum_g = 0, sum_gx = 0;
     for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
       const int64_t at = ((k / s) * c + ch) * s + k % s;
-      sum_g += g[at];
-      sum_gx += g[at] * (x[at] - mean);
+      const double gk = sh::to_opmath(g[at]);
+      sum_g += gk;
+      sum_gx += gk * (sh::to_opmath(x[at]) - mean);
     }
     sum_g = block_reduce(sum_g, SumOp{}, buf);
     sum_gx = block_reduce(sum_gx, SumOp{}, buf) * rstd;
     if (threadIdx.x == 0) {
-      if (gw) gw[ch] = static_cast<T>(sum_gx);
-      if (gb) gb[ch] = static_cast<T>(sum_g);
+      if (gw) gw[ch] = static_cast<P>(sum_gx);
+      if (gb) gb[ch] = static_cast<P>(sum_g);
     }
     if (!gx) continue;  // uniform across the block
     const double wc = w ? static_cast<double>(w[ch]) : 1.0;
-    const T k = static_cast<T>(wc * rstd);
+    const P k = static_cast<P>(wc * rstd);
     if (use_batch_stats) {
-      const T mg = static_cast<T>(sum_g / count);
-      const T mgx = static_cast<T>(sum_gx / count * rstd);
-      const T m = static_cast<T>(mean);
+      const P mg = static_cast<P>(sum_g / count);
+      const P mgx = static_cast<P>(sum_gx / count * rstd);
+      const P m = static_cast<P>(mean);
       for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
         const int64_t at = ((e / s) * c + ch) * s + e % s;
-        gx[at] = k * (g[at] - mg - (x[at] - m) * mgx);
+        gx[at] = sh::Cast<T>{}(k * (sh::to_opmath(g[at]) - mg - (sh::to_opmath(x[at]) - m) * mgx));
       }
     } else {
       for (int64_t e = threadIdx.x; e < count; e += blockDim.x) {
         const int64_t at = ((e / s) * c + ch) * s + e % s;
-        gx[at] = k * g[at];
+        gx[at] = sh::Cast<T>{}(k * sh::to_opmath(g[at]));
       }
     }
+  }
+}
+
+// x's storage type (float32, float64, float16, bfloat16); the [C] tensors must be in opmath_t of it.
+template <typename Fn>
+void dispatch_norm_input(const char* op, const Tensor& x, std::initializer_list<const Tensor*> params, const Fn& fn) {
+  auto run = [&]<typename T>() {
+    using P = sh::opmath_t<T>;
+    for (const Tensor* t : params) {
+      if (t->defined() && t->dtype() != dtype_of<P>::value) {
+        fail("{}: a {} input takes {} weight, bias and statistics, got {}", op, dtype_name(x.dtype()),
+             dtype_name(dtype_of<P>::value), dtype_name(t->dtype()));
+      }
+    }
+    fn.template operator()<T, P>();
+  };
+  switch (x.dtype()) {
+    case kFloat32: run.template operator()<float>(); return;
+    case kFloat64: run.template operator()<double>(); return;
+    case kFloat16: run.template operator()<Half>(); return;
+    case kBFloat16: run.template operator()<BFloat16>(); return;
+    default: fail("{}: expected a floating-point input, got {}", op, dtype_name(x.dtype()));
   }
 }
 
@@ -261,12 +288,13 @@ void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_r
                 const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
                 bool use_batch_stats, double momentum, double eps, int64_t n, int64_t c, int64_t s) {
   if (c == 0) return;
-  CHORUS_DISPATCH_FLOATING(x.dtype(), "batch_norm", [&]<typename T>() {
+  dispatch_norm_input("batch_norm", x, {&weight, &bias, &running_mean, &running_var, &save_mean, &save_rstd},
+                      [&]<typename T, typename P>() {
     LaunchContext ctx(x.device());  // (training updates the running statistics when they are defined)
-    batch_norm_kernel<T><<<row_blocks(c), kThreads, 0, ctx.stream>>>(
-        ptr_or_null<T>(out), ptr_or_null<T>(save_mean), ptr_or_null<T>(save_rstd), ptr_or_null<const T>(x),
-        ptr_or_null<const T>(weight), ptr_or_null<const T>(bias),
-        ptr_or_null<T>(running_mean), ptr_or_null<T>(running_var), use_batch_stats, momentum, eps, n, c, s);
+    batch_norm_kernel<T, P><<<row_blocks(c), kThreads, 0, ctx.stream>>>(
+        ptr_or_null<T>(out), ptr_or_null<P>(save_mean), ptr_or_null<P>(save_rstd), ptr_or_null<const T>(x),
+        ptr_or_null<const P>(weight), ptr_or_null<const P>(bias),
+        ptr_or_null<P>(running_mean), ptr_or_null<P>(running_var), use_batch_stats, momentum, eps, n, c, s);
     check_launch("batch_norm");
   });
 }
@@ -275,12 +303,13 @@ void batch_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
                          const Tensor& grad_out, const Tensor& x, const Tensor& save_mean, const Tensor& save_rstd,
                          const Tensor& weight, bool use_batch_stats, int64_t n, int64_t c, int64_t s) {
   if (c == 0) return;
-  CHORUS_DISPATCH_FLOATING(x.dtype(), "batch_norm_backward", [&]<typename T>() {
+  dispatch_norm_input("batch_norm_backward", x, {&weight, &save_mean, &save_rstd, &grad_weight, &grad_bias},
+                      [&]<typename T, typename P>() {
     LaunchContext ctx(x.device());
-    batch_norm_backward_kernel<T><<<row_blocks(c), kThreads, 0, ctx.stream>>>(
-        ptr_or_null<T>(grad_x), ptr_or_null<T>(grad_weight), ptr_or_null<T>(grad_bias), ptr_or_null<const T>(grad_out),
-        ptr_or_null<const T>(x), ptr_or_null<const T>(save_mean), ptr_or_null<const T>(save_rstd),
-        ptr_or_null<const T>(weight), use_batch_stats, n, c, s);
+    batch_norm_backward_kernel<T, P><<<row_blocks(c), kThreads, 0, ctx.stream>>>(
+        ptr_or_null<T>(grad_x), ptr_or_null<P>(grad_weight), ptr_or_null<P>(grad_bias), ptr_or_null<const T>(grad_out),
+        ptr_or_null<const T>(x), ptr_or_null<const P>(save_mean), ptr_or_null<const P>(save_rstd),
+        ptr_or_null<const P>(weight), use_batch_stats, n, c, s);
     check_launch("batch_norm_backward");
   });
 }

@@ -515,4 +515,40 @@ struct Cast {
   }
 };
 
+// ------------------------------------------------------------------ half storage, float math
+// [Half storage] float16/bfloat16 tensors are storage types: a kernel loads each element widened to
+// float (exact), runs the op's functor instantiated at float (the "opmath" type, as PyTorch's), and
+// rounds the result to 16 bits once on store. That is bit for bit what casting the inputs to float32,
+// computing in float32 and casting the result back gives, in one pass and without float32 temporaries.
+// opmath_t<T>: the type a functor runs at for storage type T (float for the 16-bit floats, T otherwise).
+template <typename T>
+using opmath_t = std::conditional_t<is_reduced_float_v<T>, float, T>;
+
+template <typename T>
+CHORUS_HD CHORUS_INLINE opmath_t<T> to_opmath(T v) {
+  if constexpr (is_reduced_float_v<T>) return reduced_to_float(v);
+  else return v;
+}
+
+// Functor f run on storage values: every operand widened by to_opmath (float16/bfloat16 to float; a
+// float32 operand, such as a Scalar kept in float, stays as it is), the result stored as Out (one
+// rounding for a 16-bit Out, none for bool or a type f already returns).
+template <typename Out, typename F>
+struct InOpmath {
+  F f;
+  template <typename... S>
+  CHORUS_HD CHORUS_INLINE Out operator()(S... v) const {
+    return Cast<Out>{}(f(to_opmath(v)...));
+  }
+};
+
+// The element function a CUDA kernel instantiates for storage type T: f itself for the types the
+// functors compute in directly, f wrapped in InOpmath for float16/bfloat16 (Out: the stored type).
+// (The CPU loops do the same through float buffers: kernels/cpu/loops.h, unary_loop_opmath.)
+template <typename T, typename Out = T, typename F>
+CHORUS_HD CHORUS_INLINE auto on_storage(const F& f) {
+  if constexpr (is_reduced_float_v<T>) return InOpmath<Out, F>{f};
+  else return f;
+}
+
 }  // namespace chorus::kernels::shared

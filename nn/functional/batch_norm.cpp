@@ -1,5 +1,7 @@
 // batch_norm: fused per-channel statistics and affine output, running-statistics update, and a fused
 // backward (training formula when batch statistics were used, the affine one in eval).
+// A float16/bfloat16 input is normalized as it is stored, with float32 weight, bias and statistics (the
+// kernel computes in float): cuDNN's and PyTorch's batch norm, which autocast leaves in the input's dtype.
 #include "autograd/node.h"
 #include "autograd/ops/common.h"
 #include "autograd/grad_mode.h"
@@ -14,10 +16,6 @@ using autograd::SavedTensor;
 
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
-  if (auto f32 = autocast::full_precision({&input, &weight, &bias})) {
-    return batch_norm(autocast::cast(input, *f32), running_mean, running_var, autocast::cast(weight, *f32),
-                      autocast::cast(bias, *f32), training, momentum, eps);
-  }
   ops::check_defined(input, "batch_norm", "input");
   ops::check_kernels(input, "batch_norm");
   if (input.dim() < 2) {
@@ -47,6 +45,7 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
     fail("batch_norm: expected more than 1 value per channel when training, got input of shape {}",
          shape_str(input.sizes()));
   }
+  // The [C] tensors in the dtype the kernel computes in (float32 for a float16/bfloat16 input).
   const DType cd = compute_dtype(input.dtype());
   auto compute = [cd](const Tensor& t) {
     return t.defined() ? ops::cast(alias_without_history(t), cd).contiguous() : Tensor();
@@ -56,10 +55,10 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   const MemoryFormat format = input.suggest_memory_format();
   const bool nhwc = format == MemoryFormat::ChannelsLast;
   const int64_t kn = nhwc ? n * s : n, ks = nhwc ? 1 : s;
-  Tensor x = ops::cast(alias_without_history(input), cd).contiguous(format), w = compute(weight), b = compute(bias);
+  Tensor x = alias_without_history(input).contiguous(format), w = compute(weight), b = compute(bias);
   // The running statistics are updated in place; a float16 buffer goes through a float copy.
   Tensor rm = compute(running_mean), rv = compute(running_var);
-  Tensor out = make_tensor(input.sizes(), cd, input.device(), format);
+  Tensor out = make_tensor(input.sizes(), input.dtype(), input.device(), format);
   Tensor save_mean = make_tensor({c}, cd, input.device());
   Tensor save_rstd = make_tensor({c}, cd, input.device());
   kernels::batch_norm(out, save_mean, save_rstd, x, w, b, rm, rv, training, momentum, eps, kn, c, ks);
@@ -70,7 +69,6 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
       else buf.bump_version();
     }
   }
-  out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&input, &weight, &bias})) {
     const bool need_x = input.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
                need_b = bias.defined() && bias.requires_grad();
@@ -80,8 +78,8 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
                        Tensor xv = sx.unpack("batch_norm"), wv = sw.unpack("batch_norm");
                        Tensor gv = ops::cast(g[0], xv.dtype()).contiguous(format);
                        Tensor gx = need_x ? make_tensor(xv.sizes(), xv.dtype(), xv.device(), format) : Tensor();
-                       Tensor gw = need_w ? make_tensor({c}, xv.dtype(), xv.device()) : Tensor();
-                       Tensor gb = need_b ? make_tensor({c}, xv.dtype(), xv.device()) : Tensor();
+                       Tensor gw = need_w ? make_tensor({c}, cd, xv.device()) : Tensor();
+                       Tensor gb = need_b ? make_tensor({c}, cd, xv.device()) : Tensor();
                        kernels::batch_norm_backward(gx, gw, gb, gv, xv, save_mean, save_rstd, wv, training,
                                                          kn, c, ks);
                        return {gx, gw, gb};

@@ -30,6 +30,12 @@ Tensor per_channel(const Tensor& t, int64_t dims) {
 }  // namespace
 
 Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight, const Tensor& bias, double eps) {
+  // float32 under autocast (PyTorch's list); it came from batch_norm's widening before batch_norm
+  // took half inputs as stored, which instance_norm now does too (PyTorch lists no instance_norm).
+  if (auto f32 = autocast::full_precision({&input, &weight, &bias})) {
+    return group_norm(autocast::cast(input, *f32), num_groups, autocast::cast(weight, *f32),
+                      autocast::cast(bias, *f32), eps);
+  }
   ops::check_defined(input, "group_norm", "input");
   if (input.dim() < 2) {
     fail("group_norm: expected an input of at least 2 dims [N, C, ...], got shape {}", shape_str(input.sizes()));

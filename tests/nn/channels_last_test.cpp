@@ -109,6 +109,29 @@ TEST_CASE("batch_norm keeps channels-last, in training and in eval", "[channels_
   }
 }
 
+TEST_CASE("batch_norm on a bfloat16 channels-last input with float32 parameters", "[channels_last][batch_norm]") {
+  for (Device device : {Device::cpu(), Device::sim(0)}) {
+    INFO(device.str());
+    manual_seed(9);
+    Tensor x = (randn({4, 6, 5, 5}) * 2.0 + 1.0).to(kBFloat16).to(device);
+    Tensor w = randn({6}).to(device), b = randn({6}).to(device);
+    Tensor rm_a = zeros({6}).to(device), rv_a = ones({6}).to(device), rm_b = rm_a.clone(), rv_b = rv_a.clone();
+    Tensor xa = x.detach().requires_grad_(), xb = x.contiguous(kCL).detach().requires_grad_();
+    Tensor ya = F::batch_norm(xa, rm_a, rv_a, w, b, true), yb = F::batch_norm(xb, rm_b, rv_b, w, b, true);
+    CHECK(yb.dtype() == kBFloat16);
+    CHECK(yb.suggest_memory_format() == kCL);
+    CHECK(rel_diff(yb, ya) < 2e-2);
+    CHECK(rm_b.dtype() == kFloat32);
+    CHECK(rel_diff(rm_b, rm_a) < 1e-5);
+    CHECK(rel_diff(rv_b, rv_a) < 1e-5);
+    Tensor g = randn({4, 6, 5, 5}).to(kBFloat16).to(device);
+    sum(ya.to(kFloat32) * g.to(kFloat32)).backward();
+    sum(yb.to(kFloat32) * g.to(kFloat32)).backward();
+    CHECK(xb.grad().is_contiguous(kCL));
+    CHECK(rel_diff(xb.grad(), xa.grad()) < 3e-2);
+  }
+}
+
 // The [N, C] rows path (s == 1: BatchNorm1d and every channels-last input) against the formula in
 // float64 ops: y = (x - mean) / sqrt(var + eps) * w + b, running stats with the unbiased variance.
 TEST_CASE("batch_norm over [N, C] rows equals the formula", "[channels_last][batch_norm]") {

@@ -664,6 +664,75 @@ TrainRun train_cnn(Device device) {
   return run;
 }
 
+TEST_CASE("float16 and bfloat16 elementwise ops and batch_norm on cuda:0 run on 16-bit storage and agree with the CPU's",
+          "[cuda][gpu]") {
+  require_gpu();
+  for (DType dt : {kFloat16, kBFloat16}) {
+    INFO(dtype_name(dt));
+    // Both sides widen each element to float, compute, and round once ([Half storage]): the float
+    // math differs by a few float ulps at most, so the outputs by at most one 16-bit rounding.
+    const double tol = dt == kBFloat16 ? 2e-2 : 5e-3;
+    const Tensor a = randn_cpu({37, 29}, 81, dt), b = randn_cpu({29}, 82, dt), pos = abs(randn_cpu({37, 29}, 83, dt));
+    const Tensor ag = a.to(kGpu), bg = b.to(kGpu), pg = pos.to(kGpu);
+    using Op = std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>;
+    const std::vector<std::pair<const char*, Op>> ops = {
+        {"add alpha", [](const Tensor& x, const Tensor& y, const Tensor&) { return add(x, y, 0.3); }},
+        {"sub", [](const Tensor& x, const Tensor& y, const Tensor&) { return sub(x, y); }},
+        {"mul", [](const Tensor& x, const Tensor& y, const Tensor&) { return mul(x, y); }},
+        {"div", [](const Tensor& x, const Tensor&, const Tensor& p) { return div(x, add(p, 0.5)); }},
+        {"mul scalar", [](const Tensor& x, const Tensor&, const Tensor&) { return mul(x, 0.1); }},
+        {"maximum", [](const Tensor& x, const Tensor& y, const Tensor&) { return maximum(x, y); }},
+        {"relu", [](const Tensor& x, const Tensor&, const Tensor&) { return relu(x); }},
+        {"gelu", [](const Tensor& x, const Tensor&, const Tensor&) { return gelu(x, "none"); }},
+        {"gelu tanh", [](const Tensor& x, const Tensor&, const Tensor&) { return gelu(x, "tanh"); }},
+        {"sigmoid", [](const Tensor& x, const Tensor&, const Tensor&) { return sigmoid(x); }},
+        {"tanh", [](const Tensor& x, const Tensor&, const Tensor&) { return tanh(x); }},
+        {"exp", [](const Tensor& x, const Tensor&, const Tensor&) { return exp(x); }},
+        {"log", [](const Tensor&, const Tensor&, const Tensor& p) { return log(add(p, 0.1)); }},
+        {"pow", [](const Tensor&, const Tensor&, const Tensor& p) { return pow(p, 1.7); }},
+        {"clamp", [](const Tensor& x, const Tensor&, const Tensor&) { return clamp(x, Scalar(-0.3), Scalar(0.7)); }},
+        {"where", [](const Tensor& x, const Tensor& y, const Tensor&) { return where(gt(x, y), x, y); }},
+        {"transposed", [](const Tensor& x, const Tensor&, const Tensor&) { return add(t(x), 1.0); }},
+    };
+    for (const auto& [name, op] : ops) {
+      INFO(name);
+      const Tensor g = op(ag, bg, pg);
+      CHECK(g.dtype() == dt);
+      CHECK(rel_diff(g, op(a, b, pos)) <= tol);
+    }
+    CHECK(same(lt(ag, bg), lt(a, b)));
+    // The fused backward helpers, through the gradients of relu, gelu, sigmoid and tanh.
+    auto grads = [&](Device dev) {
+      Tensor x = a.to(dev).detach().requires_grad_();
+      sum(mul(add(add(relu(x), gelu(x, "none")), add(sigmoid(x), tanh(x))), b.to(dev)).to(kFloat32)).backward();
+      return x.grad();
+    };
+    const Tensor gg = grads(kGpu);
+    CHECK(gg.dtype() == dt);
+    CHECK(rel_diff(gg, grads(kCPU)) <= tol);
+
+    // batch_norm: a 16-bit input with float32 weight, bias and running statistics.
+    const Tensor x = randn_cpu({4, 6, 9, 7}, 84, dt), w = randn_cpu({6}, 85), bias = randn_cpu({6}, 86);
+    const Tensor gy = randn_cpu({4, 6, 9, 7}, 87, dt);
+    auto bn = [&](Device dev) {
+      Tensor xd = x.to(dev).detach().requires_grad_(), wd = w.to(dev).detach().requires_grad_(),
+             bd = bias.to(dev).detach().requires_grad_();
+      Tensor rm = zeros({6}, {.device = dev}), rv = ones({6}, {.device = dev});
+      Tensor y = F::batch_norm(xd, rm, rv, wd, bd, true, 0.1, 1e-5);
+      sum(mul(y, gy.to(dev)).to(kFloat32)).backward();
+      return std::vector<Tensor>{y.detach(), xd.grad(), wd.grad(), bd.grad(), rm, rv};
+    };
+    const auto c = bn(kCPU), g = bn(kGpu);
+    const char* names[] = {"output", "x.grad", "weight.grad", "bias.grad", "running_mean", "running_var"};
+    for (size_t i = 0; i < g.size(); ++i) {
+      INFO(names[i]);
+      CHECK(g[i].dtype() == (i < 2 ? dt : kFloat32));
+      // Sums over 252 values in double on both sides; the float32 results differ by roundings only.
+      CHECK(rel_diff(g[i], c[i]) <= (i < 2 ? tol : 1e-4));
+    }
+  }
+}
+
 TEST_CASE("an MLP trained 20 steps on cuda:0 equals the CPU run within 1e-4", "[cuda][gpu][nn]") {
   require_gpu();
   NoTf32 exact;
