@@ -8,6 +8,7 @@
 // BERT-mini masked-LM at batch 8 of 128 tokens with AdamW.
 //
 //   bazel run -c opt //tests/bench:train_step_bench -- [--steps 20] [--warmup 5]
+//   ... -- --channels-last: ResNet-18 in NCHW and channels-last, chorus and libtorch (only that table)
 #include <cmath>
 #include <torch/torch.h>
 
@@ -264,6 +265,58 @@ void bert_step(const std::string& size, int64_t b, int threads, int steps, int w
   std::fflush(stdout);
 }
 
+// --channels-last: ResNet-18 (torchvision's, 1000 classes) training steps at batch 16 of 3x64x64 in
+// NCHW and in channels-last (model and images), chorus beside libtorch, at 1 and 2 threads.
+void resnet18_layouts(int steps, int warmup) {
+  std::printf("| ResNet-18, batch 16 x 3x64x64 | threads | chorus NCHW ms | chorus channels-last ms | libtorch NCHW ms "
+              "| libtorch channels-last ms | chorus CL / libtorch CL |\n|---|---|---|---|---|---|---|\n");
+  for (int threads : {1, 2}) {
+    chorus::set_num_threads(threads);
+    torch::set_num_threads(threads);
+    double tc[2], tt[2];
+    for (int cl = 0; cl < 2; ++cl) {
+      chorus::manual_seed(1);
+      auto cmodel = chorus::models::resnet18();
+      chorus::Tensor cx = chorus::randn({16, 3, 64, 64});
+      if (cl) {
+        cmodel->to(chorus::MemoryFormat::ChannelsLast);
+        cx = cx.contiguous(chorus::MemoryFormat::ChannelsLast);
+      }
+      chorus::optim::SGD copt(cmodel->parameters(), {.lr = 0.01, .momentum = 0.9});
+      chorus::Tensor cy = chorus::randint(0, 1000, {16});
+      tc[cl] = chorus::bench::median_time(
+          [&] {
+            copt.zero_grad();
+            CF::cross_entropy(cmodel->forward(cx), cy).backward();
+            copt.step();
+          },
+          warmup, steps);
+      torch::manual_seed(1);
+      torch::nn::Sequential tmodel = torch_resnet18();
+      torch::Tensor tx = torch::randn({16, 3, 64, 64});
+      if (cl) {
+        tmodel->to(torch::kCPU, torch::kFloat32);
+        for (auto& p : tmodel->parameters()) {
+          if (p.dim() == 4) p.set_data(p.data().contiguous(torch::MemoryFormat::ChannelsLast));
+        }
+        tx = tx.contiguous(torch::MemoryFormat::ChannelsLast);
+      }
+      torch::optim::SGD topt(tmodel->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
+      torch::Tensor ty = torch::randint(0, 1000, {16}, torch::kLong);
+      tt[cl] = chorus::bench::median_time(
+          [&] {
+            topt.zero_grad();
+            torch::nn::functional::cross_entropy(tmodel->forward(tx), ty).backward();
+            topt.step();
+          },
+          warmup, steps);
+    }
+    std::printf("| ResNet-18, batch 16 x 3x64x64 | %d | %.2f | %.2f | %.2f | %.2f | %.2f |\n", threads, tc[0] * 1e3,
+                tc[1] * 1e3, tt[0] * 1e3, tt[1] * 1e3, tc[1] / tt[1]);
+    std::fflush(stdout);
+  }
+}
+
 void models_step(int steps, int warmup) {
   for (int threads : {1, 2}) {
     chorus::set_num_threads(threads);
@@ -428,6 +481,12 @@ int main(int argc, char** argv) {
     }
   for (int i = 1; i + 1 < argc; ++i)
     if (!std::strcmp(argv[i], "--profile")) return profile(argv[i + 1], steps, threads);
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--channels-last")) {
+      resnet18_layouts(steps, warmup);
+      return 0;
+    }
+  }
   const Case cases[] = {{"MLP 784-512-256-10, batch 128", false, 128}, {"small ResNet, batch 32 x 3x32x32", true, 32}};
   std::printf("Training step (forward + backward + SGD momentum), median of %d steps after %d warm-up steps\n\n", steps,
               warmup);
