@@ -11,6 +11,7 @@
 #include <array>
 #include <vector>
 
+#include "kernels/cuda/cudnn_common.h"
 #include "kernels/cuda/cudnn_plan.h"
 #include "kernels/cuda/kernels.h"
 #include "tensor/error.h"
@@ -20,28 +21,6 @@ namespace chorus::kernels::cuda_impl {
 namespace {
 
 namespace cp = ::chorus::kernels::cudnn_plan;
-
-void check_cudnn(cudnnStatus_t status, const char* what) {
-  if (status != CUDNN_STATUS_SUCCESS) fail("cuDNN {}: {} ({})", what, cudnnGetErrorString(status), static_cast<int>(status));
-}
-
-cudnnHandle_t handle_for(int device) {
-  constexpr int kMaxDevices = 64;
-  thread_local std::array<cudnnHandle_t, kMaxDevices> handles{};
-  CHORUS_CHECK(device >= 0 && device < kMaxDevices, "cuDNN: device index {} out of range", device);
-  if (handles[device] == nullptr) check_cudnn(cudnnCreate(&handles[device]), "cudnnCreate");
-  return handles[device];
-}
-
-cudnnDataType_t cudnn_type(cp::DataType t) {
-  switch (t) {
-    case cp::DataType::Float: return CUDNN_DATA_FLOAT;
-    case cp::DataType::Double: return CUDNN_DATA_DOUBLE;
-    case cp::DataType::Half: return CUDNN_DATA_HALF;
-    case cp::DataType::BFloat16: return CUDNN_DATA_BFLOAT16;
-  }
-  return CUDNN_DATA_FLOAT;
-}
 
 // RAII descriptors made from the plan.
 struct TensorDescriptor {
@@ -167,12 +146,10 @@ struct Call {
   bool deterministic;
   Call(const Tensor& x, const Tensor& weight, const Tensor& y, const Window2d& w, int64_t groups)
       : device(x.device()),
-        handle(handle_for(x.device().index)),
+        handle(handle_on_current_stream(x.device())),
         plan(cp::plan_conv2d(x.sizes(), x.strides(), weight.sizes(), weight.strides(), y.sizes(), y.strides(), x.dtype(),
                              w, groups, ::chorus::cuda::cudnn_allow_tf32())),
-        deterministic(::chorus::cuda::cudnn_deterministic()) {
-    check_cudnn(cudnnSetStream(handle, static_cast<cudaStream_t>(current_stream(device).handle())), "cudnnSetStream");
-  }
+        deterministic(::chorus::cuda::cudnn_deterministic()) {}
   cp::ConvKey key(cp::Direction d) const { return cp::conv_key(plan, d, device.index, deterministic); }
 };
 

@@ -19,4 +19,19 @@ void conv2d_backward_direct(const Tensor& grad_x, const Tensor& grad_weight, con
                             const Tensor& grad_out, const Tensor& x, const Tensor& weight, const Window2d& w,
                             int64_t groups);
 
+// batch_norm and batch_norm_backward go through cuDNN (cudnn_bn.cpp) unless the plan
+// (cudnn_bn_plan.h) or cuDNN sends the call back; these are chorus's own kernels (nn.cu), the fallback,
+// with the table entries' signatures and semantics.
+void batch_norm_direct(const Tensor& out, const Tensor& save_mean, const Tensor& save_rstd, const Tensor& x,
+                       const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                       bool use_batch_stats, double momentum, double eps, int64_t n, int64_t c, int64_t s);
+void batch_norm_backward_direct(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                                const Tensor& grad_out, const Tensor& x, const Tensor& save_mean,
+                                const Tensor& save_rstd, const Tensor& weight, bool use_batch_stats, int64_t n,
+                                int64_t c, int64_t s);
+// Eval mode through cuDNN's inference call, which writes no statistics: save_mean = running_mean,
+// save_rstd = 1 / sqrt(running_var + eps), as chorus's eval forward defines them (nn.cu).
+void batch_norm_inference_stats(const Tensor& save_mean, const Tensor& save_rstd, const Tensor& running_mean,
+                                const Tensor& running_var, double eps, int64_t c);
+
 }  // namespace chorus::kernels::cuda_impl

@@ -1,6 +1,7 @@
-// layer_norm, cross_entropy and batch_norm (each with its backward) on CUDA: one block per row (per
-// channel for batch_norm) over contiguous buffers, with the cpu kernels' double accumulations
-// (kernels/cpu/nn_basic.cpp, conv.cpp) and the shared exp/log/sqrt of kernels/shared/pointwise_math.h.
+// layer_norm, cross_entropy and chorus's own batch_norm (each with its backward; cudnn_bn.cpp runs
+// batch_norm through cuDNN and falls back to these) on CUDA: one block per row (per channel for
+// batch_norm over [n, c, s] with s > 1; a coalesced rows path for s == 1) over contiguous buffers,
+// with the cpu kernels' double accumulations (kernels/cpu/nn_basic.cpp, conv.cpp) and the shared exp/log/sqrt of kernels/shared/pointwise_math.h.
 #include <cuda/std/limits>
 
 #include <initializer_list>
@@ -260,6 +261,272 @@ __global__ void batch_norm_backward_kernel(T* gx, P* gw, P* gb, const T* g, cons
   }
 }
 
+
+// The channels-last rows path (s == 1: x is [n, c] rows, what nn/functional/batch_norm.cpp passes for
+// NHWC inputs and BatchNorm1d): the per-channel kernels above would read a column with stride c, one
+// uncoalesced access per element. Here a block is 32 channels x 8 rows: a warp reads 32 consecutive
+// channels of one row, blocks along y take bands of rows and write per-band partial sums (double),
+// and a per-channel kernel adds the bands in order (deterministic), as the cpu kernel's column_sums.
+// Two passes for the statistics as the cpu kernel: the mean, then squared deviations from it rounded
+// to P.
+constexpr int kRowsTileC = 32, kRowsTileR = 8;
+
+struct Sums2 {  // trivial: it lives in __shared__ memory
+  double a, b;
+};
+
+// f(r, j) -> Sums2 summed over the rows of band blockIdx.y for channel j; partial[band * c + j].
+template <typename F>
+__global__ void bn_rows_partials_kernel(Sums2* partial, F f, int64_t n, int64_t c, int64_t rows_per_band) {
+  __shared__ Sums2 buf[kRowsTileR][kRowsTileC];
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kRowsTileC + threadIdx.x;
+  const int64_t lo = static_cast<int64_t>(blockIdx.y) * rows_per_band;
+  const int64_t hi = lo + rows_per_band < n ? lo + rows_per_band : n;
+  Sums2 acc{0, 0};
+  if (j < c) {
+    for (int64_t r = lo + threadIdx.y; r < hi; r += kRowsTileR) {
+      const Sums2 v = f(r, j);
+      acc.a += v.a;
+      acc.b += v.b;
+    }
+  }
+  buf[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < c) {
+    for (int k = 1; k < kRowsTileR; ++k) {
+      acc.a += buf[k][threadIdx.x].a;
+      acc.b += buf[k][threadIdx.x].b;
+    }
+    partial[blockIdx.y * c + j] = acc;
+  }
+}
+
+template <typename T, typename P>
+struct RowsX {
+  const T* x;
+  int64_t c;
+  __device__ Sums2 operator()(int64_t r, int64_t j) const { return {static_cast<double>(sh::to_opmath(x[r * c + j])), 0.0}; }
+};
+template <typename T, typename P>
+struct RowsSquaredDeviation {
+  const T* x;
+  const P* mean;
+  int64_t c;
+  __device__ Sums2 operator()(int64_t r, int64_t j) const {
+    const P d = sh::to_opmath(x[r * c + j]) - mean[j];
+    return {static_cast<double>(d * d), 0.0};
+  }
+};
+template <typename T, typename P>
+struct RowsGradSums {  // sum(g), sum(g * (x - mean))
+  const T* g;
+  const T* x;
+  const P* mean;
+  int64_t c;
+  __device__ Sums2 operator()(int64_t r, int64_t j) const {
+    const P gv = sh::to_opmath(g[r * c + j]);
+    return {static_cast<double>(gv), static_cast<double>(gv * (sh::to_opmath(x[r * c + j]) - mean[j]))};
+  }
+};
+
+__device__ Sums2 band_total(const Sums2* partial, int64_t bands, int64_t c, int64_t j) {
+  Sums2 t{0, 0};
+  for (int64_t b = 0; b < bands; ++b) {
+    t.a += partial[b * c + j].a;
+    t.b += partial[b * c + j].b;
+  }
+  return t;
+}
+
+// mean[j] (double, and rounded to P for the second pass) from the first pass's bands.
+template <typename P>
+__global__ void bn_rows_mean_kernel(double* mean, P* mean_t, const Sums2* partial, int64_t bands, int64_t n, int64_t c) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < c;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    mean[j] = band_total(partial, bands, c, j).a / static_cast<double>(n);
+    mean_t[j] = static_cast<P>(mean[j]);
+  }
+}
+
+// The statistics (batch: from the mean and the second pass's bands; eval: the running ones), the
+// running update, save_mean/save_rstd, and the per-channel scale and shift of the output.
+template <typename P>
+__global__ void bn_rows_finalize_kernel(P* scale, P* shift, P* save_mean, P* save_rstd, P* running_mean, P* running_var,
+                                        const double* batch_mean, const Sums2* partial, int64_t bands, const P* w,
+                                        const P* b, bool use_batch_stats, double momentum, double eps, int64_t n,
+                                        int64_t c) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < c;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double mean, var;
+    if (use_batch_stats) {
+      const double sq = band_total(partial, bands, c, j).a;
+      mean = batch_mean[j];
+      var = sq / static_cast<double>(n);
+      if (running_mean != nullptr) {
+        const double unbiased = n > 1 ? sq / static_cast<double>(n - 1) : var;
+        running_mean[j] = static_cast<P>((1 - momentum) * running_mean[j] + momentum * mean);
+        running_var[j] = static_cast<P>((1 - momentum) * running_var[j] + momentum * unbiased);
+      }
+    } else {
+      mean = running_mean[j];
+      var = running_var[j];
+    }
+    const double rstd = 1.0 / sh::Sqrt{}(var + eps);
+    const double wj = w ? static_cast<double>(w[j]) : 1.0;
+    save_mean[j] = static_cast<P>(mean);
+    save_rstd[j] = static_cast<P>(rstd);
+    scale[j] = static_cast<P>(rstd * wj);
+    shift[j] = static_cast<P>((b ? static_cast<double>(b[j]) : 0.0) - mean * rstd * wj);
+  }
+}
+
+// out[r, j] = to_opmath(x[r, j]) * scale[j] + shift[j], rounded once to T (coalesced along channels).
+template <typename T, typename P>
+__global__ void bn_rows_apply_kernel(T* out, const T* x, const P* scale, const P* shift, int64_t n, int64_t c) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kRowsTileC + threadIdx.x;
+  if (j >= c) return;
+  const P sc = scale[j], sf = shift[j];
+  for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRowsTileR + threadIdx.y; r < n;
+       r += static_cast<int64_t>(gridDim.y) * kRowsTileR) {
+    out[r * c + j] = sh::Cast<T>{}(sh::to_opmath(x[r * c + j]) * sc + sf);
+  }
+}
+
+// The parameter gradients and the per-channel factors of the input gradient (cpu: batch_norm_rows_backward).
+template <typename P>
+__global__ void bn_rows_backward_finalize_kernel(P* gw, P* gb, P* k, P* mg, P* mgx, const Sums2* partial,
+                                                 int64_t bands, const P* save_rstd, const P* w, int64_t n, int64_t c) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < c;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const Sums2 t = band_total(partial, bands, c, j);
+    const double rstd = save_rstd[j];
+    const double sum_gx = t.b * rstd;
+    if (gw) gw[j] = static_cast<P>(sum_gx);
+    if (gb) gb[j] = static_cast<P>(t.a);
+    k[j] = static_cast<P>((w ? static_cast<double>(w[j]) : 1.0) * rstd);
+    mg[j] = static_cast<P>(t.a / static_cast<double>(n));
+    mgx[j] = static_cast<P>(sum_gx / static_cast<double>(n) * rstd);
+  }
+}
+
+template <typename T, typename P>
+__global__ void bn_rows_backward_apply_kernel(T* gx, const T* g, const T* x, const P* mean, const P* k, const P* mg,
+                                              const P* mgx, bool use_batch_stats, int64_t n, int64_t c) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kRowsTileC + threadIdx.x;
+  if (j >= c) return;
+  const P kj = k[j], mgj = mg[j], mgxj = mgx[j], mj = mean[j];
+  for (int64_t r = static_cast<int64_t>(blockIdx.y) * kRowsTileR + threadIdx.y; r < n;
+       r += static_cast<int64_t>(gridDim.y) * kRowsTileR) {
+    const int64_t at = r * c + j;
+    gx[at] = use_batch_stats ? sh::Cast<T>{}(kj * (sh::to_opmath(g[at]) - mgj - (sh::to_opmath(x[at]) - mj) * mgxj))
+                             : sh::Cast<T>{}(kj * sh::to_opmath(g[at]));
+  }
+}
+
+// P-rounded copy of save_mean (the backward's mean, as the cpu kernel's mean_t).
+template <typename P>
+__global__ void bn_copy_kernel(P* dst, const P* src, int64_t c) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < c;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[j] = src[j];
+}
+
+template <typename P>
+__global__ void bn_inference_stats_kernel(P* save_mean, P* save_rstd, const P* running_mean, const P* running_var,
+                                          double eps, int64_t c) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < c;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    save_mean[j] = running_mean[j];
+    save_rstd[j] = static_cast<P>(1.0 / sh::Sqrt{}(static_cast<double>(running_var[j]) + eps));
+  }
+}
+
+// How the rows are cut into bands: enough blocks to fill the device, each thread summing >= 16 rows.
+struct RowsLaunch {
+  int64_t bands, rows_per_band;
+  dim3 partial_grid, apply_grid;
+  RowsLaunch(int64_t n, int64_t c, int sms) {
+    const int64_t col_tiles = (c + kRowsTileC - 1) / kRowsTileC;
+    const int64_t want = std::max<int64_t>(1, (static_cast<int64_t>(sms) * 8 + col_tiles - 1) / col_tiles);
+    const int64_t most = std::max<int64_t>(1, n / (kRowsTileR * 16));
+    bands = std::min<int64_t>({want, most, 65535});
+    rows_per_band = (n + bands - 1) / bands;
+    bands = (n + rows_per_band - 1) / rows_per_band;
+    partial_grid = dim3(static_cast<unsigned>(col_tiles), static_cast<unsigned>(bands));
+    apply_grid = dim3(static_cast<unsigned>(col_tiles),
+                      static_cast<unsigned>(std::min<int64_t>((n + kRowsTileR - 1) / kRowsTileR,
+                                                              std::max<int64_t>(1, (static_cast<int64_t>(sms) * 32 + col_tiles - 1) / col_tiles))));
+  }
+};
+
+template <typename T, typename P>
+void batch_norm_rows(const Tensor& out, const Tensor& save_mean, const Tensor& save_rstd, const Tensor& x,
+                     const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                     bool use_batch_stats, double momentum, double eps, int64_t n, int64_t c) {
+  LaunchContext ctx(x.device());
+  const RowsLaunch L(n, c, ctx.sms);
+  const dim3 tile(kRowsTileC, kRowsTileR);
+  const unsigned cgrid = grid_for(c, kThreads, ctx.sms);
+  // Workspace from the caching allocator, ordered on this stream: the bands, the mean, scale and shift.
+  const Tensor bands = make_tensor({L.bands * c * 2}, kFloat64, x.device());
+  const Tensor mean = make_tensor({c}, kFloat64, x.device());
+  const Tensor params = make_tensor({3 * c}, dtype_of<P>::value, x.device());
+  auto* partial = static_cast<Sums2*>(bands.raw_data_ptr());
+  P* mean_t = static_cast<P*>(params.raw_data_ptr());
+  P* scale = mean_t + c;
+  P* shift = mean_t + 2 * c;
+  const T* px = ptr_or_null<const T>(x);
+  if (use_batch_stats) {
+    bn_rows_partials_kernel<<<L.partial_grid, tile, 0, ctx.stream>>>(partial, RowsX<T, P>{px, c}, n, c, L.rows_per_band);
+    check_launch("batch_norm (channels-last sums)");
+    bn_rows_mean_kernel<P><<<cgrid, kThreads, 0, ctx.stream>>>(ptr_or_null<double>(mean), mean_t, partial, L.bands, n, c);
+    check_launch("batch_norm (channels-last mean)");
+    bn_rows_partials_kernel<<<L.partial_grid, tile, 0, ctx.stream>>>(
+        partial, RowsSquaredDeviation<T, P>{px, mean_t, c}, n, c, L.rows_per_band);
+    check_launch("batch_norm (channels-last squared deviations)");
+  }
+  bn_rows_finalize_kernel<P><<<cgrid, kThreads, 0, ctx.stream>>>(
+      scale, shift, ptr_or_null<P>(save_mean), ptr_or_null<P>(save_rstd), ptr_or_null<P>(running_mean),
+      ptr_or_null<P>(running_var), ptr_or_null<const double>(mean), partial, L.bands, ptr_or_null<const P>(weight),
+      ptr_or_null<const P>(bias), use_batch_stats, momentum, eps, n, c);
+  check_launch("batch_norm (channels-last statistics)");
+  bn_rows_apply_kernel<T, P><<<L.apply_grid, tile, 0, ctx.stream>>>(ptr_or_null<T>(out), px, scale, shift, n, c);
+  check_launch("batch_norm (channels-last output)");
+}
+
+template <typename T, typename P>
+void batch_norm_rows_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                              const Tensor& grad_out, const Tensor& x, const Tensor& save_mean,
+                              const Tensor& save_rstd, const Tensor& weight, bool use_batch_stats, int64_t n,
+                              int64_t c) {
+  LaunchContext ctx(x.device());
+  const RowsLaunch L(n, c, ctx.sms);
+  const dim3 tile(kRowsTileC, kRowsTileR);
+  const unsigned cgrid = grid_for(c, kThreads, ctx.sms);
+  const Tensor bands = make_tensor({L.bands * c * 2}, kFloat64, x.device());
+  const Tensor params = make_tensor({4 * c}, dtype_of<P>::value, x.device());
+  auto* partial = static_cast<Sums2*>(bands.raw_data_ptr());
+  P* mean_t = static_cast<P*>(params.raw_data_ptr());
+  P* k = mean_t + c;
+  P* mg = mean_t + 2 * c;
+  P* mgx = mean_t + 3 * c;
+  const T* px = ptr_or_null<const T>(x);
+  const T* pg = ptr_or_null<const T>(grad_out);
+  bn_copy_kernel<P><<<cgrid, kThreads, 0, ctx.stream>>>(mean_t, ptr_or_null<const P>(save_mean), c);
+  check_launch("batch_norm_backward (channels-last mean)");
+  bn_rows_partials_kernel<<<L.partial_grid, tile, 0, ctx.stream>>>(partial, RowsGradSums<T, P>{pg, px, mean_t, c}, n,
+                                                                   c, L.rows_per_band);
+  check_launch("batch_norm_backward (channels-last sums)");
+  bn_rows_backward_finalize_kernel<P><<<cgrid, kThreads, 0, ctx.stream>>>(
+      ptr_or_null<P>(grad_weight), ptr_or_null<P>(grad_bias), k, mg, mgx, partial, L.bands,
+      ptr_or_null<const P>(save_rstd), ptr_or_null<const P>(weight), n, c);
+  check_launch("batch_norm_backward (channels-last parameters)");
+  if (!grad_x.defined()) return;
+  bn_rows_backward_apply_kernel<T, P><<<L.apply_grid, tile, 0, ctx.stream>>>(ptr_or_null<T>(grad_x), pg, px, mean_t, k,
+                                                                             mg, mgx, use_batch_stats, n, c);
+  check_launch("batch_norm_backward (channels-last input gradient)");
+}
+
 // x's storage type (float32, float64, float16, bfloat16); the [C] tensors must be in opmath_t of it.
 template <typename Fn>
 void dispatch_norm_input(const char* op, const Tensor& x, std::initializer_list<const Tensor*> params, const Fn& fn) {
@@ -284,12 +551,16 @@ void dispatch_norm_input(const char* op, const Tensor& x, std::initializer_list<
 
 }  // namespace
 
-void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_rstd, const Tensor& x,
-                const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
-                bool use_batch_stats, double momentum, double eps, int64_t n, int64_t c, int64_t s) {
+void batch_norm_direct(const Tensor& out, const Tensor& save_mean, const Tensor& save_rstd, const Tensor& x,
+                       const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
+                       bool use_batch_stats, double momentum, double eps, int64_t n, int64_t c, int64_t s) {
   if (c == 0) return;
   dispatch_norm_input("batch_norm", x, {&weight, &bias, &running_mean, &running_var, &save_mean, &save_rstd},
                       [&]<typename T, typename P>() {
+    if (s == 1 && n > 0) {
+      return batch_norm_rows<T, P>(out, save_mean, save_rstd, x, weight, bias, running_mean, running_var,
+                                   use_batch_stats, momentum, eps, n, c);
+    }
     LaunchContext ctx(x.device());  // (training updates the running statistics when they are defined)
     batch_norm_kernel<T, P><<<row_blocks(c), kThreads, 0, ctx.stream>>>(
         ptr_or_null<T>(out), ptr_or_null<P>(save_mean), ptr_or_null<P>(save_rstd), ptr_or_null<const T>(x),
@@ -299,12 +570,17 @@ void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_r
   });
 }
 
-void batch_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
-                         const Tensor& grad_out, const Tensor& x, const Tensor& save_mean, const Tensor& save_rstd,
-                         const Tensor& weight, bool use_batch_stats, int64_t n, int64_t c, int64_t s) {
+void batch_norm_backward_direct(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
+                                const Tensor& grad_out, const Tensor& x, const Tensor& save_mean,
+                                const Tensor& save_rstd, const Tensor& weight, bool use_batch_stats, int64_t n,
+                                int64_t c, int64_t s) {
   if (c == 0) return;
   dispatch_norm_input("batch_norm_backward", x, {&weight, &save_mean, &save_rstd, &grad_weight, &grad_bias},
                       [&]<typename T, typename P>() {
+    if (s == 1 && n > 0) {
+      return batch_norm_rows_backward<T, P>(grad_x, grad_weight, grad_bias, grad_out, x, save_mean, save_rstd, weight,
+                                            use_batch_stats, n, c);
+    }
     LaunchContext ctx(x.device());
     batch_norm_backward_kernel<T, P><<<row_blocks(c), kThreads, 0, ctx.stream>>>(
         ptr_or_null<T>(grad_x), ptr_or_null<P>(grad_weight), ptr_or_null<P>(grad_bias), ptr_or_null<const T>(grad_out),
@@ -312,6 +588,23 @@ void batch_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
         ptr_or_null<const P>(weight), use_batch_stats, n, c, s);
     check_launch("batch_norm_backward");
   });
+}
+
+void batch_norm_inference_stats(const Tensor& save_mean, const Tensor& save_rstd, const Tensor& running_mean,
+                                const Tensor& running_var, double eps, int64_t c) {
+  if (c == 0) return;
+  auto run = [&]<typename P>() {
+    LaunchContext ctx(running_mean.device());
+    bn_inference_stats_kernel<P><<<grid_for(c, kThreads, ctx.sms), kThreads, 0, ctx.stream>>>(
+        ptr_or_null<P>(save_mean), ptr_or_null<P>(save_rstd), ptr_or_null<const P>(running_mean),
+        ptr_or_null<const P>(running_var), eps, c);
+    check_launch("batch_norm (inference statistics)");
+  };
+  switch (save_mean.dtype()) {
+    case kFloat32: return run.template operator()<float>();
+    case kFloat64: return run.template operator()<double>();
+    default: fail("batch_norm: statistics must be float32 or float64, got {}", dtype_name(save_mean.dtype()));
+  }
 }
 
 void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,

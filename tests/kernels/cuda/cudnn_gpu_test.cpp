@@ -3,6 +3,10 @@
 // float64; channels-last (NHWC) tensors straight through the kernel; deterministic mode giving
 // bit-identical gradients run to run; the algorithm cache filled once per shape and direction; a
 // zero workspace limit still finding an algorithm; cuDNN off falling back to the direct kernels.
+// batch_norm (cudnn_bn.cpp) through nn::functional::batch_norm against the CPU: training (output,
+// running statistics, input and parameter gradients) and eval, NCHW, channels-last and [N, C] inputs,
+// float32/float64 and float16/bfloat16 data with float32 parameters, no affine parameters, cuDNN on
+// and off (chorus's own kernels, including the channels-last rows path).
 // Tagged "gpu": needs a CUDA device, and fails (not skips) without one.
 #include <catch2/catch.hpp>
 
@@ -60,7 +64,92 @@ const std::vector<Case> kCases = {
     {2, 4, 6, 15, 15, 5, 3, 2, 1, 2},
 };
 
+struct BnCase {
+  Shape shape;
+  bool channels_last, affine;
+};
+
+// batch_norm forward and backward through the op layer on `device`: {y, running_mean, running_var,
+// dx, dweight, dbias} (the last two undefined without affine parameters), and y's layout.
+std::vector<Tensor> run_bn(const BnCase& c, DType dtype, bool training, Device device, uint64_t seed) {
+  manual_seed(seed);
+  const int64_t ch = c.shape[1];
+  const DType pd = dtype == kFloat16 || dtype == kBFloat16 ? kFloat32 : dtype;
+  // An offset and a scale per tensor, so that the mean and variance matter.
+  Tensor x = (randn(c.shape) * 1.5 + 0.75).to(dtype).to(device);
+  if (c.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+  x.requires_grad_();
+  Tensor w, b;
+  if (c.affine) {
+    w = (randn({ch}) * 0.5 + 1.0).to(pd).to(device).requires_grad_();
+    b = randn({ch}).to(pd).to(device).requires_grad_();
+  }
+  Tensor rm = (randn({ch}) * 0.1).to(pd).to(device), rv = (rand({ch}) + 0.5).to(pd).to(device);
+  Tensor y = F::batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5);
+  Tensor g = randn(c.shape).to(dtype).to(device);
+  sum(mul(y.to(kFloat32), g.to(kFloat32))).backward();
+  return {y, rm, rv, x.grad(), c.affine ? w.grad() : Tensor(), c.affine ? b.grad() : Tensor()};
+}
+
+const std::vector<BnCase> kBnCases = {
+    {{4, 8, 7, 9}, false, true},     // NCHW, per-channel kernels / cuDNN NCHW
+    {{4, 16, 5, 6}, true, true},     // channels-last: rows of 16 channels, s == 1
+    {{8, 40, 24, 24}, true, true},   // channels-last, many rows (several bands), c not a multiple of 32
+    {{64, 12}, false, true},         // BatchNorm1d's [N, C]: also s == 1
+    {{6, 10, 4, 4}, true, false},    // no weight and bias (ones/zeros for cuDNN)
+    {{3, 5, 11, 2}, false, false},
+};
+
 }  // namespace
+
+TEST_CASE("CUDA batch_norm (cuDNN and chorus's kernels) equals the CPU's", "[cuda][cudnn][gpu]") {
+  cuda::require_device("cudnn_gpu_test");
+  Settings keep;
+  for (bool on : {true, false}) {
+    cuda::set_cudnn_enabled(on);
+    for (DType dtype : {kFloat32, kFloat64, kFloat16, kBFloat16}) {
+      // Values as stored: 16-bit outputs differ by a rounding of the 16-bit type; parameters and
+      // statistics are float32 sums of the same 16-bit inputs.
+      const double tol_out = dtype == kFloat32 ? 1e-5 : dtype == kFloat64 ? 1e-10 : dtype == kFloat16 ? 4e-3 : 2e-2;
+      const double tol_param = dtype == kFloat32 ? 1e-5 : dtype == kFloat64 ? 1e-10 : 2e-3;
+      for (bool training : {true, false}) {
+        for (const BnCase& c : kBnCases) {
+          INFO("cuDNN " << (on ? "on" : "off") << " " << dtype_name(dtype) << (training ? " training " : " eval ")
+                        << shape_str(c.shape) << (c.channels_last ? " channels-last" : "")
+                        << (c.affine ? "" : " no affine"));
+          const auto gpu = run_bn(c, dtype, training, kGpu, 21), cpu = run_bn(c, dtype, training, Device::cpu(), 21);
+          const char* names[] = {"y", "running_mean", "running_var", "dx", "dweight", "dbias"};
+          for (int i = 0; i < 6; ++i) {
+            INFO(names[i]);
+            REQUIRE(gpu[i].defined() == cpu[i].defined());
+            if (!gpu[i].defined()) continue;
+            CHECK(gpu[i].dtype() == cpu[i].dtype());
+            CHECK(rel_diff(gpu[i], cpu[i]) < (i == 0 || i == 3 ? tol_out : tol_param));
+          }
+          // The layout is kept: a channels-last input gives a channels-last output and gradient.
+          if (c.channels_last) {
+            CHECK(gpu[0].is_contiguous(MemoryFormat::ChannelsLast));
+            CHECK(gpu[3].is_contiguous(MemoryFormat::ChannelsLast));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("CUDA batch_norm with eps = 0, cuDNN 9's minimum, equals the CPU", "[cuda][cudnn][gpu]") {
+  cuda::require_device("cudnn_gpu_test");
+  Settings keep;
+  cuda::set_cudnn_enabled(true);
+  // eps = 0 is cuDNN 9's minimum (CUDNN_BN_MIN_EPSILON): cuDNN runs it; a batch with non-zero variance
+  // stays finite and equals the CPU.
+  manual_seed(5);
+  const Tensor x = randn({4, 6, 5, 5}) + 2.0;
+  const Tensor rm = zeros({6}), rv = ones({6});
+  const Tensor cpu = F::batch_norm(x, rm.clone(), rv.clone(), Tensor(), Tensor(), true, 0.1, 0.0);
+  const Tensor gpu = F::batch_norm(x.to(kGpu), rm.to(kGpu), rv.to(kGpu), Tensor(), Tensor(), true, 0.1, 0.0);
+  CHECK(rel_diff(gpu, cpu) < 1e-5);
+}
 
 TEST_CASE("cuDNN conv2d forward and backward equal the CPU's", "[cuda][cudnn][gpu]") {
   cuda::require_device("cudnn_gpu_test");
