@@ -374,9 +374,13 @@ int profile(const std::string& which, int steps, int threads) {
     }
     return report(last, model->parameters());
   };
-  if (which == "resnet18") {
+  if (which == "resnet18" || which == "resnet18-channels-last") {
     auto model = chorus::models::resnet18();
     chorus::Tensor x = chorus::randn({16, 3, 64, 64}), y = chorus::randint(0, 1000, {16});
+    if (which == "resnet18-channels-last") {
+      model->to(chorus::MemoryFormat::ChannelsLast);
+      x = x.contiguous(chorus::MemoryFormat::ChannelsLast);
+    }
     return sgd_profile(model, x, y);
   }
   if (which == "small-resnet") {
@@ -452,7 +456,7 @@ int profile(const std::string& which, int steps, int threads) {
     }
     return 0;
   }
-  std::fprintf(stderr, "train_step_bench --profile: expected bert, resnet18, small-resnet, mlp or torch-<one of them>, got '%s'\n",
+  std::fprintf(stderr, "train_step_bench --profile: expected bert, resnet18, resnet18-channels-last, small-resnet, mlp or torch-<one of them>, got '%s'\n",
                which.c_str());
   return 2;
 }
