@@ -1,13 +1,18 @@
 // layer_norm, cross_entropy and chorus's own batch_norm (each with its backward; cudnn_bn.cpp runs
-// batch_norm through cuDNN and falls back to these) on CUDA: one block per row (per channel for
-// batch_norm over [n, c, s] with s > 1; a coalesced rows path for s == 1) over contiguous buffers,
-// with the cpu kernels' double accumulations (kernels/cpu/nn_basic.cpp, conv.cpp) and the shared exp/log/sqrt of kernels/shared/pointwise_math.h.
+// batch_norm through cuDNN and falls back to these) on CUDA over contiguous buffers, with the shared
+// exp/log/sqrt of kernels/shared/pointwise_math.h. layer_norm is a row kernel
+// (kernels/cuda/row_kernels.h, [Row kernels] in kernels/shared/row_plan.h: a warp per row in
+// registers, or a block per row cached in shared memory; statistics in float for float32);
+// cross_entropy runs one block per row and batch_norm one block per channel over [n, c, s] with
+// s > 1 (a coalesced rows path for s == 1), with the cpu kernels' double accumulations
+// (kernels/cpu/nn_basic.cpp, conv.cpp).
 #include <cuda/std/limits>
 
 #include <initializer_list>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/row_kernels.h"
 #include "kernels/shared/pointwise_math.h"
 
 namespace chorus::kernels::cuda_impl {
@@ -21,78 +26,282 @@ T* ptr_or_null(const Tensor& t) {
 }
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::min<int64_t>(rows, 65535LL * 16)); }
 
-template <typename T>
-__global__ void layer_norm_kernel(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t rows,
-                                  int64_t cols, double eps) {
-  __shared__ double buf[kThreads];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* row = x + r * cols;
-    double s = 0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) s += row[c];
-    s = block_reduce(s, SumOp{}, buf);
-    const double mu = s / static_cast<double>(cols);
-    double v = 0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const double d = row[c] - mu;
-      v += d * d;
+// layer_norm rows ([Row kernels] in kernels/shared/row_plan.h): statistics in opmath (float for
+// float32, double for float64) by two passes over the row held in registers (warp kernel) or in
+// shared memory (block kernel, when it fits; else the row is read again), so a large offset does not
+// cancel as E[x^2] - E[x]^2 would; out = (x - mean) * rstd * w + b as the cpu kernel.
+template <typename T, int V, int N>
+__global__ void layer_norm_warp_kernel(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t rows,
+                                       int64_t cols, int lanes, double eps) {
+  using Acc = sh::opmath_t<T>;
+  const int group = sh::warp_row_in_block(threadIdx.x, lanes), lane = sh::warp_lane(threadIdx.x, lanes);
+  const int64_t per_block = blockDim.x / lanes;
+  for (int64_t first = blockIdx.x * per_block; first < rows; first += gridDim.x * per_block) {
+    const int64_t row = first + group;
+    const bool active = row < rows;
+    Acc v[N][V];
+    Acc sum = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int64_t c = sh::warp_column(lane, j, lanes, V);
+      if (active && c < cols) {
+        row_kernels::load<V>(x + row * cols + c, v[j]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[j][i] = 0;
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) sum += v[j][i];
     }
-    v = block_reduce(v, SumOp{}, buf);
-    const double inv = 1.0 / sh::Sqrt{}(v / static_cast<double>(cols) + eps);
+    const Acc mu = row_kernels::warp_allreduce(sum, row_kernels::Sum{}, lanes) / static_cast<Acc>(cols);
+    Acc sq = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      if (sh::warp_column(lane, j, lanes, V) >= cols) continue;  // padding is not part of the row
+#pragma unroll
+      for (int i = 0; i < V; ++i) sq += (v[j][i] - mu) * (v[j][i] - mu);
+    }
+    sq = row_kernels::warp_allreduce(sq, row_kernels::Sum{}, lanes);
+    const Acc inv = Acc(1) / sh::Sqrt{}(sq / static_cast<Acc>(cols) + static_cast<Acc>(eps));
+    if (!active) continue;  // (no shuffles below)
+    if (lane == 0) {
+      mean[row] = sh::Cast<T>{}(mu);
+      rstd[row] = sh::Cast<T>{}(inv);
+    }
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int64_t c = sh::warp_column(lane, j, lanes, V);
+      if (c >= cols) continue;
+      Acc wv[V], bv[V];
+      if (w) row_kernels::load<V>(w + c, wv);
+      if (b) row_kernels::load<V>(b + c, bv);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const Acc y = (v[j][i] - mu) * inv;
+        v[j][i] = (w ? y * wv[i] : y) + (b ? bv[i] : Acc(0));
+      }
+      row_kernels::store<V>(out + row * cols + c, v[j]);
+    }
+  }
+}
+
+template <typename T, int V>
+__global__ void layer_norm_block_kernel(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t rows,
+                                        int64_t cols, bool cache, double eps) {
+  using Acc = sh::opmath_t<T>;
+  extern __shared__ __align__(16) unsigned char row_cache[];
+  __shared__ Acc buf[32];
+  T* cached = reinterpret_cast<T*>(row_cache);
+  const int64_t end = cols / V * V;  // V divides cols when V > 1
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * cols;
+    Acc sum = 0;
+    for (int64_t k = 0;; ++k) {
+      const int64_t c = sh::block_column(threadIdx.x, k, blockDim.x, V);
+      if (c >= end) break;
+      T raw[V];
+      row_kernels::load_raw<V>(xr + c, raw);
+      if (cache) row_kernels::store_raw<V>(cached + c, raw);
+#pragma unroll
+      for (int i = 0; i < V; ++i) sum += sh::to_opmath(raw[i]);
+    }
+    const Acc mu = row_kernels::block_allreduce(sum, row_kernels::Sum{}, buf) / static_cast<Acc>(cols);
+    const T* src = cache ? cached : xr;  // each thread reads back only what it cached: no barrier
+    Acc sq = 0;
+    for (int64_t k = 0;; ++k) {
+      const int64_t c = sh::block_column(threadIdx.x, k, blockDim.x, V);
+      if (c >= end) break;
+      Acc v[V];
+      row_kernels::load<V>(src + c, v);
+#pragma unroll
+      for (int i = 0; i < V; ++i) sq += (v[i] - mu) * (v[i] - mu);
+    }
+    sq = row_kernels::block_allreduce(sq, row_kernels::Sum{}, buf);
+    const Acc inv = Acc(1) / sh::Sqrt{}(sq / static_cast<Acc>(cols) + static_cast<Acc>(eps));
     if (threadIdx.x == 0) {
-      mean[r] = static_cast<T>(mu);
-      rstd[r] = static_cast<T>(inv);
+      mean[row] = sh::Cast<T>{}(mu);
+      rstd[row] = sh::Cast<T>{}(inv);
     }
-    const T m = static_cast<T>(mu), iv = static_cast<T>(inv);
-    T* orow = out + r * cols;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      if (w && b) orow[c] = (row[c] - m) * iv * w[c] + b[c];
-      else if (w) orow[c] = (row[c] - m) * iv * w[c];
-      else orow[c] = (row[c] - m) * iv + (b ? b[c] : T(0));
-    }
-  }
-}
-
-template <typename T>
-__global__ void layer_norm_backward_rows_kernel(T* gx, const T* g, const T* x, const T* mean, const T* rstd,
-                                                const T* w, int64_t rows, int64_t cols) {
-  __shared__ double buf[kThreads];
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * cols;
-    const T* gr = g + r * cols;
-    const double m = mean[r], iv = rstd[r];
-    double sum_gw = 0, sum_gw_xhat = 0;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const double xhat = (xr[c] - m) * iv;
-      const double gwv = gr[c] * (w ? w[c] : T(1));
-      sum_gw += gwv;
-      sum_gw_xhat += gwv * xhat;
-    }
-    sum_gw = block_reduce(sum_gw, SumOp{}, buf);
-    sum_gw_xhat = block_reduce(sum_gw_xhat, SumOp{}, buf);
-    const double a = sum_gw / static_cast<double>(cols), bb = sum_gw_xhat / static_cast<double>(cols);
-    T* out = gx + r * cols;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-      const double xhat = (xr[c] - m) * iv;
-      out[c] = static_cast<T>(iv * (gr[c] * (w ? w[c] : T(1)) - a - xhat * bb));
+    for (int64_t k = 0;; ++k) {
+      const int64_t c = sh::block_column(threadIdx.x, k, blockDim.x, V);
+      if (c >= end) break;
+      Acc v[V], wv[V], bv[V];
+      row_kernels::load<V>(src + c, v);
+      if (w) row_kernels::load<V>(w + c, wv);
+      if (b) row_kernels::load<V>(b + c, bv);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const Acc y = (v[i] - mu) * inv;
+        v[i] = (w ? y * wv[i] : y) + (b ? bv[i] : Acc(0));
+      }
+      row_kernels::store<V>(out + row * cols + c, v);
     }
   }
 }
 
-// Parameter gradients: one thread per column, summing over rows in double (deterministic).
+// Input gradient: gx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)), the two row sums in one
+// reduction (a pair).
+template <typename T, int V, int N>
+__global__ void layer_norm_backward_warp_kernel(T* gx, const T* g, const T* x, const T* mean, const T* rstd,
+                                                const T* w, int64_t rows, int64_t cols, int lanes) {
+  using Acc = sh::opmath_t<T>;
+  const int group = sh::warp_row_in_block(threadIdx.x, lanes), lane = sh::warp_lane(threadIdx.x, lanes);
+  const int64_t per_block = blockDim.x / lanes;
+  for (int64_t first = blockIdx.x * per_block; first < rows; first += gridDim.x * per_block) {
+    const int64_t row = first + group;
+    const bool active = row < rows;
+    const Acc m = active ? sh::to_opmath(mean[row]) : Acc(0), iv = active ? sh::to_opmath(rstd[row]) : Acc(0);
+    Acc xhat[N][V], gw[N][V];
+    row_kernels::Pair<Acc> sums{0, 0};
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int64_t c = sh::warp_column(lane, j, lanes, V);
+      if (active && c < cols) {
+        row_kernels::load<V>(x + row * cols + c, xhat[j]);
+        row_kernels::load<V>(g + row * cols + c, gw[j]);
+        Acc wv[V];
+        if (w) row_kernels::load<V>(w + c, wv);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          xhat[j][i] = (xhat[j][i] - m) * iv;
+          if (w) gw[j][i] *= wv[i];
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) xhat[j][i] = gw[j][i] = 0;
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        sums.a += gw[j][i];
+        sums.b += gw[j][i] * xhat[j][i];
+      }
+    }
+    sums = row_kernels::warp_allreduce(sums, row_kernels::Sum{}, lanes);
+    const Acc a = sums.a / static_cast<Acc>(cols), bb = sums.b / static_cast<Acc>(cols);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int64_t c = sh::warp_column(lane, j, lanes, V);
+      if (!active || c >= cols) continue;
+#pragma unroll
+      for (int i = 0; i < V; ++i) gw[j][i] = iv * (gw[j][i] - a - xhat[j][i] * bb);
+      row_kernels::store<V>(gx + row * cols + c, gw[j]);
+    }
+  }
+}
+
+template <typename T, int V>
+__global__ void layer_norm_backward_block_kernel(T* gx, const T* g, const T* x, const T* mean, const T* rstd,
+                                                 const T* w, int64_t rows, int64_t cols, bool cache) {
+  using Acc = sh::opmath_t<T>;
+  extern __shared__ __align__(16) unsigned char row_cache[];
+  __shared__ row_kernels::Pair<Acc> buf[32];
+  T* cached_x = reinterpret_cast<T*>(row_cache);
+  T* cached_g = cached_x + cols;
+  const int64_t end = cols / V * V;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* xr = x + row * cols;
+    const T* gr = g + row * cols;
+    const Acc m = sh::to_opmath(mean[row]), iv = sh::to_opmath(rstd[row]);
+    row_kernels::Pair<Acc> sums{0, 0};
+    for (int64_t k = 0;; ++k) {
+      const int64_t c = sh::block_column(threadIdx.x, k, blockDim.x, V);
+      if (c >= end) break;
+      T xraw[V], graw[V];
+      row_kernels::load_raw<V>(xr + c, xraw);
+      row_kernels::load_raw<V>(gr + c, graw);
+      if (cache) {
+        row_kernels::store_raw<V>(cached_x + c, xraw);
+        row_kernels::store_raw<V>(cached_g + c, graw);
+      }
+      Acc wv[V];
+      if (w) row_kernels::load<V>(w + c, wv);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const Acc gwv = w ? sh::to_opmath(graw[i]) * wv[i] : sh::to_opmath(graw[i]);
+        sums.a += gwv;
+        sums.b += gwv * ((sh::to_opmath(xraw[i]) - m) * iv);
+      }
+    }
+    sums = row_kernels::block_allreduce(sums, row_kernels::Sum{}, buf);
+    const Acc a = sums.a / static_cast<Acc>(cols), bb = sums.b / static_cast<Acc>(cols);
+    for (int64_t k = 0;; ++k) {
+      const int64_t c = sh::block_column(threadIdx.x, k, blockDim.x, V);
+      if (c >= end) break;
+      Acc xv[V], gv[V], wv[V];
+      row_kernels::load<V>((cache ? cached_x : xr) + c, xv);
+      row_kernels::load<V>((cache ? cached_g : gr) + c, gv);
+      if (w) row_kernels::load<V>(w + c, wv);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const Acc gwv = w ? gv[i] * wv[i] : gv[i];
+        gv[i] = iv * (gwv - a - ((xv[i] - m) * iv) * bb);
+      }
+      row_kernels::store<V>(gx + row * cols + c, gv);
+    }
+  }
+}
+
+// Parameter gradients (sum over rows of g * xhat and of g, in double as the cpu kernel):
+// kernels/shared/row_plan.h's ColumnSumPlan. Block (tile, chunk): 32 columns x kColumnSumRowLanes
+// row lanes, so each warp reads 32 neighbouring columns of one row; the row lanes' sums are added
+// in shared memory in a fixed order, one partial per column and chunk.
 template <typename T>
-__global__ void layer_norm_backward_params_kernel(T* gw, T* gb, const T* g, const T* x, const T* mean, const T* rstd,
-                                                  int64_t rows, int64_t cols) {
+__global__ void layer_norm_params_partial_kernel(double* partial_w, double* partial_b, const T* g, const T* x,
+                                                 const T* mean, const T* rstd, int64_t rows, int64_t cols,
+                                                 int64_t rows_per_chunk) {
+  constexpr int kLanes = sh::kColumnSumRowLanes;
+  __shared__ double sw[kLanes][33], sb[kLanes][33];
+  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+  const int64_t c = blockIdx.x * 32LL + tx;
+  const int64_t lo = blockIdx.y * rows_per_chunk, hi = min(rows, lo + rows_per_chunk);
+  double aw = 0, ab = 0;
+  if (c < cols) {
+    for (int64_t r = lo + ty; r < hi; r += kLanes) {
+      const double gv = sh::to_opmath(g[r * cols + c]);
+      if (partial_w) {
+        aw += gv * ((sh::to_opmath(x[r * cols + c]) - static_cast<double>(sh::to_opmath(mean[r]))) *
+                    static_cast<double>(sh::to_opmath(rstd[r])));
+      }
+      ab += gv;
+    }
+  }
+  sw[ty][tx] = aw;
+  sb[ty][tx] = ab;
+  __syncthreads();
+  if (ty != 0 || c >= cols) return;
+  for (int k = 1; k < kLanes; ++k) {
+    aw += sw[k][tx];
+    ab += sb[k][tx];
+  }
+  if (partial_w) partial_w[blockIdx.y * cols + c] = aw;
+  if (partial_b) partial_b[blockIdx.y * cols + c] = ab;
+}
+
+template <typename T>
+__global__ void layer_norm_params_finish_kernel(T* gw, T* gb, const double* partial_w, const double* partial_b,
+                                                int64_t chunks, int64_t cols) {
   for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < cols;
        c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     double sw = 0, sb = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      const T gv = g[r * cols + c];
-      if (gw) sw += gv * ((x[r * cols + c] - static_cast<double>(mean[r])) * static_cast<double>(rstd[r]));
-      sb += gv;
+    for (int64_t k = 0; k < chunks; ++k) {
+      if (gw) sw += partial_w[k * cols + c];
+      if (gb) sb += partial_b[k * cols + c];
     }
-    if (gw) gw[c] = static_cast<T>(sw);
-    if (gb) gb[c] = static_cast<T>(sb);
+    if (gw) gw[c] = sh::Cast<T>{}(sw);
+    if (gb) gb[c] = sh::Cast<T>{}(sb);
   }
+}
+
+// The row plan of a layer_norm pass over the given arrays (row arrays first, the output among them;
+// the per-column weight and bias when defined): their addresses decide the vector width.
+sh::RowPlan layer_norm_plan(int64_t rows, int64_t cols, const Tensor& x, int row_inputs,
+                            std::initializer_list<const Tensor*> arrays, int sms) {
+  sh::RowProblem problem{.rows = rows, .cols = cols, .element_size_bytes = static_cast<int64_t>(x.element_size()),
+                         .row_inputs = row_inputs, .addresses = {}, .sms = sms};
+  for (const Tensor* t : arrays) {
+    if (t->defined()) problem.addresses.push_back(row_kernels::address_of(t->raw_data_ptr()));
+  }
+  return sh::plan_rows(problem);
 }
 
 template <typename T>
@@ -612,9 +821,22 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
   if (rows == 0) return;
   CHORUS_DISPATCH_FLOATING(x.dtype(), "layer_norm", [&]<typename T>() {
     LaunchContext ctx(x.device());
-    layer_norm_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
-        ptr_or_null<T>(out), ptr_or_null<T>(mean), ptr_or_null<T>(rstd), ptr_or_null<const T>(x),
-        ptr_or_null<const T>(weight), ptr_or_null<const T>(bias), rows, cols, eps);
+    const sh::RowPlan plan = layer_norm_plan(rows, cols, x, 1, {&x, &out, &weight, &bias}, ctx.sms);
+    T* po = ptr_or_null<T>(out);
+    T* pm = ptr_or_null<T>(mean);
+    T* pr = ptr_or_null<T>(rstd);
+    const T* px = ptr_or_null<const T>(x);
+    const T* pw = ptr_or_null<const T>(weight);
+    const T* pb = ptr_or_null<const T>(bias);
+    row_kernels::dispatch_row_shape<T>(plan, [&]<int V, int N>() {
+      if (plan.kernel == sh::RowKernel::Warp) {
+        layer_norm_warp_kernel<T, V, N><<<static_cast<unsigned>(plan.blocks), plan.threads, 0, ctx.stream>>>(
+            po, pm, pr, px, pw, pb, rows, cols, plan.lanes, eps);
+      } else {
+        layer_norm_block_kernel<T, V><<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, ctx.stream>>>(
+            po, pm, pr, px, pw, pb, rows, cols, plan.cache_in_shared, eps);
+      }
+    });
     check_launch("layer_norm");
   });
 }
@@ -625,15 +847,38 @@ void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
   CHORUS_DISPATCH_FLOATING(x.dtype(), "layer_norm_backward", [&]<typename T>() {
     LaunchContext ctx(x.device());
     if (grad_x.defined() && rows > 0) {
-      layer_norm_backward_rows_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
-          ptr_or_null<T>(grad_x), ptr_or_null<const T>(g), ptr_or_null<const T>(x), ptr_or_null<const T>(mean),
-          ptr_or_null<const T>(rstd), ptr_or_null<const T>(weight), rows, cols);
+      const sh::RowPlan plan = layer_norm_plan(rows, cols, x, 2, {&x, &g, &grad_x, &weight}, ctx.sms);
+      T* pgx = ptr_or_null<T>(grad_x);
+      const T* pg = ptr_or_null<const T>(g);
+      const T* px = ptr_or_null<const T>(x);
+      const T* pm = ptr_or_null<const T>(mean);
+      const T* pr = ptr_or_null<const T>(rstd);
+      const T* pw = ptr_or_null<const T>(weight);
+      row_kernels::dispatch_row_shape<T>(plan, [&]<int V, int N>() {
+        if (plan.kernel == sh::RowKernel::Warp) {
+          layer_norm_backward_warp_kernel<T, V, N><<<static_cast<unsigned>(plan.blocks), plan.threads, 0, ctx.stream>>>(
+              pgx, pg, px, pm, pr, pw, rows, cols, plan.lanes);
+        } else {
+          layer_norm_backward_block_kernel<T, V>
+              <<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, ctx.stream>>>(
+                  pgx, pg, px, pm, pr, pw, rows, cols, plan.cache_in_shared);
+        }
+      });
       check_launch("layer_norm_backward");
     }
     if ((grad_weight.defined() || grad_bias.defined()) && cols > 0) {
-      layer_norm_backward_params_kernel<T><<<grid_for(cols, kThreads, ctx.sms), kThreads, 0, ctx.stream>>>(
-          ptr_or_null<T>(grad_weight), ptr_or_null<T>(grad_bias), ptr_or_null<const T>(g), ptr_or_null<const T>(x),
-          ptr_or_null<const T>(mean), ptr_or_null<const T>(rstd), rows, cols);
+      const sh::ColumnSumPlan plan = sh::plan_column_sums(rows, cols, ctx.sms);
+      // (rows == 0: one empty chunk, and the sums written are 0)
+      const Tensor pw = grad_weight.defined() ? make_tensor({plan.chunks * cols}, kFloat64, x.device()) : Tensor();
+      const Tensor pb = grad_bias.defined() ? make_tensor({plan.chunks * cols}, kFloat64, x.device()) : Tensor();
+      const dim3 grid(static_cast<unsigned>(plan.column_tiles), static_cast<unsigned>(plan.chunks));
+      layer_norm_params_partial_kernel<T><<<grid, 32 * sh::kColumnSumRowLanes, 0, ctx.stream>>>(
+          ptr_or_null<double>(pw), ptr_or_null<double>(pb), ptr_or_null<const T>(g), ptr_or_null<const T>(x),
+          ptr_or_null<const T>(mean), ptr_or_null<const T>(rstd), rows, cols, plan.rows_per_chunk);
+      check_launch("layer_norm_backward (weight, bias partial sums)");
+      layer_norm_params_finish_kernel<T><<<grid_for(cols, kThreads, ctx.sms), kThreads, 0, ctx.stream>>>(
+          ptr_or_null<T>(grad_weight), ptr_or_null<T>(grad_bias), ptr_or_null<const double>(pw),
+          ptr_or_null<const double>(pb), plan.chunks, cols);
       check_launch("layer_norm_backward (weight, bias)");
     }
   });

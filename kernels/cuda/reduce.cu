@@ -1,13 +1,18 @@
 // Reductions (sum, prod, max, min over any dims, laid out by kernels/shared/launch_plan.h's
 // plan_reduction), arg-reductions and softmax/softmax_backward on CUDA, with the cpu kernels'
 // accumulator types (float sums and products in double, integer sums in int64; kernels/cpu/reduce.cpp).
-// Few long rows (a full reduction) are split over many blocks, then their partials reduced.
+// Few long rows (a full reduction) are split over many blocks, then their partials reduced. Softmax
+// is a row kernel (kernels/cuda/row_kernels.h, [Row kernels] in kernels/shared/row_plan.h): a
+// warp per row held in registers up to 4 KiB rows, else a block per row with the row cached in
+// shared memory; statistics in float for float32 (double for float64).
 #include <cuda/std/limits>
 
+#include <initializer_list>
 #include <type_traits>
 
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/row_kernels.h"
 #include "kernels/shared/pointwise_math.h"
 #include "kernels/shared/reduce_math.h"
 
@@ -211,56 +216,185 @@ __global__ void arg_reduce_kernel(const T* in, T* values, int64_t* indices, int6
   }
 }
 
-template <typename T>
-__global__ void softmax_kernel(const T* in, T* out, int64_t rows, int64_t cols, bool log) {
-  __shared__ T tbuf[kThreads];
-  __shared__ double dbuf[kThreads];
+// Softmax rows ([Row kernels] in kernels/shared/row_plan.h): accumulation in opmath (float for
+// float32, double for float64); the maximum ignores NaN and an all -inf row uses 0 for it, as the cpu
+// kernel. Warp kernel: the row in registers, max then sum over them, one read and one write.
+template <typename T, int V, int N>
+__global__ void softmax_warp_kernel(const T* in, T* out, int64_t rows, int64_t cols, int lanes, bool log) {
+  using Acc = sh::opmath_t<T>;
   const sh::Exp exp_;
-  for (int64_t m = blockIdx.x; m < rows; m += gridDim.x) {
-    const T* row = in + m * cols;
-    T* orow = out + m * cols;
-    T mx = -::cuda::std::numeric_limits<T>::infinity();
-    for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) mx = row[r] > mx ? row[r] : mx;
-    mx = block_reduce(mx, MaxIgnoringNaN{}, tbuf);
-    if (mx == -::cuda::std::numeric_limits<T>::infinity()) mx = 0;  // all -inf: avoid inf - inf
-    double sum = 0;
-    if (log) {
-      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) sum += exp_(static_cast<T>(row[r] - mx));
-      sum = block_reduce(sum, SumOp{}, dbuf);
-      const T log_sum = static_cast<T>(sh::Log{}(sum));
-      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) orow[r] = (row[r] - mx) - log_sum;
-    } else {
-      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) {
-        const T e = exp_(static_cast<T>(row[r] - mx));
-        orow[r] = e;
+  const int group = sh::warp_row_in_block(threadIdx.x, lanes), lane = sh::warp_lane(threadIdx.x, lanes);
+  const int64_t per_block = blockDim.x / lanes;
+  // Every thread runs the same iterations (the shuffles need the whole warp); rows past the end
+  // load nothing and store nothing.
+  for (int64_t first = blockIdx.x * per_block; first < rows; first += gridDim.x * per_block) {
+    const int64_t row = first + group;
+    const bool active = row < rows;
+    Acc v[N][V];
+    Acc mx = row_kernels::neg_inf<Acc>();
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int64_t c = sh::warp_column(lane, j, lanes, V);
+      if (active && c < cols) {
+        row_kernels::load<V>(in + row * cols + c, v[j]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[j][i] = row_kernels::neg_inf<Acc>();
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) mx = v[j][i] > mx ? v[j][i] : mx;
+    }
+    mx = row_kernels::warp_allreduce(mx, row_kernels::Max{}, lanes);
+    if (mx == row_kernels::neg_inf<Acc>()) mx = 0;  // all -inf: avoid inf - inf
+    Acc sum = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const Acc e = exp_(v[j][i] - mx);  // 0 for the padding (-inf)
+        if (!log) v[j][i] = e;
         sum += e;
       }
-      sum = block_reduce(sum, SumOp{}, dbuf);
-      const T inv = static_cast<T>(1.0 / sum);
-      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) orow[r] *= inv;
+    }
+    sum = row_kernels::warp_allreduce(sum, row_kernels::Sum{}, lanes);
+    const Acc scale = log ? sh::Log{}(sum) : Acc(1) / sum;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int64_t c = sh::warp_column(lane, j, lanes, V);
+      if (!active || c >= cols) continue;
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[j][i] = log ? (v[j][i] - mx) - scale : v[j][i] * scale;
+      row_kernels::store<V>(out + row * cols + c, v[j]);
     }
   }
 }
 
-template <typename T>
-__global__ void softmax_backward_kernel(const T* g, const T* y, T* gi, int64_t rows, int64_t cols, bool log) {
-  __shared__ double dbuf[kThreads];
+// Block kernel: one block per row; online max and sum in one pass (the row copied into shared memory
+// on the way when `cache`), then one pass that writes, reading the cache (each thread reads back
+// the vectors it cached itself: no barrier needed) or the row again.
+template <typename T, int V>
+__global__ void softmax_block_kernel(const T* in, T* out, int64_t rows, int64_t cols, bool cache, bool log) {
+  using Acc = sh::opmath_t<T>;
+  extern __shared__ __align__(16) unsigned char row_cache[];
+  __shared__ row_kernels::Pair<Acc> buf[32];
+  T* cached = reinterpret_cast<T*>(row_cache);
   const sh::Exp exp_;
-  for (int64_t m = blockIdx.x; m < rows; m += gridDim.x) {
-    const T* gr = g + m * cols;
-    const T* yr = y + m * cols;
-    T* ir = gi + m * cols;
-    double acc = 0;
-    if (log) {
-      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) acc += gr[r];
-      acc = block_reduce(acc, SumOp{}, dbuf);
-      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) ir[r] = gr[r] - exp_(yr[r]) * static_cast<T>(acc);
-    } else {
-      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) acc += static_cast<double>(gr[r]) * yr[r];
-      acc = block_reduce(acc, SumOp{}, dbuf);
-      for (int64_t r = threadIdx.x; r < cols; r += blockDim.x) ir[r] = yr[r] * (gr[r] - static_cast<T>(acc));
+  const int64_t vectors = cols / V;  // V divides cols when V > 1
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* x = in + row * cols;
+    row_kernels::Pair<Acc> st{row_kernels::neg_inf<Acc>(), Acc(0)};
+    for (int64_t k = 0;; ++k) {
+      const int64_t c = sh::block_column(threadIdx.x, k, blockDim.x, V);
+      if (c >= vectors * V) break;
+      T raw[V];
+      row_kernels::load_raw<V>(x + c, raw);
+      if (cache) row_kernels::store_raw<V>(cached + c, raw);
+#pragma unroll
+      for (int i = 0; i < V; ++i) row_kernels::online_add(st, sh::to_opmath(raw[i]));
+    }
+    st = row_kernels::block_allreduce(st, row_kernels::MaxSum{}, buf);
+    const Acc mx = st.a == row_kernels::neg_inf<Acc>() ? Acc(0) : st.a;
+    const Acc scale = log ? sh::Log{}(st.b) : Acc(1) / st.b;
+    const T* src = cache ? cached : x;
+    for (int64_t k = 0;; ++k) {
+      const int64_t c = sh::block_column(threadIdx.x, k, blockDim.x, V);
+      if (c >= vectors * V) break;
+      Acc v[V];
+      row_kernels::load<V>(src + c, v);
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[i] = log ? (v[i] - mx) - scale : exp_(v[i] - mx) * scale;
+      row_kernels::store<V>(out + row * cols + c, v);
     }
   }
+}
+
+// Backward: gi = y * (g - sum(g * y)) for softmax, g - exp(y) * sum(g) for log_softmax (y the
+// forward's output), the row sum in opmath.
+template <typename T, int V, int N>
+__global__ void softmax_backward_warp_kernel(const T* g, const T* y, T* gi, int64_t rows, int64_t cols, int lanes,
+                                             bool log) {
+  using Acc = sh::opmath_t<T>;
+  const sh::Exp exp_;
+  const int group = sh::warp_row_in_block(threadIdx.x, lanes), lane = sh::warp_lane(threadIdx.x, lanes);
+  const int64_t per_block = blockDim.x / lanes;
+  for (int64_t first = blockIdx.x * per_block; first < rows; first += gridDim.x * per_block) {
+    const int64_t row = first + group;
+    const bool active = row < rows;
+    Acc gv[N][V], yv[N][V];
+    Acc acc = 0;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int64_t c = sh::warp_column(lane, j, lanes, V);
+      if (active && c < cols) {
+        row_kernels::load<V>(g + row * cols + c, gv[j]);
+        row_kernels::load<V>(y + row * cols + c, yv[j]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < V; ++i) gv[j][i] = yv[j][i] = 0;
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc += log ? gv[j][i] : gv[j][i] * yv[j][i];
+    }
+    acc = row_kernels::warp_allreduce(acc, row_kernels::Sum{}, lanes);
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      const int64_t c = sh::warp_column(lane, j, lanes, V);
+      if (!active || c >= cols) continue;
+#pragma unroll
+      for (int i = 0; i < V; ++i) gv[j][i] = log ? gv[j][i] - exp_(yv[j][i]) * acc : yv[j][i] * (gv[j][i] - acc);
+      row_kernels::store<V>(gi + row * cols + c, gv[j]);
+    }
+  }
+}
+
+template <typename T, int V>
+__global__ void softmax_backward_block_kernel(const T* g, const T* y, T* gi, int64_t rows, int64_t cols, bool cache,
+                                              bool log) {
+  using Acc = sh::opmath_t<T>;
+  extern __shared__ __align__(16) unsigned char row_cache[];
+  __shared__ Acc buf[32];
+  T* cached_g = reinterpret_cast<T*>(row_cache);
+  T* cached_y = cached_g + cols;
+  const sh::Exp exp_;
+  const int64_t end = cols / V * V;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* gr = g + row * cols;
+    const T* yr = y + row * cols;
+    Acc acc = 0;
+    for (int64_t k = 0;; ++k) {
+      const int64_t c = sh::block_column(threadIdx.x, k, blockDim.x, V);
+      if (c >= end) break;
+      T graw[V], yraw[V];
+      row_kernels::load_raw<V>(gr + c, graw);
+      row_kernels::load_raw<V>(yr + c, yraw);
+      if (cache) {
+        row_kernels::store_raw<V>(cached_g + c, graw);
+        row_kernels::store_raw<V>(cached_y + c, yraw);
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc += log ? sh::to_opmath(graw[i]) : sh::to_opmath(graw[i]) * sh::to_opmath(yraw[i]);
+    }
+    acc = row_kernels::block_allreduce(acc, row_kernels::Sum{}, buf);
+    for (int64_t k = 0;; ++k) {
+      const int64_t c = sh::block_column(threadIdx.x, k, blockDim.x, V);
+      if (c >= end) break;
+      Acc gv[V], yv[V];
+      row_kernels::load<V>((cache ? cached_g : gr) + c, gv);
+      row_kernels::load<V>((cache ? cached_y : yr) + c, yv);
+#pragma unroll
+      for (int i = 0; i < V; ++i) gv[i] = log ? gv[i] - exp_(yv[i]) * acc : yv[i] * (gv[i] - acc);
+      row_kernels::store<V>(gi + row * cols + c, gv);
+    }
+  }
+}
+
+// The row plan of a softmax over `arrays` (their data addresses decide the vector width).
+sh::RowPlan softmax_plan(int64_t rows, int64_t cols, const Tensor& like, std::initializer_list<const Tensor*> arrays,
+                         int sms) {
+  sh::RowProblem problem{.rows = rows, .cols = cols, .element_size_bytes = static_cast<int64_t>(like.element_size()),
+                         .row_inputs = static_cast<int>(arrays.size()) - 1, .addresses = {}, .sms = sms};
+  for (const Tensor* t : arrays) problem.addresses.push_back(row_kernels::address_of(t->raw_data_ptr()));
+  return sh::plan_rows(problem);
 }
 
 }  // namespace
@@ -289,8 +423,18 @@ void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) {
   Tensor y = empty_like_dense(x);
   CHORUS_DISPATCH_FLOATING(in.dtype(), log ? "log_softmax" : "softmax", [&]<typename T>() {
     LaunchContext ctx(in.device());
-    softmax_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(static_cast<const T*>(x.raw_data_ptr()),
-                                                                     static_cast<T*>(y.raw_data_ptr()), rows, cols, log);
+    const sh::RowPlan plan = softmax_plan(rows, cols, x, {&x, &y}, ctx.sms);
+    const T* px = static_cast<const T*>(x.raw_data_ptr());
+    T* py = static_cast<T*>(y.raw_data_ptr());
+    row_kernels::dispatch_row_shape<T>(plan, [&]<int V, int N>() {
+      if (plan.kernel == sh::RowKernel::Warp) {
+        softmax_warp_kernel<T, V, N><<<static_cast<unsigned>(plan.blocks), plan.threads, 0, ctx.stream>>>(
+            px, py, rows, cols, plan.lanes, log);
+      } else {
+        softmax_block_kernel<T, V><<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, ctx.stream>>>(
+            px, py, rows, cols, plan.cache_in_shared, log);
+      }
+    });
     check_launch(log ? "log_softmax" : "softmax");
   });
   copy(dim_last_view(out, dim), y);
@@ -304,9 +448,20 @@ void softmax_backward(const Tensor& grad_in, const Tensor& grad_out, const Tenso
   Tensor gi = empty_like_dense(g);
   CHORUS_DISPATCH_FLOATING(out.dtype(), "softmax_backward", [&]<typename T>() {
     LaunchContext ctx(out.device());
-    softmax_backward_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
-        static_cast<const T*>(g.raw_data_ptr()), static_cast<const T*>(y.raw_data_ptr()),
-        static_cast<T*>(gi.raw_data_ptr()), rows, cols, log);
+    const sh::RowPlan plan = softmax_plan(rows, cols, g, {&g, &y, &gi}, ctx.sms);
+    const T* pg = static_cast<const T*>(g.raw_data_ptr());
+    const T* py = static_cast<const T*>(y.raw_data_ptr());
+    T* pi = static_cast<T*>(gi.raw_data_ptr());
+    row_kernels::dispatch_row_shape<T>(plan, [&]<int V, int N>() {
+      if (plan.kernel == sh::RowKernel::Warp) {
+        softmax_backward_warp_kernel<T, V, N><<<static_cast<unsigned>(plan.blocks), plan.threads, 0, ctx.stream>>>(
+            pg, py, pi, rows, cols, plan.lanes, log);
+      } else {
+        softmax_backward_block_kernel<T, V>
+            <<<static_cast<unsigned>(plan.blocks), plan.threads, plan.shared_bytes, ctx.stream>>>(
+                pg, py, pi, rows, cols, plan.cache_in_shared, log);
+      }
+    });
     check_launch("softmax_backward");
   });
   copy(dim_last_view(grad_in, dim), gi);

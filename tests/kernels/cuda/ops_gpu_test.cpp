@@ -441,6 +441,93 @@ TEST_CASE("layer_norm and cross_entropy forward and backward", "[cuda][gpu]") {
   }
 }
 
+// The row kernels' boundaries (kernels/shared/row_plan.h): one lane per row (1), scalar and vector
+// warp rows (31, 32, 33), the largest register row (1024 float32 / 512 float64) and one past it
+// (block kernel, cached in shared memory), rows too long to cache (10000 for the backward's two
+// arrays), rows with -inf (one all -inf: NaN on both sides), a row start one element off 16-byte
+// alignment, float64; forward and backward of softmax, log_softmax and layer_norm.
+TEST_CASE("softmax, log_softmax and layer_norm row kernels at their boundaries", "[cuda][gpu]") {
+  require_gpu();
+  uint64_t seed = 500;
+  for (DType dt : {kFloat32, kFloat64}) {
+    const double tol = dt == kFloat32 ? 1e-5 : 1e-12;
+    for (int64_t cols : {1, 31, 32, 33, 127, 512, 513, 1023, 1024, 1025, 4096, 10000}) {
+      for (bool misaligned : {false, true}) {
+        const int64_t rows = cols >= 4096 ? 9 : 37;
+        INFO(dtype_name(dt) << " rows " << rows << " cols " << cols << (misaligned ? " misaligned" : ""));
+        // The same values on both devices; on cuda a view one element into a larger buffer, so the
+        // kernel's row starts are off 16-byte alignment (contiguous: the kernel gets it as it is).
+        Tensor base = mul(randn_cpu({rows * cols + 1}, ++seed, dt), 3.0);
+        if (cols > 2) {  // some -inf entries; row 2 entirely -inf
+          base.narrow(0, 5, 1).fill_(-INFINITY);
+          base.narrow(0, 2 * cols + (misaligned ? 1 : 0), cols).fill_(-INFINITY);
+        }
+        const int64_t at = misaligned ? 1 : 0;
+        const Tensor x = base.narrow(0, at, rows * cols).reshape({rows, cols});
+        const Tensor xg = base.to(kGpu).narrow(0, at, rows * cols).reshape({rows, cols});
+        const Tensor r = randn_cpu({rows, cols}, ++seed, dt);
+        for (bool log : {false, true}) {
+          INFO((log ? "log_softmax" : "softmax"));
+          auto run = [&](const Tensor& in) {
+            Tensor xd = in.detach().requires_grad_();
+            Tensor y = log ? log_softmax(xd, 1) : softmax(xd, 1);
+            Tensor rr = in.device().is_cpu() ? r : r.to(kGpu);
+            sum(mul(where(isfinite(y), y, zeros_like(y)), rr)).backward();
+            return std::pair{y.detach(), xd.grad()};
+          };
+          const auto [yg, gg] = run(xg);
+          const auto [yc, gc] = run(x);
+          CHECK(rel_diff(yg, yc) <= tol);
+          CHECK(rel_diff(gg, gc) <= tol);
+        }
+        // layer_norm on finite values (with weight and bias, and without), 10 added so the mean is
+        // not small against the spread.
+        const Tensor xf = add(where(isfinite(x), x, zeros_like(x)), 10.0);
+        const Tensor xfg = add(where(isfinite(xg), xg, zeros_like(xg)), 10.0);
+        const Tensor w = randn_cpu({cols}, ++seed, dt), b = randn_cpu({cols}, ++seed, dt);
+        for (bool affine : {true, false}) {
+          INFO("layer_norm" << (affine ? " with weight and bias" : ""));
+          auto run = [&](const Tensor& in, Device dev) {
+            Tensor xd = in.detach().requires_grad_();
+            Tensor wd = affine ? w.to(dev).detach().requires_grad_() : Tensor();
+            Tensor bd = affine ? b.to(dev).detach().requires_grad_() : Tensor();
+            Tensor y = F::layer_norm(xd, {cols}, wd, bd, 1e-5);
+            sum(mul(y, dev.is_cpu() ? r : r.to(kGpu))).backward();
+            std::vector<Tensor> outs{y.detach(), xd.grad()};
+            if (affine) {
+              outs.push_back(wd.grad());
+              outs.push_back(bd.grad());
+            }
+            return outs;
+          };
+          const auto g = run(xfg, kGpu), c = run(xf, kCPU);
+          for (size_t i = 0; i < g.size(); ++i) {
+            INFO("output/grad " << i);
+            CHECK(rel_diff(g[i], c[i]) <= tol);
+          }
+        }
+      }
+    }
+  }
+  // Many rows: the warp kernel's grid-stride loop, and layer_norm's weight/bias gradients summed
+  // in several row chunks.
+  const Tensor x = randn_cpu({20000, 64}, 600), w = randn_cpu({64}, 601), b = randn_cpu({64}, 602);
+  const Tensor r = randn_cpu({20000, 64}, 603);
+  auto run = [&](Device dev) {
+    Tensor xd = x.to(dev).detach().requires_grad_(), wd = w.to(dev).detach().requires_grad_(),
+           bd = b.to(dev).detach().requires_grad_();
+    Tensor y = F::layer_norm(xd, {64}, wd, bd, 1e-5);
+    Tensor s = softmax(y, 1);
+    sum(mul(s, r.to(dev))).backward();
+    return std::vector<Tensor>{s.detach(), xd.grad(), wd.grad(), bd.grad()};
+  };
+  const auto g = run(kGpu), c = run(kCPU);
+  for (size_t i = 0; i < g.size(); ++i) {
+    INFO("20000 x 64 output/grad " << i);
+    CHECK(rel_diff(g[i], c[i]) <= 1e-5);
+  }
+}
+
 TEST_CASE("max, avg and adaptive pooling, forward and backward", "[cuda][gpu]") {
   require_gpu();
   const Tensor x = randn_cpu({3, 4, 11, 13}, 35);
