@@ -45,7 +45,14 @@ void check_lists(const char* fn, const std::vector<NamedList>& lists) {
         fail("{}: {}[{}] has shape {}, expected {} (the shape of params[{}])", fn, list.name, i,
              shape_str(t.sizes()), shape_str(params[i].sizes()), i);
       }
-      if (!t.is_contiguous()) fail("{}: {}[{}] is not contiguous; pass .contiguous() tensors", fn, list.name, i);
+      // Elements are paired by memory position: every tensor dense in params[i]'s layout (row-major,
+      // or channels-last for all of a parameter's tensors).
+      const MemoryFormat format = params[i].suggest_memory_format();
+      if (!t.is_contiguous(format) || !params[i].is_contiguous(format)) {
+        fail("{}: {}[{}] is not dense in the layout of params[{}] ({}); pass .contiguous() tensors, or a "
+             "parameter's tensors all in one memory format",
+             fn, list.name, i, i, memory_format_name(format));
+      }
     }
   }
 }

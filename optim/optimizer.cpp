@@ -29,8 +29,23 @@ Raw raw_operands(const std::string& opt, Tensor& p) {
   if (g.device() != p.device()) {
     fail("{}: gradient on {} but its parameter on {}", opt, g.device().str(), p.device().str());
   }
-  Tensor gc = g.dtype() == p.dtype() ? g.contiguous() : g.to(p.dtype()).contiguous();
-  return {p.is_contiguous() ? p : p.contiguous(), gc};
+  // A parameter dense in its layout (row-major, or channels-last after Module::to(ChannelsLast)) is
+  // updated in place, with its gradient and state in the same layout: the kernels pair elements by
+  // memory position. Any other parameter (a strided view) goes through a contiguous copy.
+  const MemoryFormat format = p.suggest_memory_format();
+  Tensor gc = (g.dtype() == p.dtype() ? g : g.to(p.dtype())).contiguous(format);
+  return {p.contiguous(format), gc};
+}
+
+// An optimizer state tensor in the layout of the parameter operand it is updated with (a state made
+// before Module::to(ChannelsLast), or loaded from a checkpoint, is relaid once and kept that way).
+Tensor& in_layout(Tensor& state, const Tensor& param) {
+  const MemoryFormat format = param.suggest_memory_format();
+  if (!state.is_contiguous(format)) {
+    NoGradGuard no_grad;
+    state = state.contiguous(format);
+  }
+  return state;
 }
 void finish(Tensor& p, const Raw& raw) {
   if (!raw.param.is_same(p)) {
@@ -86,9 +101,9 @@ std::vector<std::vector<size_t>> buckets_by(const std::vector<Key>& keys) {
 void init_adam_state(std::map<std::string, Tensor>& st, const Tensor& p, bool amsgrad) {
   if (st.count("exp_avg")) return;
   st["step"] = zeros({}, TensorOptions{.dtype = kFloat64});
-  st["exp_avg"] = zeros(p.sizes(), p.options());
-  st["exp_avg_sq"] = zeros(p.sizes(), p.options());
-  if (amsgrad) st["max_exp_avg_sq"] = zeros(p.sizes(), p.options());
+  st["exp_avg"] = zeros_like(p);
+  st["exp_avg_sq"] = zeros_like(p);
+  if (amsgrad) st["max_exp_avg_sq"] = zeros_like(p);
 }
 
 }  // namespace
@@ -327,13 +342,13 @@ void SGD::step() {
       if (mom != 0) {
         st = &state_of(p);
         if (!st->count("momentum_buffer")) {
-          (*st)["momentum_buffer"] = zeros(p.sizes(), p.options());
+          (*st)["momentum_buffer"] = zeros_like(p);
           first = true;
         }
       }
       Raw raw = raw_operands("SGD", p);
-      kernels::sgd_step(raw.param, raw.grad, st ? st->at("momentum_buffer") : Tensor(), lr, wd, mom, damp, nesterov,
-                        first);
+      kernels::sgd_step(raw.param, raw.grad, st ? in_layout(st->at("momentum_buffer"), raw.param) : Tensor(), lr, wd,
+                        mom, damp, nesterov, first);
       finish(p, raw);
     }
   }
@@ -358,10 +373,10 @@ void SGD::step_multi_tensor(ParamGroup& group) {
     if (options.momentum != 0) {
       auto& st = state_of(p);
       if (!st.count("momentum_buffer")) {
-        st["momentum_buffer"] = zeros(p.sizes(), p.options());
+        st["momentum_buffer"] = zeros_like(p);
         first = true;
       }
-      buffers[i] = st.at("momentum_buffer");
+      buffers[i] = in_layout(st.at("momentum_buffer"), pending.raws[i].param);
     }
     keys.emplace_back(p.device(), p.dtype(), first);
   }
@@ -431,8 +446,10 @@ void Adam::step() {
       const AdamBiasCorrection bc = adam_bias_correction(lr, b1, b2, *step);
       const bool use_max = amsgrad && st.count("max_exp_avg_sq");
       Raw raw = raw_operands(name_, p);
-      kernels::adam_step(raw.param, raw.grad, st.at("exp_avg"), st.at("exp_avg_sq"),
-                         use_max ? st.at("max_exp_avg_sq") : Tensor(), lr, b1, b2, eps, wd, bc.step_size,
+      kernels::adam_step(raw.param, raw.grad, in_layout(st.at("exp_avg"), raw.param),
+                         in_layout(st.at("exp_avg_sq"), raw.param),
+                         use_max ? in_layout(st.at("max_exp_avg_sq"), raw.param) : Tensor(), lr, b1, b2, eps, wd,
+                         bc.step_size,
                          bc.bias_correction2_sqrt, decoupled_);
       finish(p, raw);
     }
@@ -470,9 +487,10 @@ void Adam::step_multi_tensor(ParamGroup& group) {
     for (size_t i : bucket) {
       params.push_back(pending.raws[i].param);
       grads.push_back(pending.raws[i].grad);
-      exp_avgs.push_back(states[i]->at("exp_avg"));
-      exp_avg_sqs.push_back(states[i]->at("exp_avg_sq"));
-      if (use_max) max_exp_avg_sqs.push_back(states[i]->at("max_exp_avg_sq"));
+      const Tensor& raw_param = pending.raws[i].param;
+      exp_avgs.push_back(in_layout(states[i]->at("exp_avg"), raw_param));
+      exp_avg_sqs.push_back(in_layout(states[i]->at("exp_avg_sq"), raw_param));
+      if (use_max) max_exp_avg_sqs.push_back(in_layout(states[i]->at("max_exp_avg_sq"), raw_param));
     }
     AdamStepOptions launch = options;
     launch.step = std::get<2>(keys[bucket.front()]);

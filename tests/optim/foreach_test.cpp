@@ -376,7 +376,11 @@ TEST_CASE("foreach steps refuse bad lists with the list, index and expectation n
                     Catch::Contains("grads[0] has shape [3, 2], expected [2, 3]"));
   Tensor strided = randn({3, 2}).t();
   CHECK_THROWS_WITH(optim::foreach_sgd_step(p, {strided, g[1]}, m, sgd),
-                    Catch::Contains("grads[0] is not contiguous"));
+                    Catch::Contains("grads[0] is not dense in the layout of params[0] (contiguous)"));
+  // A channels-last parameter takes its gradient and state channels-last too.
+  Tensor pc = randn({2, 3, 4, 5}).contiguous(MemoryFormat::ChannelsLast), gn = randn({2, 3, 4, 5});
+  CHECK_THROWS_WITH(optim::foreach_sgd_step({pc}, {gn}, {zeros_like(pc)}, sgd),
+                    Catch::Contains("grads[0] is not dense in the layout of params[0] (channels_last)"));
   CHECK_THROWS_WITH(optim::foreach_sgd_step({zeros({2}, {.dtype = kInt64})}, {zeros({2}, {.dtype = kInt64})}, {},
                                             {.lr = 0.1}),
                     Catch::Contains("params[0] is int64; the multi-tensor optimizer steps take float32 or float64"));
@@ -392,4 +396,66 @@ TEST_CASE("foreach steps refuse bad lists with the list, index and expectation n
   CHECK_NOTHROW(optim::foreach_adam_step({}, {}, {}, {}, {}, adam));
 }
 
+}  // namespace chorus
+
+namespace chorus {
+namespace {
+
+// SGD (momentum, Nesterov, weight decay) and Adam(W) (amsgrad) on a channels-last parameter: the same
+// values as on its NCHW twin, per-tensor and foreach paths, updated in place (no copy each step),
+// with the state channels-last.
+TEST_CASE("optimizers update channels-last parameters in place, as NCHW ones", "[optim][channels_last]") {
+  for (bool foreach : {false, true}) {
+    INFO((foreach ? "foreach" : "per tensor"));
+    for (int which = 0; which < 2; ++which) {
+      INFO((which == 0 ? "SGD" : "AdamW"));
+      manual_seed(4);
+      Tensor a = randn({4, 3, 3, 3}), b = a.contiguous(MemoryFormat::ChannelsLast);
+      Tensor bias_a = randn({4}), bias_b = bias_a.clone();
+      a.requires_grad_();
+      b.requires_grad_();
+      bias_a.requires_grad_();
+      bias_b.requires_grad_();
+      const void* b_data = b.raw_data_ptr();
+      std::unique_ptr<optim::Optimizer> oa, ob;
+      if (which == 0) {
+        const optim::SGDOptions o{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-2, .nesterov = true, .foreach = foreach};
+        oa = std::make_unique<optim::SGD>(std::vector<Tensor>{a, bias_a}, o);
+        ob = std::make_unique<optim::SGD>(std::vector<Tensor>{b, bias_b}, o);
+      } else {
+        optim::AdamOptions o;
+        o.lr = 0.05;
+        o.weight_decay = 1e-2;
+        o.amsgrad = true;
+        o.foreach = foreach;
+        oa = std::make_unique<optim::AdamW>(std::vector<Tensor>{a, bias_a}, o);
+        ob = std::make_unique<optim::AdamW>(std::vector<Tensor>{b, bias_b}, o);
+      }
+      for (int step = 0; step < 4; ++step) {
+        Tensor x = randn({4, 3, 3, 3}), y = randn({4});
+        oa->zero_grad();
+        ob->zero_grad();
+        (sum(a * a * x) + sum(bias_a * y)).backward();
+        (sum(b * b * x) + sum(bias_b * y)).backward();
+        CHECK(b.grad().is_contiguous(MemoryFormat::ChannelsLast));
+        oa->step();
+        ob->step();
+      }
+      CHECK(b.raw_data_ptr() == b_data);  // updated where it lives
+      CHECK(b.is_contiguous(MemoryFormat::ChannelsLast));
+      CHECK(equal(b.detach().contiguous(), a.detach()));
+      CHECK(equal(bias_b.detach(), bias_a.detach()));
+      int states_4d = 0;
+      for (auto& [name, t] : ob->state_dict()) {  // (state_dict clones, keeping the layout)
+        INFO(name);
+        if (t.dim() != 4) continue;
+        ++states_4d;
+        CHECK(t.suggest_memory_format() == MemoryFormat::ChannelsLast);
+      }
+      CHECK(states_4d == (which == 0 ? 1 : 3));  // momentum; exp_avg, exp_avg_sq, max_exp_avg_sq
+    }
+  }
+}
+
+}  // namespace
 }  // namespace chorus
