@@ -85,9 +85,13 @@ ConvPlan plan_conv2d(const Shape& x_sizes, const Strides& x_strides, const Shape
   if (groups < 1 || x_sizes[1] % groups != 0 || w_sizes[0] % groups != 0 || w_sizes[1] * groups != x_sizes[1]) {
     fail("cudnn conv2d: groups {} do not fit input channels {} and weight {}", groups, x_sizes[1], shape_str(w_sizes));
   }
-  p.channels_last = is_channels_last(x_sizes, x_strides) && !is_nchw_contiguous(x_sizes, x_strides);
+  // Channels-last when the input or the weight is channels-last and not also NCHW (the op layer
+  // makes both one layout; an input of 1x1 positions, e.g. ResNet's last stage at a small image size,
+  // is dense in both, and then the weight tells).
   const bool w_nhwc = is_channels_last(w_sizes, w_strides);
   const bool w_nchw = is_nchw_contiguous(w_sizes, w_strides);
+  p.channels_last = (is_channels_last(x_sizes, x_strides) && !is_nchw_contiguous(x_sizes, x_strides)) ||
+                    (w_nhwc && !w_nchw && is_channels_last(x_sizes, x_strides));
   if (p.channels_last ? !w_nhwc : !w_nchw) {
     fail("cudnn conv2d: the weight {} with strides {} is not dense {}; expected it in the input's layout ({})",
          shape_str(w_sizes), shape_str(w_strides), p.channels_last ? "KRSC" : "KCRS",

@@ -81,6 +81,10 @@ TEST_CASE("conv2d is channels-last when only the input or only the weight is", "
   CHECK(only_weight.suggest_memory_format() == kCL);  // as PyTorch: either one makes it channels-last
   CHECK(rel_diff(only_input, ref) < 2e-5);
   CHECK(rel_diff(only_weight, ref) < 2e-5);
+  // An input of 1x1 positions is dense in both layouts; a channels-last weight still decides.
+  Tensor x1 = randn({16, 6, 1, 1});
+  Tensor one = F::conv2d(x1, w.contiguous(kCL), Tensor(), {1, 1}, {1, 1});
+  CHECK(rel_diff(one, F::conv2d(x1, w, Tensor(), {1, 1}, {1, 1})) < 2e-5);
   // A weight gradient comes back in the layout the convolution ran in; its values are the NCHW ones.
   Tensor wl = w.contiguous(kCL).detach().requires_grad_(), wn = w.detach().requires_grad_();
   sum(F::conv2d(x, wl)).backward();

@@ -89,6 +89,16 @@ TEST_CASE("cudnn plan: channels-last tensors get NHWC strides and a KRSC filter"
   CHECK_THROWS_WITH(cp::plan_conv2d(x, nchw_strides(x), w, nhwc_strides(w), y, nchw_strides(y), kFloat32,
                                     window(17, 13, 3, 3, 1, 1, 1), 1, true),
                     Catch::Contains("is not dense KCRS"));
+  // A 1x1-position input is dense in both layouts: a channels-last weight makes the plan NHWC
+  // (ResNet's last stage at a small image size after model->to(ChannelsLast)).
+  const Shape x1{4, 32, 1, 1}, y1{4, 64, 1, 1};
+  const cp::ConvPlan q = cp::plan_conv2d(x1, nchw_strides(x1), w, nhwc_strides(w), y1, nchw_strides(y1), kFloat32,
+                                         window(1, 1, 3, 3, 1, 1, 1), 1, true);
+  CHECK(q.channels_last);
+  CHECK(q.w.format == cp::FilterFormat::NHWC);
+  CHECK_FALSE(cp::plan_conv2d(x1, nchw_strides(x1), w, nchw_strides(w), y1, nchw_strides(y1), kFloat32,
+                              window(1, 1, 3, 3, 1, 1, 1), 1, true)
+                  .channels_last);
 }
 
 TEST_CASE("cudnn plan: random windows agree with the CPU convolution's output shape", "[cuda][cudnn]") {
