@@ -239,7 +239,11 @@ void resnet_steps(Device device) {
   for (auto& [name, t] : nhwc->named_parameters()) {
     INFO(name);
     if (t.dim() == 4) CHECK(t.is_contiguous(kCL));  // the optimizer kept the layout
-    CHECK(rel_diff(t, pa.at(name)) < 1e-3);
+    // Float32 summation orders differ between the layouts' kernels (oneDNN's NHWC and blocked
+    // convolutions, batch norm's rows and planes), and three momentum steps through batch norm at
+    // batch 4 amplify them: 1.1e-3 was seen on conv1.weight in an ASan build (-O1). A layout mistake
+    // (weights paired with the wrong elements) moves them by O(1).
+    CHECK(rel_diff(t, pa.at(name)) < 1e-2);
   }
 }
 
