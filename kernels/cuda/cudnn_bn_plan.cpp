@@ -25,16 +25,6 @@ DataType bn_data_type(DType d) {
   }
 }
 
-const char* type_name(DataType t) {
-  switch (t) {
-    case DataType::Float: return "float32";
-    case DataType::Double: return "float64";
-    case DataType::Half: return "float16";
-    case DataType::BFloat16: return "bfloat16";
-  }
-  return "?";
-}
-
 int bn_int(int64_t v, const char* what, int64_t n, int64_t c, int64_t s) {
   if (v < 1 || v > INT_MAX) {
     fail("cudnn batch_norm: {} = {} (x viewed as [n={}, c={}, s={}]) must be between 1 and {} for cuDNN", what, v, n,

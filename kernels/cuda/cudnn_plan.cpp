@@ -43,16 +43,6 @@ DataType data_type(DType dtype) {
   }
 }
 
-const char* type_name(DataType t) {
-  switch (t) {
-    case DataType::Float: return "float32";
-    case DataType::Double: return "float64";
-    case DataType::Half: return "float16";
-    case DataType::BFloat16: return "bfloat16";
-  }
-  return "?";
-}
-
 TensorDesc tensor_desc(const Shape& sizes, const Strides& strides, DataType type, const char* what) {
   if (sizes.size() != 4 || strides.size() != 4) {
     fail("cudnn conv2d: {} has {} dims, expected 4 (N, C, H, W)", what, sizes.size());
@@ -67,6 +57,16 @@ TensorDesc tensor_desc(const Shape& sizes, const Strides& strides, DataType type
 }
 
 }  // namespace
+
+const char* type_name(DataType t) {
+  switch (t) {
+    case DataType::Float: return "float32";
+    case DataType::Double: return "float64";
+    case DataType::Half: return "float16";
+    case DataType::BFloat16: return "bfloat16";
+  }
+  return "?";
+}
 
 bool is_channels_last(const Shape& sizes, const Strides& strides) { return is_channels_last_strides(sizes, strides); }
 

@@ -60,6 +60,9 @@ struct ConvDesc {
   DataType compute = DataType::Float;  // float for float/half/bfloat16 data, double for double
 };
 
+// "float32", "float64", "float16", "bfloat16" (messages and descriptions).
+const char* type_name(DataType t);
+
 struct ConvPlan {
   TensorDesc x, y;    // input and output (also dx and dy: the gradients share their layouts)
   FilterDesc w;       // weight (and dw)
