@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/loops.h"
 #include "kernels/cpu/parallel.h"
+#include "kernels/shared/reduce_math.h"
 #include "kernels/shared/pointwise_math.h"
 
 namespace chorus::kernels::cpu {
@@ -532,11 +533,7 @@ void batch_norm_rows(T* po, P* pm, P* pr, const T* px, const P* pw, const P* pb,
     });
     for (int64_t j = 0; j < c; ++j) {
       var[j] = sq[j] / static_cast<double>(n);
-      if (update) {
-        const double unbiased = n > 1 ? sq[j] / static_cast<double>(n - 1) : var[j];
-        rm[j] = static_cast<P>((1 - momentum) * rm[j] + momentum * mean[j]);
-        rv[j] = static_cast<P>((1 - momentum) * rv[j] + momentum * unbiased);
-      }
+      if (update) shared::update_running_stats(rm[j], rv[j], mean[j], sq[j], n, momentum);
     }
   } else {
     for (int64_t j = 0; j < c; ++j) {
@@ -638,11 +635,7 @@ void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_r
             });
           }
           var = sq / static_cast<double>(count);
-          if (update) {
-            const double unbiased = count > 1 ? sq / static_cast<double>(count - 1) : var;
-            rm[ch] = static_cast<P>((1 - momentum) * rm[ch] + momentum * mean);
-            rv[ch] = static_cast<P>((1 - momentum) * rv[ch] + momentum * unbiased);
-          }
+          if (update) shared::update_running_stats(rm[ch], rv[ch], mean, sq, count, momentum);
         } else {
           mean = rm[ch];
           var = rv[ch];

@@ -14,6 +14,7 @@
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/row_kernels.h"
 #include "kernels/shared/pointwise_math.h"
+#include "kernels/shared/reduce_math.h"
 
 namespace chorus::kernels::cuda_impl {
 namespace {
@@ -407,9 +408,7 @@ __global__ void batch_norm_kernel(T* out, P* save_mean, P* save_rstd, const T* x
       sq = block_reduce(sq, SumOp{}, buf);
       var = sq / static_cast<double>(count);
       if (running_mean != nullptr && threadIdx.x == 0) {
-        const double unbiased = count > 1 ? sq / static_cast<double>(count - 1) : var;
-        running_mean[ch] = static_cast<P>((1 - momentum) * running_mean[ch] + momentum * mean);
-        running_var[ch] = static_cast<P>((1 - momentum) * running_var[ch] + momentum * unbiased);
+        sh::update_running_stats(running_mean[ch], running_var[ch], mean, sq, count, momentum);
       }
     } else {
       mean = running_mean[ch];
@@ -571,11 +570,7 @@ __global__ void bn_rows_finalize_kernel(P* scale, P* shift, P* save_mean, P* sav
       const double sq = band_total(partial, bands, c, j).a;
       mean = batch_mean[j];
       var = sq / static_cast<double>(n);
-      if (running_mean != nullptr) {
-        const double unbiased = n > 1 ? sq / static_cast<double>(n - 1) : var;
-        running_mean[j] = static_cast<P>((1 - momentum) * running_mean[j] + momentum * mean);
-        running_var[j] = static_cast<P>((1 - momentum) * running_var[j] + momentum * unbiased);
-      }
+      if (running_mean != nullptr) sh::update_running_stats(running_mean[j], running_var[j], mean, sq, n, momentum);
     } else {
       mean = running_mean[j];
       var = running_var[j];

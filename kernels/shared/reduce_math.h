@@ -52,4 +52,15 @@ struct ReduceRule {
   CHORUS_HD CHORUS_INLINE Acc operator()(Acc acc, Acc x) const { return combine(acc, x); }
 };
 
+// Batch norm's running statistics after a training batch of `count` values per channel whose
+// squared deviations from `mean` sum to `sq` (PyTorch's rule: the running variance takes the
+// unbiased estimate). The cpu kernels' two paths and the CUDA fallback kernels all update this way.
+template <typename P>
+CHORUS_HD CHORUS_INLINE void update_running_stats(P& running_mean, P& running_var, double mean, double sq,
+                                                  long long count, double momentum) {
+  const double unbiased = count > 1 ? sq / static_cast<double>(count - 1) : sq / static_cast<double>(count);
+  running_mean = static_cast<P>((1 - momentum) * running_mean + momentum * mean);
+  running_var = static_cast<P>((1 - momentum) * running_var + momentum * unbiased);
+}
+
 }  // namespace chorus::kernels::shared
