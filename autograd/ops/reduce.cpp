@@ -255,20 +255,20 @@ Tensor softmax_impl(const Tensor& t, int64_t dim, bool log) {
   if (!is_floating(t.dtype())) fail("{}: expected a floating-point tensor, got {}", name, dtype_name(t.dtype()));
   Tensor x = t.dim() == 0 ? reshape(alias_without_history(t), {1}) : alias_without_history(t);
   const int64_t d = wrap_dim(name, dim, x.dim());
-  const DType cd = compute_dtype(t.dtype());
-  Tensor out = new_output(x.sizes(), cd, t.device());
-  if (x.numel() > 0) kernels::softmax(out, cast(x, cd), d, log);
-  out = reshaped_result(cast(out, t.dtype()), t.sizes());
+  // float16/bfloat16 run on their storage (the kernels widen each row to float and round once): no
+  // float32 copy of the input, the output or the saved output.
+  Tensor out = new_output(x.sizes(), t.dtype(), t.device());
+  if (x.numel() > 0) kernels::softmax(out, x, d, log);
+  out = reshaped_result(out, t.sizes());
   if (autograd::any_requires_grad({&t})) {
     SavedTensor so(out);
     autograd::record(log ? "LogSoftmaxBackward" : "SoftmaxBackward", {t}, {out},
                      [so, d, log, name](const TensorList& g) -> TensorList {
                        Tensor y = so.unpack(name);
                        Tensor y1 = y.dim() == 0 ? y.reshape({1}) : y;
-                       const DType cd2 = compute_dtype(y.dtype());
-                       Tensor gi = new_output(y1.sizes(), cd2, y.device());
-                       if (y1.numel() > 0) kernels::softmax_backward(gi, cast(g[0].reshape(y1.sizes()), cd2), cast(y1, cd2), d, log);
-                       return {reshaped_result(cast(gi, y.dtype()), y.sizes())};
+                       Tensor gi = new_output(y1.sizes(), y.dtype(), y.device());
+                       if (y1.numel() > 0) kernels::softmax_backward(gi, cast(g[0].reshape(y1.sizes()), y.dtype()), y1, d, log);
+                       return {reshaped_result(gi, y.sizes())};
                      });
   }
   return out;

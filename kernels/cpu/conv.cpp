@@ -439,29 +439,6 @@ namespace {
 using shared::opmath_t;
 using shared::to_opmath;
 
-template <typename T>
-void check_batch_norm_params(const char* op, const Tensor& x, std::initializer_list<const Tensor*> params) {
-  using P = opmath_t<T>;
-  for (const Tensor* t : params) {
-    if (t->defined() && t->dtype() != dtype_of<P>::value) {
-      fail("{}: a {} input takes {} weight, bias and statistics, got {}", op, dtype_name(x.dtype()),
-           dtype_name(dtype_of<P>::value), dtype_name(t->dtype()));
-    }
-  }
-}
-
-// Dispatches x's storage type: float32, float64, float16, bfloat16.
-template <typename Fn>
-void dispatch_norm_input(const Tensor& x, const char* op, const Fn& fn) {
-  switch (x.dtype()) {
-    case kFloat32: fn.template operator()<float>(); return;
-    case kFloat64: fn.template operator()<double>(); return;
-    case kFloat16: fn.template operator()<Half>(); return;
-    case kBFloat16: fn.template operator()<BFloat16>(); return;
-    default: fail("{}: expected a floating-point input, got {}", op, dtype_name(x.dtype()));
-  }
-}
-
 }  // namespace
 
 // ------------------------------------------------------------------ batch norm over rows
@@ -594,9 +571,9 @@ void batch_norm_rows_backward(T* gx, P* gw, P* gb, const T* pg, const T* px, con
 void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_rstd, const Tensor& x,
                 const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
                 bool use_batch_stats, double momentum, double eps, int64_t n, int64_t c, int64_t s) {
-  dispatch_norm_input(x, "batch_norm", [&]<typename T>() {
+  dispatch_float_storage(x, "batch_norm", {&weight, &bias, &running_mean, &running_var, &save_mean, &save_rstd},
+                         [&]<typename T>() {
     using P = opmath_t<T>;
-    check_batch_norm_params<T>("batch_norm", x, {&weight, &bias, &running_mean, &running_var, &save_mean, &save_rstd});
     const T* px = x.data_ptr<T>();
     T* po = out.data_ptr<T>();
     const P* pw = weight.defined() ? weight.data_ptr<P>() : nullptr;
@@ -659,9 +636,9 @@ void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_r
 void batch_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias,
                          const Tensor& grad_out, const Tensor& x, const Tensor& save_mean, const Tensor& save_rstd,
                          const Tensor& weight, bool use_batch_stats, int64_t n, int64_t c, int64_t s) {
-  dispatch_norm_input(x, "batch_norm_backward", [&]<typename T>() {
+  dispatch_float_storage(x, "batch_norm_backward", {&weight, &save_mean, &save_rstd, &grad_weight, &grad_bias},
+                         [&]<typename T>() {
     using P = opmath_t<T>;
-    check_batch_norm_params<T>("batch_norm_backward", x, {&weight, &save_mean, &save_rstd, &grad_weight, &grad_bias});
     const T* px = x.data_ptr<T>();
     const T* pg = grad_out.data_ptr<T>();
     const P* pw = weight.defined() ? weight.data_ptr<P>() : nullptr;

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdlib>
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "kernels/cpu/capability.h"
@@ -320,6 +321,67 @@ void binary_loop_opmath(const StridedIter<3>& it, const F& f) {
       }
     }
   });
+}
+
+
+// ------------------------------------------------------------------ normalizations on 16-bit storage
+// The row and channel kernels (layer_norm, softmax, cross_entropy, batch_norm) take float16/bfloat16
+// x with per-row statistics, per-column weight and bias, and parameter gradients in P = opmath_t<T>
+// (float): PyTorch's mixed-type norms, what autocast and a bfloat16 model give. T is the storage.
+
+// Dispatches x's storage type (float32, float64, float16, bfloat16) and checks that each defined
+// tensor of `params` has dtype opmath_t of it.
+template <typename Fn>
+void dispatch_float_storage(const Tensor& x, const char* op, std::initializer_list<const Tensor*> params,
+                            const Fn& fn) {
+  auto run = [&]<typename T>() {
+    using P = shared::opmath_t<T>;
+    for (const Tensor* t : params) {
+      if (t->defined() && t->dtype() != dtype_of<P>::value) {
+        fail("{}: a {} input takes {} weight, bias and statistics, got {}", op, dtype_name(x.dtype()),
+             dtype_name(dtype_of<P>::value), dtype_name(t->dtype()));
+      }
+    }
+    fn.template operator()<T>();
+  };
+  switch (x.dtype()) {
+    case DType::Float32: return run.template operator()<float>();
+    case DType::Float64: return run.template operator()<double>();
+    case DType::Float16: return run.template operator()<Half>();
+    case DType::BFloat16: return run.template operator()<BFloat16>();
+    default: fail("{}: expected a floating-point input, got {}", op, dtype_name(x.dtype()));
+  }
+}
+
+// A row of storage T seen at P = opmath_t<T>: float32/float64 rows are used in place; a 16-bit row is
+// widened (exactly) into `buf`, so the row math is the float32 kernel's.
+template <typename T>
+const shared::opmath_t<T>* widened_row(const T* row, int64_t n, std::vector<shared::opmath_t<T>>& buf) {
+  if constexpr (!shared::is_reduced_float_v<T>) {
+    return row;
+  } else {
+    buf.resize(static_cast<size_t>(n));
+    float* b = buf.data();
+    simd_for(0, n, [&](int64_t i) CHORUS_ELEMENT { b[i] = shared::to_opmath(row[i]); });
+    return b;
+  }
+}
+// Where the row math writes an output row: the row itself, or `buf` for a 16-bit row (then
+// store_row rounds it into place once).
+template <typename T>
+shared::opmath_t<T>* row_out(T* row, int64_t n, std::vector<shared::opmath_t<T>>& buf) {
+  if constexpr (!shared::is_reduced_float_v<T>) {
+    return row;
+  } else {
+    buf.resize(static_cast<size_t>(n));
+    return buf.data();
+  }
+}
+template <typename T>
+void store_row(T* row, const shared::opmath_t<T>* values, int64_t n) {
+  if constexpr (shared::is_reduced_float_v<T>) {
+    simd_for(0, n, [&](int64_t i) CHORUS_ELEMENT { row[i] = shared::Cast<T>{}(values[i]); });
+  }
 }
 
 }  // namespace chorus::kernels::cpu

@@ -1,5 +1,6 @@
 #include "kernels/cpu/nn_basic.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -19,16 +20,18 @@ const T* ptr_or_null(const Tensor& t) {
 
 void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
                 const Tensor& bias, int64_t rows, int64_t cols, double eps) {
-  CHORUS_DISPATCH_FLOATING(x.dtype(), "layer_norm", [&]<typename T>() {
+  dispatch_float_storage(x, "layer_norm", {&weight, &bias, &mean, &rstd}, [&]<typename T>() {
+    using P = shared::opmath_t<T>;
     const T* px = x.data_ptr<T>();
-    const T* pw = ptr_or_null<T>(weight);
-    const T* pb = ptr_or_null<T>(bias);
+    const P* pw = ptr_or_null<P>(weight);
+    const P* pb = ptr_or_null<P>(bias);
     T* po = out.data_ptr<T>();
-    T* pm = mean.data_ptr<T>();
-    T* pr = rstd.data_ptr<T>();
+    P* pm = mean.data_ptr<P>();
+    P* pr = rstd.data_ptr<P>();
     parallel_for(0, rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(cols, 1)), [&](int64_t lo, int64_t hi) {
+      std::vector<P> xbuf, obuf;  // 16-bit rows at float (loops.h, widened_row)
       for (int64_t r = lo; r < hi; ++r) {
-        const T* row = px + r * cols;
+        const P* row = widened_row(px + r * cols, cols, xbuf);
         // Two passes (mean, then centered squares) in double: stable for large offsets.
         double s = 0;
         for (int64_t c = 0; c < cols; ++c) s += row[c];
@@ -39,13 +42,14 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
           v += d * d;
         }
         const double inv = 1.0 / std::sqrt(v / static_cast<double>(cols) + eps);
-        pm[r] = static_cast<T>(mu);
-        pr[r] = static_cast<T>(inv);
-        const T m = static_cast<T>(mu), iv = static_cast<T>(inv);
-        T* orow = po + r * cols;
+        pm[r] = static_cast<P>(mu);
+        pr[r] = static_cast<P>(inv);
+        const P m = static_cast<P>(mu), iv = static_cast<P>(inv);
+        P* orow = row_out(po + r * cols, cols, obuf);
         if (pw && pb) for (int64_t c = 0; c < cols; ++c) orow[c] = (row[c] - m) * iv * pw[c] + pb[c];
         else if (pw) for (int64_t c = 0; c < cols; ++c) orow[c] = (row[c] - m) * iv * pw[c];
-        else for (int64_t c = 0; c < cols; ++c) orow[c] = (row[c] - m) * iv + (pb ? pb[c] : T(0));
+        else for (int64_t c = 0; c < cols; ++c) orow[c] = (row[c] - m) * iv + (pb ? pb[c] : P(0));
+        store_row(po + r * cols, orow, cols);
       }
     });
   });
@@ -54,12 +58,14 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
 void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& g,
                          const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight, int64_t rows,
                          int64_t cols) {
-  CHORUS_DISPATCH_FLOATING(x.dtype(), "layer_norm_backward", [&]<typename T>() {
+  dispatch_float_storage(x, "layer_norm_backward", {&mean, &rstd, &weight, &grad_weight, &grad_bias},
+                         [&]<typename T>() {
+    using P = shared::opmath_t<T>;
     const T* px = x.data_ptr<T>();
     const T* pg = g.data_ptr<T>();
-    const T* pm = mean.data_ptr<T>();
-    const T* pr = rstd.data_ptr<T>();
-    const T* pw = ptr_or_null<T>(weight);
+    const P* pm = mean.data_ptr<P>();
+    const P* pr = rstd.data_ptr<P>();
+    const P* pw = ptr_or_null<P>(weight);
     T* pgx = grad_x.defined() ? grad_x.data_ptr<T>() : nullptr;
     // Parameter gradients: per-thread partial sums over rows, then combined (no atomics).
     const int threads = num_threads();
@@ -67,6 +73,7 @@ void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
     const bool want_w = grad_weight.defined(), want_b = grad_bias.defined();
     const int64_t chunk = (rows + threads - 1) / std::max(threads, 1);
     parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<P> xbuf, gbuf, obuf;
       for (int64_t t = t0; t < t1; ++t) {
         std::vector<double>& lw = gw[t];
         std::vector<double>& lb = gb[t];
@@ -74,13 +81,13 @@ void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
         if (want_b) lb.assign(cols, 0.0);
         const int64_t lo = t * chunk, hi = std::min(rows, lo + chunk);
         for (int64_t r = lo; r < hi; ++r) {
-          const T* xr = px + r * cols;
-          const T* gr = pg + r * cols;
+          const P* xr = widened_row(px + r * cols, cols, xbuf);
+          const P* gr = widened_row(pg + r * cols, cols, gbuf);
           const double m = pm[r], iv = pr[r];
           double sum_gw = 0, sum_gw_xhat = 0;
           for (int64_t c = 0; c < cols; ++c) {
             const double xhat = (xr[c] - m) * iv;
-            const double gwv = gr[c] * (pw ? pw[c] : T(1));
+            const double gwv = gr[c] * (pw ? pw[c] : P(1));
             sum_gw += gwv;
             sum_gw_xhat += gwv * xhat;
             if (want_w) lw[c] += gr[c] * xhat;
@@ -89,26 +96,27 @@ void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
           if (pgx) {
             // dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat))
             const double a = sum_gw / static_cast<double>(cols), b = sum_gw_xhat / static_cast<double>(cols);
-            T* out = pgx + r * cols;
+            P* out = row_out(pgx + r * cols, cols, obuf);
             for (int64_t c = 0; c < cols; ++c) {
               const double xhat = (xr[c] - m) * iv;
-              out[c] = static_cast<T>(iv * (gr[c] * (pw ? pw[c] : T(1)) - a - xhat * b));
+              out[c] = static_cast<P>(iv * (gr[c] * (pw ? pw[c] : P(1)) - a - xhat * b));
             }
+            store_row(pgx + r * cols, out, cols);
           }
         }
       }
     });
     if (want_w || want_b) {
-      T* ow = want_w ? grad_weight.data_ptr<T>() : nullptr;
-      T* ob = want_b ? grad_bias.data_ptr<T>() : nullptr;
+      P* ow = want_w ? grad_weight.data_ptr<P>() : nullptr;
+      P* ob = want_b ? grad_bias.data_ptr<P>() : nullptr;
       for (int64_t c = 0; c < cols; ++c) {
         double sw = 0, sb = 0;
         for (int t = 0; t < threads; ++t) {
           if (want_w && !gw[t].empty()) sw += gw[t][c];
           if (want_b && !gb[t].empty()) sb += gb[t][c];
         }
-        if (ow) ow[c] = static_cast<T>(sw);
-        if (ob) ob[c] = static_cast<T>(sb);
+        if (ow) ow[c] = static_cast<P>(sw);
+        if (ob) ob[c] = static_cast<P>(sb);
       }
     }
   });
@@ -117,48 +125,47 @@ void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
 void cross_entropy(const Tensor& losses, const Tensor& row_weight, const Tensor& probs, const Tensor& logits,
                    const Tensor& target, const Tensor& class_weight, int64_t ignore_index, double label_smoothing) {
   const int64_t rows = logits.size(0), C = logits.size(1);
-  CHORUS_DISPATCH_FLOATING(logits.dtype(), "cross_entropy", [&]<typename T>() {
+  dispatch_float_storage(logits, "cross_entropy", {&losses, &row_weight, &class_weight}, [&]<typename T>() {
+    using P = shared::opmath_t<T>;
     const T* px = logits.data_ptr<T>();
     const int64_t* py = target.data_ptr<int64_t>();
-    const T* pcw = ptr_or_null<T>(class_weight);
-    T* pl = losses.data_ptr<T>();
-    T* prw = row_weight.data_ptr<T>();
+    const P* pcw = ptr_or_null<P>(class_weight);
+    P* pl = losses.data_ptr<P>();
+    P* prw = row_weight.data_ptr<P>();
     T* pp = probs.data_ptr<T>();
-    double wsum = 0;
-    if (pcw) for (int64_t c = 0; c < C; ++c) wsum += pcw[c];
-    else wsum = static_cast<double>(C);
     parallel_for(0, rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
+      std::vector<P> xbuf, pbuf;  // 16-bit rows at float (loops.h, widened_row)
       for (int64_t r = lo; r < hi; ++r) {
-        const T* x = px + r * C;
-        T* p = pp + r * C;
         const int64_t y = py[r];
         if (y == ignore_index) {
           pl[r] = 0;
           prw[r] = 0;
-          for (int64_t c = 0; c < C; ++c) p[c] = 0;
+          std::fill(pp + r * C, pp + (r + 1) * C, T(0));
           continue;
         }
-        T mx = x[0];
+        const P* x = widened_row(px + r * C, C, xbuf);
+        P* p = row_out(pp + r * C, C, pbuf);
+        P mx = x[0];
         for (int64_t c = 1; c < C; ++c) mx = x[c] > mx ? x[c] : mx;
         double s = 0;
         // Vector loops (libmvec's exp, vector_math.h); the sum in double, in lanes.
         simd_for(0, C, [&](int64_t c) CHORUS_ELEMENT { p[c] = std::exp(x[c] - mx); });
         s = simd_sum<double>(0, C, [&](int64_t c) CHORUS_ELEMENT { return p[c]; });
         const double lse = static_cast<double>(mx) + std::log(s);
-        const T inv = static_cast<T>(1.0 / s);
+        const P inv = static_cast<P>(1.0 / s);
         simd_for(0, C, [&](int64_t c) CHORUS_ELEMENT { p[c] *= inv; });
+        store_row(pp + r * C, p, C);
         const double wy = pcw ? static_cast<double>(pcw[y]) : 1.0;
         double loss = (1.0 - label_smoothing) * wy * (lse - x[y]);
         if (label_smoothing > 0) {
           double smooth = 0;
-          for (int64_t c = 0; c < C; ++c) smooth += (pcw ? pcw[c] : T(1)) * (lse - x[c]);
+          for (int64_t c = 0; c < C; ++c) smooth += (pcw ? pcw[c] : P(1)) * (lse - x[c]);
           loss += label_smoothing / static_cast<double>(C) * smooth;
         }
-        pl[r] = static_cast<T>(loss);
-        prw[r] = static_cast<T>(wy);
+        pl[r] = static_cast<P>(loss);
+        prw[r] = static_cast<P>(wy);
       }
     });
-    (void)wsum;
   });
 }
 
@@ -166,34 +173,37 @@ void cross_entropy_backward(const Tensor& grad_logits, const Tensor& row_scale, 
                             const Tensor& target, const Tensor& class_weight, int64_t ignore_index,
                             double label_smoothing) {
   const int64_t rows = probs.size(0), C = probs.size(1);
-  CHORUS_DISPATCH_FLOATING(probs.dtype(), "cross_entropy_backward", [&]<typename T>() {
+  dispatch_float_storage(probs, "cross_entropy_backward", {&row_scale, &class_weight}, [&]<typename T>() {
+    using P = shared::opmath_t<T>;
     const T* pp = probs.data_ptr<T>();
     const int64_t* py = target.data_ptr<int64_t>();
-    const T* pcw = ptr_or_null<T>(class_weight);
-    const T* ps = row_scale.data_ptr<T>();
+    const P* pcw = ptr_or_null<P>(class_weight);
+    const P* ps = row_scale.data_ptr<P>();
     T* pg = grad_logits.data_ptr<T>();
     double W = 0;
     if (pcw) for (int64_t c = 0; c < C; ++c) W += pcw[c];
     else W = static_cast<double>(C);
-    const T eps_c = static_cast<T>(label_smoothing / static_cast<double>(C));
-    const T one_minus = static_cast<T>(1.0 - label_smoothing);
+    const P eps_c = static_cast<P>(label_smoothing / static_cast<double>(C));
+    const P one_minus = static_cast<P>(1.0 - label_smoothing);
     parallel_for(0, rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(C, 1)), [&](int64_t lo, int64_t hi) {
+      std::vector<P> pbuf, gbuf;
       for (int64_t r = lo; r < hi; ++r) {
-        T* gr = pg + r * C;
         const int64_t y = py[r];
         if (y == ignore_index) {
-          for (int64_t c = 0; c < C; ++c) gr[c] = 0;
+          std::fill(pg + r * C, pg + (r + 1) * C, T(0));
           continue;
         }
-        const T* p = pp + r * C;
-        const T s = ps[r];
-        const T wy = pcw ? pcw[y] : T(1);
+        const P* p = widened_row(pp + r * C, C, pbuf);
+        P* gr = row_out(pg + r * C, C, gbuf);
+        const P s = ps[r];
+        const P wy = pcw ? pcw[y] : P(1);
         for (int64_t c = 0; c < C; ++c) {
-          T v = one_minus * wy * p[c];
-          if (label_smoothing > 0) v += eps_c * (static_cast<T>(W) * p[c] - (pcw ? pcw[c] : T(1)));
+          P v = one_minus * wy * p[c];
+          if (label_smoothing > 0) v += eps_c * (static_cast<P>(W) * p[c] - (pcw ? pcw[c] : P(1)));
           gr[c] = s * v;
         }
         gr[y] -= s * one_minus * wy;
+        store_row(pg + r * C, gr, C);
       }
     });
   });

@@ -1,5 +1,7 @@
 // CPU kernels for fused nn ops that are not plain elementwise or reductions: layer norm and
-// cross-entropy, each forward with its backward. Contiguous inputs, float32 or float64.
+// cross-entropy, each forward with its backward. Contiguous inputs: float32 or float64, or float16/
+// bfloat16 storage whose statistics, weight, bias, losses and parameter gradients are float32 (the
+// math at float; kernels/cpu/loops.h, widened_row).
 #pragma once
 
 #include "tensor/tensor.h"

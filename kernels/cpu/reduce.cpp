@@ -155,6 +155,22 @@ Tensor dim_last_dense(const Tensor& in, int64_t dim, int64_t& M, int64_t& R) {
   Tensor v = restrided(in, s, st);
   return v.is_contiguous() ? v : dense_copy(v);
 }
+
+// `out` with `dim` moved last: written in place when that view is dense, else through `dense`, a
+// fresh tensor the caller copies back (finish_dim_last).
+Tensor dim_last_output(const Tensor& out, int64_t dim, Tensor& view) {
+  Shape s = out.sizes();
+  Strides st = out.strides();
+  s.erase(s.begin() + dim);
+  st.erase(st.begin() + dim);
+  s.push_back(out.sizes()[dim]);
+  st.push_back(out.strides()[dim]);
+  view = restrided(out, s, st);
+  return view.is_contiguous() ? view : make_tensor(view.sizes(), view.dtype(), kCPU);
+}
+void finish_dim_last(const Tensor& view, const Tensor& dense) {
+  if (!dense.is_same(view)) copy(view, dense);
+}
 }  // namespace
 
 void arg_reduce(bool is_max, const Tensor& values, const Tensor& indices, const Tensor& in, int64_t dim) {
@@ -194,77 +210,72 @@ void arg_reduce(bool is_max, const Tensor& values, const Tensor& indices, const 
 void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) {
   int64_t M, R;
   Tensor x = dim_last_dense(in, dim, M, R);
-  Tensor y = make_tensor(x.sizes(), x.dtype(), kCPU);
-  CHORUS_DISPATCH_FLOATING(in.dtype(), log ? "log_softmax" : "softmax", [&]<typename T>() {
+  Tensor out_view;
+  Tensor y = dim_last_output(out, dim, out_view);
+  dispatch_float_storage(in, log ? "log_softmax" : "softmax", {}, [&]<typename T>() {
+    using P = shared::opmath_t<T>;
     const T* px = x.data_ptr<T>();
     T* py = y.data_ptr<T>();
     parallel_for(0, M, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(R, 1)), [&](int64_t lo, int64_t hi) {
+      std::vector<P> xbuf, ybuf;  // 16-bit rows at float (loops.h, widened_row)
       for (int64_t m = lo; m < hi; ++m) {
-        const T* row = px + m * R;
-        T* orow = py + m * R;
-        T mx = -std::numeric_limits<T>::infinity();
+        const P* row = widened_row(px + m * R, R, xbuf);
+        P* orow = row_out(py + m * R, R, ybuf);
+        P mx = -std::numeric_limits<P>::infinity();
         for (int64_t r = 0; r < R; ++r) mx = row[r] > mx ? row[r] : mx;
-        if (mx == -std::numeric_limits<T>::infinity()) mx = 0;  // all -inf: avoid inf - inf
+        if (mx == -std::numeric_limits<P>::infinity()) mx = 0;  // all -inf: avoid inf - inf
         double sum = 0;
         // The exp loops are vector loops (libmvec, vector_math.h); the sums in double, in lanes.
         if (log) {
           sum = simd_sum<double>(0, R, [&](int64_t r) CHORUS_ELEMENT { return std::exp(row[r] - mx); });
           // (x - max) - log(sum), in this order, as PyTorch: folding max + log(sum) first rounds to
           // the spacing of max (about 1e-3 at 1e4 in float32) and loses every digit below it.
-          const T log_sum = static_cast<T>(std::log(sum));
+          const P log_sum = static_cast<P>(std::log(sum));
           for (int64_t r = 0; r < R; ++r) orow[r] = (row[r] - mx) - log_sum;
         } else {
           simd_for(0, R, [&](int64_t r) CHORUS_ELEMENT { orow[r] = std::exp(row[r] - mx); });
           sum = simd_sum<double>(0, R, [&](int64_t r) CHORUS_ELEMENT { return orow[r]; });
-          T inv = static_cast<T>(1.0 / sum);
+          P inv = static_cast<P>(1.0 / sum);
           simd_for(0, R, [&](int64_t r) CHORUS_ELEMENT { orow[r] *= inv; });
         }
+        store_row(py + m * R, orow, R);
       }
     });
   });
-  // y is laid out with dim last; write it back through the matching permuted view of out.
-  Shape s = out.sizes();
-  Strides st = out.strides();
-  s.erase(s.begin() + dim);
-  st.erase(st.begin() + dim);
-  s.push_back(out.sizes()[dim]);
-  st.push_back(out.strides()[dim]);
-  copy(restrided(out, s, st), y);
+  finish_dim_last(out_view, y);
 }
 
 void softmax_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& out, int64_t dim, bool log) {
   int64_t M, R;
   Tensor g = dim_last_dense(grad_out, dim, M, R);
   Tensor y = dim_last_dense(out, dim, M, R);
-  Tensor gi = make_tensor(g.sizes(), g.dtype(), kCPU);
-  CHORUS_DISPATCH_FLOATING(out.dtype(), "softmax_backward", [&]<typename T>() {
+  Tensor in_view;
+  Tensor gi = dim_last_output(grad_in, dim, in_view);
+  dispatch_float_storage(out, "softmax_backward", {}, [&]<typename T>() {
+    using P = shared::opmath_t<T>;
     const T* pg = g.data_ptr<T>();
     const T* py = y.data_ptr<T>();
     T* pi = gi.data_ptr<T>();
     parallel_for(0, M, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(R, 1)), [&](int64_t lo, int64_t hi) {
+      std::vector<P> gbuf, ybuf, ibuf;
       for (int64_t m = lo; m < hi; ++m) {
-        const T* gr = pg + m * R;
-        const T* yr = py + m * R;
-        T* ir = pi + m * R;
+        const P* gr = widened_row(pg + m * R, R, gbuf);
+        const P* yr = widened_row(py + m * R, R, ybuf);
+        P* ir = row_out(pi + m * R, R, ibuf);
         double acc = 0;
         if (log) {
           for (int64_t r = 0; r < R; ++r) acc += gr[r];
-          const T total = static_cast<T>(acc);
+          const P total = static_cast<P>(acc);
           simd_for(0, R, [&](int64_t r) CHORUS_ELEMENT { ir[r] = gr[r] - std::exp(yr[r]) * total; });
         } else {
           for (int64_t r = 0; r < R; ++r) acc += static_cast<double>(gr[r]) * yr[r];
-          for (int64_t r = 0; r < R; ++r) ir[r] = yr[r] * (gr[r] - static_cast<T>(acc));
+          for (int64_t r = 0; r < R; ++r) ir[r] = yr[r] * (gr[r] - static_cast<P>(acc));
         }
+        store_row(pi + m * R, ir, R);
       }
     });
   });
-  Shape s = grad_in.sizes();
-  Strides st = grad_in.strides();
-  s.erase(s.begin() + dim);
-  st.erase(st.begin() + dim);
-  s.push_back(grad_in.sizes()[dim]);
-  st.push_back(grad_in.strides()[dim]);
-  copy(restrided(grad_in, s, st), gi);
+  finish_dim_last(in_view, gi);
 }
 
 }  // namespace chorus::kernels::cpu

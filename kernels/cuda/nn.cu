@@ -32,7 +32,8 @@ unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(std::min<int64_
 // shared memory (block kernel, when it fits; else the row is read again), so a large offset does not
 // cancel as E[x^2] - E[x]^2 would; out = (x - mean) * rstd * w + b as the cpu kernel.
 template <typename T, int V, int N>
-__global__ void layer_norm_warp_kernel(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t rows,
+__global__ void layer_norm_warp_kernel(T* out, sh::opmath_t<T>* mean, sh::opmath_t<T>* rstd, const T* x,
+                                       const sh::opmath_t<T>* w, const sh::opmath_t<T>* b, int64_t rows,
                                        int64_t cols, int lanes, double eps) {
   using Acc = sh::opmath_t<T>;
   const int group = sh::warp_row_in_block(threadIdx.x, lanes), lane = sh::warp_lane(threadIdx.x, lanes);
@@ -66,16 +67,16 @@ __global__ void layer_norm_warp_kernel(T* out, T* mean, T* rstd, const T* x, con
     const Acc inv = Acc(1) / sh::Sqrt{}(sq / static_cast<Acc>(cols) + static_cast<Acc>(eps));
     if (!active) continue;  // (no shuffles below)
     if (lane == 0) {
-      mean[row] = sh::Cast<T>{}(mu);
-      rstd[row] = sh::Cast<T>{}(inv);
+      mean[row] = mu;
+      rstd[row] = inv;
     }
 #pragma unroll
     for (int j = 0; j < N; ++j) {
       const int64_t c = sh::warp_column(lane, j, lanes, V);
       if (c >= cols) continue;
       Acc wv[V], bv[V];
-      if (w) row_kernels::load<V>(w + c, wv);
-      if (b) row_kernels::load<V>(b + c, bv);
+      if (w) row_kernels::load_params<V>(w + c, wv);
+      if (b) row_kernels::load_params<V>(b + c, bv);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         const Acc y = (v[j][i] - mu) * inv;
@@ -87,7 +88,8 @@ __global__ void layer_norm_warp_kernel(T* out, T* mean, T* rstd, const T* x, con
 }
 
 template <typename T, int V>
-__global__ void layer_norm_block_kernel(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t rows,
+__global__ void layer_norm_block_kernel(T* out, sh::opmath_t<T>* mean, sh::opmath_t<T>* rstd, const T* x,
+                                       const sh::opmath_t<T>* w, const sh::opmath_t<T>* b, int64_t rows,
                                         int64_t cols, bool cache, double eps) {
   using Acc = sh::opmath_t<T>;
   extern __shared__ __align__(16) unsigned char row_cache[];
@@ -120,16 +122,16 @@ __global__ void layer_norm_block_kernel(T* out, T* mean, T* rstd, const T* x, co
     sq = row_kernels::block_allreduce(sq, row_kernels::Sum{}, buf);
     const Acc inv = Acc(1) / sh::Sqrt{}(sq / static_cast<Acc>(cols) + static_cast<Acc>(eps));
     if (threadIdx.x == 0) {
-      mean[row] = sh::Cast<T>{}(mu);
-      rstd[row] = sh::Cast<T>{}(inv);
+      mean[row] = mu;
+      rstd[row] = inv;
     }
     for (int64_t k = 0;; ++k) {
       const int64_t c = sh::block_column(threadIdx.x, k, blockDim.x, V);
       if (c >= end) break;
       Acc v[V], wv[V], bv[V];
       row_kernels::load<V>(src + c, v);
-      if (w) row_kernels::load<V>(w + c, wv);
-      if (b) row_kernels::load<V>(b + c, bv);
+      if (w) row_kernels::load_params<V>(w + c, wv);
+      if (b) row_kernels::load_params<V>(b + c, bv);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         const Acc y = (v[i] - mu) * inv;
@@ -143,15 +145,15 @@ __global__ void layer_norm_block_kernel(T* out, T* mean, T* rstd, const T* x, co
 // Input gradient: gx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)), the two row sums in one
 // reduction (a pair).
 template <typename T, int V, int N>
-__global__ void layer_norm_backward_warp_kernel(T* gx, const T* g, const T* x, const T* mean, const T* rstd,
-                                                const T* w, int64_t rows, int64_t cols, int lanes) {
+__global__ void layer_norm_backward_warp_kernel(T* gx, const T* g, const T* x, const sh::opmath_t<T>* mean,
+                                                const sh::opmath_t<T>* rstd, const sh::opmath_t<T>* w, int64_t rows, int64_t cols, int lanes) {
   using Acc = sh::opmath_t<T>;
   const int group = sh::warp_row_in_block(threadIdx.x, lanes), lane = sh::warp_lane(threadIdx.x, lanes);
   const int64_t per_block = blockDim.x / lanes;
   for (int64_t first = blockIdx.x * per_block; first < rows; first += gridDim.x * per_block) {
     const int64_t row = first + group;
     const bool active = row < rows;
-    const Acc m = active ? sh::to_opmath(mean[row]) : Acc(0), iv = active ? sh::to_opmath(rstd[row]) : Acc(0);
+    const Acc m = active ? mean[row] : Acc(0), iv = active ? rstd[row] : Acc(0);
     Acc xhat[N][V], gw[N][V];
     row_kernels::Pair<Acc> sums{0, 0};
 #pragma unroll
@@ -161,7 +163,7 @@ __global__ void layer_norm_backward_warp_kernel(T* gx, const T* g, const T* x, c
         row_kernels::load<V>(x + row * cols + c, xhat[j]);
         row_kernels::load<V>(g + row * cols + c, gw[j]);
         Acc wv[V];
-        if (w) row_kernels::load<V>(w + c, wv);
+        if (w) row_kernels::load_params<V>(w + c, wv);
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           xhat[j][i] = (xhat[j][i] - m) * iv;
@@ -191,8 +193,8 @@ __global__ void layer_norm_backward_warp_kernel(T* gx, const T* g, const T* x, c
 }
 
 template <typename T, int V>
-__global__ void layer_norm_backward_block_kernel(T* gx, const T* g, const T* x, const T* mean, const T* rstd,
-                                                 const T* w, int64_t rows, int64_t cols, bool cache) {
+__global__ void layer_norm_backward_block_kernel(T* gx, const T* g, const T* x, const sh::opmath_t<T>* mean,
+                                                 const sh::opmath_t<T>* rstd, const sh::opmath_t<T>* w, int64_t rows, int64_t cols, bool cache) {
   using Acc = sh::opmath_t<T>;
   extern __shared__ __align__(16) unsigned char row_cache[];
   __shared__ row_kernels::Pair<Acc> buf[32];
@@ -202,7 +204,7 @@ __global__ void layer_norm_backward_block_kernel(T* gx, const T* g, const T* x, 
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* xr = x + row * cols;
     const T* gr = g + row * cols;
-    const Acc m = sh::to_opmath(mean[row]), iv = sh::to_opmath(rstd[row]);
+    const Acc m = mean[row], iv = rstd[row];
     row_kernels::Pair<Acc> sums{0, 0};
     for (int64_t k = 0;; ++k) {
       const int64_t c = sh::block_column(threadIdx.x, k, blockDim.x, V);
@@ -215,7 +217,7 @@ __global__ void layer_norm_backward_block_kernel(T* gx, const T* g, const T* x, 
         row_kernels::store_raw<V>(cached_g + c, graw);
       }
       Acc wv[V];
-      if (w) row_kernels::load<V>(w + c, wv);
+      if (w) row_kernels::load_params<V>(w + c, wv);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         const Acc gwv = w ? sh::to_opmath(graw[i]) * wv[i] : sh::to_opmath(graw[i]);
@@ -231,7 +233,7 @@ __global__ void layer_norm_backward_block_kernel(T* gx, const T* g, const T* x, 
       Acc xv[V], gv[V], wv[V];
       row_kernels::load<V>((cache ? cached_x : xr) + c, xv);
       row_kernels::load<V>((cache ? cached_g : gr) + c, gv);
-      if (w) row_kernels::load<V>(w + c, wv);
+      if (w) row_kernels::load_params<V>(w + c, wv);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         const Acc gwv = w ? gv[i] * wv[i] : gv[i];
@@ -248,7 +250,7 @@ __global__ void layer_norm_backward_block_kernel(T* gx, const T* g, const T* x, 
 // in shared memory in a fixed order, one partial per column and chunk.
 template <typename T>
 __global__ void layer_norm_params_partial_kernel(double* partial_w, double* partial_b, const T* g, const T* x,
-                                                 const T* mean, const T* rstd, int64_t rows, int64_t cols,
+                                                 const sh::opmath_t<T>* mean, const sh::opmath_t<T>* rstd, int64_t rows, int64_t cols,
                                                  int64_t rows_per_chunk) {
   constexpr int kLanes = sh::kColumnSumRowLanes;
   __shared__ double sw[kLanes][33], sb[kLanes][33];
@@ -260,8 +262,8 @@ __global__ void layer_norm_params_partial_kernel(double* partial_w, double* part
     for (int64_t r = lo + ty; r < hi; r += kLanes) {
       const double gv = sh::to_opmath(g[r * cols + c]);
       if (partial_w) {
-        aw += gv * ((sh::to_opmath(x[r * cols + c]) - static_cast<double>(sh::to_opmath(mean[r]))) *
-                    static_cast<double>(sh::to_opmath(rstd[r])));
+        aw += gv * ((sh::to_opmath(x[r * cols + c]) - static_cast<double>(mean[r])) *
+                    static_cast<double>(rstd[r]));
       }
       ab += gv;
     }
@@ -278,8 +280,8 @@ __global__ void layer_norm_params_partial_kernel(double* partial_w, double* part
   if (partial_b) partial_b[blockIdx.y * cols + c] = ab;
 }
 
-template <typename T>
-__global__ void layer_norm_params_finish_kernel(T* gw, T* gb, const double* partial_w, const double* partial_b,
+template <typename P>
+__global__ void layer_norm_params_finish_kernel(P* gw, P* gb, const double* partial_w, const double* partial_b,
                                                 int64_t chunks, int64_t cols) {
   for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < cols;
        c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -288,8 +290,8 @@ __global__ void layer_norm_params_finish_kernel(T* gw, T* gb, const double* part
       if (gw) sw += partial_w[k * cols + c];
       if (gb) sb += partial_b[k * cols + c];
     }
-    if (gw) gw[c] = sh::Cast<T>{}(sw);
-    if (gb) gb[c] = sh::Cast<T>{}(sb);
+    if (gw) gw[c] = static_cast<P>(sw);
+    if (gb) gb[c] = static_cast<P>(sb);
   }
 }
 
@@ -305,11 +307,14 @@ sh::RowPlan layer_norm_plan(int64_t rows, int64_t cols, const Tensor& x, int row
   return sh::plan_rows(problem);
 }
 
+// T: the storage of logits, probs and the logits' gradient; P = opmath_t<T> (float for float16/
+// bfloat16): losses, row weights, row scales and class weights, and the math (as the cpu kernel).
 template <typename T>
-__global__ void cross_entropy_kernel(T* losses, T* row_weight, T* probs, const T* logits, const int64_t* target,
-                                     const T* cw, int64_t rows, int64_t C, int64_t ignore_index,
-                                     double label_smoothing) {
-  __shared__ T tbuf[kThreads];
+__global__ void cross_entropy_kernel(sh::opmath_t<T>* losses, sh::opmath_t<T>* row_weight, T* probs,
+                                     const T* logits, const int64_t* target, const sh::opmath_t<T>* cw,
+                                     int64_t rows, int64_t C, int64_t ignore_index, double label_smoothing) {
+  using P = sh::opmath_t<T>;
+  __shared__ P tbuf[kThreads];
   __shared__ double dbuf[kThreads];
   const sh::Exp exp_;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -317,45 +322,50 @@ __global__ void cross_entropy_kernel(T* losses, T* row_weight, T* probs, const T
     T* p = probs + r * C;
     const int64_t y = target[r];
     if (y == ignore_index) {
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) p[c] = 0;
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) p[c] = sh::Cast<T>{}(0.0f);
       if (threadIdx.x == 0) {
         losses[r] = 0;
         row_weight[r] = 0;
       }
       continue;  // uniform across the block: no barrier is skipped by only some threads
     }
-    T mx = x[0];
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) mx = x[c] > mx ? x[c] : mx;
+    P mx = sh::to_opmath(x[0]);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const P v = sh::to_opmath(x[c]);
+      mx = v > mx ? v : mx;
+    }
     mx = block_reduce(mx, MaxIgnoringNaN{}, tbuf);
     double s = 0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const T e = exp_(static_cast<T>(x[c] - mx));
-      p[c] = e;
-      s += e;
-    }
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += exp_(static_cast<P>(sh::to_opmath(x[c]) - mx));
     s = block_reduce(s, SumOp{}, dbuf);
     const double lse = static_cast<double>(mx) + sh::Log{}(s);
-    const T inv = static_cast<T>(1.0 / s);
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) p[c] *= inv;
+    const P inv = static_cast<P>(1.0 / s);
+    // (exp again rather than reading p back: a 16-bit p is rounded once, as the cpu kernel's)
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      p[c] = sh::Cast<T>{}(exp_(static_cast<P>(sh::to_opmath(x[c]) - mx)) * inv);
+    }
     double smooth = 0;
     if (label_smoothing > 0) {
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) smooth += (cw ? cw[c] : T(1)) * (lse - x[c]);
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        smooth += (cw ? cw[c] : P(1)) * (lse - static_cast<double>(sh::to_opmath(x[c])));
+      }
       smooth = block_reduce(smooth, SumOp{}, dbuf);
     }
     if (threadIdx.x == 0) {
       const double wy = cw ? static_cast<double>(cw[y]) : 1.0;
-      double loss = (1.0 - label_smoothing) * wy * (lse - x[y]);
+      double loss = (1.0 - label_smoothing) * wy * (lse - static_cast<double>(sh::to_opmath(x[y])));
       if (label_smoothing > 0) loss += label_smoothing / static_cast<double>(C) * smooth;
-      losses[r] = static_cast<T>(loss);
-      row_weight[r] = static_cast<T>(wy);
+      losses[r] = static_cast<P>(loss);
+      row_weight[r] = static_cast<P>(wy);
     }
   }
 }
 
 template <typename T>
-__global__ void cross_entropy_backward_kernel(T* grad, const T* row_scale, const T* probs, const int64_t* target,
-                                              const T* cw, int64_t rows, int64_t C, int64_t ignore_index,
-                                              double label_smoothing) {
+__global__ void cross_entropy_backward_kernel(T* grad, const sh::opmath_t<T>* row_scale, const T* probs,
+                                              const int64_t* target, const sh::opmath_t<T>* cw, int64_t rows,
+                                              int64_t C, int64_t ignore_index, double label_smoothing) {
+  using P = sh::opmath_t<T>;
   __shared__ double dbuf[kThreads];
   double W = static_cast<double>(C);
   if (cw) {
@@ -363,23 +373,25 @@ __global__ void cross_entropy_backward_kernel(T* grad, const T* row_scale, const
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) s += cw[c];
     W = block_reduce(s, SumOp{}, dbuf);
   }
-  const T eps_c = static_cast<T>(label_smoothing / static_cast<double>(C));
-  const T one_minus = static_cast<T>(1.0 - label_smoothing);
+  const P eps_c = static_cast<P>(label_smoothing / static_cast<double>(C));
+  const P one_minus = static_cast<P>(1.0 - label_smoothing);
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     T* gr = grad + r * C;
     const int64_t y = target[r];
     if (y == ignore_index) {
-      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) gr[c] = 0;
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x) gr[c] = sh::Cast<T>{}(0.0f);
       continue;
     }
     const T* p = probs + r * C;
-    const T s = row_scale[r];
-    const T wy = cw ? cw[y] : T(1);
+    const P s = row_scale[r];
+    const P wy = cw ? cw[y] : P(1);
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      T v = one_minus * wy * p[c];
-      if (label_smoothing > 0) v += eps_c * (static_cast<T>(W) * p[c] - (cw ? cw[c] : T(1)));
-      gr[c] = s * v;
-      if (c == y) gr[c] -= s * one_minus * wy;
+      const P pc = sh::to_opmath(p[c]);
+      P v = one_minus * wy * pc;
+      if (label_smoothing > 0) v += eps_c * (static_cast<P>(W) * pc - (cw ? cw[c] : P(1)));
+      P out = s * v;
+      if (c == y) out -= s * one_minus * wy;
+      gr[c] = sh::Cast<T>{}(out);
     }
   }
 }
@@ -814,15 +826,15 @@ void batch_norm_inference_stats(const Tensor& save_mean, const Tensor& save_rstd
 void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
                 const Tensor& bias, int64_t rows, int64_t cols, double eps) {
   if (rows == 0) return;
-  CHORUS_DISPATCH_FLOATING(x.dtype(), "layer_norm", [&]<typename T>() {
+  dispatch_norm_input("layer_norm", x, {&mean, &rstd, &weight, &bias}, [&]<typename T, typename P>() {
     LaunchContext ctx(x.device());
     const sh::RowPlan plan = layer_norm_plan(rows, cols, x, 1, {&x, &out, &weight, &bias}, ctx.sms);
     T* po = ptr_or_null<T>(out);
-    T* pm = ptr_or_null<T>(mean);
-    T* pr = ptr_or_null<T>(rstd);
+    P* pm = ptr_or_null<P>(mean);
+    P* pr = ptr_or_null<P>(rstd);
     const T* px = ptr_or_null<const T>(x);
-    const T* pw = ptr_or_null<const T>(weight);
-    const T* pb = ptr_or_null<const T>(bias);
+    const P* pw = ptr_or_null<const P>(weight);
+    const P* pb = ptr_or_null<const P>(bias);
     row_kernels::dispatch_row_shape<T>(plan, [&]<int V, int N>() {
       if (plan.kernel == sh::RowKernel::Warp) {
         layer_norm_warp_kernel<T, V, N><<<static_cast<unsigned>(plan.blocks), plan.threads, 0, ctx.stream>>>(
@@ -839,16 +851,17 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
 void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& g,
                          const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight, int64_t rows,
                          int64_t cols) {
-  CHORUS_DISPATCH_FLOATING(x.dtype(), "layer_norm_backward", [&]<typename T>() {
+  dispatch_norm_input("layer_norm_backward", x, {&mean, &rstd, &weight, &grad_weight, &grad_bias},
+                      [&]<typename T, typename P>() {
     LaunchContext ctx(x.device());
     if (grad_x.defined() && rows > 0) {
       const sh::RowPlan plan = layer_norm_plan(rows, cols, x, 2, {&x, &g, &grad_x, &weight}, ctx.sms);
       T* pgx = ptr_or_null<T>(grad_x);
       const T* pg = ptr_or_null<const T>(g);
       const T* px = ptr_or_null<const T>(x);
-      const T* pm = ptr_or_null<const T>(mean);
-      const T* pr = ptr_or_null<const T>(rstd);
-      const T* pw = ptr_or_null<const T>(weight);
+      const P* pm = ptr_or_null<const P>(mean);
+      const P* pr = ptr_or_null<const P>(rstd);
+      const P* pw = ptr_or_null<const P>(weight);
       row_kernels::dispatch_row_shape<T>(plan, [&]<int V, int N>() {
         if (plan.kernel == sh::RowKernel::Warp) {
           layer_norm_backward_warp_kernel<T, V, N><<<static_cast<unsigned>(plan.blocks), plan.threads, 0, ctx.stream>>>(
@@ -869,10 +882,10 @@ void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
       const dim3 grid(static_cast<unsigned>(plan.column_tiles), static_cast<unsigned>(plan.chunks));
       layer_norm_params_partial_kernel<T><<<grid, 32 * sh::kColumnSumRowLanes, 0, ctx.stream>>>(
           ptr_or_null<double>(pw), ptr_or_null<double>(pb), ptr_or_null<const T>(g), ptr_or_null<const T>(x),
-          ptr_or_null<const T>(mean), ptr_or_null<const T>(rstd), rows, cols, plan.rows_per_chunk);
+          ptr_or_null<const P>(mean), ptr_or_null<const P>(rstd), rows, cols, plan.rows_per_chunk);
       check_launch("layer_norm_backward (weight, bias partial sums)");
-      layer_norm_params_finish_kernel<T><<<grid_for(cols, kThreads, ctx.sms), kThreads, 0, ctx.stream>>>(
-          ptr_or_null<T>(grad_weight), ptr_or_null<T>(grad_bias), ptr_or_null<const double>(pw),
+      layer_norm_params_finish_kernel<P><<<grid_for(cols, kThreads, ctx.sms), kThreads, 0, ctx.stream>>>(
+          ptr_or_null<P>(grad_weight), ptr_or_null<P>(grad_bias), ptr_or_null<const double>(pw),
           ptr_or_null<const double>(pb), plan.chunks, cols);
       check_launch("layer_norm_backward (weight, bias)");
     }
@@ -883,11 +896,11 @@ void cross_entropy(const Tensor& losses, const Tensor& row_weight, const Tensor&
                    const Tensor& target, const Tensor& class_weight, int64_t ignore_index, double label_smoothing) {
   const int64_t rows = logits.size(0), C = logits.size(1);
   if (rows == 0) return;
-  CHORUS_DISPATCH_FLOATING(logits.dtype(), "cross_entropy", [&]<typename T>() {
+  dispatch_norm_input("cross_entropy", logits, {&losses, &row_weight, &class_weight}, [&]<typename T, typename P>() {
     LaunchContext ctx(logits.device());
     cross_entropy_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
-        ptr_or_null<T>(losses), ptr_or_null<T>(row_weight), ptr_or_null<T>(probs), ptr_or_null<const T>(logits),
-        ptr_or_null<const int64_t>(target), ptr_or_null<const T>(class_weight), rows, C, ignore_index,
+        ptr_or_null<P>(losses), ptr_or_null<P>(row_weight), ptr_or_null<T>(probs), ptr_or_null<const T>(logits),
+        ptr_or_null<const int64_t>(target), ptr_or_null<const P>(class_weight), rows, C, ignore_index,
         label_smoothing);
     check_launch("cross_entropy");
   });
@@ -898,11 +911,11 @@ void cross_entropy_backward(const Tensor& grad_logits, const Tensor& row_scale, 
                             double label_smoothing) {
   const int64_t rows = probs.size(0), C = probs.size(1);
   if (rows == 0) return;
-  CHORUS_DISPATCH_FLOATING(probs.dtype(), "cross_entropy_backward", [&]<typename T>() {
+  dispatch_norm_input("cross_entropy_backward", probs, {&row_scale, &class_weight}, [&]<typename T, typename P>() {
     LaunchContext ctx(probs.device());
     cross_entropy_backward_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
-        ptr_or_null<T>(grad_logits), ptr_or_null<const T>(row_scale), ptr_or_null<const T>(probs),
-        ptr_or_null<const int64_t>(target), ptr_or_null<const T>(class_weight), rows, C, ignore_index,
+        ptr_or_null<T>(grad_logits), ptr_or_null<const P>(row_scale), ptr_or_null<const T>(probs),
+        ptr_or_null<const int64_t>(target), ptr_or_null<const P>(class_weight), rows, C, ignore_index,
         label_smoothing);
     check_launch("cross_entropy_backward");
   });

@@ -32,6 +32,21 @@ __device__ __forceinline__ void load(const T* p, Acc (&out)[V]) {
     for (int i = 0; i < V; ++i) out[i] = sh::to_opmath(pack.v[i]);
   }
 }
+// V consecutive elements of a per-column array (layer_norm's weight and bias) widened to Acc, read in
+// pieces of at most 16 bytes: the array may be wider than the row (float32 weight beside a bfloat16
+// row, V chosen for the row), and the plan only checks 16-byte alignment.
+template <int V, typename T, typename Acc>
+__device__ __forceinline__ void load_params(const T* p, Acc (&out)[V]) {
+  constexpr int kPiece = V * sizeof(T) <= 16 ? V : static_cast<int>(16 / sizeof(T));
+  static_assert(V % kPiece == 0, "a vector is a whole number of 16-byte pieces");
+#pragma unroll
+  for (int k = 0; k < V; k += kPiece) {
+    Acc part[kPiece];
+    load<kPiece>(p + k, part);
+#pragma unroll
+    for (int i = 0; i < kPiece; ++i) out[k + i] = part[i];
+  }
+}
 // The same, kept as stored (for the shared-memory row cache).
 template <int V, typename T>
 __device__ __forceinline__ void load_raw(const T* p, T (&out)[V]) {

@@ -30,20 +30,23 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
     }
   }
   if (!input.is_floating_point()) fail("layer_norm: expected a floating-point input, got {}", dtype_name(input.dtype()));
+  // float16/bfloat16 x stays in its storage (the kernels compute each row at float); weight, bias
+  // and the saved per-row statistics are in the compute dtype (float32 then), as PyTorch's mixed
+  // layer norm.
   const DType cd = compute_dtype(input.dtype());
   const int64_t cols = numel_of(normalized_shape);
   const int64_t rows = cols == 0 ? 0 : input.numel() / cols;
-  Tensor x = ops::cast(alias_without_history(input), cd).contiguous();
+  Tensor x = alias_without_history(input).contiguous();
   Tensor w = weight.defined() ? ops::cast(alias_without_history(weight), cd).contiguous() : Tensor();
   Tensor b = bias.defined() ? ops::cast(alias_without_history(bias), cd).contiguous() : Tensor();
-  Tensor out = make_tensor(input.sizes(), cd, input.device());
+  Tensor out = make_tensor(input.sizes(), input.dtype(), input.device());
   Tensor mean = make_tensor({rows}, cd, input.device());
   Tensor rstd = make_tensor({rows}, cd, input.device());
   kernels::layer_norm(out, mean, rstd, x, w, b, rows, cols, eps);
-  out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&input, &weight, &bias})) {
     const bool need_x = input.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
                need_b = bias.defined() && bias.requires_grad();
+    const DType w_dtype = weight.defined() ? weight.dtype() : cd, b_dtype = bias.defined() ? bias.dtype() : cd;
     SavedTensor sx(x), sw(w);
     const Shape in_shape = input.sizes(), nshape = normalized_shape;
     autograd::record("LayerNormBackward", {input, weight, bias}, {out},
@@ -52,10 +55,10 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
                        Tensor wv = sw.unpack("layer_norm");
                        Tensor gv = ops::cast(g[0], xv.dtype()).contiguous();
                        Tensor gx = need_x ? make_tensor(in_shape, xv.dtype(), xv.device()) : Tensor();
-                       Tensor gw = need_w ? make_tensor(nshape, xv.dtype(), xv.device()) : Tensor();
-                       Tensor gb = need_b ? make_tensor(nshape, xv.dtype(), xv.device()) : Tensor();
+                       Tensor gw = need_w ? make_tensor(nshape, cd, xv.device()) : Tensor();
+                       Tensor gb = need_b ? make_tensor(nshape, cd, xv.device()) : Tensor();
                        kernels::layer_norm_backward(gx, gw, gb, gv, xv, mean, rstd, wv, rows, cols);
-                       return {gx, gw, gb};
+                       return {gx, need_w ? ops::cast(gw, w_dtype) : gw, need_b ? ops::cast(gb, b_dtype) : gb};
                      });
   }
   return out;

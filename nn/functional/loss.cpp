@@ -142,13 +142,16 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
   }
   if (!input.is_floating_point()) fail("cross_entropy: expected floating-point logits, got {}", dtype_name(input.dtype()));
   check_targets("cross_entropy", target1d, C, options.ignore_index);
+  // float16/bfloat16 logits stay in their storage, and so do the saved probabilities and the logits'
+  // gradient (the kernels compute each row at float); per-row losses and class weights are in the
+  // compute dtype.
   const DType cd = compute_dtype(input.dtype());
-  Tensor x = ops::cast(alias_without_history(logits2d), cd).contiguous();
+  Tensor x = alias_without_history(logits2d).contiguous();
   Tensor cw = options.weight.defined() ? ops::cast(options.weight, cd).contiguous() : Tensor();
   const int64_t rows = x.size(0);
   Tensor losses = make_tensor({rows}, cd, x.device());
   Tensor row_weight = make_tensor({rows}, cd, x.device());
-  Tensor probs = make_tensor({rows, C}, cd, x.device());
+  Tensor probs = make_tensor({rows, C}, input.dtype(), x.device());
   kernels::cross_entropy(losses, row_weight, probs, x, target1d, cw, options.ignore_index, options.label_smoothing);
 
   // Reduction inside the op, so the backward knows each row's scale: mean divides by the summed
@@ -179,7 +182,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
                        } else {
                          scale = ops::cast(ops::cast(g[0], kFloat64) / denom, cd).expand({rows}).contiguous();
                        }
-                       Tensor grad = make_tensor({rows, C}, cd, probs.device());
+                       Tensor grad = make_tensor({rows, C}, probs.dtype(), probs.device());
                        kernels::cross_entropy_backward(grad, scale, probs, target1d, cw, ignore, smoothing);
                        return {grad};
                      });

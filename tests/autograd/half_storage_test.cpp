@@ -2,12 +2,14 @@
 // 16-bit result equal bit for bit to widening to float32 and rounding once, PyTorch's type promotion
 // unchanged, no float32 temporaries (seen in the sim device's allocator statistics), 16-bit tensors
 // saved for backward, gradients of a bfloat16 chain close to the float32 chain's, and batch_norm on a
-// 16-bit input with float32 parameters and running statistics (also under autocast).
+// 16-bit input with float32 parameters and running statistics (also under autocast); softmax,
+// log_softmax, layer_norm and cross_entropy on 16-bit tensors likewise (no float32 copies).
 #include <catch2/catch.hpp>
 
 #include <cstring>
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "autograd/autocast.h"
@@ -252,6 +254,84 @@ TEST_CASE("autocast leaves batch_norm in the input's dtype and group_norm in flo
   CHECK(y.dtype() == kBFloat16);  // widened to float32 before
   CHECK(rm.dtype() == kFloat32);
   CHECK(F::group_norm(h, 2, w, b, 1e-5).dtype() == kFloat32);
+}
+
+// softmax, log_softmax, layer_norm and cross_entropy on 16-bit tensors: 16-bit outputs and input
+// gradients, float32 parameter gradients for float32 parameters, within bfloat16's precision of the
+// float32 ops on the same values, and no float32 copy of the input or the output on sim.
+TEST_CASE("softmax, layer_norm and cross_entropy run on 16-bit tensors", "[nn][half]") {
+  Generator gen(1313);
+  const int64_t rows = 24, cols = 200;
+  for (Device device : kDevices) {
+    for (DType dtype : kHalves) {
+      INFO(dtype_name(dtype) << " at " << device.str());
+      Tensor x16 = uniform({rows, cols}, -3, 3, dtype, device, gen);
+      Tensor w = uniform({cols}, 0.5, 1.5, kFloat32, device, gen), b = uniform({cols}, -0.5, 0.5, kFloat32, device, gen);
+      Tensor g = uniform({rows, cols}, -1, 1, kFloat32, device, gen);
+      Tensor target = randint(0, cols, {rows}, {.dtype = kInt64}, &gen).to(device);
+      auto run = [&](DType t) {
+        Tensor x = x16.to(t).detach().requires_grad_();
+        Tensor wl = w.clone().requires_grad_(), bl = b.clone().requires_grad_();
+        Tensor ln = F::layer_norm(x, {cols}, wl, bl, 1e-5);
+        Tensor sm = softmax(ln, 1), lsm = log_softmax(x, 0);
+        Tensor ce = F::cross_entropy(ln, target, {.label_smoothing = 0.05});
+        REQUIRE(ln.dtype() == t);
+        REQUIRE(sm.dtype() == t);
+        REQUIRE(lsm.dtype() == t);
+        REQUIRE(ce.dtype() == t);
+        Tensor loss = add(add(sum(mul(sm.to(kFloat32), g)), sum(mul(lsm.to(kFloat32), g))), ce.to(kFloat32));
+        loss.backward();
+        return std::vector<Tensor>{ln, sm, lsm, ce, x.grad(), wl.grad(), bl.grad()};
+      };
+      const std::vector<Tensor> low = run(dtype), ref = run(kFloat32);
+      CHECK(low[4].dtype() == dtype);
+      CHECK(low[5].dtype() == kFloat32);
+      CHECK(low[6].dtype() == kFloat32);
+      const char* names[] = {"layer_norm", "softmax", "log_softmax", "cross_entropy", "x.grad", "weight.grad",
+                             "bias.grad"};
+      for (size_t i = 0; i < low.size(); ++i) {
+        INFO(names[i]);
+        CHECK(relative_error(low[i], ref[i]) <= 1e-2);
+      }
+    }
+  }
+  // A bfloat16 weight gets a bfloat16 gradient (computed in float32, rounded once).
+  Tensor x = uniform({rows, cols}, -3, 3, kBFloat16, Device::cpu(), gen).requires_grad_();
+  Tensor w16 = uniform({cols}, 0.5, 1.5, kBFloat16, Device::cpu(), gen).requires_grad_();
+  sum(F::layer_norm(x, {cols}, w16, Tensor(), 1e-5).to(kFloat32)).backward();
+  CHECK(w16.grad().dtype() == kBFloat16);
+}
+
+TEST_CASE("16-bit softmax, layer_norm and cross_entropy on sim allocate no float32 copies", "[nn][half][sim]") {
+  const Device sim = Device::sim(0);
+  const int64_t rows = 64, cols = 1024, n = rows * cols;
+  Generator gen(1414);
+  for (DType dtype : kHalves) {
+    Tensor x = uniform({rows, cols}, -2, 2, dtype, sim, gen);
+    Tensor w = uniform({cols}, 0.5, 1.5, kFloat32, sim, gen), b = uniform({cols}, -0.5, 0.5, kFloat32, sim, gen);
+    Tensor target = randint(0, cols, {rows}, {.dtype = kInt64}, &gen).to(sim);
+    using Op = std::function<Tensor()>;
+    // What each may allocate besides its 2n-byte output: per-row float32 statistics or losses.
+    const std::vector<std::tuple<const char*, Op, size_t>> ops = {
+        {"softmax", [&] { return softmax(x, 1); }, 0},
+        {"log_softmax over dim 0", [&] { return log_softmax(x, 0); }, static_cast<size_t>(n) * 4},
+        {"layer_norm", [&] { return F::layer_norm(x, {cols}, w, b, 1e-5); }, rows * 8},
+        {"cross_entropy", [&] { return F::cross_entropy(x, target); }, rows * 8 + 64},
+    };
+    for (const auto& [name, op, extra] : ops) {
+      INFO(name << " on " << dtype_name(dtype));
+      synchronize(sim);
+      reset_peak_memory_stats(sim);
+      const size_t before = memory_allocated(sim);
+      Tensor out = op();
+      synchronize(sim);
+      const size_t peak = max_memory_allocated(sim) - before;
+      CHECK(out.element_size() == 2);
+      // The probabilities cross_entropy keeps for backward are 2n bytes too; 8 KiB of allocator
+      // rounding. A float32 copy of the input alone would add 4n bytes.
+      CHECK(peak <= static_cast<size_t>(n) * 2 + extra + 8192);
+    }
+  }
 }
 
 }  // namespace

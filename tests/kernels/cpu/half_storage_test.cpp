@@ -3,7 +3,8 @@
 // rounded to 16 bits once. Every op family (unary, binary arithmetic with and without alpha, a float32
 // Scalar operand, comparisons, fused backward helpers, pow, clamp, where, logical_not), for both 16-bit
 // dtypes, on the cpu and on sim:0 (which runs the cpu kernels on its streams), with broadcast and
-// transposed operands. Also batch_norm with a 16-bit input and float32 statistics.
+// transposed operands. Also batch_norm with a 16-bit input and float32 statistics, and the row kernels
+// (softmax, log_softmax, layer_norm, cross_entropy, each with its backward) on 16-bit rows.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -276,6 +277,75 @@ TEST_CASE("batch_norm kernels take float16/bfloat16 input with float32 statistic
         CHECK_THROWS_WITH(kernels::batch_norm(out, mean, rstd, x, w.to(dtype), b, Tensor(), Tensor(), true, 0.1, 1e-5,
                                               n, c, s),
                           Catch::Contains("float32 weight, bias and statistics"));
+      }
+    }
+  }
+}
+
+// The row kernels widen each 16-bit row to float, run the float32 kernel's row math on it and round
+// the row once: the result is the float32 kernel's on the widened inputs, rounded, bit for bit; the
+// float32 statistics, losses and parameter gradients equal the float32 kernel's exactly.
+TEST_CASE("softmax, layer_norm and cross_entropy kernels on 16-bit rows equal widen-compute-round", "[kernels][half]") {
+  Generator gen(606);
+  const int64_t rows = 37, cols = 300;  // cols beyond one vector chunk, not a multiple of 16
+  for (Device device : kDevices) {
+    for (DType dtype : kHalves) {
+      const TensorOptions f32{.dtype = kFloat32, .device = device};
+      const TensorOptions low{.dtype = dtype, .device = device};
+      Tensor x = uniform({rows, cols}, -4, 4, dtype, device, gen), g = uniform({rows, cols}, -1, 1, dtype, device, gen);
+      Tensor x32 = x.to(kFloat32), g32 = g.to(kFloat32);
+      for (bool log : {false, true}) {
+        for (int64_t dim : {int64_t(1), int64_t(0)}) {  // dim 0: rows gathered through a strided view
+          INFO(label(log ? "log_softmax" : "softmax", dtype, device) << " dim " << dim);
+          Tensor y = empty({rows, cols}, low), y32 = empty({rows, cols}, f32);
+          kernels::softmax(y, x, dim, log);
+          kernels::softmax(y32, x32, dim, log);
+          check_same_bits(y, y32.to(dtype), "forward");
+          Tensor gi = empty({rows, cols}, low), gi32 = empty({rows, cols}, f32);
+          kernels::softmax_backward(gi, g, y, dim, log);
+          kernels::softmax_backward(gi32, g32, y.to(kFloat32), dim, log);
+          check_same_bits(gi, gi32.to(dtype), "backward");
+        }
+      }
+      {
+        INFO(label("layer_norm", dtype, device));
+        Tensor w = uniform({cols}, 0.5, 1.5, kFloat32, device, gen), b = uniform({cols}, -0.5, 0.5, kFloat32, device, gen);
+        Tensor out = empty({rows, cols}, low), mean = empty({rows}, f32), rstd = empty({rows}, f32);
+        Tensor out32 = empty({rows, cols}, f32), mean32 = empty({rows}, f32), rstd32 = empty({rows}, f32);
+        kernels::layer_norm(out, mean, rstd, x, w, b, rows, cols, 1e-5);
+        kernels::layer_norm(out32, mean32, rstd32, x32, w, b, rows, cols, 1e-5);
+        check_same_bits(out, out32.to(dtype), "forward");
+        CHECK(equal(mean, mean32));
+        CHECK(equal(rstd, rstd32));
+        Tensor gx = empty({rows, cols}, low), gw = empty({cols}, f32), gb = empty({cols}, f32);
+        Tensor gx32 = empty({rows, cols}, f32), gw32 = empty({cols}, f32), gb32 = empty({cols}, f32);
+        kernels::layer_norm_backward(gx, gw, gb, g, x, mean, rstd, w, rows, cols);
+        kernels::layer_norm_backward(gx32, gw32, gb32, g32, x32, mean32, rstd32, w, rows, cols);
+        check_same_bits(gx, gx32.to(dtype), "backward");
+        CHECK(equal(gw, gw32));
+        CHECK(equal(gb, gb32));
+        if (device.is_cpu()) {  // (on sim the kernel runs on a stream worker)
+          CHECK_THROWS_WITH(kernels::layer_norm(out, mean, rstd, x, w.to(dtype), b, rows, cols, 1e-5),
+                            Catch::Contains("float32 weight, bias and statistics"));
+        }
+      }
+      for (double smoothing : {0.0, 0.1}) {
+        INFO(label("cross_entropy", dtype, device) << " label_smoothing " << smoothing);
+        Tensor target = randint(0, cols, {rows}, {.dtype = kInt64}, &gen).to(device);
+        target = where(lt(rand({rows}, {}, &gen), 0.2).to(device), full({rows}, -100, {.dtype = kInt64, .device = device}), target);
+        Tensor cw = uniform({cols}, 0.5, 2, kFloat32, device, gen);
+        Tensor losses = empty({rows}, f32), rw = empty({rows}, f32), probs = empty({rows, cols}, low);
+        Tensor losses32 = empty({rows}, f32), rw32 = empty({rows}, f32), probs32 = empty({rows, cols}, f32);
+        kernels::cross_entropy(losses, rw, probs, x, target, cw, -100, smoothing);
+        kernels::cross_entropy(losses32, rw32, probs32, x32, target, cw, -100, smoothing);
+        check_same_bits(probs, probs32.to(dtype), "probabilities");
+        CHECK(equal(losses, losses32));
+        CHECK(equal(rw, rw32));
+        Tensor scale = uniform({rows}, 0.5, 1.5, kFloat32, device, gen);
+        Tensor grad = empty({rows, cols}, low), grad32 = empty({rows, cols}, f32);
+        kernels::cross_entropy_backward(grad, scale, probs, target, cw, -100, smoothing);
+        kernels::cross_entropy_backward(grad32, scale, probs.to(kFloat32), target, cw, -100, smoothing);
+        check_same_bits(grad, grad32.to(dtype), "gradient");
       }
     }
   }

@@ -820,6 +820,44 @@ TEST_CASE("float16 and bfloat16 elementwise ops and batch_norm on cuda:0 run on 
   }
 }
 
+// The row kernels on 16-bit rows: softmax, log_softmax, layer_norm (float32 weight, bias and
+// statistics) and cross_entropy (float32 losses), forward and backward, against the CPU's on the same
+// values. Column counts reach the warp kernel with vectors (64, 1024) and without (333), and the
+// block kernel (5000); the float32 weight is a view 16 bytes into its storage, so its 8-element
+// vectors beside a bfloat16 row are 16- but not 32-byte aligned (row_kernels::load_params).
+TEST_CASE("float16 and bfloat16 softmax, layer_norm and cross_entropy on cuda:0 run on 16-bit rows and agree with the CPU's",
+          "[cuda][gpu]") {
+  require_gpu();
+  for (DType dt : {kFloat16, kBFloat16}) {
+    const double tol = dt == kBFloat16 ? 2e-2 : 5e-3;
+    for (int64_t cols : {int64_t(64), int64_t(333), int64_t(1024), int64_t(5000)}) {
+      INFO(dtype_name(dt) << " cols " << cols);
+      const int64_t rows = 67;
+      const Tensor x = randn_cpu({rows, cols}, 91, dt), gy = randn_cpu({rows, cols}, 92, dt);
+      const Tensor wbase = randn_cpu({cols + 4}, 93), b = randn_cpu({cols}, 94);
+      const Tensor target = randint(0, cols, {rows}, {.dtype = kInt64});
+      auto run = [&](Device dev) {
+        Tensor xd = x.to(dev).detach().requires_grad_();
+        Tensor wd = wbase.to(dev).narrow(0, 4, cols).detach().requires_grad_(), bd = b.to(dev).detach().requires_grad_();
+        Tensor ln = F::layer_norm(xd, {cols}, wd, bd, 1e-5);
+        Tensor sm = softmax(ln, 1), lsm = log_softmax(xd, 0);
+        Tensor ce = F::cross_entropy(ln, target.to(dev), {.label_smoothing = 0.1});
+        Tensor g = gy.to(dev);
+        sum(add(add(mul(sm, g), mul(lsm, g)).to(kFloat32), ce.to(kFloat32))).backward();
+        return std::vector<Tensor>{ln.detach(), sm.detach(), lsm.detach(), ce.detach(), xd.grad(), wd.grad(), bd.grad()};
+      };
+      const auto c = run(kCPU), g = run(kGpu);
+      const char* names[] = {"layer_norm", "softmax", "log_softmax", "cross_entropy", "x.grad", "weight.grad",
+                             "bias.grad"};
+      for (size_t i = 0; i < g.size(); ++i) {
+        INFO(names[i]);
+        CHECK(g[i].dtype() == (i < 5 ? dt : kFloat32));
+        CHECK(rel_diff(g[i], c[i]) <= tol);
+      }
+    }
+  }
+}
+
 TEST_CASE("an MLP trained 20 steps on cuda:0 equals the CPU run within 1e-4", "[cuda][gpu][nn]") {
   require_gpu();
   NoTf32 exact;
