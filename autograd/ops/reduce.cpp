@@ -23,6 +23,13 @@ Shape reduced_shape(const Shape& in, const std::vector<int64_t>& dims, bool keep
 
 // Runs a kernel reduction into a fresh tensor of the reduced shape (keepdim applied as a view).
 Tensor run_reduce(kernels::ReduceOp op, const Tensor& t, const std::vector<int64_t>& dims, bool keepdim, DType out_dtype) {
+  if (out_dtype == t.dtype() && compute_dtype(t.dtype()) != t.dtype()) {
+    // float16/bfloat16 in and out: the kernels read the storage and round the result once (the bits
+    // of reducing a float32 copy), without that copy.
+    Tensor out = new_output(reduced_shape(t.sizes(), dims, false), out_dtype, t.device());
+    kernels::reduce(op, out, t, dims);
+    return keepdim ? reshaped_result(out, reduced_shape(t.sizes(), dims, true)) : out;
+  }
   const DType cd = compute_dtype(t.dtype());
   const DType out_cd = compute_dtype(out_dtype);
   Tensor out = new_output(reduced_shape(t.sizes(), dims, false), out_cd, t.device());

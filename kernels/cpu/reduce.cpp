@@ -50,7 +50,7 @@ void reduce_layout(const Tensor& out, const Tensor& in, int64_t M, int64_t R, in
         });
         Acc acc = Red::identity();
         for (Acc p : partial) acc = Red::combine(acc, p);
-        o[m] = static_cast<Out>(acc);
+        o[m] = shared::Cast<Out>{}(acc);
       }
       return;
     }
@@ -69,7 +69,7 @@ void reduce_layout(const Tensor& out, const Tensor& in, int64_t M, int64_t R, in
         } else {
           for (int64_t r = 0; r < R; ++r) acc = Red::combine(acc, static_cast<Acc>(row[r]));
         }
-        o[m] = static_cast<Out>(acc);
+        o[m] = shared::Cast<Out>{}(acc);
       }
     });
     return;
@@ -81,16 +81,18 @@ void reduce_layout(const Tensor& out, const Tensor& in, int64_t M, int64_t R, in
       const T* row = x + r * sr + lo;
       for (int64_t m = 0; m < hi - lo; ++m) acc[m] = Red::combine(acc[m], static_cast<Acc>(row[m]));
     }
-    for (int64_t m = lo; m < hi; ++m) o[m] = static_cast<Out>(acc[m - lo]);
+    for (int64_t m = lo; m < hi; ++m) o[m] = shared::Cast<Out>{}(acc[m - lo]);
   });
 }
 
 template <ReduceOp Op>
 void reduce_dispatch(const Tensor& out, const Tensor& in, int64_t M, int64_t R, int64_t sm, int64_t sr) {
-  CHORUS_DISPATCH_COMPUTE(in.dtype(), "reduce", [&]<typename T>() {
-    if constexpr (std::is_floating_point_v<T>) {
-      // float32 sums and products accumulate in float64; max/min need no extra precision.
-      using Acc = std::conditional_t<(Op == ReduceOp::Sum || Op == ReduceOp::Prod), double, T>;
+  CHORUS_DISPATCH_ALL(in.dtype(), "reduce", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T> || shared::is_reduced_float_v<T>) {
+      // Float sums and products accumulate in float64; max/min need no extra precision. float16/
+      // bfloat16 are read as stored and the result rounded once (double to float to 16 bits): the
+      // bits of reducing a float32 copy and casting the float32 result.
+      using Acc = std::conditional_t<(Op == ReduceOp::Sum || Op == ReduceOp::Prod), double, shared::opmath_t<T>>;
       reduce_layout<T, Acc, T, Op>(out, in, M, R, sm, sr);
     } else if constexpr (Op == ReduceOp::Sum || Op == ReduceOp::Prod) {
       reduce_layout<T, int64_t, int64_t, Op>(out, in, M, R, sm, sr);

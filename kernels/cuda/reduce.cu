@@ -31,9 +31,9 @@ __global__ void reduce_rows_kernel(const T* in, Out* out, int64_t outer, int64_t
   for (int64_t o = blockIdx.x; o < outer; o += gridDim.x) {
     Acc acc = Red::identity();
     for (int64_t r = threadIdx.x; r < reduced; r += blockDim.x)
-      acc = Red::combine(acc, static_cast<Acc>(in[o * outer_stride + r * reduced_stride]));
+      acc = Red::combine(acc, static_cast<Acc>(sh::to_opmath(in[o * outer_stride + r * reduced_stride])));
     acc = block_reduce(acc, Red{}, buf);
-    if (threadIdx.x == 0) out[o] = static_cast<Out>(acc);
+    if (threadIdx.x == 0) out[o] = sh::Cast<Out>{}(acc);
   }
 }
 
@@ -47,8 +47,8 @@ __global__ void reduce_columns_kernel(const T* in, Out* out, int64_t outer, int6
     const int64_t o = idx / inner, i = idx % inner;
     const T* base = in + o * outer_stride + i * inner_stride;
     Acc acc = Red::identity();
-    for (int64_t r = 0; r < reduced; ++r) acc = Red::combine(acc, static_cast<Acc>(base[r * reduced_stride]));
-    out[idx] = static_cast<Out>(acc);
+    for (int64_t r = 0; r < reduced; ++r) acc = Red::combine(acc, static_cast<Acc>(sh::to_opmath(base[r * reduced_stride])));
+    out[idx] = sh::Cast<Out>{}(acc);
   }
 }
 
@@ -63,7 +63,7 @@ __global__ void reduce_chunks_kernel(const T* in, Acc* partial, int64_t reduced,
   const int64_t lo = reduced * c / chunks, hi = reduced * (c + 1) / chunks;
   Acc acc = Red::identity();
   for (int64_t r = lo + threadIdx.x; r < hi; r += blockDim.x)
-    acc = Red::combine(acc, static_cast<Acc>(in[o * outer_stride + r * reduced_stride]));
+    acc = Red::combine(acc, static_cast<Acc>(sh::to_opmath(in[o * outer_stride + r * reduced_stride])));
   acc = block_reduce(acc, Red{}, buf);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
@@ -100,9 +100,10 @@ void reduce_launch(const Tensor& out, const Tensor& in, const sh::ReductionPlan&
 
 template <ReduceOp Op>
 void reduce_dispatch(const Tensor& out, const Tensor& in, const sh::ReductionPlan& p) {
-  CHORUS_DISPATCH_COMPUTE(in.dtype(), "reduce", [&]<typename T>() {
-    if constexpr (std::is_floating_point_v<T>) {
-      using Acc = std::conditional_t<(Op == ReduceOp::Sum || Op == ReduceOp::Prod), double, T>;
+  CHORUS_DISPATCH_ALL(in.dtype(), "reduce", [&]<typename T>() {
+    if constexpr (std::is_floating_point_v<T> || sh::is_reduced_float_v<T>) {
+      // (float16/bfloat16 as stored, rounded once at the end: the cpu kernel's bits)
+      using Acc = std::conditional_t<(Op == ReduceOp::Sum || Op == ReduceOp::Prod), double, sh::opmath_t<T>>;
       reduce_launch<T, Acc, T, Op>(out, in, p);
     } else if constexpr (Op == ReduceOp::Sum || Op == ReduceOp::Prod) {
       reduce_launch<T, int64_t, int64_t, Op>(out, in, p);

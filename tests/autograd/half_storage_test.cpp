@@ -302,7 +302,7 @@ TEST_CASE("softmax, layer_norm and cross_entropy run on 16-bit tensors", "[nn][h
   CHECK(w16.grad().dtype() == kBFloat16);
 }
 
-TEST_CASE("16-bit softmax, layer_norm and cross_entropy on sim allocate no float32 copies", "[nn][half][sim]") {
+TEST_CASE("16-bit softmax, layer_norm, cross_entropy and reductions on sim allocate no float32 copies", "[nn][half][sim]") {
   const Device sim = Device::sim(0);
   const int64_t rows = 64, cols = 1024, n = rows * cols;
   Generator gen(1414);
@@ -317,6 +317,8 @@ TEST_CASE("16-bit softmax, layer_norm and cross_entropy on sim allocate no float
         {"log_softmax over dim 0", [&] { return log_softmax(x, 0); }, static_cast<size_t>(n) * 4},
         {"layer_norm", [&] { return F::layer_norm(x, {cols}, w, b, 1e-5); }, rows * 8},
         {"cross_entropy", [&] { return F::cross_entropy(x, target); }, rows * 8 + 64},
+        {"sum over dim 0", [&] { return sum(x, {0}); }, 0},
+        {"amax over dim 1", [&] { return amax(x, {1}); }, 0},
     };
     for (const auto& [name, op, extra] : ops) {
       INFO(name << " on " << dtype_name(dtype));
@@ -327,6 +329,7 @@ TEST_CASE("16-bit softmax, layer_norm and cross_entropy on sim allocate no float
       synchronize(sim);
       const size_t peak = max_memory_allocated(sim) - before;
       CHECK(out.element_size() == 2);
+      // (a reduction's output is small: it alone is below the 8 KiB allowance)
       // The probabilities cross_entropy keeps for backward are 2n bytes too; 8 KiB of allocator
       // rounding. A float32 copy of the input alone would add 4n bytes.
       CHECK(peak <= static_cast<size_t>(n) * 2 + extra + 8192);

@@ -824,7 +824,8 @@ TEST_CASE("float16 and bfloat16 elementwise ops and batch_norm on cuda:0 run on 
 // statistics) and cross_entropy (float32 losses), forward and backward, against the CPU's on the same
 // values. Column counts reach the warp kernel with vectors (64, 1024) and without (333), and the
 // block kernel (5000); the float32 weight is a view 16 bytes into its storage, so its 8-element
-// vectors beside a bfloat16 row are 16- but not 32-byte aligned (row_kernels::load_params).
+// vectors beside a bfloat16 row are 16- but not 32-byte aligned (row_kernels::load_params). Also sum,
+// amax and amin on 16-bit storage.
 TEST_CASE("float16 and bfloat16 softmax, layer_norm and cross_entropy on cuda:0 run on 16-bit rows and agree with the CPU's",
           "[cuda][gpu]") {
   require_gpu();
@@ -854,6 +855,15 @@ TEST_CASE("float16 and bfloat16 softmax, layer_norm and cross_entropy on cuda:0 
         CHECK(g[i].dtype() == (i < 5 ? dt : kFloat32));
         CHECK(rel_diff(g[i], c[i]) <= tol);
       }
+      // Reductions on 16-bit storage (float sums in double, rounded once, as the CPU's): rows,
+      // columns, a full reduction split over blocks.
+      const Tensor xg = x.to(kGpu);
+      CHECK(same(sum(xg, {1}), sum(x, {1})));
+      CHECK(same(sum(xg, {0}), sum(x, {0})));
+      CHECK(same(amax(xg, {1}), amax(x, {1})));
+      CHECK(same(amin(xg, {0}), amin(x, {0})));
+      const Tensor big = randn_cpu({1 << 20}, 95, dt);
+      CHECK(same(sum(big.to(kGpu)), sum(big)));
     }
   }
 }
