@@ -2,14 +2,13 @@
 // that device's tensors pick their precision:
 //   lower precision (the guard's dtype: bfloat16 by default on the CPU, float16 on cuda and sim):
 //     mm, bmm, addmm, matmul, linear, conv2d;
-//   float32: softmax, log_softmax, layer_norm, group_norm, sync_batch_norm, cross_entropy, nll_loss,
+//   float32: softmax, log_softmax, layer_norm, group_norm, cross_entropy, nll_loss,
 //     mse_loss, binary_cross_entropy_with_logits, sum, mean;
 //   everything else runs in its inputs' dtype (a float32 and a bfloat16 operand promote to float32).
-//   batch_norm is not listed, as in PyTorch's CUDA and CPU policies: a bfloat16/float16 input is
-//   normalized as stored with the float32 weight, bias and running statistics (statistics and
-//   parameter gradients in float32, the output and input gradient in the input's dtype), which keeps
-//   the activations of a convolution network in 16 bits. (sync_batch_norm still widens: its
-//   cross-process statistics path computes in float32.)
+//   batch_norm and sync_batch_norm are not listed, as in PyTorch's CUDA and CPU policies: a
+//   bfloat16/float16 input is normalized as stored with the float32 weight, bias and running
+//   statistics (statistics and parameter gradients in float32, the output and input gradient in the
+//   input's dtype), which keeps the activations of a convolution network in 16 bits.
 // Only float32 (and float16/bfloat16) tensors are cast; float64 and integer tensors never are.
 // Weights stay float32 ("master weights"): the casts are recorded by autograd, so a float32 leaf
 // gets a float32 gradient. The lower-precision copy of a leaf that requires grad (a weight) is made

@@ -91,20 +91,26 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
 Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
                        const Tensor& weight, const Tensor& bias, double momentum, double eps,
                        const std::shared_ptr<CrossReplicaSum>& sync) {
-  if (auto f32 = autocast::full_precision({&input, &weight, &bias})) {
-    return sync_batch_norm(autocast::cast(input, *f32), running_mean, running_var, autocast::cast(weight, *f32),
-                           autocast::cast(bias, *f32), momentum, eps, sync);
-  }
   ops::check_defined(input, "sync_batch_norm", "input");
   if (!sync) fail("sync_batch_norm: no CrossReplicaSum given");
   if (input.dim() < 2) fail("sync_batch_norm: expected an input of at least 2 dims [N, C, ...], got {}", shape_str(input.sizes()));
+  if (!input.is_floating_point()) {
+    fail("sync_batch_norm: expected a floating-point input, got {}", dtype_name(input.dtype()));
+  }
   const int64_t n = input.size(0), c = input.size(1);
   const int64_t s = c == 0 || n == 0 ? 0 : input.numel() / (n * c);
+  // As batch_norm (and PyTorch's SyncBatchNorm): a float16/bfloat16 input is normalized as stored,
+  // with weight, bias, statistics and parameter gradients in the compute dtype (float32 then); the
+  // output, the saved input and the input gradient stay 16-bit.
   const DType cd = compute_dtype(input.dtype());
-  // Per-channel sums over this process's batch, then over every process.
-  Tensor x = ops::cast(alias_without_history(input), cd).contiguous().reshape({n, c, s});
-  Tensor x64 = x.to(kFloat64);
-  Tensor stats = cat({x64.sum({0, 2}), x64.mul(x64).sum({0, 2}), full({1}, static_cast<double>(n * s), {.dtype = kFloat64, .device = x64.device()})});
+  Tensor x = alias_without_history(input).contiguous().reshape({n, c, s});
+  // Per-channel sums over this process's batch (in float64, a temporary), then over every process.
+  Tensor stats;
+  {
+    Tensor x64 = x.to(kFloat64);
+    stats = cat({x64.sum({0, 2}), x64.mul(x64).sum({0, 2}),
+                 full({1}, static_cast<double>(n * s), {.dtype = kFloat64, .device = x64.device()})});
+  }
   sync->all_reduce_sum(stats);
   const double count = stats[2 * c].item<double>();
   if (count <= 1) fail("sync_batch_norm: expected more than 1 value per channel over all processes, got {}", count);
@@ -120,13 +126,13 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
   Tensor mean_c = mean.to(cd), var_c = var.to(cd);
   Tensor w = weight.defined() ? ops::cast(alias_without_history(weight), cd).contiguous() : Tensor();
   Tensor b = bias.defined() ? ops::cast(alias_without_history(bias), cd).contiguous() : Tensor();
-  Tensor out = make_tensor(input.sizes(), cd, input.device());
+  Tensor out = make_tensor(input.sizes(), input.dtype(), input.device());
   Tensor save_mean = make_tensor({c}, cd, input.device()), save_rstd = make_tensor({c}, cd, input.device());
   kernels::batch_norm(out, save_mean, save_rstd, x, w, b, mean_c, var_c, false, 0.0, eps, n, c, s);
-  out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&input, &weight, &bias})) {
     const bool need_x = input.requires_grad(), need_w = weight.defined() && weight.requires_grad(),
                need_b = bias.defined() && bias.requires_grad();
+    const DType w_dtype = weight.defined() ? weight.dtype() : cd, b_dtype = bias.defined() ? bias.dtype() : cd;
     SavedTensor sx(x), sw(w);
     const Shape in_shape = input.sizes();
     autograd::record("SyncBatchNormBackward", {input, weight, bias}, {out}, [=](const TensorList& g) -> TensorList {
@@ -134,20 +140,21 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
       Tensor gv = ops::cast(g[0], xv.dtype()).contiguous().reshape({n, c, s});
       // This process's sum(g) and sum(g * xhat) per channel (the eval-mode kernel gives them as
       // the bias and weight gradients), then summed over every process for the input gradient.
-      Tensor gw = make_tensor({c}, xv.dtype(), xv.device()), gb = make_tensor({c}, xv.dtype(), xv.device());
+      Tensor gw = make_tensor({c}, cd, xv.device()), gb = make_tensor({c}, cd, xv.device());
       kernels::batch_norm_backward(Tensor(), gw, gb, gv, xv, save_mean, save_rstd, wv, false, n, c, s);
       Tensor gx;
       if (need_x) {
         Tensor sums = cat({gb.to(kFloat64), gw.to(kFloat64)});
         sync->all_reduce_sum(sums);
-        Tensor mean_g = (sums.narrow(0, 0, c) / count).to(xv.dtype()).reshape({1, c, 1});
-        Tensor mean_gxhat = (sums.narrow(0, c, c) / count).to(xv.dtype()).reshape({1, c, 1});
+        Tensor mean_g = (sums.narrow(0, 0, c) / count).to(cd).reshape({1, c, 1});
+        Tensor mean_gxhat = (sums.narrow(0, c, c) / count).to(cd).reshape({1, c, 1});
         Tensor rstd = save_rstd.reshape({1, c, 1});
+        // (16-bit g and x promote to float32 against the float32 statistics; rounded once at the end)
         Tensor xhat = (xv - save_mean.reshape({1, c, 1})) * rstd;
         Tensor scale = wv.defined() ? wv.reshape({1, c, 1}) * rstd : rstd;
-        gx = ((gv - mean_g - xhat * mean_gxhat) * scale).reshape(in_shape);
+        gx = ops::cast((gv - mean_g - xhat * mean_gxhat) * scale, xv.dtype()).reshape(in_shape);
       }
-      return {gx, need_w ? gw : Tensor(), need_b ? gb : Tensor()};
+      return {gx, need_w ? ops::cast(gw, w_dtype) : Tensor(), need_b ? ops::cast(gb, b_dtype) : Tensor()};
     });
   }
   return out;

@@ -17,6 +17,7 @@
 #include "distributed/ddp.h"
 #include "distributed/init.h"
 #include "distributed/stream_group.h"
+#include "autograd/autocast.h"
 #include "distributed/sync_batchnorm.h"
 #include "nn/nn.h"
 #include "tensor/ops.h"
@@ -686,6 +687,75 @@ void scenario_syncbn(const std::shared_ptr<ProcessGroup>& pg, Device device = kC
   }
 }
 
+// SyncBatchNorm under bfloat16 autocast: the converted layers take the convolution's and the
+// linear layer's bfloat16 outputs as stored and return bfloat16 (as PyTorch's; they widened to
+// float32 before), with float32 running statistics; training ends within bfloat16's precision of
+// plain BatchNorm on the whole batch under the same autocast.
+void scenario_syncbn_amp(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU) {
+  const int rank = pg->rank(), world = pg->size();
+  auto make = [] {
+    manual_seed(23);
+    auto net = std::make_shared<nn::Sequential>();
+    net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(2, 4, 3).padding(1)));
+    net->push_back(std::make_shared<nn::BatchNorm2d>(4));
+    net->push_back(std::make_shared<nn::ReLU>());
+    net->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(2));
+    net->push_back(std::make_shared<nn::Flatten>());
+    net->push_back(std::make_shared<nn::Linear>(16, 8));
+    net->push_back(std::make_shared<nn::BatchNorm1d>(8));
+    net->push_back(std::make_shared<nn::Linear>(8, 3));
+    return net;
+  };
+  const int64_t per = 4, total = per * world;
+  manual_seed(24);
+  Tensor x = randn({total, 2, 6, 6});
+  Tensor y = randint(0, 3, {total});
+  auto model = make(), ref = make(), ref32 = make();
+  model->to(device);
+  check(convert_sync_batchnorm(*model, pg) == 2, "both BatchNorm layers converted");
+  DistributedDataParallel ddp(model, pg);
+  for (int step = 0; step < 4; ++step) {
+    model->zero_grad();
+    ref->zero_grad();
+    ref32->zero_grad();
+    F::cross_entropy(ref32->forward(x), y).backward();  // float32 throughout: the yardstick
+    {
+      autocast::AutocastGuard amp(device.type, kBFloat16);
+      autocast::AutocastGuard amp_cpu(DeviceType::CPU, kBFloat16);  // the reference runs on the cpu
+      Tensor loss = F::cross_entropy(ddp.forward(x.narrow(0, rank * per, per).to(device)),
+                                     y.narrow(0, rank * per, per).to(device));
+      Tensor ref_loss = F::cross_entropy(ref->forward(x), y);
+      loss.backward();
+      ref_loss.backward();
+    }
+    NoGradGuard no_grad;
+    for (Tensor& p : model->parameters()) p.sub_(p.grad(), 0.1);
+    for (Tensor& p : ref->parameters()) p.sub_(p.grad(), 0.1);
+    for (Tensor& p : ref32->parameters()) p.sub_(p.grad(), 0.1);
+  }
+  // Both autocast runs round differently (each rank's half batch against the whole batch), so they
+  // agree only to bfloat16's precision: the distance between them is held to the distance of the
+  // single-process autocast run from float32 training (a wrong gradient or statistic is far beyond).
+  auto a = model->state_dict(), b = ref->state_dict(), c = ref32->state_dict();
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!is_floating(a[i].second.dtype())) continue;
+    check(a[i].second.dtype() == kFloat32, a[i].first + " stays float32");
+    const double apart = max_abs(a[i].second.cpu() - b[i].second), amp_error = max_abs(b[i].second - c[i].second);
+    check(apart <= 4 * amp_error + 1e-6 * max_abs(b[i].second),
+          fmt::format("syncbn under autocast: {} is {:.3g} from single-process BatchNorm under autocast, which is "
+                      "{:.3g} from float32 training", a[i].first, apart, amp_error));
+  }
+  // (after the comparison: this forward updates the running statistics once more)
+  {
+    autocast::AutocastGuard amp(device.type, kBFloat16);
+    Tensor h = (*model)[0]->forward(x.narrow(0, rank * per, per).to(device));
+    check(h.dtype() == kBFloat16, "the convolution runs in bfloat16 under autocast");
+    Tensor z = (*model)[1]->forward(h);
+    check(z.dtype() == kBFloat16, fmt::format("SyncBatchNorm of a bfloat16 input gives {}, expected bfloat16",
+                                              dtype_name(z.dtype())));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -732,6 +802,7 @@ int main(int argc, char** argv) {
     else if (scenario == "p2p_completion") scenario_p2p_completion(pg);
     else if (scenario == "join") scenario_join(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "syncbn") scenario_syncbn(pg, argc > 2 ? Device(argv[2]) : kCPU);
+    else if (scenario == "syncbn_amp") scenario_syncbn_amp(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else {
       std::fprintf(stderr, "dist_worker: unknown scenario %s\n", scenario.c_str());
       return 2;

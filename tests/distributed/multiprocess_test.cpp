@@ -145,3 +145,8 @@ TEST_CASE("SyncBatchNorm under DDP equals BatchNorm on the whole batch", "[distr
     require_all_ok(run_dist_workers(world, {"syncbn"}));
   }
 }
+
+TEST_CASE("SyncBatchNorm under bfloat16 autocast stays bfloat16 and tracks BatchNorm", "[distributed][syncbn][autocast]") {
+  require_all_ok(run_dist_workers(2, {"syncbn_amp"}));
+  require_all_ok(run_dist_workers(2, {"syncbn_amp", "sim:0"}));
+}
