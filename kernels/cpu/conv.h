@@ -1,6 +1,8 @@
-// CPU kernels for convolution, pooling and batch normalization (computed in NCHW, float32 or
-// float64; convolution and pooling also take channels-last tensors, through NCHW copies). Convolution is im2col + Eigen GEMM per sample and group, threads over the batch; a 1x1
-// stride-1 unpadded convolution skips im2col and multiplies the input in place.
+// CPU kernels for convolution, pooling and batch normalization (float32 or float64). Convolution is
+// im2col + Eigen GEMM per sample and group, threads over the batch; a 1x1 stride-1 unpadded
+// convolution skips im2col and multiplies the input in place. Convolution and pooling also take
+// channels-last tensors: oneDNN's NHWC primitives where onednn_conv.h takes the convolution, NCHW
+// copies otherwise.
 #pragma once
 
 #include <cstdint>
