@@ -19,7 +19,9 @@ namespace chorus::kernels {
 // compute each element in float (binary's b may also be float32, a Scalar kept in float; comparisons
 // write bool); batch_norm and batch_norm_backward take a 16-bit x, grad_out and grad_x with float32
 // weight, bias, statistics and parameter gradients. The other kernels take float32/float64 (the op
-// layer widens 16-bit tensors for them with compute_dtype), except where noted (gemm and conv2d on CUDA).
+// layer widens 16-bit tensors for them with compute_dtype), except where noted (gemm, conv2d and the
+// pooling kernels on CUDA). conv2d and the pooling kernels take their tensors dense in NCHW or
+// channels-last (kernels/cpu/conv.h says how).
 #define CHORUS_KERNEL_LIST(X)                                                                                     \
   X(copy, (const Tensor& dst, const Tensor& src), (dst, src))                                                     \
   X(fill, (const Tensor& dst, const Scalar& value), (dst, value))                                                 \
@@ -77,8 +79,10 @@ namespace chorus::kernels {
     (grad_x, grad_weight, grad_bias, grad_out, x, weight, w, groups))                                             \
   X(max_pool2d, (const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& w),                   \
     (out, indices, x, w))                                                                                         \
-  X(max_pool2d_backward, (const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices),                   \
-    (grad_x, grad_out, indices))                                                                                  \
+  X(max_pool2d_backward,                                                                                          \
+    (const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices, const Tensor& x, const Tensor& out,     \
+     const Window2d& w),                                                                                          \
+    (grad_x, grad_out, indices, x, out, w))                                                                       \
   X(avg_pool2d, (const Tensor& out, const Tensor& x, const Window2d& w, bool count_include_pad),                  \
     (out, x, w, count_include_pad))                                                                               \
   X(avg_pool2d_backward,                                                                                          \

@@ -1,6 +1,8 @@
-// CPU kernels for convolution, pooling and batch normalization (NCHW, contiguous, float32 or
-// float64). Convolution is im2col + Eigen GEMM per sample and group, threads over the batch; a 1x1
-// stride-1 unpadded convolution skips im2col and multiplies the input in place.
+// CPU kernels for convolution, pooling and batch normalization (float32 or float64). Convolution is
+// im2col + Eigen GEMM per sample and group, threads over the batch; a 1x1 stride-1 unpadded
+// convolution skips im2col and multiplies the input in place. Convolution and pooling also take
+// channels-last tensors: oneDNN's NHWC primitives where onednn_conv.h takes the convolution, NCHW
+// copies otherwise.
 #pragma once
 
 #include <cstdint>
@@ -20,9 +22,15 @@ void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_out,
                      const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups);
 
-// x [N*C planes of H x W]; out and indices (int64, flat h*W+w into the input plane) [planes, OH, OW].
+// Pooling: x [N, C, H, W] and out [N, C, OH, OW] (and grad_x, grad_out in backward), each dense NCHW
+// or channels-last; the kernels compute plane by plane in NCHW (copies for channels-last operands).
+// max_pool2d: indices (int64, flat h*W+w into the input plane, NCHW-contiguous [N, C, OH, OW]) are
+// written when defined; undefined, none are kept. max_pool2d_backward scatters grad_out by indices when
+// they are defined, else by the arg-max found again from x and out ([Max-pool arg-max],
+// kernels/shared/pool_math.h: the element the indices would have named); x and out are only read then.
 void max_pool2d(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& w);
-void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices);
+void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices, const Tensor& x,
+                         const Tensor& out, const Window2d& w);
 void avg_pool2d(const Tensor& out, const Tensor& x, const Window2d& w, bool count_include_pad);
 void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, const Window2d& w, bool count_include_pad);
 // Window of output cell o over an input of `in` cells split into `out` parts, as PyTorch:

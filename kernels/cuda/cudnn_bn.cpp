@@ -56,14 +56,6 @@ bool supported(cudnnStatus_t status, const char* what, const cp::BatchNormPlan& 
   return true;
 }
 
-struct TensorDescriptor {
-  cudnnTensorDescriptor_t d = nullptr;
-  TensorDescriptor() { check_cudnn(cudnnCreateTensorDescriptor(&d), "cudnnCreateTensorDescriptor"); }
-  ~TensorDescriptor() { cudnnDestroyTensorDescriptor(d); }
-  TensorDescriptor(const TensorDescriptor&) = delete;
-  TensorDescriptor& operator=(const TensorDescriptor&) = delete;
-};
-
 // x's descriptor and the derived [1, C, 1, 1] one, checked against the plan (a plan that mispredicts
 // what cuDNN derives fails here, on the first GPU run, not as wrong numbers).
 struct Descriptors {
@@ -83,16 +75,6 @@ struct Descriptors {
                  "type {}",
                  static_cast<int>(type), n, c, h, w, p.params.dims[1], static_cast<int>(cudnn_type(p.params.type)));
   }
-};
-
-// alpha/beta: double for double data, float otherwise (cuDNN's rule).
-struct Scalars {
-  float f1 = 1.f, f0 = 0.f;
-  double d1 = 1.0, d0 = 0.0;
-  bool dbl;
-  explicit Scalars(const cp::BatchNormPlan& p) : dbl(p.x.type == cp::DataType::Double) {}
-  const void* one() const { return dbl ? static_cast<const void*>(&d1) : &f1; }
-  const void* zero() const { return dbl ? static_cast<const void*>(&d0) : &f0; }
 };
 
 // cuDNN wants a scale and a bias: a layer without affine parameters gets ones and zeros.
@@ -116,7 +98,7 @@ bool cudnn_forward(const Tensor& out, const Tensor& save_mean, const Tensor& sav
   DeviceGuard guard(device);
   const cp::BatchNormPlan plan = cp::plan_batch_norm(n, c, s, x.dtype(), save_mean.dtype(), training);
   Descriptors desc(plan);
-  const Scalars k(plan);
+  const Scalars k(plan.x.type);
   cudnnHandle_t h = handle_on_current_stream(device);
   const DType pd = save_mean.dtype();
   const Tensor w = param_or(weight, 1.0, c, pd, device), b = param_or(bias, 0.0, c, pd, device);
@@ -145,7 +127,7 @@ bool cudnn_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tenso
   DeviceGuard guard(device);
   const cp::BatchNormPlan plan = cp::plan_batch_norm(n, c, s, x.dtype(), save_mean.dtype(), true);
   Descriptors desc(plan);
-  const Scalars k(plan);
+  const Scalars k(plan.x.type);
   cudnnHandle_t h = handle_on_current_stream(device);
   const DType pd = save_mean.dtype();
   const Tensor w = param_or(weight, 1.0, c, pd, device);

@@ -22,19 +22,7 @@ namespace {
 
 namespace cp = ::chorus::kernels::cudnn_plan;
 
-// RAII descriptors made from the plan.
-struct TensorDescriptor {
-  cudnnTensorDescriptor_t d = nullptr;
-  explicit TensorDescriptor(const cp::TensorDesc& t) {
-    check_cudnn(cudnnCreateTensorDescriptor(&d), "cudnnCreateTensorDescriptor");
-    check_cudnn(cudnnSetTensorNdDescriptor(d, cudnn_type(t.type), 4, t.dims.data(), t.strides.data()),
-                "cudnnSetTensorNdDescriptor");
-  }
-  ~TensorDescriptor() { cudnnDestroyTensorDescriptor(d); }
-  TensorDescriptor(const TensorDescriptor&) = delete;
-  TensorDescriptor& operator=(const TensorDescriptor&) = delete;
-};
-
+// RAII descriptors made from the plan (tensors: TensorDescriptor, cudnn_common.h).
 struct FilterDescriptor {
   cudnnFilterDescriptor_t d = nullptr;
   explicit FilterDescriptor(const cp::FilterDesc& f) {
@@ -124,21 +112,6 @@ bool cudnn_can_run(const Tensor& x, const Tensor& weight) {
   return weight.dtype() == d;
 }
 
-bool is_half(const Tensor& t) { return t.defined() && (t.dtype() == kFloat16 || t.dtype() == kBFloat16); }
-
-// An operand of the direct kernels, which know NCHW float32/float64 only: t itself when it is one,
-// else an NCHW copy (float32 for half precision; undefined stays undefined). write_back puts a
-// result computed in such a copy into the caller's tensor (rounding half precision once).
-Tensor direct_operand(const Tensor& t) {
-  if (!t.defined() || (t.is_contiguous() && !is_half(t))) return t;
-  Tensor f = make_tensor(t.sizes(), is_half(t) ? kFloat32 : t.dtype(), t.device());
-  copy(f, t);
-  return f;
-}
-void write_back(const Tensor& dst, const Tensor& f) {
-  if (dst.defined() && !f.is_same(dst)) copy(dst, f);
-}
-
 struct Call {
   Device device;
   cudnnHandle_t handle;
@@ -151,16 +124,6 @@ struct Call {
                              w, groups, ::chorus::cuda::cudnn_allow_tf32())),
         deterministic(::chorus::cuda::cudnn_deterministic()) {}
   cp::ConvKey key(cp::Direction d) const { return cp::conv_key(plan, d, device.index, deterministic); }
-};
-
-// alpha/beta are float for float/half/bfloat16 data and double for double (cuDNN's rule).
-struct Scalars {
-  float f1 = 1.f, f0 = 0.f;
-  double d1 = 1.0, d0 = 0.0;
-  bool dbl;
-  explicit Scalars(const cp::ConvPlan& p) : dbl(p.conv.compute == cp::DataType::Double) {}
-  const void* one() const { return dbl ? static_cast<const void*>(&d1) : &f1; }
-  const void* zero() const { return dbl ? static_cast<const void*>(&d0) : &f0; }
 };
 
 }  // namespace
@@ -178,7 +141,7 @@ void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
   TensorDescriptor xd(call.plan.x), yd(call.plan.y);
   FilterDescriptor wd(call.plan.w);
   ConvolutionDescriptor cd(call.plan);
-  const Scalars s(call.plan);
+  const Scalars s(call.plan.conv.compute);
   const cp::ConvKey key = call.key(cp::Direction::Forward);
   const auto choice = choose<cudnnConvolutionFwdAlgoPerf_t>(
       call.device, call.deterministic, key, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
@@ -223,7 +186,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   }
   TensorDescriptor xd(call.plan.x), yd(call.plan.y);
   FilterDescriptor wd(call.plan.w);
-  const Scalars s(call.plan);
+  const Scalars s(call.plan.conv.compute);
   if (grad_x.defined()) {
     ConvolutionDescriptor cd(call.plan);
     const cp::ConvKey key = call.key(cp::Direction::BackwardData);

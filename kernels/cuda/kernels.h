@@ -34,4 +34,18 @@ void batch_norm_backward_direct(const Tensor& grad_x, const Tensor& grad_weight,
 void batch_norm_inference_stats(const Tensor& save_mean, const Tensor& save_rstd, const Tensor& running_mean,
                                 const Tensor& running_var, double eps, int64_t c);
 
+// The pooling entries go through cuDNN (cudnn_pool.cpp) unless the plan (cudnn_pool_plan.h) or cuDNN
+// sends the call back; these are chorus's own kernels (pool.cu), the fallback, with the table entries'
+// semantics but NCHW-contiguous float32/float64 tensors only (cudnn_pool.cpp makes such copies).
+void max_pool2d_direct(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& w);
+void max_pool2d_backward_direct(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices, const Tensor& x,
+                                const Tensor& out, const Window2d& w);
+void avg_pool2d_direct(const Tensor& out, const Tensor& x, const Window2d& w, bool count_include_pad);
+void avg_pool2d_backward_direct(const Tensor& grad_x, const Tensor& grad_out, const Window2d& w,
+                                bool count_include_pad);
+void adaptive_avg_pool2d_direct(const Tensor& out, const Tensor& x, int64_t in_h, int64_t in_w, int64_t out_h,
+                                int64_t out_w);
+void adaptive_avg_pool2d_backward_direct(const Tensor& grad_x, const Tensor& grad_out, int64_t in_h, int64_t in_w,
+                                         int64_t out_h, int64_t out_w);
+
 }  // namespace chorus::kernels::cuda_impl

@@ -1,10 +1,11 @@
-// max/avg/adaptive-avg 2-D pooling and their backward on CUDA (NCHW planes, contiguous, float32 or
-// float64), with the cpu kernels' windows (kernels/cpu/conv.cpp): one thread per output cell forward;
-// backward zeroes grad_x and adds each output's share with atomicAdd (order-dependent rounding).
-#include <cuda/std/limits>
-
+// chorus's own max/avg/adaptive-avg 2-D pooling and their backward on CUDA (NCHW planes, contiguous,
+// float32 or float64), with the cpu kernels' windows (kernels/cpu/conv.cpp, kernels/shared/pool_math.h):
+// one thread per output cell forward; backward zeroes grad_x and adds each output's share with
+// atomicAdd (order-dependent rounding). The table entries (cudnn_pool.cpp) run cuDNN where its plan
+// allows and these (*_direct) otherwise.
 #include "kernels/cuda/cuda_common.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/shared/pool_math.h"
 
 namespace chorus::kernels::cuda_impl {
 namespace {
@@ -22,32 +23,10 @@ template <typename T>
 __global__ void max_pool_kernel(T* out, int64_t* indices, const T* x, int64_t total, Window2d w) {
   CHORUS_CUDA_LOOP(idx, total) {
     const int64_t ow = idx % w.out_w, oh = (idx / w.out_w) % w.out_h, p = idx / (w.out_w * w.out_h);
-    const T* plane = x + p * w.in_h * w.in_w;
-    int64_t h0 = oh * w.stride_h - w.pad_h;
-    const int64_t h1 = imin(h0 + (w.kernel_h - 1) * w.dilation_h + 1, w.in_h);
-    while (h0 < 0) h0 += w.dilation_h;
-    int64_t w0 = ow * w.stride_w - w.pad_w;
-    const int64_t w1 = imin(w0 + (w.kernel_w - 1) * w.dilation_w + 1, w.in_w);
-    while (w0 < 0) w0 += w.dilation_w;
-    // As the cpu kernel (and PyTorch): the first in-range element starts the search; NaN wins.
-    int64_t best_i = h0 * w.in_w + w0;
-    T best = -::cuda::std::numeric_limits<T>::infinity();
-    bool found_nan = false;
-    for (int64_t ih = h0; ih < h1 && !found_nan; ih += w.dilation_h) {
-      for (int64_t iw = w0; iw < w1; iw += w.dilation_w) {
-        const T v = plane[ih * w.in_w + iw];
-        if (v > best || v != v) {
-          best = v;
-          best_i = ih * w.in_w + iw;
-          if (v != v) {
-            found_nan = true;
-            break;
-          }
-        }
-      }
-    }
+    T best;
+    const int64_t best_i = shared::max_pool_argmax(x + p * w.in_h * w.in_w, w, oh, ow, best);
     out[idx] = best;
-    indices[idx] = best_i;
+    if (indices != nullptr) indices[idx] = best_i;
   }
 }
 
@@ -55,6 +34,18 @@ template <typename T>
 __global__ void max_pool_backward_kernel(T* gx, const T* go, const int64_t* indices, int64_t total, int64_t out_plane,
                                          int64_t in_plane) {
   CHORUS_CUDA_LOOP(idx, total) { atomicAdd(gx + (idx / out_plane) * in_plane + indices[idx], go[idx]); }
+}
+
+// Without indices: each output cell finds its element again from x and out ([Max-pool arg-max]).
+template <typename T>
+__global__ void max_pool_backward_recompute_kernel(T* gx, const T* go, const T* x, const T* out, int64_t total,
+                                                   Window2d w) {
+  CHORUS_CUDA_LOOP(idx, total) {
+    const int64_t ow = idx % w.out_w, oh = (idx / w.out_w) % w.out_h, p = idx / (w.out_w * w.out_h);
+    const int64_t in_plane = w.in_h * w.in_w;
+    const int64_t i = shared::max_pool_first_match(x + p * in_plane, w, oh, ow, out[idx]);
+    atomicAdd(gx + p * in_plane + i, go[idx]);
+  }
 }
 
 // avg_pool2d's clipped window and divisor, as the cpu kernel's avg_cell.
@@ -138,18 +129,19 @@ T* ptr(const Tensor& t) {
 
 }  // namespace
 
-void max_pool2d(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& w) {
+void max_pool2d_direct(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& w) {
   const int64_t total = out.numel();
   if (total == 0) return;
   CHORUS_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&]<typename T>() {
     LaunchContext ctx(x.device());
     max_pool_kernel<T><<<grid_for(total, kThreads, ctx.sms), kThreads, 0, ctx.stream>>>(
-        ptr<T>(out), ptr<int64_t>(indices), ptr<const T>(x), total, w);
+        ptr<T>(out), indices.defined() ? ptr<int64_t>(indices) : nullptr, ptr<const T>(x), total, w);
     check_launch("max_pool2d");
   });
 }
 
-void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices) {
+void max_pool2d_backward_direct(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices, const Tensor& x,
+                                const Tensor& out, const Window2d& w) {
   const int64_t in_plane = grad_x.size(2) * grad_x.size(3);
   const int64_t out_plane = grad_out.size(2) * grad_out.size(3);
   CHORUS_DISPATCH_FLOATING(grad_x.dtype(), "max_pool2d_backward", [&]<typename T>() {
@@ -157,13 +149,18 @@ void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, const Ten
     zero(grad_x, ctx);
     const int64_t total = grad_out.numel();
     if (total == 0 || out_plane == 0) return;
-    max_pool_backward_kernel<T><<<grid_for(total, kThreads, ctx.sms), kThreads, 0, ctx.stream>>>(
-        ptr<T>(grad_x), ptr<const T>(grad_out), ptr<const int64_t>(indices), total, out_plane, in_plane);
+    if (indices.defined()) {
+      max_pool_backward_kernel<T><<<grid_for(total, kThreads, ctx.sms), kThreads, 0, ctx.stream>>>(
+          ptr<T>(grad_x), ptr<const T>(grad_out), ptr<const int64_t>(indices), total, out_plane, in_plane);
+    } else {
+      max_pool_backward_recompute_kernel<T><<<grid_for(total, kThreads, ctx.sms), kThreads, 0, ctx.stream>>>(
+          ptr<T>(grad_x), ptr<const T>(grad_out), ptr<const T>(x), ptr<const T>(out), total, w);
+    }
     check_launch("max_pool2d_backward");
   });
 }
 
-void avg_pool2d(const Tensor& out, const Tensor& x, const Window2d& w, bool count_include_pad) {
+void avg_pool2d_direct(const Tensor& out, const Tensor& x, const Window2d& w, bool count_include_pad) {
   const int64_t total = out.numel();
   if (total == 0) return;
   CHORUS_DISPATCH_FLOATING(x.dtype(), "avg_pool2d", [&]<typename T>() {
@@ -174,7 +171,8 @@ void avg_pool2d(const Tensor& out, const Tensor& x, const Window2d& w, bool coun
   });
 }
 
-void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, const Window2d& w, bool count_include_pad) {
+void avg_pool2d_backward_direct(const Tensor& grad_x, const Tensor& grad_out, const Window2d& w,
+                                bool count_include_pad) {
   CHORUS_DISPATCH_FLOATING(grad_x.dtype(), "avg_pool2d_backward", [&]<typename T>() {
     LaunchContext ctx(grad_x.device());
     zero(grad_x, ctx);
@@ -186,8 +184,8 @@ void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, const Win
   });
 }
 
-void adaptive_avg_pool2d(const Tensor& out, const Tensor& x, int64_t in_h, int64_t in_w, int64_t out_h,
-                         int64_t out_w) {
+void adaptive_avg_pool2d_direct(const Tensor& out, const Tensor& x, int64_t in_h, int64_t in_w, int64_t out_h,
+                                int64_t out_w) {
   const int64_t total = out.numel();
   if (total == 0) return;
   CHORUS_DISPATCH_FLOATING(x.dtype(), "adaptive_avg_pool2d", [&]<typename T>() {
@@ -198,8 +196,8 @@ void adaptive_avg_pool2d(const Tensor& out, const Tensor& x, int64_t in_h, int64
   });
 }
 
-void adaptive_avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, int64_t in_h, int64_t in_w,
-                                  int64_t out_h, int64_t out_w) {
+void adaptive_avg_pool2d_backward_direct(const Tensor& grad_x, const Tensor& grad_out, int64_t in_h, int64_t in_w,
+                                         int64_t out_h, int64_t out_w) {
   CHORUS_DISPATCH_FLOATING(grad_x.dtype(), "adaptive_avg_pool2d_backward", [&]<typename T>() {
     LaunchContext ctx(grad_x.device());
     zero(grad_x, ctx);

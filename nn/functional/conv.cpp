@@ -88,13 +88,18 @@ void check_pool_args(const char* op, Pair kernel, Pair stride, Pair padding, Pai
 
 Tensor compute_view(const Tensor& t, DType cd) { return ops::cast(alias_without_history(t), cd).contiguous(); }
 
-// A pooling result (computed plane by plane in NCHW) in the layout of its input: a channels-last
-// input gives a channels-last output, as in PyTorch, so the layers after it keep the layout.
-Tensor pooled_in_format(const Tensor& out, const Tensor& input) {
-  if (input.suggest_memory_format() != MemoryFormat::ChannelsLast) return out;
-  Tensor nhwc = make_tensor(out.sizes(), out.dtype(), out.device(), MemoryFormat::ChannelsLast);
-  kernels::copy(nhwc, out);
-  return nhwc;
+// [Pooling operands] The pooling kernels take their tensors dense in NCHW or channels-last (the CPU
+// kernels compute through NCHW copies, the CUDA ones hand channels-last tensors to cuDNN as NHWC), so
+// the op layer keeps the input's layout and gives a channels-last input a channels-last output and
+// gradient, as PyTorch does; and it keeps float16/bfloat16 where the device's kernels take them
+// (product_dtype: CUDA, whose kernels run cuDNN on 16-bit data or widen for their own kernels).
+MemoryFormat pool_format(const Tensor& input) {
+  return input.suggest_memory_format() == MemoryFormat::ChannelsLast ? MemoryFormat::ChannelsLast
+                                                                     : MemoryFormat::Contiguous;
+}
+
+Tensor pool_operand(const Tensor& t, DType cd, MemoryFormat format) {
+  return ops::cast(alias_without_history(t), cd).contiguous(format);
 }
 
 }  // namespace
@@ -268,26 +273,32 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
 
 Tensor max_pool2d(const Tensor& input, Pair kernel_size, std::optional<Pair> stride, Pair padding, Pair dilation,
                   bool ceil_mode) {
+  const char* op = "max_pool2d";
   bool unbatched = false;
-  const Tensor in4 = batched_input(input, "max_pool2d", unbatched);
+  const Tensor in4 = batched_input(input, op, unbatched);
   const Pair st = stride.value_or(kernel_size);
-  check_pool_args("max_pool2d", kernel_size, st, padding, dilation);
-  const Window2d w = make_window("max_pool2d", in4, kernel_size, st, padding, dilation, ceil_mode);
-  const DType cd = compute_dtype(input.dtype());
-  Tensor x = compute_view(in4, cd);
-  const Shape out_shape{x.size(0), x.size(1), w.out_h, w.out_w};
-  Tensor out = make_tensor(out_shape, cd, input.device());
-  Tensor indices = make_tensor(out_shape, kInt64, input.device());
-  kernels::max_pool2d(out, indices, x, w);
-  out = ops::cast(pooled_in_format(out, in4), input.dtype());
+  check_pool_args(op, kernel_size, st, padding, dilation);
+  const Window2d w = make_window(op, in4, kernel_size, st, padding, dilation, ceil_mode);
+  const DType cd = ops::product_dtype(in4);
+  const MemoryFormat format = pool_format(in4);
+  Tensor x = pool_operand(in4, cd, format);
+  Tensor out = make_tensor({x.size(0), x.size(1), w.out_h, w.out_w}, cd, input.device(), format);
+  kernels::max_pool2d(out, Tensor(), x, w);
+  out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&in4})) {
-    const Shape in_shape = x.sizes();
-    const bool nhwc = in4.suggest_memory_format() == MemoryFormat::ChannelsLast;  // the gradient's layout too
-    autograd::record("MaxPool2DWithIndicesBackward", {in4}, {out}, [=](const TensorList& g) -> TensorList {
-      Tensor gv = ops::cast(g[0], cd).contiguous();
-      Tensor gx = make_tensor(in_shape, cd, gv.device());
-      kernels::max_pool2d_backward(gx, gv, indices);
-      return {nhwc ? gx.contiguous(MemoryFormat::ChannelsLast) : gx};
+    const Shape in_shape = in4.sizes();
+    // [Max pool saves x and out] No int64 indices (8 bytes per output, 4x a bfloat16 output): the
+    // backward finds each output's element again from the input and the output, which are usually
+    // alive anyway, and which cuDNN's backward needs (kernels/cuda/cudnn_pool_plan.h). Both are saved in
+    // the input's dtype: widening to the compute dtype is exact, so the maximum matches again. As with
+    // every saved output, modifying the result in place before backward is an error.
+    SavedTensor sx(in4), so(out);
+    autograd::record("MaxPool2DBackward", {in4}, {out}, [=](const TensorList& g) -> TensorList {
+      Tensor xv = pool_operand(sx.unpack(op), cd, format), ov = pool_operand(so.unpack(op), cd, format);
+      Tensor gv = ops::cast(g[0], cd).contiguous(format);
+      Tensor gx = make_tensor(in_shape, cd, gv.device(), format);
+      kernels::max_pool2d_backward(gx, gv, Tensor(), xv, ov, w);
+      return {gx};
     });
   }
   return unbatch(out, unbatched);
@@ -300,19 +311,19 @@ Tensor avg_pool2d(const Tensor& input, Pair kernel_size, std::optional<Pair> str
   const Pair st = stride.value_or(kernel_size);
   check_pool_args("avg_pool2d", kernel_size, st, padding, {1, 1});
   const Window2d w = make_window("avg_pool2d", in4, kernel_size, st, padding, {1, 1}, ceil_mode);
-  const DType cd = compute_dtype(input.dtype());
-  Tensor x = compute_view(in4, cd);
-  Tensor out = make_tensor({x.size(0), x.size(1), w.out_h, w.out_w}, cd, input.device());
+  const DType cd = ops::product_dtype(in4);
+  const MemoryFormat format = pool_format(in4);
+  Tensor x = pool_operand(in4, cd, format);
+  Tensor out = make_tensor({x.size(0), x.size(1), w.out_h, w.out_w}, cd, input.device(), format);
   kernels::avg_pool2d(out, x, w, count_include_pad);
-  out = ops::cast(pooled_in_format(out, in4), input.dtype());
+  out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&in4})) {
-    const Shape in_shape = x.sizes();
-    const bool nhwc = in4.suggest_memory_format() == MemoryFormat::ChannelsLast;
+    const Shape in_shape = in4.sizes();
     autograd::record("AvgPool2DBackward", {in4}, {out}, [=](const TensorList& g) -> TensorList {
-      Tensor gv = ops::cast(g[0], cd).contiguous();
-      Tensor gx = make_tensor(in_shape, cd, gv.device());
+      Tensor gv = ops::cast(g[0], cd).contiguous(format);
+      Tensor gx = make_tensor(in_shape, cd, gv.device(), format);
       kernels::avg_pool2d_backward(gx, gv, w, count_include_pad);
-      return {nhwc ? gx.contiguous(MemoryFormat::ChannelsLast) : gx};
+      return {gx};
     });
   }
   return unbatch(out, unbatched);
@@ -326,19 +337,19 @@ Tensor adaptive_avg_pool2d(const Tensor& input, Pair output_size) {
   if (in_h == 0 || in_w == 0) {
     fail("adaptive_avg_pool2d: input of shape {} has an empty spatial dim", shape_str(input.sizes()));
   }
-  const DType cd = compute_dtype(input.dtype());
-  Tensor x = compute_view(in4, cd);
-  Tensor out = make_tensor({x.size(0), x.size(1), out_h, out_w}, cd, input.device());
+  const DType cd = ops::product_dtype(in4);
+  const MemoryFormat format = pool_format(in4);
+  Tensor x = pool_operand(in4, cd, format);
+  Tensor out = make_tensor({x.size(0), x.size(1), out_h, out_w}, cd, input.device(), format);
   kernels::adaptive_avg_pool2d(out, x, in_h, in_w, out_h, out_w);
-  out = ops::cast(pooled_in_format(out, in4), input.dtype());
+  out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&in4})) {
-    const Shape in_shape = x.sizes();
-    const bool nhwc = in4.suggest_memory_format() == MemoryFormat::ChannelsLast;
+    const Shape in_shape = in4.sizes();
     autograd::record("AdaptiveAvgPool2DBackward", {in4}, {out}, [=](const TensorList& g) -> TensorList {
-      Tensor gv = ops::cast(g[0], cd).contiguous();
-      Tensor gx = make_tensor(in_shape, cd, gv.device());
+      Tensor gv = ops::cast(g[0], cd).contiguous(format);
+      Tensor gx = make_tensor(in_shape, cd, gv.device(), format);
       kernels::adaptive_avg_pool2d_backward(gx, gv, in_h, in_w, out_h, out_w);
-      return {nhwc ? gx.contiguous(MemoryFormat::ChannelsLast) : gx};
+      return {gx};
     });
   }
   return unbatch(out, unbatched);

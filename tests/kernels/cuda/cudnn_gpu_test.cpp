@@ -7,9 +7,17 @@
 // running statistics, input and parameter gradients) and eval, NCHW, channels-last and [N, C] inputs,
 // float32/float64 and float16/bfloat16 data with float32 parameters, no affine parameters, cuDNN on
 // and off (chorus's own kernels, including the channels-last rows path).
+// Pooling (cudnn_pool.cpp) through nn::functional against the CPU: max, avg with and without padding
+// counted, uniform and non-uniform adaptive avg, and cases the plan sends to chorus's own kernels
+// (ceil_mode past the input, dilation), forward and input gradient, NCHW and channels-last, float32
+// and bfloat16, cuDNN on and off; NaN propagation of max pooling; deterministic max backward.
 // Tagged "gpu": needs a CUDA device, and fails (not skips) without one.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <numeric>
 #include <random>
 
 #include "kernels/cuda/cudnn_plan.h"
@@ -100,7 +108,116 @@ const std::vector<BnCase> kBnCases = {
     {{3, 5, 11, 2}, false, false},
 };
 
+struct PoolCase {
+  const char* name;
+  Shape shape;
+  std::function<Tensor(const Tensor&)> fn;
+};
+
+const std::vector<PoolCase> kPoolCases = {
+    {"max 3x3 s2 p1", {4, 16, 15, 14}, [](const Tensor& x) { return F::max_pool2d(x, {3, 3}, F::Pair{2, 2}, {1, 1}); }},
+    {"max 2x2", {2, 8, 12, 10}, [](const Tensor& x) { return F::max_pool2d(x, {2, 2}); }},
+    {"max 3x2 s(2,1) p(1,0)", {2, 5, 9, 11},
+     [](const Tensor& x) { return F::max_pool2d(x, {3, 2}, F::Pair{2, 1}, {1, 0}); }},
+    {"max ceil_mode past the input (own kernel)", {2, 6, 8, 8},
+     [](const Tensor& x) { return F::max_pool2d(x, {3, 3}, F::Pair{2, 2}, {0, 0}, {1, 1}, true); }},
+    {"max dilation 2 (own kernel)", {2, 6, 11, 11},
+     [](const Tensor& x) { return F::max_pool2d(x, {3, 3}, F::Pair{1, 1}, {1, 1}, {2, 2}); }},
+    {"avg 3x3 s2 p1 count_include_pad", {3, 8, 13, 12},
+     [](const Tensor& x) { return F::avg_pool2d(x, {3, 3}, F::Pair{2, 2}, {1, 1}, false, true); }},
+    {"avg 3x3 s2 p1 exclude pad", {3, 8, 13, 12},
+     [](const Tensor& x) { return F::avg_pool2d(x, {3, 3}, F::Pair{2, 2}, {1, 1}, false, false); }},
+    {"avg ceil_mode past the input (own kernel)", {2, 4, 8, 9},
+     [](const Tensor& x) { return F::avg_pool2d(x, {3, 3}, F::Pair{2, 2}, {1, 1}, true, true); }},
+    {"adaptive 12x12 -> 3x4 (uniform)", {2, 16, 12, 12}, [](const Tensor& x) { return F::adaptive_avg_pool2d(x, {3, 4}); }},
+    {"adaptive 7x7 -> 1x1 (global)", {4, 32, 7, 7}, [](const Tensor& x) { return F::adaptive_avg_pool2d(x, {1, 1}); }},
+    {"adaptive 10x9 -> 4x3 (non-uniform, own kernel)", {2, 6, 10, 9},
+     [](const Tensor& x) { return F::adaptive_avg_pool2d(x, {4, 3}); }},
+};
+
+// An input whose planes hold distinct values (no ties for max pooling to break differently), exact in
+// bfloat16: a shuffled range of integers per plane, scaled by 1/8, centred on zero.
+Tensor distinct_input(const Shape& shape, uint64_t seed) {
+  const int64_t plane = shape[2] * shape[3], planes = shape[0] * shape[1];
+  std::mt19937 rng(seed);
+  std::vector<double> v(planes * plane);
+  for (int64_t p = 0; p < planes; ++p) {
+    std::iota(v.begin() + p * plane, v.begin() + (p + 1) * plane, -static_cast<double>(plane / 2));
+    std::shuffle(v.begin() + p * plane, v.begin() + (p + 1) * plane, rng);
+  }
+  for (double& x : v) x /= 8.0;
+  return tensor(v).reshape(shape);
+}
+
+// Pooling forward and input gradient through the op layer on `device`: {y, dx}.
+std::vector<Tensor> run_pool(const PoolCase& c, DType dtype, bool channels_last, Device device, uint64_t seed) {
+  Tensor x = distinct_input(c.shape, seed).to(dtype).to(device);
+  if (channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+  x.requires_grad_();
+  const Tensor y = c.fn(x);
+  manual_seed(seed + 1);
+  const Tensor g = randn(y.sizes()).to(device);
+  sum(mul(y.to(kFloat32), g)).backward();
+  return {y, x.grad()};
+}
+
 }  // namespace
+
+TEST_CASE("CUDA pooling (cuDNN and chorus's kernels) equals the CPU's", "[cuda][cudnn][gpu]") {
+  cuda::require_device("cudnn_gpu_test");
+  Settings keep;
+  for (bool on : {true, false}) {
+    cuda::set_cudnn_enabled(on);
+    for (DType dtype : {kFloat32, kBFloat16}) {
+      // bfloat16: the CPU averages in float32 and rounds once; cuDNN (float accumulation) may round
+      // the other way; the gradients are float32 sums of bfloat16 shares.
+      const double tol = dtype == kFloat32 ? 1e-5 : 1e-2;
+      for (bool channels_last : {false, true}) {
+        for (const PoolCase& c : kPoolCases) {
+          INFO("cuDNN " << (on ? "on " : "off ") << dtype_name(dtype) << (channels_last ? " channels-last " : " NCHW ")
+                        << c.name << " " << shape_str(c.shape));
+          const auto gpu = run_pool(c, dtype, channels_last, kGpu, 41);
+          const auto cpu = run_pool(c, dtype, channels_last, Device::cpu(), 41);
+          CHECK(gpu[0].dtype() == dtype);
+          CHECK(rel_diff(gpu[0], cpu[0]) < tol);
+          CHECK(rel_diff(gpu[1], cpu[1]) < tol);
+          if (channels_last) {
+            CHECK(gpu[0].is_contiguous(MemoryFormat::ChannelsLast));
+            CHECK(gpu[1].is_contiguous(MemoryFormat::ChannelsLast));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("cuDNN max pooling propagates NaN as the CPU does; deterministic backward repeats", "[cuda][cudnn][gpu]") {
+  cuda::require_device("cudnn_gpu_test");
+  Settings keep;
+  cuda::set_cudnn_enabled(true);
+  Tensor x = distinct_input({2, 4, 9, 9}, 51);
+  double* p = x.data_ptr<double>();
+  for (int64_t i = 0; i < x.numel(); i += 37) p[i] = std::nan("");
+  for (bool channels_last : {false, true}) {
+    const Tensor xin = channels_last ? x.contiguous(MemoryFormat::ChannelsLast) : x;
+    const Tensor cpu = F::max_pool2d(xin, {3, 3}, F::Pair{2, 2}, {1, 1});
+    const Tensor gpu = F::max_pool2d(xin.to(kGpu), {3, 3}, F::Pair{2, 2}, {1, 1}).cpu();
+    const Tensor c = cpu.contiguous(), g = gpu.contiguous();
+    const double *pc = c.data_ptr<double>(), *pg = g.data_ptr<double>();
+    int64_t differ = 0;
+    for (int64_t i = 0; i < c.numel(); ++i) differ += !((std::isnan(pc[i]) && std::isnan(pg[i])) || pc[i] == pg[i]);
+    CHECK(differ == 0);
+  }
+  // Overlapping windows (stride 1): deterministic mode gives bit-identical gradients run to run.
+  cuda::set_cudnn_deterministic(true);
+  auto grad = [] {
+    Tensor xg = distinct_input({4, 8, 16, 16}, 52).to(kFloat32).to(kGpu).requires_grad_();
+    manual_seed(53);
+    sum(mul(F::max_pool2d(xg, {3, 3}, F::Pair{1, 1}, {1, 1}), randn({4, 8, 16, 16}).to(kGpu))).backward();
+    return xg.grad().cpu();
+  };
+  CHECK(equal(grad(), grad()));
+}
 
 TEST_CASE("CUDA batch_norm (cuDNN and chorus's kernels) equals the CPU's", "[cuda][cudnn][gpu]") {
   cuda::require_device("cudnn_gpu_test");
