@@ -210,12 +210,22 @@ class Bench:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
 
-    def row(self, section, impl, case, ms, value, unit, peaks=False, note=""):
+    def allocated(self):
+        """Bytes held by the caching allocator now (after the queued work: synchronizes)."""
+        if not self.cuda:
+            return 0
+        torch.cuda.synchronize(self.device)
+        return torch.cuda.memory_allocated(self.device)
+
+    def row(self, section, impl, case, ms, value, unit, peaks=False, note="", activations=None):
         r = {"gpu_bench": "row", "impl": impl, "section": section, "case": case, "ms": ms, "value": value,
              "unit": unit, "device": str(self.device)}
         if peaks and self.cuda:
             r["peak_allocated_mib"] = torch.cuda.max_memory_allocated(self.device) / MIB
             r["peak_reserved_mib"] = torch.cuda.max_memory_reserved(self.device) / MIB
+        if activations is not None and self.cuda:
+            # What the forward pass left allocated (saved activations, the loss): gpu_bench's figure
+            r["activations_mib"] = activations / MIB
         if note:
             r["note"] = note
         self.rows.append(r)
@@ -260,17 +270,22 @@ def resnet50(b):
             images = b.randn(b.resnet_batch, 3, b.resnet_image, b.resnet_image).contiguous(memory_format=layout)
             labels = torch.randint(0, 1000, (b.resnet_batch,), device=b.device)
 
+            held = []
+
             def step():
                 opt.zero_grad()
+                before = b.allocated()
                 with b.autocast(mode == "bf16"):
                     loss = F.cross_entropy(model(images), labels)
+                held.append(b.allocated() - before)
                 loss.backward()
                 opt.step()
 
             ms = b.median_ms(step, b.step_warmup, b.step_iters)
             case = f"batch {b.resnet_batch} x 3x{b.resnet_image}² {mode}"
             note = "channels_last" if layout is torch.channels_last else "nchw"
-            b.row("resnet50", impl, case, ms, b.resnet_batch / (ms / 1e3), "images/s", peaks=True, note=note)
+            b.row("resnet50", impl, case, ms, b.resnet_batch / (ms / 1e3), "images/s", peaks=True, note=note,
+                  activations=held[-1])
             del model, opt, images, labels
 
 
@@ -291,16 +306,20 @@ def bert(b):
     ids, labels = ids.to(b.device), labels.to(b.device)
     attention = torch.ones(n_batch, t, dtype=torch.int64, device=b.device)
 
+    held = []
+
     def step():
         opt.zero_grad()
+        before = b.allocated()
         with b.autocast(True):
             loss = model.masked_lm_loss(ids, attention, labels)
+        held.append(b.allocated() - before)
         loss.backward()
         opt.step()
 
     ms = b.median_ms(step, b.step_warmup, b.step_iters)
     b.row("bert", "torch", f"BERT-{b.bert_config} batch {n_batch} x seq {t} bf16", ms, n_batch / (ms / 1e3),
-          "sequences/s", peaks=True)
+          "sequences/s", peaks=True, activations=held[-1])
 
 
 def gemm_shapes(b):

@@ -155,9 +155,17 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, Pai
   if (autograd::any_requires_grad({&in4, &weight, &bias})) {
     const bool need_x = in4.requires_grad(), need_w = weight.requires_grad(),
                need_b = bias.defined() && bias.requires_grad();
-    SavedTensor sx(x), sw(wt);
+    // [Saved as stored] A 16-bit input the kernels compute in float32 (the CPU, sim) is saved as
+    // given, not as its float32 copy, and widened again for the backward: the float32 copies of
+    // every convolution's input and weight made bfloat16 autocast hold more memory than float32.
+    const bool widened = cd != input.dtype();
+    SavedTensor sx(widened ? in4 : x), sw(widened ? weight : wt);
     autograd::record("ConvolutionBackward", {in4, weight, bias}, {out}, [=](const TensorList& g) -> TensorList {
       Tensor xv = sx.unpack("conv2d"), wv = sw.unpack("conv2d");
+      if (widened) {
+        xv = ops::cast(alias_without_history(xv), cd).contiguous(format);
+        wv = ops::cast(alias_without_history(wv), cd).contiguous(format);
+      }
       Tensor gv = ops::cast(g[0], xv.dtype()).contiguous(format);
       Tensor gx = need_x ? make_tensor(xv.sizes(), xv.dtype(), xv.device(), format) : Tensor();
       Tensor gw = need_w ? make_tensor(wv.sizes(), xv.dtype(), xv.device(), format) : Tensor();
@@ -251,9 +259,14 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
   if (autograd::any_requires_grad({&in4, &weight, &bias})) {
     const bool need_x = in4.requires_grad(), need_w = weight.requires_grad(),
                need_b = bias.defined() && bias.requires_grad();
-    SavedTensor sx(x), sw(wt);
+    const bool widened = cd != input.dtype();  // [Saved as stored] in conv2d
+    SavedTensor sx(widened ? in4 : x), sw(widened ? weight : wt);
     autograd::record("ConvolutionBackward", {in4, weight, bias}, {out}, [=](const TensorList& g) -> TensorList {
       Tensor xv = sx.unpack(op), wv = sw.unpack(op);
+      if (widened) {
+        xv = compute_view(xv, cd);
+        wv = compute_view(wv, cd);
+      }
       Tensor gv = ops::cast(g[0], xv.dtype()).contiguous();
       Tensor gx, gw, gb;
       if (need_x) {

@@ -337,5 +337,33 @@ TEST_CASE("16-bit softmax, layer_norm, cross_entropy and reductions on sim alloc
   }
 }
 
+// [Saved as stored] (nn/functional/conv.cpp): on sim (and the CPU) a 16-bit convolution computes in
+// float32 but keeps only its 16-bit input and weight for backward; before, the float32 copies of both
+// were saved, which made bfloat16 autocast hold more memory than float32 training.
+TEST_CASE("a 16-bit convolution on sim holds no float32 copy of its input for backward", "[nn][half][sim]") {
+  const Device sim = Device::sim(0);
+  Generator gen(1515);
+  for (DType dtype : kHalves) {
+    INFO(dtype_name(dtype));
+    Tensor x = uniform({8, 16, 32, 32}, -1, 1, dtype, sim, gen).requires_grad_();
+    Tensor w = uniform({16, 16, 3, 3}, -0.2, 0.2, dtype, sim, gen).requires_grad_();
+    synchronize(sim);
+    const size_t before = memory_allocated(sim);
+    Tensor y = F::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+    synchronize(sim);
+    const size_t held = memory_allocated(sim) - before, out_bytes = static_cast<size_t>(y.numel()) * 2;
+    CHECK(y.dtype() == dtype);
+    CHECK(held <= out_bytes + 8192);  // the output only (a float32 copy of x alone is 2x its size)
+    Tensor g = uniform(y.sizes(), -1, 1, kFloat32, sim, gen);
+    sum(mul(y.to(kFloat32), g)).backward();
+    // The gradients equal float32 convolution's on the same (16-bit) values, rounded.
+    Tensor x32 = x.detach().to(kFloat32).requires_grad_(), w32 = w.detach().to(kFloat32).requires_grad_();
+    sum(mul(F::conv2d(x32, w32, Tensor(), {1, 1}, {1, 1}), g)).backward();
+    CHECK(x.grad().dtype() == dtype);
+    CHECK(relative_error(x.grad(), x32.grad()) <= 1e-2);
+    CHECK(relative_error(w.grad(), w32.grad()) <= 1e-2);
+  }
+}
+
 }  // namespace
 }  // namespace chorus

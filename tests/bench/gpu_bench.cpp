@@ -69,6 +69,9 @@ struct Row {
   double value = 0;  // in `unit`
   std::string unit;
   std::optional<double> peak_allocated_mib, peak_reserved_mib;
+  // Training steps: what the last timed forward pass left allocated (saved activations and the
+  // loss), tools/torch_peer.py's "activations_mib" likewise.
+  std::optional<double> activations_mib;
   std::string note;
 };
 
@@ -111,6 +114,7 @@ class Section {
                           {"ms", r.ms}, {"value", r.value}, {"unit", r.unit}, {"device", setup_.device.str()}};
       if (r.peak_allocated_mib) j["peak_allocated_mib"] = *r.peak_allocated_mib;
       if (r.peak_reserved_mib) j["peak_reserved_mib"] = *r.peak_reserved_mib;
+      if (r.activations_mib) j["activations_mib"] = *r.activations_mib;
       if (!r.note.empty()) j["note"] = r.note;
       json_lines += j.dump() + "\n";
     }
@@ -163,6 +167,13 @@ void fresh_peak(const Setup& s) {
   empty_cache(s.device);
   reset_peak_memory_stats(s.device);
 }
+// Bytes the device's caching allocator holds now, after the work queued so far (a synchronize: the
+// timed steps that call it include one more host wait, as tools/torch_peer.py's do).
+size_t allocated_now(const Setup& s) {
+  synchronize(s.device);
+  return memory_allocated(s.device);
+}
+
 void set_peaks(const Setup& s, Row& r) {
   r.peak_allocated_mib = max_memory_allocated(s.device) / kMiB;
   r.peak_reserved_mib = max_memory_reserved(s.device) / kMiB;
@@ -192,14 +203,17 @@ void resnet50(const Setup& s, Section& out) {
       Tensor images = random(s, {s.resnet_batch, 3, s.resnet_image, s.resnet_image});
       if (channels_last) images = images.contiguous(MemoryFormat::ChannelsLast);
       Tensor labels = randint(0, 1000, {s.resnet_batch}, {.dtype = kInt64, .device = s.device});
+      double held = 0;
       const double ms = median_ms(s, s.step_warmup, s.step_iters, [&] {
         opt.zero_grad();
+        const size_t before = allocated_now(s);
         Tensor loss;
         {
           std::optional<autocast::AutocastGuard> amp;
           if (mode == "bf16") amp.emplace(s.device.type, kBFloat16);
           loss = F::cross_entropy(model->forward(images), labels);
         }
+        held = static_cast<double>(allocated_now(s) - before) / kMiB;
         loss.backward();
         opt.step();
       });
@@ -207,6 +221,7 @@ void resnet50(const Setup& s, Section& out) {
                        fmt::format("batch {} x 3x{}² {}", s.resnet_batch, s.resnet_image, mode), ms,
                        s.resnet_batch / (ms / 1e3), "images/s", channels_last ? "channels-last" : "nchw");
       set_peaks(s, r);
+      r.activations_mib = held;
       out.add(r);
     }
   }
@@ -236,19 +251,23 @@ void bert(const Setup& s, Section& out) {
   }
   Tensor ids = ids_host.to(s.device), labels = labels_host.to(s.device);
   Tensor attention = ones({b, t}, {.dtype = kInt64, .device = s.device});
+  double held = 0;
   const double ms = median_ms(s, s.step_warmup, s.step_iters, [&] {
     opt.zero_grad();
+    const size_t before = allocated_now(s);
     Tensor loss;
     {
       autocast::AutocastGuard amp(s.device.type, kBFloat16);
       loss = model->masked_lm_loss(ids, attention, labels);
     }
+    held = static_cast<double>(allocated_now(s) - before) / kMiB;
     loss.backward();
     opt.step();
   });
   Row r = make_row("chorus", fmt::format("BERT-{} batch {} x seq {} bf16", s.bert_config, b, t), ms, b / (ms / 1e3),
                    "sequences/s");
   set_peaks(s, r);
+  r.activations_mib = held;
   out.add(r);
 }
 
@@ -457,6 +476,8 @@ int main(int argc, char** argv) {
   std::string device = "cuda", only = "resnet50,bert,gemm,memory,conv", json_path;
   bool tiny = false;
   std::optional<int> warmup, iters, step_warmup, step_iters;
+  std::optional<int64_t> resnet_batch, resnet_image, bert_batch, bert_seq;
+  std::optional<std::string> bert_config;
   app.add_option("--device", device, "cuda or sim (sim: tiny shapes, few iterations)")->check(CLI::IsMember({"cuda", "sim"}));
   app.add_option("--only", only, "comma-separated sections: resnet50,bert,gemm,memory,conv");
   app.add_flag("--tiny", tiny, "tiny shapes and few iterations (always on for sim)");
@@ -465,6 +486,13 @@ int main(int argc, char** argv) {
   app.add_option("--step-warmup", step_warmup, "untimed training steps (resnet50, bert)");
   app.add_option("--step-iters", step_iters, "timed training steps (resnet50, bert)");
   app.add_option("--json", json_path, "also append the JSON lines to this file");
+  // Model shapes (after --tiny): e.g. the real ResNet-50 at a small batch on sim, whose caching
+  // allocator counts every byte as a GPU's would (docs/gpu.md, "Memory on sim").
+  app.add_option("--resnet-batch", resnet_batch, "resnet50 batch size (default 128; tiny: 2)")->check(CLI::PositiveNumber);
+  app.add_option("--resnet-image", resnet_image, "resnet50 image side (default 224; tiny: 32)")->check(CLI::Range(32, 1024));
+  app.add_option("--bert-batch", bert_batch, "bert sequences per batch (default 32; tiny: 2)")->check(CLI::PositiveNumber);
+  app.add_option("--bert-seq", bert_seq, "bert tokens per sequence (default 128; tiny: 16)")->check(CLI::Range(2, 512));
+  app.add_option("--bert-config", bert_config, "bert size: tiny, mini, small or base (default base; tiny: tiny)");
   CLI11_PARSE(app, argc, argv);
 
   Setup s;
@@ -495,6 +523,11 @@ int main(int argc, char** argv) {
   if (iters) s.iters = s.conv_iters = *iters;
   if (step_warmup) s.step_warmup = *step_warmup;
   if (step_iters) s.step_iters = *step_iters;
+  if (resnet_batch) s.resnet_batch = *resnet_batch;
+  if (resnet_image) s.resnet_image = *resnet_image;
+  if (bert_batch) s.bert_batch = *bert_batch;
+  if (bert_seq) s.bert_seq = *bert_seq;
+  if (bert_config) s.bert_config = *bert_config;
   s.raw = s.device.type == DeviceType::CUDA && raw::available();
   if (!json_path.empty()) std::ofstream(json_path, std::ios::trunc);
 
