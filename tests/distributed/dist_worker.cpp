@@ -639,21 +639,27 @@ void scenario_join(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU
   }
 }
 
+// The SyncBatchNorm scenarios' network: a convolution and a linear layer, each followed by BatchNorm.
+std::shared_ptr<nn::Sequential> syncbn_net(uint64_t seed) {
+  manual_seed(seed);
+  auto net = std::make_shared<nn::Sequential>();
+  net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(2, 4, 3).padding(1)));
+  net->push_back(std::make_shared<nn::BatchNorm2d>(4));
+  net->push_back(std::make_shared<nn::ReLU>());
+  net->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(2));
+  net->push_back(std::make_shared<nn::Flatten>());
+  net->push_back(std::make_shared<nn::Linear>(16, 8));
+  net->push_back(std::make_shared<nn::BatchNorm1d>(8));
+  net->push_back(std::make_shared<nn::Linear>(8, 3));
+  return net;
+}
+
 // SyncBatchNorm under DDP: each rank trains on its shard; parameters and running statistics end
 // equal to single-process training with plain BatchNorm on the whole batch.
 void scenario_syncbn(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU) {
   const int rank = pg->rank(), world = pg->size();
   auto make = [] {
-    manual_seed(21);
-    auto net = std::make_shared<nn::Sequential>();
-    net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(2, 4, 3).padding(1)));
-    net->push_back(std::make_shared<nn::BatchNorm2d>(4));
-    net->push_back(std::make_shared<nn::ReLU>());
-    net->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(2));
-    net->push_back(std::make_shared<nn::Flatten>());
-    net->push_back(std::make_shared<nn::Linear>(16, 8));
-    net->push_back(std::make_shared<nn::BatchNorm1d>(8));
-    net->push_back(std::make_shared<nn::Linear>(8, 3));
+    auto net = syncbn_net(21);
     net->to(kFloat64);
     return net;
   };
@@ -693,19 +699,7 @@ void scenario_syncbn(const std::shared_ptr<ProcessGroup>& pg, Device device = kC
 // plain BatchNorm on the whole batch under the same autocast.
 void scenario_syncbn_amp(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU) {
   const int rank = pg->rank(), world = pg->size();
-  auto make = [] {
-    manual_seed(23);
-    auto net = std::make_shared<nn::Sequential>();
-    net->push_back(std::make_shared<nn::Conv2d>(nn::Conv2dOptions(2, 4, 3).padding(1)));
-    net->push_back(std::make_shared<nn::BatchNorm2d>(4));
-    net->push_back(std::make_shared<nn::ReLU>());
-    net->push_back(std::make_shared<nn::AdaptiveAvgPool2d>(2));
-    net->push_back(std::make_shared<nn::Flatten>());
-    net->push_back(std::make_shared<nn::Linear>(16, 8));
-    net->push_back(std::make_shared<nn::BatchNorm1d>(8));
-    net->push_back(std::make_shared<nn::Linear>(8, 3));
-    return net;
-  };
+  auto make = [] { return syncbn_net(23); };
   const int64_t per = 4, total = per * world;
   manual_seed(24);
   Tensor x = randn({total, 2, 6, 6});
