@@ -300,14 +300,17 @@ Tensor max_pool2d(const Tensor& input, Pair kernel_size, std::optional<Pair> str
   out = ops::cast(out, input.dtype());
   if (autograd::any_requires_grad({&in4})) {
     const Shape in_shape = in4.sizes();
-    // [Max pool saves x and out] No int64 indices (8 bytes per output, 4x a bfloat16 output): the
-    // backward finds each output's element again from the input and the output, which are usually
-    // alive anyway, and which cuDNN's backward needs (kernels/cuda/cudnn_pool_plan.h). Both are saved in
-    // the input's dtype: widening to the compute dtype is exact, so the maximum matches again. As with
-    // every saved output, modifying the result in place before backward is an error.
-    SavedTensor sx(in4), so(out);
+    // [Max pool saves x only] No int64 indices (8 bytes per output, 4x a bfloat16 output) and no
+    // output: the backward pools the saved input again (a memory-bound pass, freed at once) and finds
+    // each output's element from the input and that output, as cuDNN's backward needs
+    // (kernels/cuda/cudnn_pool_plan.h). The input is usually alive anyway (ReLU saves its output),
+    // and, as in PyTorch, the result may be modified in place before backward.
+    SavedTensor sx(in4);
+    const Shape out_shape = out.sizes();
     autograd::record("MaxPool2DBackward", {in4}, {out}, [=](const TensorList& g) -> TensorList {
-      Tensor xv = pool_operand(sx.unpack(op), cd, format), ov = pool_operand(so.unpack(op), cd, format);
+      Tensor xv = pool_operand(sx.unpack(op), cd, format);
+      Tensor ov = make_tensor(out_shape, cd, xv.device(), format);
+      kernels::max_pool2d(ov, Tensor(), xv, w);
       Tensor gv = ops::cast(g[0], cd).contiguous(format);
       Tensor gx = make_tensor(in_shape, cd, gv.device(), format);
       kernels::max_pool2d_backward(gx, gv, Tensor(), xv, ov, w);

@@ -167,7 +167,7 @@ TEST_CASE("avg and adaptive-avg pooling kernels take channels-last tensors", "[k
   }
 }
 
-TEST_CASE("max_pool2d keeps x and its output for backward: a bfloat16 input gets the float32 gradient",
+TEST_CASE("max_pool2d keeps only x for backward: a bfloat16 input gets the float32 gradient",
           "[nn][pool]") {
   namespace F = nn::functional;
   std::mt19937 rng(33);
@@ -190,6 +190,25 @@ TEST_CASE("max_pool2d keeps x and its output for backward: a bfloat16 input gets
     sum(mul(yb.to(kFloat32), g.to(kFloat32))).backward();
     sum(mul(yf, g.to(kFloat32))).backward();
     check_same(xb.grad(), xf.grad());
+  }
+}
+
+// [Max pool saves x only] (nn/functional/conv.cpp): the output is not saved, so it may be modified in
+// place before backward (as in PyTorch, which saves indices); the gradient is that of the pooling.
+TEST_CASE("max_pool2d's output may be modified in place before backward", "[nn][pool]") {
+  namespace F = nn::functional;
+  Generator gen(34);
+  for (Device device : {Device::cpu(), Device::sim(0)}) {
+    INFO(device.str());
+    const Tensor base = randn({2, 3, 9, 9}, {}, &gen);
+    Tensor x = base.to(device).requires_grad_(), x_ref = base.to(device).requires_grad_();
+    Tensor y = F::max_pool2d(x, {3, 3}, F::Pair{2, 2}, {1, 1});
+    y.relu_();  // in place on the pooled output
+    sum(y).backward();
+    Tensor y_ref = relu(F::max_pool2d(x_ref, {3, 3}, F::Pair{2, 2}, {1, 1}));
+    sum(y_ref).backward();
+    CHECK(equal(x.grad().cpu(), x_ref.grad().cpu()));
+    CHECK(sum(x.grad()).item<float>() > 0);  // some windows' maxima are positive
   }
 }
 
