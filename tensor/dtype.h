@@ -117,23 +117,6 @@ template <> struct dtype_of<double> { static constexpr DType value = DType::Floa
                    ::chorus::dtype_name(DTYPE));                                             \
   }()
 
-// The floating dtypes as stored, float16/bfloat16 included: for kernels that compute a 16-bit
-// tensor at float (shared::opmath_t) and store it rounded (softmax, layer_norm, ...).
-#define CHORUS_DISPATCH_FLOATING_STORAGE(DTYPE, OP, ...)                                      \
-  [&] {                                                                                      \
-    auto&& chorus_dispatch_fn = __VA_ARGS__;                                                 \
-    switch (DTYPE) {                                                                         \
-      CHORUS_DTYPE_CASE(Float32, float, chorus_dispatch_fn)                                                  \
-      CHORUS_DTYPE_CASE(Float64, double, chorus_dispatch_fn)                                                 \
-      CHORUS_DTYPE_CASE(Float16, ::chorus::Half, chorus_dispatch_fn)                                         \
-      CHORUS_DTYPE_CASE(BFloat16, ::chorus::BFloat16, chorus_dispatch_fn)                                    \
-      default:                                                                               \
-        break;                                                                               \
-    }                                                                                        \
-    ::chorus::fail("{}: expected a floating-point tensor, got {}", OP,                       \
-                   ::chorus::dtype_name(DTYPE));                                             \
-  }()
-
 #define CHORUS_DISPATCH_FLOATING(DTYPE, OP, ...)                                              \
   [&] {                                                                                      \
     auto&& chorus_dispatch_fn = __VA_ARGS__;                                                 \

@@ -609,8 +609,7 @@ void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_r
                 const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
                 bool use_batch_stats, double momentum, double eps, int64_t n, int64_t c, int64_t s) {
   dispatch_float_storage(x, "batch_norm", {&weight, &bias, &running_mean, &running_var, &save_mean, &save_rstd},
-                         [&]<typename T>() {
-    using P = opmath_t<T>;
+                         [&]<typename T, typename P>() {
     const T* px = x.data_ptr<T>();
     T* po = out.data_ptr<T>();
     const P* pw = weight.defined() ? weight.data_ptr<P>() : nullptr;
@@ -674,8 +673,7 @@ void batch_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
                          const Tensor& grad_out, const Tensor& x, const Tensor& save_mean, const Tensor& save_rstd,
                          const Tensor& weight, bool use_batch_stats, int64_t n, int64_t c, int64_t s) {
   dispatch_float_storage(x, "batch_norm_backward", {&weight, &save_mean, &save_rstd, &grad_weight, &grad_bias},
-                         [&]<typename T>() {
-    using P = opmath_t<T>;
+                         [&]<typename T, typename P>() {
     const T* px = x.data_ptr<T>();
     const T* pg = grad_out.data_ptr<T>();
     const P* pw = weight.defined() ? weight.data_ptr<P>() : nullptr;

@@ -8,13 +8,13 @@
 #include <array>
 #include <cstdlib>
 #include <cstdint>
-#include <initializer_list>
 #include <vector>
 
 #include "kernels/cpu/capability.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/vector_math.h"
 #include "kernels/shared/pointwise_math.h"
+#include "kernels/shared/storage_dispatch.h"
 #include "tensor/tensor.h"
 
 // Marks the per-element lambdas given to simd_for: they must be inlined into its vector loop (a
@@ -329,29 +329,7 @@ void binary_loop_opmath(const StridedIter<3>& it, const F& f) {
 // x with per-row statistics, per-column weight and bias, and parameter gradients in P = opmath_t<T>
 // (float): PyTorch's mixed-type norms, what autocast and a bfloat16 model give. T is the storage.
 
-// Dispatches x's storage type (float32, float64, float16, bfloat16) and checks that each defined
-// tensor of `params` has dtype opmath_t of it.
-template <typename Fn>
-void dispatch_float_storage(const Tensor& x, const char* op, std::initializer_list<const Tensor*> params,
-                            const Fn& fn) {
-  auto run = [&]<typename T>() {
-    using P = shared::opmath_t<T>;
-    for (const Tensor* t : params) {
-      if (t->defined() && t->dtype() != dtype_of<P>::value) {
-        fail("{}: a {} input takes {} weight, bias and statistics, got {}", op, dtype_name(x.dtype()),
-             dtype_name(dtype_of<P>::value), dtype_name(t->dtype()));
-      }
-    }
-    fn.template operator()<T>();
-  };
-  switch (x.dtype()) {
-    case DType::Float32: return run.template operator()<float>();
-    case DType::Float64: return run.template operator()<double>();
-    case DType::Float16: return run.template operator()<Half>();
-    case DType::BFloat16: return run.template operator()<BFloat16>();
-    default: fail("{}: expected a floating-point input, got {}", op, dtype_name(x.dtype()));
-  }
-}
+using shared::dispatch_float_storage;  // (kernels/shared/storage_dispatch.h)
 
 // A row of storage T seen at P = opmath_t<T>: float32/float64 rows are used in place; a 16-bit row is
 // widened (exactly) into `buf`, so the row math is the float32 kernel's.

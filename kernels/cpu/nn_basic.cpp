@@ -20,8 +20,7 @@ const T* ptr_or_null(const Tensor& t) {
 
 void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
                 const Tensor& bias, int64_t rows, int64_t cols, double eps) {
-  dispatch_float_storage(x, "layer_norm", {&weight, &bias, &mean, &rstd}, [&]<typename T>() {
-    using P = shared::opmath_t<T>;
+  dispatch_float_storage(x, "layer_norm", {&weight, &bias, &mean, &rstd}, [&]<typename T, typename P>() {
     const T* px = x.data_ptr<T>();
     const P* pw = ptr_or_null<P>(weight);
     const P* pb = ptr_or_null<P>(bias);
@@ -59,8 +58,7 @@ void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
                          const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight, int64_t rows,
                          int64_t cols) {
   dispatch_float_storage(x, "layer_norm_backward", {&mean, &rstd, &weight, &grad_weight, &grad_bias},
-                         [&]<typename T>() {
-    using P = shared::opmath_t<T>;
+                         [&]<typename T, typename P>() {
     const T* px = x.data_ptr<T>();
     const T* pg = g.data_ptr<T>();
     const P* pm = mean.data_ptr<P>();
@@ -125,8 +123,7 @@ void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
 void cross_entropy(const Tensor& losses, const Tensor& row_weight, const Tensor& probs, const Tensor& logits,
                    const Tensor& target, const Tensor& class_weight, int64_t ignore_index, double label_smoothing) {
   const int64_t rows = logits.size(0), C = logits.size(1);
-  dispatch_float_storage(logits, "cross_entropy", {&losses, &row_weight, &class_weight}, [&]<typename T>() {
-    using P = shared::opmath_t<T>;
+  dispatch_float_storage(logits, "cross_entropy", {&losses, &row_weight, &class_weight}, [&]<typename T, typename P>() {
     const T* px = logits.data_ptr<T>();
     const int64_t* py = target.data_ptr<int64_t>();
     const P* pcw = ptr_or_null<P>(class_weight);
@@ -173,8 +170,7 @@ void cross_entropy_backward(const Tensor& grad_logits, const Tensor& row_scale, 
                             const Tensor& target, const Tensor& class_weight, int64_t ignore_index,
                             double label_smoothing) {
   const int64_t rows = probs.size(0), C = probs.size(1);
-  dispatch_float_storage(probs, "cross_entropy_backward", {&row_scale, &class_weight}, [&]<typename T>() {
-    using P = shared::opmath_t<T>;
+  dispatch_float_storage(probs, "cross_entropy_backward", {&row_scale, &class_weight}, [&]<typename T, typename P>() {
     const T* pp = probs.data_ptr<T>();
     const int64_t* py = target.data_ptr<int64_t>();
     const P* pcw = ptr_or_null<P>(class_weight);

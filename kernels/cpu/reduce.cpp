@@ -144,34 +144,30 @@ void reduce(ReduceOp op, const Tensor& out, const Tensor& in, const std::vector<
 }
 
 namespace {
-// `in` with `dim` moved last, densely copied unless it already is dense in that layout.
-Tensor dim_last_dense(const Tensor& in, int64_t dim, int64_t& M, int64_t& R) {
-  Shape s = in.sizes();
-  Strides st = in.strides();
-  R = s[dim];
+// `t` viewed with `dim` moved last.
+Tensor dim_last_view(const Tensor& t, int64_t dim) {
+  Shape s = t.sizes();
+  Strides st = t.strides();
   s.erase(s.begin() + dim);
   st.erase(st.begin() + dim);
-  s.push_back(in.sizes()[dim]);
-  st.push_back(in.strides()[dim]);
+  s.push_back(t.sizes()[dim]);
+  st.push_back(t.strides()[dim]);
+  return restrided(t, s, st);
+}
+
+// `in` with `dim` moved last, densely copied unless it already is dense in that layout.
+Tensor dim_last_dense(const Tensor& in, int64_t dim, int64_t& M, int64_t& R) {
+  R = in.sizes()[dim];
   M = R == 0 ? 0 : in.numel() / R;
-  Tensor v = restrided(in, s, st);
+  Tensor v = dim_last_view(in, dim);
   return v.is_contiguous() ? v : dense_copy(v);
 }
 
-// `out` with `dim` moved last: written in place when that view is dense, else through `dense`, a
-// fresh tensor the caller copies back (finish_dim_last).
+// Where a kernel writes `out` with `dim` moved last: that view itself when it is dense, else a fresh
+// dense tensor that the caller copies into `view` afterwards.
 Tensor dim_last_output(const Tensor& out, int64_t dim, Tensor& view) {
-  Shape s = out.sizes();
-  Strides st = out.strides();
-  s.erase(s.begin() + dim);
-  st.erase(st.begin() + dim);
-  s.push_back(out.sizes()[dim]);
-  st.push_back(out.strides()[dim]);
-  view = restrided(out, s, st);
+  view = dim_last_view(out, dim);
   return view.is_contiguous() ? view : make_tensor(view.sizes(), view.dtype(), kCPU);
-}
-void finish_dim_last(const Tensor& view, const Tensor& dense) {
-  if (!dense.is_same(view)) copy(view, dense);
 }
 }  // namespace
 
@@ -214,8 +210,7 @@ void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) {
   Tensor x = dim_last_dense(in, dim, M, R);
   Tensor out_view;
   Tensor y = dim_last_output(out, dim, out_view);
-  dispatch_float_storage(in, log ? "log_softmax" : "softmax", {}, [&]<typename T>() {
-    using P = shared::opmath_t<T>;
+  dispatch_float_storage(in, log ? "log_softmax" : "softmax", {}, [&]<typename T, typename P>() {
     const T* px = x.data_ptr<T>();
     T* py = y.data_ptr<T>();
     parallel_for(0, M, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(R, 1)), [&](int64_t lo, int64_t hi) {
@@ -244,7 +239,7 @@ void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) {
       }
     });
   });
-  finish_dim_last(out_view, y);
+  if (!y.is_same(out_view)) copy(out_view, y);
 }
 
 void softmax_backward(const Tensor& grad_in, const Tensor& grad_out, const Tensor& out, int64_t dim, bool log) {
@@ -253,8 +248,7 @@ void softmax_backward(const Tensor& grad_in, const Tensor& grad_out, const Tenso
   Tensor y = dim_last_dense(out, dim, M, R);
   Tensor in_view;
   Tensor gi = dim_last_output(grad_in, dim, in_view);
-  dispatch_float_storage(out, "softmax_backward", {}, [&]<typename T>() {
-    using P = shared::opmath_t<T>;
+  dispatch_float_storage(out, "softmax_backward", {}, [&]<typename T, typename P>() {
     const T* pg = g.data_ptr<T>();
     const T* py = y.data_ptr<T>();
     T* pi = gi.data_ptr<T>();
@@ -277,7 +271,7 @@ void softmax_backward(const Tensor& grad_in, const Tensor& grad_out, const Tenso
       }
     });
   });
-  finish_dim_last(in_view, gi);
+  if (!gi.is_same(in_view)) copy(in_view, gi);
 }
 
 }  // namespace chorus::kernels::cpu

@@ -15,6 +15,7 @@
 #include "kernels/cuda/row_kernels.h"
 #include "kernels/shared/pointwise_math.h"
 #include "kernels/shared/reduce_math.h"
+#include "kernels/shared/storage_dispatch.h"
 
 namespace chorus::kernels::cuda_impl {
 namespace {
@@ -743,36 +744,14 @@ void batch_norm_rows_backward(const Tensor& grad_x, const Tensor& grad_weight, c
   check_launch("batch_norm_backward (channels-last input gradient)");
 }
 
-// x's storage type (float32, float64, float16, bfloat16); the [C] tensors must be in opmath_t of it.
-template <typename Fn>
-void dispatch_norm_input(const char* op, const Tensor& x, std::initializer_list<const Tensor*> params, const Fn& fn) {
-  auto run = [&]<typename T>() {
-    using P = sh::opmath_t<T>;
-    for (const Tensor* t : params) {
-      if (t->defined() && t->dtype() != dtype_of<P>::value) {
-        fail("{}: a {} input takes {} weight, bias and statistics, got {}", op, dtype_name(x.dtype()),
-             dtype_name(dtype_of<P>::value), dtype_name(t->dtype()));
-      }
-    }
-    fn.template operator()<T, P>();
-  };
-  switch (x.dtype()) {
-    case kFloat32: run.template operator()<float>(); return;
-    case kFloat64: run.template operator()<double>(); return;
-    case kFloat16: run.template operator()<Half>(); return;
-    case kBFloat16: run.template operator()<BFloat16>(); return;
-    default: fail("{}: expected a floating-point input, got {}", op, dtype_name(x.dtype()));
-  }
-}
-
 }  // namespace
 
 void batch_norm_direct(const Tensor& out, const Tensor& save_mean, const Tensor& save_rstd, const Tensor& x,
                        const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
                        bool use_batch_stats, double momentum, double eps, int64_t n, int64_t c, int64_t s) {
   if (c == 0) return;
-  dispatch_norm_input("batch_norm", x, {&weight, &bias, &running_mean, &running_var, &save_mean, &save_rstd},
-                      [&]<typename T, typename P>() {
+  sh::dispatch_float_storage(x, "batch_norm", {&weight, &bias, &running_mean, &running_var, &save_mean, &save_rstd},
+                             [&]<typename T, typename P>() {
     if (s == 1 && n > 0) {
       return batch_norm_rows<T, P>(out, save_mean, save_rstd, x, weight, bias, running_mean, running_var,
                                    use_batch_stats, momentum, eps, n, c);
@@ -791,8 +770,8 @@ void batch_norm_backward_direct(const Tensor& grad_x, const Tensor& grad_weight,
                                 const Tensor& save_rstd, const Tensor& weight, bool use_batch_stats, int64_t n,
                                 int64_t c, int64_t s) {
   if (c == 0) return;
-  dispatch_norm_input("batch_norm_backward", x, {&weight, &save_mean, &save_rstd, &grad_weight, &grad_bias},
-                      [&]<typename T, typename P>() {
+  sh::dispatch_float_storage(x, "batch_norm_backward", {&weight, &save_mean, &save_rstd, &grad_weight, &grad_bias},
+                             [&]<typename T, typename P>() {
     if (s == 1 && n > 0) {
       return batch_norm_rows_backward<T, P>(grad_x, grad_weight, grad_bias, grad_out, x, save_mean, save_rstd, weight,
                                             use_batch_stats, n, c);
@@ -826,7 +805,7 @@ void batch_norm_inference_stats(const Tensor& save_mean, const Tensor& save_rstd
 void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& weight,
                 const Tensor& bias, int64_t rows, int64_t cols, double eps) {
   if (rows == 0) return;
-  dispatch_norm_input("layer_norm", x, {&mean, &rstd, &weight, &bias}, [&]<typename T, typename P>() {
+  sh::dispatch_float_storage(x, "layer_norm", {&mean, &rstd, &weight, &bias}, [&]<typename T, typename P>() {
     LaunchContext ctx(x.device());
     const sh::RowPlan plan = layer_norm_plan(rows, cols, x, 1, {&x, &out, &weight, &bias}, ctx.sms);
     T* po = ptr_or_null<T>(out);
@@ -851,8 +830,8 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
 void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& g,
                          const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& weight, int64_t rows,
                          int64_t cols) {
-  dispatch_norm_input("layer_norm_backward", x, {&mean, &rstd, &weight, &grad_weight, &grad_bias},
-                      [&]<typename T, typename P>() {
+  sh::dispatch_float_storage(x, "layer_norm_backward", {&mean, &rstd, &weight, &grad_weight, &grad_bias},
+                             [&]<typename T, typename P>() {
     LaunchContext ctx(x.device());
     if (grad_x.defined() && rows > 0) {
       const sh::RowPlan plan = layer_norm_plan(rows, cols, x, 2, {&x, &g, &grad_x, &weight}, ctx.sms);
@@ -896,7 +875,8 @@ void cross_entropy(const Tensor& losses, const Tensor& row_weight, const Tensor&
                    const Tensor& target, const Tensor& class_weight, int64_t ignore_index, double label_smoothing) {
   const int64_t rows = logits.size(0), C = logits.size(1);
   if (rows == 0) return;
-  dispatch_norm_input("cross_entropy", logits, {&losses, &row_weight, &class_weight}, [&]<typename T, typename P>() {
+  sh::dispatch_float_storage(logits, "cross_entropy", {&losses, &row_weight, &class_weight},
+                             [&]<typename T, typename P>() {
     LaunchContext ctx(logits.device());
     cross_entropy_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
         ptr_or_null<P>(losses), ptr_or_null<P>(row_weight), ptr_or_null<T>(probs), ptr_or_null<const T>(logits),
@@ -911,7 +891,8 @@ void cross_entropy_backward(const Tensor& grad_logits, const Tensor& row_scale, 
                             double label_smoothing) {
   const int64_t rows = probs.size(0), C = probs.size(1);
   if (rows == 0) return;
-  dispatch_norm_input("cross_entropy_backward", probs, {&row_scale, &class_weight}, [&]<typename T, typename P>() {
+  sh::dispatch_float_storage(probs, "cross_entropy_backward", {&row_scale, &class_weight},
+                             [&]<typename T, typename P>() {
     LaunchContext ctx(probs.device());
     cross_entropy_backward_kernel<T><<<row_blocks(rows), kThreads, 0, ctx.stream>>>(
         ptr_or_null<T>(grad_logits), ptr_or_null<const P>(row_scale), ptr_or_null<const T>(probs),

@@ -15,6 +15,7 @@
 #include "kernels/cuda/row_kernels.h"
 #include "kernels/shared/pointwise_math.h"
 #include "kernels/shared/reduce_math.h"
+#include "kernels/shared/storage_dispatch.h"
 
 namespace chorus::kernels::cuda_impl {
 namespace {
@@ -422,7 +423,7 @@ void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) {
   Tensor x = dim_last_dense(in, dim, rows, cols);
   if (rows == 0) return;
   Tensor y = empty_like_dense(x);
-  CHORUS_DISPATCH_FLOATING_STORAGE(in.dtype(), log ? "log_softmax" : "softmax", [&]<typename T>() {
+  sh::dispatch_float_storage(in, log ? "log_softmax" : "softmax", {}, [&]<typename T, typename>() {
     LaunchContext ctx(in.device());
     const sh::RowPlan plan = softmax_plan(rows, cols, x, {&x, &y}, ctx.sms);
     const T* px = static_cast<const T*>(x.raw_data_ptr());
@@ -447,7 +448,7 @@ void softmax_backward(const Tensor& grad_in, const Tensor& grad_out, const Tenso
   Tensor y = dim_last_dense(out, dim, rows, cols);
   if (rows == 0) return;
   Tensor gi = empty_like_dense(g);
-  CHORUS_DISPATCH_FLOATING_STORAGE(out.dtype(), "softmax_backward", [&]<typename T>() {
+  sh::dispatch_float_storage(out, "softmax_backward", {}, [&]<typename T, typename>() {
     LaunchContext ctx(out.device());
     const sh::RowPlan plan = softmax_plan(rows, cols, g, {&g, &y, &gi}, ctx.sms);
     const T* pg = static_cast<const T*>(g.raw_data_ptr());

@@ -41,6 +41,17 @@ std::vector<uint16_t> bits_of(const Tensor& t) {
   return out;
 }
 
+// The most `fn` had allocated on `device` at once beyond what was allocated before it (its work
+// finished): the caching allocator's peak, which counts every temporary.
+size_t peak_during(Device device, const std::function<void()>& fn) {
+  synchronize(device);
+  reset_peak_memory_stats(device);
+  const size_t before = memory_allocated(device);
+  fn();
+  synchronize(device);
+  return max_memory_allocated(device) - before;
+}
+
 // ||a - b|| / ||b||, in float64.
 double relative_error(const Tensor& a, const Tensor& b) {
   NoGradGuard no_grad;
@@ -134,12 +145,8 @@ TEST_CASE("16-bit elementwise ops on sim allocate no float32 temporaries", "[aut
     };
     for (const auto& [name, op] : ops) {
       INFO(name << " on " << dtype_name(dtype));
-      synchronize(sim);
-      reset_peak_memory_stats(sim);
-      const size_t before = memory_allocated(sim);
-      Tensor out = op();
-      synchronize(sim);
-      const size_t peak = max_memory_allocated(sim) - before;
+      Tensor out;
+      const size_t peak = peak_during(sim, [&] { out = op(); });
       CHECK(out.element_size() <= 2);
       CHECK(peak <= static_cast<size_t>(n) * 2 + 4096);  // the output only (plus a 0-d scalar)
     }
@@ -322,12 +329,8 @@ TEST_CASE("16-bit softmax, layer_norm, cross_entropy and reductions on sim alloc
     };
     for (const auto& [name, op, extra] : ops) {
       INFO(name << " on " << dtype_name(dtype));
-      synchronize(sim);
-      reset_peak_memory_stats(sim);
-      const size_t before = memory_allocated(sim);
-      Tensor out = op();
-      synchronize(sim);
-      const size_t peak = max_memory_allocated(sim) - before;
+      Tensor out;
+      const size_t peak = peak_during(sim, [&] { out = op(); });
       CHECK(out.element_size() == 2);
       // (a reduction's output is small: it alone is below the 8 KiB allowance)
       // The probabilities cross_entropy keeps for backward are 2n bytes too; 8 KiB of allocator
