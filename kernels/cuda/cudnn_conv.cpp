@@ -126,6 +126,21 @@ struct Call {
   cp::ConvKey key(cp::Direction d) const { return cp::conv_key(plan, d, device.index, deterministic); }
 };
 
+// cuDNN 9 has no float64 algorithm for NHWC tensors (none for the backward-data pass on an H100,
+// 2026-11-26): a float64 convolution with a channels-last operand runs on NCHW copies, as PyTorch's
+// cuDNN convolution does (it suggests the contiguous layout for double).
+bool needs_nchw(const Tensor& x, const Tensor& weight, const Tensor& y) {
+  return x.dtype() == kFloat64 && !(x.is_contiguous() && weight.is_contiguous() && y.is_contiguous());
+}
+// t as a contiguous (NCHW) tensor: t itself, or a copy (`fill`: with t's values, else uninitialized,
+// for an output).
+Tensor nchw(const Tensor& t, bool fill = true) {
+  if (!t.defined() || t.is_contiguous()) return t;
+  Tensor c = make_tensor(t.sizes(), t.dtype(), t.device());
+  if (fill) copy(c, t);
+  return c;
+}
+
 }  // namespace
 
 void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
@@ -134,6 +149,11 @@ void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
   if (!cudnn_can_run(x, weight)) {
     const Tensor o = direct_operand(out);
     conv2d_direct(o, direct_operand(x), direct_operand(weight), direct_operand(bias), w, groups);
+    return write_back(out, o);
+  }
+  if (needs_nchw(x, weight, out)) {
+    const Tensor o = nchw(out, /*fill=*/false);
+    conv2d(o, nchw(x), nchw(weight), bias, w, groups);
     return write_back(out, o);
   }
   DeviceGuard guard(x.device());
@@ -164,6 +184,17 @@ void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
   }
 }
 
+namespace {
+// Whether a and b (of one shape) lay their elements out alike: the strides of dimensions of size 1
+// say nothing (a 1x1 weight [K, C, 1, 1] is both NCHW [C, 1, 1, 1] and channels-last [C, 1, C, C]).
+bool same_memory_layout(const Tensor& a, const Tensor& b) {
+  if (a.sizes() != b.sizes()) return false;
+  for (int64_t d = 0; d < a.dim(); ++d)
+    if (a.size(d) > 1 && a.stride(d) != b.stride(d)) return false;
+  return true;
+}
+}  // namespace
+
 void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& grad_out,
                      const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups) {
   if (!cudnn_can_run(x, weight) || grad_out.numel() == 0 || x.numel() == 0) {
@@ -173,14 +204,20 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     write_back(grad_weight, gw);
     return write_back(grad_bias, gb);
   }
+  if (needs_nchw(x, weight, grad_out)) {
+    const Tensor gx = nchw(grad_x, false), gw = nchw(grad_weight, false);
+    conv2d_backward(gx, gw, grad_bias, nchw(grad_out), nchw(x), nchw(weight), w, groups);
+    write_back(grad_x, gx);
+    return write_back(grad_weight, gw);
+  }
   DeviceGuard guard(x.device());
   Call call(x, weight, grad_out, w, groups);
   // The gradients are written through the descriptors of x, w and y: they must share those layouts.
-  if (grad_x.defined() && grad_x.strides() != x.strides()) {
+  if (grad_x.defined() && !same_memory_layout(grad_x, x)) {
     fail("cuDNN conv2d backward: grad_x strides {} differ from the input's {}", shape_str(grad_x.strides()),
          shape_str(x.strides()));
   }
-  if (grad_weight.defined() && grad_weight.strides() != weight.strides()) {
+  if (grad_weight.defined() && !same_memory_layout(grad_weight, weight)) {
     fail("cuDNN conv2d backward: grad_weight strides {} differ from the weight's {}", shape_str(grad_weight.strides()),
          shape_str(weight.strides()));
   }

@@ -22,6 +22,7 @@
 #include "nn/nn.h"
 #include "tensor/ops.h"
 #include "tensor/runtime.h"
+#include "tests/distributed/stack_dump.h"
 #include "tests/distributed/worker_checks.h"
 
 using namespace chorus;
@@ -758,6 +759,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string scenario = argv[1];
+  chorus::testing::dump_stacks_after_env();
   try {
     InitOptions init;
     // The GPU tests pick the backend (e.g. nccl) and may make each rank look like its own host.

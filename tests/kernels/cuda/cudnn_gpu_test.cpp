@@ -54,10 +54,14 @@ struct Case {
   int64_t n, cin, cout, h, w, k, stride, pad, dilation, groups;
 };
 
-// Forward and gradients of conv2d (through the op layer) on `device`.
-std::vector<Tensor> run(const Case& c, DType dtype, Device device, uint64_t seed) {
+// Forward and gradients of conv2d (through the op layer) on `device`; a channels-last input makes the
+// convolution channels-last (and a 1x1 weight is both layouts at once: its strides differ from the
+// channels-last gradient's only in dimensions of size 1).
+std::vector<Tensor> run(const Case& c, DType dtype, Device device, uint64_t seed, bool channels_last = false) {
   manual_seed(seed);
-  Tensor x = randn({c.n, c.cin, c.h, c.w}, {.dtype = dtype}).to(device).requires_grad_();
+  Tensor x = randn({c.n, c.cin, c.h, c.w}, {.dtype = dtype}).to(device);
+  if (channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
+  x.requires_grad_();
   Tensor w = randn({c.cout, c.cin / c.groups, c.k, c.k}, {.dtype = dtype}).to(device).requires_grad_();
   Tensor b = randn({c.cout}, {.dtype = dtype}).to(device).requires_grad_();
   Tensor y = F::conv2d(x, w, b, {c.stride, c.stride}, {c.pad, c.pad}, {c.dilation, c.dilation}, c.groups);
@@ -274,14 +278,16 @@ TEST_CASE("cuDNN conv2d forward and backward equal the CPU's", "[cuda][cudnn][gp
   cuda::set_cudnn_allow_tf32(false);
   for (DType dtype : {kFloat32, kFloat64}) {
     for (const Case& c : kCases) {
-      INFO(dtype_name(dtype) << " n " << c.n << " cin " << c.cin << " cout " << c.cout << " " << c.h << "x" << c.w
-                             << " k " << c.k << " stride " << c.stride << " pad " << c.pad << " dilation "
-                             << c.dilation << " groups " << c.groups);
-      const auto gpu = run(c, dtype, kGpu, 11), cpu = run(c, dtype, Device::cpu(), 11);
-      const double tol = dtype == kFloat32 ? 1e-5 : 1e-12;
-      for (int i = 0; i < 4; ++i) {
-        INFO("output " << i << " (y, dx, dw, db)");
-        CHECK(rel_diff(gpu[i], cpu[i]) < tol);
+      for (bool cl : {false, true}) {
+        INFO(dtype_name(dtype) << (cl ? " channels-last" : " NCHW") << " n " << c.n << " cin " << c.cin << " cout " << c.cout << " " << c.h << "x" << c.w
+                               << " k " << c.k << " stride " << c.stride << " pad " << c.pad << " dilation "
+                               << c.dilation << " groups " << c.groups);
+        const auto gpu = run(c, dtype, kGpu, 11, cl), cpu = run(c, dtype, Device::cpu(), 11, cl);
+        const double tol = dtype == kFloat32 ? 1e-5 : 1e-12;
+        for (int i = 0; i < 4; ++i) {
+          INFO("output " << i << " (y, dx, dw, db)");
+          CHECK(rel_diff(gpu[i], cpu[i]) < tol);
+        }
       }
     }
   }
