@@ -1,8 +1,12 @@
 // GlooStreamCommunicator: see gloo_communicator.h.
 #include "distributed/gloo_communicator.h"
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
+#include <map>
 #include <thread>
 
 #include "distributed/stream_group.h"
@@ -10,28 +14,6 @@
 
 namespace chorus::distributed {
 
-namespace {
-// A one-shot gate: wait() returns once open() has been called.
-class Latch {
- public:
-  void open() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-  void wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return open_; });
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
-}  // namespace
 
 struct GlooStreamCommunicator::State {
   std::mutex mutex;
@@ -40,11 +22,81 @@ struct GlooStreamCommunicator::State {
   std::string aborted;                 // why, once abort() ran
 };
 
-// Host work in the order of one stream, run on a thread of its own (see group_end): each job waits
-// for its event, then runs.
+// Page-locked host memory for the staged copies and the lanes' flag words, kept for the
+// communicator's life and reused: allocating page-locked memory waits for all device work (CUDA
+// makes it an implicit synchronization), which may wait for a collective whose peer waits for this
+// process's next one. So it is allocated rarely, in chunks of at least kMinChunk bytes (the first
+// before any collective of the communicator is in flight), and carved first-fit into blocks.
+class GlooStreamCommunicator::PinnedPool {
+ public:
+  static constexpr size_t kMinChunk = size_t(16) << 20;
+  explicit PinnedPool(DeviceRuntime& rt) : rt_(rt) {}
+  ~PinnedPool() {
+    for (Chunk& c : chunks_) rt_.host_free(c.base);
+  }
+  PinnedPool(const PinnedPool&) = delete;
+  PinnedPool& operator=(const PinnedPool&) = delete;
+
+  Block take(size_t bytes) {
+    const size_t n = round_up(std::max<size_t>(bytes, 1), 64);
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Chunk& c : chunks_)
+      if (char* p = c.take(n)) return {p, n};
+    const size_t size = std::max(kMinChunk, round_up(2 * n, size_t(1) << 20));
+    chunks_.push_back({static_cast<char*>(rt_.host_malloc(size)), size, {{0, size}}});
+    return {chunks_.back().take(n), n};
+  }
+  void give(const Block& b) {
+    if (!b.ptr) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Chunk& c : chunks_) {
+      if (b.ptr >= c.base && b.ptr < c.base + c.size) return c.give(static_cast<size_t>(b.ptr - c.base), b.size);
+    }
+  }
+
+ private:
+  static size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+  struct Chunk {
+    char* base;
+    size_t size;
+    std::map<size_t, size_t> free;  // offset -> length of each free range
+    char* take(size_t n) {
+      for (auto it = free.begin(); it != free.end(); ++it) {
+        if (it->second < n) continue;
+        const size_t offset = it->first, length = it->second;
+        free.erase(it);
+        if (length > n) free.emplace(offset + n, length - n);
+        return base + offset;
+      }
+      return nullptr;
+    }
+    void give(size_t offset, size_t n) {
+      auto it = free.emplace(offset, n).first;
+      if (auto next = std::next(it); next != free.end() && it->first + it->second == next->first) {
+        it->second += next->second;
+        free.erase(next);
+      }
+      if (it != free.begin()) {
+        if (auto prev = std::prev(it); prev->first + prev->second == it->first) {
+          prev->second += it->second;
+          free.erase(it);
+        }
+      }
+    }
+  };
+  DeviceRuntime& rt_;
+  std::mutex mutex_;
+  std::deque<Chunk> chunks_;
+};
+
+// The host side of one stream's staged groups, on a thread of its own, in the stream's order. Two
+// flag words in page-locked memory connect it to the stream: the stream writes `ready` = the
+// group's number once its copies to host memory are done; the worker waits for that, runs the
+// collectives and stores `done` = the number; the stream waits for it before copying the results
+// back. The worker makes no CUDA call at all (see group_end).
 class GlooStreamCommunicator::LaneWorker {
  public:
-  LaneWorker() : thread_([this] { loop(); }) {}
+  explicit LaneWorker(Block flags) : flags_(flags), thread_([this] { loop(); }) {}
   ~LaneWorker() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -53,28 +105,22 @@ class GlooStreamCommunicator::LaneWorker {
     cv_.notify_all();
     thread_.join();
   }
-  // Copies `src` into `dst` (one of them on `device`, the other a host tensor of the same size) on
-  // this worker's own stream, and waits for the copy. Only the worker's thread calls this.
-  void copy(const Tensor& dst, const Tensor& src, Device device) {
-    DeviceRuntime& rt = runtime_for(device, "ProcessGroup");
-    if (!copy_stream_) copy_stream_ = rt.create_stream(device.index, /*high_priority=*/false);
-    const CopyKind kind = dst.device().is_cpu() ? CopyKind::DeviceToHost : CopyKind::HostToDevice;
-    rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), static_cast<size_t>(src.numel()) * src.element_size(),
-                    kind, copy_stream_);
-    rt.synchronize_stream(copy_stream_);
-  }
-  void push(Event ready, std::function<void(std::exception_ptr)> job) {
+  uint32_t* ready_word() const { return reinterpret_cast<uint32_t*>(flags_.ptr); }
+  uint32_t* done_word() const { return reinterpret_cast<uint32_t*>(flags_.ptr) + 1; }
+  const Block& flags() const { return flags_; }
+  uint32_t next_sequence() { return ++sequence_; }  // the issuing thread only
+  void push(uint32_t sequence, std::function<void()> job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      jobs_.push_back({std::move(ready), std::move(job)});
+      jobs_.push_back({sequence, std::move(job)});
     }
     cv_.notify_all();
   }
 
  private:
   struct Job {
-    Event ready;
-    std::function<void(std::exception_ptr)> run;  // given the error of waiting for `ready`, if any
+    uint32_t sequence;
+    std::function<void()> run;
   };
   void loop() {
     for (;;) {
@@ -86,22 +132,23 @@ class GlooStreamCommunicator::LaneWorker {
         job = std::move(jobs_.front());
         jobs_.pop_front();
       }
-      std::exception_ptr error;
-      try {
-        // Not Event::synchronize(): that counts as the host blocking (host_sync_count), which a
-        // thread of the communicator's own waiting is not.
-        runtime_for(job.ready.device(), "ProcessGroup").synchronize_event(job.ready.handle());
-      } catch (...) {
-        error = std::current_exception();
+      // The stream reaches its `ready` write after the caller's work and the copies: poll for it
+      // (spinning briefly, then sleeping 20 us at a time).
+      std::atomic_ref<uint32_t> ready(*ready_word());
+      for (int spins = 0; static_cast<int32_t>(ready.load(std::memory_order_acquire) - job.sequence) < 0; ++spins) {
+        if (spins < 256) std::this_thread::yield();
+        else std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
-      job.run(error);
+      job.run();
+      std::atomic_ref<uint32_t>(*done_word()).store(job.sequence, std::memory_order_release);
     }
   }
+  const Block flags_;
+  uint32_t sequence_ = 0;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
   bool stop_ = false;
-  StreamHandle copy_stream_ = nullptr;  // made at the first copy, on the lane's device
   std::thread thread_;
 };
 
@@ -128,16 +175,29 @@ void GlooStreamCommunicator::release_staging(bool all) {
     }
     staging_.swap(still);
   }
-  if (all)
-    for (Staging& st : done) st.done.synchronize();
+  for (Staging& st : done) {
+    if (all) st.done.synchronize();
+    for (const Block& b : st.blocks) st.pool->give(b);
+  }
   // `done` goes out of scope here: the tensors and works the stream no longer needs are let go.
 }
 
+GlooStreamCommunicator::PinnedPool& GlooStreamCommunicator::pool_for(Device device) {
+  std::lock_guard<std::mutex> lock(workers_mutex_);
+  for (auto& [type, pool] : pools_)
+    if (type == device.type) return *pool;
+  pools_.emplace_back(device.type, std::make_unique<PinnedPool>(runtime_for(device, "ProcessGroup")));
+  return *pools_.back().second;
+}
+
 GlooStreamCommunicator::LaneWorker& GlooStreamCommunicator::worker_for(const Stream& stream) {
+  PinnedPool& pool = pool_for(stream.device());
   std::lock_guard<std::mutex> lock(workers_mutex_);
   for (auto& [s, w] : workers_)
     if (s == stream) return *w;
-  workers_.emplace_back(stream, std::make_unique<LaneWorker>());
+  Block flags = pool.take(64);  // its two flag words, alone on a cache line
+  std::memset(flags.ptr, 0, flags.size);
+  workers_.emplace_back(stream, std::make_unique<LaneWorker>(flags));
   return *workers_.back().second;
 }
 
@@ -153,19 +213,17 @@ void GlooStreamCommunicator::add(const char* op, const TensorList& tensors, cons
   if (stream_ && !(*stream_ == stream)) fail("gloo {}: every op of a coalesced group must use one stream", op);
   stream_ = stream;
   const Device device = stream.device();
-  const size_t first = aliases_.size();
+  const size_t first = staged_.size();
   for (const Tensor& t : tensors) {
     if (!t.is_contiguous()) {
       fail("ProcessGroup gloo {}: a {} tensor goes to Gloo through host memory and must be contiguous (got strides "
            "{} for shape {}); call .contiguous() first",
            op, device.str(), shape_str(t.strides()), shape_str(t.sizes()));
     }
-    // Gloo works on a host copy, which the lane worker fills and copies back (group_end).
-    Tensor host = make_tensor(t.sizes(), t.dtype(), Device::cpu());
-    aliases_.push_back(host);
+    // Gloo works on a host copy in page-locked memory (made, filled and copied back in group_end).
     bool writes = false;
     for (const Tensor& w : written) writes = writes || w.is_same(t);
-    staged_.push_back({alias_without_history(t), host, writes});
+    staged_.push_back({alias_without_history(t), Tensor(), writes});
   }
   jobs_.push_back({std::move(issue), first, tensors.size(), work});
   if (implicit) group_end();
@@ -181,11 +239,19 @@ void GlooStreamCommunicator::group_end() {
   const Stream stream = *stream_;
   std::vector<Job> jobs;
   jobs.swap(jobs_);
-  TensorList aliases;
-  aliases.swap(aliases_);
   std::vector<StagedTensor> staged_tensors;
   staged_tensors.swap(staged_);
   stream_.reset();
+  // Gloo's operands: host tensors over page-locked blocks of the pool (see the comment below).
+  PinnedPool& pool = pool_for(stream.device());
+  LaneWorker& worker = worker_for(stream);
+  std::vector<Block> blocks;
+  TensorList aliases;
+  for (StagedTensor& t : staged_tensors) {
+    blocks.push_back(pool.take(static_cast<size_t>(t.device.nbytes())));
+    t.host = from_blob(blocks.back().ptr, t.device.sizes(), {.dtype = t.device.dtype()});
+    aliases.push_back(t.host);
+  }
 
   std::shared_ptr<State> state = state_;  // the task may outlive the communicator
   {
@@ -194,10 +260,7 @@ void GlooStreamCommunicator::group_end() {
   }
   auto host = host_;
   DeviceRuntime& rt = runtime_for(stream.device(), "ProcessGroup");
-  // The host function on a CUDA stream may make no CUDA call: it must not hold the last reference
-  // to a device tensor (freeing one records an event on its stream) or to a work (its events). The
-  // device tensors and the works stay with the staging record instead, released on this side once
-  // the stream has passed the task.
+  // The works stay with the staging record until the stream has passed the group (see Staging).
   std::vector<std::shared_ptr<StreamWork>> works;
   for (const Job& job : jobs) works.push_back(job.work);
   // The collectives of the group, issued on the host copies and waited for. `error`: why they
@@ -241,49 +304,33 @@ void GlooStreamCommunicator::group_end() {
       }
     }
   };
-  {
-    // Once an event after the caller's work has passed, the stream's lane worker copies the
-    // tensors to host memory on a stream of its own, runs the collectives and copies the results
-    // back, while the communication stream waits in a host function until it is done. What the
-    // first GPU run taught (2026-11-26):
-    // - no CUDA call inside a host function (cudaErrorNotPermitted): the worker does the copies;
-    // - CUDA may run the host functions of all streams on one thread, so the collectives must not
-    //   run inside one: a send waiting there for its peer's receive would keep this process's own
-    //   receive (another stream's host function) from being posted, and a ring would deadlock;
-    // - allocating or freeing page-locked memory orders all later device work after everything
-    //   issued before (an implicit synchronization): copies through pinned buffers made for a
-    //   receive would queue behind the send still waiting for its peer. The host copies are
-    //   pageable memory, made and freed without CUDA.
-    // The host function still waits for the worker, so with several lanes in flight a waiting one
-    // can hold up another's host function (gloo_communicator.h, "Known limit").
-    auto done = std::make_shared<Latch>();
-    Event ready;
-    ready.record(stream);
-    const Device device = stream.device();
-    LaneWorker& worker = worker_for(stream);
-    worker.push(std::move(ready), [run, done, jobs, device, staged_tensors, &worker](std::exception_ptr error) {
-      if (!error) {
-        try {
-          for (const StagedTensor& st : staged_tensors) worker.copy(st.host, st.device, device);
-        } catch (...) {
-          error = std::current_exception();
-        }
-      }
-      run(error);
-      if (!error) {
-        try {
-          for (const StagedTensor& st : staged_tensors)
-            if (st.written) worker.copy(st.device, st.host, device);
-        } catch (...) {
-          for (const Job& job : jobs) job.work->note_error(std::current_exception());
-        }
-      }
-      done->open();
-    });
-    rt.launch_host_task(stream.handle(), [done] { done->wait(); }, {});
+  // On the stream, after the caller's work: copy the tensors into their page-locked host copies,
+  // write the lane's `ready` word; the lane worker, polling it, runs the collectives and stores
+  // `done`; the stream waits for that and copies the results back. Nothing on the host side calls
+  // CUDA, and the stream waits with no host function. What the GPU runs taught (2026-11-26):
+  // - a host function may make no CUDA call (cudaErrorNotPermitted), and CUDA may run the host
+  //   functions of all streams on one thread: collectives inside one deadlocked a send/receive ring;
+  // - a host function that waited for a thread making CUDA calls (the copies) deadlocked DDP on an
+  //   H100: the main thread's blocking copy to pageable memory held a driver lock while it waited for
+  //   the device, the device waited for the host function, and the thread's copy for the lock
+  //   (docs/data/gloo_cuda_hang_stacks_rank0_2026-11-26.txt);
+  // - allocating page-locked memory is an implicit device synchronization: the pool allocates
+  //   rarely (PinnedPool), never per collective.
+  const uint32_t sequence = worker.next_sequence();
+  for (const StagedTensor& t : staged_tensors) {
+    rt.memcpy_async(t.host.raw_data_ptr(), t.device.raw_data_ptr(), static_cast<size_t>(t.device.nbytes()),
+                    CopyKind::DeviceToHost, stream.handle());
   }
-  // The device tensors and works stay here until the stream has passed the task (see Staging).
-  Staging st{Event(), {}, std::move(works)};
+  rt.stream_write_value(stream.handle(), worker.ready_word(), sequence);
+  worker.push(sequence, [run] { run(nullptr); });
+  rt.stream_wait_value(stream.handle(), worker.done_word(), sequence);
+  for (const StagedTensor& t : staged_tensors) {
+    if (!t.written) continue;
+    rt.memcpy_async(t.device.raw_data_ptr(), t.host.raw_data_ptr(), static_cast<size_t>(t.device.nbytes()),
+                    CopyKind::HostToDevice, stream.handle());
+  }
+  // The device tensors, works and blocks stay here until the stream has passed the group.
+  Staging st{Event(), {}, std::move(works), &pool, std::move(blocks)};
   for (const StagedTensor& t : staged_tensors) st.tensors.push_back(t.device);
   st.done.record(stream);
   std::lock_guard<std::mutex> lock(staging_mutex_);

@@ -3,16 +3,13 @@
 // collective is done. This is what CI runs under the stream-ordered group on sim (and what CUDA
 // tensors use where NCCL is not linked): real processes, real sockets, the real ordering code.
 //
-// Gloo reads host memory, so device tensors are staged: a thread of the stream's own (its lane
-// worker) waits for an event after the caller's work, copies the tensors to host memory, runs the
-// collectives on the copies and copies the results back, while the stream waits in a host function
-// until it has. Not in the host function itself, and not through pinned buffers allocated on the
-// way: either can deadlock a ring of sends and receives on CUDA (group_end says why). The sim
-// device refuses device calls in host functions as CUDA does, so CI runs exactly this path.
-// Known limit: CUDA may run the host functions of all streams on one thread, so while one lane's
-// host function waits for its peers, another lane's cannot run; with several lanes in flight at
-// once (a pipeline's sends, receives and data-parallel allreduces over Gloo with CUDA tensors) that
-// can deadlock. Use NCCL for CUDA tensors there (sim does not model this serialization).
+// Gloo reads host memory, so device tensors are staged through page-locked host copies, all on the
+// stream: it copies the tensors out, writes a flag word (a stream memory operation), waits for a
+// second one, and copies the results back. A thread of the stream's own (its lane worker) polls
+// the first word, runs the collectives on the host copies and stores the second. The host side
+// makes no CUDA call and the stream waits in no host function: the two designs before this one
+// deadlocked on a GPU (group_end says how). The sim device implements the flag words as CUDA does
+// (stream tasks), so CI runs exactly this path.
 #pragma once
 
 #include <functional>
@@ -60,6 +57,14 @@ class GlooStreamCommunicator final : public Communicator {
   void add(const char* op, const TensorList& tensors, const TensorList& written, const Stream& stream,
            const std::shared_ptr<StreamWork>& work, Issue issue);
   void release_staging(bool all);
+  // A block of page-locked host memory from a PinnedPool.
+  struct Block {
+    char* ptr = nullptr;
+    size_t size = 0;
+  };
+  // Page-locked memory for one device type's staging, allocated rarely and reused.
+  class PinnedPool;
+  PinnedPool& pool_for(Device device);
   // The thread that runs the staged collectives of one stream, in its order (made at first use).
   class LaneWorker;
   LaneWorker& worker_for(const Stream& stream);
@@ -77,7 +82,6 @@ class GlooStreamCommunicator final : public Communicator {
   int depth_ = 0;
   std::optional<Stream> stream_;
   std::vector<Job> jobs_;
-  TensorList aliases_;
   struct StagedTensor {
     Tensor device, host;  // the device tensor and its host copy (Gloo's operand)
     bool written;         // whether the collective writes it (then it is copied back)
@@ -88,11 +92,15 @@ class GlooStreamCommunicator final : public Communicator {
   struct Staging {
     Event done;                                      // recorded after the group's task
     TensorList tensors;                              // the group's tensors, alive until `done`
-    std::vector<std::shared_ptr<StreamWork>> works;  // likewise the works (see group_end)
+    std::vector<std::shared_ptr<StreamWork>> works;  // likewise the works
+    PinnedPool* pool;                                // where `blocks` return
+    std::vector<Block> blocks;                       // the host copies' memory
   };
   std::vector<Staging> staging_;
 
   std::mutex workers_mutex_;
+  // Before the workers, whose flag words they hold: destroyed after them.
+  std::vector<std::pair<DeviceType, std::unique_ptr<PinnedPool>>> pools_;
   // Last: the workers outlive the destructor's body, which waits for what they still have to run.
   std::vector<std::pair<Stream, std::unique_ptr<LaneWorker>>> workers_;
 };

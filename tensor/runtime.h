@@ -61,6 +61,16 @@ class DeviceRuntime {
   virtual void launch_host_task(StreamHandle stream, std::function<void()> fn,
                                 std::vector<const void*> device_buffers) = 0;
 
+  // Stream memory operations on a 32-bit word of page-locked host memory (host_malloc): they order
+  // a stream after host work with no host function and no CUDA call on the host side
+  // (distributed/gloo_communicator.cpp). write_value stores `value` once the stream gets there,
+  // after its earlier work, whose writes a host thread that reads the value (acquire) also sees;
+  // wait_value holds the stream's later work until the word, as the host stores it (release), is
+  // >= value (compared as (int32_t)(word - value) >= 0, so counters may wrap). Neither blocks the
+  // host. cuda: cuStreamWriteValue32 / cuStreamWaitValue32 (GEQ).
+  virtual void stream_write_value(StreamHandle stream, uint32_t* word, uint32_t value) = 0;
+  virtual void stream_wait_value(StreamHandle stream, const uint32_t* word, uint32_t value) = 0;
+
   virtual EventHandle create_event(int device, bool enable_timing) = 0;
   virtual void destroy_event(EventHandle event) = 0;
   virtual void record_event(EventHandle event, StreamHandle stream) = 0;

@@ -3,6 +3,7 @@
 // same code the sim device runs in CI. Registered with the caching allocator at static
 // initialization; with no GPU (or no driver) device_count() is 0 and every entry point raises
 // "no CUDA device: <the runtime's reason>" through runtime_for().
+#include <cuda.h>  // types and flags of the stream memory operations (no libcuda link: see MemOps)
 #include <cuda_runtime.h>
 
 #include <mutex>
@@ -23,6 +24,42 @@ void check(cudaError_t status, const char* call) {
 }
 
 #define CHORUS_CUDA(call) check((call), #call)
+
+void check_driver(CUresult status, const char* call) {
+  if (status != CUDA_SUCCESS) fail("CUDA driver error in {}: CUresult {}", call, static_cast<int>(status));
+}
+
+// cuStreamWriteValue32 / cuStreamWaitValue32 (the v2 stream memory operations, on by default since
+// CUDA 11.7), taken from the driver through cudart so that chorus links no libcuda.
+struct MemOps {
+  using Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
+  Fn write = nullptr, wait = nullptr;
+};
+const MemOps& mem_ops() {
+  static const MemOps ops = [] {
+    MemOps m;
+    auto lookup = [](const char* symbol) {
+      void* fn = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      check(cudaGetDriverEntryPointByVersion(symbol, &fn, 12000, cudaEnableDefault, &found), symbol);
+      if (found != cudaDriverEntryPointSuccess || fn == nullptr) {
+        fail("CUDA: the driver has no {} (stream memory operations; needs a CUDA 12 driver)", symbol);
+      }
+      return reinterpret_cast<MemOps::Fn>(fn);
+    };
+    m.write = lookup("cuStreamWriteValue32");
+    m.wait = lookup("cuStreamWaitValue32");
+    return m;
+  }();
+  return ops;
+}
+
+// The device address of page-locked host memory (host_malloc maps it).
+CUdeviceptr device_pointer(const void* host) {
+  void* d = nullptr;
+  check(cudaHostGetDevicePointer(&d, const_cast<void*>(host), 0), "cudaHostGetDevicePointer");
+  return reinterpret_cast<CUdeviceptr>(d);
+}
 
 class CudaRuntime final : public DeviceRuntime {
  public:
@@ -70,7 +107,8 @@ class CudaRuntime final : public DeviceRuntime {
   }
   void* host_malloc(size_t nbytes) override {
     void* p = nullptr;
-    CHORUS_CUDA(cudaHostAlloc(&p, nbytes, cudaHostAllocDefault));
+    // Mapped: stream memory operations (stream_write_value) address it from the device.
+    CHORUS_CUDA(cudaHostAlloc(&p, nbytes, cudaHostAllocPortable | cudaHostAllocMapped));
     return p;
   }
   void host_free(void* ptr) override { CHORUS_CUDA(cudaFreeHost(ptr)); }
@@ -120,6 +158,17 @@ class CudaRuntime final : public DeviceRuntime {
           delete f;
         },
         heap));
+  }
+
+  void stream_write_value(StreamHandle s, uint32_t* word, uint32_t value) override {
+    const MemOps& ops = mem_ops();
+    check_driver(ops.write(static_cast<CUstream>(s), device_pointer(word), value, CU_STREAM_WRITE_VALUE_DEFAULT),
+                 "cuStreamWriteValue32");
+  }
+  void stream_wait_value(StreamHandle s, const uint32_t* word, uint32_t value) override {
+    const MemOps& ops = mem_ops();
+    check_driver(ops.wait(static_cast<CUstream>(s), device_pointer(word), value, CU_STREAM_WAIT_VALUE_GEQ),
+                 "cuStreamWaitValue32");
   }
 
   EventHandle create_event(int device, bool enable_timing) override {

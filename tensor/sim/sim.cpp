@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <shared_mutex>
 #include <thread>
 #include <vector>
 
@@ -26,6 +27,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 std::atomic<uint32_t> g_delay_us{0};
+std::atomic<bool> g_driver_lock{false};
 std::atomic<uint64_t> g_tasks{0};
 
 uint32_t env_u32(const char* name, uint32_t fallback) {
@@ -138,6 +140,8 @@ struct SimEvent {
 
 // ---- Streams -----------------------------------------------------------------------------------
 
+thread_local bool t_stream_thread = false;  // set on every SimStream's worker thread
+
 struct Task {
   std::function<void()> fn;
   std::vector<const void*> buffers;
@@ -183,6 +187,7 @@ class SimStream {
 
  private:
   void run() {
+    t_stream_thread = true;
     std::minstd_rand rng(static_cast<uint32_t>(reinterpret_cast<uintptr_t>(this) >> 4));
     for (;;) {
       Task task;
@@ -251,6 +256,7 @@ class SimRuntime final : public DeviceRuntime {
  public:
   SimRuntime() : count_(static_cast<int>(env_u32("CHORUS_SIM_DEVICES", 2))) {
     g_delay_us.store(env_u32("CHORUS_SIM_DELAY_US", 0));
+    g_driver_lock.store(env_u32("CHORUS_SIM_DRIVER_LOCK", 0) != 0);
     capacity_.assign(count_, size_t(16) << 30);
     default_streams_.resize(count_, nullptr);
   }
@@ -261,6 +267,7 @@ class SimRuntime final : public DeviceRuntime {
 
   void* malloc(int device, size_t nbytes) override {
     refuse_in_host_function("malloc");
+    const auto shared = host_call();
     size_t cap;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -270,6 +277,7 @@ class SimRuntime final : public DeviceRuntime {
   }
   void free(int device, void* ptr) override {
     refuse_in_host_function("free");
+    const auto shared = host_call();
     memory_.release(device, ptr);
   }
   size_t total_memory(int device) override {
@@ -295,6 +303,9 @@ class SimRuntime final : public DeviceRuntime {
       pinned_.erase(reinterpret_cast<uintptr_t>(ptr));
     }
     std::free(ptr);
+  }
+  void check_pinned(const void* ptr, const char* what) {
+    if (!is_pinned(ptr)) fail("sim: {} on {}, which is not page-locked host memory (host_malloc)", what, ptr);
   }
   bool is_pinned(const void* ptr) {
     const auto addr = reinterpret_cast<uintptr_t>(ptr);
@@ -337,6 +348,16 @@ class SimRuntime final : public DeviceRuntime {
   void memcpy_async(void* dst, const void* src, size_t nbytes, CopyKind kind, StreamHandle s) override {
     refuse_in_host_function("memcpy_async");
     if (nbytes == 0) return;
+    if (kind == CopyKind::DeviceToHost && !is_pinned(dst)) {
+      // As CUDA with pageable memory: the copy is synchronous, and the driver lock is held while
+      // it waits for the stream (see driver_lock_).
+      std::unique_lock<std::shared_mutex> exclusive(driver_lock_, std::defer_lock);
+      if (g_driver_lock.load(std::memory_order_relaxed)) exclusive.lock();
+      as_stream(s)->submit(Task{[=] { std::memcpy(dst, src, nbytes); }, {dst, src}});
+      as_stream(s)->synchronize();
+      return;
+    }
+    const auto shared = host_call();
     if (kind == CopyKind::HostToDevice && !is_pinned(src)) {
       // As CUDA with pageable memory: the source is read before the call returns (staged), so the
       // caller may reuse it at once.
@@ -350,12 +371,34 @@ class SimRuntime final : public DeviceRuntime {
 
   void launch_host_task(StreamHandle s, std::function<void()> fn, std::vector<const void*> buffers) override {
     refuse_in_host_function("launch_host_task");
+    const auto shared = host_call();
     auto held = std::make_shared<std::function<void()>>(std::move(fn));
     as_stream(s)->submit(Task{[held] { run_host_function(*held); }, std::move(buffers)});
+  }
+  void stream_write_value(StreamHandle s, uint32_t* word, uint32_t value) override {
+    refuse_in_host_function("stream_write_value");
+    const auto shared = host_call();
+    check_pinned(word, "stream_write_value");
+    as_stream(s)->submit(Task{[word, value] { std::atomic_ref<uint32_t>(*word).store(value, std::memory_order_release); },
+                              {}});
+  }
+  void stream_wait_value(StreamHandle s, const uint32_t* word, uint32_t value) override {
+    refuse_in_host_function("stream_wait_value");
+    const auto shared = host_call();
+    check_pinned(word, "stream_wait_value");
+    auto* w = const_cast<uint32_t*>(word);  // atomic_ref needs a non-const object; only loaded
+    as_stream(s)->submit(Task{[w, value] {
+                                while (static_cast<int32_t>(std::atomic_ref<uint32_t>(*w).load(std::memory_order_acquire) -
+                                                            value) < 0) {
+                                  std::this_thread::sleep_for(std::chrono::microseconds(20));
+                                }
+                              },
+                              {}, true});
   }
   // A kernel: runs on the stream's own thread, concurrently with other streams' (sim.h).
   void launch_kernel(StreamHandle s, std::function<void()> fn, std::vector<const void*> buffers) {
     refuse_in_host_function("a kernel launch");
+    const auto shared = host_call();
     as_stream(s)->submit(Task{std::move(fn), std::move(buffers)});
   }
 
@@ -371,6 +414,7 @@ class SimRuntime final : public DeviceRuntime {
   void destroy_event(EventHandle e) override { delete static_cast<std::shared_ptr<SimEvent>*>(e); }
   void record_event(EventHandle e, StreamHandle s) override {
     refuse_in_host_function("record_event");
+    const auto shared = host_call();
     std::shared_ptr<SimEvent> ev = shared_event(e);
     uint64_t generation;
     {
@@ -381,6 +425,7 @@ class SimRuntime final : public DeviceRuntime {
   }
   void stream_wait_event(StreamHandle s, EventHandle e) override {
     refuse_in_host_function("stream_wait_event");
+    const auto shared = host_call();
     std::shared_ptr<SimEvent> ev = shared_event(e);
     uint64_t generation;
     {
@@ -411,6 +456,19 @@ class SimRuntime final : public DeviceRuntime {
     if (a == b) return 0.0;  // one mutex cannot be locked twice
     std::scoped_lock lock(a->mutex, b->mutex);
     return std::chrono::duration<double, std::milli>(b->when - a->when).count();
+  }
+
+  // CUDA's driver holds a lock while a copy to pageable host memory waits for its stream, and the
+  // other CUDA calls of the process (copies, launches, event records, allocations) wait for it: a
+  // thread that device work waits for must make no CUDA call, or a blocking copy elsewhere
+  // deadlocks the process (seen on an H100, 2026-11-26: the Gloo staging thread's copy,
+  // docs/data/gloo_cuda_hang_stacks_rank0_2026-11-26.txt). sim holds this lock the same way.
+  std::shared_mutex driver_lock_;
+  // The lock as a host thread's device call takes it (shared); none on a stream's own thread, which
+  // plays the device (what its tasks captured is destroyed there, sim's artefact, not a host call).
+  std::shared_lock<std::shared_mutex> host_call() {
+    if (t_stream_thread || !g_driver_lock.load(std::memory_order_relaxed)) return {};
+    return std::shared_lock<std::shared_mutex>(driver_lock_);
   }
 
   void set_capacity(int device, size_t bytes) {
@@ -478,6 +536,8 @@ const bool g_registered = (runtime(), true);
 
 DeviceRuntime& device_runtime() { return runtime(); }
 void set_delay_us(uint32_t max_delay_us) { g_delay_us.store(max_delay_us); }
+void set_driver_lock(bool on) { g_driver_lock.store(on); }
+bool driver_lock() { return g_driver_lock.load(); }
 uint32_t delay_us() { return g_delay_us.load(); }
 void set_memory_capacity(int device, size_t bytes) { runtime().set_capacity(device, bytes); }
 size_t memory_in_use(int device) { return runtime().in_use(device); }

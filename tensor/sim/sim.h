@@ -19,6 +19,12 @@
 //   on CUDA: work issued after them on any stream waits for everything issued before on every stream.
 // - Delay injection: CHORUS_SIM_DELAY_US=N (or set_delay_us) sleeps a random 0..N us before every
 //   task, so a missing synchronization shows up as a wrong result in tests.
+// - The driver lock (opt-in: CHORUS_SIM_DRIVER_LOCK=1 or set_driver_lock): as CUDA's driver, a copy
+//   to pageable host memory is synchronous and holds a lock while it waits for its stream, and the
+//   device calls of the process's other host threads (copies, launches, event records and waits,
+//   stream memory operations, allocations) wait for it. Host work that device work waits for must
+//   then make no device call (the Gloo staging deadlock of an H100 run, 2026-11-26). Opt-in because
+//   the pipeline and SyncBatchNorm scenarios still hang under it now and then (docs/gpu.md).
 // - CHORUS_SIM_DEVICES (default 2) devices, each with a settable capacity (default 16 GiB).
 #pragma once
 
@@ -38,6 +44,9 @@ namespace chorus::sim {
 // registry entry might not be there yet (initialization order across files is unspecified).
 DeviceRuntime& device_runtime();
 
+// The driver lock above, on or off (default: CHORUS_SIM_DRIVER_LOCK=1 turns it on).
+void set_driver_lock(bool on);
+bool driver_lock();
 // Maximum random delay before each task, in microseconds (0: none).
 void set_delay_us(uint32_t max_delay_us);
 uint32_t delay_us();

@@ -32,6 +32,7 @@
 #include "nn/serialize.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
+#include "tests/distributed/stack_dump.h"
 #include "tests/distributed/worker_checks.h"
 
 using namespace chorus;
@@ -359,6 +360,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string scenario = argv[1];
+  chorus::testing::dump_stacks_after_env();
   const bool faulty = scenario == "killed" || scenario == "shape_change";
   try {
     InitOptions init;

@@ -254,8 +254,9 @@ TEST_CASE("sim: with delay injection, many tasks on many streams keep stream ord
   done.record(a);
   b.wait(done);
   std::vector<int> seen(n, -1);
-  rt.memcpy_async(seen.data(), buf, n * sizeof(int), CopyKind::DeviceToHost, b.handle());
+  // (to pageable memory: synchronous, as CUDA's, so the wait is in the copy itself)
   const auto t0 = std::chrono::steady_clock::now();
+  rt.memcpy_async(seen.data(), buf, n * sizeof(int), CopyKind::DeviceToHost, b.handle());
   b.synchronize();
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   CHECK(out_of_order.load() == 0);
@@ -333,3 +334,74 @@ TEST_CASE("sim: page-locked allocation and free order later work after all earli
   a.synchronize();
 }
 
+
+// Stream memory operations (what GlooStreamCommunicator orders its staging with): write_value lands
+// after the stream's earlier work (a pinned copy included), wait_value holds later work until the
+// host stores the value; both refuse memory that is not page-locked.
+TEST_CASE("sim: stream_write_value follows earlier work, stream_wait_value holds later work") {
+  DelayScope delay(200);
+  DeviceRuntime& rt = sim_runtime();
+  Stream s = stream_from_pool(Device::sim(0));
+  auto* words = static_cast<uint32_t*>(rt.host_malloc(64));
+  auto* pinned = static_cast<int*>(rt.host_malloc(256 * sizeof(int)));
+  words[0] = words[1] = 0;
+  auto* buf = static_cast<int*>(rt.malloc(0, 256 * sizeof(int)));
+  std::vector<int> values(256);
+  for (int i = 0; i < 256; ++i) values[i] = 7 * i + 3;
+  rt.memcpy_async(buf, values.data(), 256 * sizeof(int), CopyKind::HostToDevice, s.handle());
+  rt.memcpy_async(pinned, buf, 256 * sizeof(int), CopyKind::DeviceToHost, s.handle());
+  rt.stream_write_value(s.handle(), &words[0], 5);
+  rt.stream_wait_value(s.handle(), &words[1], 9);
+  std::atomic<bool> after{false};
+  sim::launch_kernel(s.handle(), [&] { after.store(true); }, {});
+  // The host sees the copy's data once it sees the value.
+  while (std::atomic_ref<uint32_t>(words[0]).load(std::memory_order_acquire) != 5) std::this_thread::yield();
+  for (int i = 0; i < 256; ++i) REQUIRE(pinned[i] == 7 * i + 3);
+  std::this_thread::sleep_for(30ms);
+  CHECK_FALSE(after.load());  // held by the wait: 8 < 9
+  std::atomic_ref<uint32_t>(words[1]).store(8, std::memory_order_release);
+  std::this_thread::sleep_for(30ms);
+  CHECK_FALSE(after.load());
+  std::atomic_ref<uint32_t>(words[1]).store(10, std::memory_order_release);  // >= 9 releases it
+  s.synchronize();
+  CHECK(after.load());
+  uint32_t pageable = 0;
+  CHECK_THROWS_WITH(rt.stream_write_value(s.handle(), &pageable, 1), Catch::Contains("not page-locked"));
+  rt.free(0, buf);
+  rt.host_free(pinned);
+  rt.host_free(words);
+}
+
+// As CUDA's driver: while a copy to pageable memory waits for its stream, other host threads'
+// device calls wait too (the lock that deadlocked Gloo's staging on an H100 when its thread made
+// CUDA calls the stream waited for).
+TEST_CASE("sim: a blocking copy to pageable memory holds other threads' device calls") {
+  struct LockScope {
+    bool previous = sim::driver_lock();
+    LockScope() { sim::set_driver_lock(true); }
+    ~LockScope() { sim::set_driver_lock(previous); }
+  } lock_on;
+  DeviceRuntime& rt = sim_runtime();
+  Stream s = stream_from_pool(Device::sim(0)), other = stream_from_pool(Device::sim(0));
+  auto* words = static_cast<uint32_t*>(rt.host_malloc(64));
+  words[0] = 0;
+  auto* buf = static_cast<int*>(rt.malloc(0, sizeof(int)));
+  int host = 0;
+  rt.stream_wait_value(s.handle(), &words[0], 1);
+  std::thread copier([&] { rt.memcpy_async(&host, buf, sizeof(int), CopyKind::DeviceToHost, s.handle()); });
+  std::this_thread::sleep_for(20ms);  // the copier now waits for s, holding the lock
+  std::atomic<bool> recorded{false};
+  std::thread caller([&] {
+    Event e;
+    e.record(other);
+    recorded.store(true);
+  });
+  std::this_thread::sleep_for(30ms);
+  CHECK_FALSE(recorded.load());
+  std::atomic_ref<uint32_t>(words[0]).store(1, std::memory_order_release);
+  copier.join();
+  caller.join();
+  CHECK(recorded.load());
+  rt.free(0, buf);
+  rt.host_free(words);
+}
