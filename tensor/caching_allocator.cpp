@@ -227,7 +227,7 @@ void* CachingAllocator::hand_out(DeviceState& st, Block* block, size_t size, siz
 void CachingAllocator::deallocate(void* ptr, Device device) {
   if (ptr == nullptr) return;
   DeviceState& st = state(device, "deallocate");
-  std::lock_guard<std::mutex> lock(st.mutex);
+  std::unique_lock<std::mutex> lock(st.mutex);
   auto it = st.live.find(ptr);
   if (it == st.live.end()) {
     fail("CachingAllocator::deallocate: {} is not a live block on {} (freed twice, or from another device)", ptr,
@@ -245,22 +245,34 @@ void CachingAllocator::deallocate(void* ptr, Device device) {
     return;
   }
   // [Record Stream]: the block may still be in use by work queued on other streams. Record an event
-  // on each; the block returns to its pool when process_events sees all of them complete.
+  // on each; the block returns to its pool when process_events sees all of them complete. The
+  // records happen outside the mutex: a device call may wait (a driver lock held by another
+  // thread's blocking copy), and nothing else may wait for the allocator meanwhile. The block is
+  // neither live nor free until its events are pending, so no one else touches it.
   std::set<StreamHandle> streams = std::move(block->stream_uses);
   block->stream_uses.clear();
+  std::vector<std::pair<StreamHandle, EventHandle>> records;
   for (StreamHandle stream : streams) {
-    EventHandle event;
+    EventHandle event = nullptr;
     if (!st.spare_events.empty()) {
       event = st.spare_events.back();
       st.spare_events.pop_back();
-    } else {
+    }
+    records.emplace_back(stream, event);
+  }
+  block->event_count += static_cast<int>(records.size());
+  lock.unlock();
+  std::vector<EventHandle> made;
+  for (auto& [stream, event] : records) {
+    if (event == nullptr) {
       event = runtime_.create_event(device.index, /*enable_timing=*/false);
-      st.all_events.push_back(event);
+      made.push_back(event);
     }
     runtime_.record_event(event, stream);
-    ++block->event_count;
-    st.pending[stream].emplace_back(event, block);
   }
+  lock.lock();
+  st.all_events.insert(st.all_events.end(), made.begin(), made.end());
+  for (auto& [stream, event] : records) st.pending[stream].emplace_back(event, block);
 }
 
 // Returns a block nobody uses any more to its pool, merged with free neighbours.

@@ -23,8 +23,9 @@
 //   to pageable host memory is synchronous and holds a lock while it waits for its stream, and the
 //   device calls of the process's other host threads (copies, launches, event records and waits,
 //   stream memory operations, allocations) wait for it. Host work that device work waits for must
-//   then make no device call (the Gloo staging deadlock of an H100 run, 2026-11-26). Opt-in because
-//   the pipeline and SyncBatchNorm scenarios still hang under it now and then (docs/gpu.md).
+//   then make no device call (the Gloo staging deadlock of an H100 run, 2026-11-26). Opt-in; the
+//   multi-process DDP, SyncBatchNorm and pipeline tests on sim turn it on. Calls from a stream's own
+//   thread (sim's device side) never take it.
 // - CHORUS_SIM_DEVICES (default 2) devices, each with a settable capacity (default 16 GiB).
 #pragma once
 

@@ -41,25 +41,24 @@ TEST_CASE("DDP equals single-process training on the whole batch (MLP, CNN, tran
 // simulated device), buckets are reduced by Gloo on the communication stream's thread, ordered by
 // events; random delays before every stream task. Equal to single-process CPU training.
 TEST_CASE("DDP on sim devices equals single-process training, with no host block in backward", "[distributed][ddp][sim]") {
-  const std::vector<std::string> delays{"CHORUS_SIM_DELAY_US=200"};
-  // With sim's driver lock (tensor/sim/sim.h), as CUDA's: these scenarios end with blocking copies
-  // to host memory while buckets are still on the wire, which deadlocked the Gloo staging of an
+  // With sim's driver lock (tensor/sim/sim.h), as CUDA's: the scenarios end with blocking copies to
+  // host memory while buckets may still be on the wire, which deadlocked the Gloo staging of an
   // H100 run whose thread made CUDA calls the stream waited for.
-  const std::vector<std::string> locked{"CHORUS_SIM_DELAY_US=200", "CHORUS_SIM_DRIVER_LOCK=1"};
+  const std::vector<std::string> delays{"CHORUS_SIM_DELAY_US=200", "CHORUS_SIM_DRIVER_LOCK=1"};
   for (const std::string kind : {"mlp", "cnn", "transformer"}) {
     INFO(kind);
-    require_all_ok(run_dist_workers(2, {"ddp", kind, "float64", "25", "0", "sim:0"}, locked));
+    require_all_ok(run_dist_workers(2, {"ddp", kind, "float64", "25", "0", "sim:0"}, delays));
   }
-  require_all_ok(run_dist_workers(3, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0"}, locked));
-  require_all_ok(run_dist_workers(2, {"ddp", "cnn", "float64", "0.0005", "1", "sim:1"}, locked));
+  require_all_ok(run_dist_workers(3, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0"}, delays));
+  require_all_ok(run_dist_workers(2, {"ddp", "cnn", "float64", "0.0005", "1", "sim:1"}, delays));
   require_all_ok(run_dist_workers(2, {"ddp", "mlp", "float32", "25", "0", "sim:0"}, delays));
   require_all_ok(run_dist_workers(2, {"no_sync", "sim:0"}, delays));
   require_all_ok(run_dist_workers(3, {"find_unused", "sim:0"}, delays));
   require_all_ok(run_dist_workers(3, {"join", "sim:0"}, delays));
   require_all_ok(run_dist_workers(2, {"syncbn", "sim:0"}, delays));
-  // (Device tensors reach Gloo through host copies made by a thread of the stream's own, with
-  // sim's host functions run as CUDA runs them: the send/receive ring of "collectives" below is
-  // what deadlocked on a GPU when the copies or the collectives sat in host functions.)
+  // (Device tensors reach Gloo through page-locked host copies the stream makes, ordered by flag
+  // words a thread of the stream's own polls and stores: the send/receive ring of "collectives"
+  // below deadlocked on a GPU when the copies or the collectives sat in host functions.)
   for (int world = 1; world <= 3; ++world) {
     INFO("every collective and dtype on sim:0, world size " << world);
     require_all_ok(run_dist_workers(world, {"collectives", "sim:0"}, delays));
@@ -152,5 +151,5 @@ TEST_CASE("SyncBatchNorm under DDP equals BatchNorm on the whole batch", "[distr
 
 TEST_CASE("SyncBatchNorm under bfloat16 autocast stays bfloat16 and tracks BatchNorm", "[distributed][syncbn][autocast]") {
   require_all_ok(run_dist_workers(2, {"syncbn_amp"}));
-  require_all_ok(run_dist_workers(2, {"syncbn_amp", "sim:0"}));
+  require_all_ok(run_dist_workers(2, {"syncbn_amp", "sim:0"}, {"CHORUS_SIM_DRIVER_LOCK=1"}));
 }

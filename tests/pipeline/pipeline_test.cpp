@@ -42,10 +42,10 @@ TEST_CASE("2 stages x 2 replicas, 4 stages and 1+2+1 replicas train exactly as o
 
 // On sim devices the boundary tensors and the replicas' gradient buckets go through the
 // stream-ordered group's communication streams (ordered by events, random delays before every
-// stream task), as they will on CUDA with NCCL.
+// stream task, sim's driver lock on), as they will on CUDA with NCCL.
 TEST_CASE("on sim devices, through the stream-ordered group, pipelines train exactly as one process", "[pipeline][sim]") {
   require_all_ok(run(3, {"equivalence", "mlp/1,1,1/4/1f1b/sim:0", "transformer/2,1/2/gpipe/sim:0", "mlp/1,2/4/1f1b/sim:0"},
-                     120, {"CHORUS_SIM_DELAY_US=200"}));
+                     120, {"CHORUS_SIM_DELAY_US=200", "CHORUS_SIM_DRIVER_LOCK=1"}));
 }
 
 TEST_CASE("1F1B holds far less activation memory than GPipe on the first stage", "[pipeline][memory]") {
