@@ -254,18 +254,13 @@ void GlooStreamCommunicator::group_end() {
   }
 
   std::shared_ptr<State> state = state_;  // the task may outlive the communicator
-  {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    ++state->submitted;
-  }
   auto host = host_;
   DeviceRuntime& rt = runtime_for(stream.device(), "ProcessGroup");
   // The works stay with the staging record until the stream has passed the group (see Staging).
   std::vector<std::shared_ptr<StreamWork>> works;
   for (const Job& job : jobs) works.push_back(job.work);
-  // The collectives of the group, issued on the host copies and waited for. `error`: why they
-  // cannot run at all.
-  auto run = [jobs, host, aliases, state](std::exception_ptr error) {
+  // The collectives of the group, issued on the host copies and waited for.
+  auto run = [jobs, host, aliases, state] {
     std::string aborted;
     {
       std::lock_guard<std::mutex> lock(state->mutex);
@@ -275,10 +270,6 @@ void GlooStreamCommunicator::group_end() {
     // group must both be posted), then wait for each.
     std::vector<std::shared_ptr<Work>> inner(jobs.size());
     for (size_t j = 0; j < jobs.size(); ++j) {
-      if (error) {
-        jobs[j].work->note_error(error);
-        continue;
-      }
       if (!aborted.empty()) {
         jobs[j].work->note_error(std::make_exception_ptr(Error(fmt::format("the communicator was aborted: {}", aborted))));
         continue;
@@ -322,7 +313,11 @@ void GlooStreamCommunicator::group_end() {
                     CopyKind::DeviceToHost, stream.handle());
   }
   rt.stream_write_value(stream.handle(), worker.ready_word(), sequence);
-  worker.push(sequence, [run] { run(nullptr); });
+  {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    ++state->submitted;  // (here: a group that failed before reaching its worker is not waited for)
+  }
+  worker.push(sequence, std::move(run));
   rt.stream_wait_value(stream.handle(), worker.done_word(), sequence);
   for (const StagedTensor& t : staged_tensors) {
     if (!t.written) continue;

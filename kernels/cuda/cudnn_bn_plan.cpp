@@ -85,10 +85,12 @@ BatchNormPlan plan_batch_norm(int64_t n, int64_t c, int64_t s, DType x_dtype, DT
   p.params.format = TensorFormat::NCHW;
   p.params.dims = {1, ic, 1, 1};
   p.params.strides = {ic, 1, 1, 1};
-  // Persistent kernels only where cuDNN documents them fast (NHWC, 16-bit) and PyTorch uses them
-  // (training, channels-last); it "imposes some limits on the range of values" (cudnn_ops.h), so NCHW
-  // and float32/float64 keep the plain spatial mode, as PyTorch does for NCHW.
-  p.mode = training && s == 1 && is_half(x_dtype) ? BatchNormMode::SpatialPersistent : BatchNormMode::Spatial;
+  // Persistent kernels for channels-last training, as PyTorch chooses them (getCudnnBatchNormMode:
+  // training and channels-last, whatever the dtype); it "imposes some limits on the range of values"
+  // (cudnn_ops.h). NCHW, inference and float64 keep the plain spatial mode. float32 NHWC training
+  // took the plain mode until 2026-11-26, when ResNet-50 channels-last in float32 ran 12x slower than
+  // NCHW on an H100 (this is the suspected cause; not yet measured).
+  p.mode = training && s == 1 && x_dtype != DType::Float64 ? BatchNormMode::SpatialPersistent : BatchNormMode::Spatial;
   return p;
 }
 

@@ -57,8 +57,8 @@ std::optional<std::string> batch_norm_fallback_reason(const BatchNormCall& call)
 // s == 1 the memory is the same in NCHW and NHWC, and it is described as NHWC [n, c, 1, 1], which
 // selects cuDNN's channels-last kernels. `param_dtype` must be float32 for a float16/bfloat16 x, else
 // x's dtype (cuDNN's rule for the derived descriptor, and chorus's for batch_norm). Training with
-// 16-bit NHWC data uses CUDNN_BATCHNORM_SPATIAL_PERSISTENT (as PyTorch does for channels-last);
-// everything else CUDNN_BATCHNORM_SPATIAL. chorus::Error for a dtype cuDNN has no type for,
+// NHWC data other than float64 uses CUDNN_BATCHNORM_SPATIAL_PERSISTENT (as PyTorch does for
+// channels-last); everything else CUDNN_BATCHNORM_SPATIAL. chorus::Error for a dtype cuDNN has no type for,
 // parameters of the wrong dtype, or sizes that are empty or beyond cuDNN's int.
 BatchNormPlan plan_batch_norm(int64_t n, int64_t c, int64_t s, DType x_dtype, DType param_dtype, bool training);
 

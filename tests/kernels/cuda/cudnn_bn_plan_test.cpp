@@ -45,7 +45,9 @@ TEST_CASE("cudnn bn plan: channels-last rows (s == 1) are [n, c, 1, 1] NHWC", "[
   CHECK(p.x.dims == Arr{n, 64, 1, 1});
   // NHWC strides of [n, c, 1, 1]: c between rows, channels adjacent: the rows' own memory.
   CHECK(p.x.strides == Arr{64, 1, 64, 64});
-  CHECK(p.mode == cp::BatchNormMode::Spatial);  // float32: no persistent kernels
+  CHECK(p.mode == cp::BatchNormMode::SpatialPersistent);  // training channels-last, as PyTorch
+  CHECK(cp::plan_batch_norm(n, 64, 1, kFloat32, kFloat32, false).mode == cp::BatchNormMode::Spatial);
+  CHECK(cp::plan_batch_norm(n, 64, 1, kFloat64, kFloat64, true).mode == cp::BatchNormMode::Spatial);
   // BatchNorm1d's [N, C] input is the same case.
   CHECK(cp::plan_batch_norm(32, 10, 1, kFloat64, kFloat64, false).x.format == cp::TensorFormat::NHWC);
 }
