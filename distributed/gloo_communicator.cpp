@@ -107,7 +107,6 @@ class GlooStreamCommunicator::LaneWorker {
   }
   uint32_t* ready_word() const { return reinterpret_cast<uint32_t*>(flags_.ptr); }
   uint32_t* done_word() const { return reinterpret_cast<uint32_t*>(flags_.ptr) + 1; }
-  const Block& flags() const { return flags_; }
   uint32_t next_sequence() { return ++sequence_; }  // the issuing thread only
   void push(uint32_t sequence, std::function<void()> job) {
     {
@@ -190,8 +189,7 @@ GlooStreamCommunicator::PinnedPool& GlooStreamCommunicator::pool_for(Device devi
   return *pools_.back().second;
 }
 
-GlooStreamCommunicator::LaneWorker& GlooStreamCommunicator::worker_for(const Stream& stream) {
-  PinnedPool& pool = pool_for(stream.device());
+GlooStreamCommunicator::LaneWorker& GlooStreamCommunicator::worker_for(const Stream& stream, PinnedPool& pool) {
   std::lock_guard<std::mutex> lock(workers_mutex_);
   for (auto& [s, w] : workers_)
     if (s == stream) return *w;
@@ -244,7 +242,7 @@ void GlooStreamCommunicator::group_end() {
   stream_.reset();
   // Gloo's operands: host tensors over page-locked blocks of the pool (see the comment below).
   PinnedPool& pool = pool_for(stream.device());
-  LaneWorker& worker = worker_for(stream);
+  LaneWorker& worker = worker_for(stream, pool);
   std::vector<Block> blocks;
   TensorList aliases;
   for (StagedTensor& t : staged_tensors) {

@@ -65,9 +65,10 @@ class GlooStreamCommunicator final : public Communicator {
   // Page-locked memory for one device type's staging, allocated rarely and reused.
   class PinnedPool;
   PinnedPool& pool_for(Device device);
-  // The thread that runs the staged collectives of one stream, in its order (made at first use).
+  // The thread that runs the staged collectives of one stream, in its order (made at first use,
+  // its flag words taken from `pool`).
   class LaneWorker;
-  LaneWorker& worker_for(const Stream& stream);
+  LaneWorker& worker_for(const Stream& stream, PinnedPool& pool);
 
   std::shared_ptr<ProcessGroup> host_;
   struct State;  // shared with the stream tasks, which may outlive the communicator

@@ -127,18 +127,10 @@ struct Call {
 };
 
 // cuDNN 9 has no float64 algorithm for NHWC tensors (none for the backward-data pass on an H100,
-// 2026-11-26): a float64 convolution with a channels-last operand runs on NCHW copies, as PyTorch's
-// cuDNN convolution does (it suggests the contiguous layout for double).
+// 2026-11-26): a float64 convolution with a channels-last operand runs on NCHW copies
+// (direct_operand), as PyTorch's cuDNN convolution does (it suggests the contiguous layout for double).
 bool needs_nchw(const Tensor& x, const Tensor& weight, const Tensor& y) {
   return x.dtype() == kFloat64 && !(x.is_contiguous() && weight.is_contiguous() && y.is_contiguous());
-}
-// t as a contiguous (NCHW) tensor: t itself, or a copy (`fill`: with t's values, else uninitialized,
-// for an output).
-Tensor nchw(const Tensor& t, bool fill = true) {
-  if (!t.defined() || t.is_contiguous()) return t;
-  Tensor c = make_tensor(t.sizes(), t.dtype(), t.device());
-  if (fill) copy(c, t);
-  return c;
 }
 
 }  // namespace
@@ -152,8 +144,8 @@ void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
     return write_back(out, o);
   }
   if (needs_nchw(x, weight, out)) {
-    const Tensor o = nchw(out, /*fill=*/false);
-    conv2d(o, nchw(x), nchw(weight), bias, w, groups);
+    const Tensor o = direct_operand(out);
+    conv2d(o, direct_operand(x), direct_operand(weight), bias, w, groups);
     return write_back(out, o);
   }
   DeviceGuard guard(x.device());
@@ -205,8 +197,8 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     return write_back(grad_bias, gb);
   }
   if (needs_nchw(x, weight, grad_out)) {
-    const Tensor gx = nchw(grad_x, false), gw = nchw(grad_weight, false);
-    conv2d_backward(gx, gw, grad_bias, nchw(grad_out), nchw(x), nchw(weight), w, groups);
+    const Tensor gx = direct_operand(grad_x), gw = direct_operand(grad_weight);
+    conv2d_backward(gx, gw, grad_bias, direct_operand(grad_out), direct_operand(x), direct_operand(weight), w, groups);
     write_back(grad_x, gx);
     return write_back(grad_weight, gw);
   }
