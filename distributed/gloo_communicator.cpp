@@ -8,6 +8,7 @@
 #include <deque>
 #include <map>
 #include <thread>
+#include <utility>
 
 #include "distributed/stream_group.h"
 #include "tensor/ops.h"
@@ -93,7 +94,11 @@ class GlooStreamCommunicator::PinnedPool {
 // flag words in page-locked memory connect it to the stream: the stream writes `ready` = the
 // group's number once its copies to host memory are done; the worker waits for that, runs the
 // collectives and stores `done` = the number; the stream waits for it before copying the results
-// back. The worker makes no CUDA call at all (see group_end).
+// back. The worker makes no device call at all (see group_end), and releases nothing that owns
+// device memory: a finished job (its works hold device tensors) goes back to the issuing thread,
+// which lets it go in release_staging. Freeing device memory may record events, and on this thread
+// that could deadlock (seen on sim with its driver lock under load: the worker's free waited for
+// the lock of the main thread's blocking copy, whose stream waited for the worker's next `done`).
 class GlooStreamCommunicator::LaneWorker {
  public:
   explicit LaneWorker(Block flags) : flags_(flags), thread_([this] { loop(); }) {}
@@ -115,6 +120,11 @@ class GlooStreamCommunicator::LaneWorker {
     }
     cv_.notify_all();
   }
+  // The jobs run so far, to be destroyed by the caller (a thread that may make device calls).
+  std::vector<std::function<void()>> take_finished() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return std::exchange(finished_, {});
+  }
 
  private:
   struct Job {
@@ -122,6 +132,7 @@ class GlooStreamCommunicator::LaneWorker {
     std::function<void()> run;
   };
   void loop() {
+    const NoDeviceCallsGuard no_device_calls("the Gloo lane worker");
     for (;;) {
       Job job;
       {
@@ -139,6 +150,10 @@ class GlooStreamCommunicator::LaneWorker {
         else std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
       job.run();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        finished_.push_back(std::move(job.run));
+      }
       std::atomic_ref<uint32_t>(*done_word()).store(job.sequence, std::memory_order_release);
     }
   }
@@ -147,6 +162,7 @@ class GlooStreamCommunicator::LaneWorker {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
+  std::vector<std::function<void()>> finished_;
   bool stop_ = false;
   std::thread thread_;
 };
@@ -178,7 +194,15 @@ void GlooStreamCommunicator::release_staging(bool all) {
     if (all) st.done.synchronize();
     for (const Block& b : st.blocks) st.pool->give(b);
   }
-  // `done` goes out of scope here: the tensors and works the stream no longer needs are let go.
+  std::vector<std::function<void()>> finished;
+  {
+    std::lock_guard<std::mutex> lock(workers_mutex_);
+    for (auto& [stream, worker] : workers_) {
+      for (auto& job : worker->take_finished()) finished.push_back(std::move(job));
+    }
+  }
+  // `done` and `finished` go out of scope here, on this thread: the tensors and works the stream
+  // no longer needs are let go.
 }
 
 GlooStreamCommunicator::PinnedPool& GlooStreamCommunicator::pool_for(Device device) {

@@ -122,6 +122,7 @@ CachingAllocator::DeviceState& CachingAllocator::state(Device device, const char
 // ---- Allocation ------------------------------------------------------------------------------
 
 void* CachingAllocator::allocate(size_t nbytes, Device device) {
+  check_device_calls_allowed("CachingAllocator::allocate");
   DeviceState& st = state(device, "allocate");
   if (nbytes == 0) return nullptr;
   // [Stream Ownership]: the block belongs to the stream work on `device` goes to from this thread.
@@ -226,6 +227,7 @@ void* CachingAllocator::hand_out(DeviceState& st, Block* block, size_t size, siz
 
 void CachingAllocator::deallocate(void* ptr, Device device) {
   if (ptr == nullptr) return;
+  check_device_calls_allowed("CachingAllocator::deallocate");
   DeviceState& st = state(device, "deallocate");
   std::unique_lock<std::mutex> lock(st.mutex);
   auto it = st.live.find(ptr);

@@ -87,6 +87,7 @@ int device_count(DeviceType type) {
 
 DeviceRuntime& runtime_for(Device device, const char* what) {
   check_not_cpu(device, what);
+  check_device_calls_allowed(what);
   DeviceRuntime* rt = nullptr;
   {
     Registry& r = registry();
@@ -108,6 +109,20 @@ DeviceRuntime& runtime_for(Device device, const char* what) {
          device_type_name(device.type), count - 1);
   }
   return *rt;
+}
+
+namespace {
+thread_local const char* t_no_device_calls = nullptr;  // who forbade them, or null
+}  // namespace
+
+NoDeviceCallsGuard::NoDeviceCallsGuard(const char* who) : previous_(t_no_device_calls) { t_no_device_calls = who; }
+NoDeviceCallsGuard::~NoDeviceCallsGuard() { t_no_device_calls = previous_; }
+
+void check_device_calls_allowed(const char* what) {
+  if (t_no_device_calls == nullptr) return;
+  fail("{}: a device call on {}, a thread that device work waits for; it must make none (a blocking copy on "
+       "another thread holds the driver lock while it waits for the device, so this call could deadlock)",
+       what, t_no_device_calls);
 }
 
 uint64_t host_sync_count() { return g_host_syncs.load(std::memory_order_relaxed); }

@@ -95,6 +95,27 @@ int device_count(DeviceType type);
 uint64_t host_sync_count();
 void note_host_sync();
 
+// A thread that device work waits for (Gloo's lane worker: its stream waits for the worker's flag
+// word) must make no device call: on CUDA, another thread's blocking copy to pageable memory holds
+// the driver lock while it waits for the stream, so such a call deadlocks the process, and only
+// now and then. While a guard lives on a thread, runtime_for and the caching allocator (taking or
+// releasing device memory, which may record events) throw a chorus::Error naming `who`: a call
+// made there fails at once, on sim in CI, instead of as a rare hang. (Releasing the last reference
+// to a device tensor there is the same mistake, and is caught only when that thread's reference
+// happens to be the last.)
+class NoDeviceCallsGuard {
+ public:
+  explicit NoDeviceCallsGuard(const char* who);
+  ~NoDeviceCallsGuard();
+  NoDeviceCallsGuard(const NoDeviceCallsGuard&) = delete;
+  NoDeviceCallsGuard& operator=(const NoDeviceCallsGuard&) = delete;
+
+ private:
+  const char* previous_;
+};
+// Throws the error above when this thread holds a NoDeviceCallsGuard; `what` names the call.
+void check_device_calls_allowed(const char* what);
+
 class Event;
 
 // A stream of one device. Cheap to copy; streams live as long as the process (as CUDA's pools).

@@ -8,10 +8,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -402,6 +404,42 @@ TEST_CASE("caching allocator: misuse throws chorus::Error; empty requests get nu
   CHECK_THROWS_WITH(alloc.record_stream(&host, stream_from_pool(dev)), Catch::Contains("not a live block"));
   CHECK_THROWS_WITH(alloc.allocate(100, Device::cpu()), Catch::Contains("not a sim device"));
   CHECK_THROWS_WITH(alloc.allocate(100, Device::sim(99)), Catch::Contains("does not exist"));
+}
+
+TEST_CASE("a thread under NoDeviceCallsGuard has its allocations, frees and runtime calls refused, naming who forbade them") {
+  Device dev = Device::sim(1);
+  CachingAllocator alloc(sim_runtime());
+  void* before = alloc.allocate(1000, dev);
+  std::vector<std::string> refused;
+  auto attempt = [&](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      refused.push_back(e.what());
+    }
+  };
+  std::thread([&] {
+    const NoDeviceCallsGuard outer("the test's worker");
+    {
+      const NoDeviceCallsGuard inner("an inner scope");  // nests: the inner name while it lives
+      attempt([&] { alloc.deallocate(before, dev); });
+    }
+    attempt([&] { alloc.allocate(64, dev); });
+    attempt([&] { runtime_for(dev, "Stream::query"); });
+    attempt([&] { default_stream(dev).query(); });
+  }).join();
+  REQUIRE(refused.size() == 4);
+  CHECK_THAT(refused[0], Catch::Contains("CachingAllocator::deallocate") && Catch::Contains("an inner scope"));
+  CHECK_THAT(refused[1], Catch::Contains("CachingAllocator::allocate") && Catch::Contains("the test's worker"));
+  CHECK_THAT(refused[2], Catch::Contains("Stream::query") && Catch::Contains("must make none"));
+  CHECK_THAT(refused[3], Catch::Contains("the test's worker"));
+  CHECK(alloc.stats(dev).allocated_bytes == CachingAllocator::round_size(1000));  // the refused free freed nothing
+  alloc.deallocate(before, dev);  // this thread, without a guard: allowed
+  {
+    const NoDeviceCallsGuard guard("a scope that ended");
+  }
+  alloc.deallocate(alloc.allocate(64, dev), dev);  // the guard's end restored the thread
+  CHECK(alloc.stats(dev).allocated_bytes == 0);
 }
 
 TEST_CASE("caching allocator: sim Storage goes through the registered allocator and the user API") {
