@@ -3,7 +3,7 @@ same way (median of CUDA-event-timed runs after warm-up, peak memory from torch.
 allocator statistics reset before each case), printed as a Markdown table per section and one JSON
 line per row in gpu_bench's format, for tools/gpu/compare_bench.py.
 
-    python3 tools/torch_peer.py [--only resnet50,bert,gemm,memory,conv] [--json FILE]
+    python3 tools/torch_peer.py [--only resnet50,bert,gemm,memory,conv,layers] [--json FILE]
     python3 tools/torch_peer.py --device cpu --tiny      # checks the script's logic without a GPU
 
 Settings (the same as gpu_bench gives chorus, which always searches cuDNN's algorithms):
@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-SECTIONS = ("resnet50", "bert", "gemm", "memory", "conv")
+SECTIONS = ("resnet50", "bert", "gemm", "memory", "conv", "layers")
 MIB = 1024.0 * 1024.0
 
 
@@ -440,12 +440,58 @@ def conv(b):
             del x, w, dy
 
 
+
+def layers(b):
+    """ResNet-50's ops one by one, forward + backward, channels-last ("torch") and NCHW ("torch_nchw"):
+    gpu_bench's layers section, the same names and shapes."""
+    set_tf32(True)
+    n = b.conv_batch
+    scale, side = (16, 8) if b.tiny else (1, 1)
+    for mode in ("tf32", "bf16"):
+        dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+        for channels_last in (True, False):
+            fmt_ = torch.channels_last if channels_last else torch.contiguous_format
+            c256, c64, c2048 = 256 // scale, 64 // scale, 2048 // scale
+
+            def weight(cout, cin, k):
+                return b.randn(cout, cin, k, k, dtype=dtype).contiguous(memory_format=fmt_).requires_grad_()
+
+            w1, w3, w7 = weight(c64, c256, 1), weight(c64, c64, 3), weight(c64, 3, 7)
+            gamma, beta = b.randn(c256).requires_grad_(), b.randn(c256).requires_grad_()
+            mean, var = torch.zeros(c256, device=b.device), torch.ones(c256, device=b.device)
+            cases = [
+                ("conv1 7x7 s2", 3, 224 // side, lambda x: F.conv2d(x, w7, None, 2, 3)),
+                ("conv 1x1", c256, 56 // side, lambda x: F.conv2d(x, w1)),
+                ("conv 3x3", c64, 56 // side, lambda x: F.conv2d(x, w3, None, 1, 1)),
+                ("batch_norm (training)", c256, 56 // side,
+                 lambda x: F.batch_norm(x, mean, var, gamma, beta, training=True)),
+                ("relu", c256, 56 // side, F.relu),
+                ("add (residual)", c256, 56 // side, lambda x: x + x * 0.5),
+                ("max_pool2d 3x3 s2", c64, 112 // side, lambda x: F.max_pool2d(x, 3, 2, 1)),
+                ("adaptive_avg_pool2d", c2048, 7, lambda x: F.adaptive_avg_pool2d(x, 1)),
+            ]
+            for name, c, size, op in cases:
+                b.fresh_peak()
+                x = b.randn(n, c, size, size, dtype=dtype).contiguous(memory_format=fmt_).requires_grad_()
+                with torch.no_grad():
+                    dy = b.randn(*op(x).shape, dtype=dtype).contiguous(memory_format=fmt_)
+
+                def step():
+                    op(x).backward(dy)
+                    x.grad = None
+
+                ms = b.median_ms(step, b.conv_warmup, b.conv_iters)
+                b.row("layers", "torch" if channels_last else "torch_nchw", f"{name} {n}x{c}x{size}² {mode}", ms,
+                      1e3 / ms, "runs/s", peaks=True, note="channels-last" if channels_last else "nchw")
+                del x, dy
+
 TITLES = {
     "resnet50": ("ResNet-50 training step (SGD momentum; TF32 / bf16 autocast; channels-last and NCHW)", resnet50),
     "bert": ("BERT masked-LM training step (AdamW, bf16 autocast)", bert),
     "gemm": ("GEMM (torch.matmul)", gemm),
     "memory": ("memory-bound kernels, and a device-to-device copy of the output's size", memory),
     "conv": ("conv2d forward + backward (input and weight gradients)", conv),
+    "layers": ("ResNet-50's layers forward + backward, channels-last and NCHW", layers),
 }
 
 

@@ -7,6 +7,8 @@
 //   gemm      matmul TFLOP/s (4096³ and BERT-base's shapes; float32, TF32, bf16) against cublasGemmEx
 //   memory    layer norm, softmax, add GB/s against a device-to-device cudaMemcpyAsync of the same size
 //   conv      conv2d forward + backward on ResNet-50's layer shapes against raw cuDNN
+//   layers    ResNet-50's ops one by one (convs, batch norm, relu, add, pools), forward + backward,
+//             channels-last against NCHW: which op makes channels-last training slow
 // Each timed figure is the median of --iters runs after --warmup, between two timing events on the
 // device's stream. Peak memory comes from the caching allocator (max allocated / reserved), reset
 // before each case. Output: a Markdown table per section and one JSON line per row
@@ -15,7 +17,7 @@
 // --device sim runs every section with tiny shapes on the simulated device (tests/bench:
 // gpu_bench_sim_test), which keeps the program working without a GPU; its figures say nothing about
 // a GPU. The raw cuBLAS/cuDNN rows need a CUDA device and are left out there.
-//   gpu_bench [--device cuda|sim] [--only resnet50,bert,gemm,memory,conv] [--tiny] [--iters N] ...
+//   gpu_bench [--device cuda|sim] [--only resnet50,bert,gemm,memory,conv,layers] [--tiny] [--iters N] ...
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -469,17 +471,78 @@ void conv(const Setup& s, Section& out) {
   }
 }
 
+// ---- layers -------------------------------------------------------------------------------------
+
+// ResNet-50's building blocks one by one, forward + backward, channels-last ("chorus") beside the
+// same op on NCHW tensors ("chorus_nchw"): which op makes a channels-last training step slower than
+// an NCHW one (12x at TF32 on an H100, 2026-11-26) shows as the row whose ratio is far below 1.
+void layers(const Setup& s, Section& out) {
+  struct Case {
+    std::string name;
+    int64_t channels, size;  // the input's, at batch s.conv_batch
+    std::function<Tensor(const Tensor&)> op;  // of the input, given the case's parameters below
+  };
+  const int64_t n = s.conv_batch, scale = s.tiny ? 16 : 1, side = s.tiny ? 8 : 1;
+  for (const std::string mode : {"tf32", "bf16"}) {
+    const DType dtype = mode == "bf16" ? kBFloat16 : kFloat32;
+    raw::set_chorus_cudnn_tf32(true);
+    for (const bool channels_last : {true, false}) {
+      const MemoryFormat format = channels_last ? MemoryFormat::ChannelsLast : MemoryFormat::Contiguous;
+      // Parameters as a channels-last (or NCHW) model holds them: weights in the input's format,
+      // batch-norm affine parameters and statistics in float32 (as under autocast).
+      auto weight = [&](int64_t out_c, int64_t in_c, int64_t k) {
+        return random(s, {out_c, in_c, k, k}, dtype).contiguous(format).requires_grad_();
+      };
+      const int64_t c256 = 256 / scale, c64 = 64 / scale, c2048 = 2048 / scale;
+      Tensor w1x1 = weight(c64, c256, 1), w3x3 = weight(c64, c64, 3), w7x7 = weight(c64, 3, 7);
+      Tensor gamma = random(s, {c256}).requires_grad_(), beta = random(s, {c256}).requires_grad_();
+      Tensor mean = zeros({c256}, {.device = s.device}), var = ones({c256}, {.device = s.device});
+      const std::vector<Case> cases = {
+          {"conv1 7x7 s2", 3, 224 / side, [&](const Tensor& x) { return F::conv2d(x, w7x7, Tensor(), {2, 2}, {3, 3}); }},
+          {"conv 1x1", c256, 56 / side, [&](const Tensor& x) { return F::conv2d(x, w1x1); }},
+          {"conv 3x3", c64, 56 / side, [&](const Tensor& x) { return F::conv2d(x, w3x3, Tensor(), {1, 1}, {1, 1}); }},
+          {"batch_norm (training)", c256, 56 / side,
+           [&](const Tensor& x) { return F::batch_norm(x, mean, var, gamma, beta, /*training=*/true); }},
+          {"relu", c256, 56 / side, [&](const Tensor& x) { return F::relu(x); }},
+          {"add (residual)", c256, 56 / side, [&](const Tensor& x) { return x + x * 0.5; }},
+          {"max_pool2d 3x3 s2", c64, 112 / side, [&](const Tensor& x) { return F::max_pool2d(x, {3, 3}, F::Pair{2, 2}, {1, 1}); }},
+          {"adaptive_avg_pool2d", c2048, 7, [&](const Tensor& x) { return F::adaptive_avg_pool2d(x, {1, 1}); }},
+      };
+      for (const Case& c : cases) {
+        fresh_peak(s);
+        Tensor x = random(s, {n, c.channels, c.size, c.size}, dtype).contiguous(format).requires_grad_();
+        Tensor dy;
+        {
+          NoGradGuard no_grad;
+          dy = random(s, c.op(x.detach()).sizes(), dtype);
+        }
+        // The incoming gradient in the format the op's output has (as the next layer would give it).
+        dy = dy.contiguous(format);
+        const double ms = median_ms(s, s.conv_warmup, s.conv_iters, [&] {
+          c.op(x).backward(dy);
+          x.mutable_grad() = Tensor();
+        });
+        const std::string name = fmt::format("{} {}x{}x{}² {}", c.name, n, c.channels, c.size, mode);
+        Row r = make_row(channels_last ? "chorus" : "chorus_nchw", name, ms, 1e3 / ms, "runs/s",
+                         channels_last ? "channels-last" : "nchw");
+        set_peaks(s, r);
+        out.add(r);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"chorus GPU benchmark: models, GEMM, memory-bound kernels and convolutions against raw libraries"};
-  std::string device = "cuda", only = "resnet50,bert,gemm,memory,conv", json_path;
+  std::string device = "cuda", only = "resnet50,bert,gemm,memory,conv,layers", json_path;
   bool tiny = false;
   std::optional<int> warmup, iters, step_warmup, step_iters;
   std::optional<int64_t> resnet_batch, resnet_image, bert_batch, bert_seq;
   std::optional<std::string> bert_config;
   app.add_option("--device", device, "cuda or sim (sim: tiny shapes, few iterations)")->check(CLI::IsMember({"cuda", "sim"}));
-  app.add_option("--only", only, "comma-separated sections: resnet50,bert,gemm,memory,conv");
+  app.add_option("--only", only, "comma-separated sections: resnet50,bert,gemm,memory,conv,layers");
   app.add_flag("--tiny", tiny, "tiny shapes and few iterations (always on for sim)");
   app.add_option("--warmup", warmup, "untimed runs before each timed op or convolution");
   app.add_option("--iters", iters, "timed runs of each op or convolution (the median is reported)");
@@ -502,8 +565,9 @@ int main(int argc, char** argv) {
   std::stringstream list(only);
   for (std::string item; std::getline(list, item, ',');) {
     if (item.empty()) continue;
-    if (item != "resnet50" && item != "bert" && item != "gemm" && item != "memory" && item != "conv") {
-      std::fprintf(stderr, "gpu_bench: unknown section '%s' (expected resnet50, bert, gemm, memory, conv)\n",
+    if (item != "resnet50" && item != "bert" && item != "gemm" && item != "memory" && item != "conv" &&
+        item != "layers") {
+      std::fprintf(stderr, "gpu_bench: unknown section '%s' (expected resnet50, bert, gemm, memory, conv, layers)\n",
                    item.c_str());
       return 2;
     }
@@ -548,6 +612,7 @@ int main(int argc, char** argv) {
       {"gemm", "GEMM (matmul) against cublasGemmEx", "cublas", gemm},
       {"memory", "memory-bound kernels against a device-to-device copy of the output's size", "copy", memory},
       {"conv", "conv2d forward + backward (input and weight gradients) against raw cuDNN", "cudnn", conv},
+      {"layers", "ResNet-50's layers forward + backward, channels-last against NCHW", "chorus_nchw", layers},
   };
   for (const Entry& e : entries) {
     if (!sections.count(e.name)) continue;

@@ -122,6 +122,19 @@ def bandwidth(rows, section, tally, out):
                    f"{fmt(t) if t is not None else 'no PyTorch row'} | {fmt(ratio(t, tcp))} | {fmt(ratio(c, t))} |")
 
 
+
+def layers(rows, section, out):
+    """A diagnosis, no goals: each op channels-last against NCHW, chorus's and PyTorch's side by side."""
+    out.append(f"\n## {section}: channels-last / NCHW of each op (no goal: where channels-last loses time)\n")
+    out.append("| case | chorus | chorus NCHW | chorus CL / NCHW | PyTorch | PyTorch NCHW | PyTorch CL / NCHW "
+               "| chorus / PyTorch (CL) |")
+    out.append("|---|---|---|---|---|---|---|---|")
+    for case in cases(rows, section):
+        c, cn, t, tn = (value(rows, section, case, i) for i in ("chorus", "chorus_nchw", "torch", "torch_nchw"))
+        out.append(f"| {case} | {fmt(c)} | {fmt(cn)} | {fmt(ratio(c, cn))} | "
+                   f"{fmt(t) if t is not None else 'no PyTorch row'} | {fmt(tn)} | {fmt(ratio(t, tn))} | "
+                   f"{fmt(ratio(c, t))} |")
+
 def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
@@ -146,6 +159,8 @@ def main(argv):
         bandwidth(rows, "memory", tally, out)
     if "conv" in sections:
         library(rows, "conv", "cudnn", tally, out)
+    if "layers" in sections:
+        layers(rows, "layers", out)
     out.append(f"\ngoals met: {tally.met}, missed: {tally.missed}, without the row to compare with: {tally.unpaired}")
     print("\n".join(out))
     return 0
