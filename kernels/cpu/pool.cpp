@@ -1,0 +1,233 @@
+// Pooling on the CPU: max, average and adaptive average, forward and backward (kernels/cpu/conv.h).
+#include <algorithm>
+#include <limits>
+
+#include "kernels/cpu/conv.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/loops.h"
+#include "kernels/cpu/nchw_copies.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/shared/pool_math.h"
+
+namespace chorus::kernels::cpu {
+
+// ------------------------------------------------------------------ pooling
+// Each kernel computes plane by plane in NCHW; the table entries below take NCHW or channels-last
+// tensors through nchw() copies and write_back, as conv2d does.
+namespace {
+
+// Writes indices only when they are defined (the op layer's max_pool2d keeps x and out instead).
+void max_pool2d_nchw(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& w) {
+  const int64_t planes = out.numel() / std::max<int64_t>(1, w.out_h * w.out_w);
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    T* po = out.data_ptr<T>();
+    int64_t* pi = indices.defined() ? indices.data_ptr<int64_t>() : nullptr;
+    const int64_t work = w.out_h * w.out_w * w.kernel_h * w.kernel_w;
+    parallel_for(0, planes, plane_grain(work), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        const T* plane = px + p * w.in_h * w.in_w;
+        const int64_t o0 = p * w.out_h * w.out_w;
+        for (int64_t oh = 0; oh < w.out_h; ++oh) {
+          for (int64_t ow = 0; ow < w.out_w; ++ow) {
+            T best;
+            const int64_t best_i = shared::max_pool_argmax(plane, w, oh, ow, best);
+            po[o0 + oh * w.out_w + ow] = best;
+            if (pi != nullptr) pi[o0 + oh * w.out_w + ow] = best_i;
+          }
+        }
+      }
+    });
+  });
+}
+
+// With indices: scatters by them. Without: finds each output's element again in x
+// ([Max-pool arg-max], kernels/shared/pool_math.h), the same element the indices would name.
+void max_pool2d_backward_nchw(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices, const Tensor& x,
+                              const Tensor& out, const Window2d& w) {
+  const int64_t planes = grad_x.size(0) * grad_x.size(1);
+  const int64_t in_plane = grad_x.size(2) * grad_x.size(3);
+  const int64_t out_plane = grad_out.size(2) * grad_out.size(3);
+  CHORUS_DISPATCH_FLOATING(grad_x.dtype(), "max_pool2d_backward", [&]<typename T>() {
+    T* gx = grad_x.data_ptr<T>();
+    const T* go = grad_out.data_ptr<T>();
+    const int64_t* pi = indices.defined() ? indices.data_ptr<int64_t>() : nullptr;
+    const T* px = pi == nullptr ? x.data_ptr<T>() : nullptr;
+    const T* po = pi == nullptr ? out.data_ptr<T>() : nullptr;
+    parallel_for(0, planes, plane_grain(in_plane + out_plane), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        T* dst = gx + p * in_plane;
+        std::fill(dst, dst + in_plane, T(0));
+        const int64_t o0 = p * out_plane;
+        if (pi != nullptr) {
+          for (int64_t o = 0; o < out_plane; ++o) dst[pi[o0 + o]] += go[o0 + o];
+          continue;
+        }
+        const T* plane = px + p * in_plane;
+        for (int64_t oh = 0; oh < w.out_h; ++oh) {
+          for (int64_t ow = 0; ow < w.out_w; ++ow) {
+            const int64_t o = oh * w.out_w + ow;
+            dst[shared::max_pool_first_match(plane, w, oh, ow, po[o0 + o])] += go[o0 + o];
+          }
+        }
+      }
+    });
+  });
+}
+
+// avg_pool2d's window [h0, h1) x [w0, w1) clipped to the input, and its divisor, as PyTorch.
+struct AvgCell {
+  int64_t h0, h1, w0, w1;
+  int64_t divisor;
+};
+
+AvgCell avg_cell(const Window2d& w, int64_t oh, int64_t ow, bool count_include_pad) {
+  int64_t h0 = oh * w.stride_h - w.pad_h, w0 = ow * w.stride_w - w.pad_w;
+  int64_t h1 = std::min(h0 + w.kernel_h, w.in_h + w.pad_h), w1 = std::min(w0 + w.kernel_w, w.in_w + w.pad_w);
+  const int64_t padded = (h1 - h0) * (w1 - w0);
+  h0 = std::max<int64_t>(h0, 0);
+  w0 = std::max<int64_t>(w0, 0);
+  h1 = std::min(h1, w.in_h);
+  w1 = std::min(w1, w.in_w);
+  const int64_t divisor = count_include_pad ? padded : (h1 - h0) * (w1 - w0);
+  return {h0, h1, w0, w1, std::max<int64_t>(divisor, 1)};
+}
+
+void avg_pool2d_nchw(const Tensor& out, const Tensor& x, const Window2d& w, bool count_include_pad) {
+  const int64_t planes = out.numel() / std::max<int64_t>(1, w.out_h * w.out_w);
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "avg_pool2d", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    T* po = out.data_ptr<T>();
+    parallel_for(0, planes, plane_grain(w.out_h * w.out_w * w.kernel_h * w.kernel_w), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        const T* plane = px + p * w.in_h * w.in_w;
+        for (int64_t oh = 0; oh < w.out_h; ++oh) {
+          for (int64_t ow = 0; ow < w.out_w; ++ow) {
+            const AvgCell c = avg_cell(w, oh, ow, count_include_pad);
+            T s = 0;
+            for (int64_t ih = c.h0; ih < c.h1; ++ih)
+              for (int64_t iw = c.w0; iw < c.w1; ++iw) s += plane[ih * w.in_w + iw];
+            po[(p * w.out_h + oh) * w.out_w + ow] = s / static_cast<T>(c.divisor);
+          }
+        }
+      }
+    });
+  });
+}
+
+void avg_pool2d_backward_nchw(const Tensor& grad_x, const Tensor& grad_out, const Window2d& w, bool count_include_pad) {
+  const int64_t planes = grad_out.numel() / std::max<int64_t>(1, w.out_h * w.out_w);
+  CHORUS_DISPATCH_FLOATING(grad_x.dtype(), "avg_pool2d_backward", [&]<typename T>() {
+    T* gx = grad_x.data_ptr<T>();
+    const T* go = grad_out.data_ptr<T>();
+    parallel_for(0, planes, plane_grain(w.out_h * w.out_w * w.kernel_h * w.kernel_w), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        T* plane = gx + p * w.in_h * w.in_w;
+        std::fill(plane, plane + w.in_h * w.in_w, T(0));
+        for (int64_t oh = 0; oh < w.out_h; ++oh) {
+          for (int64_t ow = 0; ow < w.out_w; ++ow) {
+            const AvgCell c = avg_cell(w, oh, ow, count_include_pad);
+            const T g = go[(p * w.out_h + oh) * w.out_w + ow] / static_cast<T>(c.divisor);
+            for (int64_t ih = c.h0; ih < c.h1; ++ih)
+              for (int64_t iw = c.w0; iw < c.w1; ++iw) plane[ih * w.in_w + iw] += g;
+          }
+        }
+      }
+    });
+  });
+}
+
+int64_t adaptive_start(int64_t o, int64_t in, int64_t out) { return (o * in) / out; }
+int64_t adaptive_end(int64_t o, int64_t in, int64_t out) { return ((o + 1) * in + out - 1) / out; }
+
+void adaptive_avg_pool2d_nchw(const Tensor& out, const Tensor& x, int64_t in_h, int64_t in_w, int64_t out_h,
+                              int64_t out_w) {
+  const int64_t planes = out.numel() / std::max<int64_t>(1, out_h * out_w);
+  CHORUS_DISPATCH_FLOATING(x.dtype(), "adaptive_avg_pool2d", [&]<typename T>() {
+    const T* px = x.data_ptr<T>();
+    T* po = out.data_ptr<T>();
+    parallel_for(0, planes, plane_grain(in_h * in_w), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        const T* plane = px + p * in_h * in_w;
+        for (int64_t oh = 0; oh < out_h; ++oh) {
+          const int64_t h0 = adaptive_start(oh, in_h, out_h), h1 = adaptive_end(oh, in_h, out_h);
+          for (int64_t ow = 0; ow < out_w; ++ow) {
+            const int64_t w0 = adaptive_start(ow, in_w, out_w), w1 = adaptive_end(ow, in_w, out_w);
+            T s = 0;
+            for (int64_t ih = h0; ih < h1; ++ih)
+              for (int64_t iw = w0; iw < w1; ++iw) s += plane[ih * in_w + iw];
+            po[(p * out_h + oh) * out_w + ow] = s / static_cast<T>((h1 - h0) * (w1 - w0));
+          }
+        }
+      }
+    });
+  });
+}
+
+void adaptive_avg_pool2d_backward_nchw(const Tensor& grad_x, const Tensor& grad_out, int64_t in_h, int64_t in_w,
+                                       int64_t out_h, int64_t out_w) {
+  const int64_t planes = grad_out.numel() / std::max<int64_t>(1, out_h * out_w);
+  CHORUS_DISPATCH_FLOATING(grad_x.dtype(), "adaptive_avg_pool2d_backward", [&]<typename T>() {
+    T* gx = grad_x.data_ptr<T>();
+    const T* go = grad_out.data_ptr<T>();
+    parallel_for(0, planes, plane_grain(in_h * in_w), [&](int64_t lo, int64_t hi) {
+      for (int64_t p = lo; p < hi; ++p) {
+        T* plane = gx + p * in_h * in_w;
+        std::fill(plane, plane + in_h * in_w, T(0));
+        for (int64_t oh = 0; oh < out_h; ++oh) {
+          const int64_t h0 = adaptive_start(oh, in_h, out_h), h1 = adaptive_end(oh, in_h, out_h);
+          for (int64_t ow = 0; ow < out_w; ++ow) {
+            const int64_t w0 = adaptive_start(ow, in_w, out_w), w1 = adaptive_end(ow, in_w, out_w);
+            const T g = go[(p * out_h + oh) * out_w + ow] / static_cast<T>((h1 - h0) * (w1 - w0));
+            for (int64_t ih = h0; ih < h1; ++ih)
+              for (int64_t iw = w0; iw < w1; ++iw) plane[ih * in_w + iw] += g;
+          }
+        }
+      }
+    });
+  });
+}
+
+}  // namespace
+
+void max_pool2d(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& w) {
+  const Tensor o = nchw_result(out);
+  max_pool2d_nchw(o, indices, nchw(x), w);
+  write_back(out, o);
+}
+
+void max_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, const Tensor& indices, const Tensor& x,
+                         const Tensor& out, const Window2d& w) {
+  const Tensor gx = nchw_result(grad_x);
+  max_pool2d_backward_nchw(gx, nchw(grad_out), indices, indices.defined() ? Tensor() : nchw(x),
+                           indices.defined() ? Tensor() : nchw(out), w);
+  write_back(grad_x, gx);
+}
+
+void avg_pool2d(const Tensor& out, const Tensor& x, const Window2d& w, bool count_include_pad) {
+  const Tensor o = nchw_result(out);
+  avg_pool2d_nchw(o, nchw(x), w, count_include_pad);
+  write_back(out, o);
+}
+
+void avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, const Window2d& w, bool count_include_pad) {
+  const Tensor gx = nchw_result(grad_x);
+  avg_pool2d_backward_nchw(gx, nchw(grad_out), w, count_include_pad);
+  write_back(grad_x, gx);
+}
+
+void adaptive_avg_pool2d(const Tensor& out, const Tensor& x, int64_t in_h, int64_t in_w, int64_t out_h,
+                         int64_t out_w) {
+  const Tensor o = nchw_result(out);
+  adaptive_avg_pool2d_nchw(o, nchw(x), in_h, in_w, out_h, out_w);
+  write_back(out, o);
+}
+
+void adaptive_avg_pool2d_backward(const Tensor& grad_x, const Tensor& grad_out, int64_t in_h, int64_t in_w,
+                                  int64_t out_h, int64_t out_w) {
+  const Tensor gx = nchw_result(grad_x);
+  adaptive_avg_pool2d_backward_nchw(gx, nchw(grad_out), in_h, in_w, out_h, out_w);
+  write_back(grad_x, gx);
+}
+
+}  // namespace chorus::kernels::cpu
