@@ -193,6 +193,11 @@ void AlgoCache::clear() {
   map_.clear();
 }
 
+std::vector<std::pair<ConvKey, AlgoChoice>> AlgoCache::entries() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {map_.begin(), map_.end()};
+}
+
 AlgoCache& AlgoCache::global() {
   static AlgoCache cache;
   return cache;

@@ -13,6 +13,8 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "kernels/kernel_types.h"
 #include "tensor/dtype.h"
@@ -120,6 +122,8 @@ class AlgoCache {
   void insert(const ConvKey& key, const AlgoChoice& choice);
   size_t size() const;
   void clear();
+  // Every cached choice, in no particular order (benchmarks note what was chosen).
+  std::vector<std::pair<ConvKey, AlgoChoice>> entries() const;
   static AlgoCache& global();
 
  private:

@@ -37,6 +37,7 @@
 #include "autograd/grad_mode.h"
 #include "examples/models/bert.h"
 #include "examples/models/resnet.h"
+#include "kernels/cuda/cudnn_plan.h"
 #include "nn/functional.h"
 #include "optim/optim.h"
 #include "tensor/caching_allocator.h"
@@ -47,6 +48,7 @@
 using namespace chorus;
 namespace F = chorus::nn::functional;
 namespace raw = chorus::bench::raw;
+namespace cudnn_plan = chorus::kernels::cudnn_plan;
 
 namespace {
 
@@ -425,6 +427,22 @@ std::vector<ConvShape> resnet50_convs() {
   return v;
 }
 
+// The cuDNN algorithms chorus chose since the cache was cleared, as the raw rows note theirs
+// ("fwd 1 m1 / bwd-data 1 m1 / bwd-filter 5 m1"; m: cudnnMathType_t). Empty where cuDNN did not run.
+std::string chosen_algorithms() {
+  const char* names[] = {"fwd", "bwd-data", "bwd-filter"};
+  std::string note;
+  for (const cudnn_plan::Direction d : {cudnn_plan::Direction::Forward, cudnn_plan::Direction::BackwardData,
+                                        cudnn_plan::Direction::BackwardFilter}) {
+    for (const auto& [key, choice] : cudnn_plan::AlgoCache::global().entries()) {
+      if (key.direction != d) continue;
+      note += fmt::format("{}{} {} m{}", note.empty() ? "" : " / ", names[static_cast<int>(d)], choice.algorithm,
+                          choice.math_type);
+    }
+  }
+  return note;
+}
+
 void conv(const Setup& s, Section& out) {
   for (const std::string mode : {"tf32", "bf16"}) {
     const DType dtype = mode == "bf16" ? kBFloat16 : kFloat32;
@@ -446,6 +464,7 @@ void conv(const Setup& s, Section& out) {
       Tensor w = random(s, {c.out_channels, c.in_channels, c.kernel, c.kernel}, dtype).requires_grad_();
       Tensor dy = random(s, {n, c.out_channels, o, o}, dtype);
       {
+        cudnn_plan::AlgoCache::global().clear();  // so that chorus's choices for this case can be noted
         const double ms = median_ms(s, s.conv_warmup, s.conv_iters, [&] {
           Tensor y = F::conv2d(x, w, Tensor(), {c.stride, c.stride}, {c.pad, c.pad});
           y.backward(dy);
@@ -453,7 +472,7 @@ void conv(const Setup& s, Section& out) {
           x.mutable_grad() = Tensor();
           w.mutable_grad() = Tensor();
         });
-        Row r = make_row("chorus", name, ms, flop / ms / 1e9, "TFLOP/s");
+        Row r = make_row("chorus", name, ms, flop / ms / 1e9, "TFLOP/s", chosen_algorithms());
         set_peaks(s, r);
         out.add(r);
       }

@@ -102,6 +102,7 @@ struct Conv::Impl {
   cudnnConvolutionFwdAlgo_t fwd{};
   cudnnConvolutionBwdDataAlgo_t bwd_data{};
   cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
+  std::array<int, 3> math{};  // cudnnMathType_t of each direction's choice
   size_t workspace_bytes = 0;
 };
 
@@ -168,6 +169,7 @@ Conv::Conv(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, 
   const auto cbd = first_ok(bd, returned_bd, "backward-data");
   const auto cbf = first_ok(bf, returned_bf, "backward-filter");
   s.fwd = cf.algo, s.bwd_data = cbd.algo, s.bwd_filter = cbf.algo;
+  s.math = {static_cast<int>(cf.mathType), static_cast<int>(cbd.mathType), static_cast<int>(cbf.mathType)};
   check(cudnnSetConvolutionMathType(s.cd[0], cf.mathType), "cudnnSetConvolutionMathType");
   check(cudnnSetConvolutionMathType(s.cd[1], cbd.mathType), "cudnnSetConvolutionMathType");
   check(cudnnSetConvolutionMathType(s.cd[2], cbf.mathType), "cudnnSetConvolutionMathType");
@@ -201,8 +203,10 @@ void Conv::run() {
 }
 
 std::string Conv::algorithms() const {
-  return "fwd " + std::to_string(impl_->fwd) + " / bwd-data " + std::to_string(impl_->bwd_data) + " / bwd-filter " +
-         std::to_string(impl_->bwd_filter);
+  // As gpu_bench notes chorus's choices (m: the math type).
+  return "fwd " + std::to_string(impl_->fwd) + " m" + std::to_string(impl_->math[0]) + " / bwd-data " +
+         std::to_string(impl_->bwd_data) + " m" + std::to_string(impl_->math[1]) + " / bwd-filter " +
+         std::to_string(impl_->bwd_filter) + " m" + std::to_string(impl_->math[2]);
 }
 
 }  // namespace chorus::bench::raw

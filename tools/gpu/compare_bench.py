@@ -100,14 +100,16 @@ def models(rows, section, tally, out):
 
 def library(rows, section, lib, tally, out):
     out.append(f"\n## {section}: chorus / {lib} (goal >= {GOALS['library']}), chorus / PyTorch beside\n")
-    out.append(f"| case | chorus | {lib} | chorus / {lib} | goal | PyTorch | chorus / PyTorch |")
-    out.append("|---|---|---|---|---|---|---|")
+    out.append(f"| case | chorus | {lib} | chorus / {lib} | goal | PyTorch | chorus / PyTorch | chorus's algorithms "
+               f"| {lib}'s |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
     for case in cases(rows, section):
         c, raw, t = (value(rows, section, case, i) for i in ("chorus", lib, "torch"))
         r = ratio(c, raw)
+        notes = [rows.get((section, case, i), {}).get("note", "") for i in ("chorus", lib)]
         out.append(f"| {case} | {fmt(c)} | {fmt(raw) if raw is not None else 'no ' + lib + ' row'} | {fmt(r)} | "
                    f"{tally.mark(r, GOALS['library'])} | {fmt(t) if t is not None else 'no PyTorch row'} | "
-                   f"{fmt(ratio(c, t))} |")
+                   f"{fmt(ratio(c, t))} | {notes[0]} | {notes[1]} |")
 
 
 def bandwidth(rows, section, tally, out):

@@ -4,6 +4,7 @@
 // shapes, dtypes without a cuDNN type), the algorithm-cache key and cache, and the settings.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <random>
 #include <unordered_set>
 
@@ -177,6 +178,12 @@ TEST_CASE("cudnn plan: algorithm keys tell every choice apart, and the cache hol
   CHECK(cache.find(base)->workspace == 4096);
   CHECK_FALSE(cache.find(others[0]).has_value());
   CHECK(cache.size() == 1);
+  cache.insert(others[0], {1, 0, 0});
+  auto entries = cache.entries();
+  REQUIRE(entries.size() == 2);
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.second.algorithm < b.second.algorithm; });
+  CHECK((entries[0].first == others[0] && entries[0].second.algorithm == 1));
+  CHECK((entries[1].first == base && entries[1].second.workspace == 4096));
   cache.clear();
   CHECK(cache.size() == 0);
 }
