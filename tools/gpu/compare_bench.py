@@ -100,8 +100,8 @@ def models(rows, section, tally, out):
 
 def library(rows, section, lib, tally, out):
     out.append(f"\n## {section}: chorus / {lib} (goal >= {GOALS['library']}), chorus / PyTorch beside\n")
-    out.append(f"| case | chorus | {lib} | chorus / {lib} | goal | PyTorch | chorus / PyTorch | chorus's algorithms "
-               f"| {lib}'s |")
+    out.append(f"| case | chorus | {lib} | chorus / {lib} | goal | PyTorch | chorus / PyTorch | chorus note "
+               f"| {lib} note |")
     out.append("|---|---|---|---|---|---|---|---|---|")
     for case in cases(rows, section):
         c, raw, t = (value(rows, section, case, i) for i in ("chorus", lib, "torch"))
