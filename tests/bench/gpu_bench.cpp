@@ -430,15 +430,14 @@ std::vector<ConvShape> resnet50_convs() {
 // The cuDNN algorithms chorus chose since the cache was cleared, as the raw rows note theirs
 // ("fwd 1 m1 / bwd-data 1 m1 / bwd-filter 5 m1"; m: cudnnMathType_t). Empty where cuDNN did not run.
 std::string chosen_algorithms() {
-  const char* names[] = {"fwd", "bwd-data", "bwd-filter"};
+  const char* names[] = {"fwd", "bwd-data", "bwd-filter"};  // in Direction's order
+  auto entries = cudnn_plan::AlgoCache::global().entries();
+  std::sort(entries.begin(), entries.end(),
+            [](const auto& a, const auto& b) { return a.first.direction < b.first.direction; });
   std::string note;
-  for (const cudnn_plan::Direction d : {cudnn_plan::Direction::Forward, cudnn_plan::Direction::BackwardData,
-                                        cudnn_plan::Direction::BackwardFilter}) {
-    for (const auto& [key, choice] : cudnn_plan::AlgoCache::global().entries()) {
-      if (key.direction != d) continue;
-      note += fmt::format("{}{} {} m{}", note.empty() ? "" : " / ", names[static_cast<int>(d)], choice.algorithm,
-                          choice.math_type);
-    }
+  for (const auto& [key, choice] : entries) {
+    note += fmt::format("{}{} {} m{}", note.empty() ? "" : " / ", names[static_cast<int>(key.direction)],
+                        choice.algorithm, choice.math_type);
   }
   return note;
 }
@@ -580,14 +579,26 @@ int main(int argc, char** argv) {
   Setup s;
   s.device = Device::parse(device);
   s.tiny = tiny || s.device.is_sim();
+  struct Entry {
+    std::string name, title, baseline;
+    void (*run)(const Setup&, Section&);
+  };
+  const std::vector<Entry> entries = {
+      {"resnet50", "ResNet-50 training step (SGD momentum; TF32 / bf16 autocast)", "torch", resnet50},
+      {"bert", "BERT masked-LM training step (AdamW, bf16 autocast)", "torch", bert},
+      {"gemm", "GEMM (matmul) against cublasGemmEx", "cublas", gemm},
+      {"memory", "memory-bound kernels against a device-to-device copy of the output's size", "copy", memory},
+      {"conv", "conv2d forward + backward (input and weight gradients) against raw cuDNN", "cudnn", conv},
+      {"layers", "ResNet-50's layers forward + backward, channels-last against NCHW", "chorus_nchw", layers},
+  };
   std::set<std::string> sections;
   std::stringstream list(only);
   for (std::string item; std::getline(list, item, ',');) {
     if (item.empty()) continue;
-    if (item != "resnet50" && item != "bert" && item != "gemm" && item != "memory" && item != "conv" &&
-        item != "layers") {
-      std::fprintf(stderr, "gpu_bench: unknown section '%s' (expected resnet50, bert, gemm, memory, conv, layers)\n",
-                   item.c_str());
+    if (std::none_of(entries.begin(), entries.end(), [&](const Entry& e) { return e.name == item; })) {
+      std::string known;
+      for (const Entry& e : entries) known += (known.empty() ? "" : ", ") + e.name;
+      std::fprintf(stderr, "gpu_bench: unknown section '%s' (expected %s)\n", item.c_str(), known.c_str());
       return 2;
     }
     sections.insert(item);
@@ -621,18 +632,6 @@ int main(int argc, char** argv) {
                 "nothing about a GPU. Raw cuBLAS/cuDNN baselines need a CUDA device: chorus rows only "
                 "(the copy baseline goes through the sim runtime).\n");
   }
-  struct Entry {
-    std::string name, title, baseline;
-    void (*run)(const Setup&, Section&);
-  };
-  const std::vector<Entry> entries = {
-      {"resnet50", "ResNet-50 training step (SGD momentum; TF32 / bf16 autocast)", "torch", resnet50},
-      {"bert", "BERT masked-LM training step (AdamW, bf16 autocast)", "torch", bert},
-      {"gemm", "GEMM (matmul) against cublasGemmEx", "cublas", gemm},
-      {"memory", "memory-bound kernels against a device-to-device copy of the output's size", "copy", memory},
-      {"conv", "conv2d forward + backward (input and weight gradients) against raw cuDNN", "cudnn", conv},
-      {"layers", "ResNet-50's layers forward + backward, channels-last against NCHW", "chorus_nchw", layers},
-  };
   for (const Entry& e : entries) {
     if (!sections.count(e.name)) continue;
     std::printf("\n## %s: %s\n", e.name.c_str(), e.title.c_str());
