@@ -23,15 +23,21 @@ inline torch::Tensor to_torch(const Tensor& t) {
   return torch::from_blob(const_cast<double*>(c.data_ptr<double>()), sizes, torch::kFloat64).clone();
 }
 
-// max |ours - theirs| / max(1, max |theirs|), in float64; infinity when the shapes differ or NaN
-// is not in the same places (NaN where both have it counts as equal).
+// The worst element-wise difference, each element's relative to its own size where that is above
+// 1 and absolute below: max_i |ours_i - theirs_i| / max(1, |theirs_i|), in float64. So
+// `max_diff(a, b) <= tol` is torch.allclose(a, b, rtol=tol, atol=tol) up to the factor of at most 2
+// between max(1, |b|) and 1 + |b|; a small element is held to tol itself, not to tol times the
+// tensor's largest (which would hide its errors). Infinity when the shapes differ or NaN is not in
+// the same places (NaN where both have it counts as equal; equal infinities count as equal).
 inline double max_diff(const Tensor& ours, const torch::Tensor& theirs) {
   const torch::Tensor a = to_torch(ours), b = theirs.detach().to(torch::kFloat64);
   if (a.sizes() != b.sizes()) return INFINITY;
   if (a.numel() == 0) return 0;
   if (!torch::equal(a.isnan(), b.isnan())) return INFINITY;
-  return (a.nan_to_num() - b.nan_to_num()).abs().max().item<double>() /
-         std::max(1.0, b.nan_to_num().abs().max().item<double>());
+  const torch::Tensor same = (a == b) | (a.isnan() & b.isnan());
+  const torch::Tensor diff = torch::where(same, torch::zeros_like(a), (a - b).abs());
+  const torch::Tensor scale = torch::clamp_min(b.nan_to_num().abs(), 1.0);
+  return (diff / scale).max().item<double>();
 }
 
 }  // namespace chorus::testing

@@ -5,10 +5,10 @@
 # the input that found it is copied to tests/fuzz/findings/ (add it to tests/fuzz/corpus/<target>/
 # once fixed: the corpus tests replay it from then on).
 #
-#   bash tools/fuzz.sh [seconds per target, default 30] [target ...]
+#   bash tools/fuzz.sh [seconds per target, default 20] [target ...]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-seconds="${1:-30}"
+seconds="${1:-20}"
 shift || true
 targets=("$@")
 ((${#targets[@]})) || targets=(checkpoint idx wordpiece bpe store_frames file_store plan_json launch_env)
@@ -46,7 +46,11 @@ for t in "${targets[@]}"; do
   runs="$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)"
   corpus="$(ls "$work/$t" | wc -l)"
   total_runs=$((total_runs + runs))
-  echo "fuzz: $t: $runs inputs run, $corpus new corpus entries"
+  # Where coverage stopped growing: the input number of the last "NEW" (new coverage) line, against
+  # the inputs run in all (a late last NEW says more time would still find more).
+  last_new="$(grep -oE '^#[0-9]+[[:space:]]+NEW' "$log" | tail -n 1 | grep -oE '[0-9]+' || echo 0)"
+  cov="$(grep -oE 'cov: [0-9]+' "$log" | tail -n 1 || true)"
+  echo "fuzz: $t: $runs inputs run, $corpus new corpus entries, ${cov:-cov: ?}, last new coverage at input ${last_new:-0}"
 done
 echo "fuzz: $total_runs inputs in all over ${#targets[@]} targets"
 # The fuzz server holds memory; CI machines have two cores and one main Bazel server besides.

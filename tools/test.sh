@@ -1,68 +1,92 @@
 #!/usr/bin/env bash
-# The one test entry point (CI runs it through .ci/run): setup, build everything, run every test
-# this machine can run, and end with one line "N passed, N failed" counting Catch2 test cases.
-# Extra arguments go to `bazel test` (e.g. --test_filter=..., --runs_per_test=3).
-# Exits non-zero when bazel fails (build error, failing test) or any test case failed.
+# The test entry point (the README's test command; CI runs `tools/test.sh --full` through .ci/run).
+#
+#   tools/test.sh            set-up, build, and every test case once in -c opt (gpu-tagged ones
+#                            too where a GPU is). About 20 minutes on a fresh 2-core machine.
+#   tools/test.sh --full     that, then the kernel tests under each instruction set of this CPU,
+#                            ThreadSanitizer on the concurrent code, ASan+UBSan over every test,
+#                            and the libFuzzer targets (docs/build.md says what each adds).
+#
+# Extra arguments go to the -c opt `bazel test` (e.g. --test_filter=..., --runs_per_test=3).
+# Ends with one line "N passed, N failed" that counts each Catch2 test case once, whichever phases
+# ran it (failed in any phase: failed); a fuzz target and a non-Catch2 test target are one test
+# each. Per-phase lines above it say what each phase ran. Exits non-zero when Bazel failed (a build
+# error, a failing test) or any test failed.
+#
+# Every Bazel invocation here shares one disk cache (CHORUS_CACHE_DIR, default ~/.cache/chorus:
+# bazel-disk/), so a second run on the machine, or a fresh clone, rebuilds only what changed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+mode=quick
+if [[ "${1:-}" == --full ]]; then
+  mode=full
+  shift
+fi
+
 bash tools/setup.sh
 
-# Tests tagged "gpu" need a device; without one they are still built (linking included) by
-# `bazel test //...`, just not run.
+cache="${CHORUS_CACHE_DIR:-$HOME/.cache/chorus}"
+mkdir -p "$cache"
+common=(--disk_cache="$cache/bazel-disk" --keep_going
+  --test_env=CHORUS_DATA_DIR="${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}")
+
+# Tests tagged "gpu" need a device; without one they are still built (linking included), not run.
 filters=()
 if ! nvidia-smi -L >/dev/null 2>&1; then
   filters=(--test_tag_filters=-gpu)
 fi
 
-# --- Count Catch2 test cases ----------------------------------------------------------------
-# Bazel's summary names every test target of this invocation with its status; reading only those
-# targets' logs keeps stale logs (deleted targets, earlier runs) out of the count. A cached PASSED
-# target still has its log from the run that produced the cached result.
-passed=0
-failed=0
-skipped=0
-testlogs=bazel-testlogs  # the convenience symlink: the latest invocation's test logs
+results="$(mktemp)"  # one line per test per phase: phase <TAB> test <TAB> passed|failed|skipped
+output="$(mktemp)"
+trap 'rm -f "$results" "$output"' EXIT
+phase_lines=()
+rc=0
 
-# Adds one test log's Catch2 summary to passed/failed; returns 1 when the log has no summary. A test
-# case that could not run here prints a line "CHORUS-SKIP: why" and returns: counted as skipped.
-count_log() {
-  local log="$1" line n word rest part parts skips
-  line="$(grep -E '^All tests passed \(|^test cases: ' "$log" | tail -n 1)" || return 1
-  skips="$(grep -c '^CHORUS-SKIP' "$log" || true)"
-  if ((skips > 0)); then
-    skipped=$((skipped + skips))
-    passed=$((passed - skips))
-    grep '^CHORUS-SKIP' "$log" | sed 's/^/  /'
-  fi
-  if [[ "$line" =~ ^All\ tests\ passed\ \([0-9]+\ assertions?\ in\ ([0-9]+)\ test\ cases?\) ]]; then
-    passed=$((passed + BASH_REMATCH[1]))
-    return 0
-  fi
-  # "test cases: 5 | 3 passed | 1 failed | 1 failed as expected" (parts absent when zero).
-  IFS='|' read -ra parts <<<"${line#test cases:}"
-  for part in "${parts[@]:1}"; do
-    read -r n word rest <<<"$part"
-    if [[ "$word" == passed || ( "$word" == failed && "$rest" == "as expected" ) ]]; then
-      passed=$((passed + n))
-    elif [[ "$word" == failed ]]; then
-      failed=$((failed + n))
-    fi
-  done
+# --- Counting -----------------------------------------------------------------------------------
+# Catch2 binaries print "CHORUS-CASE start|passed|failed <name>" per case (tests/catch_main.cpp).
+# A case is keyed by its package and name, so the ThreadSanitizer twins of a target
+# (device_runtime_tsan_test holds sim_runtime_test's and caching_allocator_test's cases) count
+# once with it.
+
+# Appends one test log's cases to $results as phase \t package: case \t status. Prints the skip
+# reasons and the cases that never ended. Returns 1 when the log has no CHORUS-CASE line.
+read_log() {
+  local phase="$1" package="$2" log="$3"
+  grep -q '^CHORUS-CASE ' "$log" || return 1
+  awk -v phase="$phase" -v pkg="$package" -v out="$results" '
+    function emit(status, name) { printf "%s\t%s: %s\t%s\n", phase, pkg, name, status >> out }
+    /^CHORUS-CASE start / { current = substr($0, 19); skip = ""; next }
+    /^CHORUS-SKIP/ { if (current != "") skip = $0; print "  " pkg ": " current ": " $0; next }
+    /^CHORUS-CASE (passed|failed) / {
+      status = $2
+      name = substr($0, length("CHORUS-CASE ") + length(status) + 2)
+      if (status == "passed" && skip != "") status = "skipped"
+      emit(status, name)
+      current = ""; skip = ""
+      next
+    }
+    END {
+      if (current != "") {
+        print "  " phase ": " pkg ": " current ": started and never ended (crash, timeout or sanitizer report)"
+        emit("failed", current)
+      }
+    }' "$log"
 }
 
-# Adds the test targets of one bazel invocation (its output in $1) to passed/failed.
-count_run() {
-  local output="$1" line label status dir failed_before have_summary log logs
-  status_re='^(//[^ ]+:[^ ]+) +(\(cached\) )?(PASSED|FLAKY|FAILED TO BUILD|FAILED|TIMEOUT|NO STATUS|INCOMPLETE|REMOTE FAILURE)'
+# Reads the test targets of one bazel invocation (its output in $output; its test logs under
+# $testlogs) into $results.
+read_run() {
+  local phase="$1" testlogs="$2" line label status dir log logs found failed_before
+  local status_re='^(//[^ ]+:[^ ]+) +(\(cached\) )?(PASSED|FLAKY|FAILED TO BUILD|FAILED|TIMEOUT|NO STATUS|INCOMPLETE|REMOTE FAILURE)'
   while IFS= read -r line; do
     [[ "$line" =~ $status_re ]] || continue
     label="${BASH_REMATCH[1]}"
     status="${BASH_REMATCH[3]}"
     dir="$testlogs/${label#//}"
     dir="${dir/://}"
-    failed_before=$failed
-    have_summary=0
+    found=0
+    failed_before="$(count_failed)"
     # Not built or not run: a log there (if any) is from an earlier build; do not read it.
     if [[ "$status" != "NO STATUS" && "$status" != "FAILED TO BUILD" ]]; then
       # One log per target, or one per shard / run. Shard and run folders stay behind after a
@@ -75,96 +99,142 @@ count_run() {
       done
       ((${#logs[@]})) || logs=("$dir/test.log")
       for log in "${logs[@]}"; do
-        [[ -f "$log" ]] && count_log "$log" && have_summary=1
+        [[ -f "$log" ]] && read_log "$phase" "${label%%:*}" "$log" && found=1
       done
     fi
     if [[ "$status" == PASSED || "$status" == FLAKY ]]; then
-      # A passing test that is not a Catch2 binary counts as one passed test.
-      ((have_summary)) || passed=$((passed + 1))
-    elif ((failed == failed_before)); then
-      # Failed without any failed test case in its summary: crash, timeout, not built, sanitizer.
-      failed=$((failed + 1))
+      # A passing test that is not a Catch2 binary is one passed test.
+      ((found)) || printf '%s\t%s\tpassed\n' "$phase" "$label" >>"$results"
+    elif [[ "$(count_failed)" == "$failed_before" ]]; then
+      # Failed without a failed case of its own (not built, crashed before any case or after the
+      # last, a sanitizer report at exit): the target itself is one failed test.
+      printf '%s\t%s (%s)\tfailed\n' "$phase" "$label" "$status" >>"$results"
     fi
   done <"$output"
 }
 
+count_failed() { awk -F'\t' '$3 == "failed"' "$results" | wc -l; }
 
-output="$(mktemp)"
-trap 'rm -f "$output"' EXIT
-data_env=--test_env=CHORUS_DATA_DIR="${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}"
-set +e
-# 1. The device runtime, the sim device, the caching allocator, the stream-ordered process group and
-#    DDP's reducer on a device are concurrent code: their tests
-#    also run under ThreadSanitizer, and so do the multi-process tests (every worker a TSan build:
-#    collectives, DDP and pipelines on sim devices over real sockets). Counted before the main run,
-#    because bazel-testlogs follows the latest invocation.
-#    Also the store (server and client threads), the data loader's worker threads and the autograd
-#    engine and hooks (OMP_NUM_THREADS=1: libgomp is not instrumented, so its thread pool would
-#    report false races; the engine's and loader's own threads are what is checked here).
-#    Its own output base, built without CUDA (--config=tsan sets CUDA_HOME=/nonexistent): nvcc's
-#    objects are not instrumented, and the linker may keep their copy of an inline function
-#    (shared_ptr's release, say), hiding the synchronization TSan must see (docs/reliability.md).
-#    No convenience symlinks from it (--symlink_prefix=/): bazel-<workspace> would point into the
-#    other output base, and the main run's //... would then walk it as a package.
-tsan_base="${CHORUS_TSAN_OUTPUT_BASE:-$HOME/.cache/chorus/bazel-tsan}"
-testlogs="$(bazel --output_base="$tsan_base" info -c opt --config=tsan bazel-testlogs 2>/dev/null)"
-bazel --output_base="$tsan_base" test -c opt --config=tsan --symlink_prefix=/ --keep_going "$data_env" --test_env=OMP_NUM_THREADS=1 \
-  //tests/tensor:device_runtime_tsan_test //tests/distributed:stream_group_tsan_test \
-  //tests/distributed:store_test //tests/data:data_test //tests/autograd:engine_test \
-  //tests/autograd:hooks_test //tests/distributed:multiprocess_test 2>&1 | tee "$output"
-tsan_rc=${PIPESTATUS[0]}
-count_run "$output"
-bazel --output_base="$tsan_base" shutdown >/dev/null 2>&1 || true
-testlogs=bazel-testlogs
-# 2. Everything else. --keep_going: a target that fails to build must not stop every other test.
-bazel test //... -c opt --keep_going "$data_env" "${filters[@]}" "$@" 2>&1 | tee "$output"
-bazel_rc=${PIPESTATUS[0]}
-count_run "$output"
-# 3. The kernel tests again under each instruction set this CPU has (CHORUS_CPU_CAPABILITY: oneDNN's
-#    cap, and the variant of chorus's own vector loops, kernels/cpu/capability.h), so the kernels the
-#    run-time dispatch would pick on other machines run here too.
-caps=(avx2 default)
-grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo &&
-  grep -qw avx512dq /proc/cpuinfo && caps=(avx512 "${caps[@]}")
-cap_rc=0
-for cap in "${caps[@]}"; do
-  bazel test -c opt --keep_going "$data_env" --test_env=CHORUS_CPU_CAPABILITY="$cap" //tests/nn:conv_test \
-    //tests/nn:loss_test //tests/tensor:reduce_linalg_index_test //tests/tensor:elementwise_test \
-    //tests/tensor:unary_test //tests/optim:optim_test //tests/kernels/cpu:capability_test \
-    //tests/kernels/shared:pointwise_math_test //tests/kernels/shared:optim_math_test \
-    //tests/kernels/shared:philox_test 2>&1 | tee "$output"
-  rc=${PIPESTATUS[0]}
-  ((rc == 0)) || cap_rc=$rc
-  count_run "$output"
-done
-# 4. The whole CPU suite again under AddressSanitizer + UndefinedBehaviorSanitizer (--config=asan,
-#    .bazelrc: no recovery, leaks reported), in its own output tree; the benchmarks are left out.
-bazel test -c opt --config=asan --keep_going "$data_env" "${filters[@]}" -- //tests/... -//tests/bench/... 2>&1 |
-  tee "$output"
-asan_rc=${PIPESTATUS[0]}
-count_run "$output"
-# 5. The libFuzzer targets (tests/fuzz/), clang + ASan + UBSan in their own output base, each for
-#    CHORUS_FUZZ_SECONDS (30 by default) from its corpus; a finding fails the run (tools/fuzz.sh).
-#    Each target counts as one test.
-fuzz_rc=0
-if [[ "${CHORUS_FUZZ_SECONDS:-30}" != 0 ]]; then
-  bash tools/fuzz.sh "${CHORUS_FUZZ_SECONDS:-30}" 2>&1 | tee "$output"
-  fuzz_rc=${PIPESTATUS[0]}
-  fuzz_found="$(grep -c 'FOUND A DEFECT' "$output" || true)"
-  fuzz_targets="$(grep -cE '^fuzz: [a-z_]+: [0-9]+ inputs run' "$output" || true)"
-  passed=$((passed + fuzz_targets - fuzz_found))
-  failed=$((failed + fuzz_found))
-  ((fuzz_rc == 0 || fuzz_found > 0)) || failed=$((failed + 1))  # the build itself failed
+# Runs one phase: `bazel [--output_base=BASE] test CONFIG... ARGS...`, its output to the console
+# and $output, then counts. BASE "" is the workspace's own output base; CONFIG (the global array
+# $config) are the flags that pick the output tree, which `bazel info` needs too.
+phase() {
+  local name="$1" base="$2" start testlogs code
+  shift 2
+  local startup=()
+  [[ -n "$base" ]] && startup=(--output_base="$base")
+  start=$SECONDS
+  echo "=== tools/test.sh: phase $name: bazel ${startup[*]} test ${config[*]} $*"
+  set +e
+  bazel "${startup[@]}" test "${config[@]}" "$@" 2>&1 | tee "$output"
+  code=${PIPESTATUS[0]}
+  set -e
+  ((code == 0)) || rc=1
+  testlogs="$(bazel "${startup[@]}" info "${config[@]}" bazel-testlogs 2>/dev/null | tail -n 1)" || true
+  read_run "$name" "$testlogs"
+  phase_lines+=("$(summarize_phase "$name") in $((SECONDS - start)) s")
+}
+
+summarize_phase() {
+  awk -F'\t' -v phase="$1" '$1 == phase { n[$3]++ }
+    END { printf "%s: %d passed, %d failed, %d skipped", phase, n["passed"], n["failed"], n["skipped"] }' "$results"
+}
+
+# --- 1. Every test once, -c opt (the build with CUDA where a toolkit is) --------------------------
+config=(-c opt)
+phase opt "" "${common[@]}" "${filters[@]}" "$@" //...
+
+if [[ "$mode" == full ]]; then
+  # --- 2. The kernel tests under each instruction set this CPU has ------------------------------
+  # (CHORUS_CPU_CAPABILITY: oneDNN's cap, and the variant of chorus's own vector loops,
+  # kernels/cpu/capability.h), so the kernels run-time dispatch would pick on other machines run
+  # here too. The default capability of this machine ran in phase 1.
+  caps=(avx2 default)
+  grep -qw avx512f /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo &&
+    grep -qw avx512dq /proc/cpuinfo && caps=(avx512 "${caps[@]}")
+  for cap in "${caps[@]}"; do
+    phase "isa-$cap" "" "${common[@]}" --test_env=CHORUS_CPU_CAPABILITY="$cap" \
+      //tests/nn:conv_test //tests/nn:loss_test //tests/tensor:reduce_linalg_index_test \
+      //tests/tensor:elementwise_test //tests/tensor:unary_test //tests/optim:optim_test \
+      //tests/kernels/cpu:capability_test //tests/kernels/shared:pointwise_math_test \
+      //tests/kernels/shared:optim_math_test //tests/kernels/shared:philox_test
+  done
+  # The main server is not needed again; its memory is better left to the sanitizer builds.
+  bazel shutdown >/dev/null 2>&1 || true
+
+  # --- 3 and 4. The sanitizer builds, both without CUDA, in one output base of their own --------
+  # CUDA_HOME=/nonexistent (--config=tsan / --config=asan): nvcc's host objects are not
+  # instrumented, and for TSan their copies of inline code hide synchronization from it
+  # (docs/reliability.md); no CUDA code can run on a machine without a GPU anyway, and compiling
+  # every kernel with nvcc again would cost minutes. Changing CUDA_HOME reconfigures @local_cuda,
+  # hence the output base of its own (no convenience symlinks from it: --symlink_prefix=/).
+  nocuda_base="${CHORUS_NOCUDA_OUTPUT_BASE:-$cache/bazel-nocuda}"
+  # 3. ThreadSanitizer on the concurrent code: the device runtime, the sim device, the caching
+  #    allocator, the stream-ordered process group and DDP's reducer on a device, the store (server
+  #    and client threads), the data loader's workers, the autograd engine and hooks
+  #    (OMP_NUM_THREADS=1: libgomp is not instrumented, so its thread pool would report false races),
+  #    and the multi-process tests (every worker a TSan build: collectives, DDP and pipelines on sim
+  #    devices over real sockets).
+  config=(-c opt --config=tsan)
+  phase tsan "$nocuda_base" --symlink_prefix=/ "${common[@]}" --test_env=OMP_NUM_THREADS=1 \
+    //tests/tensor:device_runtime_tsan_test //tests/distributed:stream_group_tsan_test \
+    //tests/distributed:store_test //tests/data:data_test //tests/autograd:engine_test \
+    //tests/autograd:hooks_test //tests/distributed:multiprocess_test
+  # 4. Every test under AddressSanitizer + UndefinedBehaviorSanitizer (no recovery, leaks
+  #    reported); the benchmarks are left out, and so are the few tests that exist only in a CUDA
+  #    build (they ran in phase 1).
+  config=(-c opt --config=asan)
+  phase asan "$nocuda_base" --symlink_prefix=/ "${common[@]}" "${filters[@]}" \
+    -- //tests/... -//tests/bench/...
+  bazel --output_base="$nocuda_base" shutdown >/dev/null 2>&1 || true
+
+  # --- 5. The libFuzzer targets (tests/fuzz/), clang + ASan + UBSan --------------------------------
+  # Each for CHORUS_FUZZ_SECONDS (20 by default) from its corpus; a finding fails the run
+  # (tools/fuzz.sh). Each target counts as one test.
+  if [[ "${CHORUS_FUZZ_SECONDS:-20}" != 0 ]]; then
+    start=$SECONDS
+    echo "=== tools/test.sh: phase fuzz: tools/fuzz.sh ${CHORUS_FUZZ_SECONDS:-20}"
+    set +e
+    CHORUS_FUZZ_OUTPUT_BASE="${CHORUS_FUZZ_OUTPUT_BASE:-$cache/bazel-fuzz}" \
+      bash tools/fuzz.sh "${CHORUS_FUZZ_SECONDS:-20}" 2>&1 | tee "$output"
+    code=${PIPESTATUS[0]}
+    set -e
+    ((code == 0)) || rc=1
+    sed -nE 's/^fuzz: ([a-z_]+): [0-9]+ inputs run.*/fuzz\tfuzz:\1\tpassed/p' "$output" >>"$results"
+    sed -nE 's/^fuzz: ([a-z_]+) FOUND A DEFECT.*/fuzz\tfuzz:\1\tfailed/p' "$output" >>"$results"
+    # The build itself failed: no target ran.
+    grep -q '^fuzz	' "$results" || printf 'fuzz\tfuzz: the build (tools/fuzz.sh)\tfailed\n' >>"$results"
+    phase_lines+=("$(summarize_phase fuzz) in $((SECONDS - start)) s")
+  fi
 fi
-set -e
 
+# --- The count --------------------------------------------------------------------------------
 if ((${#filters[@]})); then
-  # (|| true: a failing query must not end the script before its count line.)
   gpu_skipped="$(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null | wc -l || true)"
   echo "(no GPU here: $gpu_skipped gpu-tagged test target(s) built but not run)"
 fi
-((skipped == 0)) || echo "($skipped test case(s) skipped: they could not run on this machine, see CHORUS-SKIP above)"
-echo "$passed passed, $failed failed"
-if ((bazel_rc != 0 || tsan_rc != 0 || cap_rc != 0 || asan_rc != 0 || fuzz_rc != 0 || failed > 0)); then
+skipped_names="$(awk -F'\t' '$3 == "skipped" { print $2 }' "$results" | sort -u)"
+failed_names="$(awk -F'\t' '$3 == "failed" { print $2 }' "$results" | sort -u)"
+if [[ -n "$skipped_names" ]]; then
+  echo "Skipped (could not run on this machine; the CHORUS-SKIP lines above say why):"
+  sed 's/^/  /' <<<"$skipped_names"
+fi
+if [[ -n "$failed_names" ]]; then
+  echo "Failed:"
+  awk -F'\t' '$3 == "failed" { print "  " $1 ": " $2 }' "$results" | sort -u
+fi
+for line in "${phase_lines[@]}"; do echo "$line"; done
+# Each test once: failed if it failed in any phase, else passed if it passed in any, else skipped.
+read -r passed failed skipped < <(awk -F'\t' '
+  { if ($3 == "failed") s[$2] = "failed"
+    else if ($3 == "passed" && s[$2] != "failed") s[$2] = "passed"
+    else if (!($2 in s)) s[$2] = "skipped" }
+  END { for (k in s) n[s[k]]++; printf "%d %d %d\n", n["passed"], n["failed"], n["skipped"] }' "$results")
+if ((skipped > 0)); then
+  echo "$passed passed, $failed failed, $skipped skipped"
+else
+  echo "$passed passed, $failed failed"
+fi
+if ((rc != 0 || failed > 0)); then
   exit 1
 fi

@@ -25,6 +25,21 @@ std::string launcher() {
   return (srcdir ? std::string(srcdir) + "/chorus/" : std::string("bazel-bin/")) + "distributed/launcher/chorusrun";
 }
 
+// Waits until the file at `path` contains every one of `needles` (the workers said they are
+// ready), polling; false after `limit_s` (a bound only a hang can reach). What the tests wait for
+// is the event itself, never a fixed sleep that a loaded machine can outlast.
+bool wait_for_text(const std::string& path, const std::vector<std::string>& needles, double limit_s = 60) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+  for (;;) {
+    const std::string text = chorus::testing::slurp(path);
+    bool all = true;
+    for (const std::string& n : needles) all = all && text.find(n) != std::string::npos;
+    if (all) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 struct Run {
   int code;
   std::string output;  // stdout and stderr together
@@ -117,7 +132,8 @@ TEST_CASE("SIGTERM to chorusrun reaches every worker", "[distributed][chorusrun]
             "trap 'echo got TERM $RANK; exit 0' TERM; echo ready $RANK; sleep 60 & wait", static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Both workers have set their trap once they print "ready".
+  CHECK(wait_for_text(out, {"[0]: ready 0", "[1]: ready 1"}));
   ::kill(pid, SIGTERM);
   int status = 0;
   ::waitpid(pid, &status, 0);
@@ -146,6 +162,19 @@ bool alive(pid_t pid) {
   return got == 1 && state != 'Z' && state != 'X';
 }
 
+// Polls until none of `pids` is alive; false if one still is after `limit_s` (only a worker that
+// outlives its launcher stays that long: they die by the kernel's parent-death signal).
+bool all_gone(const std::vector<pid_t>& pids, double limit_s = 60) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit_s);
+  for (;;) {
+    bool any = false;
+    for (pid_t w : pids) any = any || alive(w);
+    if (!any) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 std::vector<pid_t> read_pids(const std::string& dir, int n) {
   std::vector<pid_t> pids;
   for (int i = 0; i < n; ++i) {
@@ -170,21 +199,16 @@ TEST_CASE("workers die with chorusrun even when it is killed with SIGKILL", "[di
     ::_exit(127);
   }
   std::vector<pid_t> workers;
-  for (int i = 0; i < 100 && workers.size() < 3; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (workers.size() < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     workers = read_pids(dir, 3);
   }
   REQUIRE(workers.size() == 3);
   for (pid_t w : workers) CHECK(alive(w));
   ::kill(pid, SIGKILL);  // no chance to forward anything
   ::waitpid(pid, nullptr, 0);
-  bool any = true;
-  for (int i = 0; i < 40 && any; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    any = false;
-    for (pid_t w : workers) any = any || alive(w);
-  }
-  CHECK_FALSE(any);  // every worker gone within 2 s
+  CHECK(all_gone(workers));
   for (pid_t w : workers) ::kill(w, SIGKILL);  // (nothing left to kill when the check passed)
 }
 
@@ -207,11 +231,9 @@ TEST_CASE("a worker that cannot be started stops the ones already running", "[di
   CHECK(WEXITSTATUS(status) != 0);
   CHECK_THAT(out, Catch::Contains("cannot start worker"));
   CHECK(seconds < 20);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  for (pid_t w : read_pids(dir, 12)) {
-    CHECK_FALSE(alive(w));
-    ::kill(w, SIGKILL);
-  }
+  const std::vector<pid_t> started = read_pids(dir, 12);
+  CHECK(all_gone(started));
+  for (pid_t w : started) ::kill(w, SIGKILL);
 }
 
 namespace {
@@ -301,7 +323,10 @@ TEST_CASE("the launchers of several nodes restart together through their rendezv
 TEST_CASE("a signal to one node's launcher ends the job on every node, without a restart", "[distributed][chorusrun]") {
   NodeRun r = run_nodes(2, node_flags(3), "echo ready $RANK $CHORUS_RESTART_COUNT; trap \"echo got TERM $RANK; exit 0\" TERM; sleep 60 & wait",
                         [](const std::vector<pid_t>& pids) {
-                          std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+                          // Every worker of both nodes has set its trap once it prints "ready".
+                          const std::string dir = tmpdir();
+                          CHECK(wait_for_text(dir + "/node0.log", {"ready 0 0", "ready 1 0"}));
+                          CHECK(wait_for_text(dir + "/node1.log", {"ready 2 0", "ready 3 0"}));
                           ::kill(pids[1], SIGTERM);
                         });
   INFO("node 0:\n" << r.outputs[0] << "\nnode 1:\n" << r.outputs[1]);

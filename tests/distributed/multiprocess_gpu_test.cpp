@@ -4,8 +4,8 @@
 //   and 3 equal to single-process CPU training in float64;
 // - the ordering test on real CUDA streams: with the event waits switched off DDP goes wrong;
 // - two NCCL ranks on one GPU with a distinct NCCL_HOSTID each (recent NCCL is reported to accept
-//   it): either every collective x dtype is right, or every rank fails with an NCCL error — never a
-//   hang or a wrong value. Which of the two happened is printed, for docs/gpu.md.
+//   it): either every collective x dtype is right (passed), or every rank fails with an NCCL error
+//   (a CHORUS-SKIP: NCCL at world size 2 was not checked) — never a hang or a wrong value.
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -44,8 +44,17 @@ TEST_CASE("two NCCL ranks on one GPU with distinct NCCL_HOSTID: right values or 
     all_nccl_errors = all_nccl_errors && code != 0 && code != 999;
   }
   const bool mentions_nccl = r.output.find("NCCL") != std::string::npos;
-  std::printf("two NCCL ranks on one GPU with distinct NCCL_HOSTID: %s\n",
-              all_ok ? "WORKS (every collective x dtype right)" : "REFUSED (every rank failed with an error)");
   INFO(r.output);
-  CHECK((all_ok || (all_nccl_errors && mentions_nccl)));
+  if (all_ok) {
+    std::printf("two NCCL ranks on one GPU with distinct NCCL_HOSTID: WORKS (every collective x dtype right)\n");
+    SUCCEED("every collective x dtype right at world size 2 over NCCL");
+  } else if (all_nccl_errors && mentions_nccl) {
+    // NCCL refused the setup: nothing about chorus's NCCL collectives was checked, so this is a
+    // skip (counted as one by tools/test.sh and docs/gpu.md), not a pass.
+    std::printf("CHORUS-SKIP: NCCL refused two ranks on one GPU (every rank failed with an NCCL error): NCCL at "
+                "world size 2 was not checked\n");
+  } else {
+    FAIL("two NCCL ranks on one GPU: neither every collective right nor a clear NCCL error on every rank (a hang "
+         "or a wrong value)");
+  }
 }

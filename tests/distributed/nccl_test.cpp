@@ -2,6 +2,7 @@
 // chorus::Error saying there is no CUDA device, not a crash or a hang.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "distributed/init.h"
@@ -12,6 +13,9 @@
 namespace chorus::distributed {
 
 TEST_CASE("backend nccl without a GPU raises 'no CUDA device'", "[distributed][nccl]") {
+  // The target runs with CUDA_VISIBLE_DEVICES set empty (tests/distributed/BUILD): on a machine
+  // with a GPU it sees none either.
+  INFO("CUDA_VISIBLE_DEVICES=" << (std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "(unset)"));
   REQUIRE(device_count(DeviceType::CUDA) == 0);
   const std::string path = std::filesystem::temp_directory_path() / "chorus_nccl_test_store";
   std::filesystem::remove(path);

@@ -188,6 +188,15 @@ inline Result run_dist_workers(int world, const std::vector<std::string>& args,
   return run_workers(runfile("tests/distributed/dist_worker"), world, args, extra_env, limit_s);
 }
 
+// The part of r.output that is rank `rank`'s own log.
+inline std::string rank_log(const Result& r, int rank) {
+  const std::string mark = "---- rank " + std::to_string(rank) + "\n";
+  const size_t begin = r.output.find(mark);
+  if (begin == std::string::npos) return "";
+  const size_t end = r.output.find("---- rank " + std::to_string(rank + 1) + "\n", begin);
+  return r.output.substr(begin + mark.size(), end == std::string::npos ? std::string::npos : end - begin - mark.size());
+}
+
 inline void require_all_ok(const Result& r) {
   INFO(r.output);
   for (size_t i = 0; i < r.codes.size(); ++i) {

@@ -32,6 +32,8 @@ std::string scratch(const std::string& name) {
   const char* tmp = std::getenv("TEST_TMPDIR");
   fs::path p = fs::path(tmp ? tmp : "/tmp") / ("examples_test_" + std::to_string(::getpid())) / name;
   fs::remove_all(p);
+  // Each case makes the folder it needs: cases run alone (a shard, --test_filter) or in any order.
+  fs::create_directories(p.parent_path());
   return p.string();
 }
 
@@ -80,7 +82,7 @@ TEST_CASE("bert: a resumed run ends exactly where the uninterrupted one does", "
 }
 
 TEST_CASE("bert: 2 processes with gradient accumulation through no_sync", "[examples][bert]") {
-  const int port = 21000 + static_cast<int>(::getpid() % 8000);
+  const int port = chorus::testing::free_port();  // (not from the pid: shards share it in their sandboxes)
   Run r = run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " + std::to_string(port) + " " +
               binary("examples/bert/bert") +
               " --config tiny --seq-len 32 --batch-size 8 --accumulate 2 --steps 3 --eval-sequences 16 --log-every 0 "
@@ -161,8 +163,7 @@ TEST_CASE("bert --amp bf16 trains like float32", "[examples][bert][amp]") {
 // processes: DDP through Gloo on the communication stream, bf16 autocast, a checkpoint resumed to
 // the uninterrupted run's loss bit for bit.
 Run sim_job(const std::string& example, const std::string& flags) {
-  static int next = 0;
-  const int port = 23000 + static_cast<int>((::getpid() * 7 + next++) % 7000);
+  const int port = chorus::testing::free_port();  // (not from the pid: shards share it in their sandboxes)
   return run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " + std::to_string(port) +
              " " + binary(example) + " --device sim --amp bf16 --threads 1 --log-every 0 " + flags);
 }

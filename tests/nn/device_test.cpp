@@ -6,6 +6,7 @@
 // optimizer state moving with its parameters, and the errors for mixed devices and missing CUDA.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "nn/nn.h"
@@ -354,6 +355,9 @@ TEST_CASE("mixing devices in one op names both devices", "[nn][sim]") {
 
 TEST_CASE("without a CUDA device every CUDA entry point raises a clear error", "[nn][cuda]") {
   // This build registers no CUDA runtime on a machine without a GPU, or one reporting no device.
+  // The target runs with CUDA_VISIBLE_DEVICES set empty (tests/nn/BUILD), so a machine with a GPU
+  // shows none to it too: the case holds with and without a GPU.
+  INFO("CUDA_VISIBLE_DEVICES=" << (std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "(unset)"));
   REQUIRE(device_count(DeviceType::CUDA) == 0);
   CHECK_FALSE(cuda::is_available());
   CHECK_THROWS_WITH(cuda::synchronize(), Catch::Contains("no CUDA device"));

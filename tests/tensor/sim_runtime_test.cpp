@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -304,6 +305,9 @@ TEST_CASE("sim: a device call inside a host function fails as cudaErrorNotPermit
 }
 
 TEST_CASE("sim: page-locked allocation and free order later work after all earlier work, as on CUDA") {
+  // Stream a's kernel is held at a gate the host opens only after the allocation or free returned:
+  // had the call waited for a, it would not return (caught by the 60 s bound on a helper thread,
+  // not by timing the call); b's kernel, issued after it, must still see a's kernel done.
   DeviceRuntime& rt = sim_runtime();
   Stream a = stream_from_pool(Device::sim(0));
   Stream b = stream_from_pool(Device::sim(0));
@@ -313,23 +317,35 @@ TEST_CASE("sim: page-locked allocation and free order later work after all earli
     void* pinned = free_it ? rt.host_malloc(64) : nullptr;
     a.synchronize();
     b.synchronize();
-    std::atomic<int> flag{0}, seen{-1};
-    sim::launch_kernel(a.handle(), [&] { std::this_thread::sleep_for(150ms); flag = 1; }, {});
-    const auto t0 = std::chrono::steady_clock::now();
-    if (free_it) rt.host_free(pinned);
-    else pinned = rt.host_malloc(64);
-    CHECK(std::chrono::steady_clock::now() - t0 < 100ms);  // the host does not wait
+    std::atomic<int> gate{0}, flag{0}, seen{-1};
+    sim::launch_kernel(a.handle(), [&] {
+      while (gate.load() == 0) std::this_thread::sleep_for(1ms);
+      flag = 1;
+    }, {});
+    std::future<void> call = std::async(std::launch::async, [&] {
+      if (free_it) rt.host_free(pinned);
+      else pinned = rt.host_malloc(64);
+    });
+    const bool returned = call.wait_for(60s) == std::future_status::ready;
+    CHECK(returned);  // the host does not wait for a's kernel
+    CHECK(flag.load() == 0);
     sim::launch_kernel(b.handle(), [&] { seen = flag.load(); }, {});
+    gate = 1;
+    call.get();
     b.synchronize();
     CHECK(seen.load() == 1);  // b's kernel ran after a's, issued before the barrier
     a.synchronize();
     if (!free_it) rt.host_free(pinned);
   }
   // Without a barrier b's kernel overtakes a's (the check above can fail).
-  std::atomic<int> flag{0}, seen{-1};
-  sim::launch_kernel(a.handle(), [&] { std::this_thread::sleep_for(150ms); flag = 1; }, {});
+  std::atomic<int> gate{0}, flag{0}, seen{-1};
+  sim::launch_kernel(a.handle(), [&] {
+    while (gate.load() == 0) std::this_thread::sleep_for(1ms);
+    flag = 1;
+  }, {});
   sim::launch_kernel(b.handle(), [&] { seen = flag.load(); }, {});
   b.synchronize();
+  gate = 1;
   CHECK(seen.load() == 0);
   a.synchronize();
 }
