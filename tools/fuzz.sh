@@ -46,11 +46,13 @@ for t in "${targets[@]}"; do
   runs="$(grep -oE 'stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' || echo 0)"
   corpus="$(ls "$work/$t" | wc -l)"
   total_runs=$((total_runs + runs))
-  # Where coverage stopped growing: the input number of the last "NEW" (new coverage) line, against
-  # the inputs run in all (a late last NEW says more time would still find more).
-  last_new="$(grep -oE '^#[0-9]+[[:space:]]+NEW' "$log" | tail -n 1 | grep -oE '[0-9]+' || echo 0)"
-  cov="$(grep -oE 'cov: [0-9]+' "$log" | tail -n 1 || true)"
-  echo "fuzz: $t: $runs inputs run, $corpus new corpus entries, ${cov:-cov: ?}, last new coverage at input ${last_new:-0}"
+  # Where coverage stopped growing: the input number at which the edge coverage ("cov:") last rose,
+  # against the inputs run in all (a late one says more time would still find more edges).
+  read -r cov last_rise < <(awk '/^#[0-9]+/ && / cov: / {
+      n = substr($1, 2); for (i = 1; i <= NF; ++i) if ($i == "cov:") c = $(i + 1)
+      if (c + 0 > best) { best = c + 0; at = n } }
+    END { print best + 0, at + 0 }' "$log")
+  echo "fuzz: $t: $runs inputs run, $corpus new corpus entries, $cov edges covered, the last new edge at input $last_rise"
 done
 echo "fuzz: $total_runs inputs in all over ${#targets[@]} targets"
 # The fuzz server holds memory; CI machines have two cores and one main Bazel server besides.

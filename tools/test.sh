@@ -132,6 +132,10 @@ phase() {
   ((code == 0)) || rc=1
   testlogs="$(bazel "${startup[@]}" info "${config[@]}" bazel-testlogs 2>/dev/null | tail -n 1)" || true
   read_run "$name" "$testlogs"
+  if ((code != 0)) && ! grep -q "^$name	.*	failed\$" "$results"; then
+    # Bazel failed without a failed test (a BUILD error, a failed build of a non-test target).
+    printf '%s\tbazel in phase %s (exit %d: see its output above)\tfailed\n' "$name" "$name" "$code" >>"$results"
+  fi
   phase_lines+=("$(summarize_phase "$name") in $((SECONDS - start)) s")
 }
 

@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "tensor/ops.h"
+#include "tensor/tensor.h"
+
 namespace chorus::testing {
 
 inline int g_failures = 0;
@@ -19,6 +22,17 @@ inline void check(bool ok, const std::string& what) {
     std::fprintf(stderr, "rank %d: CHECK FAILED: %s\n", g_rank, what.c_str());
     ++g_failures;
   }
+}
+
+// Element-wise closeness, as torch.allclose: max_i |actual_i - expected_i| / (atol + rtol |expected_i|)
+// in float64, on the CPU; <= 1 means every element is within atol + rtol |expected_i|. With
+// atol = atol_scale * max |expected|: a reduction's rounding is relative to the largest terms that
+// enter it, so an element that cancels to near zero is held to that, and to nothing looser.
+inline double allclose_ratio(const Tensor& actual, const Tensor& expected, double rtol, double atol_scale) {
+  const Tensor a = actual.detach().cpu().to(kFloat64), e = expected.detach().cpu().to(kFloat64);
+  if (a.numel() == 0) return 0;
+  const double atol = atol_scale * e.abs().max().item<double>();
+  return ((a - e).abs() / (e.abs() * rtol + (atol + 1e-300))).max().item<double>();
 }
 
 // Runs f, expecting an error whose message contains every one of `parts`.
