@@ -522,7 +522,9 @@ void scenario_stream_timeout(const std::shared_ptr<ProcessGroup>& pg) {
     }
   }, {"allreduce #2 on sim:0", "timeout 2000 ms", "failed on the communication stream"}, "asynchronous collective timeout");
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  check(s < 6.0, fmt::format("the failure surfaced within the timeout and a few calls (took {:.1f} s)", s));
+  // That it was the 2 s timeout (and not rank 1 leaving after its 6 s) shows in the message above;
+  // the bound only catches a failure that never surfaces, and holds on a loaded machine.
+  check(s < 30.0, fmt::format("the failure surfaced within the timeout and a few calls (took {:.1f} s)", s));
   check(t.sum().item<double>() > 0, "the compute stream still runs after the failure");
 }
 
