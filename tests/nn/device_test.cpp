@@ -17,6 +17,7 @@
 #include "tensor/cuda.h"
 #include "tensor/runtime.h"
 #include "tensor/sim/sim.h"
+#include "tests/distributed/worker_checks.h"
 
 namespace chorus {
 namespace {
@@ -85,13 +86,6 @@ Run train(std::shared_ptr<nn::Sequential> net, Device device, bool cnn, DType dt
   return run;
 }
 
-// Element-wise, as torch.allclose: max_i |a_i - b_i| / (rtol |b_i| + atol), with
-// atol = atol_scale * max |b|; <= 1 is close.
-double allclose_ratio(const Tensor& a, const Tensor& b, double rtol, double atol_scale) {
-  const Tensor x = a.to(kFloat64), y = b.to(kFloat64);
-  const double atol = atol_scale * y.abs().max().item<double>();
-  return ((x - y).abs() / (y.abs() * rtol + (atol + 1e-300))).max().item<double>();
-}
 
 void check_same_training(bool cnn, DType dtype) {
   const Run cpu = train(cnn ? make_cnn(dtype) : make_mlp(dtype), kCPU, cnn, dtype, 20);
@@ -110,7 +104,7 @@ void check_same_training(bool cnn, DType dtype) {
     INFO(cpu.state[i].first);
     REQUIRE(sim.state[i].first == cpu.state[i].first);
     if (dtype == kFloat64) CHECK(equal(sim.state[i].second, cpu.state[i].second));
-    else CHECK(allclose_ratio(sim.state[i].second, cpu.state[i].second, 1e-5, 1e-6) <= 1);
+    else CHECK(testing::allclose_ratio(sim.state[i].second, cpu.state[i].second, 1e-5, 1e-6) <= 1);
   }
 }
 
