@@ -27,7 +27,18 @@ fi
 bash tools/setup.sh
 
 cache="${CHORUS_CACHE_DIR:-$HOME/.cache/chorus}"
-mkdir -p "$cache"
+mkdir -p "$cache/bazel-disk"
+# Bazel never prunes a disk cache. Past CHORUS_CACHE_MAX_GB (default 20; a cold --full run leaves
+# about 9 GB), the least recently used files go until it holds half that. An action whose entry
+# lost a blob this way is simply run again (a cache miss).
+max_kb=$(( ${CHORUS_CACHE_MAX_GB:-20} * 1024 * 1024 ))
+used_kb=$(du -sk "$cache/bazel-disk" | cut -f1)
+if (( used_kb > max_kb )); then
+  echo "tools/test.sh: the disk cache holds $((used_kb / 1024)) MiB (over CHORUS_CACHE_MAX_GB); removing the least recently used files"
+  find "$cache/bazel-disk" -type f -printf '%A@ %k %p\n' | sort -n |
+    awk -v over=$((used_kb - max_kb / 2)) '{ if (freed >= over) exit; freed += $2; print $3 }' |
+    xargs -r -d '\n' rm -f
+fi
 common=(--disk_cache="$cache/bazel-disk" --keep_going
   --test_env=CHORUS_DATA_DIR="${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}")
 
