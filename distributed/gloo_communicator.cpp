@@ -346,9 +346,10 @@ void GlooStreamCommunicator::group_end() {
     rt.memcpy_async(t.device.raw_data_ptr(), t.host.raw_data_ptr(), static_cast<size_t>(t.device.nbytes()),
                     CopyKind::HostToDevice, stream.handle());
   }
-  // The device tensors, works and blocks stay here until the stream has passed the group.
-  Staging st{Event(), {}, std::move(works), &pool, std::move(blocks)};
-  for (const StagedTensor& t : staged_tensors) st.tensors.push_back(t.device);
+  // The works and host blocks stay here until the stream has passed the group. The device tensors
+  // do not: the copies hold raw pointers, as CUDA's do, and what keeps their memory from reuse is
+  // the process group's record_stream on this stream (stream_group.cpp), as it must be on a GPU.
+  Staging st{Event(), std::move(works), &pool, std::move(blocks)};
   st.done.record(stream);
   std::lock_guard<std::mutex> lock(staging_mutex_);
   staging_.push_back(std::move(st));

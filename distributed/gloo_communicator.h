@@ -92,8 +92,7 @@ class GlooStreamCommunicator final : public Communicator {
   std::mutex staging_mutex_;
   struct Staging {
     Event done;                                      // recorded after the group's task
-    TensorList tensors;                              // the group's tensors, alive until `done`
-    std::vector<std::shared_ptr<StreamWork>> works;  // likewise the works
+    std::vector<std::shared_ptr<StreamWork>> works;  // the group's works, alive until `done`
     PinnedPool* pool;                                // where `blocks` return
     std::vector<Block> blocks;                       // the host copies' memory
   };

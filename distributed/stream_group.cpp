@@ -7,12 +7,12 @@
 #include "distributed/gloo.h"
 #include "distributed/gloo_communicator.h"
 #include "tensor/caching_allocator.h"
+#include "tensor/fault.h"
 #include "tensor/ops.h"
+#include "tensor/stream_sanitizer.h"
 
 namespace chorus::distributed {
 namespace {
-
-std::atomic<bool> g_skip_waits{false};
 
 bool all_cpu(const TensorList& tensors) {
   for (const Tensor& t : tensors)
@@ -37,7 +37,10 @@ void StreamWork::wait(std::optional<std::chrono::milliseconds> timeout) {
     Work::wait(timeout);  // a bounded wait is a host wait, by definition
     return;
   }
-  if (!g_skip_waits.load()) current_stream(device_).wait(end_);
+  // [Sync Streams] the caller's current stream, whichever it is, waits (not the default stream).
+  if (!fault::removed(fault::Point::kEndWait)) {
+    (fault::removed(fault::Point::kCallerStream) ? default_stream(device_) : current_stream(device_)).wait(end_);
+  }
   if (is_completed()) {
     if (auto error = exception()) std::rethrow_exception(error);
   }
@@ -89,7 +92,6 @@ void StreamWork::add_outputs(const TensorList& outputs) { outputs_.insert(output
 // ---------------------------------------------------------------------------------------------
 // StreamOrderedGroup
 
-void StreamOrderedGroup::skip_stream_waits_for_testing(bool skip) { g_skip_waits.store(skip); }
 
 StreamOrderedGroup::StreamOrderedGroup(std::shared_ptr<ProcessGroup> cpu, DeviceCommunicators devices,
                                        std::chrono::milliseconds timeout, std::string name)
@@ -246,10 +248,23 @@ std::shared_ptr<StreamWork> StreamOrderedGroup::launch(const std::string& name, 
   DeviceGuard device_guard(device);
   const Stream stream = comm_stream(device, lane);
   // [Sync Streams] the collective reads what the caller's stream has written so far.
-  if (!g_skip_waits.load()) {
+  if (!fault::removed(fault::Point::kReadyWait)) {
     Event ready;
-    ready.record(current_stream(device));
+    ready.record(fault::removed(fault::Point::kCallerStream) ? default_stream(device) : current_stream(device));
     stream.wait(ready);
+  }
+  // What each op reads and writes on the communication stream, for the stream-order sanitizer (one
+  // launch for the group: its ops run as one on the stream).
+  if (stream_sanitizer::active(device.type)) {
+    std::vector<stream_sanitizer::Access> accesses;
+    for (const PendingOp& op : ops) {
+      for (const Tensor& t : op.tensors) {
+        bool written = false;
+        for (const Tensor& o : op.outputs) written = written || (o.raw_data_ptr() == t.raw_data_ptr() && o.numel() == t.numel());
+        accesses.push_back(stream_sanitizer::access_of(t, written));
+      }
+    }
+    stream_sanitizer::on_launch(name.c_str(), device, stream.handle(), accesses);
   }
   work->start_event().record(stream);
   comm.group_start();
@@ -262,8 +277,10 @@ std::shared_ptr<StreamWork> StreamOrderedGroup::launch(const std::string& name, 
   comm.group_end();
   work->end_event().record(stream);
   // The caller may drop its tensors at once: their blocks are not reused before `stream` passes here.
-  for (const PendingOp& op : ops)
-    for (const Tensor& t : op.tensors) record_stream(t.storage(), stream);
+  if (!fault::removed(fault::Point::kGroupRecordStream)) {
+    for (const PendingOp& op : ops)
+      for (const Tensor& t : op.tensors) record_stream(t.storage(), stream);
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     in_flight_.push_back({work, &comm, std::chrono::steady_clock::now()});
@@ -305,14 +322,14 @@ std::shared_ptr<Work> StreamOrderedGroup::device_op(const std::string& name, con
           device, TensorList{});
     }
     pending_work_->add_outputs(outputs);
-    pending_.push_back({name, tensors, std::move(call)});
+    pending_.push_back({name, tensors, outputs, std::move(call)});
     return pending_work_;
   }
   auto work = std::make_shared<StreamWork>(fmt::format("{} {} #{} on {} (rank {} of {}, timeout {} ms)", name_, name, seq,
                                                        device.str(), rank_, size_, timeout_.count()),
                                            device, outputs);
   std::vector<PendingOp> ops;
-  ops.push_back({name, tensors, std::move(call)});
+  ops.push_back({name, tensors, outputs, std::move(call)});
   return launch(name, device, lane, std::move(ops), work);
 }
 

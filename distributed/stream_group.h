@@ -110,15 +110,14 @@ class StreamOrderedGroup final : public ProcessGroup {
   enum class Lane { Collective, Send, Recv };
   Stream comm_stream(Device device, Lane lane = Lane::Collective);
 
-  // Test-only: leave out both event waits of [Sync Streams], so a test can show that without them
-  // the results go wrong (with the sim device's delays).
-  static void skip_stream_waits_for_testing(bool skip);
+  // (A test removes the ordering points of [Sync Streams] through tensor/test_faults.h.)
 
  private:
   using Call = std::function<void(Communicator&, const Stream&, const std::shared_ptr<StreamWork>&)>;
   struct PendingOp {
     std::string name;
     TensorList tensors;
+    TensorList outputs;  // those of `tensors` it writes
     Call call;
   };
   // Runs one op on device tensors (or queues it while coalescing).

@@ -5,9 +5,13 @@
 // Kernels check nothing a user can get wrong; every tensor argument of one call is on one device.
 #pragma once
 
+#include <string_view>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/kernel_table.h"
+#include "tensor/runtime.h"
+#include "tensor/stream_sanitizer.h"
 
 namespace chorus::kernels {
 
@@ -44,14 +48,54 @@ Device device_of(const A&... args) {
   return device;
 }
 [[noreturn]] void missing_kernel(const char* kernel, Device device);
+
+// Which tensor arguments (Tensor or TensorList, counted from 0 in order) a kernel writes, for the
+// stream-order sanitizer (tensor/stream_sanitizer.h); every other tensor argument is read. A written
+// argument that is also read (gemm's c with beta, scatter's self) needs only the write's checks.
+constexpr uint32_t write_mask(std::string_view kernel) {
+  if (kernel == "arg_reduce" || kernel == "max_pool2d") return 0b11;
+  if (kernel == "layer_norm" || kernel == "layer_norm_backward" || kernel == "cross_entropy" ||
+      kernel == "conv2d_backward" || kernel == "batch_norm_backward") {
+    return 0b111;
+  }
+  if (kernel == "batch_norm") return 0b11000111;  // out, save_mean, save_rstd; running_mean, running_var
+  if (kernel == "sgd_step" || kernel == "sgd_step_multi") return 0b101;      // param, momentum buffer
+  if (kernel == "adam_step" || kernel == "adam_step_multi") return 0b11101;  // param, exp_avg(_sq), max
+  return 0b1;
+}
+
+inline void add_accesses(std::vector<stream_sanitizer::Access>& out, int& index, uint32_t mask, const Tensor& t) {
+  out.push_back(stream_sanitizer::access_of(t, ((mask >> index) & 1) != 0));
+  ++index;
+}
+inline void add_accesses(std::vector<stream_sanitizer::Access>& out, int& index, uint32_t mask, const TensorList& l) {
+  for (const Tensor& t : l) out.push_back(stream_sanitizer::access_of(t, ((mask >> index) & 1) != 0));
+  ++index;
+}
+template <typename T>
+void add_accesses(std::vector<stream_sanitizer::Access>&, int&, uint32_t, const T&) {}
+
+// Tells the sanitizer what the kernel about to be launched on the device's current stream touches.
+template <typename... A>
+void sanitize_launch(const char* kernel, uint32_t mask, Device device, const A&... args) {
+  std::vector<stream_sanitizer::Access> accesses;
+  int index = 0;
+  (add_accesses(accesses, index, mask, args), ...);
+  stream_sanitizer::on_launch(kernel, device, current_stream(device).handle(), accesses);
+}
 }  // namespace detail
 
 // kernels::unary(op, out, in) etc.: run the kernel of the tensors' device.
+#define CHORUS_UNPAREN(...) __VA_ARGS__
 #define CHORUS_DISPATCH_ENTRY(name, params, args)                                   \
   inline void name params {                                                         \
     const Device device_ = detail::device_of args;                                  \
     const KernelTable& table_ = kernel_table(device_, #name);                       \
     if (table_.name == nullptr) detail::missing_kernel(#name, device_);             \
+    if (!device_.is_cpu() && stream_sanitizer::active(device_.type)) {              \
+      constexpr uint32_t mask_ = detail::write_mask(#name);                         \
+      detail::sanitize_launch(#name, mask_, device_, CHORUS_UNPAREN args);          \
+    }                                                                               \
     table_.name args;                                                               \
   }
 CHORUS_KERNEL_LIST(CHORUS_DISPATCH_ENTRY)

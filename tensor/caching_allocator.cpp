@@ -10,6 +10,8 @@
 #include <utility>
 
 #include "tensor/error.h"
+#include "tensor/fault.h"
+#include "tensor/stream_sanitizer.h"
 
 namespace chorus {
 
@@ -215,6 +217,10 @@ void* CachingAllocator::hand_out(DeviceState& st, Block* block, size_t size, siz
   block->allocated = true;
   block->requested = nbytes;
   st.live.emplace(block->ptr, block);
+  // Poisoned (where the runtime does it: sim) in stream order, so that a reader another stream
+  // still has of the block's last tenant sees garbage, as on a GPU that reused the memory.
+  runtime_.poison(block->ptr, size, block->stream);
+  if (stream_sanitizer::active(runtime_.type())) stream_sanitizer::on_allocate(st.device, block->ptr, size, block->stream);
   MemoryStats& s = st.stats;
   s.allocated_bytes += block->size;
   s.requested_bytes += nbytes;
@@ -238,6 +244,7 @@ void CachingAllocator::deallocate(void* ptr, Device device) {
   Block* block = it->second;
   st.live.erase(it);
   block->allocated = false;
+  if (stream_sanitizer::active(device.type)) stream_sanitizer::on_free(device, ptr);
   MemoryStats& s = st.stats;
   s.allocated_bytes -= block->size;
   s.requested_bytes -= block->requested;
@@ -271,6 +278,7 @@ void CachingAllocator::deallocate(void* ptr, Device device) {
       made.push_back(event);
     }
     runtime_.record_event(event, stream);
+    if (stream_sanitizer::active(device.type)) stream_sanitizer::on_record(event, device, stream);
   }
   lock.lock();
   st.all_events.insert(st.all_events.end(), made.begin(), made.end());
@@ -314,6 +322,7 @@ void CachingAllocator::record_stream(void* ptr, const Stream& stream) {
          "from from_blob or another device cannot be recorded)",
          ptr, stream.device().str());
   }
+  if (fault::removed(fault::Point::kAllocatorRecordStream)) return;  // a negative control (tensor/fault.h)
   // Work on the owning stream is ordered anyway ([Stream Ownership]).
   if (stream.handle() != it->second->stream) it->second->stream_uses.insert(stream.handle());
 }
@@ -327,6 +336,7 @@ void CachingAllocator::process_events(DeviceState& st) {
     // Events on one stream complete in the order they were recorded: stop at the first pending one.
     while (!queue.empty() && runtime_.query_event(queue.front().first)) {
       auto [event, block] = queue.front();
+      if (stream_sanitizer::active(st.device.type)) stream_sanitizer::on_event_done(event);
       queue.pop_front();
       st.spare_events.push_back(event);
       if (--block->event_count == 0) free_block(st, block);

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "tensor/error.h"
+#include "tensor/stream_sanitizer.h"
 
 namespace chorus {
 namespace {
@@ -130,11 +131,16 @@ void note_host_sync() { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
 
 // ---- Stream ------------------------------------------------------------------------------------
 
-bool Stream::query() const { return runtime_for(device_, "Stream::query").query_stream(handle_); }
+bool Stream::query() const {
+  const bool done = runtime_for(device_, "Stream::query").query_stream(handle_);
+  if (done && stream_sanitizer::active(device_.type)) stream_sanitizer::on_stream_done(handle_);
+  return done;
+}
 
 void Stream::synchronize() const {
   note_host_sync();
   runtime_for(device_, "Stream::synchronize").synchronize_stream(handle_);
+  if (stream_sanitizer::active(device_.type)) stream_sanitizer::on_stream_done(handle_);
 }
 
 void Stream::wait(const Event& event) const { event.block(*this); }
@@ -172,6 +178,7 @@ void synchronize(Device device) {
   if (device.is_cpu()) return;
   note_host_sync();
   runtime_for(device, "synchronize").synchronize_device(device.index);
+  if (stream_sanitizer::active(device.type)) stream_sanitizer::on_device_done(device);
 }
 
 int current_device_index(DeviceType type) { return t_state.device[static_cast<int>(type)]; }
@@ -195,7 +202,10 @@ struct Event::State {
   State(Device d, DeviceRuntime* rt, EventHandle h) : device(d), runtime(rt), handle(h) {}
   State(const State&) = delete;
   State& operator=(const State&) = delete;
-  ~State() { runtime->destroy_event(handle); }
+  ~State() {
+    if (stream_sanitizer::active(device.type)) stream_sanitizer::on_event_destroyed(handle);
+    runtime->destroy_event(handle);
+  }
   Device device;
   DeviceRuntime* runtime;
   EventHandle handle;
@@ -210,6 +220,9 @@ void Event::record(const Stream& stream) {
     state_ = std::make_shared<State>(stream.device(), &rt, rt.create_event(stream.device().index, enable_timing_));
   }
   rt.record_event(state_->handle, stream.handle());
+  if (stream_sanitizer::active(stream.device().type)) {
+    stream_sanitizer::on_record(state_->handle, stream.device(), stream.handle());
+  }
 }
 
 void Event::record() {
@@ -223,14 +236,23 @@ void Event::block(const Stream& stream) const {
     fail("Event::block: event of {} cannot order a stream of {}", state_->device.str(), stream.device().str());
   }
   runtime_for(stream.device(), "Stream::wait").stream_wait_event(stream.handle(), state_->handle);
+  if (stream_sanitizer::active(stream.device().type)) {
+    stream_sanitizer::on_wait(stream.handle(), stream.device(), state_->handle);
+  }
 }
 
-bool Event::query() const { return !state_ || state_->runtime->query_event(state_->handle); }
+bool Event::query() const {
+  if (!state_) return true;
+  const bool done = state_->runtime->query_event(state_->handle);
+  if (done && stream_sanitizer::active(state_->device.type)) stream_sanitizer::on_event_done(state_->handle);
+  return done;
+}
 
 void Event::synchronize() const {
   if (!state_) return;
   note_host_sync();
   state_->runtime->synchronize_event(state_->handle);
+  if (stream_sanitizer::active(state_->device.type)) stream_sanitizer::on_event_done(state_->handle);
 }
 
 double Event::elapsed_time(const Event& end) const {

@@ -71,6 +71,10 @@ class DeviceRuntime {
   virtual void stream_write_value(StreamHandle stream, uint32_t* word, uint32_t value) = 0;
   virtual void stream_wait_value(StreamHandle stream, const uint32_t* word, uint32_t value) = 0;
 
+  // Fills nbytes at a block the caching allocator hands out again with a NaN pattern, ordered on
+  // `stream` (sim does; cuda does nothing): an early reuse then gives wrong numbers.
+  virtual void poison(void* /*ptr*/, size_t /*nbytes*/, StreamHandle /*stream*/) {}
+
   virtual EventHandle create_event(int device, bool enable_timing) = 0;
   virtual void destroy_event(EventHandle event) = 0;
   virtual void record_event(EventHandle event, StreamHandle stream) = 0;

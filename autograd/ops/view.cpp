@@ -6,6 +6,7 @@
 
 #include "autograd/ops/common.h"
 #include "tensor/runtime.h"
+#include "tensor/stream_sanitizer.h"
 
 namespace chorus {
 namespace {
@@ -317,10 +318,17 @@ void copy_across_devices(const Tensor& dst, const Tensor& src) {
   const Device from = src.device(), to = dst.device();
   if (from.is_cpu()) {
     DeviceRuntime& rt = runtime_for(to, "to");
-    rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), nbytes, CopyKind::HostToDevice, current_stream(to).handle());
+    const Stream stream = current_stream(to);
+    if (stream_sanitizer::active(to.type)) {
+      stream_sanitizer::on_launch("copy from the host", to, stream.handle(), {stream_sanitizer::access_of(dst, true)});
+    }
+    rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), nbytes, CopyKind::HostToDevice, stream.handle());
   } else if (to.is_cpu()) {
     DeviceRuntime& rt = runtime_for(from, "to");
     const Stream stream = current_stream(from);
+    if (stream_sanitizer::active(from.type)) {
+      stream_sanitizer::on_launch("copy to the host", from, stream.handle(), {stream_sanitizer::access_of(src, false)});
+    }
     rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), nbytes, CopyKind::DeviceToHost, stream.handle());
     stream.synchronize();
   } else if (from.type != to.type) {
@@ -334,6 +342,10 @@ void copy_across_devices(const Tensor& dst, const Tensor& src) {
     ready.record(current_stream(from));
     const Stream stream = current_stream(to);
     stream.wait(ready);
+    if (stream_sanitizer::active(to.type)) {
+      stream_sanitizer::on_launch("copy between devices", to, stream.handle(),
+                                  {stream_sanitizer::access_of(src, false), stream_sanitizer::access_of(dst, true)});
+    }
     rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), nbytes, CopyKind::DeviceToDevice, stream.handle());
     stream.synchronize();
   }

@@ -2,8 +2,9 @@
 // sim device and run by that stream's worker thread, as a CUDA kernel is launched on the current
 // stream. The wrapper is generated once for every entry of CHORUS_KERNEL_LIST (kernels/kernel_table.h).
 //
-// What a task holds: tensor arguments become history-free aliases (same storage, sizes, strides,
-// dtype), so the task keeps the memory alive until it has run; a tensor list (the multi-tensor
+// What a task holds: tensor arguments become aliases over the same memory that do not own it (same
+// sizes, strides, dtype), as a CUDA kernel holds raw pointers: freeing a tensor right after the
+// launch is safe only through stream order and record_stream, as on CUDA; a tensor list (the multi-tensor
 // optimizer steps) becomes a list of such aliases, one task for the whole list. Pointer arguments
 // (clamp's bounds) are copied by value. The buffers named to the runtime are the storages' base
 // pointers, every list element's included: the sim device opens exactly those segments while the
@@ -33,7 +34,14 @@ struct Held {
 template <>
 struct Held<const Tensor&> {
   using type = Tensor;
-  static Tensor hold(const Tensor& t) { return t.defined() ? alias_without_history(t) : Tensor(); }
+  // Over the same memory without owning it, as a CUDA kernel holds raw pointers: what keeps the
+  // memory from reuse until the task has run is stream order and record_stream, as on CUDA.
+  static Tensor hold(const Tensor& t) {
+    if (!t.defined()) return Tensor();
+    const Storage& owner = t.impl_ptr()->storage();
+    auto raw = std::make_shared<StorageImpl>(owner->data(), owner->nbytes(), owner->device(), nullptr);
+    return Tensor(std::make_shared<TensorImpl>(std::move(raw), t.storage_offset(), t.sizes(), t.strides(), t.dtype()));
+  }
   static const Tensor& pass(const Tensor& h) { return h; }
 };
 template <>

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -14,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <shared_mutex>
 #include <thread>
 #include <vector>
@@ -45,6 +47,7 @@ struct Segment {
   size_t bytes = 0;
   int device = 0;
   int active = 0;  // tasks running that use this segment
+  bool retired = false;  // freed, waiting for the streams to pass before it is unmapped
 };
 
 class Memory {
@@ -59,19 +62,25 @@ class Memory {
     void* p = ::mmap(nullptr, bytes, protect_ ? PROT_NONE : PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                      -1, 0);
     if (p == MAP_FAILED) return nullptr;
-    segments_[reinterpret_cast<uintptr_t>(p)] = Segment{bytes, device, 0};
+    segments_[reinterpret_cast<uintptr_t>(p)] = Segment{bytes, device, 0, false};
     in_use_[device] += bytes;
     return p;
   }
 
-  void release(int device, void* ptr) {
+  // Freed: no longer counted as in use; unmap() removes the mapping once the streams have passed.
+  void retire(int device, void* ptr) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = segments_.find(reinterpret_cast<uintptr_t>(ptr));
-    if (it == segments_.end() || it->second.device != device) {
-      fail("sim: free of {} which is not a segment of sim:{}", ptr, device);
+    if (it == segments_.end() || it->second.device != device || it->second.retired) {
+      fail("sim: free of {} which is not a live segment of sim:{}", ptr, device);
     }
-    ::munmap(ptr, it->second.bytes);
+    it->second.retired = true;
     in_use_[device] -= it->second.bytes;
+  }
+  void unmap(void* ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = segments_.find(reinterpret_cast<uintptr_t>(ptr));
+    ::munmap(ptr, it->second.bytes);
     segments_.erase(it);
   }
 
@@ -113,20 +122,32 @@ class Memory {
 
 // ---- Events ------------------------------------------------------------------------------------
 
+// CUDA's semantics: a wait captures the generation of the latest record at the call and completes
+// when that record's stream has reached it, whatever happens to later records of the same event on
+// other streams (generations recorded on different streams complete in any order, so completion is
+// a set, not a running maximum). query and synchronize look at the latest record.
 struct SimEvent {
   int device = 0;
   bool timing = false;
   std::mutex mutex;
   std::condition_variable cv;
-  uint64_t recorded = 0;   // generation of the last record() call
-  uint64_t completed = 0;  // highest generation its stream has reached
-  Clock::time_point when;  // when `completed` was reached
+  uint64_t recorded = 0;             // generation of the last record() call
+  uint64_t done_prefix = 0;          // every generation <= this has completed
+  std::set<uint64_t> done_beyond;    // completed generations > done_prefix (out of order)
+  uint64_t when_generation = 0;      // the latest completed generation, and when it completed
+  Clock::time_point when;
 
+  bool done(uint64_t generation) const { return generation <= done_prefix || done_beyond.count(generation) != 0; }
   void complete(uint64_t generation) {
     {
       std::lock_guard<std::mutex> lock(mutex);
-      if (generation > completed) {
-        completed = generation;
+      done_beyond.insert(generation);
+      while (!done_beyond.empty() && *done_beyond.begin() == done_prefix + 1) {
+        done_beyond.erase(done_beyond.begin());
+        ++done_prefix;
+      }
+      if (generation >= when_generation) {
+        when_generation = generation;
         when = Clock::now();
       }
     }
@@ -134,7 +155,7 @@ struct SimEvent {
   }
   void wait_for(uint64_t generation) {
     std::unique_lock<std::mutex> lock(mutex);
-    cv.wait(lock, [&] { return completed >= generation; });
+    cv.wait(lock, [&] { return done(generation); });
   }
 };
 
@@ -254,7 +275,7 @@ void run_host_function(std::function<void()>& fn) noexcept {
 
 class SimRuntime final : public DeviceRuntime {
  public:
-  SimRuntime() : count_(static_cast<int>(env_u32("CHORUS_SIM_DEVICES", 2))) {
+  SimRuntime() : count_(static_cast<int>(env_u32("CHORUS_SIM_DEVICES", 2))), poison_(env_u32("CHORUS_SIM_POISON", 1) != 0) {
     g_delay_us.store(env_u32("CHORUS_SIM_DELAY_US", 0));
     g_driver_lock.store(env_u32("CHORUS_SIM_DRIVER_LOCK", 0) != 0);
     capacity_.assign(count_, size_t(16) << 30);
@@ -275,10 +296,39 @@ class SimRuntime final : public DeviceRuntime {
     }
     return memory_.allocate(device, nbytes, cap);
   }
+  // As cudaFree, which synchronizes the device first, the memory goes only after the work queued
+  // so far on every stream of the device (which holds raw pointers, as CUDA kernels do): it counts
+  // as free at once, and is unmapped by whichever stream passes that point last. (Without blocking
+  // the host: the caching allocator frees segments under its lock, which a task on a stream may be
+  // waiting for to free a tensor; CUDA kernels never call the allocator, sim tasks may.)
   void free(int device, void* ptr) override {
     refuse_in_host_function("free");
     const auto shared = host_call();
-    memory_.release(device, ptr);
+    memory_.retire(device, ptr);
+    const std::vector<SimStream*> streams = streams_of(device);
+    if (streams.empty()) {
+      memory_.unmap(ptr);
+      return;
+    }
+    auto remaining = std::make_shared<std::atomic<size_t>>(streams.size());
+    Memory* memory = &memory_;
+    for (SimStream* s : streams) {
+      s->submit(Task{[remaining, memory, ptr] {
+                       if (remaining->fetch_sub(1) == 1) memory->unmap(ptr);
+                     },
+                     {},
+                     true});
+    }
+  }
+  // A NaN in every floating dtype (float64: signalling; float32, bf16, fp16: NaN), a large number
+  // in the integer ones. Not a CUDA call: sim's own check, so it takes no driver lock.
+  void poison(void* ptr, size_t nbytes, StreamHandle s) override {
+    if (!poison_ || t_stream_thread || nbytes == 0) return;
+    as_stream(s)->submit(Task{[ptr, nbytes] {
+                                auto* w = static_cast<uint64_t*>(ptr);
+                                std::fill(w, w + nbytes / 8, uint64_t{0x7FF07FF07FF07FF0});
+                              },
+                              {ptr}});
   }
   size_t total_memory(int device) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -336,13 +386,14 @@ class SimRuntime final : public DeviceRuntime {
   }
   void synchronize_device(int device) override {
     refuse_in_host_function("synchronize_device");
+    for (SimStream* s : streams_of(device)) s->synchronize();
+  }
+  std::vector<SimStream*> streams_of(int device) {
     std::vector<SimStream*> all;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& s : streams_)
-        if (s->device() == device) all.push_back(s.get());
-    }
-    for (SimStream* s : all) s->synchronize();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& s : streams_)
+      if (s->device() == device) all.push_back(s.get());
+    return all;
   }
 
   void memcpy_async(void* dst, const void* src, size_t nbytes, CopyKind kind, StreamHandle s) override {
@@ -438,7 +489,7 @@ class SimRuntime final : public DeviceRuntime {
   bool query_event(EventHandle e) override {
     auto* ev = as_event(e);
     std::lock_guard<std::mutex> lock(ev->mutex);
-    return ev->completed >= ev->recorded;
+    return ev->done(ev->recorded);
   }
   void synchronize_event(EventHandle e) override {
     refuse_in_host_function("synchronize_event");
@@ -455,6 +506,10 @@ class SimRuntime final : public DeviceRuntime {
     auto* b = as_event(end);
     if (a == b) return 0.0;  // one mutex cannot be locked twice
     std::scoped_lock lock(a->mutex, b->mutex);
+    if (!a->done(a->recorded) || !b->done(b->recorded) || a->when_generation != a->recorded ||
+        b->when_generation != b->recorded) {
+      fail("sim: elapsed_time of an event whose latest record has not completed (cudaErrorNotReady)");
+    }
     return std::chrono::duration<double, std::milli>(b->when - a->when).count();
   }
 
@@ -511,6 +566,7 @@ class SimRuntime final : public DeviceRuntime {
   }
 
   const int count_;
+  const bool poison_;
   std::mutex mutex_;
   std::vector<size_t> capacity_;
   Memory memory_;

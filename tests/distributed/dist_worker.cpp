@@ -11,6 +11,7 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -22,6 +23,8 @@
 #include "nn/nn.h"
 #include "tensor/ops.h"
 #include "tensor/runtime.h"
+#include "tensor/stream_sanitizer.h"
+#include "tensor/test_faults.h"
 #include "tests/distributed/stack_dump.h"
 #include "tests/distributed/worker_checks.h"
 
@@ -257,7 +260,12 @@ void scenario_ddp_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std
     ref_body->register_module("head", ref_head);
   }
   body->to(device);
-  if (unordered) StreamOrderedGroup::skip_stream_waits_for_testing(true);
+  // "unordered": both waits of [Sync Streams] removed (a negative control, tensor/test_faults.h).
+  std::optional<fault::RemovedScope> no_ready, no_end;
+  if (unordered) {
+    no_ready.emplace(fault::Point::kReadyWait);
+    no_end.emplace(fault::Point::kEndWait);
+  }
   DDPOptions opts;
   opts.bucket_cap_mb = cap_mb;
   opts.first_bucket_cap_mb = std::min(cap_mb, 1.0);
@@ -340,7 +348,8 @@ void scenario_ddp_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std
     ddp.write_chrome_trace(fmt::format("{}/ddp_trace_rank{}.json", tmp ? tmp : "/tmp", rank));
   }
   if (unordered) {
-    StreamOrderedGroup::skip_stream_waits_for_testing(false);
+    no_ready.reset();
+    no_end.reset();
     check(worst > 1e-3, fmt::format("without the stream waits DDP on {} still matched (worst {:.3g}): the ordering "
                                     "test cannot tell", device.str(), worst));
   }

@@ -5,8 +5,12 @@
 // the compute and communication stream workers, Gloo's thread and the allocator all interleave.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "distributed/ddp.h"
@@ -17,23 +21,33 @@
 #include "optim/optim.h"
 #include "tensor/ops.h"
 #include "tensor/sim/sim.h"
+#include "tensor/stream_sanitizer.h"
+#include "tensor/test_faults.h"
 
 namespace chorus::distributed {
 namespace F = nn::functional;
 
-TEST_CASE("DDP through the stream-ordered group on sim:0 in one process", "[distributed][sim][tsan]") {
-  sim::set_delay_us(50);
-  const std::string path = std::filesystem::temp_directory_path() / "chorus_stream_group_test_store";
+namespace {
+// A FileStore path of this run's own: runs of this test may overlap (--runs_per_test), each in its
+// own TEST_TMPDIR (a sandbox's process ids repeat, so the pid is not enough where /tmp is shared).
+std::string store_path(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path dir = tmp != nullptr ? std::filesystem::path(tmp) : std::filesystem::temp_directory_path();
+  return dir / (name + "_" + std::to_string(::getpid()));
+}
+}  // namespace
+
+namespace {
+
+std::shared_ptr<StreamOrderedGroup> one_rank_group(const std::string& path) {
   std::filesystem::remove(path);
-  auto group = std::make_shared<StreamOrderedGroup>(
-      std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 0, 1));
+  return std::make_shared<StreamOrderedGroup>(std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 0, 1));
+}
+
+// DDP with bucket views (6 steps of an MLP on sim:0) against plain training on the CPU; returns the
+// largest difference of a parameter. Throws what the stream-order sanitizer reports.
+double ddp_against_plain_training(const std::shared_ptr<StreamOrderedGroup>& group) {
   const Device sim0 = Device::sim(0);
-
-  Tensor t = arange(0, 64, 1, TensorOptions{.dtype = kFloat64}).to(sim0);
-  group->allreduce({t}, ReduceOp::Avg)->wait();
-  group->broadcast({t}, 0)->wait();
-  CHECK(equal(t.cpu(), arange(0, 64, 1, TensorOptions{.dtype = kFloat64})));
-
   auto make = [] {
     manual_seed(3);
     auto net = std::make_shared<nn::Sequential>();
@@ -61,12 +75,144 @@ TEST_CASE("DDP through the stream-ordered group on sim:0 in one process", "[dist
     ref_opt.step();
   }
   const auto a = model->named_parameters(), b = ref->named_parameters();
-  for (size_t i = 0; i < a.size(); ++i) {
-    INFO(a[i].first);
-    CHECK(equal(a[i].second.cpu(), b[i].second));
-  }
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, (a[i].second.cpu() - b[i].second).abs().max().item<double>());
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("DDP through the stream-ordered group on sim:0 in one process", "[distributed][sim][tsan]") {
+  sim::set_delay_us(50);
+  const std::string path = store_path("chorus_stream_group_test_store");
+  auto group = one_rank_group(path);
+  const Device sim0 = Device::sim(0);
+
+  Tensor t = arange(0, 64, 1, TensorOptions{.dtype = kFloat64}).to(sim0);
+  group->allreduce({t}, ReduceOp::Avg)->wait();
+  group->broadcast({t}, 0)->wait();
+  CHECK(equal(t.cpu(), arange(0, 64, 1, TensorOptions{.dtype = kFloat64})));
+
+  CHECK(ddp_against_plain_training(group) == 0);  // bit for bit
   sim::set_delay_us(0);
   std::filesystem::remove(path);
+}
+
+// Negative controls (tensor/test_faults.h): with either wait of [Sync Streams] removed, or both
+// taken from the default stream while the caller works on a side stream, the same training is
+// reported by the stream-order sanitizer at the first unordered access: deterministically, since
+// it checks the order the program states, not the order the streams happened to run in.
+TEST_CASE("without the ready wait, the end wait, or with them on the default stream, the sanitizer reports DDP", "[distributed][sim][tsan]") {
+  const std::string path = store_path("chorus_stream_group_control_store");
+  auto group = one_rank_group(path);
+  for (const fault::Point point : {fault::Point::kReadyWait, fault::Point::kEndWait, fault::Point::kCallerStream}) {
+    INFO("removed: " << fault::name(point));
+    std::optional<StreamGuard> side;
+    if (point == fault::Point::kCallerStream) side.emplace(stream_from_pool(Device::sim(0)));
+    fault::RemovedScope removed(point);
+    CHECK_THROWS_WITH(ddp_against_plain_training(group), Catch::Contains("stream-order sanitizer"));
+    synchronize(Device::sim(0));
+  }
+  // The same on a side stream with nothing removed: clean and bit for bit.
+  {
+    StreamGuard side(stream_from_pool(Device::sim(0)));
+    CHECK(ddp_against_plain_training(group) == 0);
+  }
+  synchronize(Device::sim(0));
+  std::filesystem::remove(path);
+}
+
+namespace {
+
+// Rank 0 of two, on sim:0: an allgather whose input is a temporary of ones is issued while the
+// communication stream is held at a gate, and the temporary dropped at once (a work keeps its
+// outputs alive, not its inputs). A new tensor of the same size on the compute stream is filled
+// with 7, and only then the gate opens. The allgather must still send ones: the process group's
+// record_stream keeps the temporary's block from reuse until the communication stream has passed.
+// Rank 1, a thread of this process, joins with ones on the CPU through plain Gloo (a second rank
+// with device streams in this process would share sim's implicit synchronizations, as two GPUs of
+// one CUDA process do, and deadlock). Returns what rank 0 gathered from itself; throws what the
+// sanitizer reports.
+// An odd size no other test leaves a free block of: the new tensor gets the temporary's block.
+constexpr int64_t kDropped = 3333;
+
+Tensor dropped_collective_then_reuse(const std::string& name) {
+  const std::string path = store_path(name);
+  std::filesystem::remove(path);
+  std::thread rank1([&] {
+    auto g = std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 1, 2);
+    for (int i = 0; i < 2; ++i) {
+      TensorList outs{empty({kDropped}), empty({kDropped})};
+      g->allgather(outs, ones({kDropped}))->wait();
+    }
+  });
+  struct Joiner {
+    std::thread& t;
+    ~Joiner() { t.join(); }
+  } joiner{rank1};
+  const Device dev = Device::sim(0);
+  auto host = std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 0, 2);
+  auto group = std::make_shared<StreamOrderedGroup>(host);
+  // One allreduce of the size first: the group's page-locked staging memory is allocated now, not
+  // behind the gate (allocating it is an implicit device synchronization, on sim as on CUDA, which
+  // would hold the compute stream behind the gated communication stream).
+  auto gathered = [&] {
+    return TensorList{empty({kDropped}, {.dtype = kFloat32, .device = dev}), empty({kDropped}, {.dtype = kFloat32, .device = dev})};
+  };
+  // (Its tensors stay alive to the end: the only free block of this size is then the temporary's.)
+  TensorList warm = gathered();
+  Tensor warm_input = ones({kDropped}, {.dtype = kFloat32, .device = dev});
+  group->allgather(warm, warm_input)->wait();
+  synchronize(dev);
+  const Stream comm = group->comm_stream(dev);
+  std::atomic<bool> open{false};
+  sim::launch_kernel(comm.handle(), [&] { while (!open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1)); }, {});
+  struct Opener {
+    std::atomic<bool>& open;
+    Stream comm;
+    ~Opener() {
+      open = true;
+      comm.synchronize();
+    }
+  } opener{open, comm};
+  TensorList outs = gathered();
+  {
+    Tensor temp = ones({kDropped}, {.dtype = kFloat32, .device = dev});
+    group->allgather(outs, temp);  // the work is dropped too: nothing waits for it
+  }
+  Tensor x = empty({kDropped}, {.dtype = kFloat32, .device = dev});
+  x.fill_(7.0f);
+  current_stream(dev).synchronize();
+  open = true;
+  comm.synchronize();
+  synchronize(dev);
+  Tensor out = outs[0].cpu();
+  std::filesystem::remove(path);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a collective's input dropped at once: without record_stream the sanitizer reports the reuse, and with it off the data is corrupted", "[distributed][sim]") {
+  const Tensor sent = ones({kDropped});
+  SECTION("with every ordering point: clean, and the allgather sent the ones") {
+    CHECK(equal(dropped_collective_then_reuse("chorus_dropped_ok"), sent));
+  }
+  for (const fault::Point point : {fault::Point::kGroupRecordStream, fault::Point::kAllocatorRecordStream}) {
+    DYNAMIC_SECTION("removed: " << fault::name(point)) {
+      fault::RemovedScope removed(point);
+      CHECK_THROWS_WITH(dropped_collective_then_reuse("chorus_dropped_report"),
+                        Catch::Contains("stream-order sanitizer") && Catch::Contains("freed and its memory handed out again") &&
+                            Catch::Contains("allgather"));
+      // With the sanitizer off, the early reuse shows in the numbers: the allgather, run after the
+      // fill, sent the new tensor's sevens.
+      stream_sanitizer::set_active(DeviceType::Sim, false);
+      const Tensor got = dropped_collective_then_reuse("chorus_dropped_wrong");
+      stream_sanitizer::set_active(DeviceType::Sim, true);
+      INFO(got.narrow(0, 0, 4));
+      CHECK(equal(got, full({kDropped}, 7.0f)));
+    }
+  }
 }
 
 // The watchdog: rank 0 of two (threads of this process, over a FileStore) issues an allreduce on
@@ -75,7 +221,7 @@ TEST_CASE("DDP through the stream-ordered group on sim:0 in one process", "[dist
 // op, its sequence number, the device and the timeout. Later calls keep raising; the stuck Gloo
 // collective ends at Gloo's timeout and the group is destroyed without a hang.
 TEST_CASE("the watchdog fails a collective past the group's timeout and aborts the communicator", "[distributed][sim][tsan]") {
-  const std::string path = std::filesystem::temp_directory_path() / "chorus_stream_group_watchdog_store";
+  const std::string path = store_path("chorus_stream_group_watchdog_store");
   std::filesystem::remove(path);
   GlooOptions gloo;
   gloo.timeout = std::chrono::milliseconds(4000);
@@ -126,7 +272,7 @@ TEST_CASE("the watchdog fails a collective past the group's timeout and aborts t
 // into buckets that the first iteration's rebuild replaces (AddressSanitizer runs this test). The
 // gradients, read after the device has synchronized, are plain training's.
 TEST_CASE("DDP on sim:0 destroyed with its allreduces still on the communication stream", "[distributed][sim][tsan]") {
-  const std::string path = std::filesystem::temp_directory_path() / "chorus_stream_group_teardown_store";
+  const std::string path = store_path("chorus_stream_group_teardown_store");
   std::filesystem::remove(path);
   auto group = std::make_shared<StreamOrderedGroup>(std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 0, 1));
   const Device sim0 = Device::sim(0);
@@ -170,7 +316,7 @@ TEST_CASE("DDP on sim:0 destroyed with its allreduces still on the communication
 // Each collective's span on the communication stream is measured by its timed events: positive,
 // and within the host's measure of the whole call (issue to completion).
 TEST_CASE("a stream work reports its span on the communication stream from events", "[distributed][sim]") {
-  const std::string path = std::filesystem::temp_directory_path() / "chorus_stream_group_timing_store";
+  const std::string path = store_path("chorus_stream_group_timing_store");
   std::filesystem::remove(path);
   auto group = std::make_shared<StreamOrderedGroup>(std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 0, 1));
   sim::set_delay_us(20000);  // a random 0..20 ms before every stream task

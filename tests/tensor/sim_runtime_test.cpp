@@ -155,6 +155,33 @@ TEST_CASE("sim: a wait captures the event's generation at the call; a later reco
   CHECK(e.query());
 }
 
+TEST_CASE("sim: a wait on one event recorded on two streams waits for the record it captured, not the latest") {
+  // CUDA: cudaStreamWaitEvent captures the event's latest record at the call. Here generation 1 is
+  // on stream a (held at a gate), generation 2 on stream b (free). c's wait captured generation 1, so
+  // c must not run before a's gate opens, though generation 2 completes at once (a running maximum
+  // of completed generations, as sim had, let c run early).
+  Stream a = stream_from_pool(Device::sim(0)), b = stream_from_pool(Device::sim(0)), c = stream_from_pool(Device::sim(0));
+  REQUIRE((a != b && b != c && a != c));
+  std::atomic<int> gate{0}, done_a{0}, saw{-1};
+  Event e;
+  sim::launch_kernel(a.handle(), [&] { while (gate.load() == 0) std::this_thread::sleep_for(1ms); done_a = 1; }, {});
+  e.record(a);  // generation 1
+  c.wait(e);    // captures generation 1
+  e.record(b);  // generation 2, completes at once
+  sim::launch_kernel(c.handle(), [&] { saw = done_a.load(); }, {});
+  b.synchronize();
+  CHECK(e.query());  // the latest record (generation 2) has completed
+  // c is held by generation 1: its task has not run while a is at the gate. (A bounded look, not a
+  // synchronization: if c were wrongly free, 200 ms is far more than it needs to run its task.)
+  std::this_thread::sleep_for(200ms);
+  CHECK(saw.load() == -1);
+  CHECK_FALSE(c.query());
+  gate = 1;
+  c.synchronize();
+  CHECK(saw.load() == 1);
+  a.synchronize();
+}
+
 TEST_CASE("sim: query reports pending and completed work; a never-recorded event is complete") {
   DeviceRuntime& rt = sim_runtime();
   Stream s = stream_from_pool(Device::sim(0));

@@ -1,0 +1,29 @@
+#include "tensor/fault.h"
+
+#include <atomic>
+
+namespace chorus::fault {
+namespace {
+std::atomic<Source> g_source{nullptr};
+}
+
+const char* name(Point p) {
+  switch (p) {
+    case Point::kReadyWait: return "ready_wait";
+    case Point::kEndWait: return "end_wait";
+    case Point::kGroupRecordStream: return "group_record_stream";
+    case Point::kAllocatorRecordStream: return "allocator_record_stream";
+    case Point::kCallerStream: return "caller_stream";
+    case Point::kCount: break;
+  }
+  return "?";
+}
+
+bool removed(Point p) {
+  const Source s = g_source.load(std::memory_order_relaxed);
+  return s != nullptr && s(p);
+}
+
+void install_source(Source s) { g_source.store(s); }
+
+}  // namespace chorus::fault
