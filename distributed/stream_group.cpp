@@ -253,8 +253,18 @@ std::shared_ptr<StreamWork> StreamOrderedGroup::launch(const std::string& name, 
     ready.record(fault::removed(fault::Point::kCallerStream) ? default_stream(device) : current_stream(device));
     stream.wait(ready);
   }
+  work->start_event().record(stream);
+  comm.group_start();
+  try {
+    for (PendingOp& op : ops) op.call(comm, stream, work);
+  } catch (...) {
+    comm.group_end();
+    throw;
+  }
+  comm.group_end();
   // What each op reads and writes on the communication stream, for the stream-order sanitizer (one
-  // launch for the group: its ops run as one on the stream).
+  // launch for the group: its ops run as one on the stream). After the communicator took them (an op
+  // it refused touched nothing), before the end event (whose clock must include them).
   if (stream_sanitizer::active(device.type)) {
     std::vector<stream_sanitizer::Access> accesses;
     for (const PendingOp& op : ops) {
@@ -266,15 +276,6 @@ std::shared_ptr<StreamWork> StreamOrderedGroup::launch(const std::string& name, 
     }
     stream_sanitizer::on_launch(name.c_str(), device, stream.handle(), accesses);
   }
-  work->start_event().record(stream);
-  comm.group_start();
-  try {
-    for (PendingOp& op : ops) op.call(comm, stream, work);
-  } catch (...) {
-    comm.group_end();
-    throw;
-  }
-  comm.group_end();
   work->end_event().record(stream);
   // The caller may drop its tensors at once: their blocks are not reused before `stream` passes here.
   if (!fault::removed(fault::Point::kGroupRecordStream)) {

@@ -68,9 +68,56 @@ TEST_CASE("DDP on sim devices equals single-process training, with no host block
   require_all_ok(run_dist_workers(3, {"find_unused", "sim:0", "static_graph"}, delays));
 }
 
+// The same with the user's current stream a side stream (not the default one) on every rank: the
+// ready event must be recorded on, and the end waited from, the caller's current stream; the
+// stream-order sanitizer (on for sim) reports any access the side stream makes unordered.
+TEST_CASE("DDP, no_sync, join, find_unused, SyncBatchNorm and the optimizers on a side stream equal training on the default one", "[distributed][ddp][sim]") {
+  const std::vector<std::string> env{"CHORUS_SIM_DELAY_US=200", "CHORUS_SIM_DRIVER_LOCK=1", "CHORUS_TEST_SIDE_STREAM=1"};
+  require_all_ok(run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "1", "sim:0"}, env));
+  require_all_ok(run_dist_workers(2, {"ddp", "cnn", "float32", "25", "0", "sim:0"}, env));
+  require_all_ok(run_dist_workers(2, {"no_sync", "sim:0", "fp16_hook"}, env));
+  require_all_ok(run_dist_workers(3, {"join", "sim:0"}, env));
+  require_all_ok(run_dist_workers(2, {"find_unused", "sim:0"}, env));
+  require_all_ok(run_dist_workers(2, {"syncbn", "sim:0"}, env));
+}
+
+namespace {
+// A job a negative control expects the stream-order sanitizer to stop: some rank's log has its
+// report, every rank exited non-zero, none had to be killed for hanging.
+void require_sanitizer_report(const Result& r, const std::string& what) {
+  INFO(what << "\n" << r.output);
+  int reported = 0;
+  for (size_t rank = 0; rank < r.codes.size(); ++rank) {
+    INFO("rank " << rank << " exit code " << r.codes[rank]);
+    CHECK(r.codes[rank] != 0);
+    CHECK(r.codes[rank] != 999);
+    if (chorus::testing::rank_log(r, static_cast<int>(rank)).find("stream-order sanitizer:") != std::string::npos) ++reported;
+  }
+  CHECK(reported >= 1);
+}
+}  // namespace
+
+// Negative controls (tensor/test_faults.h): each ordering point of [Sync Streams] removed in a real
+// two-process DDP job on sim; the sanitizer stops it at the first unordered access, whatever order
+// the streams happened to run in.
+TEST_CASE("DDP with an ordering point removed is stopped by the stream-order sanitizer", "[distributed][ddp][sim]") {
+  const std::vector<std::string> base{"CHORUS_SIM_DRIVER_LOCK=1"};
+  for (const std::string point : {"ready_wait", "end_wait"}) {
+    std::vector<std::string> env = base;
+    env.push_back("CHORUS_TEST_FAULT=" + point);
+    require_sanitizer_report(run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0"}, env, 120), point);
+  }
+  // Both waits on the default stream while the caller works on a side stream.
+  require_sanitizer_report(run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0"},
+                                            {"CHORUS_SIM_DRIVER_LOCK=1", "CHORUS_TEST_SIDE_STREAM=1",
+                                             "CHORUS_TEST_FAULT=caller_stream"},
+                                            120),
+                           "caller_stream");
+}
+
 TEST_CASE("without the communication stream's event waits DDP on sim goes wrong", "[distributed][ddp][sim]") {
-  // The same job with the waits of [Sync Streams] switched off (test-only) must not match: this is
-  // what shows the ordering test above can fail.
+  // The same job with the waits of [Sync Streams] removed (test-only) and the stream-order sanitizer
+  // off must not match: the numbers themselves show the ordering test above can fail.
 #if defined(__SANITIZE_THREAD__)
   // Under ThreadSanitizer the missing waits are a data race: either it reports the race (a worker
   // stops there, between a compute stream's kernel and the communication that overwrites its
@@ -79,7 +126,8 @@ TEST_CASE("without the communication stream's event waits DDP on sim goes wrong"
   // Either outcome is specific: a worker that stopped did so on TSan's report (exit code 66, the
   // report in its own log), no worker found the result right ("still matched"), no hang; or, with
   // no report anywhere, every worker found the result wrong (exit 0, as without TSan).
-  const Result r = run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0", "unordered"});
+  const Result r = run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0", "unordered"},
+                                    {"CHORUS_STREAM_SANITIZER=0"});
   INFO(r.output);
   if (r.output.find("WARNING: ThreadSanitizer: data race") != std::string::npos) {
     int reported = 0;
@@ -95,7 +143,8 @@ TEST_CASE("without the communication stream's event waits DDP on sim goes wrong"
     require_all_ok(r);
   }
 #else
-  require_all_ok(run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0", "unordered"}));
+  require_all_ok(run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0", "unordered"},
+                                  {"CHORUS_STREAM_SANITIZER=0"}));
 #endif
 }
 
