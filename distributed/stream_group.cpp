@@ -20,6 +20,12 @@ bool all_cpu(const TensorList& tensors) {
   return true;
 }
 
+// What an op writes (for the stream-order sanitizer): its outputs, except that a send's work keeps
+// its tensor as its result but only reads it.
+TensorList written_by(const std::string& op, const TensorList& outputs) {
+  return op == "send" ? TensorList{} : outputs;
+}
+
 // How often the watchdog looks at the works in flight (and so how soon after its end event a work
 // reports completion to is_completed() and then() callbacks; Work::wait() does not depend on it).
 constexpr auto kWatchdogPoll = std::chrono::milliseconds(1);
@@ -323,14 +329,14 @@ std::shared_ptr<Work> StreamOrderedGroup::device_op(const std::string& name, con
           device, TensorList{});
     }
     pending_work_->add_outputs(outputs);
-    pending_.push_back({name, tensors, outputs, std::move(call)});
+    pending_.push_back({name, tensors, written_by(name, outputs), std::move(call)});
     return pending_work_;
   }
   auto work = std::make_shared<StreamWork>(fmt::format("{} {} #{} on {} (rank {} of {}, timeout {} ms)", name_, name, seq,
                                                        device.str(), rank_, size_, timeout_.count()),
                                            device, outputs);
   std::vector<PendingOp> ops;
-  ops.push_back({name, tensors, outputs, std::move(call)});
+  ops.push_back({name, tensors, written_by(name, outputs), std::move(call)});
   return launch(name, device, lane, std::move(ops), work);
 }
 

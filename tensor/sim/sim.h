@@ -9,7 +9,13 @@
 //   host access, not a per-thread fence). CHORUS_SIM_PROTECT=0 turns the guard off for speed.
 // - An event carries a generation counter: record() bumps it and the stream marks it complete when
 //   it gets there; stream.wait(event) captures the generation at the call (cudaStreamWaitEvent's
-//   documented semantics: a later record does not affect an earlier wait).
+//   documented semantics: a later record does not affect an earlier wait) and completes when that
+//   generation has, whatever later records on other streams did (completed generations are a set).
+// - CUDA's lifetimes: a kernel holds raw pointers (kernels/sim), not references, so only stream
+//   order, record_stream and the caching allocator keep memory from early reuse. A block the
+//   allocator hands out is poisoned first, on its stream, with a NaN pattern (poison();
+//   CHORUS_SIM_POISON=0 turns it off). free() unmaps a segment once every stream of the device has
+//   passed the call (cudaFree synchronizes the device), without blocking the host.
 // - Host functions (launch_host_task) follow CUDA's cudaLaunchHostFunc rule: a device call inside
 //   one (an allocation, a free, a copy, an event, a launch), also from a destructor of what it
 //   captured, fails as cudaErrorNotPermitted does. They run on their stream's thread; CUDA may run

@@ -48,6 +48,13 @@ TEST_CASE("on sim devices, through the stream-ordered group, pipelines train exa
                      120, {"CHORUS_SIM_DELAY_US=200", "CHORUS_SIM_DRIVER_LOCK=1"}));
 }
 
+// The same with every rank's current stream a side stream (the stream-order sanitizer, on for sim,
+// reports any boundary tensor or bucket used unordered).
+TEST_CASE("on sim devices with side streams as the current streams, pipelines train exactly as one process", "[pipeline][sim]") {
+  require_all_ok(run(3, {"equivalence", "mlp/1,1,1/4/1f1b/sim:0", "mlp/1,2/4/1f1b/sim:0"}, 120,
+                     {"CHORUS_SIM_DELAY_US=200", "CHORUS_SIM_DRIVER_LOCK=1", "CHORUS_TEST_SIDE_STREAM=1"}));
+}
+
 TEST_CASE("1F1B holds far less activation memory than GPipe on the first stage", "[pipeline][memory]") {
   require_all_ok(run(2, {"memory"}));
 }
