@@ -18,4 +18,5 @@
 #include "nn/rnn.h"
 #include "nn/transformer.h"
 #include "nn/upsample.h"
+#include "nn/utils/checkpoint.h"
 #include "nn/utils/rnn.h"

@@ -8,9 +8,10 @@
 //   counts them. An access records (S, epoch, byte range, read or write, op name).
 // - Event::record on S captures S's clock; stream.wait(event) merges the captured clock into the
 //   stream's (at the call, as CUDA captures the latest record). A host synchronization (stream,
-//   event, device; a query that returned "done") merges what it observed into the host's clock, and
-//   every later launch merges the host's clock first: work issued after the host saw work finish
-//   is ordered after it.
+//   event, device; a query that returned "done") merges what it observed into the calling thread's
+//   clock, and every later launch from that thread merges it first: work a thread issues after it
+//   saw work finish is ordered after it. (Per thread: a watchdog's successful query orders nothing
+//   the training thread issues, so verdicts follow the program's synchronizations, not timing.)
 // - A launch on S that touches a range another stream T wrote (or, for a write, read) at epoch e is
 //   ordered only if S's clock has T's component >= e. Otherwise: a report.
 // - Memory is tracked per caching-allocator block. A freed block keeps its accesses; when the
