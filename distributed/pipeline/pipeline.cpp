@@ -7,6 +7,7 @@
 
 #include "autograd/grad_mode.h"
 #include "distributed/init.h"
+#include "nn/utils/checkpoint.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/cpu_memory.h"
 #include "tensor/ops.h"
@@ -284,7 +285,8 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
         // reduction there); every other one accumulates locally under no_sync.
         std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
         if (ddp_ && m != sync_micro_batch_) no_sync.emplace(ddp_->reducer());
-        Tensor out = ddp_ ? ddp_->forward(x) : module_->forward(x);
+        auto stage_forward = [&] { return options_.recompute ? nn::utils::checkpoint(module_, x) : module_->forward(x); };
+        Tensor out = ddp_ ? ddp_->forward(stage_forward) : stage_forward();
         if (is_last()) {
           Tensor loss = loss_fn(out, rows_of(target, m));
           if (loss.numel() != 1) {

@@ -61,6 +61,11 @@ struct PipelineOptions {
   // Sum the step's loss over the last stage's replicas and send it to every rank (one scalar
   // allreduce over the whole group per step); without it only last-stage ranks know the loss.
   bool report_loss = true;
+  // Activation recomputation (--recompute): a micro-batch's forward through this stage keeps only
+  // its input and output (nn::utils::checkpoint); backward runs the stage's forward again, with the
+  // generator's state of the first run (dropout draws the same masks). Gradients are unchanged; the
+  // activation memory per micro-batch in flight drops to the stage's input and output.
+  bool recompute = false;
 };
 
 // Mean loss over the rows of `output` (the last stage's output slice) and `target`.

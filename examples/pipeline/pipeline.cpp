@@ -35,6 +35,7 @@ struct Flags {
   std::string replicas;
   int micro_batches = 4;
   std::string schedule = "1f1b";
+  bool recompute = false;
   std::string plan;
   int64_t batch_size = 128;
   int hidden = 256;
@@ -109,6 +110,9 @@ int main(int argc, char** argv) {
   app.add_option("--replicas", f.replicas, "processes per stage, a comma list (e.g. 2,1)");
   app.add_option("--micro-batches", f.micro_batches, "micro-batches per global batch")->check(CLI::PositiveNumber);
   app.add_option("--schedule", f.schedule, "gpipe or 1f1b")->check(CLI::IsMember({"gpipe", "1f1b"}));
+  app.add_flag("--recompute", f.recompute,
+               "activation recomputation: keep only each stage's input and output per micro-batch, run the "
+               "stage's forward again in backward");
   app.add_option("--plan", f.plan, "a plan JSON (the planner's); replaces the stage, replica, batch and schedule flags");
   app.add_option("--batch-size", f.batch_size, "global batch size")->check(CLI::PositiveNumber);
   app.add_option("--hidden", f.hidden, "width of the hidden layers")->check(CLI::PositiveNumber);
@@ -143,7 +147,9 @@ int main(int argc, char** argv) {
     auto sampler = std::make_shared<data::DistributedSampler>(train->size(), 1, 0, true, f.seed);
     data::DataLoader loader(train, {.batch_size = f.batch_size, .drop_last = true, .sampler = sampler});
 
-    pp::PipelineStage stage(model, plan, job.group);
+    pp::PipelineOptions options;
+    options.recompute = f.recompute;
+    pp::PipelineStage stage(model, plan, job.group, options);
     optim::SGD opt(stage.parameters(), {.lr = f.lr, .momentum = 0.9});
     job.log(fmt::format("pipeline: {} stages, replicas [{}], {} micro-batches of {}, schedule {}, world size {}",
                         plan.num_stages(),
@@ -197,6 +203,7 @@ int main(int argc, char** argv) {
     }
     nlohmann::json summary = {
         {"schedule", plan.schedule},
+        {"recompute", f.recompute},
         {"stages", plan.num_stages()},
         {"micro_batches", plan.micro_batches},
         {"world_size", job.world},

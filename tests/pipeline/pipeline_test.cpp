@@ -73,6 +73,15 @@ TEST_CASE("on sim devices with side streams as the current streams, pipelines tr
                      {"CHORUS_SIM_DELAY_US=200", "CHORUS_SIM_DRIVER_LOCK=1", "CHORUS_TEST_SIDE_STREAM=1"}));
 }
 
+// Activation recomputation (PipelineOptions::recompute): the same results, on the CPU and on sim
+// (the recomputed forward's dropout-free MLP and transformer; the generator replay is
+// tests/nn:checkpoint_test's).
+TEST_CASE("with activation recomputation, pipelines train exactly as one process", "[pipeline]") {
+  require_all_ok(run(2, {"equivalence", "mlp/1,1/4/1f1b/recompute", "transformer/1,1/2/gpipe/recompute"}));
+  require_all_ok(run(3, {"equivalence", "mlp/1,2/4/1f1b/sim:0/recompute"}, 120,
+                     {"CHORUS_SIM_DELAY_US=200", "CHORUS_SIM_DRIVER_LOCK=1"}));
+}
+
 TEST_CASE("1F1B holds far less activation memory than GPipe on the first stage", "[pipeline][memory]") {
   require_all_ok(run(2, {"memory"}));
 }

@@ -146,8 +146,10 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   std::stringstream ss(config);
   std::string item;
   while (std::getline(ss, item, '/')) parts.push_back(item);
+  const bool recompute = !parts.empty() && parts.back() == "recompute";
+  if (recompute) parts.pop_back();
   if (parts.size() != 4 && parts.size() != 5) {
-    fail("pipeline_worker: config '{}' is not model/replicas/micro_batches/schedule[/device]", config);
+    fail("pipeline_worker: config '{}' is not model/replicas/micro_batches/schedule[/device][/recompute]", config);
   }
   const Device device = parts.size() == 5 ? Device(parts[4]) : kCPU;
   const std::string kind = parts[0], schedule = parts[3];
@@ -161,7 +163,9 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   const int L = static_cast<int>(model->size());
   model->to(device);  // the stages train there; the reference on the CPU
   PipelinePlan plan = uniform_plan(L, even_cuts(L, S), replicas, global, M, schedule);
-  PipelineStage stage(model, plan, pg);
+  PipelineOptions options;
+  options.recompute = recompute;
+  PipelineStage stage(model, plan, pg, options);
   model.reset();  // the stage holds its own layers only
   optim::SGD opt(stage.parameters(), sgd_options());
   optim::SGD ref_opt(ref->parameters(), sgd_options());
@@ -246,15 +250,18 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
 // ------------------------------------------------------------------ memory
 void scenario_memory(const std::shared_ptr<ProcessGroup>& pg) {
   std::map<std::string, StepStats> got;
-  for (const std::string schedule : {"gpipe", "1f1b"}) {
+  for (const std::string run : {"gpipe", "1f1b", "1f1b+recompute"}) {
+    const std::string schedule = run == "gpipe" ? "gpipe" : "1f1b";
     auto model = make_model("wide");
     PipelinePlan plan = uniform_plan(5, {4}, {1, 1}, 1024, 8, schedule);
-    PipelineStage stage(model, plan, pg);
+    PipelineOptions options;
+    options.recompute = run == "1f1b+recompute";
+    PipelineStage stage(model, plan, pg, options);
     model.reset();
     optim::SGD opt(stage.parameters(), sgd_options());
     Tensor x = make_input("wide", 1024, 1), y = make_target(1024, 1);
     for (int step = 0; step < 2; ++step) {
-      got[schedule] = stage.train_step(x, y, [](const Tensor& o, const Tensor& t) { return F::cross_entropy(o, t); }, opt);
+      got[run] = stage.train_step(x, y, [](const Tensor& o, const Tensor& t) { return F::cross_entropy(o, t); }, opt);
     }
   }
   const double g = static_cast<double>(got["gpipe"].peak_activation_bytes);
@@ -271,6 +278,18 @@ void scenario_memory(const std::shared_ptr<ProcessGroup>& pg) {
   check(got["gpipe"].max_in_flight == 8 && got["1f1b"].max_in_flight == held, "in-flight counts");
   check(g > 0 && std::abs(f * 8 / held - g) <= 0.02 * g,
         fmt::format("1F1B's activation bytes {} are not {}/8 of GPipe's {}", f, held, g));
+  // With recomputation, stage 0 keeps per micro-batch only its output (128 x 512 doubles: the
+  // input is the caller's); stage 1 its received input and the loss (its layer's saved input is
+  // that same tensor).
+  const double r = static_cast<double>(got["1f1b+recompute"].peak_activation_bytes);
+  std::printf("rank %d: 1f1b with recomputation: peak activation bytes %.0f (in flight %d)\n", pg->rank(), r,
+              got["1f1b+recompute"].max_in_flight);
+  check(got["1f1b+recompute"].max_in_flight == held, "in-flight count with recomputation");
+  if (pg->rank() == 0) {
+    check(r <= held * (128 * 512 * 8) * 1.05,
+          fmt::format("stage 0 with recomputation holds {} bytes, more than {} outputs of 512 KiB", r, held));
+    check(r < f / 2, fmt::format("stage 0: recomputation's {} bytes are not well below 1F1B's {}", r, f));
+  }
   if (pg->rank() == 0) {
     check(g >= 8 * 3 * (128 * 512 * 8), fmt::format("stage 0 under GPipe holds {} bytes, less than its 8 x 3 saved tanh outputs", g));
     check(fs < 0.5 * gs, fmt::format("stage 0: 1F1B's step peak {} is not well below GPipe's {}", fs, gs));
