@@ -20,7 +20,9 @@
 #include "distributed/stream_group.h"
 #include "autograd/autocast.h"
 #include "distributed/sync_batchnorm.h"
+#include "distributed/zero_redundancy_optimizer.h"
 #include "nn/nn.h"
+#include "optim/optimizer.h"
 #include "tensor/ops.h"
 #include "tensor/runtime.h"
 #include "tensor/stream_sanitizer.h"
@@ -410,6 +412,106 @@ void scenario_no_sync(const std::shared_ptr<ProcessGroup>& pg, Device device = k
   }
   std::printf("rank %d: no_sync on %s %s: worst gradient at %.3g of its tolerance\n", rank, device.str().c_str(),
               hook.c_str(), worst);
+}
+
+// ZeRO-1: DDP + ZeroRedundancyOptimizer(Adam) against DDP + Adam, 5 steps of the MLP in float64:
+// the same parameters bit for bit (each parameter's Adam step is the same arithmetic, on its owner,
+// and reaches the others by broadcast); each rank's Adam state about 1/N of the whole; the state
+// consolidated on rank 0 equal to the plain optimizer's, name for name, loading into a one-process
+// Adam; the plain optimizer's state loaded into a ZeRO over a smaller group (world - 1 ranks)
+// stepping as the plain one does.
+void scenario_zero1(const std::shared_ptr<ProcessGroup>& pg, Device device) {
+  const int rank = pg->rank(), world = pg->size();
+  auto model = make_model("mlp", kFloat64), ref = make_model("mlp", kFloat64);
+  model->to(device);
+  ref->to(device);
+  DistributedDataParallel ddp(model, pg), ref_ddp(ref, pg);
+  auto adam = [](std::vector<optim::ParamGroup> g) {
+    return std::make_unique<optim::Adam>(std::move(g), optim::AdamOptions{.lr = 0.01});
+  };
+  ZeroRedundancyOptimizer zero(model->parameters(), pg, adam);
+  optim::Adam plain(ref->parameters(), {.lr = 0.01});
+  const int64_t per_rank = 4;
+  for (int step = 0; step < 5; ++step) {
+    Tensor x = make_inputs("mlp", per_rank * world, kFloat64).narrow(0, rank * per_rank, per_rank).to(device);
+    manual_seed(50 + step);
+    Tensor y = randint(0, 5, {per_rank * world}).narrow(0, rank * per_rank, per_rank).to(device);
+    zero.zero_grad();
+    plain.zero_grad();
+    F::cross_entropy(ddp.forward(x), y).backward();
+    F::cross_entropy(ref_ddp.forward(x), y).backward();
+    zero.step();
+    plain.step();
+  }
+  auto a = model->named_parameters(), b = ref->named_parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    check(equal(a[i].second.cpu(), b[i].second.cpu()),
+          fmt::format("zero1 on {}: parameter {} differs from DDP + Adam's", device.str(), a[i].first));
+  }
+  // Optimizer state held here against the plain optimizer's.
+  auto bytes = [](const nn::NamedTensors& state) {
+    size_t n = 0;
+    for (const auto& [name, t] : state)
+      if (name.rfind("state.", 0) == 0) n += t.nbytes();
+    return n;
+  };
+  const size_t mine = zero.local() ? bytes(zero.local()->state_dict()) : 0, whole = bytes(plain.state_dict());
+  std::printf("rank %d: zero1 on %s: Adam state %zu bytes here, %zu for the whole model (1/%d = %zu)\n", rank,
+              device.str().c_str(), mine, whole, world, whole / world);
+  // The greedy partition is within one parameter of even: the largest parameter's two buffers.
+  size_t largest = 0;
+  for (const Tensor& p : ref->parameters()) largest = std::max(largest, p.nbytes());
+  check(mine <= whole / world + 2 * largest, fmt::format("zero1: {} bytes of state here, far more than 1/{} of {}", mine, world, whole));
+  check(mine > 0 || world > 6, "zero1: this rank holds some state");
+  // Consolidated on rank 0: the plain optimizer's state, entry for entry.
+  zero.consolidate_state_dict(0);
+  if (rank == 0) {
+    const nn::NamedTensors got = zero.state_dict(), want = plain.state_dict();
+    check(got.size() == want.size(), fmt::format("consolidated state has {} entries, the plain optimizer's {}", got.size(), want.size()));
+    for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+      check(got[i].first == want[i].first, fmt::format("consolidated entry {} is '{}', expected '{}'", i, got[i].first, want[i].first));
+      check(equal(got[i].second.cpu(), want[i].second.cpu()), fmt::format("consolidated '{}' differs", got[i].first));
+    }
+    auto one = make_model("mlp", kFloat64);
+    optim::Adam loaded(one->parameters(), {.lr = 0.01});
+    loaded.load_state_dict(got);  // into a one-process optimizer
+    check(bytes(loaded.state_dict()) == whole, "the consolidated state loads into a one-process Adam");
+  } else {
+    expect_error([&] { (void)zero.state_dict(); }, {"consolidate_state_dict"}, "state_dict on a rank that did not consolidate");
+  }
+  // The whole state into a ZeRO over world - 1 ranks: one more step with the same gradients there
+  // and in the plain optimizer gives the same parameters.
+  if (world > 2) {
+    std::vector<int> ranks;
+    for (int r = 0; r < world - 1; ++r) ranks.push_back(r);
+    auto smaller = new_group(ranks);
+    if (smaller) {
+      auto copy = make_model("mlp", kFloat64), copy_ref = make_model("mlp", kFloat64);
+      {
+        NoGradGuard no_grad;
+        auto src = ref->parameters(), dst = copy->parameters(), dst_ref = copy_ref->parameters();
+        for (size_t i = 0; i < src.size(); ++i) {
+          dst[i].copy_(src[i].cpu());
+          dst_ref[i].copy_(src[i].cpu());
+          manual_seed(900 + i);
+          Tensor g = randn(src[i].sizes(), {.dtype = kFloat64});
+          dst[i].set_grad(g);
+          dst_ref[i].set_grad(g.clone());
+        }
+      }
+      ZeroRedundancyOptimizer resharded(copy->parameters(), smaller, adam);
+      resharded.load_state_dict(plain.state_dict());
+      optim::Adam again(copy_ref->parameters(), {.lr = 0.01});
+      again.load_state_dict(plain.state_dict());
+      resharded.step();
+      again.step();
+      auto c = copy->named_parameters(), d = copy_ref->named_parameters();
+      for (size_t i = 0; i < c.size(); ++i) {
+        check(equal(c[i].second, d[i].second), fmt::format("zero1 resharded from {} to {} ranks: {} differs after a step",
+                                                            world, world - 1, c[i].first));
+      }
+    }
+  }
 }
 
 // A branch used only on rank 0; another used by no rank.
@@ -836,6 +938,7 @@ int main(int argc, char** argv) {
     else if (scenario == "p2p_completion") scenario_p2p_completion(pg);
     else if (scenario == "join") scenario_join(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "syncbn") scenario_syncbn(pg, argc > 2 ? Device(argv[2]) : kCPU);
+    else if (scenario == "zero1") scenario_zero1(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "syncbn_amp") scenario_syncbn_amp(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else {
       std::fprintf(stderr, "dist_worker: unknown scenario %s\n", scenario.c_str());

@@ -154,6 +154,14 @@ TEST_CASE("a stuck peer's collective on a communication stream raises on the nex
   require_all_ok(run_dist_workers(3, {"killed_rank", "sim:0"}, {}, 60));
 }
 
+TEST_CASE("ZeroRedundancyOptimizer (ZeRO-1) steps as DDP + Adam, holds 1/N of the state, consolidates and reshards", "[distributed][zero]") {
+  for (int world = 2; world <= 4; ++world) {
+    INFO("world size " << world);
+    require_all_ok(run_dist_workers(world, {"zero1"}));
+  }
+  require_all_ok(run_dist_workers(3, {"zero1", "sim:0"}, {"CHORUS_SIM_DELAY_US=200", "CHORUS_SIM_DRIVER_LOCK=1"}));
+}
+
 TEST_CASE("no_sync accumulates locally and the next synced backward reduces the sum", "[distributed][ddp]") {
   require_all_ok(run_dist_workers(2, {"no_sync"}));
   require_all_ok(run_dist_workers(3, {"no_sync"}));
