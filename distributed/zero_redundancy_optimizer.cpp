@@ -103,19 +103,26 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<optim::ParamGroup> 
       group_of.push_back(gi);
     }
   }
-  // Every rank must wrap the same parameters: their count and total size, against rank 0's.
+  // Every rank must wrap the same parameters: their count and total size, against rank 0's; every
+  // rank learns which ranks differ, so all of them raise (none is left waiting in a collective).
   {
     int64_t total = 0;
     for (const Tensor& p : flat) total += p.numel();
-    Tensor mine = zeros({2}, {.dtype = kInt64});
-    mine.data_ptr<int64_t>()[0] = static_cast<int64_t>(flat.size());
-    mine.data_ptr<int64_t>()[1] = total;
-    Tensor root = mine.clone();
+    Tensor root = zeros({2}, {.dtype = kInt64});
+    root.data_ptr<int64_t>()[0] = static_cast<int64_t>(flat.size());
+    root.data_ptr<int64_t>()[1] = total;
     group_->broadcast({root}, 0)->wait();
-    if (!equal(root, mine)) {
-      fail("ZeroRedundancyOptimizer: rank {} wraps {} parameters of {} elements in all, rank 0 {} of {}: every rank must "
-           "wrap the same model",
-           rank, flat.size(), total, root.data_ptr<int64_t>()[0], root.data_ptr<int64_t>()[1]);
+    const int64_t want_count = root.data_ptr<int64_t>()[0], want_total = root.data_ptr<int64_t>()[1];
+    Tensor differs = zeros({world}, {.dtype = kInt64});
+    differs.data_ptr<int64_t>()[rank] = want_count != static_cast<int64_t>(flat.size()) || want_total != total;
+    group_->allreduce({differs})->wait();
+    std::string which;
+    for (int r = 0; r < world; ++r)
+      if (differs.data_ptr<int64_t>()[r] != 0) which += (which.empty() ? "" : ", ") + std::to_string(r);
+    if (!which.empty()) {
+      fail("ZeroRedundancyOptimizer: rank(s) {} wrap other parameters than rank 0 ({} parameters of {} elements in "
+           "all; this rank, {}: {} of {}): every rank must wrap the same model",
+           which, want_count, want_total, rank, flat.size(), total);
     }
   }
   // [Partition] within each group, largest first, each to the rank with the fewest elements so far.

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 
 #include "tensor/error.h"
@@ -49,10 +50,6 @@ std::atomic<bool>* flags() {
 
 std::atomic<uint64_t> g_reports{0};
 
-// What this host thread has seen complete. Per thread: a query that another thread (a watchdog)
-// saw succeed orders nothing this thread issues, so the verdicts follow the program's own
-// synchronizations, not which thread happened to look first.
-thread_local Clock t_host;
 
 struct Record {
   int stream = 0;
@@ -82,7 +79,7 @@ class Sanitizer {
     std::lock_guard<std::mutex> lock(mutex_);
     const int s = stream_number(handle, device);
     Clock& clock = streams_[s].clock;
-    merge(clock, t_host);
+    merge(clock, host());
     if (clock.size() <= static_cast<size_t>(s)) clock.resize(s + 1, 0);
     const uint64_t epoch = clock[s] + 1;
     // Check every access before recording any: a report leaves the state as it was.
@@ -124,7 +121,7 @@ class Sanitizer {
   void record(EventHandle event, Device device, StreamHandle handle) {
     std::lock_guard<std::mutex> lock(mutex_);
     const int s = stream_number(handle, device);
-    merge(streams_[s].clock, t_host);
+    merge(streams_[s].clock, host());
     events_[event] = streams_[s].clock;  // the latest record is what a later wait captures
   }
 
@@ -138,7 +135,7 @@ class Sanitizer {
   void event_done(EventHandle event) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = events_.find(event);
-    if (it != events_.end()) merge(t_host, it->second);
+    if (it != events_.end()) merge(host(), it->second);
   }
   void event_destroyed(EventHandle event) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -147,19 +144,19 @@ class Sanitizer {
   void stream_done(StreamHandle handle) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = numbers_.find(handle);
-    if (it != numbers_.end()) merge(t_host, streams_[it->second].clock);
+    if (it != numbers_.end()) merge(host(), streams_[it->second].clock);
   }
   void device_done(Device device) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const StreamInfo& info : streams_)
-      if (info.device == device) merge(t_host, info.clock);
+      if (info.device == device) merge(host(), info.clock);
   }
 
   void allocate(Device device, const void* ptr, size_t bytes, StreamHandle handle) {
     std::lock_guard<std::mutex> lock(mutex_);
     const int s = stream_number(handle, device);
     Clock& clock = streams_[s].clock;
-    merge(clock, t_host);
+    merge(clock, host());
     const uintptr_t lo = reinterpret_cast<uintptr_t>(ptr), hi = lo + bytes;
     // Freed blocks overlapping the new one: every other stream's access must be ordered before it.
     auto it = freed_.upper_bound(lo);
@@ -245,7 +242,14 @@ class Sanitizer {
     throw Error(msg);
   }
 
+  // What each host thread has seen complete. Per thread: a query that another thread (a watchdog)
+  // saw succeed orders nothing this thread issues, so the verdicts follow the program's own
+  // synchronizations, not which thread happened to look first. (Kept here, not thread_local: hooks
+  // run during static destruction, after the main thread's thread_locals are gone.)
+  Clock& host() { return hosts_[std::this_thread::get_id()]; }
+
   std::mutex mutex_;
+  std::unordered_map<std::thread::id, Clock> hosts_;
   std::vector<StreamInfo> streams_;
   std::unordered_map<StreamHandle, int> numbers_;
   std::unordered_map<EventHandle, Clock> events_;

@@ -514,6 +514,20 @@ void scenario_zero1(const std::shared_ptr<ProcessGroup>& pg, Device device) {
   }
 }
 
+// ZeRO-1 given another model on rank 1 (an extra layer): every rank raises at construction, naming
+// the rank that differs, and none hangs.
+void scenario_zero1_mismatch(const std::shared_ptr<ProcessGroup>& pg) {
+  auto model = make_model("mlp", kFloat64);
+  if (pg->rank() == 1) model->push_back(std::make_shared<nn::Linear>(5, 5));
+  expect_error(
+      [&] {
+        ZeroRedundancyOptimizer z(model->parameters(), pg, [](std::vector<optim::ParamGroup> g) {
+          return std::make_unique<optim::Adam>(std::move(g), optim::AdamOptions{});
+        });
+      },
+      {"rank(s) 1 wrap other parameters", "every rank must wrap the same model"}, "zero1 with another model on rank 1");
+}
+
 // A branch used only on rank 0; another used by no rank.
 struct Branchy : nn::Module {
   std::shared_ptr<nn::Linear> trunk, rank0_only, never;
@@ -939,6 +953,7 @@ int main(int argc, char** argv) {
     else if (scenario == "join") scenario_join(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "syncbn") scenario_syncbn(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "zero1") scenario_zero1(pg, argc > 2 ? Device(argv[2]) : kCPU);
+    else if (scenario == "zero1_mismatch") scenario_zero1_mismatch(pg);
     else if (scenario == "syncbn_amp") scenario_syncbn_amp(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else {
       std::fprintf(stderr, "dist_worker: unknown scenario %s\n", scenario.c_str());

@@ -160,6 +160,8 @@ TEST_CASE("ZeroRedundancyOptimizer (ZeRO-1) steps as DDP + Adam, holds 1/N of th
     require_all_ok(run_dist_workers(world, {"zero1"}));
   }
   require_all_ok(run_dist_workers(3, {"zero1", "sim:0"}, {"CHORUS_SIM_DELAY_US=200", "CHORUS_SIM_DRIVER_LOCK=1"}));
+  // Another model on one rank: an error on every rank, not a hang.
+  require_all_ok(run_dist_workers(3, {"zero1_mismatch"}, {}, 60));
 }
 
 TEST_CASE("no_sync accumulates locally and the next synced backward reduces the sum", "[distributed][ddp]") {
