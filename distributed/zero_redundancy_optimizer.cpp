@@ -261,7 +261,9 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   std::map<size_t, NamedTensors> options;
   std::map<int64_t, NamedTensors> state;
   for (const NamedTensors& part : parts) {
-    for (const auto& [name, t] : part) {
+    for (const auto& entry : part) {
+      const std::string& name = entry.first;  // (not a structured binding: clang 14 cannot capture one)
+      const Tensor& t = entry.second;
       if (auto g = split_indexed(name, "param_groups.")) {
         NamedTensors& o = options[static_cast<size_t>(g->first)];
         if (std::none_of(o.begin(), o.end(), [&](const auto& e) { return e.first == name; })) o.emplace_back(name, t.cpu());

@@ -456,6 +456,11 @@ int main(int argc, char** argv) {
             signal_all(SIGTERM);
             report(restart, "restart: worker rank " + std::to_string(w.rank) + " on node " + std::to_string(node_rank) +
                                 " exited with code " + std::to_string(w.exit_code));
+          } else if (w.exit_code != 0) {
+            // Every other failure too: the first one seen is not always the cause (a killed worker's
+            // peer may fail on the broken connection and be reaped first).
+            std::fprintf(stderr, "chorusrun: worker rank %d (pid %d) exited with code %d\n", w.rank,
+                         static_cast<int>(w.pid), w.exit_code);
           }
         } else {
           any_running = true;
