@@ -28,15 +28,17 @@ bash tools/setup.sh
 
 cache="${CHORUS_CACHE_DIR:-$HOME/.cache/chorus}"
 mkdir -p "$cache/bazel-disk"
-# Bazel never prunes a disk cache. Past CHORUS_CACHE_MAX_GB (default 20; a cold --full run leaves
-# about 9 GB), the least recently used files go until it holds half that. An action whose entry
-# lost a blob this way is simply run again (a cache miss).
-max_kb=$(( ${CHORUS_CACHE_MAX_GB:-20} * 1024 * 1024 ))
+# Bazel never prunes a disk cache. Past CHORUS_CACHE_MAX_GB (default 30; a cold --full run leaves
+# about 9 GB, and a day of rebuilds after header changes about 22), the least recently accessed
+# files go (access times as the file system keeps them: with relatime, to about a day) until it
+# holds half that. An action whose entry lost a blob is simply run again (a cache miss).
+max_kb=$(( ${CHORUS_CACHE_MAX_GB:-30} * 1024 * 1024 ))
 used_kb=$(du -sk "$cache/bazel-disk" | cut -f1)
 if (( used_kb > max_kb )); then
   echo "tools/test.sh: the disk cache holds $((used_kb / 1024)) MiB (over CHORUS_CACHE_MAX_GB); removing the least recently used files"
+  # (awk reads everything, so that sort never writes into a closed pipe: SIGPIPE under pipefail)
   find "$cache/bazel-disk" -type f -printf '%A@ %k %p\n' | sort -n |
-    awk -v over=$((used_kb - max_kb / 2)) '{ if (freed >= over) exit; freed += $2; print $3 }' |
+    awk -v over=$((used_kb - max_kb / 2)) '{ if (freed < over) { freed += $2; sub(/^[^ ]+ [^ ]+ /, ""); print } }' |
     xargs -r -d '\n' rm -f
 fi
 common=(--disk_cache="$cache/bazel-disk" --keep_going
