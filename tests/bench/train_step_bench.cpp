@@ -9,6 +9,7 @@
 //
 //   bazel run -c opt //tests/bench:train_step_bench -- [--steps 20] [--warmup 5]
 //   ... -- --channels-last: ResNet-18 in NCHW and channels-last, chorus and libtorch (only that table)
+//   ... -- --check: ResNet-18 batch 8 and BERT-mini batch 8 at 1 thread only (tools/bench_check.sh)
 #include <cmath>
 #include <torch/torch.h>
 
@@ -488,6 +489,15 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--channels-last")) {
       resnet18_layouts(steps, warmup);
+      return 0;
+    }
+    // --check: the two rows tools/bench_check.sh compares with docs/benchmarks.md (1 thread).
+    if (!std::strcmp(argv[i], "--check")) {
+      chorus::set_num_threads(1);
+      torch::set_num_threads(1);
+      std::printf("| model | threads | chorus ms | libtorch ms | chorus / libtorch |\n|---|---|---|---|---|\n");
+      resnet18_step(8, 1, steps, warmup);
+      bert_step("mini", 8, 1, steps, warmup);
       return 0;
     }
   }
