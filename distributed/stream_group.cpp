@@ -20,12 +20,6 @@ bool all_cpu(const TensorList& tensors) {
   return true;
 }
 
-// What an op writes (for the stream-order sanitizer): its outputs, except that a send's work keeps
-// its tensor as its result but only reads it.
-TensorList written_by(const std::string& op, const TensorList& outputs) {
-  return op == "send" ? TensorList{} : outputs;
-}
-
 // How often the watchdog looks at the works in flight (and so how soon after its end event a work
 // reports completion to is_completed() and then() callbacks; Work::wait() does not depend on it).
 constexpr auto kWatchdogPoll = std::chrono::milliseconds(1);
@@ -276,7 +270,7 @@ std::shared_ptr<StreamWork> StreamOrderedGroup::launch(const std::string& name, 
     for (const PendingOp& op : ops) {
       for (const Tensor& t : op.tensors) {
         bool written = false;
-        for (const Tensor& o : op.outputs) written = written || (o.raw_data_ptr() == t.raw_data_ptr() && o.numel() == t.numel());
+        for (const Tensor& o : op.written) written = written || (o.raw_data_ptr() == t.raw_data_ptr() && o.numel() == t.numel());
         accesses.push_back(stream_sanitizer::access_of(t, written));
       }
     }
@@ -297,7 +291,7 @@ std::shared_ptr<StreamWork> StreamOrderedGroup::launch(const std::string& name, 
 }
 
 std::shared_ptr<Work> StreamOrderedGroup::device_op(const std::string& name, const TensorList& tensors,
-                                                    const TensorList& outputs, Lane lane, Call call) {
+                                                    const TensorList& outputs, Lane lane, Call call, bool reads_only) {
   raise_async_error();
   const Device device = tensors.front().device();
   for (const Tensor& t : tensors) {
@@ -329,14 +323,14 @@ std::shared_ptr<Work> StreamOrderedGroup::device_op(const std::string& name, con
           device, TensorList{});
     }
     pending_work_->add_outputs(outputs);
-    pending_.push_back({name, tensors, written_by(name, outputs), std::move(call)});
+    pending_.push_back({name, tensors, reads_only ? TensorList{} : outputs, std::move(call)});
     return pending_work_;
   }
   auto work = std::make_shared<StreamWork>(fmt::format("{} {} #{} on {} (rank {} of {}, timeout {} ms)", name_, name, seq,
                                                        device.str(), rank_, size_, timeout_.count()),
                                            device, outputs);
   std::vector<PendingOp> ops;
-  ops.push_back({name, tensors, written_by(name, outputs), std::move(call)});
+  ops.push_back({name, tensors, reads_only ? TensorList{} : outputs, std::move(call)});
   return launch(name, device, lane, std::move(ops), work);
 }
 
@@ -464,7 +458,8 @@ std::shared_ptr<Work> StreamOrderedGroup::send(const Tensor& tensor, int dst, in
   return device_op("send", {tensor}, {tensor}, Lane::Send,
                    [tensor, dst, tag](Communicator& c, const Stream& s, const std::shared_ptr<StreamWork>& w) {
                      c.send(tensor, dst, tag, s, w);
-                   });
+                   },
+                   /*reads_only=*/true);
 }
 
 std::shared_ptr<Work> StreamOrderedGroup::recv(const Tensor& tensor, int src, int tag) {

@@ -117,12 +117,13 @@ class StreamOrderedGroup final : public ProcessGroup {
   struct PendingOp {
     std::string name;
     TensorList tensors;
-    TensorList outputs;  // those of `tensors` it writes
+    TensorList written;  // those of `tensors` it writes (for the stream-order sanitizer)
     Call call;
   };
-  // Runs one op on device tensors (or queues it while coalescing).
+  // Runs one op on device tensors (or queues it while coalescing). `outputs` become the work's
+  // result; the op writes them unless `reads_only` (a send keeps its tensor as its result, unwritten).
   std::shared_ptr<Work> device_op(const std::string& name, const TensorList& tensors, const TensorList& outputs,
-                                  Lane lane, Call call);
+                                  Lane lane, Call call, bool reads_only = false);
   std::shared_ptr<StreamWork> launch(const std::string& name, Device device, Lane lane, std::vector<PendingOp> ops,
                                      std::shared_ptr<StreamWork> work);
   Communicator& communicator(Device device, const std::string& op);

@@ -60,6 +60,7 @@ struct Record {
 };
 
 struct Block {
+  uintptr_t base = 0;
   size_t bytes = 0;
   int stream = 0;  // the stream it was handed out on
   Device device;
@@ -83,9 +84,11 @@ class Sanitizer {
     if (clock.size() <= static_cast<size_t>(s)) clock.resize(s + 1, 0);
     const uint64_t epoch = clock[s] + 1;
     // Check every access before recording any: a report leaves the state as it was.
-    for (const Access& a : accesses) {
+    std::vector<Block*> blocks(accesses.size(), nullptr);
+    for (size_t k = 0; k < accesses.size(); ++k) {
+      const Access& a = accesses[k];
       if (a.bytes == 0) continue;
-      Block* block = find_live(a.ptr);
+      Block* block = blocks[k] = find_live(a.ptr);
       if (block == nullptr) continue;
       const uintptr_t lo = reinterpret_cast<uintptr_t>(a.ptr), hi = lo + a.bytes;
       for (const Record& r : block->records) {
@@ -95,14 +98,14 @@ class Sanitizer {
                            "on {} {} ([{:#x}, +{})), and nothing orders {} after that: no wait on an event recorded "
                            "after it, no host synchronization that saw it finish",
                            op, describe(s), a.write ? "writes" : "reads", lo, a.bytes, block->serial, block->bytes,
-                           base_of(block), describe(block->stream), r.op, describe(r.stream),
+                           block->base, describe(block->stream), r.op, describe(r.stream),
                            r.write ? "wrote" : "read", r.lo, r.hi - r.lo, describe(s)));
       }
     }
     clock[s] = epoch;
-    for (const Access& a : accesses) {
-      if (a.bytes == 0) continue;
-      Block* block = find_live(a.ptr);
+    for (size_t k = 0; k < accesses.size(); ++k) {
+      const Access& a = accesses[k];
+      Block* block = blocks[k];
       if (block == nullptr) continue;
       const uintptr_t lo = reinterpret_cast<uintptr_t>(a.ptr), hi = lo + a.bytes;
       // A record this access covers may go when everything that conflicts with it also conflicts
@@ -188,7 +191,7 @@ class Sanitizer {
       }
     }
     Block& block = live_[lo];
-    block = Block{bytes, s, device, ++serial_, {}};
+    block = Block{lo, bytes, s, device, ++serial_, {}};
   }
 
   void free(const void* ptr) {
@@ -228,11 +231,6 @@ class Sanitizer {
     --it;
     if (addr >= it->first + it->second.bytes) return nullptr;
     return &it->second;
-  }
-  uintptr_t base_of(const Block* block) const {
-    for (const auto& [base, b] : live_)
-      if (&b == block) return base;
-    return 0;
   }
   [[noreturn]] void report(const std::string& what) {
     g_reports.fetch_add(1);

@@ -919,13 +919,7 @@ int main(int argc, char** argv) {
     if (scenario == "p2p_then_collective") init.timeout = std::chrono::milliseconds(10000);
     auto pg = init_process_group(init);
     g_rank = pg->rank();
-    // CHORUS_TEST_SIDE_STREAM=1: every sim device's current stream on this thread is a pool stream,
-    // not the default one, for the whole scenario (DDP, SyncBatchNorm, the optimizers must order
-    // their work against the caller's current stream, whichever it is).
-    if (const char* side = std::getenv("CHORUS_TEST_SIDE_STREAM"); side != nullptr && std::string(side) == "1") {
-      for (int i = 0; i < device_count(DeviceType::Sim); ++i) set_current_stream(stream_from_pool(Device::sim(i)));
-      std::printf("rank %d: current streams are side streams\n", g_rank);
-    }
+    chorus::testing::use_side_streams_if_asked();
     if (scenario == "collectives") {
       scenario_collectives(*pg, argc > 2 ? Device(argv[2]) : kCPU);
     }

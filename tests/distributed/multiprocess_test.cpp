@@ -81,21 +81,6 @@ TEST_CASE("DDP, no_sync, join, find_unused, SyncBatchNorm and the optimizers on 
   require_all_ok(run_dist_workers(2, {"syncbn", "sim:0"}, env));
 }
 
-namespace {
-// A job a negative control expects the stream-order sanitizer to stop: some rank's log has its
-// report, every rank exited non-zero, none had to be killed for hanging.
-void require_sanitizer_report(const Result& r, const std::string& what) {
-  INFO(what << "\n" << r.output);
-  int reported = 0;
-  for (size_t rank = 0; rank < r.codes.size(); ++rank) {
-    INFO("rank " << rank << " exit code " << r.codes[rank]);
-    CHECK(r.codes[rank] != 0);
-    CHECK(r.codes[rank] != 999);
-    if (chorus::testing::rank_log(r, static_cast<int>(rank)).find("stream-order sanitizer:") != std::string::npos) ++reported;
-  }
-  CHECK(reported >= 1);
-}
-}  // namespace
 
 // Negative controls (tensor/test_faults.h): each ordering point of [Sync Streams] removed in a real
 // two-process DDP job on sim; the sanitizer stops it at the first unordered access, whatever order
@@ -105,10 +90,10 @@ TEST_CASE("DDP with an ordering point removed is stopped by the stream-order san
   for (const std::string point : {"ready_wait", "end_wait"}) {
     std::vector<std::string> env = base;
     env.push_back("CHORUS_TEST_FAULT=" + point);
-    require_sanitizer_report(run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0"}, env, 120), point);
+    chorus::testing::require_sanitizer_report(run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0"}, env, 120), point);
   }
   // Both waits on the default stream while the caller works on a side stream.
-  require_sanitizer_report(run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0"},
+  chorus::testing::require_sanitizer_report(run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0"},
                                             {"CHORUS_SIM_DRIVER_LOCK=1", "CHORUS_TEST_SIDE_STREAM=1",
                                              "CHORUS_TEST_FAULT=caller_stream"},
                                             120),

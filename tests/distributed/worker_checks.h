@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "tensor/ops.h"
+#include "tensor/runtime.h"
 #include "tensor/tensor.h"
 
 namespace chorus::testing {
@@ -33,6 +35,16 @@ inline double allclose_ratio(const Tensor& actual, const Tensor& expected, doubl
   if (a.numel() == 0) return 0;
   const double atol = atol_scale * e.abs().max().item<double>();
   return ((a - e).abs() / (e.abs() * rtol + (atol + 1e-300))).max().item<double>();
+}
+
+// CHORUS_TEST_SIDE_STREAM=1: every sim device's current stream on this thread becomes a pool stream,
+// not the default one, for the rest of the worker (DDP, SyncBatchNorm, pipelines and the optimizers
+// must order their work against the caller's current stream, whichever it is).
+inline void use_side_streams_if_asked() {
+  const char* side = std::getenv("CHORUS_TEST_SIDE_STREAM");
+  if (side == nullptr || std::string(side) != "1") return;
+  for (int i = 0; i < device_count(DeviceType::Sim); ++i) set_current_stream(stream_from_pool(Device::sim(i)));
+  std::printf("rank %d: current streams are side streams\n", g_rank);
 }
 
 // Runs f, expecting an error whose message contains every one of `parts`.

@@ -197,6 +197,20 @@ inline std::string rank_log(const Result& r, int rank) {
   return r.output.substr(begin + mark.size(), end == std::string::npos ? std::string::npos : end - begin - mark.size());
 }
 
+// A job a negative control expects the stream-order sanitizer to stop: some rank's log has its
+// report, every rank exited non-zero, none had to be killed for hanging.
+inline void require_sanitizer_report(const Result& r, const std::string& what) {
+  INFO(what << "\n" << r.output);
+  int reported = 0;
+  for (size_t rank = 0; rank < r.codes.size(); ++rank) {
+    INFO("rank " << rank << " exit code " << r.codes[rank]);
+    CHECK(r.codes[rank] != 0);
+    CHECK(r.codes[rank] != 999);
+    if (rank_log(r, static_cast<int>(rank)).find("stream-order sanitizer:") != std::string::npos) ++reported;
+  }
+  CHECK(reported >= 1);
+}
+
 inline void require_all_ok(const Result& r) {
   INFO(r.output);
   for (size_t i = 0; i < r.codes.size(); ++i) {

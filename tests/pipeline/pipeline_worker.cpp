@@ -389,12 +389,7 @@ int main(int argc, char** argv) {
     init.timeout = std::chrono::milliseconds(faulty ? 2000 : 60000);
     auto pg = init_process_group(init);
     g_rank = pg->rank();
-    // CHORUS_TEST_SIDE_STREAM=1: every sim device's current stream is a pool stream, not the default
-    // one (the runtime's sends, receives and gradient buckets order against the caller's stream).
-    if (const char* side = std::getenv("CHORUS_TEST_SIDE_STREAM"); side != nullptr && std::string(side) == "1") {
-      for (int i = 0; i < device_count(DeviceType::Sim); ++i) set_current_stream(stream_from_pool(Device::sim(i)));
-      std::printf("rank %d: current streams are side streams\n", g_rank);
-    }
+    chorus::testing::use_side_streams_if_asked();
     if (scenario == "equivalence") {
       for (int i = 2; i < argc; ++i) run_equivalence(pg, argv[i]);
     } else if (scenario == "memory") {

@@ -43,6 +43,15 @@ Tensor written_on(const Stream& s, int64_t n, float v) {
   return t;
 }
 
+// `reader` reads t (a sum) after waiting for what `writer` did so far.
+void read_after(const Stream& reader, const Stream& writer, const Tensor& t) {
+  Event e;
+  e.record(writer);
+  reader.wait(e);
+  StreamGuard guard(reader);
+  (void)t.sum();
+}
+
 }  // namespace
 
 TEST_CASE("stream sanitizer: on by default for sim") { REQUIRE(stream_sanitizer::active(DeviceType::Sim)); }
@@ -158,11 +167,7 @@ TEST_CASE("stream sanitizer: a block freed while another stream uses it, then re
     {
       Tensor t = written_on(a, n, 1);
       first = t.raw_data_ptr();
-      Event e;
-      e.record(a);
-      b.wait(e);
-      StreamGuard guard(b);
-      (void)t.sum();  // b reads t; t is then freed with no record_stream
+      read_after(b, a, t);  // b reads t; t is then freed with no record_stream
     }
     // The allocator hands the same block out again on a: b's read is not ordered before it.
     StreamGuard guard(a);
@@ -173,11 +178,7 @@ TEST_CASE("stream sanitizer: a block freed while another stream uses it, then re
   SECTION("with record_stream") {
     {
       Tensor t = written_on(a, n, 1);
-      Event e;
-      e.record(a);
-      b.wait(e);
-      StreamGuard guard(b);
-      (void)t.sum();
+      read_after(b, a, t);
       record_stream(t.storage(), b);
     }
     StreamGuard guard(a);
@@ -187,13 +188,7 @@ TEST_CASE("stream sanitizer: a block freed while another stream uses it, then re
   SECTION("with the freeing stream waiting for the reader") {
     {
       Tensor t = written_on(a, n, 1);
-      Event e;
-      e.record(a);
-      b.wait(e);
-      {
-        StreamGuard guard(b);
-        (void)t.sum();
-      }
+      read_after(b, a, t);
       Event read;
       read.record(b);
       a.wait(read);
