@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
+#include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "distributed/init.h"
 #include "nn/utils/checkpoint.h"
@@ -16,24 +19,104 @@ namespace chorus::distributed::pipeline {
 
 using Clock = std::chrono::steady_clock;
 
-// ------------------------------------------------------------------ StageModule
-StageModule::StageModule(const nn::Sequential& model, int first_layer, int end_layer)
-    : nn::Module("PipelineStage"), first_layer_(first_layer), end_layer_(end_layer) {
-  auto children = model.named_children();
-  if (first_layer < 0 || end_layer > static_cast<int>(children.size()) || first_layer >= end_layer) {
-    fail("pipeline: a stage of layers [{}, {}) does not fit a model of {} layers", first_layer, end_layer,
-         children.size());
+namespace {
+
+std::string escaped(std::string name) {
+  std::replace(name.begin(), name.end(), '.', '/');
+  return name;
+}
+std::string unescaped(std::string name) {
+  std::replace(name.begin(), name.end(), '/', '.');
+  return name;
+}
+
+// The tensors a block owns, by whole-model name, in the model's state_dict order within each path.
+struct Owned {
+  std::vector<std::pair<std::string, std::shared_ptr<nn::Module>>> modules;  // module paths
+  nn::NamedTensors parameters, buffers;  // single tensors named by the block
+  nn::NamedTensors all_parameters, all_buffers;  // everything below both
+};
+
+Owned resolve(const BlockModel& model, const Block& block) {
+  Owned o;
+  auto modules = model.model->named_modules();
+  nn::NamedTensors params = model.model->named_parameters(), buffers = model.model->named_buffers();
+  auto find = [](const nn::NamedTensors& list, const std::string& name) -> const Tensor* {
+    for (auto& [n, t] : list)
+      if (n == name) return &t;
+    return nullptr;
+  };
+  for (const std::string& path : block.owns) {
+    if (path.empty()) fail("pipeline: block '{}' owns an empty path; expected module paths or tensor names", block.name);
+    if (path.find('/') != std::string::npos) {
+      fail("pipeline: block '{}' owns '{}'; names with '/' are not supported", block.name, path);
+    }
+    auto it = std::find_if(modules.begin(), modules.end(), [&](const auto& m) { return m.first == path; });
+    if (it != modules.end()) {
+      o.modules.emplace_back(path, it->second);
+      for (auto& [n, t] : it->second->named_parameters()) o.all_parameters.emplace_back(path + "." + n, t);
+      for (auto& [n, t] : it->second->named_buffers()) o.all_buffers.emplace_back(path + "." + n, t);
+    } else if (const Tensor* t = find(params, path)) {
+      o.parameters.emplace_back(path, *t);
+      o.all_parameters.emplace_back(path, *t);
+    } else if (const Tensor* b = find(buffers, path)) {
+      o.buffers.emplace_back(path, *b);
+      o.all_buffers.emplace_back(path, *b);
+    } else {
+      fail("pipeline: block '{}' owns '{}', which is neither a module nor a parameter or buffer of the model ({})",
+           block.name, path, model.model->type_name());
+    }
   }
-  for (int i = first_layer; i < end_layer; ++i) {
-    register_module(children[i].first, children[i].second);
-    layers_.push_back(children[i].second);
+  return o;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ StageModule
+StageModule::StageModule(const BlockModel& model, int first_block, int end_block)
+    : nn::Module("PipelineStage"), first_block_(first_block), end_block_(end_block) {
+  if (first_block < 0 || end_block > static_cast<int>(model.size()) || first_block >= end_block) {
+    fail("pipeline: a stage of blocks [{}, {}) does not fit a model of {} blocks", first_block, end_block, model.size());
+  }
+  std::set<const TensorImpl*> seen;  // a tensor registered twice would be stepped twice
+  auto first_time = [&](const Tensor& t) { return seen.insert(t.unsafe_impl()).second; };
+  for (int i = first_block; i < end_block; ++i) {
+    const Block& block = model.blocks[i];
+    if (!block.forward) fail("pipeline: block {} ('{}') has no forward function", i, block.name);
+    Owned o = resolve(model, block);
+    for (auto& [path, m] : o.modules) {
+      for (auto& [n, t] : m->named_parameters()) {
+        if (!first_time(t)) {
+          fail("pipeline: block '{}' owns '{}', whose parameter '{}.{}' this stage already holds from another path; a "
+               "stage's blocks must own each tensor once",
+               block.name, path, path, n);
+        }
+      }
+      for (auto& [n, t] : m->named_buffers()) first_time(t);
+      register_module(escaped(path), m);
+    }
+    // Single tensors: a tied parameter whose module an earlier block of this stage owns is there already.
+    for (auto& [name, t] : o.parameters)
+      if (first_time(t)) register_parameter(escaped(name), t);
+    for (auto& [name, t] : o.buffers)
+      if (first_time(t)) register_buffer(escaped(name), t);
+    blocks_.push_back(block);
   }
 }
 
-Tensor StageModule::forward(const Tensor& input) {
-  Tensor x = input;
-  for (auto& layer : layers_) x = layer->forward(x);
+TensorList StageModule::forward_blocks(const TensorList& inputs) {
+  TensorList x = inputs;
+  for (const Block& block : blocks_) x = block.forward(x);
   return x;
+}
+
+Tensor StageModule::forward(const Tensor& input) {
+  TensorList out = forward_blocks({input});
+  if (out.size() != 1) {
+    fail("pipeline: the stage's last block '{}' returned {} tensors; forward(Tensor) needs one (use forward_blocks)",
+         blocks_.back().name, out.size());
+  }
+  return out[0];
 }
 
 // ------------------------------------------------------------------ PipelineStage
@@ -48,24 +131,56 @@ namespace {
 constexpr int kHeader = 0, kActivation = 1, kGrad = 2, kCheckpoint = 3;
 int tag_of(int kind, int index) { return 1 + index * 4 + kind; }
 
-// [Boundary header] Before the first activation on a link: dtype, rank and sizes, so the receiver
-// can allocate; afterwards tensors travel without one and a change is an error on the sender.
-constexpr int64_t kHeaderWords = 10, kMaxDims = kHeaderWords - 3, kHeaderMagic = 0x70697065;  // "pipe"
+// [Boundary header] Before the first activations on a link: how many tensors, the sender's device
+// type, and per tensor its dtype, whether its gradient travels back, rank and sizes, so the
+// receiver can allocate; afterwards tensors travel without one and a change is an error on the
+// sender. Tensor i of micro-batch m travels with index m * kMaxTensors + i.
+constexpr int64_t kMaxTensors = 8, kMaxDims = 6, kSpecWords = 3 + kMaxDims;
+constexpr int64_t kHeaderWords = 3 + kMaxTensors * kSpecWords, kHeaderMagic = 0x70697066;  // "pipf"
+int tensor_index(int micro_batch, size_t i) { return micro_batch * static_cast<int>(kMaxTensors) + static_cast<int>(i); }
+
+// A tensor's gradient crosses the boundary back when it is floating point and was computed with grad.
+bool carries_grad(const Tensor& t) { return t.requires_grad() && is_floating(t.dtype()); }
+
+std::string device_type_name(int64_t type) {
+  switch (static_cast<DeviceType>(type)) {
+    case DeviceType::CPU: return "cpu";
+    case DeviceType::CUDA: return "cuda";
+    case DeviceType::Sim: return "sim";
+  }
+  return fmt::format("device type {}", type);
+}
+
+// A stable hash (FNV-1a) of the blocks' names and the plan, for the ranks' agreement check.
+uint64_t fnv1a(uint64_t h, const std::string& s) {
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
+  return (h ^ 0xff) * 1099511628211ULL;
+}
 
 }  // namespace
 
-PipelineStage::PipelineStage(std::shared_ptr<nn::Sequential> model, PipelinePlan plan,
+PipelineStage::PipelineStage(const std::shared_ptr<nn::Sequential>& model, PipelinePlan plan,
                              std::shared_ptr<ProcessGroup> group, PipelineOptions options)
+    : PipelineStage(blocks_of(model), std::move(plan), std::move(group), options) {}
+
+PipelineStage::PipelineStage(BlockModel model, PipelinePlan plan, std::shared_ptr<ProcessGroup> group,
+                             PipelineOptions options)
     : plan_(std::move(plan)), group_(std::move(group)), options_(options) {
-  if (!model) fail("pipeline: the model is null");
+  if (!model.model) fail("pipeline: the model is null");
   if (!group_) fail("pipeline: the process group is null (call init_process_group first)");
   plan_.validate(group_->size());
-  if (static_cast<int>(model->size()) != plan_.num_layers) {
-    fail("pipeline: the plan has num_layers {} but the model (a Sequential) has {} layers; expected the plan made for "
-         "this model",
-         plan_.num_layers, model->size());
+  // The stage runs where its parameters are (move the model before making the stage); received
+  // tensors are allocated there, and inputs and targets are moved there.
+  for (const Tensor& p : model.model->parameters()) {
+    device_ = p.device();
+    break;
   }
   rank_ = group_->rank();
+  check_agreement(model);
+  if (static_cast<int>(model.size()) != plan_.num_layers) {
+    fail("pipeline: the plan has num_layers {} but the model ({}) has {} blocks; expected the plan made for this model",
+         plan_.num_layers, model.model->type_name(), model.size());
+  }
   stage_ = plan_.stage_of(rank_);
   const StagePlan& mine = plan_.stages[stage_];
   replica_ = static_cast<int>(std::find(mine.ranks.begin(), mine.ranks.end(), rank_) - mine.ranks.begin());
@@ -75,12 +190,33 @@ PipelineStage::PipelineStage(std::shared_ptr<nn::Sequential> model, PipelinePlan
   for (const Action& a : schedule_.stages[stage_]) {
     if (a.type == ActionType::Backward) sync_micro_batch_ = a.micro_batch;
   }
-  module_ = std::make_shared<StageModule>(*model, mine.first_layer, mine.end_layer);
-  // The stage runs where its parameters are (move the model before making the stage); received
-  // tensors are allocated there, and inputs and targets are moved there.
-  for (const Tensor& p : module_->parameters()) {
-    device_ = p.device();
-    break;
+  // Which stage holds each tensor: a parameter on several is tied; a buffer must not be.
+  std::map<const TensorImpl*, std::set<int>> holders;
+  for (int s = 0; s < plan_.num_stages(); ++s) {
+    for (int b = plan_.stages[s].first_layer; b < plan_.stages[s].end_layer; ++b) {
+      Owned o = resolve(model, model.blocks[b]);
+      for (auto& [n, t] : o.all_parameters) holders[t.unsafe_impl()].insert(s);
+      for (auto& [n, t] : o.all_buffers) {
+        if (!holders[t.unsafe_impl()].insert(s).second) continue;
+        if (holders[t.unsafe_impl()].size() > 1) {
+          fail("pipeline: buffer '{}' is owned by blocks of stages {} and {}; only parameters can be tied across "
+               "stages (a buffer's copies would drift apart)",
+               n, *holders[t.unsafe_impl()].begin(), s);
+        }
+      }
+    }
+  }
+  module_ = std::make_shared<StageModule>(model, mine.first_layer, mine.end_layer);
+  for (auto& [local, t] : module_->state_dict()) local_name_[unescaped(local)] = local;
+  // state_dict() detaches (other impls): look each name's tensor up among parameters and buffers.
+  std::map<std::string, Tensor> by_name;
+  for (auto& [name, t] : model.model->named_parameters()) by_name[name] = t;
+  for (auto& [name, t] : model.model->named_buffers()) by_name[name] = t;
+  for (auto& [name, detached] : model.model->state_dict()) {
+    whole_names_.push_back(name);
+    const Tensor& t = by_name.count(name) ? by_name[name] : detached;
+    const auto it = holders.find(t.unsafe_impl());
+    if (it == holders.end() || it->second.empty()) unowned_[name] = t.device().is_cpu() ? t.clone() : t.cpu();
   }
   // Replica groups: every rank makes every stage's group, in stage order (new_group's contract).
   for (const StagePlan& st : plan_.stages) {
@@ -90,9 +226,66 @@ PipelineStage::PipelineStage(std::shared_ptr<nn::Sequential> model, PipelinePlan
     auto g = new_group(ranks);
     if (&st == &mine) replica_group_ = g;
   }
+  // Tied parameters' groups: one per set of stages sharing parameters, in the model's order of
+  // its parameters (the same on every rank).
+  std::map<std::set<int>, size_t> tie_of;
+  for (auto& [name, t] : model.model->named_parameters()) {
+    const auto it = holders.find(t.unsafe_impl());
+    if (it == holders.end() || it->second.size() < 2) continue;
+    auto [pos, fresh] = tie_of.emplace(it->second, ties_.size());
+    if (fresh) ties_.push_back({std::vector<int>(it->second.begin(), it->second.end()), nullptr, {}, {}});
+    if (it->second.count(stage_)) {
+      ties_[pos->second].names.push_back(name);
+      ties_[pos->second].params.push_back(t);
+    }
+  }
+  for (Tie& tie : ties_) {
+    std::vector<int> ranks;
+    for (int s : tie.stages) ranks.insert(ranks.end(), plan_.stages[s].ranks.begin(), plan_.stages[s].ranks.end());
+    std::sort(ranks.begin(), ranks.end());
+    auto g = new_group(ranks);
+    if (std::count(tie.stages.begin(), tie.stages.end(), stage_)) tie.group = g;
+  }
+  std::erase_if(ties_, [](const Tie& t) { return !t.group; });
+  model = BlockModel();  // other stages' blocks go now (the caller drops its references too)
   if (replica_group_) ddp_ = std::make_shared<DistributedDataParallel>(module_, replica_group_, options_.ddp);
   if (stage_ > 0) prev_links_ = make_links(stage_ - 1);
   if (stage_ + 1 < plan_.num_stages()) next_links_ = make_links(stage_ + 1);
+}
+
+void PipelineStage::check_agreement(const BlockModel& model) {
+  // [device type, number of blocks, hash of the block names and owned paths, hash of the plan]
+  uint64_t blocks = 14695981039346656037ULL, plan = blocks;
+  for (const Block& b : model.blocks) {
+    blocks = fnv1a(blocks, b.name);
+    for (const std::string& o : b.owns) blocks = fnv1a(blocks, o);
+  }
+  plan = fnv1a(plan, plan_to_json(plan_));
+  Tensor mine = zeros({4}, {.dtype = kInt64});
+  int64_t* p = mine.data_ptr<int64_t>();
+  p[0] = static_cast<int64_t>(device_.type);
+  p[1] = static_cast<int64_t>(model.size());
+  p[2] = static_cast<int64_t>(blocks);
+  p[3] = static_cast<int64_t>(plan);
+  TensorList all;
+  for (int r = 0; r < group_->size(); ++r) all.push_back(zeros({4}, {.dtype = kInt64}));
+  group_->allgather(all, mine)->wait();
+  for (int r = 0; r < group_->size(); ++r) {
+    const int64_t* q = all[r].data_ptr<int64_t>();
+    const int s = plan_.stage_of(r);  // in this rank's plan
+    const int64_t* lo = all[0].data_ptr<int64_t>();
+    if (q[0] != lo[0]) {
+      fail("pipeline: rank {} (stage {}) runs on {} but rank 0 (stage 0) on {}; every stage of a pipeline must run on "
+           "the same kind of device",
+           r, s, device_type_name(q[0]), device_type_name(lo[0]));
+    }
+    if (q[1] != lo[1] || q[2] != lo[2]) {
+      fail("pipeline: rank {} (stage {}) built a model of {} blocks that differs from rank 0's ({} blocks: names or "
+           "owned tensors differ); every rank must build the same model",
+           r, s, q[1], lo[1]);
+    }
+    if (q[3] != lo[3]) fail("pipeline: rank {} (stage {}) runs another plan than rank 0; every rank must load the same plan", r, s);
+  }
 }
 
 std::vector<PipelineStage::Link> PipelineStage::make_links(int other_stage) const {
@@ -126,37 +319,65 @@ void PipelineStage::rethrow(const std::exception& e, const std::string& what, in
        what.rfind("Send", 0) == 0 ? "to" : "from", peer, steps_, e.what());
 }
 
-void PipelineStage::send(std::vector<Link>& links, const Tensor& value, int kind, int micro_batch, const char* what,
-                         bool header) {
+void PipelineStage::send(std::vector<Link>& links, const TensorList& values, int kind, int micro_batch,
+                         const char* what) {
   for (Link& l : links) {
-    Tensor part = value.narrow(0, l.offset, l.rows).contiguous();
-    if (header && !l.agreed) {
-      if (static_cast<int64_t>(part.dim()) > kMaxDims) {
-        fail("{}: {} of micro-batch {} has {} dimensions; at most {} can cross a stage boundary", where(), what,
-             micro_batch, part.dim(), kMaxDims);
+    if (kind == kActivation && !l.agreed) {
+      if (values.empty() || values.size() > static_cast<size_t>(kMaxTensors)) {
+        fail("{}: {} of micro-batch {} is {} tensors; between 1 and {} can cross a stage boundary", where(), what,
+             micro_batch, values.size(), kMaxTensors);
       }
       Tensor h = zeros({kHeaderWords}, {.dtype = kInt64});
       int64_t* p = h.data_ptr<int64_t>();
       p[0] = kHeaderMagic;
-      p[1] = static_cast<int64_t>(part.dtype());
-      p[2] = part.dim();
-      for (int64_t d = 0; d < part.dim(); ++d) p[3 + d] = part.sizes()[d];
+      p[1] = static_cast<int64_t>(values.size());
+      p[2] = static_cast<int64_t>(device_.type);
+      l.specs.clear();
+      for (size_t i = 0; i < values.size(); ++i) {
+        const Tensor& v = values[i];
+        if (!v.defined() || v.dim() == 0 || v.dim() > kMaxDims || v.size(0) != rows_) {
+          fail("{}: {} of micro-batch {}: tensor {} of the stage's output is {}; a tensor crossing a stage boundary "
+               "must have 1 to {} dimensions, the first of them the batch ({} rows here)",
+               where(), what, micro_batch, i, v.defined() ? std::string(dtype_name(v.dtype())) + " " + shape_str(v.sizes()) : "undefined",
+               kMaxDims, rows_);
+        }
+        Spec spec{v.sizes(), v.dtype(), carries_grad(v)};
+        spec.shape[0] = l.rows;
+        int64_t* w = p + 3 + i * kSpecWords;
+        w[0] = static_cast<int64_t>(spec.dtype);
+        w[1] = spec.grad ? 1 : 0;
+        w[2] = static_cast<int64_t>(spec.shape.size());
+        for (size_t d = 0; d < spec.shape.size(); ++d) w[3 + d] = spec.shape[d];
+        l.specs.push_back(spec);
+      }
       pending_sends_.push_back(group_->send(h, l.peer, tag_of(kHeader, 0)));
-      l.shape = part.sizes();
-      l.dtype = part.dtype();
       l.agreed = true;
     }
-    if (part.sizes() != l.shape || part.dtype() != l.dtype) {
-      fail("{}: {} of micro-batch {} to rank {} in step {} is {} {}, but the boundary was agreed in the first step as {} "
-           "{}; a tensor crossing a stage boundary must keep its shape and dtype from step to step (same global "
-           "batch, same sequence length)",
-           where(), what, micro_batch, l.peer, steps_, dtype_name(part.dtype()), shape_str(part.sizes()),
-           dtype_name(l.dtype), shape_str(l.shape));
+    // Activations: every tensor; gradients: those whose spec carries one, in order.
+    std::vector<size_t> slots;
+    for (size_t i = 0; i < l.specs.size(); ++i)
+      if (kind == kActivation || l.specs[i].grad) slots.push_back(i);
+    if (values.size() != slots.size()) {
+      fail("{}: {} of micro-batch {} to rank {} in step {} is {} tensors, but the boundary was agreed in the first step "
+           "as {}; the tensors crossing a stage boundary must stay the same from step to step",
+           where(), what, micro_batch, l.peer, steps_, values.size(), slots.size());
     }
-    try {
-      pending_sends_.push_back(group_->send(part, l.peer, tag_of(kind, micro_batch)));
-    } catch (const std::exception& e) {
-      rethrow(e, what, micro_batch, l.peer);
+    for (size_t k = 0; k < slots.size(); ++k) {
+      const Spec& spec = l.specs[slots[k]];
+      Tensor part = values[k].detach().narrow(0, l.offset, l.rows).contiguous();
+      if (part.sizes() != spec.shape || part.dtype() != spec.dtype) {
+        fail("{}: {} of micro-batch {} to rank {} in step {} is {} {}{}, but the boundary was agreed in the first step "
+             "as {} {}; a tensor crossing a stage boundary must keep its shape and dtype from step to step (same "
+             "global batch, same sequence length)",
+             where(), what, micro_batch, l.peer, steps_, dtype_name(part.dtype()), shape_str(part.sizes()),
+             slots.size() > 1 ? fmt::format(" (tensor {})", slots[k]) : "", dtype_name(spec.dtype),
+             shape_str(spec.shape));
+      }
+      try {
+        pending_sends_.push_back(group_->send(part, l.peer, tag_of(kind, tensor_index(micro_batch, slots[k]))));
+      } catch (const std::exception& e) {
+        rethrow(e, what, micro_batch, l.peer);
+      }
     }
   }
   // A finished send's Work still holds the tensor it sent (its result): drop finished ones now, or
@@ -180,11 +401,12 @@ void PipelineStage::wait_sends() {
   pending_sends_.clear();
 }
 
-Tensor PipelineStage::receive(std::vector<Link>& links, int kind, int micro_batch, const char* what, bool header) {
+TensorList PipelineStage::receive(std::vector<Link>& links, int kind, int micro_batch, const char* what) {
   std::vector<std::shared_ptr<Work>> works;
-  TensorList parts;
+  std::vector<int> work_peer;
+  std::vector<TensorList> parts;  // per link, its tensors
   for (Link& l : links) {
-    if (header && !l.agreed) {
+    if (kind == kActivation && !l.agreed) {
       Tensor h = zeros({kHeaderWords}, {.dtype = kInt64});
       try {
         group_->recv(h, l.peer, tag_of(kHeader, 0))->wait();
@@ -192,53 +414,109 @@ Tensor PipelineStage::receive(std::vector<Link>& links, int kind, int micro_batc
         rethrow(e, fmt::format("{} (its shape header)", what), micro_batch, l.peer);
       }
       const int64_t* p = h.data_ptr<int64_t>();
-      if (p[0] != kHeaderMagic || p[2] < 0 || p[2] > kMaxDims || p[1] < 0 || p[1] > static_cast<int64_t>(kFloat64)) {
-        fail("{}: the shape header of {} from rank {} is malformed ({}); is rank {} running the same plan?", where(),
-             what, l.peer, std::vector<int64_t>(p, p + kHeaderWords), l.peer);
+      if (p[0] != kHeaderMagic || p[1] < 1 || p[1] > kMaxTensors) {
+        fail("{}: the header of {} from rank {} is malformed ({} tensors, magic {:#x}); is rank {} running the same "
+             "plan and version of chorus?",
+             where(), what, l.peer, p[1], p[0], l.peer);
       }
-      l.dtype = static_cast<DType>(p[1]);
-      l.shape.assign(p + 3, p + 3 + p[2]);
-      if (l.shape.empty() || l.shape[0] != l.rows) {
-        fail("{}: rank {} announced {} of shape {}, expected {} rows (its share of the micro-batch under the plan); "
-             "is rank {} running the same plan?",
-             where(), l.peer, what, shape_str(l.shape), l.rows, l.peer);
+      if (p[2] != static_cast<int64_t>(device_.type)) {
+        fail("{}: rank {} sends {} from {} tensors, but this stage runs on {}; every stage must run on the same kind "
+             "of device",
+             where(), l.peer, what, device_type_name(p[2]), device_type_name(static_cast<int64_t>(device_.type)));
+      }
+      l.specs.clear();
+      for (int64_t i = 0; i < p[1]; ++i) {
+        const int64_t* w = p + 3 + i * kSpecWords;
+        if (w[0] < 0 || w[0] > static_cast<int64_t>(kFloat64) || w[2] < 1 || w[2] > kMaxDims) {
+          fail("{}: the header of {} from rank {} describes tensor {} as malformed ({}); is rank {} running the same "
+               "plan?",
+               where(), what, l.peer, i, std::vector<int64_t>(w, w + kSpecWords), l.peer);
+        }
+        Spec spec{Shape(w + 3, w + 3 + w[2]), static_cast<DType>(w[0]), w[1] != 0};
+        if (spec.shape[0] != l.rows) {
+          fail("{}: rank {} announced tensor {} of {} with shape {}, expected {} rows (its share of the micro-batch "
+               "under the plan); is rank {} running the same plan?",
+               where(), l.peer, i, what, shape_str(spec.shape), l.rows, l.peer);
+        }
+        l.specs.push_back(spec);
+      }
+      if (&l != &links.front() && l.specs.size() != links.front().specs.size()) {
+        fail("{}: rank {} sends {} tensors of {}, rank {} sends {}; the replicas of a stage must send the same tensors",
+             where(), l.peer, l.specs.size(), what, links.front().peer, links.front().specs.size());
       }
       l.agreed = true;
     }
-    Tensor buf = empty(l.shape, {.dtype = l.dtype, .device = device_});
-    try {
-      works.push_back(group_->recv(buf, l.peer, tag_of(kind, micro_batch)));
-    } catch (const std::exception& e) {
-      rethrow(e, what, micro_batch, l.peer);
+    TensorList got;
+    for (size_t i = 0; i < l.specs.size(); ++i) {
+      if (kind != kActivation && !l.specs[i].grad) continue;
+      Tensor buf = empty(l.specs[i].shape, {.dtype = l.specs[i].dtype, .device = device_});
+      try {
+        works.push_back(group_->recv(buf, l.peer, tag_of(kind, tensor_index(micro_batch, i))));
+        work_peer.push_back(l.peer);
+      } catch (const std::exception& e) {
+        rethrow(e, what, micro_batch, l.peer);
+      }
+      got.push_back(buf);
     }
-    parts.push_back(buf);
+    parts.push_back(std::move(got));
   }
   for (size_t i = 0; i < works.size(); ++i) {
     try {
       works[i]->wait();
     } catch (const std::exception& e) {
-      rethrow(e, what, micro_batch, links[i].peer);
+      rethrow(e, what, micro_batch, work_peer[i]);
     }
   }
-  return parts.size() == 1 ? parts[0] : cat(parts, 0);
+  if (parts.size() == 1) return parts[0];
+  TensorList out;
+  for (size_t i = 0; i < parts[0].size(); ++i) {
+    TensorList rows;
+    for (const TensorList& p : parts) rows.push_back(p[i]);
+    out.push_back(cat(rows, 0));
+  }
+  return out;
 }
 
 StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, const LossFn& loss_fn,
                                     optim::Optimizer& optimizer) {
+  MultiLossFn multi;
+  if (loss_fn) {
+    multi = [&](const TensorList& out, const TensorList& targets) {
+      if (out.size() != 1) {
+        fail("{}: the last block returned {} tensors; train_step(Tensor, Tensor, LossFn) takes one (use the TensorList "
+             "overload)",
+             where(), out.size());
+      }
+      return loss_fn(out[0], targets.empty() ? Tensor() : targets[0]);
+    };
+  }
+  TensorList inputs, targets;
+  if (is_first()) inputs.push_back(input);
+  if (is_last()) targets.push_back(target);
+  return train_step(inputs, targets, multi, optimizer);
+}
+
+StepStats PipelineStage::train_step(const TensorList& inputs, const TensorList& targets, const MultiLossFn& loss_fn,
+                                    optim::Optimizer& optimizer) {
   const auto start = Clock::now();
   const int64_t B = plan_.micro_batch_size();
   const int M = plan_.micro_batches;
-  if (is_first()) {
-    if (!input.defined() || input.dim() == 0 || input.size(0) != plan_.global_batch) {
-      fail("{}: train_step's input has shape {}; expected {} rows (the plan's global_batch) on the first stage",
-           where(), input.defined() ? shape_str(input.sizes()) : "(undefined)", plan_.global_batch);
+  auto check_rows = [&](const TensorList& list, const char* what, const char* stage) {
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Tensor& t = list[i];
+      if (!t.defined() || t.dim() == 0 || t.size(0) != plan_.global_batch) {
+        fail("{}: train_step's {}{} has shape {}; expected {} rows (the plan's global_batch) on the {} stage", where(),
+             what, list.size() > 1 ? fmt::format(" {}", i) : "", t.defined() ? shape_str(t.sizes()) : "(undefined)",
+             plan_.global_batch, stage);
+      }
     }
+  };
+  if (is_first()) {
+    if (inputs.empty()) fail("{}: train_step was given no input; the first stage needs the first block's inputs", where());
+    check_rows(inputs, "input", "first");
   }
   if (is_last()) {
-    if (!target.defined() || target.dim() == 0 || target.size(0) != plan_.global_batch) {
-      fail("{}: train_step's target has shape {}; expected {} rows (the plan's global_batch) on the last stage",
-           where(), target.defined() ? shape_str(target.sizes()) : "(undefined)", plan_.global_batch);
-    }
+    check_rows(targets, "target", "last");
     if (!loss_fn) fail("{}: train_step needs a loss function on the last stage", where());
   }
   module_->zero_grad();
@@ -256,81 +534,113 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
 
   // Per micro-batch state; a forward's entries live until its backward (that is the activation
   // memory the schedule bounds).
-  std::vector<Tensor> stage_in(M), stage_out(M), grad_out(M), grad_in(M);
+  std::vector<TensorList> stage_in(M), stage_out(M), grad_out(M), grad_in(M);
+  std::vector<Tensor> loss_of(M);
   std::vector<double> losses(M, 0.0);
   std::vector<size_t> held_bytes(M, 0);  // what each forward left allocated
   size_t live_bytes = 0;
   const double loss_scale = static_cast<double>(rows_) / plan_.global_batch;  // [Loss scaling]
   int in_flight = 0;
   StepStats stats;
-  auto rows_of = [&](const Tensor& t, int m) {
-    Tensor rows = t.narrow(0, m * B + replica_ * rows_, rows_);
-    return rows.device() == device_ ? rows : rows.to(device_);
+  auto rows_of = [&](const TensorList& list, int m) {
+    TensorList out;
+    for (const Tensor& t : list) {
+      Tensor rows = t.narrow(0, m * B + replica_ * rows_, rows_);
+      out.push_back(rows.device() == device_ ? rows : rows.to(device_));
+    }
+    return out;
   };
+  auto wait_ms = [](Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
 
   for (const Action& a : schedule_.stages[stage_]) {
     const int m = a.micro_batch;
     switch (a.type) {
       case ActionType::RecvActivation: {
         const auto t0 = Clock::now();
-        Tensor x = receive(prev_links_, kActivation, m, "RecvActivation", true);
-        stats.communication_wait_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-        stage_in[m] = x.requires_grad_(true);
+        TensorList x = receive(prev_links_, kActivation, m, "RecvActivation");
+        stats.communication_wait_ms += wait_ms(t0);
+        for (size_t i = 0; i < x.size(); ++i)
+          if (prev_links_.front().specs[i].grad) x[i].requires_grad_(true);
+        stage_in[m] = std::move(x);
         break;
       }
       case ActionType::Forward: {
-        Tensor x = is_first() ? rows_of(input, m) : stage_in[m];
+        const TensorList x = is_first() ? rows_of(inputs, m) : stage_in[m];
         const long long before = allocated_here();
         // The micro-batch whose backward comes last syncs (its forward too: DDP prepares the
         // reduction there); every other one accumulates locally under no_sync.
         std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
         if (ddp_ && m != sync_micro_batch_) no_sync.emplace(ddp_->reducer());
-        auto stage_forward = [&] { return options_.recompute ? nn::utils::checkpoint(module_, x) : module_->forward(x); };
-        Tensor out = ddp_ ? ddp_->forward(stage_forward) : stage_forward();
+        StageModule* stage_module = module_.get();
+        auto stage_forward = [&] {
+          if (!options_.recompute) return module_->forward_blocks(x);
+          return nn::utils::checkpoint([stage_module](const TensorList& in) { return stage_module->forward_blocks(in); },
+                                       x, module_->parameters());
+        };
+        TensorList out = ddp_ ? ddp_->forward_multi(stage_forward) : stage_forward();
         if (is_last()) {
-          Tensor loss = loss_fn(out, rows_of(target, m));
-          if (loss.numel() != 1) {
+          Tensor loss = loss_fn(out, rows_of(targets, m));
+          if (!loss.defined() || loss.numel() != 1) {
             fail("{}: the loss function returned shape {}; expected a scalar (the mean over the rows)", where(),
-                 shape_str(loss.sizes()));
+                 loss.defined() ? shape_str(loss.sizes()) : "(undefined)");
           }
-          out = loss * loss_scale;
-          losses[m] = out.item<double>();
+          loss_of[m] = loss * loss_scale;
+          losses[m] = loss_of[m].item<double>();
         }
-        stage_out[m] = out;
+        stage_out[m] = std::move(out);
         stats.max_in_flight = std::max(stats.max_in_flight, ++in_flight);
         const long long after = allocated_here();
-        held_bytes[m] = static_cast<size_t>(std::max(0LL, after - before)) + (is_first() ? 0 : x.nbytes());
+        size_t received = 0;
+        if (!is_first())
+          for (const Tensor& t : x) received += t.nbytes();
+        held_bytes[m] = static_cast<size_t>(std::max(0LL, after - before)) + received;
         live_bytes += held_bytes[m];
         stats.peak_activation_bytes = std::max(stats.peak_activation_bytes, live_bytes);
         break;
       }
       case ActionType::SendActivation:
-        send(next_links_, stage_out[m].detach(), kActivation, m, "SendActivation", true);
+        send(next_links_, stage_out[m], kActivation, m, "SendActivation");
         break;
       case ActionType::RecvGrad: {
         const auto t0 = Clock::now();
-        grad_out[m] = receive(next_links_, kGrad, m, "RecvGrad", false);
-        stats.communication_wait_ms += std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        grad_out[m] = receive(next_links_, kGrad, m, "RecvGrad");
+        stats.communication_wait_ms += wait_ms(t0);
         break;
       }
       case ActionType::Backward: {
         std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
         if (ddp_ && m != sync_micro_batch_) no_sync.emplace(ddp_->reducer());
-        if (is_last()) stage_out[m].backward();
-        else stage_out[m].backward(grad_out[m]);
-        if (!is_first()) {
-          grad_in[m] = stage_in[m].grad().defined() ? stage_in[m].grad() : zeros_like(stage_in[m]);
+        if (is_last()) {
+          loss_of[m].backward();
+        } else {
+          // The outputs whose gradients came back (those that carry one, in order).
+          TensorList roots, grads;
+          size_t k = 0;
+          for (size_t i = 0; i < stage_out[m].size(); ++i) {
+            if (!next_links_.front().specs[i].grad) continue;
+            roots.push_back(stage_out[m][i]);
+            grads.push_back(grad_out[m][k++]);
+          }
+          if (!roots.empty()) autograd::backward(roots, grads);
         }
-        stage_out[m] = Tensor();
-        stage_in[m] = Tensor();
-        grad_out[m] = Tensor();
+        if (!is_first()) {
+          for (size_t i = 0; i < stage_in[m].size(); ++i) {
+            if (!prev_links_.front().specs[i].grad) continue;
+            const Tensor& in = stage_in[m][i];
+            grad_in[m].push_back(in.grad().defined() ? in.grad() : zeros_like(in));
+          }
+        }
+        stage_out[m].clear();
+        stage_in[m].clear();
+        grad_out[m].clear();
+        loss_of[m] = Tensor();
         --in_flight;
         live_bytes -= held_bytes[m];
         break;
       }
       case ActionType::SendGrad:
-        send(prev_links_, grad_in[m], kGrad, m, "SendGrad", false);
-        grad_in[m] = Tensor();
+        send(prev_links_, grad_in[m], kGrad, m, "SendGrad");
+        grad_in[m].clear();
         break;
       case ActionType::GradSync: {
         // DDP reduced during the last backward (its engine callback waited for every bucket); the
@@ -342,6 +652,7 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
             if (p.grad().defined()) p.mutable_grad().mul_(r);
           }
         }
+        reduce_tied_gradients();
         break;
       }
       case ActionType::OptimizerStep:
@@ -352,7 +663,7 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
   // Sends were posted asynchronously (isend); the step ends when every one has been received.
   const auto sends_start = Clock::now();
   wait_sends();
-  stats.communication_wait_ms += std::chrono::duration<double, std::milli>(Clock::now() - sends_start).count();
+  stats.communication_wait_ms += wait_ms(sends_start);
   stats.peak_step_bytes = peak() - std::min(base_bytes, peak());
   double loss = 0;
   for (double l : losses) loss += l;
@@ -367,10 +678,46 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
   return stats;
 }
 
+void PipelineStage::reduce_tied_gradients() {
+  // [Tied parameters] each stage's gradient, once over its replicas, summed over the stages.
+  NoGradGuard no_grad;
+  const double share = 1.0 / num_replicas();
+  for (Tie& tie : ties_) {
+    TensorList grads;
+    for (Tensor& p : tie.params) {
+      if (!p.grad().defined()) p.mutable_grad() = zeros_like(p);
+      if (share != 1.0) p.mutable_grad().mul_(share);
+      grads.push_back(p.grad());
+    }
+    try {
+      tie.group->allreduce(grads)->wait();
+    } catch (const std::exception& e) {
+      fail("{}: summing the gradients of the tied parameters ({}) over stages {} failed in step {}: {}", where(),
+           fmt::join(tie.names, ", "), fmt::join(tie.stages, ", "), steps_, e.what());
+    }
+  }
+}
+
+std::vector<std::string> PipelineStage::tied_parameters() const {
+  std::vector<std::string> out;
+  for (const Tie& t : ties_) out.insert(out.end(), t.names.begin(), t.names.end());
+  return out;
+}
+
+nn::NamedTensors PipelineStage::state_dict() const {
+  nn::NamedTensors local = module_->state_dict(), out;
+  std::map<std::string, Tensor> by_name;
+  for (auto& [n, t] : local) by_name[unescaped(n)] = t;
+  for (const std::string& name : whole_names_) {
+    auto it = by_name.find(name);
+    if (it != by_name.end()) out.emplace_back(name, it->second);
+  }
+  return out;
+}
+
 nn::NamedTensors PipelineStage::gather_state_dict(int dst) {
   if (dst < 0 || dst >= group_->size()) fail("{}: gather_state_dict to rank {}; expected a rank in [0, {})", where(), dst, group_->size());
   nn::NamedTensors mine = state_dict();
-  nn::NamedTensors out;
   // Replica 0 of every stage but dst's sends its part (dst has its own stage's tensors).
   const bool sender = replica_ == 0 && stage_ != plan_.stage_of(dst);
   if (sender) {
@@ -386,12 +733,13 @@ nn::NamedTensors PipelineStage::gather_state_dict(int dst) {
     int i = 2;
     for (auto& [name, t] : mine) works.push_back(group_->send(t.contiguous(), dst, tag_of(kCheckpoint, i++)));
     for (auto& w : works) w->wait();
-    return out;
+    return {};
   }
-  if (rank_ != dst) return out;
+  if (rank_ != dst) return {};
+  std::map<std::string, Tensor> got(unowned_.begin(), unowned_.end());
   for (int s = 0; s < plan_.num_stages(); ++s) {
     if (s == stage_) {
-      for (auto& [name, t] : mine) out.emplace_back(name, t.device().is_cpu() ? t.clone() : t.cpu());
+      for (auto& [name, t] : mine) got.emplace(name, t.device().is_cpu() ? t.clone() : t.cpu());
       continue;
     }
     const int src = plan_.stages[s].ranks[0];
@@ -405,28 +753,45 @@ nn::NamedTensors PipelineStage::gather_state_dict(int dst) {
     for (const auto& d : desc) {
       Tensor t = empty(d[2].get<Shape>(), {.dtype = static_cast<DType>(d[1].get<int>())});
       group_->recv(t, src, tag_of(kCheckpoint, i++))->wait();
-      out.emplace_back(d[0].get<std::string>(), t);
+      got.emplace(d[0].get<std::string>(), t);  // a tied parameter: the first stage's copy
     }
+  }
+  nn::NamedTensors out;
+  for (const std::string& name : whole_names_) {
+    auto it = got.find(name);
+    if (it != got.end()) out.emplace_back(name, it->second);
   }
   return out;
 }
 
 void PipelineStage::load_state_dict(const nn::NamedTensors& whole_model, bool strict) {
+  std::set<std::string> known(whole_names_.begin(), whole_names_.end());
   nn::NamedTensors mine;
+  std::set<std::string> given;
   for (const auto& [name, t] : whole_model) {
-    const size_t dot = name.find('.');
-    const std::string head = name.substr(0, dot);
-    const bool numeric = !head.empty() && head.size() < 9 && std::all_of(head.begin(), head.end(), ::isdigit);
-    const int layer = numeric ? std::stoi(head) : -1;
-    if (dot == std::string::npos || layer < 0 || layer >= plan_.num_layers) {
+    if (!known.count(name)) {
       if (strict) {
-        fail("{}: load_state_dict: key '{}' is not a parameter or buffer of a layer of the model (expected "
-             "'<layer index in [0, {})>.<name>')",
-             where(), name, plan_.num_layers);
+        fail("{}: load_state_dict: key '{}' is not a parameter or buffer of the model (expected names such as '{}')",
+             where(), name, whole_names_.empty() ? std::string("?") : whole_names_.front());
       }
       continue;
     }
-    if (layer >= module_->first_layer() && layer < module_->end_layer()) mine.emplace_back(name, t);
+    given.insert(name);
+    auto local = local_name_.find(name);
+    if (local != local_name_.end()) {
+      mine.emplace_back(local->second, t);
+    } else if (auto u = unowned_.find(name); u != unowned_.end() && u->second.sizes() == t.sizes()) {
+      u->second = t.to(u->second.dtype()).cpu().clone();
+    }
+  }
+  if (strict) {
+    std::vector<std::string> missing;
+    for (const auto& [name, local] : local_name_)
+      if (!given.count(name)) missing.push_back(name);
+    if (!missing.empty()) {
+      fail("{}: load_state_dict: the state dict lacks {} tensor(s) of this stage: {}", where(), missing.size(),
+           fmt::join(missing, ", "));
+    }
   }
   module_->load_state_dict(mine, strict);
 }

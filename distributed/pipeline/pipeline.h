@@ -1,10 +1,12 @@
 // The DAPPLE runtime (Fan et al., PPoPP 2021): synchronous hybrid data + pipeline parallelism.
-// Every rank builds the whole model (an nn::Sequential, same seed) and keeps only its stage's
-// layers; a training step splits the global batch into micro-batches and runs the stage's action
-// list from the schedule (schedule.h): forwards and backwards, activations and gradients to and
-// from the neighbouring stages by point-to-point send/recv through the ProcessGroup interface (so
-// it works on any backend), then one gradient average among the stage's replicas (DDP's Reducer on
-// a subgroup, overlapped with the last micro-batch's backward) and one optimizer step.
+// Every rank builds the whole model (an nn::Sequential, or any model given as an ordered list of
+// blocks that pass several tensors: blocks.h; same seed) and keeps only its stage's blocks; a
+// training step splits the global batch into micro-batches and runs the stage's action list from
+// the schedule (schedule.h): forwards and backwards, activations and gradients to and from the
+// neighbouring stages by point-to-point send/recv through the ProcessGroup interface (so it works
+// on any backend), then one gradient average among the stage's replicas (DDP's Reducer on a
+// subgroup, overlapped with the last micro-batch's backward), the tied parameters' gradients summed
+// over the stages that hold them, and one optimizer step.
 //
 //   auto plan = pipeline::load_plan("plan.json");                 // or uniform_plan(...)
 //   pipeline::PipelineStage stage(model, plan, distributed::init_process_group());
@@ -12,18 +14,26 @@
 //   for (...) stage.train_step(x, y, F::cross_entropy, opt);       // x, y: the whole global batch
 //
 // [Replica mapping] A micro-batch of B rows is cut among a stage's r replicas in order: replica j
-// owns rows [j B/r, (j+1) B/r). At a boundary between stages with r and r' replicas, replica j of
-// the first sends each replica k of the second the rows both own (the intersection of their
-// ranges), and receives the gradients of exactly those rows back; a replica concatenates what it
-// receives in row order. So 2 replicas feeding 1 each send their half; 1 feeding 2 sends each its
-// half; 2 feeding 3 (B = 6) send 2+1 and 1+2 rows. Each link carries one tensor per micro-batch.
+// owns rows [j B/r, (j+1) B/r) of every tensor (inputs, targets, and each tensor crossing a
+// boundary: their first dimension is the batch). At a boundary between stages with r and r'
+// replicas, replica j of the first sends each replica k of the second the rows both own (the
+// intersection of their ranges), and receives the gradients of exactly those rows back; a replica
+// concatenates what it receives in row order. So 2 replicas feeding 1 each send their half; 1
+// feeding 2 sends each its half; 2 feeding 3 (B = 6) send 2+1 and 1+2 rows.
 //
 // [Loss scaling] loss_fn returns the mean over the rows it is given (as F::cross_entropy). A
 // last-stage replica's loss on its b rows of a micro-batch is scaled by b / global_batch, so the
 // gradients reaching every activation are those of the mean over the global batch. A replica's
 // parameter gradients are then its rows' share of the whole; DDP averages over the r replicas, and
 // GradSync multiplies by r to make the average the sum of the shares: exactly the single-process
-// gradient of the global batch.
+// gradient of the global batch. (A loss that is a mean over something else, such as BERT's masked
+// tokens, whose count differs from row to row, is the row-weighted mean of the parts' means:
+// gradient accumulation's loss, not the global batch's.)
+//
+// [Tied parameters] A parameter owned by blocks of several stages (a word embedding reused by the
+// output head) lives on each of them. After GradSync, each rank of those stages scales its
+// gradient by 1 / (its stage's replicas) and one allreduce over all their ranks sums them: every
+// copy gets the sum of the stages' gradients, and identical optimizer steps keep the copies equal.
 #pragma once
 
 #include <chrono>
@@ -34,6 +44,7 @@
 #include <vector>
 
 #include "distributed/ddp.h"
+#include "distributed/pipeline/blocks.h"
 #include "distributed/pipeline/plan.h"
 #include "distributed/pipeline/schedule.h"
 #include "distributed/process_group.h"
@@ -42,18 +53,23 @@
 
 namespace chorus::distributed::pipeline {
 
-// Layers [first_layer, end_layer) of a Sequential, registered under their names in the whole model
-// ("3", "4", ...), so parameter names are the whole model's ("3.weight") and state dicts merge.
+// Blocks [first_block, end_block) of a BlockModel: each owned module registered as a child, each
+// owned single tensor as a parameter or buffer, under its whole-model name with '/' for '.'
+// (Module names hold no dots); PipelineStage::state_dict() gives them back under the whole model's
+// names ("transformer.h.3.attn.c_attn.weight", "3.weight" for a Sequential).
 class StageModule : public nn::Module {
  public:
-  StageModule(const nn::Sequential& model, int first_layer, int end_layer);
+  StageModule(const BlockModel& model, int first_block, int end_block);
+  // The stage's blocks in order, each one's outputs the next one's inputs.
+  TensorList forward_blocks(const TensorList& inputs);
+  // For a stage of one-tensor blocks.
   Tensor forward(const Tensor& input) override;
-  int first_layer() const { return first_layer_; }
-  int end_layer() const { return end_layer_; }
+  int first_block() const { return first_block_; }
+  int end_block() const { return end_block_; }
 
  private:
-  int first_layer_, end_layer_;
-  std::vector<std::shared_ptr<nn::Module>> layers_;
+  int first_block_, end_block_;
+  std::vector<Block> blocks_;
 };
 
 struct PipelineOptions {
@@ -70,6 +86,9 @@ struct PipelineOptions {
 
 // Mean loss over the rows of `output` (the last stage's output slice) and `target`.
 using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+// The same for stages of several tensors: the last block's outputs and this replica's rows of the
+// targets (which may be an empty list: a model can carry its labels through the stages).
+using MultiLossFn = std::function<Tensor(const TensorList& outputs, const TensorList& targets)>;
 
 struct StepStats {
   double loss = 0;  // mean over the global batch (on every rank with report_loss, else last stage)
@@ -92,16 +111,25 @@ struct StepStats {
 
 class PipelineStage {
  public:
-  // model: the whole model, built identically on every rank (and moved to this rank's device, if
-  // not the CPU: the stage runs where its parameters are); plan: validated against the group's
-  // size; group: the default group (the stages' replica groups are made with new_group, which
-  // every rank calls here in the same order).
-  PipelineStage(std::shared_ptr<nn::Sequential> model, PipelinePlan plan, std::shared_ptr<ProcessGroup> group,
+  // model: the whole model as blocks (blocks.h), built identically on every rank (and moved to this
+  // rank's device, if not the CPU: the stage runs where its parameters are); plan: its layers are
+  // the blocks, validated against the group's size; group: the default group (the stages' replica
+  // groups and the tied parameters' groups are made with new_group, which every rank calls here in
+  // the same order). The stage keeps its own blocks only: drop other references to the model.
+  // Every rank checks with the others (one allgather) that they run the same blocks and plan on
+  // the same kind of device; a mismatch is an error on every rank.
+  PipelineStage(BlockModel model, PipelinePlan plan, std::shared_ptr<ProcessGroup> group, PipelineOptions options = {});
+  // A Sequential's children are the blocks (blocks_of).
+  PipelineStage(const std::shared_ptr<nn::Sequential>& model, PipelinePlan plan, std::shared_ptr<ProcessGroup> group,
                 PipelineOptions options = {});
 
-  // One optimizer step over the global batch. input: [global_batch, ...], used on the first
-  // stage's ranks; target: [global_batch, ...], used on the last stage's (others may pass
-  // undefined tensors). Gradients are set to none at the start; optimizer must hold parameters().
+  // One optimizer step over the global batch. inputs: the first block's inputs, each
+  // [global_batch, ...], used on the first stage's ranks; targets: each [global_batch, ...] (or
+  // none), used on the last stage's; other ranks may pass empty lists. Gradients are set to none
+  // at the start; optimizer must hold parameters().
+  StepStats train_step(const TensorList& inputs, const TensorList& targets, const MultiLossFn& loss_fn,
+                       optim::Optimizer& optimizer);
+  // One-tensor stages: input and target (undefined where unused).
   StepStats train_step(const Tensor& input, const Tensor& target, const LossFn& loss_fn, optim::Optimizer& optimizer);
 
   int stage() const { return stage_; }
@@ -114,32 +142,52 @@ class PipelineStage {
   const Schedule& schedule() const { return schedule_; }
   const std::shared_ptr<StageModule>& module() const { return module_; }
   std::vector<Tensor> parameters() const { return module_->parameters(); }
-  // This stage's parameters and buffers, named as in the whole model.
-  nn::NamedTensors state_dict() const { return module_->state_dict(); }
+  // Names (whole model's) of this stage's parameters that other stages hold too (tied).
+  std::vector<std::string> tied_parameters() const;
+  // This stage's parameters and buffers, named and ordered as in the whole model's state_dict().
+  nn::NamedTensors state_dict() const;
   // The whole model's state dict, on the CPU, assembled on rank dst (replica 0 of each stage sends its part;
   // every rank must call it); an empty list on the other ranks. Same names and order as the
-  // whole model's state_dict().
+  // whole model's state_dict(): a tied parameter once, and tensors no block owns with the values
+  // they had when the stage was made (or were loaded since).
   nn::NamedTensors gather_state_dict(int dst = 0);
-  // Loads this stage's entries of a whole-model state dict (names must all belong to the model's
-  // layers; strict: every entry of this stage present with its shape).
+  // Loads this stage's entries of a whole-model state dict (every name must be the model's;
+  // strict: every entry of this stage present with its shape).
   void load_state_dict(const nn::NamedTensors& whole_model, bool strict = true);
 
  private:
+  // What crosses a boundary per micro-batch: each tensor's shape (this link's rows), dtype, and
+  // whether its gradient travels back (a floating-point tensor the sender computed with grad).
+  struct Spec {
+    Shape shape;
+    DType dtype = kFloat32;
+    bool grad = false;
+  };
   // One point-to-point connection to a neighbouring stage's replica: which rows of this rank's
   // part of a micro-batch travel on it.
   struct Link {
     int peer = -1;       // global rank
     int64_t offset = 0;  // first row, within this rank's rows of the micro-batch
     int64_t rows = 0;
-    Shape shape;         // agreed activation shape on the link (known after the first step)
-    DType dtype = kFloat32;
+    std::vector<Spec> specs;  // agreed in the first step (a header before the first activations)
     bool agreed = false;
   };
+  // The parameters of this stage that stages in `stages` hold too, summed over their ranks.
+  struct Tie {
+    std::vector<int> stages;
+    std::shared_ptr<ProcessGroup> group;
+    std::vector<std::string> names;  // whole-model names
+    TensorList params;
+  };
   std::vector<Link> make_links(int other_stage) const;
-  Tensor receive(std::vector<Link>& links, int kind, int micro_batch, const char* what, bool header);
-  void send(std::vector<Link>& links, const Tensor& value, int kind, int micro_batch, const char* what, bool header);
+  // kind kActivation: every tensor (with its header on a link's first use); kGrad: the gradients
+  // of the tensors whose Spec says so.
+  TensorList receive(std::vector<Link>& links, int kind, int micro_batch, const char* what);
+  void send(std::vector<Link>& links, const TensorList& values, int kind, int micro_batch, const char* what);
   // Waits for every send still in flight; the first failure is raised naming this stage.
   void wait_sends();
+  void check_agreement(const BlockModel& model);
+  void reduce_tied_gradients();
   [[noreturn]] void rethrow(const std::exception& e, const std::string& what, int micro_batch, int peer) const;
   std::string where() const;
 
@@ -151,6 +199,12 @@ class PipelineStage {
   int64_t rows_ = 0;  // this rank's rows of each micro-batch
   Device device_ = kCPU;  // where the stage's parameters are
   std::shared_ptr<StageModule> module_;
+  // Whole-model state names in order; the stage's own (whole name -> the module's name); copies
+  // of the tensors no block owns.
+  std::vector<std::string> whole_names_;
+  std::map<std::string, std::string> local_name_;
+  std::map<std::string, Tensor> unowned_;
+  std::vector<Tie> ties_;
   std::shared_ptr<ProcessGroup> replica_group_;  // null with one replica
   std::shared_ptr<DistributedDataParallel> ddp_;
   int sync_micro_batch_ = 0;  // the micro-batch of the stage's last backward: it carries the allreduce

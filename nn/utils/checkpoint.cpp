@@ -77,6 +77,11 @@ struct Checkpoint : autograd::Function<Checkpoint> {
     ctx->save_for_backward(inputs);
     TensorList out = fn(inputs);
     if (out.empty()) fail("nn::utils::checkpoint: the function returned no tensors");
+    // Integer outputs (labels or masks passed along) have no gradient.
+    TensorList integer;
+    for (const Tensor& o : out)
+      if (o.defined() && !is_floating(o.dtype())) integer.push_back(o);
+    if (!integer.empty()) ctx->mark_non_differentiable(integer);
     return out;
   }
 

@@ -352,7 +352,7 @@ void scenario_shape_change(const std::shared_ptr<ProcessGroup>& pg) {
 void scenario_errors(const std::shared_ptr<ProcessGroup>& pg) {
   auto model = make_model("mlp");
   expect_error([&] { PipelineStage(model, uniform_plan(6, {3}, {1, 1}, 16, 4, "1f1b"), pg); },
-               {"the plan has num_layers 6 but the model (a Sequential) has 7 layers"}, "plan for another model");
+               {"the plan has num_layers 6 but the model (Sequential) has 7 blocks"}, "plan for another model");
   expect_error([&] { PipelineStage(model, uniform_plan(7, {3}, {2, 1}, 16, 4, "1f1b"), pg); },
                {"stage 1 names rank 2; expected ranks in [0, 2)"}, "plan for another world size");
   PipelineStage stage(model, uniform_plan(7, {3}, {1, 1}, 16, 4, "1f1b"), pg);
@@ -366,7 +366,7 @@ void scenario_errors(const std::shared_ptr<ProcessGroup>& pg) {
                  {"target has shape (undefined); expected 16 rows"}, "missing target");
   }
   expect_error([&] { stage.load_state_dict({{"encoder.weight", zeros({2})}}); },
-               {"key 'encoder.weight' is not a parameter or buffer of a layer of the model"}, "foreign checkpoint");
+               {"key 'encoder.weight' is not a parameter or buffer of the model"}, "foreign checkpoint");
   expect_error([&] { stage.load_state_dict({{"0.weight", zeros({24, 10}, {.dtype = kFloat64})}}); },
                {stage.is_first() ? "0.bias" : "6.weight"}, "checkpoint missing this stage's tensors");
   // Nothing was sent: the stages still train together.
