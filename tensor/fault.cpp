@@ -14,6 +14,7 @@ const char* name(Point p) {
     case Point::kGroupRecordStream: return "group_record_stream";
     case Point::kAllocatorRecordStream: return "allocator_record_stream";
     case Point::kCallerStream: return "caller_stream";
+    case Point::kTiedGradientSum: return "tied_gradient_sum";
     case Point::kCount: break;
   }
   return "?";

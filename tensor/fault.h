@@ -1,4 +1,4 @@
-// Ordering points a test may remove, to prove that a test catches their absence (negative
+// Ordering points (and the pipeline's tied-gradient sum) a test may remove, to prove that a test catches their absence (negative
 // controls, docs/gpu.md). Release builds cannot remove any: removed() is false unless the process
 // links //tensor:test_faults (testonly), which reads CHORUS_TEST_FAULT (names, comma-separated)
 // and lets a test switch points in process (tensor/test_faults.h).
@@ -12,6 +12,7 @@ enum class Point : int {
   kGroupRecordStream,       // the process group's record_stream of a collective's tensors (stream_group)
   kAllocatorRecordStream,   // the caching allocator's deferred reuse of blocks used on other streams
   kCallerStream,            // ready recorded on, end waited from, the caller's current stream (not the default)
+  kTiedGradientSum,         // a pipeline sums tied parameters' gradients over their stages (pipeline)
   kCount
 };
 const char* name(Point p);

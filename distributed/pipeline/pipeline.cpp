@@ -13,6 +13,7 @@
 #include "nn/utils/checkpoint.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/cpu_memory.h"
+#include "tensor/fault.h"
 #include "tensor/ops.h"
 
 namespace chorus::distributed::pipeline {
@@ -680,6 +681,7 @@ StepStats PipelineStage::train_step(const TensorList& inputs, const TensorList& 
 
 void PipelineStage::reduce_tied_gradients() {
   // [Tied parameters] each stage's gradient, once over its replicas, summed over the stages.
+  if (fault::removed(fault::Point::kTiedGradientSum)) return;  // a negative control (tensor/fault.h)
   NoGradGuard no_grad;
   const double share = 1.0 / num_replicas();
   for (Tie& tie : ties_) {

@@ -8,6 +8,12 @@
 
 namespace chorus::models {
 namespace {
+
+Tensor additive_mask(const Tensor& attention_mask, const Tensor& h) {
+  // 0 where attended, a large negative number on padding (Hugging Face uses the dtype's minimum).
+  return ((1.0 - attention_mask.to(h.dtype())) * -1e9).reshape({h.size(0), 1, 1, h.size(1)});
+}
+
 namespace F = nn::functional;
 
 // A Module holding named children, to build Hugging Face's nesting (attention.self.query, ...).
@@ -128,10 +134,7 @@ BertModel::BertModel(const BertConfig& c) : nn::Module("BertModel"), config(c) {
 Tensor BertModel::forward(const Tensor& input_ids, const Tensor& token_type_ids, const Tensor& attention_mask) {
   Tensor h = embeddings->forward(input_ids, token_type_ids);
   Tensor additive;
-  if (attention_mask.defined()) {
-    // 0 where attended, a large negative number on padding (Hugging Face uses the dtype's minimum).
-    additive = ((1.0 - attention_mask.to(h.dtype())) * -1e9).reshape({h.size(0), 1, 1, h.size(1)});
-  }
+  if (attention_mask.defined()) additive = additive_mask(attention_mask, h);
   for (size_t i = 0; i < layers->size(); ++i) h = std::static_pointer_cast<BertLayer>((*layers)[i])->forward(h, additive);
   return h;
 }
@@ -177,6 +180,64 @@ Tensor BertForPreTraining::masked_lm_logits(const Tensor& hidden, const Tensor& 
   return matmul(t, bert->embeddings->word_embeddings->weight.t()) + decoder_bias_;
 }
 
+namespace {
+
+// The positions of flat labels [N] that are not -100, read on the host (one copy of the labels from
+// a device, as PyTorch's nonzero() would), then back on the labels' device.
+Tensor labelled_positions(const Tensor& flat, const char* who) {
+  const Tensor host = flat.to(kCPU).contiguous();
+  std::vector<int64_t> positions;
+  const int64_t* y = host.data_ptr<int64_t>();
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    if (y[i] != -100) positions.push_back(i);
+  }
+  if (positions.empty()) fail("{}: no position has a label (all are -100)", who);
+  return tensor<int64_t>(positions).to(flat.device());
+}
+
+}  // namespace
+
+distributed::pipeline::BlockModel BertForPreTraining::pipeline_blocks() {
+  namespace pp = distributed::pipeline;
+  pp::BlockModel m;
+  m.model = shared_from_this();
+  auto embeddings = bert->embeddings;
+  m.blocks.push_back({"embeddings", {"bert.embeddings"}, [embeddings](const TensorList& in) {
+                        pp::expect_inputs("embeddings", in, 3, "input_ids, attention_mask, labels");
+                        Tensor h = embeddings->forward(in[0], Tensor());
+                        return TensorList{h, additive_mask(in[1], h), in[2]};
+                      }});
+  for (size_t i = 0; i < bert->layers->size(); ++i) {
+    auto layer = std::static_pointer_cast<BertLayer>((*bert->layers)[i]);
+    const std::string name = fmt::format("encoder.layer.{}", i);
+    m.blocks.push_back({name, {"bert." + name}, [layer, name](const TensorList& in) {
+                          pp::expect_inputs(name, in, 3, "hidden states, additive mask, labels");
+                          return TensorList{layer->forward(in[0], in[1]), in[1], in[2]};
+                        }});
+  }
+  auto dense = transform_dense_;
+  auto norm = transform_norm_;
+  Tensor bias = decoder_bias_;
+  auto words = bert->embeddings->word_embeddings;
+  m.blocks.push_back({"head",
+                      {"cls.predictions.transform", "cls.predictions.bias", "bert.embeddings.word_embeddings.weight"},
+                      [dense, norm, bias, words](const TensorList& in) {
+                        pp::expect_inputs("head", in, 3, "hidden states, additive mask, labels");
+                        const Tensor& hidden = in[0];
+                        Tensor flat = in[2].reshape({-1}).contiguous();
+                        Tensor pos = labelled_positions(flat, "BERT pipeline head");
+                        Tensor picked = index_select(hidden.reshape({-1, hidden.size(2)}), 0, pos);
+                        Tensor t = norm->forward(F::gelu(dense->forward(picked)));
+                        return TensorList{matmul(t, words->weight.t()) + bias, index_select(flat, 0, pos)};
+                      }});
+  return m;
+}
+
+Tensor BertForPreTraining::pipeline_loss(const TensorList& outputs, const TensorList&) {
+  distributed::pipeline::expect_inputs("loss", outputs, 2, "the head's logits and labels");
+  return F::cross_entropy(outputs[0], outputs[1]);
+}
+
 Tensor BertForPreTraining::masked_lm_loss(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels,
                                           Tensor* logits, Tensor* targets) {
   if (labels.sizes() != input_ids.sizes()) {
@@ -184,16 +245,7 @@ Tensor BertForPreTraining::masked_lm_loss(const Tensor& input_ids, const Tensor&
          input_ids.sizes());
   }
   Tensor flat = labels.reshape({-1}).contiguous();
-  // The labelled positions, read on the host (one copy of the labels from a device, as PyTorch's
-  // nonzero() would), then back on the labels' device.
-  const Tensor host = flat.to(kCPU);
-  std::vector<int64_t> positions;
-  const int64_t* y = host.data_ptr<int64_t>();
-  for (int64_t i = 0; i < flat.numel(); ++i) {
-    if (y[i] != -100) positions.push_back(i);
-  }
-  if (positions.empty()) fail("BertForPreTraining::masked_lm_loss: no position has a label (all are -100)");
-  Tensor pos = tensor<int64_t>(positions).to(flat.device());
+  Tensor pos = labelled_positions(flat, "BertForPreTraining::masked_lm_loss");
   Tensor out = masked_lm_logits(bert->forward(input_ids, Tensor(), attention_mask), pos);
   Tensor target = index_select(flat, 0, pos);
   if (logits) *logits = out;

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "distributed/pipeline/blocks.h"
 #include "nn/nn.h"
 
 namespace chorus::models {
@@ -79,6 +80,16 @@ class BertForPreTraining : public nn::Module {
   // masked_lm_logits; the logits come back in *logits when asked (rows in position order).
   Tensor masked_lm_loss(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels,
                         Tensor* logits = nullptr, Tensor* targets = nullptr);
+  // Masked-LM pretraining as pipeline blocks (distributed/pipeline/blocks.h), num_hidden_layers + 2
+  // of them, each passing (hidden or input_ids, attention mask, labels): "embeddings"
+  // (bert.embeddings: input_ids [B, T], attention_mask [B, T], labels [B, T] -> hidden [B, T, H],
+  // the additive mask [B, 1, 1, T], labels), "encoder.layer.0" ..., "head" (the prediction head and
+  // the tied word embeddings: -> logits [K, vocab] of the K labelled positions, their labels [K]).
+  // The pooler and the next-sentence head are in no block. The same computation as
+  // masked_lm_loss; the model must be held by a shared_ptr.
+  distributed::pipeline::BlockModel pipeline_blocks();
+  // The pipeline's loss: cross-entropy of the head's logits against its labels (targets unused).
+  static Tensor pipeline_loss(const TensorList& outputs, const TensorList& targets);
   std::shared_ptr<BertModel> bert;
 
  private:

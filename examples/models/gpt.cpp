@@ -149,6 +149,51 @@ Tensor GPT2LMHeadModel::forward(const Tensor& input_ids) {
   return matmul(hidden.reshape({b * t, hidden.size(2)}), lm_head_weight().t()).reshape({b, t, -1});
 }
 
+distributed::pipeline::BlockModel GPT2LMHeadModel::pipeline_blocks() {
+  namespace pp = distributed::pipeline;
+  pp::BlockModel m;
+  m.model = shared_from_this();
+  auto wte = transformer->wte, wpe = transformer->wpe;
+  const GPTConfig c = transformer->config;
+  // As GPT2Model::forward, block by block; each forward holds only the modules it uses.
+  m.blocks.push_back({"embeddings", {"transformer.wte", "transformer.wpe"}, [wte, wpe, c](const TensorList& in) {
+                        const Tensor& ids = pp::single_input("embeddings", in);
+                        if (ids.dim() != 2) fail("GPT2 embeddings: input_ids must be [batch, sequence], got {}", shape_str(ids.sizes()));
+                        const int64_t t = ids.size(1);
+                        if (t > c.n_positions) fail("GPT2 embeddings: sequence length {} exceeds n_positions {}", t, c.n_positions);
+                        Tensor positions = arange(0, t, 1, TensorOptions{.dtype = kInt64}).to(ids.device()).unsqueeze(0);
+                        Tensor x = wte->forward(ids) + wpe->forward(positions);
+                        if (wte->is_training() && c.dropout > 0) x = F::dropout(x, c.dropout);
+                        return TensorList{x};
+                      }});
+  for (size_t i = 0; i < transformer->h->size(); ++i) {
+    std::shared_ptr<nn::Module> block = (*transformer->h)[i];
+    const std::string name = fmt::format("h.{}", i);
+    m.blocks.push_back({name, {"transformer." + name}, [block, name](const TensorList& in) {
+                          return TensorList{block->forward(pp::single_input(name, in))};
+                        }});
+  }
+  auto ln_f = transformer->ln_f;
+  m.blocks.push_back({"head", {"transformer.ln_f", "transformer.wte.weight"}, [ln_f, wte](const TensorList& in) {
+                        Tensor hidden = ln_f->forward(pp::single_input("head", in));
+                        const int64_t b = hidden.size(0), t = hidden.size(1);
+                        return TensorList{
+                            matmul(hidden.reshape({b * t, hidden.size(2)}), wte->weight.t()).reshape({b, t, -1})};
+                      }});
+  return m;
+}
+
+Tensor GPT2LMHeadModel::pipeline_loss(const TensorList& outputs, const TensorList& targets) {
+  distributed::pipeline::expect_inputs("loss", outputs, 1, "the head's logits");
+  if (targets.size() != 1) fail("GPT2LMHeadModel::pipeline_loss: expected one target tensor (token ids), got {}", targets.size());
+  const Tensor& logits = outputs[0];
+  if (targets[0].numel() * logits.size(-1) != logits.numel()) {
+    fail("GPT2LMHeadModel::pipeline_loss: targets {} do not match logits {}", shape_str(targets[0].sizes()),
+         shape_str(logits.sizes()));
+  }
+  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets[0].reshape({-1}));
+}
+
 Tensor GPT2LMHeadModel::loss(const Tensor& input_ids, const Tensor& targets) {
   if (targets.sizes() != input_ids.sizes()) {
     fail("GPT2LMHeadModel::loss: targets {} must have the shape of input_ids {}", shape_str(targets.sizes()),

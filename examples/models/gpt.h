@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "distributed/pipeline/blocks.h"
 #include "nn/nn.h"
 #include "tensor/generator.h"
 
@@ -75,6 +76,14 @@ class GPT2LMHeadModel : public nn::Module {
   // the context cut to the last n_positions tokens; returns the new tokens only. Runs in eval mode
   // without gradients, on the model's device, and leaves the training mode as it was.
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, const GenerateOptions& options);
+  // The model as pipeline blocks (distributed/pipeline/blocks.h), n_layer + 2 of them:
+  // "embeddings" (transformer.wte, .wpe: input_ids [B, T] -> hidden [B, T, n_embd]), "h.0" ...,
+  // "head" (transformer.ln_f and the tied transformer.wte.weight: hidden -> logits
+  // [B, T, vocab_size]). The same computation as forward(); the model must be held by a shared_ptr.
+  distributed::pipeline::BlockModel pipeline_blocks();
+  // The pipeline's loss (PipelineStage::train_step): mean cross-entropy of the head's logits
+  // against targets[0] [b, T].
+  static Tensor pipeline_loss(const TensorList& outputs, const TensorList& targets);
   // The tied LM head's weight [vocab_size, n_embd]: the token embedding itself.
   Tensor lm_head_weight() const { return transformer->wte->weight; }
   std::shared_ptr<GPT2Model> transformer;

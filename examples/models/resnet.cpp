@@ -114,6 +114,34 @@ Tensor ResNet::forward(const Tensor& x) {
   return fc->forward(avgpool->forward(h).flatten(1));
 }
 
+distributed::pipeline::BlockModel ResNet::pipeline_blocks() {
+  namespace pp = distributed::pipeline;
+  pp::BlockModel m;
+  m.model = shared_from_this();
+  auto conv = conv1;
+  auto bn = bn1;
+  auto pool = maxpool;
+  m.blocks.push_back({"stem", {"conv1", "bn1"}, [conv, bn, pool](const TensorList& in) {
+                        Tensor h = F::relu(bn->forward(conv->forward(pp::single_input("stem", in))));
+                        return TensorList{pool ? pool->forward(h) : h};
+                      }});
+  const std::pair<const char*, std::shared_ptr<nn::Sequential>> layers[] = {
+      {"layer1", layer1}, {"layer2", layer2}, {"layer3", layer3}, {"layer4", layer4}};
+  for (const auto& [name, layer] : layers) {
+    const std::string block = name;
+    auto l = layer;
+    m.blocks.push_back({block, {block}, [l, block](const TensorList& in) {
+                          return TensorList{l->forward(pp::single_input(block, in))};
+                        }});
+  }
+  auto avg = avgpool;
+  auto head = fc;
+  m.blocks.push_back({"head", {"fc"}, [avg, head](const TensorList& in) {
+                        return TensorList{head->forward(avg->forward(pp::single_input("head", in)).flatten(1))};
+                      }});
+  return m;
+}
+
 std::shared_ptr<ResNet> resnet18(ResNetOptions o) { return std::make_shared<ResNet>(false, std::vector<int64_t>{2, 2, 2, 2}, o); }
 std::shared_ptr<ResNet> resnet34(ResNetOptions o) { return std::make_shared<ResNet>(false, std::vector<int64_t>{3, 4, 6, 3}, o); }
 std::shared_ptr<ResNet> resnet50(ResNetOptions o) { return std::make_shared<ResNet>(true, std::vector<int64_t>{3, 4, 6, 3}, o); }

@@ -8,6 +8,7 @@
 #include <optional>
 #include <vector>
 
+#include "distributed/pipeline/blocks.h"
 #include "nn/nn.h"
 
 namespace chorus::models {
@@ -51,6 +52,10 @@ class ResNet : public nn::Module {
   // bottleneck selects Bottleneck blocks (ResNet-50); layers: blocks per stage.
   ResNet(bool bottleneck, std::vector<int64_t> layers, ResNetOptions options = {});
   Tensor forward(const Tensor& x) override;
+  // The model as pipeline blocks (distributed/pipeline/blocks.h), one tensor each: "stem" (conv1,
+  // bn1, ReLU, max pooling), "layer1" ... "layer4", "head" (average pooling, fc). The same
+  // computation as forward(); the model must be held by a shared_ptr.
+  distributed::pipeline::BlockModel pipeline_blocks();
 
   std::shared_ptr<nn::Conv2d> conv1;
   std::shared_ptr<nn::BatchNorm2d> bn1;

@@ -40,6 +40,39 @@ TEST_CASE("2 stages x 2 replicas, 4 stages and 1+2+1 replicas train exactly as o
                          "mlp/1,1,1,1/8/1f1b", "mlp/1,2,1/2/1f1b"}));
 }
 
+// Real models as blocks (blocks.h): GPT-tiny (its word embedding tied between the first and last
+// stages) and BERT-tiny (input ids, attention mask and labels cross every boundary; tied decoder).
+TEST_CASE("GPT-tiny and BERT-tiny: 2 stages x 2 replicas, 4 stages (GPipe, 1F1B) train exactly as one process", "[pipeline][equivalence][models]") {
+  require_all_ok(run(4, {"equivalence", "gpt/2,2/4/1f1b", "gpt/1,1,1,1/4/gpipe", "gpt/1,1,1,1/4/1f1b", "bert/2,2/4/1f1b",
+                         "bert/1,1,1,1/4/gpipe", "bert/1,1,1,1/4/1f1b"}));
+}
+
+TEST_CASE("GPT-tiny and BERT-tiny: 2+1 replicas train exactly as one process, with and without recomputation", "[pipeline][equivalence][models]") {
+  require_all_ok(run(3, {"equivalence", "gpt/2,1/4/1f1b", "bert/2,1/2/1f1b", "bert/1,2/2/gpipe/recompute",
+                         "gpt/1,1,1/4/1f1b/recompute"}));
+}
+
+// Negative control: without the sum of the tied word embedding's gradients over the first and last
+// stages, the copies drift from single-process training and the test fails on both stages.
+TEST_CASE("without the tied-gradient sum, GPT-tiny's pipeline departs from one process", "[pipeline][models]") {
+  const chorus::testing::Result r =
+      run(2, {"equivalence", "gpt/1,1/2/1f1b"}, 120, {"CHORUS_TEST_FAULT=tied_gradient_sum"});
+  INFO(r.output);
+  REQUIRE(r.codes.size() == 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(r.codes[rank] == 1);
+    CHECK(chorus::testing::rank_log(r, rank).find("transformer.wte.weight differs from single-process training") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("GPT-tiny and BERT-tiny on sim devices train exactly as one process", "[pipeline][sim][models]") {
+  require_all_ok(run(4, {"equivalence", "gpt/2,2/4/1f1b/sim:0", "bert/1,1,1,1/4/1f1b/sim:0"}, 180,
+                     {"CHORUS_SIM_DELAY_US=200", "CHORUS_SIM_DRIVER_LOCK=1"}));
+  require_all_ok(run(3, {"equivalence", "gpt/2,1/4/1f1b/sim:0", "bert/2,1/2/gpipe/sim:0"}, 180,
+                     {"CHORUS_SIM_DELAY_US=200", "CHORUS_SIM_DRIVER_LOCK=1"}));
+}
+
 // On sim devices the boundary tensors and the replicas' gradient buckets go through the
 // stream-ordered group's communication streams (ordered by events, random delays before every
 // stream task, sim's driver lock on), as they will on CUDA with NCCL.

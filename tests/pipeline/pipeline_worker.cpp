@@ -14,7 +14,9 @@
 //                           an error naming the pipeline stage and rank 1 within seconds.
 //   shape_change            stage 0's output changes width in step 2: a clear error on rank 0, and
 //                           rank 1 fails instead of hanging.
-//   errors                  a plan for another model, and batches of the wrong size, are refused.
+//   errors                  a plan for another model, and batches of the wrong size, are refused;
+//                           so are ranks that disagree on the model or the device, blocks owning
+//                           what the model lacks or a buffer on two stages, and wrong tensor counts.
 #include <unistd.h>
 
 #include <chrono>
@@ -24,10 +26,14 @@
 #include <functional>
 #include <map>
 #include <sstream>
+
+#include <fmt/ranges.h>
 #include <string>
 
 #include "distributed/init.h"
 #include "distributed/pipeline/pipeline.h"
+#include "examples/models/bert.h"
+#include "examples/models/gpt.h"
 #include "nn/nn.h"
 #include "nn/serialize.h"
 #include "optim/optim.h"
@@ -139,7 +145,110 @@ std::string scratch_dir() {
 
 optim::SGDOptions sgd_options() { return {.lr = 0.1, .momentum = 0.9}; }
 
+// ------------------------------------------------------------------ workloads
+// A model to pipeline, its single-process reference, and its data: the Sequentials above (one
+// tensor per block, cross-entropy), GPT-tiny (token ids -> logits, targets the next tokens) and
+// BERT-tiny (input_ids, attention mask and labels travel through the stages; masked-LM loss with
+// the same number of labels in every row, so that the row-weighted mean of the parts' means is
+// the global batch's mean). All float64 without dropout.
+struct Workload {
+  BlockModel model;
+  std::shared_ptr<nn::Module> root;  // model.model
+  MultiLossFn loss;
+  // The reference's loss on a whole batch (one process, no micro-batches).
+  std::function<Tensor(const TensorList& inputs, const TensorList& targets)> reference_loss;
+  std::function<void(int64_t n, uint64_t seed, TensorList& inputs, TensorList& targets)> data;
+};
+
+constexpr int64_t kSeq = 12, kLabelsPerRow = 3;
+
+models::GPTConfig gpt_config() { return models::GPTConfig::named("tiny"); }
+
+models::BertConfig bert_config() {
+  models::BertConfig c = models::BertConfig::named("tiny");
+  c.vocab_size = 384;
+  c.max_position_embeddings = 32;
+  c.hidden_dropout_prob = c.attention_probs_dropout_prob = 0;
+  return c;
+}
+
+Workload make_workload(const std::string& kind, uint64_t seed = 42) {
+  Workload w;
+  if (kind == "gpt") {
+    manual_seed(seed);
+    auto gpt = std::make_shared<models::GPT2LMHeadModel>(gpt_config());
+    gpt->to(kFloat64);
+    w.model = gpt->pipeline_blocks();
+    w.loss = models::GPT2LMHeadModel::pipeline_loss;
+    w.reference_loss = [gpt](const TensorList& in, const TensorList& tg) { return gpt->loss(in[0], tg[0]); };
+    w.data = [](int64_t n, uint64_t s, TensorList& in, TensorList& tg) {
+      manual_seed(s);
+      Tensor tokens = randint(0, gpt_config().vocab_size, {n, kSeq + 1});
+      in = {tokens.narrow(1, 0, kSeq).contiguous()};
+      tg = {tokens.narrow(1, 1, kSeq).contiguous()};
+    };
+  } else if (kind == "bert") {
+    manual_seed(seed);
+    auto bert = std::make_shared<models::BertForPreTraining>(bert_config());
+    bert->to(kFloat64);
+    w.model = bert->pipeline_blocks();
+    w.loss = models::BertForPreTraining::pipeline_loss;
+    w.reference_loss = [bert](const TensorList& in, const TensorList&) {
+      return bert->masked_lm_loss(in[0], in[1], in[2]);
+    };
+    w.data = [](int64_t n, uint64_t s, TensorList& in, TensorList& tg) {
+      manual_seed(s);
+      Tensor ids = randint(0, bert_config().vocab_size, {n, kSeq});
+      // Odd rows are padded over their last 4 tokens; every row has kLabelsPerRow labels among the
+      // first 8 (unpadded) tokens, at positions 1, 4, 7 shifted by the row.
+      Tensor mask = ones({n, kSeq}, {.dtype = kInt64});
+      Tensor labels = full({n, kSeq}, int64_t{-100}, {.dtype = kInt64});
+      int64_t* mp = mask.data_ptr<int64_t>();
+      int64_t* lp = labels.data_ptr<int64_t>();
+      const int64_t* ip = ids.data_ptr<int64_t>();
+      for (int64_t r = 0; r < n; ++r) {
+        if (r % 2 == 1)
+          for (int64_t t = kSeq - 4; t < kSeq; ++t) mp[r * kSeq + t] = 0;
+        for (int64_t k = 0; k < kLabelsPerRow; ++k) {
+          const int64_t t = (1 + 3 * k + r) % 8;
+          lp[r * kSeq + t] = (ip[r * kSeq + t] * 7 + 3) % bert_config().vocab_size;
+        }
+      }
+      in = {ids, mask, labels};
+      tg = {};
+    };
+  } else {
+    auto seq = make_model(kind, seed);
+    w.model = blocks_of(seq);
+    w.loss = [](const TensorList& out, const TensorList& tg) { return F::cross_entropy(out[0], tg[0]); };
+    w.reference_loss = [seq](const TensorList& in, const TensorList& tg) {
+      return F::cross_entropy(seq->forward(in[0]), tg[0]);
+    };
+    w.data = [kind](int64_t n, uint64_t s, TensorList& in, TensorList& tg) {
+      in = {make_input(kind, n, s)};
+      tg = {make_target(n, s)};
+    };
+  }
+  w.root = w.model.model;
+  return w;
+}
+
+// The tied parameter of a workload (held by its first and last stages), or "".
+std::string tied_name(const std::string& kind) {
+  if (kind == "gpt") return "transformer.wte.weight";
+  if (kind == "bert") return "bert.embeddings.word_embeddings.weight";
+  return "";
+}
+
 // ------------------------------------------------------------------ equivalence
+// Element-wise within rtol 1e-10 and atol 1e-13 x max(the reference's largest, 1), in float64. The
+// absolute floor is for tensors whose gradient is zero in exact arithmetic (attention's key bias:
+// softmax ignores a shift shared by all keys), which hold rounding noise of ~1e-17 after training.
+double param_ratio(const Tensor& actual, const Tensor& expected) {
+  const double scale = std::max(1.0, max_abs(expected));
+  return allclose_ratio(actual, expected, 1e-10, 1e-13 * scale / std::max(max_abs(expected), 1e-300));
+}
+
 void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string& config) {
   // model/replicas/M/schedule
   std::vector<std::string> parts;
@@ -156,28 +265,35 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   const std::vector<int> replicas = parse_list(parts[1]);
   const int M = std::stoi(parts[2]);
   const int S = static_cast<int>(replicas.size());
-  const int global = 16, steps = 5;
+  const bool language = kind == "gpt" || kind == "bert";
+  const int global = language ? 8 : 16, steps = language ? 3 : 5;
 
-  auto model = make_model(kind);
-  auto ref = make_model(kind);
-  const int L = static_cast<int>(model->size());
-  model->to(device);  // the stages train there; the reference on the CPU
+  Workload work = make_workload(kind);
+  Workload ref = make_workload(kind);
+  const int L = static_cast<int>(work.model.size());
+  work.root->to(device);  // the stages train there; the reference on the CPU
   PipelinePlan plan = uniform_plan(L, even_cuts(L, S), replicas, global, M, schedule);
   PipelineOptions options;
   options.recompute = recompute;
-  PipelineStage stage(model, plan, pg, options);
-  model.reset();  // the stage holds its own layers only
+  PipelineStage stage(std::move(work.model), plan, pg, options);
+  work.root.reset();  // the stage holds its own blocks only
   optim::SGD opt(stage.parameters(), sgd_options());
-  optim::SGD ref_opt(ref->parameters(), sgd_options());
+  optim::SGD ref_opt(ref.root->parameters(), sgd_options());
   const std::string tag = fmt::format("[{} stage {} replica {}]", config, stage.stage(), stage.replica());
+  // Tied parameters: on the first and last stages of a language model, nowhere else.
+  const std::string tied = tied_name(kind);
+  const std::vector<std::string> ties = stage.tied_parameters();
+  const bool expect_tie = !tied.empty() && S > 1 && (stage.is_first() || stage.is_last());
+  check(expect_tie ? ties == std::vector<std::string>{tied} : ties.empty(),
+        fmt::format("{}: tied parameters [{}], expected [{}]", tag, fmt::join(ties, ", "), expect_tie ? tied : ""));
 
   for (int step = 0; step < steps; ++step) {
-    Tensor x = make_input(kind, global, 100 + step), y = make_target(global, 100 + step);
-    // Only the ranks that need them get the tensors (the others pass undefined ones).
-    StepStats st = stage.train_step(stage.is_first() ? x : Tensor(), stage.is_last() ? y : Tensor(),
-                                    [](const Tensor& out, const Tensor& t) { return F::cross_entropy(out, t); }, opt);
+    TensorList x, y;
+    work.data(global, 100 + step, x, y);
+    // Only the ranks that need them get the tensors (the others pass empty lists).
+    StepStats st = stage.train_step(stage.is_first() ? x : TensorList{}, stage.is_last() ? y : TensorList{}, work.loss, opt);
     ref_opt.zero_grad();
-    Tensor ref_loss = F::cross_entropy(ref->forward(x), y);
+    Tensor ref_loss = ref.reference_loss(x, y);
     ref_loss.backward();
     ref_opt.step();
     const double want = ref_loss.item<double>();
@@ -189,17 +305,18 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
     check(st.peak_activation_bytes > 0, tag + ": no activation memory was measured");
   }
   // This rank's parameters against the reference's of the same name.
-  nn::NamedTensors want_state = ref->state_dict();
+  nn::NamedTensors want_state = ref.root->state_dict();
   auto find = [&](const std::string& name) {
     for (auto& [n, t] : want_state) if (n == name) return t;
     fail("pipeline_worker: the reference has no '{}'", name);
   };
   double worst = 0;
-  for (auto& [name, p] : stage.state_dict()) {
+  const nn::NamedTensors own = stage.state_dict();
+  check(!own.empty(), tag + ": the stage holds no tensors");
+  for (auto& [name, p] : own) {
     Tensor r = find(name);
     check(p.device() == device, fmt::format("{}: {} is on {}, expected {}", tag, name, p.device().str(), device.str()));
-    // Element-wise within rtol 1e-9 (atol 1e-12 of the tensor's largest), in float64.
-    const double ratio = allclose_ratio(p, r, 1e-9, 1e-12);
+    const double ratio = param_ratio(p, r);
     worst = std::max(worst, ratio);
     check(ratio <= 1, fmt::format("{}: {} differs from single-process training by {:.3g} of the allowed", tag, name, ratio));
   }
@@ -212,7 +329,7 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
     for (size_t i = 0; i < std::min(whole.size(), want_state.size()); ++i) {
       check(whole[i].first == want_state[i].first, fmt::format("{}: gathered entry {} is '{}', expected '{}'", tag, i,
                                                                whole[i].first, want_state[i].first));
-      const double ratio = allclose_ratio(whole[i].second, want_state[i].second, 1e-9, 1e-12);
+      const double ratio = param_ratio(whole[i].second, want_state[i].second);
       check(ratio <= 1, fmt::format("{}: gathered {} differs by {:.3g} of the allowed", tag, whole[i].first, ratio));
     }
     nn::save_safetensors(path, whole);
@@ -226,16 +343,16 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   if (pg->rank() == last) {
     check(at_last.size() == want_state.size(), tag + ": gathered on the last rank: wrong count");
     for (size_t i = 0; i < std::min(at_last.size(), want_state.size()); ++i) {
-      const double ratio = allclose_ratio(at_last[i].second, want_state[i].second, 1e-9, 1e-12);
+      const double ratio = param_ratio(at_last[i].second, want_state[i].second);
       check(at_last[i].first == want_state[i].first && ratio <= 1,
             fmt::format("{}: gathered on rank {}: {} differs by {:.3g} of the allowed", tag, last, at_last[i].first, ratio));
     }
   }
   pg->barrier()->wait();
   // Fresh stages (other initial values) take the checkpoint back.
-  auto fresh_model = make_model(kind, 7);
-  fresh_model->to(device);
-  PipelineStage fresh(fresh_model, plan, pg);
+  Workload fresh_work = make_workload(kind, 7);
+  fresh_work.root->to(device);
+  PipelineStage fresh(std::move(fresh_work.model), plan, pg);
   fresh.load_state_dict(nn::load_safetensors(path).tensors);
   nn::NamedTensors trained = stage.state_dict(), restored = fresh.state_dict();
   check(trained.size() == restored.size(), tag + ": the fresh stage has other tensors");
@@ -355,6 +472,48 @@ void scenario_errors(const std::shared_ptr<ProcessGroup>& pg) {
                {"the plan has num_layers 6 but the model (Sequential) has 7 blocks"}, "plan for another model");
   expect_error([&] { PipelineStage(model, uniform_plan(7, {3}, {2, 1}, 16, 4, "1f1b"), pg); },
                {"stage 1 names rank 2; expected ranks in [0, 2)"}, "plan for another world size");
+  // Models given as blocks: a cut for another model, ranks that disagree on the model or the
+  // device, blocks owning what the model lacks or a buffer on two stages, a wrong tensor count.
+  expect_error([&] { PipelineStage(make_workload("gpt").model, uniform_plan(5, {2}, {1, 1}, 8, 2, "1f1b"), pg); },
+               {"the plan has num_layers 5 but the model (GPT2LMHeadModel) has 4 blocks"}, "GPT plan for another model");
+  {
+    Workload w = make_workload("gpt");
+    if (pg->rank() == 1) w.root->to(Device("sim:0"));
+    expect_error([&] { PipelineStage(std::move(w.model), uniform_plan(4, {2}, {1, 1}, 8, 2, "1f1b"), pg); },
+                 {"rank 1 (stage 1) runs on sim but rank 0 (stage 0) on cpu",
+                  "every stage of a pipeline must run on the same kind of device"},
+                 "stages on different kinds of device");
+  }
+  {
+    Workload w = make_workload("gpt");
+    if (pg->rank() == 1) w.model.blocks[1].owns = {"transformer.h.1"};
+    expect_error([&] { PipelineStage(std::move(w.model), uniform_plan(4, {2}, {1, 1}, 8, 2, "1f1b"), pg); },
+                 {"rank 1 (stage 1) built a model of 4 blocks that differs from rank 0's", "every rank must build the same model"},
+                 "ranks with different models");
+  }
+  {
+    Workload w = make_workload("gpt");
+    w.model.blocks[3].owns.push_back("transformer.lm_head.weight");
+    expect_error([&] { PipelineStage(std::move(w.model), uniform_plan(4, {2}, {1, 1}, 8, 2, "1f1b"), pg); },
+                 {"block 'head' owns 'transformer.lm_head.weight', which is neither a module nor a parameter or buffer"},
+                 "a block owning what the model lacks");
+  }
+  {
+    auto net = std::make_shared<nn::Sequential>();
+    net->push_back(std::make_shared<nn::Linear>(4, 4));
+    net->push_back(std::make_shared<nn::BatchNorm1d>(4));
+    BlockModel bm = blocks_of(net);
+    bm.blocks[0].owns.push_back("1.running_mean");
+    expect_error([&] { PipelineStage(std::move(bm), uniform_plan(2, {1}, {1, 1}, 8, 2, "1f1b"), pg); },
+                 {"buffer '1.running_mean' is owned by blocks of stages 0 and 1; only parameters can be tied"},
+                 "a buffer on two stages");
+  }
+  {
+    Workload w = make_workload("bert");
+    expect_error([&] { w.model.blocks.back().forward({zeros({2, 4})}); },
+                 {"block 'head' was given 1 tensor(s); expected 3 (hidden states, additive mask, labels)"},
+                 "a block given the wrong number of tensors");
+  }
   PipelineStage stage(model, uniform_plan(7, {3}, {1, 1}, 16, 4, "1f1b"), pg);
   optim::SGD opt(stage.parameters(), sgd_options());
   Tensor x = make_input("mlp", 16, 1), y = make_target(16, 1);
