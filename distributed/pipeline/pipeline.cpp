@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -657,6 +658,7 @@ StepStats PipelineStage::train_step(const TensorList& inputs, const TensorList& 
         break;
       }
       case ActionType::OptimizerStep:
+        if (options_.max_grad_norm > 0) stats.grad_norm = clip_gradients(options_.max_grad_norm);
         optimizer.step();
         break;
     }
@@ -698,6 +700,31 @@ void PipelineStage::reduce_tied_gradients() {
            fmt::join(tie.names, ", "), fmt::join(tie.stages, ", "), steps_, e.what());
     }
   }
+}
+
+double PipelineStage::clip_gradients(double max_norm) {
+  NoGradGuard no_grad;
+  // Each rank's squared norm over its stage's parameters, divided by the stage's replicas (they all
+  // hold the same gradients); a tied parameter counts on the lowest stage holding it only.
+  std::set<const TensorImpl*> skip;
+  for (const Tie& tie : ties_)
+    if (tie.stages.front() != stage_)
+      for (const Tensor& p : tie.params) skip.insert(p.unsafe_impl());
+  double sum = 0;
+  for (const Tensor& p : module_->parameters()) {
+    if (!p.grad().defined() || skip.count(p.unsafe_impl())) continue;
+    const Tensor g = p.grad().to(kFloat64);
+    sum += (g * g).sum().item<double>();
+  }
+  Tensor total = full({1}, sum / num_replicas(), {.dtype = kFloat64});
+  group_->allreduce({total})->wait();
+  const double norm = std::sqrt(total.item<double>());
+  const double scale = max_norm / (norm + 1e-6);
+  if (scale < 1) {
+    for (Tensor& p : module_->parameters())
+      if (p.grad().defined()) p.mutable_grad().mul_(scale);
+  }
+  return norm;
 }
 
 std::vector<std::string> PipelineStage::tied_parameters() const {

@@ -82,6 +82,11 @@ struct PipelineOptions {
   // generator's state of the first run (dropout draws the same masks). Gradients are unchanged; the
   // activation memory per micro-batch in flight drops to the stage's input and output.
   bool recompute = false;
+  // Gradient clipping before each optimizer step (0: off): the norm of the whole model's gradient
+  // (every stage's parameters, a tied one once) is measured with one scalar allreduce over the
+  // group, and every stage scales by max_grad_norm / norm when it is larger, as
+  // clip_grad_norm_ on the whole model would.
+  double max_grad_norm = 0;
 };
 
 // Mean loss over the rows of `output` (the last stage's output slice) and `target`.
@@ -102,6 +107,7 @@ struct StepStats {
   // activations plus the step's temporaries and gradients (every thread's allocations; memory
   // from before the step that is freed during it makes it read low).
   size_t peak_step_bytes = 0;
+  double grad_norm = 0;  // the whole model's gradient norm before clipping (with max_grad_norm)
   double step_ms = 0;
   // Of step_ms: blocked receiving activations and gradients and waiting for the step's sends to
   // complete (the pipeline's bubbles and its communication as this rank saw them); the rest is
@@ -188,6 +194,7 @@ class PipelineStage {
   void wait_sends();
   void check_agreement(const BlockModel& model);
   void reduce_tied_gradients();
+  double clip_gradients(double max_norm);
   [[noreturn]] void rethrow(const std::exception& e, const std::string& what, int micro_batch, int peer) const;
   std::string where() const;
 

@@ -47,9 +47,9 @@ TEST_CASE("GPT-tiny and BERT-tiny: 2 stages x 2 replicas, 4 stages (GPipe, 1F1B)
                          "bert/1,1,1,1/4/gpipe", "bert/1,1,1,1/4/1f1b"}));
 }
 
-TEST_CASE("GPT-tiny and BERT-tiny: 2+1 replicas train exactly as one process, with and without recomputation", "[pipeline][equivalence][models]") {
+TEST_CASE("GPT-tiny and BERT-tiny: 2+1 replicas train exactly as one process, with recomputation, with clipping", "[pipeline][equivalence][models]") {
   require_all_ok(run(3, {"equivalence", "gpt/2,1/4/1f1b", "bert/2,1/2/1f1b", "bert/1,2/2/gpipe/recompute",
-                         "gpt/1,1,1/4/1f1b/recompute"}));
+                         "gpt/1,1,1/4/1f1b/recompute", "gpt/2,1/2/1f1b/clip", "bert/1,1,1/2/gpipe/clip"}));
 }
 
 // Negative control: without the sum of the tied word embedding's gradients over the first and last

@@ -255,10 +255,13 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   std::stringstream ss(config);
   std::string item;
   while (std::getline(ss, item, '/')) parts.push_back(item);
-  const bool recompute = !parts.empty() && parts.back() == "recompute";
-  if (recompute) parts.pop_back();
+  bool recompute = false, clip = false;
+  while (!parts.empty() && (parts.back() == "recompute" || parts.back() == "clip")) {
+    (parts.back() == "clip" ? clip : recompute) = true;
+    parts.pop_back();
+  }
   if (parts.size() != 4 && parts.size() != 5) {
-    fail("pipeline_worker: config '{}' is not model/replicas/micro_batches/schedule[/device][/recompute]", config);
+    fail("pipeline_worker: config '{}' is not model/replicas/micro_batches/schedule[/device][/recompute][/clip]", config);
   }
   const Device device = parts.size() == 5 ? Device(parts[4]) : kCPU;
   const std::string kind = parts[0], schedule = parts[3];
@@ -275,6 +278,9 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   PipelinePlan plan = uniform_plan(L, even_cuts(L, S), replicas, global, M, schedule);
   PipelineOptions options;
   options.recompute = recompute;
+  // Clipping at a norm below the gradients' (about 1-3 here), so that it scales every step.
+  constexpr double kMaxNorm = 0.25;
+  if (clip) options.max_grad_norm = kMaxNorm;
   PipelineStage stage(std::move(work.model), plan, pg, options);
   work.root.reset();  // the stage holds its own blocks only
   optim::SGD opt(stage.parameters(), sgd_options());
@@ -295,6 +301,12 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
     ref_opt.zero_grad();
     Tensor ref_loss = ref.reference_loss(x, y);
     ref_loss.backward();
+    if (clip) {
+      const double norm = optim::clip_grad_norm_(ref.root->parameters(), kMaxNorm);
+      check(norm > kMaxNorm, fmt::format("{} step {}: the gradient norm {} does not exceed the clipping norm", tag, step, norm));
+      check(std::abs(st.grad_norm - norm) <= 1e-10 * norm,
+            fmt::format("{} step {}: gradient norm {:.17g}, single-process {:.17g}", tag, step, st.grad_norm, norm));
+    }
     ref_opt.step();
     const double want = ref_loss.item<double>();
     check(std::abs(st.loss - want) <= 1e-9 * std::abs(want),
