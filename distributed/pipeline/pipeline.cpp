@@ -733,6 +733,12 @@ std::vector<std::string> PipelineStage::tied_parameters() const {
   return out;
 }
 
+nn::NamedTensors PipelineStage::named_parameters() const {
+  nn::NamedTensors out;
+  for (auto& [name, t] : module_->named_parameters()) out.emplace_back(unescaped(name), t);
+  return out;
+}
+
 nn::NamedTensors PipelineStage::state_dict() const {
   nn::NamedTensors local = module_->state_dict(), out;
   std::map<std::string, Tensor> by_name;

@@ -148,6 +148,8 @@ class PipelineStage {
   const Schedule& schedule() const { return schedule_; }
   const std::shared_ptr<StageModule>& module() const { return module_; }
   std::vector<Tensor> parameters() const { return module_->parameters(); }
+  // This stage's parameters under their names in the whole model (for optimizer groups by name).
+  nn::NamedTensors named_parameters() const;
   // Names (whole model's) of this stage's parameters that other stages hold too (tied).
   std::vector<std::string> tied_parameters() const;
   // This stage's parameters and buffers, named and ordered as in the whole model's state_dict().

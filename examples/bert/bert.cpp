@@ -20,10 +20,12 @@
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "data/data.h"
 #include "distributed/ddp.h"
 #include "examples/common/example_util.h"
+#include "examples/common/pipeline_flags.h"
 #include "examples/models/bert.h"
 #include "nn/nn.h"
 #include "nn/serialize.h"
@@ -58,12 +60,13 @@ struct Flags {
   double log_every_s = 10;
   std::string amp = "none";  // none, bf16, fp16
   std::string device = "auto";
+  examples::PipelineFlags pipeline;
 };
 
 // No weight decay on biases and LayerNorm parameters (BERT's recipe).
-std::unique_ptr<optim::AdamW> make_optimizer(models::BertForPreTraining& model, const Flags& f) {
+std::unique_ptr<optim::AdamW> make_optimizer(const nn::NamedTensors& params, const Flags& f) {
   optim::ParamGroup decay, no_decay;
-  for (auto& [name, p] : model.named_parameters()) {
+  for (auto& [name, p] : params) {
     const bool exempt = name.find("LayerNorm") != std::string::npos || name.ends_with("bias");
     (exempt ? no_decay : decay).params.push_back(p);
   }
@@ -143,6 +146,7 @@ int main(int argc, char** argv) {
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
   examples::add_amp_option(app, f.amp);
   examples::add_device_option(app, f.device);
+  examples::add_pipeline_options(app, f.pipeline);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -152,11 +156,20 @@ int main(int argc, char** argv) {
     if (f.synthetic && (f.resume != "no" || !f.checkpoint_dir.empty())) fail("bert: --synthetic does not checkpoint");
     const Device device = examples::training_device(f.device);
     examples::Job job = examples::Job::join(device);
-    if (f.batch_size % (job.world * f.accumulate) != 0) {
+    const bool pipelined = f.pipeline.enabled();
+    if (pipelined) {
+      // Not yet with a pipeline: mixed precision's loss scaling and the checkpoints (docs/pipeline.md);
+      // its micro-batches replace --accumulate.
+      if (f.amp != "none") fail("bert: --amp {} is not supported with a pipeline yet; expected --amp none", f.amp);
+      if (!f.checkpoint_dir.empty()) fail("bert: --checkpoint-dir is not supported with a pipeline yet");
+      if (f.accumulate != 1) fail("bert: --accumulate {} with a pipeline; its --micro-batches replace it", f.accumulate);
+      examples::pipeline_group(job);
+    } else if (f.batch_size % (job.world * f.accumulate) != 0) {
       fail("bert: --batch-size {} must be divisible by {} processes x --accumulate {}", f.batch_size, job.world,
            f.accumulate);
     }
-    const int64_t micro = f.batch_size / (job.world * f.accumulate);
+    // Data parallel: each process reads its share; pipelined: every process the whole global batch.
+    const int64_t micro = pipelined ? f.batch_size : f.batch_size / (job.world * f.accumulate);
     const std::string data_dir = f.data_dir.empty() ? data::default_data_dir() : f.data_dir;
 
     models::BertConfig config = models::BertConfig::named(f.config);
@@ -169,7 +182,7 @@ int main(int argc, char** argv) {
     if (f.synthetic) {
       // Random word pieces, the same shape and masking as real batches.
       manual_seed(f.seed + 7);
-      Tensor seqs = randint(999, config.vocab_size, {std::max<int64_t>(micro * job.world * f.accumulate, 1), f.seq_len});
+      Tensor seqs = randint(999, config.vocab_size, {std::max<int64_t>(f.batch_size, 1), f.seq_len});
       seqs.select(1, 0).fill_(tokenizer.cls_id());
       seqs.select(1, f.seq_len - 1).fill_(tokenizer.sep_id());
       train = std::make_shared<data::MaskedLMDataset>(seqs, tokenizer, data::MaskingOptions{.seed = f.seed});
@@ -185,7 +198,8 @@ int main(int argc, char** argv) {
                           corpus.documents.size(), corpus_tokens, train->size(), heldout->size(), held.documents.size(),
                           f.seq_len));
     }
-    auto sampler = std::make_shared<data::DistributedSampler>(train->size(), job.world, job.rank, true, f.seed);
+    auto sampler = std::make_shared<data::DistributedSampler>(train->size(), pipelined ? 1 : job.world,
+                                                              pipelined ? 0 : job.rank, true, f.seed);
     data::DataLoader loader(train, {.batch_size = micro, .drop_last = true, .num_workers = 1, .sampler = sampler});
     const int64_t steps_per_epoch = loader.size() / f.accumulate;
     if (steps_per_epoch < 1) fail("bert: {} sequences give no full step of batch {}", train->size(), f.batch_size);
@@ -193,13 +207,33 @@ int main(int argc, char** argv) {
     manual_seed(f.seed);
     auto model = std::make_shared<models::BertForPreTraining>(config);
     model->to(device);
+    const int64_t parameters = examples::count_parameters(*model);
+    EvalResult before;
+    if (pipelined && heldout && f.eval_sequences > 0) {
+      // Before the model is cut into stages: every rank the same initial model, alone.
+      before = evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), examples::Job{}, device);
+    }
     std::shared_ptr<distributed::DistributedDataParallel> ddp;
-    if (job.group) {
+    std::unique_ptr<distributed::pipeline::PipelineStage> stage;
+    std::optional<distributed::pipeline::PipelinePlan> plan;
+    if (pipelined) {
+      distributed::pipeline::BlockModel blocks = model->pipeline_blocks();
+      plan = examples::make_pipeline_plan("bert", f.pipeline, static_cast<int>(blocks.size()), job.world, f.batch_size);
+      if (plan->global_batch != f.batch_size) {
+        fail("bert: the plan's global batch is {}, --batch-size {}; expected the same", plan->global_batch, f.batch_size);
+      }
+      distributed::pipeline::PipelineOptions options;
+      options.recompute = f.pipeline.recompute;
+      options.max_grad_norm = 1.0;
+      model.reset();
+      stage = std::make_unique<distributed::pipeline::PipelineStage>(std::move(blocks), *plan, job.group, options);
+      job.log(fmt::format("pipeline: {}, world size {}", examples::describe(*plan), job.world));
+    } else if (job.group) {
       // The pooler and the next-sentence head take no part in masked-LM training.
       ddp = std::make_shared<distributed::DistributedDataParallel>(
           model, job.group, distributed::DDPOptions{.find_unused_parameters = true});
     }
-    auto opt = make_optimizer(*model, f);
+    auto opt = make_optimizer(stage ? stage->named_parameters() : model->named_parameters(), f);
     optim::WarmupDecayLR sched(*opt, static_cast<int64_t>(f.warmup * f.steps), f.steps, optim::WarmupDecayLR::Decay::Linear);
     examples::MixedPrecision amp(f.amp, device.type);
 
@@ -221,13 +255,14 @@ int main(int argc, char** argv) {
       job.log(fmt::format("saved {} at step {}", ckpt_path, step));
     };
 
-    job.log(fmt::format("BERT-{}: {} parameters, world size {}, batch {} = {} processes x {} micro-batches x {} sequences "
-                        "of {}, {} steps ({} per epoch), {} threads per process",
-                        f.config, examples::count_parameters(*model), job.world, f.batch_size, job.world, f.accumulate,
-                        micro, f.seq_len, f.steps, steps_per_epoch, get_num_threads()));
-    EvalResult before;
+    job.log(fmt::format("BERT-{}: {} parameters, world size {}, batch {} = {} sequences of {}, {} steps ({} per epoch), "
+                        "{} threads per process",
+                        f.config, parameters, job.world, f.batch_size,
+                        pipelined ? "the pipeline's"
+                                  : fmt::format("{} processes x {} micro-batches x {}", job.world, f.accumulate, micro),
+                        f.seq_len, f.steps, steps_per_epoch, get_num_threads()));
     if (heldout && f.eval_sequences > 0 && !resuming) {
-      before = evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), job, device);
+      if (!pipelined) before = evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), job, device);
       job.log(fmt::format("held-out before training: masked-LM loss {:.4f} (ln {} = {:.4f}), masked-token accuracy {:.2f}% "
                           "over {} predictions",
                           before.loss, config.vocab_size, std::log(static_cast<double>(config.vocab_size)),
@@ -254,6 +289,14 @@ int main(int argc, char** argv) {
           opt->zero_grad();
           t_step = Clock::now();
         }
+        if (stage) {
+          // Forward, backward, the replicas' and tied gradients' sums, clipping and the step.
+          const Tensor ids = b.data;
+          step_loss = stage->train_step({ids, ne(ids, tokenizer.pad_id()).to(kInt64), b.target}, {},
+                                        models::BertForPreTraining::pipeline_loss, *opt)
+                          .loss;
+          tokens += b.data.numel();
+        }
         auto run = [&] {
           Tensor loss;
           // [PAD] (id 0) only ends the corpus's last sequence; masking never writes it.
@@ -266,21 +309,24 @@ int main(int argc, char** argv) {
           amp.backward(loss / static_cast<double>(f.accumulate));
           step_loss += loss.item<double>() / f.accumulate;
         };
-        if (ddp && !last_micro) {
+        if (stage) {
+        } else if (ddp && !last_micro) {
           auto guard = ddp->no_sync();
           run();
         } else {
           run();
         }
-        tokens += b.data.numel() * job.world;
+        if (!stage) tokens += b.data.numel() * job.world;
         if (!last_micro) {
           ++micro_i;
           continue;
         }
         micro_i = 0;
-        amp.unscale(*opt);
-        optim::clip_grad_norm_(model->parameters(), 1.0);
-        amp.step(*opt);
+        if (!stage) {
+          amp.unscale(*opt);
+          optim::clip_grad_norm_(model->parameters(), 1.0);
+          amp.step(*opt);
+        }
         sched.step();
         ++step;
         step_times.push_back(std::chrono::duration<double>(Clock::now() - t_step).count());
@@ -307,12 +353,22 @@ int main(int argc, char** argv) {
     }
     const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
     if (!f.synthetic && step % f.checkpoint_every != 0) save();
+    if (stage) {
+      // Rank 0 assembles the whole model and evaluates it alone (pipelined evaluation is not built
+      // yet: docs/pipeline.md).
+      nn::NamedTensors whole = stage->gather_state_dict(0);
+      if (job.rank == 0) {
+        model = std::make_shared<models::BertForPreTraining>(config);
+        model->to(device);
+        model->load_state_dict(whole);
+      }
+    }
     nlohmann::json summary = {{"mode", f.synthetic ? "synthetic" : "sotu"},
                               {"config", f.config},
                               {"amp", f.amp},
                               {"skipped_steps", amp.skipped_steps()},
                               {"loss_scale", amp.scaler() ? amp.scaler()->get_scale() : 1.0},
-                              {"parameters", examples::count_parameters(*model)},
+                              {"parameters", parameters},
                               {"seq_len", f.seq_len},
                               {"batch_size", f.batch_size},
                               {"accumulate", f.accumulate},
@@ -329,8 +385,13 @@ int main(int argc, char** argv) {
       std::sort(sorted.begin(), sorted.end());
       summary["median_step_s"] = sorted[sorted.size() / 2];
     }
-    if (heldout && f.eval_sequences > 0) {
-      EvalResult after = evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), job, device);
+    if (pipelined) {
+      summary["pipeline"] = examples::describe(*plan);
+      summary["recompute"] = f.pipeline.recompute;
+    }
+    if (heldout && f.eval_sequences > 0 && (!pipelined || job.rank == 0)) {
+      EvalResult after =
+          evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), pipelined ? examples::Job{} : job, device);
       job.log(fmt::format("held-out after {} steps: masked-LM loss {:.4f}, masked-token accuracy {:.2f}% over {} predictions",
                           step, after.loss, 100 * after.accuracy, after.predicted));
       if (!resuming) {

@@ -31,6 +31,7 @@
 #include "data/data.h"
 #include "distributed/ddp.h"
 #include "examples/common/example_util.h"
+#include "examples/common/pipeline_flags.h"
 #include "examples/models/gpt.h"
 #include "nn/nn.h"
 #include "nn/serialize.h"
@@ -68,6 +69,7 @@ struct Flags {
   int64_t top_k = 0;
   std::string tokenizer = "bytes";
   int64_t vocab_size = 1024;
+  examples::PipelineFlags pipeline;
 };
 
 // Text to token ids and back: bytes, or byte-level BPE learned from the training text.
@@ -136,9 +138,9 @@ std::shared_ptr<data::TensorDataset> windows(const std::vector<int64_t>& ids, in
 
 // GPT-2's recipe (as nanoGPT): weight decay on the matrices (dim >= 2: projections and
 // embeddings), none on biases and LayerNorm.
-std::unique_ptr<optim::AdamW> make_optimizer(models::GPT2LMHeadModel& model, const Flags& f) {
+std::unique_ptr<optim::AdamW> make_optimizer(const std::vector<Tensor>& params, const Flags& f) {
   optim::ParamGroup decay, no_decay;
-  for (const Tensor& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
+  for (const Tensor& p : params) (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
   decay.options["weight_decay"] = f.weight_decay;
   no_decay.options["weight_decay"] = 0.0;
   optim::AdamOptions o = optim::AdamW::default_options();
@@ -213,6 +215,7 @@ int main(int argc, char** argv) {
   app.add_option("--top-k", f.top_k, "sample among the k most likely tokens (0: all)")->check(CLI::Range(0, 65536));
   examples::add_amp_option(app, f.amp);
   examples::add_device_option(app, f.device);
+  examples::add_pipeline_options(app, f.pipeline);
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -222,10 +225,18 @@ int main(int argc, char** argv) {
     if (f.sample > 0 && f.prompt.empty()) fail("gpt: --sample needs a --prompt of at least one byte");
     const Device device = examples::training_device(f.device);
     examples::Job job = examples::Job::join(device);
-    if (f.batch_size % job.world != 0) {
+    const bool pipelined = f.pipeline.enabled();
+    if (pipelined) {
+      // Not yet with a pipeline: mixed precision's loss scaling and the checkpoints (docs/pipeline.md).
+      if (f.amp != "none") fail("gpt: --amp {} is not supported with a pipeline yet; expected --amp none", f.amp);
+      if (!f.checkpoint_dir.empty()) fail("gpt: --checkpoint-dir is not supported with a pipeline yet");
+      examples::pipeline_group(job);
+    } else if (f.batch_size % job.world != 0) {
       fail("gpt: --batch-size {} must be divisible by the {} processes", f.batch_size, job.world);
     }
-    const int64_t micro = f.batch_size / job.world;
+    // Data parallel: each process reads its share of the global batch; pipelined: every process
+    // reads the whole global batch (the stages cut it into micro-batches and replicas).
+    const int64_t micro = pipelined ? f.batch_size : f.batch_size / job.world;
 
     models::GPTConfig config = models::GPTConfig::named(f.config);
     if (f.seq_len > config.n_positions) {
@@ -249,7 +260,8 @@ int main(int argc, char** argv) {
                         "tokens ({} addresses, {} sequences)",
                         corpus.documents, corpus.train.size(), train_ids.size(), train->size(), f.seq_len,
                         corpus.heldout.size(), heldout_ids.size(), corpus.heldout_documents, heldout->size()));
-    auto sampler = std::make_shared<data::DistributedSampler>(train->size(), job.world, job.rank, true, f.seed);
+    auto sampler = std::make_shared<data::DistributedSampler>(train->size(), pipelined ? 1 : job.world,
+                                                              pipelined ? 0 : job.rank, true, f.seed);
     data::DataLoader loader(train, {.batch_size = micro, .drop_last = true, .num_workers = 0, .sampler = sampler});
     const int64_t steps_per_epoch = loader.size();
     if (steps_per_epoch < 1) fail("gpt: {} sequences give no full step of batch {}", train->size(), f.batch_size);
@@ -257,9 +269,32 @@ int main(int argc, char** argv) {
     manual_seed(f.seed);
     auto model = std::make_shared<models::GPT2LMHeadModel>(config);
     model->to(device);
+    const int64_t parameters = examples::count_parameters(*model);
+    double before = -1;
+    const bool resuming = examples::should_resume(f.resume, f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors");
+    if (pipelined && f.eval_sequences > 0 && !resuming) {
+      // Before the model is cut into stages: every rank the same initial model, alone.
+      before = evaluate(*model, *heldout, f.eval_sequences, examples::Job{}, device);
+    }
     std::shared_ptr<distributed::DistributedDataParallel> ddp;
-    if (job.group) ddp = std::make_shared<distributed::DistributedDataParallel>(model, job.group);
-    auto opt = make_optimizer(*model, f);
+    std::unique_ptr<distributed::pipeline::PipelineStage> stage;
+    std::optional<distributed::pipeline::PipelinePlan> plan;
+    if (pipelined) {
+      distributed::pipeline::BlockModel blocks = model->pipeline_blocks();
+      plan = examples::make_pipeline_plan("gpt", f.pipeline, static_cast<int>(blocks.size()), job.world, f.batch_size);
+      if (plan->global_batch != f.batch_size) {
+        fail("gpt: the plan's global batch is {}, --batch-size {}; expected the same", plan->global_batch, f.batch_size);
+      }
+      distributed::pipeline::PipelineOptions options;
+      options.recompute = f.pipeline.recompute;
+      options.max_grad_norm = 1.0;
+      model.reset();
+      stage = std::make_unique<distributed::pipeline::PipelineStage>(std::move(blocks), *plan, job.group, options);
+      job.log(fmt::format("pipeline: {}, world size {}", examples::describe(*plan), job.world));
+    } else if (job.group) {
+      ddp = std::make_shared<distributed::DistributedDataParallel>(model, job.group);
+    }
+    auto opt = make_optimizer(stage ? stage->parameters() : model->parameters(), f);
     optim::WarmupDecayLR sched(*opt, static_cast<int64_t>(f.warmup * f.steps), f.steps,
                                optim::WarmupDecayLR::Decay::Cosine, f.lr / 10);
     examples::MixedPrecision amp(f.amp, device.type);
@@ -271,7 +306,6 @@ int main(int argc, char** argv) {
                                    {"seq_len", std::to_string(f.seq_len)},
                                    {"tokenizer", f.tokenizer},
                                    {"vocab_size", std::to_string(tok.vocab_size())}};
-    const bool resuming = examples::should_resume(f.resume, ckpt_path);
     if (resuming) {
       step = examples::load_checkpoint(ckpt_path, *model, *opt, sched, identity, amp.scaler()).step;
       job.log(fmt::format("resumed from {} at step {}", ckpt_path, step));
@@ -285,15 +319,14 @@ int main(int argc, char** argv) {
       job.log(fmt::format("saved {} at step {}", ckpt_path, step));
     };
 
-    const int64_t parameters = examples::count_parameters(*model);
     job.log(fmt::format("GPT-2 {}: {} parameters ({} layers, {} wide, {} heads, {} vocabulary of {}), world size {}, batch {} "
-                        "= {} processes x {} sequences of {}, {} steps ({} per epoch), {} threads per process",
+                        "= {} sequences of {}, {} steps ({} per epoch), {} threads per process",
                         f.config, parameters, config.n_layer, config.n_embd, config.n_head, f.tokenizer,
                         tok.vocab_size(), job.world, f.batch_size,
-                        job.world, micro, f.seq_len, f.steps, steps_per_epoch, get_num_threads()));
-    double before = -1;
+                        pipelined ? "the pipeline's" : fmt::format("{} processes x {}", job.world, micro), f.seq_len,
+                        f.steps, steps_per_epoch, get_num_threads()));
     if (f.eval_sequences > 0 && !resuming) {
-      before = evaluate(*model, *heldout, f.eval_sequences, job, device);
+      if (!pipelined) before = evaluate(*model, *heldout, f.eval_sequences, job, device);
       job.log(fmt::format("held-out before training: loss {:.4f} (ln {} = {:.4f}), perplexity {:.2f}", before,
                           tok.vocab_size(), std::log(static_cast<double>(tok.vocab_size())), std::exp(before)));
     }
@@ -308,21 +341,25 @@ int main(int argc, char** argv) {
       loader.set_epoch(epoch);
       loader.skip_batches(step % steps_per_epoch);
       for (data::Batch& b : loader) {
-        opt->zero_grad();
-        Tensor loss;
-        auto call = [&] {
-          auto scope = amp.autocast();
-          return model->loss(b.data.to(device), b.target.to(device));
-        };
-        loss = ddp ? ddp->forward(call) : call();
-        amp.backward(loss);
-        amp.unscale(*opt);
-        optim::clip_grad_norm_(model->parameters(), 1.0);
-        amp.step(*opt);
+        if (stage) {
+          // Forward, backward, the replicas' and tied gradients' sums, clipping and the step.
+          last_loss = stage->train_step({b.data}, {b.target}, models::GPT2LMHeadModel::pipeline_loss, *opt).loss;
+        } else {
+          opt->zero_grad();
+          auto call = [&] {
+            auto scope = amp.autocast();
+            return model->loss(b.data.to(device), b.target.to(device));
+          };
+          Tensor loss = ddp ? ddp->forward(call) : call();
+          amp.backward(loss);
+          amp.unscale(*opt);
+          optim::clip_grad_norm_(model->parameters(), 1.0);
+          amp.step(*opt);
+          last_loss = loss.item<double>();
+        }
         sched.step();
         ++step;
-        tokens += b.data.numel() * job.world;
-        last_loss = loss.item<double>();
+        tokens += b.data.numel() * (pipelined ? 1 : job.world);
         if (first_loss < 0) first_loss = last_loss;
         loss_window += last_loss;
         ++window_n;
@@ -343,6 +380,18 @@ int main(int argc, char** argv) {
     }
     const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
     if (step % f.checkpoint_every != 0) save();
+    if (stage) {
+      // Rank 0 assembles the whole model, evaluates and samples alone (pipelined evaluation is not
+      // built yet: docs/pipeline.md).
+      nn::NamedTensors whole = stage->gather_state_dict(0);
+      if (job.rank == 0) {
+        models::GPTConfig c = config;
+        c.initialize = false;
+        model = std::make_shared<models::GPT2LMHeadModel>(c);
+        model->to(device);
+        model->load_state_dict(whole);
+      }
+    }
     nlohmann::json summary = {{"config", f.config},
                               {"tokenizer", f.tokenizer},
                               {"vocab_size", tok.vocab_size()},
@@ -358,8 +407,12 @@ int main(int argc, char** argv) {
                               {"world_size", job.world},
                               {"threads_per_process", get_num_threads()},
                               {"device", device.str()}};
-    if (f.eval_sequences > 0) {
-      const double after = evaluate(*model, *heldout, f.eval_sequences, job, device);
+    if (pipelined) {
+      summary["pipeline"] = examples::describe(*plan);
+      summary["recompute"] = f.pipeline.recompute;
+    }
+    if (f.eval_sequences > 0 && (!pipelined || job.rank == 0)) {
+      const double after = evaluate(*model, *heldout, f.eval_sequences, pipelined ? examples::Job{} : job, device);
       job.log(fmt::format("held-out after {} steps: loss {:.4f}, perplexity {:.2f}", step, after, std::exp(after)));
       if (!resuming) {
         summary["heldout_loss_before"] = before;

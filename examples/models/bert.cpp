@@ -183,15 +183,15 @@ Tensor BertForPreTraining::masked_lm_logits(const Tensor& hidden, const Tensor& 
 namespace {
 
 // The positions of flat labels [N] that are not -100, read on the host (one copy of the labels from
-// a device, as PyTorch's nonzero() would), then back on the labels' device.
-Tensor labelled_positions(const Tensor& flat, const char* who) {
+// a device, as PyTorch's nonzero() would), then on the labels' device (an empty tensor when none).
+Tensor labelled_positions(const Tensor& flat) {
   const Tensor host = flat.to(kCPU).contiguous();
   std::vector<int64_t> positions;
   const int64_t* y = host.data_ptr<int64_t>();
   for (int64_t i = 0; i < flat.numel(); ++i) {
     if (y[i] != -100) positions.push_back(i);
   }
-  if (positions.empty()) fail("{}: no position has a label (all are -100)", who);
+  if (positions.empty()) return empty({0}, {.dtype = kInt64, .device = flat.device()});
   return tensor<int64_t>(positions).to(flat.device());
 }
 
@@ -225,7 +225,9 @@ distributed::pipeline::BlockModel BertForPreTraining::pipeline_blocks() {
                         pp::expect_inputs("head", in, 3, "hidden states, additive mask, labels");
                         const Tensor& hidden = in[0];
                         Tensor flat = in[2].reshape({-1}).contiguous();
-                        Tensor pos = labelled_positions(flat, "BERT pipeline head");
+                        Tensor pos = labelled_positions(flat);
+                        // Rows without labels (possible in a replica's share): a zero loss, zero gradients.
+                        if (pos.numel() == 0) return TensorList{hidden.sum().reshape({1}) * 0.0, pos};
                         Tensor picked = index_select(hidden.reshape({-1, hidden.size(2)}), 0, pos);
                         Tensor t = norm->forward(F::gelu(dense->forward(picked)));
                         return TensorList{matmul(t, words->weight.t()) + bias, index_select(flat, 0, pos)};
@@ -235,6 +237,7 @@ distributed::pipeline::BlockModel BertForPreTraining::pipeline_blocks() {
 
 Tensor BertForPreTraining::pipeline_loss(const TensorList& outputs, const TensorList&) {
   distributed::pipeline::expect_inputs("loss", outputs, 2, "the head's logits and labels");
+  if (outputs[1].numel() == 0) return outputs[0].sum();  // no labels in these rows: the head's zero
   return F::cross_entropy(outputs[0], outputs[1]);
 }
 
@@ -245,7 +248,8 @@ Tensor BertForPreTraining::masked_lm_loss(const Tensor& input_ids, const Tensor&
          input_ids.sizes());
   }
   Tensor flat = labels.reshape({-1}).contiguous();
-  Tensor pos = labelled_positions(flat, "BertForPreTraining::masked_lm_loss");
+  Tensor pos = labelled_positions(flat);
+  if (pos.numel() == 0) fail("BertForPreTraining::masked_lm_loss: no position has a label (all are -100)");
   Tensor out = masked_lm_logits(bert->forward(input_ids, Tensor(), attention_mask), pos);
   Tensor target = index_select(flat, 0, pos);
   if (logits) *logits = out;

@@ -19,6 +19,7 @@
 #include "distributed/init.h"
 #include "distributed/pipeline/pipeline.h"
 #include "examples/common/example_util.h"
+#include "examples/common/pipeline_flags.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
@@ -31,12 +32,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 struct Flags {
-  int stages = 0;  // 0: from --replicas, else one stage per process
-  std::string replicas;
-  int micro_batches = 4;
-  std::string schedule = "1f1b";
-  bool recompute = false;
-  std::string plan;
+  examples::PipelineFlags pipeline;
   int64_t batch_size = 128;
   int hidden = 256;
   int hidden_layers = 3;
@@ -64,56 +60,12 @@ std::shared_ptr<nn::Sequential> make_model(const Flags& f) {
   return net;
 }
 
-std::vector<int> parse_replicas(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      out.push_back(std::stoi(item));
-    } catch (...) {
-      fail("pipeline: --replicas must be a comma list of positive counts (e.g. 2,1), got '{}'", s);
-    }
-  }
-  return out;
-}
-
-pp::PipelinePlan make_plan(const Flags& f, int num_layers, int world) {
-  if (!f.plan.empty()) return pp::load_plan(f.plan);
-  std::vector<int> replicas;
-  if (!f.replicas.empty()) {
-    replicas = parse_replicas(f.replicas);
-    if (f.stages > 0 && f.stages != static_cast<int>(replicas.size())) {
-      fail("pipeline: --pipeline-stages {} but --replicas lists {} stages ('{}')", f.stages, replicas.size(), f.replicas);
-    }
-  } else {
-    const int stages = f.stages > 0 ? f.stages : world;
-    if (world % stages != 0) {
-      fail("pipeline: {} processes do not split into {} stages of equal replication; give --replicas", world, stages);
-    }
-    replicas.assign(stages, world / stages);
-  }
-  const int total = std::accumulate(replicas.begin(), replicas.end(), 0);
-  if (total != world) {
-    fail("pipeline: --replicas {} adds up to {} processes, but {} were started", f.replicas, total, world);
-  }
-  return pp::uniform_plan(num_layers, pp::even_cuts(num_layers, static_cast<int>(replicas.size())), replicas,
-                          static_cast<int>(f.batch_size), f.micro_batches, f.schedule);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"Train an MLP on MNIST with pipeline + data parallelism (DAPPLE); run under chorusrun"};
-  app.add_option("--pipeline-stages", f.stages, "number of stages (default: --replicas' length, else one per process)");
-  app.add_option("--replicas", f.replicas, "processes per stage, a comma list (e.g. 2,1)");
-  app.add_option("--micro-batches", f.micro_batches, "micro-batches per global batch")->check(CLI::PositiveNumber);
-  app.add_option("--schedule", f.schedule, "gpipe or 1f1b")->check(CLI::IsMember({"gpipe", "1f1b"}));
-  app.add_flag("--recompute", f.recompute,
-               "activation recomputation: keep only each stage's input and output per micro-batch, run the "
-               "stage's forward again in backward");
-  app.add_option("--plan", f.plan, "a plan JSON (the planner's); replaces the stage, replica, batch and schedule flags");
+  examples::add_pipeline_options(app, f.pipeline);
   app.add_option("--batch-size", f.batch_size, "global batch size")->check(CLI::PositiveNumber);
   app.add_option("--hidden", f.hidden, "width of the hidden layers")->check(CLI::PositiveNumber);
   app.add_option("--hidden-layers", f.hidden_layers, "number of hidden layers")->check(CLI::PositiveNumber);
@@ -129,16 +81,12 @@ int main(int argc, char** argv) {
   try {
     const auto t_start = Clock::now();
     examples::Job job = examples::Job::join();
-    if (!job.group) {
-      // One process: a one-stage pipeline over a group of one (the same code path).
-      job.group = distributed::init_process_group({.init_method = "tcp://127.0.0.1:0", .rank = 0, .world_size = 1,
-                                                   .store = std::make_shared<distributed::TCPStore>(
-                                                       "127.0.0.1", 0, distributed::TCPStoreOptions{.is_server = true})});
-    }
+    examples::pipeline_group(job);  // alone: a one-stage pipeline over a group of one (the same code path)
     manual_seed(f.seed);
     auto model = make_model(f);
-    pp::PipelinePlan plan = make_plan(f, static_cast<int>(model->size()), job.world);
-    if (!f.plan.empty()) f.batch_size = plan.global_batch;
+    pp::PipelinePlan plan =
+        examples::make_pipeline_plan("pipeline", f.pipeline, static_cast<int>(model->size()), job.world, f.batch_size);
+    if (!f.pipeline.plan.empty()) f.batch_size = plan.global_batch;
 
     const std::string root = (f.data_dir.empty() ? data::default_data_dir() : f.data_dir) + "/mnist";
     auto train = std::make_shared<data::MNIST>(root, data::Split::Train);
@@ -148,17 +96,10 @@ int main(int argc, char** argv) {
     data::DataLoader loader(train, {.batch_size = f.batch_size, .drop_last = true, .sampler = sampler});
 
     pp::PipelineOptions options;
-    options.recompute = f.recompute;
+    options.recompute = f.pipeline.recompute;
     pp::PipelineStage stage(model, plan, job.group, options);
     optim::SGD opt(stage.parameters(), {.lr = f.lr, .momentum = 0.9});
-    job.log(fmt::format("pipeline: {} stages, replicas [{}], {} micro-batches of {}, schedule {}, world size {}",
-                        plan.num_stages(),
-                        fmt::join([&] {
-                          std::vector<size_t> r;
-                          for (const auto& s : plan.stages) r.push_back(s.ranks.size());
-                          return r;
-                        }(), ","),
-                        plan.micro_batches, plan.micro_batch_size(), plan.schedule, job.world));
+    job.log(fmt::format("pipeline: {}, world size {}", examples::describe(plan), job.world));
     job.log(pp::to_string(stage.schedule()));
 
     int64_t step = 0;
@@ -203,7 +144,7 @@ int main(int argc, char** argv) {
     }
     nlohmann::json summary = {
         {"schedule", plan.schedule},
-        {"recompute", f.recompute},
+        {"recompute", f.pipeline.recompute},
         {"stages", plan.num_stages()},
         {"micro_batches", plan.micro_batches},
         {"world_size", job.world},

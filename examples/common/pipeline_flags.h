@@ -1,0 +1,126 @@
+// The pipeline flags every example takes (docs/pipeline.md), and the plan they describe:
+//
+//   --pipeline-stages S   stages (default: --replicas' length, else one per process)
+//   --replicas 2,1        processes per stage
+//   --micro-batches M     micro-batches per global batch
+//   --schedule 1f1b       gpipe or 1f1b
+//   --recompute           activation recomputation per stage
+//   --plan plan.json      the planner's plan (replaces the four above and the global batch)
+//
+// With none of them an example trains data-parallel as before; with any, the model's blocks
+// (pipeline_blocks()) are cut into stages and every rank reads the same global batches.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "distributed/init.h"
+#include "distributed/pipeline/pipeline.h"
+#include "distributed/store.h"
+#include "examples/common/example_util.h"
+
+namespace chorus::examples {
+
+struct PipelineFlags {
+  int stages = 0;
+  std::string replicas;
+  int micro_batches = 4;
+  std::string schedule = "1f1b";
+  bool recompute = false;
+  std::string plan;
+  // Whether any pipeline flag was given (so an example pipelines rather than runs DDP).
+  bool enabled() const { return stages > 0 || !replicas.empty() || !plan.empty(); }
+};
+
+inline void add_pipeline_options(CLI::App& app, PipelineFlags& f) {
+  app.add_option("--pipeline-stages", f.stages, "pipeline stages (default: --replicas' length, else one per process)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--replicas", f.replicas, "pipeline: processes per stage, a comma list (e.g. 2,1)");
+  app.add_option("--micro-batches", f.micro_batches, "pipeline: micro-batches per global batch")->check(CLI::PositiveNumber);
+  app.add_option("--schedule", f.schedule, "pipeline schedule: gpipe or 1f1b")->check(CLI::IsMember({"gpipe", "1f1b"}));
+  app.add_flag("--recompute", f.recompute,
+               "pipeline: activation recomputation (keep only each stage's inputs and outputs per micro-batch, run the "
+               "stage's forward again in backward)");
+  app.add_option("--plan", f.plan, "a pipeline plan JSON (the planner's); replaces the stage, replica, micro-batch and "
+                                   "schedule flags and the global batch");
+}
+
+inline std::vector<int> parse_replicas(const std::string& program, const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    int n = 0;
+    try {
+      n = std::stoi(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != item.size() || item.empty() || n < 1) {
+      fail("{}: --replicas must be a comma list of positive counts (e.g. 2,1), got '{}'", program, s);
+    }
+    out.push_back(n);
+  }
+  if (out.empty()) fail("{}: --replicas must be a comma list of positive counts (e.g. 2,1), got '{}'", program, s);
+  return out;
+}
+
+// The plan of the flags for a model of `num_blocks` blocks over `world` processes: --plan's, or
+// even cuts of the blocks with the replicas given (or an equal number per stage).
+inline distributed::pipeline::PipelinePlan make_pipeline_plan(const std::string& program, const PipelineFlags& f,
+                                                              int num_blocks, int world, int64_t global_batch) {
+  namespace pp = distributed::pipeline;
+  if (!f.plan.empty()) return pp::load_plan(f.plan);
+  std::vector<int> replicas;
+  if (!f.replicas.empty()) {
+    replicas = parse_replicas(program, f.replicas);
+    if (f.stages > 0 && f.stages != static_cast<int>(replicas.size())) {
+      fail("{}: --pipeline-stages {} but --replicas lists {} stages ('{}')", program, f.stages, replicas.size(), f.replicas);
+    }
+  } else {
+    const int stages = f.stages > 0 ? f.stages : world;
+    if (world % stages != 0) {
+      fail("{}: {} processes do not split into {} stages of equal replication; give --replicas", program, world, stages);
+    }
+    replicas.assign(stages, world / stages);
+  }
+  const int total = std::accumulate(replicas.begin(), replicas.end(), 0);
+  if (total != world) {
+    fail("{}: --replicas {} adds up to {} processes, but {} were started", program, f.replicas, total, world);
+  }
+  if (static_cast<int>(replicas.size()) > num_blocks) {
+    fail("{}: {} pipeline stages for a model of {} blocks; expected at most one stage per block", program,
+         replicas.size(), num_blocks);
+  }
+  return pp::uniform_plan(num_blocks, pp::even_cuts(num_blocks, static_cast<int>(replicas.size())), replicas,
+                          static_cast<int>(global_batch), f.micro_batches, f.schedule);
+}
+
+// The job's group, or a group of one when running alone (a one-stage pipeline: the same code).
+inline std::shared_ptr<distributed::ProcessGroup> pipeline_group(Job& job) {
+  if (!job.group) {
+    job.group = distributed::init_process_group({.init_method = "tcp://127.0.0.1:0", .rank = 0, .world_size = 1,
+                                                 .store = std::make_shared<distributed::TCPStore>(
+                                                     "127.0.0.1", 0, distributed::TCPStoreOptions{.is_server = true})});
+  }
+  return job.group;
+}
+
+// "3 stages, replicas [2,1,1], 4 micro-batches of 8, schedule 1f1b, blocks [0,3) [3,5) [5,8)"
+inline std::string describe(const distributed::pipeline::PipelinePlan& plan) {
+  std::vector<std::string> replicas, blocks;
+  for (const auto& s : plan.stages) {
+    replicas.push_back(std::to_string(s.ranks.size()));
+    blocks.push_back(fmt::format("[{},{})", s.first_layer, s.end_layer));
+  }
+  return fmt::format("{} stages, replicas [{}], {} micro-batches of {}, schedule {}, blocks {}", plan.num_stages(),
+                     fmt::join(replicas, ","), plan.micro_batches, plan.micro_batch_size(), plan.schedule,
+                     fmt::join(blocks, " "));
+}
+
+}  // namespace chorus::examples
