@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <filesystem>
+#include <fstream>
 #include <cmath>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -829,6 +831,124 @@ void PipelineStage::load_state_dict(const nn::NamedTensors& whole_model, bool st
     }
   }
   module_->load_state_dict(mine, strict);
+}
+
+// ------------------------------------------------------------------ checkpoints
+namespace {
+
+constexpr const char* kManifest = "pipeline-checkpoint.json";
+
+std::string stage_file(int64_t step, int stage, int stages) {
+  return fmt::format("pipeline-step{}-stage{}-of-{}.safetensors", step, stage, stages);
+}
+
+nlohmann::json read_manifest(const std::string& dir) {
+  const std::string path = pipeline_checkpoint_manifest(dir);
+  std::ifstream in(path);
+  if (!in) fail("pipeline checkpoint: no manifest {} (is {} a pipeline checkpoint's folder?)", path, dir);
+  nlohmann::json m;
+  try {
+    in >> m;
+  } catch (const std::exception& e) {
+    fail("pipeline checkpoint: the manifest {} is not valid JSON: {}", path, e.what());
+  }
+  if (!m.is_object() || !m.contains("step") || !m.contains("files") || !m["files"].is_array() || !m.contains("plan")) {
+    fail("pipeline checkpoint: the manifest {} lacks step, files or plan", path);
+  }
+  return m;
+}
+
+}  // namespace
+
+std::string pipeline_checkpoint_manifest(const std::string& dir) { return dir + "/" + kManifest; }
+
+bool has_pipeline_checkpoint(const std::string& dir) {
+  return std::filesystem::exists(pipeline_checkpoint_manifest(dir));
+}
+
+void PipelineStage::save_checkpoint(const std::string& dir, const optim::Optimizer& optimizer,
+                                    const optim::LRScheduler* scheduler, int64_t epoch, int64_t step,
+                                    const nn::Metadata& extra) {
+  namespace fs = std::filesystem;
+  const int S = plan_.num_stages();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (replica_ == 0) {
+    nn::Checkpoint c;
+    for (auto& [name, t] : state_dict()) c.model.emplace_back(name, t.device().is_cpu() ? t : t.cpu());
+    // Stage 0's file also holds what no block owns (BERT's pooler), so the files make the whole model.
+    if (stage_ == 0)
+      for (auto& [name, t] : unowned_) c.model.emplace_back(name, t);
+    c.optimizer = optimizer.state_dict();
+    for (auto& [name, t] : c.optimizer)
+      if (!t.device().is_cpu()) t = t.cpu();
+    if (scheduler) c.scheduler = scheduler->state_dict();
+    c.epoch = epoch;
+    c.step = step;
+    c.capture_rng();
+    c.extra = extra;
+    c.extra["pipeline_stage"] = std::to_string(stage_);
+    c.extra["pipeline_stages"] = std::to_string(S);
+    c.save(dir + "/" + stage_file(step, stage_, S));
+  }
+  // Every stage's file is on disk before the manifest names them.
+  group_->barrier()->wait();
+  if (rank_ == 0) {
+    nlohmann::json m;
+    m["step"] = step;
+    m["stages"] = S;
+    m["files"] = nlohmann::json::array();
+    for (int s = 0; s < S; ++s) m["files"].push_back(stage_file(step, s, S));
+    m["plan"] = nlohmann::json::parse(plan_to_json(plan_));
+    nn::atomic_write(pipeline_checkpoint_manifest(dir), m.dump(1) + "\n");
+  }
+  group_->barrier()->wait();
+  // The manifest names this step's files now: older ones of this stage can go.
+  if (replica_ == 0) {
+    const std::string mine = stage_file(step, stage_, S);
+    const std::string suffix = fmt::format("-stage{}-of-{}.safetensors", stage_, S);
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (name != mine && name.rfind("pipeline-step", 0) == 0 && name.size() > suffix.size() &&
+          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        fs::remove(e.path(), ec);
+      }
+    }
+  }
+}
+
+nn::Checkpoint PipelineStage::load_checkpoint(const std::string& dir, optim::Optimizer& optimizer,
+                                              optim::LRScheduler* scheduler) {
+  const nlohmann::json m = read_manifest(dir);
+  const std::string theirs = m["plan"].dump(), ours = nlohmann::json::parse(plan_to_json(plan_)).dump();
+  if (theirs != ours) {
+    fail("{}: the pipeline checkpoint in {} was written under another plan ({}); this run's plan is {}. Resuming "
+         "needs the same plan; load_pipeline_model reads the model of any plan",
+         where(), dir, theirs, ours);
+  }
+  const std::string path = dir + "/" + m["files"][stage_].get<std::string>();
+  nn::Checkpoint c = nn::Checkpoint::load(path);
+  if (c.step != m["step"].get<int64_t>()) {
+    fail("{}: {} holds step {}, but the manifest names step {}", where(), path, c.step, m["step"].get<int64_t>());
+  }
+  load_state_dict(c.model, true);
+  optimizer.load_state_dict(c.optimizer);
+  if (scheduler) scheduler->load_state_dict(c.scheduler);
+  c.restore_rng();
+  return c;
+}
+
+nn::NamedTensors load_pipeline_model(const std::string& dir, int64_t* step) {
+  const nlohmann::json m = read_manifest(dir);
+  nn::NamedTensors out;
+  std::set<std::string> seen;
+  for (const auto& f : m["files"]) {
+    nn::Checkpoint c = nn::Checkpoint::load(dir + "/" + f.get<std::string>());
+    for (auto& [name, t] : c.model)
+      if (seen.insert(name).second) out.emplace_back(name, t);  // a tied parameter: the first stage's copy
+  }
+  if (step) *step = m["step"].get<int64_t>();
+  return out;
 }
 
 }  // namespace chorus::distributed::pipeline

@@ -49,6 +49,8 @@
 #include "distributed/pipeline/schedule.h"
 #include "distributed/process_group.h"
 #include "nn/container.h"
+#include "nn/serialize.h"
+#include "optim/schedulers.h"
 #include "optim/optimizer.h"
 
 namespace chorus::distributed::pipeline {
@@ -163,6 +165,20 @@ class PipelineStage {
   // strict: every entry of this stage present with its shape).
   void load_state_dict(const nn::NamedTensors& whole_model, bool strict = true);
 
+  // [Pipeline checkpoints] A training checkpoint sharded by stage, in folder `dir` (made if
+  // missing): replica 0 of each stage writes its stage's model state, optimizer state, scheduler
+  // state (when given), its generator's state, epoch, step and `extra` to
+  // pipeline-step<step>-stage<s>-of-<S>.safetensors; once every stage's file is written, rank 0
+  // writes the manifest pipeline-checkpoint.json (atomically) naming them and the plan, and the
+  // previous step's files are removed. Every rank calls it; it returns when the manifest is written.
+  // A crash at any point leaves the previous complete checkpoint or the new one.
+  void save_checkpoint(const std::string& dir, const optim::Optimizer& optimizer, const optim::LRScheduler* scheduler,
+                       int64_t epoch, int64_t step, const nn::Metadata& extra = {});
+  // Restores what save_checkpoint wrote for this rank's stage (generator included) and returns it
+  // (step, epoch, extra). The manifest's plan must be this stage's plan (else an error naming
+  // both: a checkpoint of another plan is read whole with load_pipeline_model instead).
+  nn::Checkpoint load_checkpoint(const std::string& dir, optim::Optimizer& optimizer, optim::LRScheduler* scheduler);
+
  private:
   // What crosses a boundary per micro-batch: each tensor's shape (this link's rows), dtype, and
   // whether its gradient travels back (a floating-point tensor the sender computed with grad).
@@ -221,5 +237,13 @@ class PipelineStage {
   std::vector<std::shared_ptr<Work>> pending_sends_;
   int64_t steps_ = 0;
 };
+
+// The manifest of a pipeline checkpoint in `dir` (PipelineStage::save_checkpoint).
+std::string pipeline_checkpoint_manifest(const std::string& dir);
+// Whether `dir` holds a complete pipeline checkpoint (its manifest).
+bool has_pipeline_checkpoint(const std::string& dir);
+// The whole model's state (every stage's tensors, a tied parameter once) from a pipeline
+// checkpoint, for a one-process model's load_state_dict; the step it was written at in *step.
+nn::NamedTensors load_pipeline_model(const std::string& dir, int64_t* step = nullptr);
 
 }  // namespace chorus::distributed::pipeline

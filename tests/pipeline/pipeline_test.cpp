@@ -52,6 +52,13 @@ TEST_CASE("GPT-tiny and BERT-tiny: 2+1 replicas train exactly as one process, wi
                          "gpt/1,1,1/4/1f1b/recompute", "gpt/2,1/2/1f1b/clip", "bert/1,1,1/2/gpipe/clip"}));
 }
 
+// Sharded checkpoints with optimizer (Adam) and scheduler state: resume bit for bit, the whole model
+// from the files, a second checkpoint replacing the first, another plan refused.
+TEST_CASE("a pipelined run checkpoints by stage and resumes bit for bit", "[pipeline][checkpoint]") {
+  require_all_ok(run(3, {"checkpoint", "gpt/2,1/2/1f1b", "bert/1,1,1/2/gpipe", "mlp/1,2/4/1f1b"}));
+  require_all_ok(run(2, {"checkpoint", "gpt/1,1/2/1f1b/sim:0"}, 120, {"CHORUS_SIM_DELAY_US=200"}));
+}
+
 // Negative control: without the sum of the tied word embedding's gradients over the first and last
 // stages, the copies drift from single-process training and the test fails on both stages.
 TEST_CASE("without the tied-gradient sum, GPT-tiny's pipeline departs from one process", "[pipeline][models]") {

@@ -8,6 +8,9 @@
 //                           each stage holds at most min(S - i, M) micro-batches under 1F1B and M
 //                           under GPipe; the gathered whole-model state equals the reference, and
 //                           loaded from a safetensors file into fresh stages it gives them back.
+//   checkpoint CONFIG...    sharded checkpoints: a resumed run ends bit for bit where the
+//                           uninterrupted one does; the files make the whole model; another plan
+//                           is refused.
 //   memory                  2 stages, M = 8: stage 0's peak activation bytes under 1F1B are well
 //                           below GPipe's.
 //   killed                  3 stages; rank 1 dies in the middle of step 2: ranks 0 and 2 fail with
@@ -23,6 +26,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -376,6 +380,99 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   std::printf("rank %d: %s ok, worst difference %.3g of the allowed\n", pg->rank(), tag.c_str(), worst);
 }
 
+// ------------------------------------------------------------------ checkpoint
+// Sharded checkpoints (PipelineStage::save_checkpoint): 2 steps of Adam with a StepLR schedule, a
+// checkpoint, 2 more steps; fresh stages (other initial values) loaded from the checkpoint and
+// trained on the same 2 batches end bit for bit where the first ones did; the files make the whole
+// model for a one-process run; a second checkpoint replaces the first's files; another plan is refused.
+void run_checkpoint(const std::shared_ptr<ProcessGroup>& pg, const std::string& config) {
+  std::vector<std::string> parts;
+  std::stringstream ss(config);
+  std::string item;
+  while (std::getline(ss, item, '/')) parts.push_back(item);
+  if (parts.size() != 4 && parts.size() != 5) fail("pipeline_worker: config '{}' is not model/replicas/M/schedule[/device]", config);
+  const Device device = parts.size() == 5 ? Device(parts[4]) : kCPU;
+  const std::string kind = parts[0];
+  const std::vector<int> replicas = parse_list(parts[1]);
+  const int S = static_cast<int>(replicas.size()), M = std::stoi(parts[2]), global = 8;
+  const std::string dir = fmt::format("{}/ckpt_{}_{}", scratch_dir(), std::getenv("MASTER_PORT"), kind);
+  auto make = [&](uint64_t seed, PipelinePlan plan) {
+    Workload w = make_workload(kind, seed);
+    w.root->to(device);
+    auto stage = std::make_unique<PipelineStage>(std::move(w.model), std::move(plan), pg);
+    auto opt = std::make_unique<optim::Adam>(stage->parameters(), optim::AdamOptions{.lr = 1e-2});
+    auto sched = std::make_unique<optim::StepLR>(*opt, 1, 0.5);
+    return std::make_tuple(std::move(stage), std::move(opt), std::move(sched), std::move(w));
+  };
+  const int L = static_cast<int>(make_workload(kind).model.size());
+  const PipelinePlan plan = uniform_plan(L, even_cuts(L, S), replicas, global, M, parts[3]);
+  // (No structured bindings: clang 14 cannot capture them in the lambdas below.)
+  auto first = make(42, plan);
+  auto& stage = std::get<0>(first);
+  auto& opt = std::get<1>(first);
+  auto& sched = std::get<2>(first);
+  auto& work = std::get<3>(first);
+  const std::string tag = fmt::format("[checkpoint {} stage {} replica {}]", config, stage->stage(), stage->replica());
+  auto train = [&](PipelineStage& st, optim::Optimizer& o, optim::LRScheduler& sc, int step) {
+    TensorList x, y;
+    work.data(global, 300 + step, x, y);
+    st.train_step(st.is_first() ? x : TensorList{}, st.is_last() ? y : TensorList{}, work.loss, o);
+    sc.step();
+  };
+  for (int step = 0; step < 2; ++step) train(*stage, *opt, *sched, step);
+  stage->save_checkpoint(dir, *opt, sched.get(), 0, 2, {{"model", kind}});
+  check(has_pipeline_checkpoint(dir), tag + ": no manifest after save_checkpoint");
+  nn::NamedTensors at_two = stage->gather_state_dict(0);
+  for (int step = 2; step < 4; ++step) train(*stage, *opt, *sched, step);
+
+  auto second = make(7, plan);
+  auto& fresh = std::get<0>(second);
+  auto& fresh_opt = std::get<1>(second);
+  auto& fresh_sched = std::get<2>(second);
+  nn::Checkpoint c = fresh->load_checkpoint(dir, *fresh_opt, fresh_sched.get());
+  check(c.step == 2 && c.extra["model"] == kind, fmt::format("{}: loaded step {} of model '{}'", tag, c.step, c.extra["model"]));
+  for (int step = 2; step < 4; ++step) train(*fresh, *fresh_opt, *fresh_sched, step);
+  nn::NamedTensors a = stage->state_dict(), b = fresh->state_dict();
+  check(a.size() == b.size() && !a.empty(), tag + ": the resumed stage holds other tensors");
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    check(a[i].first == b[i].first && max_abs(a[i].second.cpu() - b[i].second.cpu()) == 0,
+          fmt::format("{}: {} after resuming differs from the uninterrupted run", tag, a[i].first));
+  }
+  // The files make the whole model at step 2, which loads strictly into a one-process model.
+  if (pg->rank() == 0) {
+    int64_t step = -1;
+    nn::NamedTensors whole = load_pipeline_model(dir, &step);
+    check(step == 2 && whole.size() == at_two.size(),
+          fmt::format("{}: the checkpoint's whole model has {} tensors at step {}, expected {} at 2", tag, whole.size(),
+                      step, at_two.size()));
+    std::map<std::string, Tensor> by_name(whole.begin(), whole.end());
+    for (auto& [name, t] : at_two) {
+      check(by_name.count(name) && max_abs(by_name[name] - t) == 0, fmt::format("{}: {} in the checkpoint differs", tag, name));
+    }
+    Workload one = make_workload(kind, 7);
+    one.root->load_state_dict(whole);  // strict: every tensor of the model, nothing else
+  }
+  pg->barrier()->wait();
+  // A second checkpoint replaces the first's files.
+  stage->save_checkpoint(dir, *opt, sched.get(), 0, 4);
+  if (pg->rank() == 0) {
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path().filename().string());
+    std::sort(files.begin(), files.end());
+    std::vector<std::string> want{"pipeline-checkpoint.json"};
+    for (int s = 0; s < S; ++s) want.push_back(fmt::format("pipeline-step4-stage{}-of-{}.safetensors", s, S));
+    std::sort(want.begin(), want.end());
+    check(files == want, fmt::format("{}: the folder holds [{}], expected [{}]", tag, fmt::join(files, ", "), fmt::join(want, ", ")));
+  }
+  // Another plan (other micro-batches) is refused, naming both.
+  auto third = make(7, uniform_plan(L, even_cuts(L, S), replicas, global, M == 1 ? 2 : 1, parts[3]));
+  expect_error([&] { std::get<0>(third)->load_checkpoint(dir, *std::get<1>(third), std::get<2>(third).get()); },
+               {"was written under another plan", "load_pipeline_model reads the model of any plan"},
+               "a checkpoint of another plan");
+  pg->barrier()->wait();
+  std::printf("rank %d: %s ok\n", pg->rank(), tag.c_str());
+}
+
 // ------------------------------------------------------------------ memory
 void scenario_memory(const std::shared_ptr<ProcessGroup>& pg) {
   std::map<std::string, StepStats> got;
@@ -563,6 +660,8 @@ int main(int argc, char** argv) {
     chorus::testing::use_side_streams_if_asked();
     if (scenario == "equivalence") {
       for (int i = 2; i < argc; ++i) run_equivalence(pg, argv[i]);
+    } else if (scenario == "checkpoint") {
+      for (int i = 2; i < argc; ++i) run_checkpoint(pg, argv[i]);
     } else if (scenario == "memory") {
       scenario_memory(pg);
     } else if (scenario == "killed") {
