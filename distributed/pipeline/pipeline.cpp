@@ -918,7 +918,7 @@ void PipelineStage::save_checkpoint(const std::string& dir, const optim::Optimiz
 }
 
 nn::Checkpoint PipelineStage::load_checkpoint(const std::string& dir, optim::Optimizer& optimizer,
-                                              optim::LRScheduler* scheduler) {
+                                              optim::LRScheduler* scheduler, const nn::Metadata& expect) {
   const nlohmann::json m = read_manifest(dir);
   const std::string theirs = m["plan"].dump(), ours = nlohmann::json::parse(plan_to_json(plan_)).dump();
   if (theirs != ours) {
@@ -930,6 +930,12 @@ nn::Checkpoint PipelineStage::load_checkpoint(const std::string& dir, optim::Opt
   nn::Checkpoint c = nn::Checkpoint::load(path);
   if (c.step != m["step"].get<int64_t>()) {
     fail("{}: {} holds step {}, but the manifest names step {}", where(), path, c.step, m["step"].get<int64_t>());
+  }
+  for (const auto& [key, value] : expect) {
+    auto it = c.extra.find(key);
+    if (it != c.extra.end() && it->second != value) {
+      fail("the checkpoint {} was written with {} {}, not the {} asked for now", dir, key, it->second, value);
+    }
   }
   load_state_dict(c.model, true);
   optimizer.load_state_dict(c.optimizer);

@@ -176,8 +176,11 @@ class PipelineStage {
                        int64_t epoch, int64_t step, const nn::Metadata& extra = {});
   // Restores what save_checkpoint wrote for this rank's stage (generator included) and returns it
   // (step, epoch, extra). The manifest's plan must be this stage's plan (else an error naming
-  // both: a checkpoint of another plan is read whole with load_pipeline_model instead).
-  nn::Checkpoint load_checkpoint(const std::string& dir, optim::Optimizer& optimizer, optim::LRScheduler* scheduler);
+  // both: a checkpoint of another plan is read whole with load_pipeline_model instead). Each key of
+  // `expect` must have the same value in the checkpoint's extras, checked before any state is
+  // loaded (resuming with another model configuration names both values).
+  nn::Checkpoint load_checkpoint(const std::string& dir, optim::Optimizer& optimizer, optim::LRScheduler* scheduler,
+                                 const nn::Metadata& expect = {});
 
  private:
   // What crosses a boundary per micro-batch: each tensor's shape (this link's rows), dtype, and

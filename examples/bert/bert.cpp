@@ -158,10 +158,9 @@ int main(int argc, char** argv) {
     examples::Job job = examples::Job::join(device);
     const bool pipelined = f.pipeline.enabled();
     if (pipelined) {
-      // Not yet with a pipeline: mixed precision's loss scaling and the checkpoints (docs/pipeline.md);
+      // Not yet with a pipeline: mixed precision (docs/pipeline.md);
       // its micro-batches replace --accumulate.
       if (f.amp != "none") fail("bert: --amp {} is not supported with a pipeline yet; expected --amp none", f.amp);
-      if (!f.checkpoint_dir.empty()) fail("bert: --checkpoint-dir is not supported with a pipeline yet");
       if (f.accumulate != 1) fail("bert: --accumulate {} with a pipeline; its --micro-batches replace it", f.accumulate);
       examples::pipeline_group(job);
     } else if (f.batch_size % (job.world * f.accumulate) != 0) {
@@ -238,9 +237,17 @@ int main(int argc, char** argv) {
     examples::MixedPrecision amp(f.amp, device.type);
 
     int64_t step = 0;
-    const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
+    // A pipelined run's checkpoint is a folder of stage files and their manifest (docs/pipeline.md).
+    const std::string ckpt_path =
+        f.checkpoint_dir.empty() ? ""
+        : pipelined              ? distributed::pipeline::pipeline_checkpoint_manifest(f.checkpoint_dir)
+                                 : f.checkpoint_dir + "/checkpoint.safetensors";
     const bool resuming = examples::should_resume(f.resume, ckpt_path);
-    if (resuming) {
+    if (resuming && stage) {
+      step = stage->load_checkpoint(f.checkpoint_dir, *opt, &sched, {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}})
+                 .step;
+      job.log(fmt::format("resumed from {} at step {}", ckpt_path, step));
+    } else if (resuming) {
       step = examples::load_checkpoint(ckpt_path, *model, *opt, sched,
                                        {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}}, amp.scaler())
                  .step;
@@ -248,7 +255,14 @@ int main(int argc, char** argv) {
     }
     if (!ckpt_path.empty() && job.rank == 0) std::filesystem::create_directories(f.checkpoint_dir);
     auto save = [&] {
-      if (ckpt_path.empty() || job.rank != 0) return;
+      if (ckpt_path.empty()) return;
+      if (stage) {  // every rank takes part; each stage's first replica writes its file
+        stage->save_checkpoint(f.checkpoint_dir, *opt, &sched, step / steps_per_epoch, step,
+                               {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}, {"amp", f.amp}});
+        job.log(fmt::format("saved {} at step {}", ckpt_path, step));
+        return;
+      }
+      if (job.rank != 0) return;
       examples::save_checkpoint(ckpt_path, *model, *opt, sched, step / steps_per_epoch, step,
                                 {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}, {"amp", f.amp}},
                                 amp.scaler());

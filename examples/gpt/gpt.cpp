@@ -227,9 +227,8 @@ int main(int argc, char** argv) {
     examples::Job job = examples::Job::join(device);
     const bool pipelined = f.pipeline.enabled();
     if (pipelined) {
-      // Not yet with a pipeline: mixed precision's loss scaling and the checkpoints (docs/pipeline.md).
+      // Not yet with a pipeline: mixed precision (docs/pipeline.md).
       if (f.amp != "none") fail("gpt: --amp {} is not supported with a pipeline yet; expected --amp none", f.amp);
-      if (!f.checkpoint_dir.empty()) fail("gpt: --checkpoint-dir is not supported with a pipeline yet");
       examples::pipeline_group(job);
     } else if (f.batch_size % job.world != 0) {
       fail("gpt: --batch-size {} must be divisible by the {} processes", f.batch_size, job.world);
@@ -271,7 +270,12 @@ int main(int argc, char** argv) {
     model->to(device);
     const int64_t parameters = examples::count_parameters(*model);
     double before = -1;
-    const bool resuming = examples::should_resume(f.resume, f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors");
+    // A pipelined run's checkpoint is a folder of stage files and their manifest (docs/pipeline.md).
+    const std::string ckpt_path =
+        f.checkpoint_dir.empty() ? ""
+        : pipelined              ? distributed::pipeline::pipeline_checkpoint_manifest(f.checkpoint_dir)
+                                 : f.checkpoint_dir + "/checkpoint.safetensors";
+    const bool resuming = examples::should_resume(f.resume, ckpt_path);
     if (pipelined && f.eval_sequences > 0 && !resuming) {
       // Before the model is cut into stages: every rank the same initial model, alone.
       before = evaluate(*model, *heldout, f.eval_sequences, examples::Job{}, device);
@@ -300,21 +304,29 @@ int main(int argc, char** argv) {
     examples::MixedPrecision amp(f.amp, device.type);
 
     int64_t step = 0;
-    const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
     const nn::Metadata identity = {{"model", "gpt"},
                                    {"config", f.config},
                                    {"seq_len", std::to_string(f.seq_len)},
                                    {"tokenizer", f.tokenizer},
                                    {"vocab_size", std::to_string(tok.vocab_size())}};
-    if (resuming) {
+    if (resuming && stage) {
+      step = stage->load_checkpoint(f.checkpoint_dir, *opt, &sched, identity).step;
+      job.log(fmt::format("resumed from {} at step {}", ckpt_path, step));
+    } else if (resuming) {
       step = examples::load_checkpoint(ckpt_path, *model, *opt, sched, identity, amp.scaler()).step;
       job.log(fmt::format("resumed from {} at step {}", ckpt_path, step));
     }
     if (!ckpt_path.empty() && job.rank == 0) std::filesystem::create_directories(f.checkpoint_dir);
     auto save = [&] {
-      if (ckpt_path.empty() || job.rank != 0) return;
+      if (ckpt_path.empty()) return;
       nn::Metadata extra = identity;
       extra["amp"] = f.amp;
+      if (stage) {  // every rank takes part; each stage's first replica writes its file
+        stage->save_checkpoint(f.checkpoint_dir, *opt, &sched, step / steps_per_epoch, step, extra);
+        job.log(fmt::format("saved {} at step {}", ckpt_path, step));
+        return;
+      }
+      if (job.rank != 0) return;
       examples::save_checkpoint(ckpt_path, *model, *opt, sched, step / steps_per_epoch, step, extra, amp.scaler());
       job.log(fmt::format("saved {} at step {}", ckpt_path, step));
     };
