@@ -255,6 +255,8 @@ PipelineStage::PipelineStage(BlockModel model, PipelinePlan plan, std::shared_pt
   if (replica_group_) ddp_ = std::make_shared<DistributedDataParallel>(module_, replica_group_, options_.ddp);
   if (stage_ > 0) prev_links_ = make_links(stage_ - 1);
   if (stage_ + 1 < plan_.num_stages()) next_links_ = make_links(stage_ + 1);
+  eval_prev_links_ = prev_links_;
+  eval_next_links_ = next_links_;
 }
 
 void PipelineStage::check_agreement(const BlockModel& model) {
@@ -680,6 +682,75 @@ StepStats PipelineStage::train_step(const TensorList& inputs, const TensorList& 
   stats.loss = loss;
   stats.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   ++steps_;
+  return stats;
+}
+
+EvalStats PipelineStage::eval_step(const TensorList& inputs, const TensorList& targets, const MultiLossFn& loss_fn) {
+  const auto start = Clock::now();
+  const int64_t B = plan_.micro_batch_size();
+  const int M = plan_.micro_batches;
+  auto check_rows = [&](const TensorList& list, const char* what, const char* stage) {
+    for (size_t i = 0; i < list.size(); ++i) {
+      const Tensor& t = list[i];
+      if (!t.defined() || t.dim() == 0 || t.size(0) != plan_.global_batch) {
+        fail("{}: eval_step's {}{} has shape {}; expected {} rows (the plan's global_batch) on the {} stage", where(),
+             what, list.size() > 1 ? fmt::format(" {}", i) : "", t.defined() ? shape_str(t.sizes()) : "(undefined)",
+             plan_.global_batch, stage);
+      }
+    }
+  };
+  if (is_first()) {
+    if (inputs.empty()) fail("{}: eval_step was given no input; the first stage needs the first block's inputs", where());
+    check_rows(inputs, "input", "first");
+  }
+  if (is_last()) {
+    check_rows(targets, "target", "last");
+    if (!loss_fn) fail("{}: eval_step needs a loss function on the last stage", where());
+  }
+  auto rows_of = [&](const TensorList& list, int m) {
+    TensorList out;
+    for (const Tensor& t : list) {
+      Tensor rows = t.narrow(0, m * B + replica_ * rows_, rows_);
+      out.push_back(rows.device() == device_ ? rows : rows.to(device_));
+    }
+    return out;
+  };
+  const bool was_training = module_->is_training();
+  module_->eval();
+  struct RestoreMode {
+    StageModule& m;
+    bool training;
+    ~RestoreMode() { m.train(training); }
+  } restore{*module_, was_training};
+  NoGradGuard no_grad;
+  EvalStats stats;
+  const double loss_scale = static_cast<double>(rows_) / plan_.global_batch;  // [Loss scaling]
+  double loss = 0;
+  // Each stage forwards the micro-batches in order and sends them on (asynchronously): the
+  // receives on the next stage match in the same order, so no schedule is needed.
+  for (int m = 0; m < M; ++m) {
+    TensorList x = is_first() ? rows_of(inputs, m) : receive(eval_prev_links_, kActivation, m, "RecvActivation (eval)");
+    TensorList out = module_->forward_blocks(x);
+    if (is_last()) {
+      Tensor l = loss_fn(out, rows_of(targets, m));
+      if (!l.defined() || l.numel() != 1) {
+        fail("{}: the loss function returned shape {}; expected a scalar (the mean over the rows)", where(),
+             l.defined() ? shape_str(l.sizes()) : "(undefined)");
+      }
+      loss += l.item<double>() * loss_scale;
+      stats.outputs.push_back(std::move(out));
+    } else {
+      send(eval_next_links_, out, kActivation, m, "SendActivation (eval)");
+    }
+  }
+  wait_sends();
+  if (options_.report_loss) {
+    Tensor t = full({1}, is_last() ? loss : 0.0, {.dtype = kFloat64});
+    group_->allreduce({t})->wait();
+    loss = t.item<double>();
+  }
+  stats.loss = loss;
+  stats.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   return stats;
 }
 

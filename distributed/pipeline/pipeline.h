@@ -117,6 +117,15 @@ struct StepStats {
   double communication_wait_ms = 0;
 };
 
+// What eval_step returns.
+struct EvalStats {
+  double loss = 0;  // mean over the global batch (on every rank with report_loss, else last stage)
+  // The last block's outputs for this rank's rows of each micro-batch (last stage only; empty
+  // elsewhere), for metrics beyond the loss.
+  std::vector<TensorList> outputs;
+  double step_ms = 0;
+};
+
 class PipelineStage {
  public:
   // model: the whole model as blocks (blocks.h), built identically on every rank (and moved to this
@@ -139,6 +148,12 @@ class PipelineStage {
                        optim::Optimizer& optimizer);
   // One-tensor stages: input and target (undefined where unused).
   StepStats train_step(const Tensor& input, const Tensor& target, const LossFn& loss_fn, optim::Optimizer& optimizer);
+  // Pipelined evaluation: the forward of every micro-batch through the stages, without gradients,
+  // in eval mode (dropout off; the training mode is restored after), and the loss over the global
+  // batch; no backward, no optimizer. Same inputs, targets and loss as train_step, a batch of the
+  // plan's global_batch rows. The boundary tensors are agreed separately from training's (they
+  // carry no gradients). Every rank calls it.
+  EvalStats eval_step(const TensorList& inputs, const TensorList& targets, const MultiLossFn& loss_fn);
 
   int stage() const { return stage_; }
   int num_stages() const { return plan_.num_stages(); }
@@ -237,6 +252,7 @@ class PipelineStage {
   std::shared_ptr<DistributedDataParallel> ddp_;
   int sync_micro_batch_ = 0;  // the micro-batch of the stage's last backward: it carries the allreduce
   std::vector<Link> prev_links_, next_links_;
+  std::vector<Link> eval_prev_links_, eval_next_links_;  // eval_step's (agreed on its first use)
   std::vector<std::shared_ptr<Work>> pending_sends_;
   int64_t steps_ = 0;
 };

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 
 #include "data/data.h"
@@ -115,6 +116,34 @@ EvalResult evaluate(models::BertForPreTraining& model, const data::MaskedLMDatas
   return {loss_sum / std::max<int64_t>(count, 1), static_cast<double>(correct) / std::max<int64_t>(count, 1), count};
 }
 
+// The same through the pipeline's stages (PipelineStage::eval_step: forward only): the first
+// `limit` sequences rounded down to whole global batches, every rank reading the same; the last
+// stage's logits and labels give the token-weighted loss and accuracy, summed over the group.
+EvalResult evaluate_pipelined(distributed::pipeline::PipelineStage& stage, const distributed::ProcessGroup& group,
+                              const data::MaskedLMDataset& heldout, int64_t limit, int64_t pad_id) {
+  const int64_t batch = stage.plan().global_batch;
+  const int64_t n = std::min(limit, heldout.size()) / batch * batch;
+  double loss_sum = 0, correct = 0, count = 0;
+  for (int64_t start = 0; start < n; start += batch) {
+    std::vector<int64_t> rows(static_cast<size_t>(batch));
+    std::iota(rows.begin(), rows.end(), start);
+    data::Batch b = heldout.get_batch(rows);
+    distributed::pipeline::EvalStats ev = stage.eval_step({b.data, ne(b.data, pad_id).to(kInt64), b.target}, {},
+                                                          models::BertForPreTraining::pipeline_loss);
+    NoGradGuard no_grad;
+    for (const TensorList& out : ev.outputs) {
+      if (out[1].numel() == 0) continue;
+      loss_sum += models::BertForPreTraining::pipeline_loss(out, {}).item<double>() * out[1].numel();
+      correct += out[0].argmax(1).eq(out[1]).sum().item<int64_t>();
+      count += out[1].numel();
+    }
+  }
+  Tensor t = tensor<double>({loss_sum, correct, count});
+  const_cast<distributed::ProcessGroup&>(group).allreduce({t})->wait();
+  const double c = std::max(t[2].item<double>(), 1.0);
+  return {t[0].item<double>() / c, t[1].item<double>() / c, static_cast<int64_t>(t[2].item<double>())};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -208,10 +237,6 @@ int main(int argc, char** argv) {
     model->to(device);
     const int64_t parameters = examples::count_parameters(*model);
     EvalResult before;
-    if (pipelined && heldout && f.eval_sequences > 0) {
-      // Before the model is cut into stages: every rank the same initial model, alone.
-      before = evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), examples::Job{}, device);
-    }
     std::shared_ptr<distributed::DistributedDataParallel> ddp;
     std::unique_ptr<distributed::pipeline::PipelineStage> stage;
     std::optional<distributed::pipeline::PipelinePlan> plan;
@@ -276,7 +301,8 @@ int main(int argc, char** argv) {
                                   : fmt::format("{} processes x {} micro-batches x {}", job.world, f.accumulate, micro),
                         f.seq_len, f.steps, steps_per_epoch, get_num_threads()));
     if (heldout && f.eval_sequences > 0 && !resuming) {
-      if (!pipelined) before = evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), job, device);
+      before = stage ? evaluate_pipelined(*stage, *job.group, *heldout, f.eval_sequences, tokenizer.pad_id())
+                     : evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), job, device);
       job.log(fmt::format("held-out before training: masked-LM loss {:.4f} (ln {} = {:.4f}), masked-token accuracy {:.2f}% "
                           "over {} predictions",
                           before.loss, config.vocab_size, std::log(static_cast<double>(config.vocab_size)),
@@ -367,16 +393,6 @@ int main(int argc, char** argv) {
     }
     const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
     if (!f.synthetic && step % f.checkpoint_every != 0) save();
-    if (stage) {
-      // Rank 0 assembles the whole model and evaluates it alone (pipelined evaluation is not built
-      // yet: docs/pipeline.md).
-      nn::NamedTensors whole = stage->gather_state_dict(0);
-      if (job.rank == 0) {
-        model = std::make_shared<models::BertForPreTraining>(config);
-        model->to(device);
-        model->load_state_dict(whole);
-      }
-    }
     nlohmann::json summary = {{"mode", f.synthetic ? "synthetic" : "sotu"},
                               {"config", f.config},
                               {"amp", f.amp},
@@ -403,9 +419,9 @@ int main(int argc, char** argv) {
       summary["pipeline"] = examples::describe(*plan);
       summary["recompute"] = f.pipeline.recompute;
     }
-    if (heldout && f.eval_sequences > 0 && (!pipelined || job.rank == 0)) {
-      EvalResult after =
-          evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), pipelined ? examples::Job{} : job, device);
+    if (heldout && f.eval_sequences > 0) {
+      EvalResult after = stage ? evaluate_pipelined(*stage, *job.group, *heldout, f.eval_sequences, tokenizer.pad_id())
+                               : evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), job, device);
       job.log(fmt::format("held-out after {} steps: masked-LM loss {:.4f}, masked-token accuracy {:.2f}% over {} predictions",
                           step, after.loss, 100 * after.accuracy, after.predicted));
       if (!resuming) {

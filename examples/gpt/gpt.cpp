@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <sstream>
 
@@ -176,6 +177,23 @@ double evaluate(models::GPT2LMHeadModel& model, const data::TensorDataset& heldo
   return loss_sum / std::max(count, 1.0);
 }
 
+// The same through the pipeline's stages (PipelineStage::eval_step: forward only): the first
+// `limit` windows rounded down to whole global batches, every rank reading the same.
+double evaluate_pipelined(distributed::pipeline::PipelineStage& stage, const data::TensorDataset& heldout, int64_t limit) {
+  const int64_t batch = stage.plan().global_batch;
+  const int64_t n = std::min(limit, heldout.size()) / batch * batch;
+  double loss_sum = 0, count = 0;
+  for (int64_t start = 0; start < n; start += batch) {
+    std::vector<int64_t> rows(static_cast<size_t>(batch));
+    std::iota(rows.begin(), rows.end(), start);
+    data::Batch b = heldout.get_batch(rows);
+    // Every window has seq_len tokens: the global batch's mean is the mean per token.
+    loss_sum += stage.eval_step({b.data}, {b.target}, models::GPT2LMHeadModel::pipeline_loss).loss * b.target.numel();
+    count += static_cast<double>(b.target.numel());
+  }
+  return loss_sum / std::max(count, 1.0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -276,10 +294,6 @@ int main(int argc, char** argv) {
         : pipelined              ? distributed::pipeline::pipeline_checkpoint_manifest(f.checkpoint_dir)
                                  : f.checkpoint_dir + "/checkpoint.safetensors";
     const bool resuming = examples::should_resume(f.resume, ckpt_path);
-    if (pipelined && f.eval_sequences > 0 && !resuming) {
-      // Before the model is cut into stages: every rank the same initial model, alone.
-      before = evaluate(*model, *heldout, f.eval_sequences, examples::Job{}, device);
-    }
     std::shared_ptr<distributed::DistributedDataParallel> ddp;
     std::unique_ptr<distributed::pipeline::PipelineStage> stage;
     std::optional<distributed::pipeline::PipelinePlan> plan;
@@ -338,7 +352,8 @@ int main(int argc, char** argv) {
                         pipelined ? "the pipeline's" : fmt::format("{} processes x {}", job.world, micro), f.seq_len,
                         f.steps, steps_per_epoch, get_num_threads()));
     if (f.eval_sequences > 0 && !resuming) {
-      if (!pipelined) before = evaluate(*model, *heldout, f.eval_sequences, job, device);
+      before = stage ? evaluate_pipelined(*stage, *heldout, f.eval_sequences)
+                     : evaluate(*model, *heldout, f.eval_sequences, job, device);
       job.log(fmt::format("held-out before training: loss {:.4f} (ln {} = {:.4f}), perplexity {:.2f}", before,
                           tok.vocab_size(), std::log(static_cast<double>(tok.vocab_size())), std::exp(before)));
     }
@@ -392,9 +407,8 @@ int main(int argc, char** argv) {
     }
     const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
     if (step % f.checkpoint_every != 0) save();
-    if (stage) {
-      // Rank 0 assembles the whole model, evaluates and samples alone (pipelined evaluation is not
-      // built yet: docs/pipeline.md).
+    if (stage && f.sample > 0) {
+      // Sampling runs on rank 0 with the whole model, gathered from the stages.
       nn::NamedTensors whole = stage->gather_state_dict(0);
       if (job.rank == 0) {
         models::GPTConfig c = config;
@@ -423,8 +437,9 @@ int main(int argc, char** argv) {
       summary["pipeline"] = examples::describe(*plan);
       summary["recompute"] = f.pipeline.recompute;
     }
-    if (f.eval_sequences > 0 && (!pipelined || job.rank == 0)) {
-      const double after = evaluate(*model, *heldout, f.eval_sequences, pipelined ? examples::Job{} : job, device);
+    if (f.eval_sequences > 0) {
+      const double after = stage ? evaluate_pipelined(*stage, *heldout, f.eval_sequences)
+                                 : evaluate(*model, *heldout, f.eval_sequences, job, device);
       job.log(fmt::format("held-out after {} steps: loss {:.4f}, perplexity {:.2f}", step, after, std::exp(after)));
       if (!resuming) {
         summary["heldout_loss_before"] = before;

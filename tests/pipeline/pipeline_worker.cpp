@@ -38,6 +38,7 @@
 #include "distributed/pipeline/pipeline.h"
 #include "examples/models/bert.h"
 #include "examples/models/gpt.h"
+#include "autograd/grad_mode.h"
 #include "nn/nn.h"
 #include "nn/serialize.h"
 #include "optim/optim.h"
@@ -319,6 +320,32 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
     check(st.max_in_flight == expect_in_flight, fmt::format("{} step {}: held {} micro-batches at once, expected {}", tag,
                                                             step, st.max_in_flight, expect_in_flight));
     check(st.peak_activation_bytes > 0, tag + ": no activation memory was measured");
+  }
+  // Pipelined evaluation (forward only, eval mode, no gradients): the reference's loss on the
+  // same batch; the last stage's outputs for each micro-batch; nothing trains.
+  {
+    TensorList x, y;
+    work.data(global, 999, x, y);
+    nn::NamedTensors before_eval = stage.state_dict();  // copies (state_dict shares storage)
+    for (auto& [name, t] : before_eval) t = t.cpu().clone();
+    EvalStats ev = stage.eval_step(stage.is_first() ? x : TensorList{}, stage.is_last() ? y : TensorList{}, work.loss);
+    ref.root->eval();
+    double want = 0;
+    {
+      NoGradGuard no_grad;
+      want = ref.reference_loss(x, y).item<double>();
+    }
+    ref.root->train();
+    check(std::abs(ev.loss - want) <= 1e-10 * std::abs(want),
+          fmt::format("{} eval: loss {:.17g}, single-process {:.17g}", tag, ev.loss, want));
+    check(ev.outputs.size() == (stage.is_last() ? static_cast<size_t>(M) : 0u),
+          fmt::format("{} eval: {} micro-batches of outputs", tag, ev.outputs.size()));
+    check(stage.module()->is_training(), tag + " eval: the stage was left in eval mode");
+    const nn::NamedTensors after_eval = stage.state_dict();
+    for (size_t i = 0; i < after_eval.size(); ++i) {
+      check(max_abs(after_eval[i].second.cpu() - before_eval[i].second) == 0,
+            fmt::format("{} eval: {} changed", tag, after_eval[i].first));
+    }
   }
   // This rank's parameters against the reference's of the same name.
   nn::NamedTensors want_state = ref.root->state_dict();
