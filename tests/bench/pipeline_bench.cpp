@@ -10,6 +10,16 @@
 //   chorusrun --nproc-per-node 2 bazel-bin/tests/bench/pipeline_bench --plans [--hidden 512]
 //       [--steps 10] a.json b.json ...
 //
+// Or the activation memory of GPT-2 as 4 stages (examples/models/gpt.h, pipeline_blocks()) under
+// GPipe, 1F1B and 1F1B with recomputation at M = 4, 8, 16 (a table per stage, from the stage
+// device's allocator: sim's counts device bytes; 1 warm-up step, then the step measured):
+//
+//   chorusrun --nproc-per-node 4 bazel-bin/tests/bench/pipeline_bench --gpt-memory [--config mini]
+//       [--seq-len 128] [--batch 32 | --micro-batch 2] [--device sim:0]
+//
+// (--micro-batch N: the global batch is N x M, so the micro-batch stays N as M grows: DAPPLE's
+// setting, where GPipe's memory grows with M and 1F1B's does not.)
+//
 // The same MLP (16 layers: 8 x (Linear width->width, ReLU)) and global batch, three ways:
 //   gpipe  4 stages x 1 replica, M = 8, all forwards then all backwards
 //   1f1b   4 stages x 1 replica, M = 8, early backward (stage i holds at most 4 - i micro-batches)
@@ -27,6 +37,7 @@
 
 #include "distributed/init.h"
 #include "distributed/pipeline/pipeline.h"
+#include "examples/models/gpt.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
@@ -128,9 +139,91 @@ int measure_plans(int argc, char** argv) {
   return 0;
 }
 
+int gpt_memory(int argc, char** argv) {
+  std::string config = "mini", device_name = "sim:0";
+  int64_t seq_len = 128, batch = 32, micro = 0;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string a = argv[i], v = argv[i + 1];
+    if (a == "--config") config = v;
+    else if (a == "--seq-len") seq_len = std::atoll(v.c_str());
+    else if (a == "--batch") batch = std::atoll(v.c_str());
+    else if (a == "--micro-batch") micro = std::atoll(v.c_str());
+    else if (a == "--device") device_name = v;
+    else fail("pipeline_bench --gpt-memory: unknown option {}", a);
+  }
+  auto group = distributed::init_process_group();
+  const int world = group->size(), rank = group->rank();
+  if (world != 4) fail("pipeline_bench --gpt-memory: run it with 4 processes (chorusrun --nproc-per-node 4), got {}", world);
+  const Device device(device_name);
+  models::GPTConfig c = models::GPTConfig::named(config);
+  if (rank == 0) {
+    std::printf("GPT-2 %s (%lld layers, %lld wide), sequence %lld, %s, 4 stages x 1 replica, on %s\n", config.c_str(),
+                static_cast<long long>(c.n_layer), static_cast<long long>(c.n_embd), static_cast<long long>(seq_len),
+                micro > 0 ? fmt::format("micro-batches of {} (global batch {} x M)", micro, micro).c_str()
+                          : fmt::format("global batch {}", batch).c_str(),
+                device.str().c_str());
+    std::printf("| schedule | M | micro-batch | peak activation MiB per stage (0 / 1 / 2 / 3) | held at once | step peak MiB "
+                "per stage |\n|---|---|---|---|---|---|\n");
+  }
+  for (const int M : {4, 8, 16}) {
+    if (micro > 0) batch = micro * M;
+    for (const std::string run : {"gpipe", "1f1b", "1f1b + recompute"}) {
+      manual_seed(1);
+      auto gpt = std::make_shared<models::GPT2LMHeadModel>(c);
+      gpt->to(device);
+      pp::BlockModel blocks = gpt->pipeline_blocks();
+      gpt.reset();
+      const int L = static_cast<int>(blocks.size());
+      pp::PipelinePlan plan = pp::uniform_plan(L, pp::even_cuts(L, 4), {1, 1, 1, 1}, static_cast<int>(batch), M,
+                                               run == "gpipe" ? "gpipe" : "1f1b");
+      pp::PipelineOptions options;
+      options.report_loss = false;
+      options.recompute = run == "1f1b + recompute";
+      pp::PipelineStage stage(std::move(blocks), plan, group, options);
+      optim::SGD opt(stage.parameters(), {.lr = 0.01});
+      manual_seed(2);
+      Tensor tokens = randint(0, c.vocab_size, {batch, seq_len + 1});
+      const Tensor x = tokens.narrow(1, 0, seq_len).contiguous(), y = tokens.narrow(1, 1, seq_len).contiguous();
+      pp::StepStats st;
+      for (int i = 0; i < 2; ++i) {
+        st = stage.train_step(stage.is_first() ? TensorList{x} : TensorList{}, stage.is_last() ? TensorList{y} : TensorList{},
+                              models::GPT2LMHeadModel::pipeline_loss, opt);
+      }
+      Tensor mine = tensor<double>({static_cast<double>(st.peak_activation_bytes), static_cast<double>(st.max_in_flight),
+                                    static_cast<double>(st.peak_step_bytes)});
+      TensorList all;
+      for (int r = 0; r < world; ++r) all.push_back(zeros({3}, {.dtype = kFloat64}));
+      group->allgather(all, mine)->wait();
+      if (rank == 0) {
+        std::string act, held, step;
+        for (int r = 0; r < world; ++r) {
+          const double* v = all[r].data_ptr<double>();
+          act += fmt::format("{}{:.1f}", r ? " / " : "", v[0] / (1 << 20));
+          held += fmt::format("{}{:.0f}", r ? " / " : "", v[1]);
+          step += fmt::format("{}{:.1f}", r ? " / " : "", v[2] / (1 << 20));
+        }
+        std::printf("| %s | %d | %lld | %s | %s | %s |\n", run.c_str(), M, static_cast<long long>(batch / M), act.c_str(),
+                    held.c_str(), step.c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+  group->barrier()->wait();
+  distributed::destroy_process_group();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--gpt-memory") {
+    try {
+      return gpt_memory(argc, argv);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "pipeline_bench: error: %s\n", e.what());
+      return 1;
+    }
+  }
   if (argc > 1 && std::string(argv[1]) == "--plans") {
     try {
       return measure_plans(argc, argv);
