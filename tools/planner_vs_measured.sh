@@ -7,11 +7,25 @@
 # how many pairs of plans predicted >10% apart are measured in the same order.
 #
 #   bash tools/planner_vs_measured.sh [HIDDEN=1024] [OUT_DIR]
-# Builds what it runs (bazel -c opt). About 40 s at hidden 1024 on a 2-core machine.
+#   bash tools/planner_vs_measured.sh gpt [OUT_DIR]
+# The second form does the same for GPT-2 mini as its 6 pipeline blocks (embeddings, h.0-h.3, the
+# tied head; sequences of 128, global batch 16, micro-batches 1-16): `profile --model gpt` and
+# `pipeline_bench --plans --model gpt`, with the hand-written plans cut at blocks 1-5.
+# Builds what it runs (bazel -c opt). About 40 s at hidden 1024 on a 2-core machine; about 8 minutes
+# for gpt.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 H="${1:-1024}"
 OUT="${2:-$(mktemp -d)}"
+if [ "$H" = gpt ]; then
+  L=6 GB=16 CUTS="3 2 4 1 5" MAIN=3
+  PROFILE=(--model gpt --config mini --seq-len 128 --batch 16 --batches 1,2,4,8,16)
+  BENCH=(--model gpt --config mini --seq-len 128)
+else
+  L=8 GB=256 CUTS="4 2 3 6 7" MAIN=4
+  PROFILE=(--model mlp --hidden "$H" --depth 8 --batch 128 --batches 8,16,32,64,256)
+  BENCH=(--hidden "$H")
+fi
 mkdir -p "$OUT"
 bazel build -c opt //distributed/pipeline/planner:profile //distributed/pipeline/planner:plan \
   //distributed/pipeline/planner:calibrate //distributed/launcher:chorusrun //tests/bench:pipeline_bench >/dev/null 2>&1
@@ -19,26 +33,29 @@ B="$PWD/bazel-bin"
 P="$B/distributed/pipeline/planner"
 cd "$OUT"
 plan() {  # name micro_batches schedule stages-json
-  echo "{\"version\":1,\"num_layers\":8,\"global_batch\":256,\"micro_batches\":$2,\"schedule\":\"$3\",\"stages\":$4}" >"$1.json"
+  echo "{\"version\":1,\"num_layers\":$L,\"global_batch\":$GB,\"micro_batches\":$2,\"schedule\":\"$3\",\"stages\":$4}" >"$1.json"
 }
-two() { echo "[{\"layers\":[0,$1],\"ranks\":[0]},{\"layers\":[$1,8],\"ranks\":[1]}]"; }
-plan dp 1 1f1b '[{"layers":[0,8],"ranks":[0,1]}]'
-plan dp4 4 1f1b '[{"layers":[0,8],"ranks":[0,1]}]'
-plan p44g 4 gpipe "$(two 4)"
-plan p44 4 1f1b "$(two 4)"
-plan p44m2 2 1f1b "$(two 4)"
-plan p44m8 8 1f1b "$(two 4)"
-plan p44m16 16 1f1b "$(two 4)"
-plan p26 4 1f1b "$(two 2)"
-plan p35 4 1f1b "$(two 3)"
-plan p62 4 1f1b "$(two 6)"
-plan p71 4 1f1b "$(two 7)"
-"$P/profile" --model mlp --hidden "$H" --depth 8 --batch 128 --batches 8,16,32,64,256 --threads 1 --repeats 7 \
-  --optimizer sgd --no-memory --out profile.json >profile.txt
+two() { echo "[{\"layers\":[0,$1],\"ranks\":[0]},{\"layers\":[$1,$L],\"ranks\":[1]}]"; }
+# Plans are named p<blocks of stage 0><blocks of stage 1>[g: GPipe][m<M>: other than 4 micro-batches].
+plan dp 1 1f1b "[{\"layers\":[0,$L],\"ranks\":[0,1]}]"
+plan dp4 4 1f1b "[{\"layers\":[0,$L],\"ranks\":[0,1]}]"
+PM="p$MAIN$((L - MAIN))"
+plan "${PM}g" 4 gpipe "$(two $MAIN)"
+plan "$PM" 4 1f1b "$(two $MAIN)"
+plan "${PM}m2" 2 1f1b "$(two $MAIN)"
+plan "${PM}m8" 8 1f1b "$(two $MAIN)"
+plan "${PM}m16" 16 1f1b "$(two $MAIN)"
+OTHERS=""
+for c in $CUTS; do
+  [ "$c" = "$MAIN" ] && continue
+  plan "p$c$((L - c))" 4 1f1b "$(two "$c")"
+  OTHERS="$OTHERS p$c$((L - c))"
+done
+"$P/profile" "${PROFILE[@]}" --threads 1 --repeats 7 --optimizer sgd --no-memory --out profile.json >profile.txt
 "$B/distributed/launcher/chorusrun" --nproc-per-node 2 "$P/calibrate" --out cluster.json >calibrate.txt 2>&1
-PLANS="dp dp4 p44g p44 p44m2 p44m8 p44m16 p26 p35 p62 p71"
+PLANS="dp dp4 ${PM}g $PM ${PM}m2 ${PM}m8 ${PM}m16$OTHERS"
 for M in 2 4 8; do
-  "$P/plan" --profile profile.json --cluster cluster.json --optimizer-states 1 --global-batch 256 --micro-batches $M \
+  "$P/plan" --profile profile.json --cluster cluster.json --optimizer-states 1 --global-batch $GB --micro-batches $M \
     --out "choice$M.json" >"choice$M.txt"
   PLANS="$PLANS choice$M"
 done
@@ -46,7 +63,7 @@ files=()
 for p in $PLANS; do files+=("$p.json"); done
 for r in 1 2 3; do
   "$B/distributed/launcher/chorusrun" --nproc-per-node 2 "$B/tests/bench/pipeline_bench" --plans --steps 10 \
-    --hidden "$H" "${files[@]}" >"measured$r.txt" 2>&1
+    "${BENCH[@]}" "${files[@]}" >"measured$r.txt" 2>&1
 done
 for p in $PLANS; do
   echo "$p $("$P/plan" --profile profile.json --cluster cluster.json --optimizer-states 1 --evaluate "$p.json" |
@@ -84,7 +101,7 @@ for n in names:
     print(f"| {n} | {runs[0][n][1]} | {runs[0][n][2]} | {runs[0][n][3]} | {pred[n]:.2f} | "
           f"{' / '.join('%.2f' % x for x in v)} | {med[n] / pred[n]:.2f} |")
 base = [n for n in names if not n.startswith("choice")]
-print("Spearman over the 11 hand-written plans: medians %.3f; runs %s" % (
+print("Spearman over the %d hand-written plans: medians %.3f; runs %s" % (len(base),
     spearman([pred[n] for n in base], [med[n] for n in base]),
     " ".join("%.3f" % spearman([pred[n] for n in base], [r[n][0] for n in base]) for r in runs)))
 agree = total = 0; bad = []

@@ -9,6 +9,8 @@
 //
 //   chorusrun --nproc-per-node 2 bazel-bin/tests/bench/pipeline_bench --plans [--hidden 512]
 //       [--steps 10] a.json b.json ...
+//   (--model gpt [--config mini] [--seq-len 128]: GPT-2's pipeline blocks instead, as
+//   `profile --model gpt` profiles them)
 //
 // Or the activation memory of GPT-2 as 4 stages (examples/models/gpt.h, pipeline_blocks()) under
 // GPipe, 1F1B and 1F1B with recomputation at M = 4, 8, 16 (a table per stage, from the stage
@@ -82,14 +84,21 @@ std::shared_ptr<nn::Sequential> profile_mlp(int64_t hidden, int layers) {
 
 int measure_plans(int argc, char** argv) {
   int steps = 10;
-  int64_t hidden = 512;
+  int64_t hidden = 512, seq_len = 128;
+  std::string model_kind = "mlp", config = "mini";
   std::vector<std::string> files;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--steps" && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (a == "--hidden" && i + 1 < argc) hidden = std::atoll(argv[++i]);
+    else if (a == "--model" && i + 1 < argc) model_kind = argv[++i];
+    else if (a == "--config" && i + 1 < argc) config = argv[++i];
+    else if (a == "--seq-len" && i + 1 < argc) seq_len = std::atoll(argv[++i]);
+    else if (a.rfind("--", 0) == 0) fail("pipeline_bench --plans: unknown option {}", a);
     else files.push_back(a);
   }
+  if (steps < 1) fail("pipeline_bench --plans: --steps {}; expected at least 1", steps);
+  if (model_kind != "mlp" && model_kind != "gpt") fail("pipeline_bench --plans: --model {}; expected mlp or gpt", model_kind);
   auto group = distributed::init_process_group();
   const int rank = group->rank();
   if (rank == 0) {
@@ -100,13 +109,28 @@ int measure_plans(int argc, char** argv) {
   }
   for (const std::string& file : files) {
     const pp::PipelinePlan plan = pp::load_plan(file);
-    auto model = profile_mlp(hidden, plan.num_layers);
-    pp::PipelineStage stage(model, plan, group, {.report_loss = false});
-    model.reset();
+    // The profile tool's models, block for block: its MLP, or GPT-2's pipeline blocks.
+    pp::BlockModel blocks;
+    TensorList x, y;
+    pp::MultiLossFn loss;
+    if (model_kind == "gpt") {
+      manual_seed(3);
+      auto gpt = std::make_shared<models::GPT2LMHeadModel>(models::GPTConfig::named(config));
+      blocks = gpt->pipeline_blocks();
+      manual_seed(4);
+      Tensor tokens = randint(0, gpt->transformer->config.vocab_size, {plan.global_batch, seq_len + 1});
+      x = {tokens.narrow(1, 0, seq_len).contiguous()};
+      y = {tokens.narrow(1, 1, seq_len).contiguous()};
+      loss = models::GPT2LMHeadModel::pipeline_loss;
+    } else {
+      blocks = pp::blocks_of(profile_mlp(hidden, plan.num_layers));
+      manual_seed(4);
+      x = {randn({plan.global_batch, 784})};
+      y = {randint(0, 10, {plan.global_batch})};
+      loss = [](const TensorList& out, const TensorList& t) { return F::cross_entropy(out[0], t[0]); };
+    }
+    pp::PipelineStage stage(std::move(blocks), plan, group, {.report_loss = false});
     optim::SGD opt(stage.parameters(), {.lr = 0.01, .momentum = 0.9});
-    manual_seed(4);
-    Tensor x = randn({plan.global_batch, 784}), y = randint(0, 10, {plan.global_batch});
-    auto loss = [](const Tensor& out, const Tensor& t) { return F::cross_entropy(out, t); };
     std::vector<double> times, waits;
     for (int i = 0; i < steps + 2; ++i) {
       group->barrier()->wait();
@@ -235,6 +259,11 @@ int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 10;
   const int64_t width = argc > 2 ? std::atoll(argv[2]) : 512;
   const int batch = argc > 3 ? std::atoi(argv[3]) : 512;
+  if (steps < 1 || width < 1 || batch < 1) {
+    std::fprintf(stderr, "pipeline_bench: expected [steps >= 1] [width >= 1] [batch >= 1], --plans or --gpt-memory; got %s\n",
+                 argc > 1 ? argv[1] : "");
+    return 2;
+  }
   try {
     auto group = distributed::init_process_group();
     const int world = group->size(), rank = group->rank();

@@ -12,12 +12,15 @@
 //   profile --model mlp --batch 32 --hidden 1024 --depth 8 --out mlp.json
 //   profile --model mlp --batch 128 --batches 16,32,64 --optimizer sgd --out mlp.json
 //   profile --model bert --config mini --layers 8 --seq-len 128 --batch 8 --out bert.json
+//   profile --model gpt --config mini --seq-len 128 --batch 8 --out gpt.json   (its pipeline blocks)
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
 #include "distributed/pipeline/planner/profiler.h"
 #include "distributed/pipeline/planner/report.h"
+#include "distributed/pipeline/pipeline.h"
 #include "examples/models/bert.h"
+#include "examples/models/gpt.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/error.h"
@@ -34,13 +37,13 @@ int main(int argc, char** argv) {
   int depth = 8, layers = 0, threads = 0;
   ProfileOptions options;
   bool no_memory = false;
-  app.add_option("--model", model, "mlp or bert")->check(CLI::IsMember({"mlp", "bert"}));
+  app.add_option("--model", model, "mlp, bert or gpt")->check(CLI::IsMember({"mlp", "bert", "gpt"}));
   app.add_option("--batch", batch, "samples per profiled forward/backward");
   app.add_option("--hidden", hidden, "mlp: hidden width");
   app.add_option("--depth", depth, "mlp: number of Linear layers");
-  app.add_option("--config", config, "bert: tiny, mini, small or base");
-  app.add_option("--layers", layers, "bert: encoder layers (0: the config's)");
-  app.add_option("--seq-len", seq_len, "bert: tokens per sequence");
+  app.add_option("--config", config, "bert: tiny, mini, small or base; gpt: tiny, mini, gpt2, ...");
+  app.add_option("--layers", layers, "bert, gpt: transformer layers (0: the config's)");
+  app.add_option("--seq-len", seq_len, "bert, gpt: tokens per sequence");
   app.add_option("--warmup", options.warmup, "untimed runs per layer");
   app.add_option("--repeats", options.repeats, "timed runs per layer (the median is kept)");
   app.add_option("--threads", threads, "CPU threads (0: the default)");
@@ -79,6 +82,20 @@ int main(int argc, char** argv) {
       }
       input = randn({batch, 784});
       description = fmt::format("mlp 784-{}x{}-10, batch {}", hidden, depth - 1, batch);
+    } else if (model == "gpt") {
+      // The pipeline's own blocks (GPT2LMHeadModel::pipeline_blocks): a layer per block, each held
+      // as the stage module the runtime would build for it (the tied embedding in the first and
+      // the last), so the plan's layers are the runtime's.
+      models::GPTConfig c = models::GPTConfig::named(config);
+      if (layers > 0) c.n_layer = layers;
+      auto gpt = std::make_shared<models::GPT2LMHeadModel>(c);
+      BlockModel blocks = gpt->pipeline_blocks();
+      for (int i = 0; i < static_cast<int>(blocks.size()); ++i) {
+        stack.push_back({blocks.blocks[i].name, std::make_shared<StageModule>(blocks, i, i + 1)});
+      }
+      input = randint(0, c.vocab_size, {batch, seq_len}, {.dtype = kInt64});
+      description = fmt::format("gpt-{} ({} layers, {} wide), batch {} x {} tokens", config, c.n_layer, c.n_embd, batch,
+                                seq_len);
     } else {
       models::BertConfig c = models::BertConfig::named(config);
       if (layers > 0) c.num_hidden_layers = layers;
