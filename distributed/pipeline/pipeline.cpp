@@ -10,6 +10,7 @@
 #include <optional>
 #include <set>
 
+#include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "distributed/init.h"
@@ -180,6 +181,11 @@ PipelineStage::PipelineStage(BlockModel model, PipelinePlan plan, std::shared_pt
     break;
   }
   rank_ = group_->rank();
+  if (options_.autocast && *options_.autocast != kBFloat16) {
+    fail("pipeline: autocast to {} is not supported; expected bfloat16 (float16 needs a loss scale and an overflow "
+         "check shared by all stages, which is not built)",
+         dtype_name(*options_.autocast));
+  }
   check_agreement(model);
   if (static_cast<int>(model.size()) != plan_.num_layers) {
     fail("pipeline: the plan has num_layers {} but the model ({}) has {} blocks; expected the plan made for this model",
@@ -583,6 +589,8 @@ StepStats PipelineStage::train_step(const TensorList& inputs, const TensorList& 
           return nn::utils::checkpoint([stage_module](const TensorList& in) { return stage_module->forward_blocks(in); },
                                        x, module_->parameters());
         };
+        std::optional<autocast::AutocastGuard> amp;
+        if (options_.autocast) amp.emplace(device_.type, *options_.autocast);
         TensorList out = ddp_ ? ddp_->forward_multi(stage_forward) : stage_forward();
         if (is_last()) {
           Tensor loss = loss_fn(out, rows_of(targets, m));
@@ -730,6 +738,8 @@ EvalStats PipelineStage::eval_step(const TensorList& inputs, const TensorList& t
   // receives on the next stage match in the same order, so no schedule is needed.
   for (int m = 0; m < M; ++m) {
     TensorList x = is_first() ? rows_of(inputs, m) : receive(eval_prev_links_, kActivation, m, "RecvActivation (eval)");
+    std::optional<autocast::AutocastGuard> amp;
+    if (options_.autocast) amp.emplace(device_.type, *options_.autocast);
     TensorList out = module_->forward_blocks(x);
     if (is_last()) {
       Tensor l = loss_fn(out, rows_of(targets, m));

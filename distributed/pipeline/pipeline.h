@@ -39,6 +39,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,6 +90,11 @@ struct PipelineOptions {
   // group, and every stage scales by max_grad_norm / norm when it is larger, as
   // clip_grad_norm_ on the whole model would.
   double max_grad_norm = 0;
+  // Mixed precision: each stage's forward and the loss under autocast to this dtype on the stage's
+  // device (bfloat16 only: float16 would need one loss scale and one overflow check across all
+  // stages, which is not built); parameters and gradients stay in their dtype, boundary tensors
+  // cross in whatever dtype the blocks produce. Recomputation replays it.
+  std::optional<DType> autocast;
 };
 
 // Mean loss over the rows of `output` (the last stage's output slice) and `target`.

@@ -245,8 +245,11 @@ int main(int argc, char** argv) {
     examples::Job job = examples::Job::join(device);
     const bool pipelined = f.pipeline.enabled();
     if (pipelined) {
-      // Not yet with a pipeline: mixed precision (docs/pipeline.md).
-      if (f.amp != "none") fail("gpt: --amp {} is not supported with a pipeline yet; expected --amp none", f.amp);
+      // Not yet with a pipeline: float16's loss scaling (docs/pipeline.md).
+      if (f.amp == "fp16") {
+        fail("gpt: --amp fp16 is not supported with a pipeline yet (one loss scale for all stages is not built); use "
+             "--amp bf16");
+      }
       examples::pipeline_group(job);
     } else if (f.batch_size % job.world != 0) {
       fail("gpt: --batch-size {} must be divisible by the {} processes", f.batch_size, job.world);
@@ -306,6 +309,7 @@ int main(int argc, char** argv) {
       distributed::pipeline::PipelineOptions options;
       options.recompute = f.pipeline.recompute;
       options.max_grad_norm = 1.0;
+      if (f.amp == "bf16") options.autocast = kBFloat16;
       model.reset();
       stage = std::make_unique<distributed::pipeline::PipelineStage>(std::move(blocks), *plan, job.group, options);
       job.log(fmt::format("pipeline: {}, world size {}", examples::describe(*plan), job.world));
