@@ -17,11 +17,13 @@
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "data/data.h"
 #include "distributed/ddp.h"
 #include "distributed/sync_batchnorm.h"
 #include "examples/common/example_util.h"
+#include "examples/common/pipeline_flags.h"
 #include "examples/models/resnet.h"
 #include "nn/nn.h"
 #include "nn/serialize.h"
@@ -62,6 +64,7 @@ struct Flags {
   bool channels_last = false;
   std::string device = "auto";
   Device on = Device::cpu();  // --device, resolved
+  examples::PipelineFlags pipeline;
 };
 
 std::shared_ptr<models::ResNet> make_model(const Flags& f, bool small_input, int64_t in_channels, int64_t classes) {
@@ -280,6 +283,131 @@ nlohmann::json run_fashion_mnist(const Flags& f, examples::Job& job, int64_t loc
           {"train_s", train_s}};
 }
 
+// Fashion-MNIST through a pipeline (--pipeline-stages, --replicas, ...): ResNet::pipeline_blocks()
+// cut into stages, every rank reading the whole global batch (augmented alike on every rank), test
+// accuracy measured through the stages (eval_step). BatchNorm normalizes over each micro-batch's
+// rows on its replica, and its running statistics are updated once per micro-batch
+// (docs/pipeline.md): a pipelined ResNet trains close to, not exactly as, one process.
+nlohmann::json run_fashion_mnist_pipelined(const Flags& f, examples::Job& job) {
+  namespace pp = distributed::pipeline;
+  const std::string root = (f.data_dir.empty() ? data::default_data_dir() : f.data_dir) + "/fashion-mnist";
+  auto train = std::make_shared<data::FashionMNIST>(root, data::Split::Train);
+  auto test = std::make_shared<data::FashionMNIST>(root, data::Split::Test);
+  auto sampler = std::make_shared<data::DistributedSampler>(train->size(), 1, 0, true, f.seed);
+  data::DataLoader loader(train, {.batch_size = f.batch_size, .drop_last = true, .num_workers = f.workers, .sampler = sampler});
+
+  manual_seed(f.seed);
+  auto net = make_model(f, true, 1, 10);
+  net->to(f.on);
+  if (f.channels_last) net->to(MemoryFormat::ChannelsLast);
+  const int64_t parameters = examples::count_parameters(*net);
+  pp::BlockModel blocks = net->pipeline_blocks();
+  net.reset();
+  const pp::PipelinePlan plan =
+      examples::make_pipeline_plan("resnet", f.pipeline, static_cast<int>(blocks.size()), job.world, f.batch_size);
+  if (plan.global_batch != f.batch_size) {
+    fail("resnet: the plan's global batch is {}, --batch-size {}; expected the same", plan.global_batch, f.batch_size);
+  }
+  pp::PipelineOptions options;
+  options.recompute = f.pipeline.recompute;
+  if (f.amp == "bf16") options.autocast = kBFloat16;
+  pp::PipelineStage stage(std::move(blocks), plan, job.group, options);
+  optim::SGD opt(stage.parameters(), {.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay, .nesterov = true});
+  const int64_t steps_per_epoch = loader.size();
+  const int64_t total_steps = steps_per_epoch * f.epochs;
+  optim::WarmupDecayLR sched(opt, std::min<int64_t>(200, total_steps / 10), total_steps, optim::WarmupDecayLR::Decay::Cosine);
+
+  int64_t step = 0;
+  const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : pp::pipeline_checkpoint_manifest(f.checkpoint_dir);
+  if (examples::should_resume(f.resume, ckpt_path)) {
+    step = stage.load_checkpoint(f.checkpoint_dir, opt, &sched, {{"arch", f.arch}}).step;
+    job.log(fmt::format("resumed from {} at step {}", ckpt_path, step));
+  }
+  auto save = [&](int64_t epochs_done) {
+    if (ckpt_path.empty()) return;
+    stage.save_checkpoint(f.checkpoint_dir, opt, &sched, epochs_done, step, {{"arch", f.arch}, {"dataset", "fashion-mnist"}});
+    job.log(fmt::format("saved {} at step {}", ckpt_path, step));
+  };
+  job.log(fmt::format("training {} on Fashion-MNIST ({} train / {} test), {} parameters, pipeline: {}, world size {}, batch "
+                      "{}, {} steps, {} threads per process",
+                      f.arch, train->size(), test->size(), parameters, examples::describe(plan), job.world,
+                      f.batch_size, total_steps, get_num_threads()));
+  // Test accuracy through the stages: the last stage counts its rows' correct predictions in the loss.
+  auto accuracy = [&] {
+    const int64_t n = (f.test_limit > 0 ? std::min(f.test_limit, test->size()) : test->size()) / f.batch_size * f.batch_size;
+    int64_t correct = 0;
+    auto counting = [&](const TensorList& out, const TensorList& y) {
+      NoGradGuard no_grad;
+      correct += out[0].argmax(1).eq(y[0]).sum().item<int64_t>();
+      return F::cross_entropy(out[0], y[0]);
+    };
+    for (int64_t start = 0; start < n; start += f.batch_size) {
+      std::vector<int64_t> rows(static_cast<size_t>(f.batch_size));
+      std::iota(rows.begin(), rows.end(), start);
+      data::Batch b = test->get_batch(rows);
+      Tensor x = f.channels_last ? b.data.to(f.on).contiguous(MemoryFormat::ChannelsLast) : b.data;
+      stage.eval_step({x}, {b.target}, counting);
+    }
+    Tensor t = tensor<double>({static_cast<double>(correct)});
+    job.group->allreduce({t})->wait();
+    return t.item<double>() / std::max<int64_t>(n, 1);
+  };
+
+  auto loss_fn = [](const TensorList& out, const TensorList& y) { return F::cross_entropy(out[0], y[0]); };
+  double epoch_loss_sum = 0, last_loss = 0;
+  int64_t epoch_loss_n = 0, samples = 0;
+  std::vector<double> test_accuracy;
+  const auto t_train = Clock::now();
+  auto t_log = t_train;
+  const int64_t stop_step = f.max_steps > 0 ? std::min(total_steps, f.max_steps) : total_steps;
+  for (int epoch = static_cast<int>(step / steps_per_epoch); epoch < f.epochs && step < stop_step; ++epoch) {
+    loader.set_epoch(epoch);
+    loader.skip_batches(step - epoch * steps_per_epoch);
+    epoch_loss_sum = 0;
+    epoch_loss_n = 0;
+    for (data::Batch& b : loader) {
+      if (f.augment) augment(b.data, f.shift, f.seed, 0, step);  // the same augmentation on every rank
+      Tensor x = f.channels_last ? b.data.to(f.on).contiguous(MemoryFormat::ChannelsLast) : b.data;
+      last_loss = stage.train_step({x}, {b.target}, loss_fn, opt).loss;
+      sched.step();
+      ++step;
+      epoch_loss_sum += last_loss;
+      ++epoch_loss_n;
+      samples += b.size();
+      const int64_t in_epoch = step - epoch * steps_per_epoch;
+      const auto now = Clock::now();
+      if (std::chrono::duration<double>(now - t_log).count() >= f.log_every_s || in_epoch == steps_per_epoch) {
+        t_log = now;
+        const double rate = samples / std::max(std::chrono::duration<double>(now - t_train).count(), 1e-9);
+        job.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f} lr {:.4f} {:.1f} img/s", epoch + 1, f.epochs, in_epoch,
+                            steps_per_epoch, epoch_loss_sum / epoch_loss_n, opt.param_groups()[0].lr(), rate));
+      }
+      if (f.checkpoint_every > 0 && step % f.checkpoint_every == 0 && in_epoch != steps_per_epoch) save(epoch);
+      if (step == stop_step) break;
+    }
+    if (step - epoch * steps_per_epoch < steps_per_epoch) break;  // stopped by --max-steps
+    test_accuracy.push_back(accuracy());
+    job.log(fmt::format("epoch {} done: train loss {:.4f}, test accuracy {:.2f}%", epoch + 1,
+                        epoch_loss_sum / std::max<int64_t>(epoch_loss_n, 1), 100.0 * test_accuracy.back()));
+    save(epoch + 1);
+  }
+  const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
+  if (test_accuracy.empty()) test_accuracy.push_back(accuracy());
+  return {{"mode", "fashion-mnist"},
+          {"arch", f.arch},
+          {"amp", f.amp},
+          {"pipeline", examples::describe(plan)},
+          {"recompute", f.pipeline.recompute},
+          {"test_accuracy", test_accuracy.back()},
+          {"test_accuracy_per_epoch", test_accuracy},
+          {"train_loss", epoch_loss_n ? epoch_loss_sum / epoch_loss_n : 0.0},
+          {"last_batch_loss", last_loss},
+          {"epochs", f.epochs},
+          {"steps", step},
+          {"images_per_s", samples / std::max(train_s, 1e-9)},
+          {"train_s", train_s}};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -317,6 +445,7 @@ int main(int argc, char** argv) {
   app.add_option("--workers", f.workers, "DataLoader worker threads")->check(CLI::Range(0, 256));
   examples::add_amp_option(app, f.amp);
   examples::add_device_option(app, f.device);
+  examples::add_pipeline_options(app, f.pipeline);
   CLI11_PARSE(app, argc, argv);
   if (f.synthetic && app.count("--arch") == 0) f.arch = "resnet50";
 
@@ -327,11 +456,19 @@ int main(int argc, char** argv) {
     if (f.synthetic && (f.resume != "no" || !f.checkpoint_dir.empty())) fail("resnet: --synthetic does not checkpoint");
     f.on = examples::training_device(f.device);
     examples::Job job = examples::Job::join(f.on);
-    if (f.batch_size % job.world != 0) {
+    const bool pipelined = f.pipeline.enabled();
+    if (pipelined) {
+      if (f.synthetic) fail("resnet: --synthetic times data-parallel steps; it takes no pipeline flags");
+      if (f.amp == "fp16") fail("resnet: --amp fp16 is not supported with a pipeline yet; use --amp bf16");
+      if (f.sync_bn) fail("resnet: --sync-bn with a pipeline: BatchNorm there normalizes each micro-batch (docs/pipeline.md)");
+      examples::pipeline_group(job);
+    } else if (f.batch_size % job.world != 0) {
       fail("resnet: --batch-size {} must be divisible by the {} processes", f.batch_size, job.world);
     }
     const int64_t local_batch = f.batch_size / job.world;
-    nlohmann::json summary = f.synthetic ? run_synthetic(f, job, local_batch) : run_fashion_mnist(f, job, local_batch);
+    nlohmann::json summary = pipelined     ? run_fashion_mnist_pipelined(f, job)
+                             : f.synthetic ? run_synthetic(f, job, local_batch)
+                                           : run_fashion_mnist(f, job, local_batch);
     summary["batch_size"] = f.batch_size;
     summary["world_size"] = job.world;
     summary["threads_per_process"] = get_num_threads();
