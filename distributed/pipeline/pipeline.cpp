@@ -996,6 +996,8 @@ void PipelineStage::save_checkpoint(const std::string& dir, const optim::Optimiz
       }
     }
   }
+  // Returns with the folder holding this checkpoint only, on every rank.
+  group_->barrier()->wait();
 }
 
 nn::Checkpoint PipelineStage::load_checkpoint(const std::string& dir, optim::Optimizer& optimizer,

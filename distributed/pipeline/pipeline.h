@@ -191,7 +191,8 @@ class PipelineStage {
   // state (when given), its generator's state, epoch, step and `extra` to
   // pipeline-step<step>-stage<s>-of-<S>.safetensors; once every stage's file is written, rank 0
   // writes the manifest pipeline-checkpoint.json (atomically) naming them and the plan, and the
-  // previous step's files are removed. Every rank calls it; it returns when the manifest is written.
+  // previous step's files are removed. Every rank calls it; it returns when the manifest is written
+  // and the old files are gone.
   // A crash at any point leaves the previous complete checkpoint or the new one.
   void save_checkpoint(const std::string& dir, const optim::Optimizer& optimizer, const optim::LRScheduler* scheduler,
                        int64_t epoch, int64_t step, const nn::Metadata& extra = {});

@@ -1,7 +1,9 @@
 // The schedule generators and the checker: every generated GPipe and 1F1B schedule for up to 8
 // stages and 16 micro-batches runs (no deadlock under blocking sends, every micro-batch forwarded
 // and backwarded once per stage, dependencies in order) and holds the activations the papers say;
-// hand-made broken schedules are rejected with the reason.
+// hand-made broken schedules are rejected with the reason. Interleaved 1F1B (virtual stages) for
+// up to 8 stages and 4 chunks runs under blocking sends, holds Megatron-LM's warm-up plus one chunk
+// activations, and reaches the ideal makespan with asynchronous sends.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -176,7 +178,7 @@ TEST_CASE("the checker rejects misplaced GradSync / OptimizerStep and impossible
   {
     Schedule sch = gpipe_schedule(2, 2);
     sch.stages.pop_back();
-    CHECK(has_error(check_schedule(sch), "declares 2 stages and 2 micro-batches but lists 1 stages"));
+    CHECK(has_error(check_schedule(sch), "declares 2 stages, 1 chunk(s) each and 2 micro-batches but lists 1 stages"));
   }
   CHECK_THROWS_WITH(make_schedule("interleaved", 2, 2), Catch::Contains("'interleaved'") && Catch::Contains("\"1f1b\""));
   CHECK_THROWS_WITH(gpipe_schedule(0, 2), Catch::Contains("got 0 stages"));
@@ -194,5 +196,71 @@ TEST_CASE("random corruptions of valid schedules are rejected", "[pipeline][sche
     list.erase(list.begin() + static_cast<long>(i));
     INFO(sch.name << " S " << S << " M " << M << " dropped " << to_string(dropped));
     CHECK(!check_schedule(sch).ok());
+  }
+}
+
+TEST_CASE("interleaved 1F1B runs under blocking sends, holds its warm-up, and shrinks the bubble by the chunks",
+          "[pipeline][schedule][interleaved]") {
+  for (int S = 2; S <= 8; ++S) {
+    for (int V = 2; V <= 4; ++V) {
+      for (int M = S; M <= 16; M += S) {
+        INFO("S " << S << " V " << V << " M " << M);
+        const Schedule sch = interleaved_schedule(S, V, M);
+        REQUIRE(sch.num_chunks == V);
+        const ScheduleCheck c = check_schedule(sch);  // rendezvous: every send blocks until received
+        INFO(all_errors(c));
+        REQUIRE(c.ok());
+        for (int s = 0; s < S; ++s) {
+          // Every micro-batch on every chunk once each way; Megatron's warm-up + 1 chunks in flight.
+          CHECK(count(sch.stages[s], AT::Forward) == M * V);
+          CHECK(count(sch.stages[s], AT::Backward) == M * V);
+          CHECK(c.max_in_flight[s] == std::min((S - s - 1) * 2 + (V - 1) * S + 1, M * V));
+        }
+        // With the runtime's asynchronous sends, the makespan is the ideal one: all the work of a
+        // stage (3 units per micro-batch and chunk) plus a bubble of (S - 1) chunk-steps, V times
+        // smaller than 1F1B's with the same work per stage (chunks of 1 + 2 units: a stage of V + 2V).
+        const ScheduleCheck eager = check_schedule(sch, TimeModel{1, 2, true});
+        const ScheduleCheck plain = check_schedule(one_f_one_b_schedule(S, M), TimeModel{V, 2 * V, true});
+        CHECK(eager.makespan == 3 * V * M + 3 * (S - 1));
+        CHECK(plain.makespan == 3 * V * M + 3 * V * (S - 1));
+        CHECK(c.makespan >= eager.makespan);  // blocking sends can only wait longer
+      }
+    }
+  }
+}
+
+TEST_CASE("interleaved 1F1B: the compute order, the printed chunks, and bad sizes", "[pipeline][schedule][interleaved]") {
+  const Schedule sch = interleaved_schedule(2, 2, 4);
+  std::vector<std::string> order;
+  for (const Action& a : sch.stages[0])
+    if (a.type == AT::Forward || a.type == AT::Backward) order.push_back(to_string(a));
+  // Stage 0 of 2 with 2 chunks: 4 warm-up forwards round the chunks in groups of 2 micro-batches,
+  // then one forward and one backward (backwards from the last chunk), then the rest.
+  CHECK(order == std::vector<std::string>{"F0", "F1", "F0@1", "F1@1", "F2", "B0@1", "F3", "B1@1", "F2@1", "B0", "F3@1",
+                                          "B1", "B2@1", "B3@1", "B2", "B3"});
+  const std::string text = to_string(sch);
+  CHECK(text.find("interleaved schedule: 2 stages x 2 chunks, 4 micro-batches") != std::string::npos);
+  CHECK(text.find("recvA0@1") != std::string::npos);
+  // The last stage's chunk 0 feeds the first stage's chunk 1 (virtual stage 1 -> 2).
+  const auto& last = sch.stages[1];
+  CHECK(std::find(last.begin(), last.end(), Action{AT::SendActivation, 0, 0}) != last.end());
+  CHECK(std::find(sch.stages[0].begin(), sch.stages[0].end(), Action{AT::RecvActivation, 0, 1}) != sch.stages[0].end());
+  CHECK_THROWS_WITH(interleaved_schedule(3, 2, 4), Catch::Contains("micro-batches a multiple of the stages"));
+  CHECK_THROWS_WITH(interleaved_schedule(2, 1, 4), Catch::Contains("at least 2 chunks"));
+  CHECK_THROWS_WITH(interleaved_schedule(1, 2, 4), Catch::Contains("at least 2 stages"));
+  // A chunk out of range, and any single action dropped, are rejected.
+  Schedule bad = sch;
+  bad.stages[0][0].chunk = 2;
+  CHECK(has_error(check_schedule(bad), "names chunk 2; expected 0 to 1"));
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 100; ++trial) {
+    const int S = 2 + static_cast<int>(rng() % 3), V = 2 + static_cast<int>(rng() % 2);
+    Schedule broken = interleaved_schedule(S, V, S * (1 + static_cast<int>(rng() % 2)));
+    auto& list = broken.stages[rng() % S];
+    const size_t i = rng() % list.size();
+    const Action dropped = list[i];
+    list.erase(list.begin() + static_cast<long>(i));
+    INFO("S " << S << " V " << V << " dropped " << to_string(dropped));
+    CHECK(!check_schedule(broken).ok());
   }
 }
