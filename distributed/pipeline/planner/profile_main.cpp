@@ -11,11 +11,12 @@
 //
 //   profile --model mlp --batch 32 --hidden 1024 --depth 8 --out mlp.json
 //   profile --model mlp --batch 128 --batches 16,32,64 --optimizer sgd --out mlp.json
-//   profile --model bert --config mini --layers 8 --seq-len 128 --batch 8 --out bert.json
+//   profile --model bert --config mini --layers 8 --seq-len 128 --batch 8 --out bert.json  (its pipeline blocks)
 //   profile --model gpt --config mini --seq-len 128 --batch 8 --out gpt.json   (its pipeline blocks)
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "autograd/grad_mode.h"
 #include "distributed/pipeline/planner/profiler.h"
 #include "distributed/pipeline/planner/report.h"
 #include "distributed/pipeline/pipeline.h"
@@ -29,6 +30,30 @@
 using namespace chorus;
 using namespace chorus::distributed::pipeline;
 using namespace chorus::distributed::pipeline::planner;
+
+namespace {
+
+// A block of several tensors timed as a layer of one: its first input is the layer's input, the
+// others (and its outputs but the first) are constants of the profiled batch.
+class HiddenStatesBlock : public nn::Module {
+ public:
+  HiddenStatesBlock(const BlockModel& model, int block, const Tensor& mask, const Tensor& labels)
+      : nn::Module("HiddenStatesBlock") {
+    stage_ = register_module("stage", std::make_shared<StageModule>(model, block, block + 1));
+    mask_ = register_buffer("mask", mask);
+    labels_ = register_buffer("labels", labels);
+  }
+  Tensor forward(const Tensor& x) override {
+    for (auto& [name, b] : named_buffers(false)) (name == "mask" ? mask_ : labels_) = b;  // after to(device)
+    return stage_->forward_blocks({x, mask_, labels_})[0];
+  }
+
+ private:
+  std::shared_ptr<StageModule> stage_;
+  Tensor mask_, labels_;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"Per-layer profile of a built-in model (forward/backward ms, activation, saved and parameter bytes)"};
@@ -97,15 +122,29 @@ int main(int argc, char** argv) {
       description = fmt::format("gpt-{} ({} layers, {} wide), batch {} x {} tokens", config, c.n_layer, c.n_embd, batch,
                                 seq_len);
     } else {
+      // BERT's masked-LM pipeline blocks (BertForPreTraining::pipeline_blocks), each timed on the
+      // hidden states alone: the attention mask (all tokens attended) and the labels (every 7th
+      // token, about BERT's 15%) the blocks also pass are this batch's constants, held as buffers.
       models::BertConfig c = models::BertConfig::named(config);
       if (layers > 0) c.num_hidden_layers = layers;
-      auto bert = std::make_shared<models::BertModel>(c);
-      stack.push_back({"embeddings", bert->embeddings});
-      for (size_t i = 0; i < bert->layers->size(); ++i) stack.push_back({"layer" + std::to_string(i), (*bert->layers)[i]});
-      stack.push_back({"lm_head", std::make_shared<nn::Linear>(c.hidden_size, c.vocab_size)});
+      auto bert = std::make_shared<models::BertForPreTraining>(c);
+      BlockModel blocks = bert->pipeline_blocks();
       input = randint(0, c.vocab_size, {batch, seq_len}, {.dtype = kInt64});
-      description = fmt::format("bert-{} ({} layers, hidden {}), batch {} x {} tokens", config, c.num_hidden_layers,
-                                c.hidden_size, batch, seq_len);
+      Tensor mask = ones({batch, seq_len}, {.dtype = kInt64});
+      Tensor labels = full({batch, seq_len}, int64_t{-100}, {.dtype = kInt64});
+      int64_t* lp = labels.data_ptr<int64_t>();
+      for (int64_t i = 3; i < batch * seq_len; i += 7) lp[i] = 1000 + i % 1000;
+      TensorList first;
+      {
+        NoGradGuard no_grad;
+        first = blocks.blocks[0].forward({input, mask, labels});
+      }
+      for (int i = 0; i < static_cast<int>(blocks.size()); ++i) {
+        stack.push_back({blocks.blocks[i].name, std::make_shared<HiddenStatesBlock>(blocks, i, i == 0 ? mask : first[1].detach(),
+                                                                                     labels)});
+      }
+      description = fmt::format("bert-{} masked LM ({} layers, hidden {}), batch {} x {} tokens", config,
+                                c.num_hidden_layers, c.hidden_size, batch, seq_len);
     }
     std::vector<std::string> notes;
     ModelProfile profile = profile_layers(stack, input, options, &notes);
