@@ -77,11 +77,17 @@ struct Checkpoint : autograd::Function<Checkpoint> {
     ctx->save_for_backward(inputs);
     TensorList out = fn(inputs);
     if (out.empty()) fail("nn::utils::checkpoint: the function returned no tensors");
-    // Integer outputs (labels or masks passed along) have no gradient.
-    TensorList integer;
-    for (const Tensor& o : out)
-      if (o.defined() && !is_floating(o.dtype())) integer.push_back(o);
-    if (!integer.empty()) ctx->mark_non_differentiable(integer);
+    // Integer outputs, and inputs passed along unchanged that need no gradient (labels, masks),
+    // have no gradient.
+    TensorList constant;
+    for (const Tensor& o : out) {
+      if (!o.defined()) continue;
+      bool passed_constant = false;
+      for (const Tensor& in : inputs)
+        if (in.defined() && in.unsafe_impl() == o.unsafe_impl() && !in.requires_grad()) passed_constant = true;
+      if (!is_floating(o.dtype()) || passed_constant) constant.push_back(o);
+    }
+    if (!constant.empty()) ctx->mark_non_differentiable(constant);
     return out;
   }
 

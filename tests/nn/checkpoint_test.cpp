@@ -150,3 +150,23 @@ TEST_CASE("checkpoint: a tensor that needs a gradient but was not given is an er
                                                Catch::Contains("[6, 6]"));
   CHECK_THROWS_WITH(nn::utils::checkpoint(nn::utils::CheckpointFn(), {x}), Catch::Contains("no function given"));
 }
+
+// Pipeline blocks pass labels and masks along: such outputs (integer, or an input returned as it
+// is that needs no gradient) come back without one; the computed output still has its gradient.
+TEST_CASE("checkpoint: labels and masks passed along come back without a gradient") {
+  auto net = block(4, 1, false);
+  Tensor x = randn({3, 4}, {.dtype = kFloat64}).requires_grad_(true);
+  Tensor mask = ones({3, 4}, {.dtype = kFloat64});
+  Tensor labels = zeros({3}, {.dtype = kInt64});
+  TensorList out = nn::utils::checkpoint(
+      [&](const TensorList& in) { return TensorList{net->forward(in[0]) * in[1], in[1], in[2]}; }, {x, mask, labels},
+      net->parameters());
+  REQUIRE(out.size() == 3);
+  CHECK(out[0].requires_grad());
+  CHECK_FALSE(out[1].requires_grad());
+  CHECK_FALSE(out[2].requires_grad());
+  out[0].sum().backward();
+  Tensor plain_x = x.detach().requires_grad_(true);
+  (net->forward(plain_x) * mask).sum().backward();
+  CHECK((x.grad() - plain_x.grad()).abs().max().item<double>() == 0);
+}
