@@ -139,10 +139,13 @@ int tag_of(int kind, int index) { return 1 + index * 4 + kind; }
 // [Boundary header] Before the first activations on a link: how many tensors, the sender's device
 // type, and per tensor its dtype, whether its gradient travels back, rank and sizes, so the
 // receiver can allocate; afterwards tensors travel without one and a change is an error on the
-// sender. Tensor i of micro-batch m travels with index m * kMaxTensors + i.
+// sender. Tensor i of micro-batch m across boundary b (virtual stages b and b + 1) travels with
+// index (b * M + m) * kMaxTensors + i; the header with index b.
 constexpr int64_t kMaxTensors = 8, kMaxDims = 6, kSpecWords = 3 + kMaxDims;
 constexpr int64_t kHeaderWords = 3 + kMaxTensors * kSpecWords, kHeaderMagic = 0x70697066;  // "pipf"
-int tensor_index(int micro_batch, size_t i) { return micro_batch * static_cast<int>(kMaxTensors) + static_cast<int>(i); }
+int tensor_index(int boundary, int micro_batches, int micro_batch, size_t i) {
+  return (boundary * micro_batches + micro_batch) * static_cast<int>(kMaxTensors) + static_cast<int>(i);
+}
 
 // A tensor's gradient crosses the boundary back when it is floating point and was computed with grad.
 bool carries_grad(const Tensor& t) { return t.requires_grad() && is_floating(t.dtype()); }
@@ -191,18 +194,18 @@ PipelineStage::PipelineStage(BlockModel model, PipelinePlan plan, std::shared_pt
     fail("pipeline: the plan has num_layers {} but the model ({}) has {} blocks; expected the plan made for this model",
          plan_.num_layers, model.model->type_name(), model.size());
   }
-  stage_ = plan_.stage_of(rank_);
+  positions_ = plan_.num_positions();
+  const int K = plan_.num_stages(), V = plan_.chunks();
+  stage_ = plan_.stage_of(rank_);  // this rank's position; its virtual stages are c * positions + stage_
   const StagePlan& mine = plan_.stages[stage_];
   replica_ = static_cast<int>(std::find(mine.ranks.begin(), mine.ranks.end(), rank_) - mine.ranks.begin());
   rows_ = plan_.micro_batch_size() / static_cast<int64_t>(mine.ranks.size());
-  schedule_ = make_schedule(plan_.schedule, plan_.num_stages(), plan_.micro_batches);
+  schedule_ = plan_.schedule == "interleaved" ? interleaved_schedule(positions_, V, plan_.micro_batches)
+                                              : make_schedule(plan_.schedule, positions_, plan_.micro_batches);
   require_valid(schedule_);
-  for (const Action& a : schedule_.stages[stage_]) {
-    if (a.type == ActionType::Backward) sync_micro_batch_ = a.micro_batch;
-  }
-  // Which stage holds each tensor: a parameter on several is tied; a buffer must not be.
+  // Which virtual stage holds each tensor: a parameter on several is tied; a buffer must not be.
   std::map<const TensorImpl*, std::set<int>> holders;
-  for (int s = 0; s < plan_.num_stages(); ++s) {
+  for (int s = 0; s < K; ++s) {
     for (int b = plan_.stages[s].first_layer; b < plan_.stages[s].end_layer; ++b) {
       Owned o = resolve(model, model.blocks[b]);
       for (auto& [n, t] : o.all_parameters) holders[t.unsafe_impl()].insert(s);
@@ -216,8 +219,17 @@ PipelineStage::PipelineStage(BlockModel model, PipelinePlan plan, std::shared_pt
       }
     }
   }
-  module_ = std::make_shared<StageModule>(model, mine.first_layer, mine.end_layer);
-  for (auto& [local, t] : module_->state_dict()) local_name_[unescaped(local)] = local;
+  for (int c = 0; c < V; ++c) {
+    Chunk ch;
+    ch.vstage = c * positions_ + stage_;
+    const StagePlan& st = plan_.stages[ch.vstage];
+    ch.module = std::make_shared<StageModule>(model, st.first_layer, st.end_layer);
+    for (auto& [local, t] : ch.module->state_dict()) local_name_[unescaped(local)] = {c, local};
+    for (const Action& a : schedule_.stages[stage_]) {
+      if (a.type == ActionType::Backward && a.chunk == c) ch.sync_micro_batch = a.micro_batch;
+    }
+    chunks_.push_back(std::move(ch));
+  }
   // state_dict() detaches (other impls): look each name's tensor up among parameters and buffers.
   std::map<std::string, Tensor> by_name;
   for (auto& [name, t] : model.model->named_parameters()) by_name[name] = t;
@@ -228,23 +240,32 @@ PipelineStage::PipelineStage(BlockModel model, PipelinePlan plan, std::shared_pt
     const auto it = holders.find(t.unsafe_impl());
     if (it == holders.end() || it->second.empty()) unowned_[name] = t.device().is_cpu() ? t.clone() : t.cpu();
   }
-  // Replica groups: every rank makes every stage's group, in stage order (new_group's contract).
-  for (const StagePlan& st : plan_.stages) {
+  // Replica groups: every rank makes every position's group, in order (new_group's contract).
+  for (int p = 0; p < positions_; ++p) {
+    const StagePlan& st = plan_.stages[p];
     if (st.ranks.size() < 2) continue;
     std::vector<int> ranks = st.ranks;
     std::sort(ranks.begin(), ranks.end());
     auto g = new_group(ranks);
-    if (&st == &mine) replica_group_ = g;
+    if (p == stage_) replica_group_ = g;
   }
-  // Tied parameters' groups: one per set of stages sharing parameters, in the model's order of
-  // its parameters (the same on every rank).
+  // Tied parameters' groups: one per set of virtual stages sharing parameters, in the model's
+  // order of its parameters (the same on every rank).
   std::map<std::set<int>, size_t> tie_of;
   for (auto& [name, t] : model.model->named_parameters()) {
     const auto it = holders.find(t.unsafe_impl());
     if (it == holders.end() || it->second.size() < 2) continue;
+    std::set<int> positions;
+    for (int s : it->second) {
+      if (!positions.insert(s % positions_).second) {
+        fail("pipeline: parameter '{}' is tied between virtual stages on the same ranks (stages {}); expected tied "
+             "parameters on different positions of the pipeline",
+             name, fmt::join(it->second, ", "));
+      }
+    }
     auto [pos, fresh] = tie_of.emplace(it->second, ties_.size());
     if (fresh) ties_.push_back({std::vector<int>(it->second.begin(), it->second.end()), nullptr, {}, {}});
-    if (it->second.count(stage_)) {
+    if (positions.count(stage_)) {
       ties_[pos->second].names.push_back(name);
       ties_[pos->second].params.push_back(t);
     }
@@ -254,15 +275,18 @@ PipelineStage::PipelineStage(BlockModel model, PipelinePlan plan, std::shared_pt
     for (int s : tie.stages) ranks.insert(ranks.end(), plan_.stages[s].ranks.begin(), plan_.stages[s].ranks.end());
     std::sort(ranks.begin(), ranks.end());
     auto g = new_group(ranks);
-    if (std::count(tie.stages.begin(), tie.stages.end(), stage_)) tie.group = g;
+    for (int s : tie.stages)
+      if (s % positions_ == stage_) tie.group = g;
   }
   std::erase_if(ties_, [](const Tie& t) { return !t.group; });
   model = BlockModel();  // other stages' blocks go now (the caller drops its references too)
-  if (replica_group_) ddp_ = std::make_shared<DistributedDataParallel>(module_, replica_group_, options_.ddp);
-  if (stage_ > 0) prev_links_ = make_links(stage_ - 1);
-  if (stage_ + 1 < plan_.num_stages()) next_links_ = make_links(stage_ + 1);
-  eval_prev_links_ = prev_links_;
-  eval_next_links_ = next_links_;
+  for (Chunk& ch : chunks_) {
+    if (replica_group_) ch.ddp = std::make_shared<DistributedDataParallel>(ch.module, replica_group_, options_.ddp);
+    if (ch.vstage > 0) ch.prev = make_links(ch.vstage - 1);
+    if (ch.vstage + 1 < K) ch.next = make_links(ch.vstage + 1);
+    ch.eval_prev = ch.prev;
+    ch.eval_next = ch.next;
+  }
 }
 
 void PipelineStage::check_agreement(const BlockModel& model) {
@@ -322,7 +346,7 @@ std::vector<PipelineStage::Link> PipelineStage::make_links(int other_stage) cons
 }
 
 std::string PipelineStage::where() const {
-  return fmt::format("pipeline stage {} of {} (rank {}, replica {} of {})", stage_, plan_.num_stages(), rank_, replica_,
+  return fmt::format("pipeline stage {} of {} (rank {}, replica {} of {})", stage_, positions_, rank_, replica_,
                      num_replicas());
 }
 
@@ -331,7 +355,7 @@ void PipelineStage::rethrow(const std::exception& e, const std::string& what, in
        what.rfind("Send", 0) == 0 ? "to" : "from", peer, steps_, e.what());
 }
 
-void PipelineStage::send(std::vector<Link>& links, const TensorList& values, int kind, int micro_batch,
+void PipelineStage::send(std::vector<Link>& links, const TensorList& values, int kind, int boundary, int micro_batch,
                          const char* what) {
   for (Link& l : links) {
     if (kind == kActivation && !l.agreed) {
@@ -362,7 +386,7 @@ void PipelineStage::send(std::vector<Link>& links, const TensorList& values, int
         for (size_t d = 0; d < spec.shape.size(); ++d) w[3 + d] = spec.shape[d];
         l.specs.push_back(spec);
       }
-      pending_sends_.push_back(group_->send(h, l.peer, tag_of(kHeader, 0)));
+      pending_sends_.push_back(group_->send(h, l.peer, tag_of(kHeader, boundary)));
       l.agreed = true;
     }
     // Activations: every tensor; gradients: those whose spec carries one, in order.
@@ -386,7 +410,8 @@ void PipelineStage::send(std::vector<Link>& links, const TensorList& values, int
              shape_str(spec.shape));
       }
       try {
-        pending_sends_.push_back(group_->send(part, l.peer, tag_of(kind, tensor_index(micro_batch, slots[k]))));
+        pending_sends_.push_back(group_->send(
+            part, l.peer, tag_of(kind, tensor_index(boundary, plan_.micro_batches, micro_batch, slots[k]))));
       } catch (const std::exception& e) {
         rethrow(e, what, micro_batch, l.peer);
       }
@@ -413,7 +438,7 @@ void PipelineStage::wait_sends() {
   pending_sends_.clear();
 }
 
-TensorList PipelineStage::receive(std::vector<Link>& links, int kind, int micro_batch, const char* what) {
+TensorList PipelineStage::receive(std::vector<Link>& links, int kind, int boundary, int micro_batch, const char* what) {
   std::vector<std::shared_ptr<Work>> works;
   std::vector<int> work_peer;
   std::vector<TensorList> parts;  // per link, its tensors
@@ -421,7 +446,7 @@ TensorList PipelineStage::receive(std::vector<Link>& links, int kind, int micro_
     if (kind == kActivation && !l.agreed) {
       Tensor h = zeros({kHeaderWords}, {.dtype = kInt64});
       try {
-        group_->recv(h, l.peer, tag_of(kHeader, 0))->wait();
+        group_->recv(h, l.peer, tag_of(kHeader, boundary))->wait();
       } catch (const std::exception& e) {
         rethrow(e, fmt::format("{} (its shape header)", what), micro_batch, l.peer);
       }
@@ -463,7 +488,7 @@ TensorList PipelineStage::receive(std::vector<Link>& links, int kind, int micro_
       if (kind != kActivation && !l.specs[i].grad) continue;
       Tensor buf = empty(l.specs[i].shape, {.dtype = l.specs[i].dtype, .device = device_});
       try {
-        works.push_back(group_->recv(buf, l.peer, tag_of(kind, tensor_index(micro_batch, i))));
+        works.push_back(group_->recv(buf, l.peer, tag_of(kind, tensor_index(boundary, plan_.micro_batches, micro_batch, i))));
         work_peer.push_back(l.peer);
       } catch (const std::exception& e) {
         rethrow(e, what, micro_batch, l.peer);
@@ -531,7 +556,7 @@ StepStats PipelineStage::train_step(const TensorList& inputs, const TensorList& 
     check_rows(targets, "target", "last");
     if (!loss_fn) fail("{}: train_step needs a loss function on the last stage", where());
   }
-  module_->zero_grad();
+  for (Chunk& ch : chunks_) ch.module->zero_grad();
   // Memory counters of the stage's device: the CPU's (tensor/cpu_memory.h) or its allocator's.
   // A forward's share is measured on this thread only on the CPU, so that a communication thread
   // freeing an older tensor meanwhile does not hide what the forward kept.
@@ -544,12 +569,14 @@ StepStats PipelineStage::train_step(const TensorList& inputs, const TensorList& 
   else reset_peak_memory_stats(device_);
   const size_t base_bytes = allocated();
 
-  // Per micro-batch state; a forward's entries live until its backward (that is the activation
-  // memory the schedule bounds).
-  std::vector<TensorList> stage_in(M), stage_out(M), grad_out(M), grad_in(M);
-  std::vector<Tensor> loss_of(M);
-  std::vector<double> losses(M, 0.0);
-  std::vector<size_t> held_bytes(M, 0);  // what each forward left allocated
+  // Per micro-batch (and chunk: slot c * M + m) state; a forward's entries live until its backward
+  // (that is the activation memory the schedule bounds).
+  const int K = plan_.num_stages();
+  const size_t slots = static_cast<size_t>(M) * chunks_.size();
+  std::vector<TensorList> stage_in(slots), stage_out(slots), grad_out(slots), grad_in(slots);
+  std::vector<Tensor> loss_of(slots);
+  std::vector<double> losses(slots, 0.0);
+  std::vector<size_t> held_bytes(slots, 0);  // what each forward left allocated
   size_t live_bytes = 0;
   const double loss_scale = static_cast<double>(rows_) / plan_.global_batch;  // [Loss scaling]
   int in_flight = 0;
@@ -566,103 +593,106 @@ StepStats PipelineStage::train_step(const TensorList& inputs, const TensorList& 
 
   for (const Action& a : schedule_.stages[stage_]) {
     const int m = a.micro_batch;
+    Chunk& ch = chunks_[a.type == ActionType::GradSync || a.type == ActionType::OptimizerStep ? 0 : a.chunk];
+    const size_t slot = static_cast<size_t>(a.chunk) * M + (m < 0 ? 0 : m);
+    const bool first_v = ch.vstage == 0, last_v = ch.vstage == K - 1;
     switch (a.type) {
       case ActionType::RecvActivation: {
         const auto t0 = Clock::now();
-        TensorList x = receive(prev_links_, kActivation, m, "RecvActivation");
+        TensorList x = receive(ch.prev, kActivation, ch.vstage - 1, m, "RecvActivation");
         stats.communication_wait_ms += wait_ms(t0);
         for (size_t i = 0; i < x.size(); ++i)
-          if (prev_links_.front().specs[i].grad) x[i].requires_grad_(true);
-        stage_in[m] = std::move(x);
+          if (ch.prev.front().specs[i].grad) x[i].requires_grad_(true);
+        stage_in[slot] = std::move(x);
         break;
       }
       case ActionType::Forward: {
-        const TensorList x = is_first() ? rows_of(inputs, m) : stage_in[m];
+        const TensorList x = first_v ? rows_of(inputs, m) : stage_in[slot];
         const long long before = allocated_here();
         // The micro-batch whose backward comes last syncs (its forward too: DDP prepares the
         // reduction there); every other one accumulates locally under no_sync.
         std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
-        if (ddp_ && m != sync_micro_batch_) no_sync.emplace(ddp_->reducer());
-        StageModule* stage_module = module_.get();
+        if (ch.ddp && m != ch.sync_micro_batch) no_sync.emplace(ch.ddp->reducer());
+        StageModule* stage_module = ch.module.get();
         auto stage_forward = [&] {
-          if (!options_.recompute) return module_->forward_blocks(x);
+          if (!options_.recompute) return stage_module->forward_blocks(x);
           return nn::utils::checkpoint([stage_module](const TensorList& in) { return stage_module->forward_blocks(in); },
-                                       x, module_->parameters());
+                                       x, stage_module->parameters());
         };
         std::optional<autocast::AutocastGuard> amp;
         if (options_.autocast) amp.emplace(device_.type, *options_.autocast);
-        TensorList out = ddp_ ? ddp_->forward_multi(stage_forward) : stage_forward();
-        if (is_last()) {
+        TensorList out = ch.ddp ? ch.ddp->forward_multi(stage_forward) : stage_forward();
+        if (last_v) {
           Tensor loss = loss_fn(out, rows_of(targets, m));
           if (!loss.defined() || loss.numel() != 1) {
             fail("{}: the loss function returned shape {}; expected a scalar (the mean over the rows)", where(),
                  loss.defined() ? shape_str(loss.sizes()) : "(undefined)");
           }
-          loss_of[m] = loss * loss_scale;
-          losses[m] = loss_of[m].item<double>();
+          loss_of[slot] = loss * loss_scale;
+          losses[slot] = loss_of[slot].item<double>();
         }
-        stage_out[m] = std::move(out);
+        stage_out[slot] = std::move(out);
         stats.max_in_flight = std::max(stats.max_in_flight, ++in_flight);
         const long long after = allocated_here();
         size_t received = 0;
-        if (!is_first())
+        if (!first_v)
           for (const Tensor& t : x) received += t.nbytes();
-        held_bytes[m] = static_cast<size_t>(std::max(0LL, after - before)) + received;
-        live_bytes += held_bytes[m];
+        held_bytes[slot] = static_cast<size_t>(std::max(0LL, after - before)) + received;
+        live_bytes += held_bytes[slot];
         stats.peak_activation_bytes = std::max(stats.peak_activation_bytes, live_bytes);
         break;
       }
       case ActionType::SendActivation:
-        send(next_links_, stage_out[m], kActivation, m, "SendActivation");
+        send(ch.next, stage_out[slot], kActivation, ch.vstage, m, "SendActivation");
         break;
       case ActionType::RecvGrad: {
         const auto t0 = Clock::now();
-        grad_out[m] = receive(next_links_, kGrad, m, "RecvGrad");
+        grad_out[slot] = receive(ch.next, kGrad, ch.vstage, m, "RecvGrad");
         stats.communication_wait_ms += wait_ms(t0);
         break;
       }
       case ActionType::Backward: {
         std::optional<DistributedDataParallel::NoSyncGuard> no_sync;
-        if (ddp_ && m != sync_micro_batch_) no_sync.emplace(ddp_->reducer());
-        if (is_last()) {
-          loss_of[m].backward();
+        if (ch.ddp && m != ch.sync_micro_batch) no_sync.emplace(ch.ddp->reducer());
+        if (last_v) {
+          loss_of[slot].backward();
         } else {
           // The outputs whose gradients came back (those that carry one, in order).
           TensorList roots, grads;
           size_t k = 0;
-          for (size_t i = 0; i < stage_out[m].size(); ++i) {
-            if (!next_links_.front().specs[i].grad) continue;
-            roots.push_back(stage_out[m][i]);
-            grads.push_back(grad_out[m][k++]);
+          for (size_t i = 0; i < stage_out[slot].size(); ++i) {
+            if (!ch.next.front().specs[i].grad) continue;
+            roots.push_back(stage_out[slot][i]);
+            grads.push_back(grad_out[slot][k++]);
           }
           if (!roots.empty()) autograd::backward(roots, grads);
         }
-        if (!is_first()) {
-          for (size_t i = 0; i < stage_in[m].size(); ++i) {
-            if (!prev_links_.front().specs[i].grad) continue;
-            const Tensor& in = stage_in[m][i];
-            grad_in[m].push_back(in.grad().defined() ? in.grad() : zeros_like(in));
+        if (!first_v) {
+          for (size_t i = 0; i < stage_in[slot].size(); ++i) {
+            if (!ch.prev.front().specs[i].grad) continue;
+            const Tensor& in = stage_in[slot][i];
+            grad_in[slot].push_back(in.grad().defined() ? in.grad() : zeros_like(in));
           }
         }
-        stage_out[m].clear();
-        stage_in[m].clear();
-        grad_out[m].clear();
-        loss_of[m] = Tensor();
+        stage_out[slot].clear();
+        stage_in[slot].clear();
+        grad_out[slot].clear();
+        loss_of[slot] = Tensor();
         --in_flight;
-        live_bytes -= held_bytes[m];
+        live_bytes -= held_bytes[slot];
         break;
       }
       case ActionType::SendGrad:
-        send(prev_links_, grad_in[m], kGrad, m, "SendGrad");
-        grad_in[m].clear();
+        send(ch.prev, grad_in[slot], kGrad, ch.vstage - 1, m, "SendGrad");
+        grad_in[slot].clear();
         break;
       case ActionType::GradSync: {
-        // DDP reduced during the last backward (its engine callback waited for every bucket); the
-        // average over replicas becomes the sum of their shares ([Loss scaling]).
-        if (ddp_) {
+        // DDP reduced during each chunk's last backward (its engine callback waited for every
+        // bucket); the average over replicas becomes the sum of their shares ([Loss scaling]).
+        if (replica_group_) {
           NoGradGuard no_grad;
           const double r = static_cast<double>(num_replicas());
-          for (Tensor& p : module_->parameters()) {
+          for (Tensor& p : parameters()) {
             if (p.grad().defined()) p.mutable_grad().mul_(r);
           }
         }
@@ -723,25 +753,31 @@ EvalStats PipelineStage::eval_step(const TensorList& inputs, const TensorList& t
     }
     return out;
   };
-  const bool was_training = module_->is_training();
-  module_->eval();
+  const bool was_training = module()->is_training();
+  for (Chunk& ch : chunks_) ch.module->eval();
   struct RestoreMode {
-    StageModule& m;
+    std::vector<Chunk>& chunks;
     bool training;
-    ~RestoreMode() { m.train(training); }
-  } restore{*module_, was_training};
+    ~RestoreMode() {
+      for (Chunk& ch : chunks) ch.module->train(training);
+    }
+  } restore{chunks_, was_training};
   NoGradGuard no_grad;
   EvalStats stats;
   const double loss_scale = static_cast<double>(rows_) / plan_.global_batch;  // [Loss scaling]
   double loss = 0;
-  // Each stage forwards the micro-batches in order and sends them on (asynchronously): the
-  // receives on the next stage match in the same order, so no schedule is needed.
-  for (int m = 0; m < M; ++m) {
-    TensorList x = is_first() ? rows_of(inputs, m) : receive(eval_prev_links_, kActivation, m, "RecvActivation (eval)");
+  // Each virtual stage (chunks in order) forwards the micro-batches in order and sends them on
+  // (asynchronously): the receives on the next one match in the same order, so no schedule is
+  // needed.
+  const int K = plan_.num_stages();
+  for (Chunk& ch : chunks_) {
+   for (int m = 0; m < M; ++m) {
+    TensorList x = ch.vstage == 0 ? rows_of(inputs, m)
+                                  : receive(ch.eval_prev, kActivation, ch.vstage - 1, m, "RecvActivation (eval)");
     std::optional<autocast::AutocastGuard> amp;
     if (options_.autocast) amp.emplace(device_.type, *options_.autocast);
-    TensorList out = module_->forward_blocks(x);
-    if (is_last()) {
+    TensorList out = ch.module->forward_blocks(x);
+    if (ch.vstage == K - 1) {
       Tensor l = loss_fn(out, rows_of(targets, m));
       if (!l.defined() || l.numel() != 1) {
         fail("{}: the loss function returned shape {}; expected a scalar (the mean over the rows)", where(),
@@ -750,8 +786,9 @@ EvalStats PipelineStage::eval_step(const TensorList& inputs, const TensorList& t
       loss += l.item<double>() * loss_scale;
       stats.outputs.push_back(std::move(out));
     } else {
-      send(eval_next_links_, out, kActivation, m, "SendActivation (eval)");
+      send(ch.eval_next, out, kActivation, ch.vstage, m, "SendActivation (eval)");
     }
+   }
   }
   wait_sends();
   if (options_.report_loss) {
@@ -794,7 +831,7 @@ double PipelineStage::clip_gradients(double max_norm) {
     if (tie.stages.front() != stage_)
       for (const Tensor& p : tie.params) skip.insert(p.unsafe_impl());
   double sum = 0;
-  for (const Tensor& p : module_->parameters()) {
+  for (const Tensor& p : parameters()) {
     if (!p.grad().defined() || skip.count(p.unsafe_impl())) continue;
     const Tensor g = p.grad().to(kFloat64);
     sum += (g * g).sum().item<double>();
@@ -804,7 +841,7 @@ double PipelineStage::clip_gradients(double max_norm) {
   const double norm = std::sqrt(total.item<double>());
   const double scale = max_norm / (norm + 1e-6);
   if (scale < 1) {
-    for (Tensor& p : module_->parameters())
+    for (Tensor& p : parameters())
       if (p.grad().defined()) p.mutable_grad().mul_(scale);
   }
   return norm;
@@ -816,16 +853,26 @@ std::vector<std::string> PipelineStage::tied_parameters() const {
   return out;
 }
 
+std::vector<Tensor> PipelineStage::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
 nn::NamedTensors PipelineStage::named_parameters() const {
   nn::NamedTensors out;
-  for (auto& [name, t] : module_->named_parameters()) out.emplace_back(unescaped(name), t);
+  std::set<const TensorImpl*> seen;
+  for (const Chunk& ch : chunks_)
+    for (auto& [name, t] : ch.module->named_parameters())
+      if (seen.insert(t.unsafe_impl()).second) out.emplace_back(unescaped(name), t);
   return out;
 }
 
 nn::NamedTensors PipelineStage::state_dict() const {
-  nn::NamedTensors local = module_->state_dict(), out;
+  nn::NamedTensors out;
   std::map<std::string, Tensor> by_name;
-  for (auto& [n, t] : local) by_name[unescaped(n)] = t;
+  for (const Chunk& ch : chunks_)
+    for (auto& [n, t] : ch.module->state_dict()) by_name.emplace(unescaped(n), t);
   for (const std::string& name : whole_names_) {
     auto it = by_name.find(name);
     if (it != by_name.end()) out.emplace_back(name, it->second);
@@ -855,7 +902,7 @@ nn::NamedTensors PipelineStage::gather_state_dict(int dst) {
   }
   if (rank_ != dst) return {};
   std::map<std::string, Tensor> got(unowned_.begin(), unowned_.end());
-  for (int s = 0; s < plan_.num_stages(); ++s) {
+  for (int s = 0; s < positions_; ++s) {
     if (s == stage_) {
       for (auto& [name, t] : mine) got.emplace(name, t.device().is_cpu() ? t.clone() : t.cpu());
       continue;
@@ -884,7 +931,7 @@ nn::NamedTensors PipelineStage::gather_state_dict(int dst) {
 
 void PipelineStage::load_state_dict(const nn::NamedTensors& whole_model, bool strict) {
   std::set<std::string> known(whole_names_.begin(), whole_names_.end());
-  nn::NamedTensors mine;
+  std::vector<nn::NamedTensors> mine(chunks_.size());
   std::set<std::string> given;
   for (const auto& [name, t] : whole_model) {
     if (!known.count(name)) {
@@ -897,7 +944,7 @@ void PipelineStage::load_state_dict(const nn::NamedTensors& whole_model, bool st
     given.insert(name);
     auto local = local_name_.find(name);
     if (local != local_name_.end()) {
-      mine.emplace_back(local->second, t);
+      mine[local->second.first].emplace_back(local->second.second, t);
     } else if (auto u = unowned_.find(name); u != unowned_.end() && u->second.sizes() == t.sizes()) {
       u->second = t.to(u->second.dtype()).cpu().clone();
     }
@@ -911,7 +958,7 @@ void PipelineStage::load_state_dict(const nn::NamedTensors& whole_model, bool st
            fmt::join(missing, ", "));
     }
   }
-  module_->load_state_dict(mine, strict);
+  for (size_t c = 0; c < chunks_.size(); ++c) chunks_[c].module->load_state_dict(mine[c], strict);
 }
 
 // ------------------------------------------------------------------ checkpoints
@@ -951,7 +998,7 @@ void PipelineStage::save_checkpoint(const std::string& dir, const optim::Optimiz
                                     const optim::LRScheduler* scheduler, int64_t epoch, int64_t step,
                                     const nn::Metadata& extra) {
   namespace fs = std::filesystem;
-  const int S = plan_.num_stages();
+  const int S = positions_;
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (replica_ == 0) {

@@ -94,7 +94,7 @@ struct PipelineOptions {
   // device (bfloat16 only: float16 would need one loss scale and one overflow check across all
   // stages, which is not built); parameters and gradients stay in their dtype, boundary tensors
   // cross in whatever dtype the blocks produce. Recomputation replays it.
-  std::optional<DType> autocast;
+  std::optional<DType> autocast{};
 };
 
 // Mean loss over the rows of `output` (the last stage's output slice) and `target`.
@@ -161,16 +161,21 @@ class PipelineStage {
   // carry no gradients). Every rank calls it.
   EvalStats eval_step(const TensorList& inputs, const TensorList& targets, const MultiLossFn& loss_fn);
 
+  // This rank's position in the pipeline (interleaved: it holds virtual stages c * num_stages() +
+  // stage() for c < num_chunks()), and the number of positions.
   int stage() const { return stage_; }
-  int num_stages() const { return plan_.num_stages(); }
+  int num_stages() const { return positions_; }
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
   int replica() const { return replica_; }
   int num_replicas() const { return static_cast<int>(plan_.stages[stage_].ranks.size()); }
   bool is_first() const { return stage_ == 0; }
-  bool is_last() const { return stage_ == plan_.num_stages() - 1; }
+  bool is_last() const { return stage_ == positions_ - 1; }
   const PipelinePlan& plan() const { return plan_; }
   const Schedule& schedule() const { return schedule_; }
-  const std::shared_ptr<StageModule>& module() const { return module_; }
-  std::vector<Tensor> parameters() const { return module_->parameters(); }
+  // The stage's module (interleaved: its first chunk's).
+  const std::shared_ptr<StageModule>& module() const { return chunks_.front().module; }
+  // Every parameter this rank holds (all its chunks'), each once.
+  std::vector<Tensor> parameters() const;
   // This stage's parameters under their names in the whole model (for optimizer groups by name).
   nn::NamedTensors named_parameters() const;
   // Names (whole model's) of this stage's parameters that other stages hold too (tied).
@@ -231,8 +236,10 @@ class PipelineStage {
   std::vector<Link> make_links(int other_stage) const;
   // kind kActivation: every tensor (with its header on a link's first use); kGrad: the gradients
   // of the tensors whose Spec says so.
-  TensorList receive(std::vector<Link>& links, int kind, int micro_batch, const char* what);
-  void send(std::vector<Link>& links, const TensorList& values, int kind, int micro_batch, const char* what);
+  // `boundary`: the lower virtual stage of the link's two (both ends name it alike), in the tags.
+  TensorList receive(std::vector<Link>& links, int kind, int boundary, int micro_batch, const char* what);
+  void send(std::vector<Link>& links, const TensorList& values, int kind, int boundary, int micro_batch,
+            const char* what);
   // Waits for every send still in flight; the first failure is raised naming this stage.
   void wait_sends();
   void check_agreement(const BlockModel& model);
@@ -248,18 +255,25 @@ class PipelineStage {
   int rank_ = 0, stage_ = 0, replica_ = 0;
   int64_t rows_ = 0;  // this rank's rows of each micro-batch
   Device device_ = kCPU;  // where the stage's parameters are
-  std::shared_ptr<StageModule> module_;
-  // Whole-model state names in order; the stage's own (whole name -> the module's name); copies
-  // of the tensors no block owns.
+  // One per virtual stage this rank holds (one unless interleaved): chunk c is virtual stage
+  // c * positions_ + stage_.
+  struct Chunk {
+    int vstage = 0;
+    std::shared_ptr<StageModule> module;
+    std::shared_ptr<DistributedDataParallel> ddp;  // with replicas
+    int sync_micro_batch = 0;  // the micro-batch of its last backward: it carries the allreduce
+    std::vector<Link> prev, next;
+    std::vector<Link> eval_prev, eval_next;  // eval_step's (agreed on its first use)
+  };
+  std::vector<Chunk> chunks_;
+  int positions_ = 1;
+  // Whole-model state names in order; the stage's own (whole name -> chunk and the module's name);
+  // copies of the tensors no block owns.
   std::vector<std::string> whole_names_;
-  std::map<std::string, std::string> local_name_;
+  std::map<std::string, std::pair<int, std::string>> local_name_;
   std::map<std::string, Tensor> unowned_;
   std::vector<Tie> ties_;
   std::shared_ptr<ProcessGroup> replica_group_;  // null with one replica
-  std::shared_ptr<DistributedDataParallel> ddp_;
-  int sync_micro_batch_ = 0;  // the micro-batch of the stage's last backward: it carries the allreduce
-  std::vector<Link> prev_links_, next_links_;
-  std::vector<Link> eval_prev_links_, eval_next_links_;  // eval_step's (agreed on its first use)
   std::vector<std::shared_ptr<Work>> pending_sends_;
   int64_t steps_ = 0;
 };

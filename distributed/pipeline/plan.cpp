@@ -22,11 +22,44 @@ int PipelinePlan::stage_of(int rank) const {
        }(), ", "));
 }
 
+int PipelinePlan::num_positions() const {
+  if (schedule != "interleaved") return num_stages();
+  for (int p = 1; p < num_stages(); ++p) {
+    std::vector<int> a = stages[p].ranks, b = stages[0].ranks;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    if (a == b) return p;
+  }
+  return num_stages();
+}
+
 void PipelinePlan::validate(int world_size) const {
   if (num_layers <= 0) fail("pipeline plan: num_layers is {}; expected a positive number of layers", num_layers);
   if (stages.empty()) fail("pipeline plan: no stages; expected at least one stage covering layers [0, {})", num_layers);
-  if (schedule != "gpipe" && schedule != "1f1b") {
-    fail("pipeline plan: schedule '{}' is unknown; expected \"gpipe\" or \"1f1b\"", schedule);
+  if (schedule != "gpipe" && schedule != "1f1b" && schedule != "interleaved") {
+    fail("pipeline plan: schedule '{}' is unknown; expected \"gpipe\", \"1f1b\" or \"interleaved\"", schedule);
+  }
+  // Interleaved: the ranks of stage k are those of stage k mod P, for P positions holding V >= 2
+  // virtual stages each; micro-batches a multiple of P (interleaved_schedule's condition).
+  const int positions = num_positions();
+  if (schedule == "interleaved") {
+    const int K = num_stages();
+    if (positions < 2 || K % positions != 0 || K / positions < 2) {
+      fail("pipeline plan: an interleaved plan of {} stages whose ranks repeat every {} stages; expected the ranks of "
+           "stage k to be those of stage k mod P for P >= 2 positions, each holding at least 2 stages",
+           K, positions);
+    }
+    for (int k = 0; k < K; ++k) {
+      if (stages[k].ranks != stages[k % positions].ranks) {
+        fail("pipeline plan: interleaved stage {} has ranks {} but stage {} (the same position) has {}; expected the "
+             "same ranks in the same order",
+             k, fmt::format("{}", stages[k].ranks), k % positions, fmt::format("{}", stages[k % positions].ranks));
+      }
+    }
+    if (micro_batches % positions != 0) {
+      fail("pipeline plan: interleaved over {} positions needs micro_batches a multiple of {}; got {}", positions,
+           positions, micro_batches);
+    }
   }
   if (micro_batches <= 0) fail("pipeline plan: micro_batches is {}; expected at least 1", micro_batches);
   if (global_batch <= 0) fail("pipeline plan: global_batch is {}; expected a positive batch size", global_batch);
@@ -55,6 +88,7 @@ void PipelinePlan::validate(int world_size) const {
     expect_first = st.end_layer;
     if (st.ranks.empty()) fail("pipeline plan: stage {} (layers [{}, {})) has no ranks", s, st.first_layer, st.end_layer);
     for (int r : st.ranks) {
+      if (static_cast<int>(s) >= positions) break;  // interleaved: checked as stage s mod P's above
       if (r < 0 || (world_size >= 0 && r >= world_size)) {
         fail("pipeline plan: stage {} names rank {}; expected ranks in [0, {})", s, r,
              world_size >= 0 ? fmt::format("{}", world_size) : std::string("world size"));

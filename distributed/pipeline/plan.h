@@ -37,13 +37,21 @@ struct PipelinePlan {
   int num_layers = 0;
   int64_t global_batch = 0;
   int micro_batches = 1;
-  std::string schedule = "1f1b";  // "1f1b" (DAPPLE's early backward) or "gpipe"
+  // "1f1b" (DAPPLE's early backward), "gpipe", or "interleaved" (Megatron-LM's interleaved 1F1B:
+  // `stages` are then virtual stages whose ranks repeat every num_positions() stages, each group of
+  // ranks holding chunks() of them, e.g. 4 virtual stages on ranks [0], [1], [0], [1]).
+  std::string schedule = "1f1b";
   std::vector<StagePlan> stages;
   std::optional<PlanPrediction> predicted;
 
   int num_stages() const { return static_cast<int>(stages.size()); }
+  // Interleaved: the number of distinct groups of ranks (pipeline positions) and the virtual stages
+  // each holds; otherwise num_stages() and 1.
+  int num_positions() const;
+  int chunks() const { return num_stages() / num_positions(); }
   int64_t micro_batch_size() const { return global_batch / micro_batches; }
-  // The stage `rank` runs; chorus::Error when no stage has it.
+  // The stage `rank` runs (interleaved: its position, the first of its virtual stages); chorus::Error
+  // when no stage has it.
   int stage_of(int rank) const;
   // Throws chorus::Error naming what was given and what was expected when the plan is not one the
   // runtime can run on `world_size` processes: layers must tile [0, num_layers) in order without

@@ -59,6 +59,17 @@ TEST_CASE("a pipelined run checkpoints by stage and resumes bit for bit", "[pipe
   require_all_ok(run(2, {"checkpoint", "gpt/1,1/2/1f1b/sim:0"}, 120, {"CHORUS_SIM_DELAY_US=200"}));
 }
 
+// Interleaved 1F1B (virtual stages: each process holds 2 or 3 chunks of the model; Megatron-LM's
+// schedule): the same results as one process, with replicas, recomputation, on sim, and its
+// checkpoints resume bit for bit.
+TEST_CASE("interleaved 1F1B trains exactly as one process", "[pipeline][equivalence][interleaved]") {
+  require_all_ok(run(2, {"equivalence", "gpt/1,1/4/interleaved2", "bert/1,1/2/interleaved2", "mlp/1,1/4/interleaved3",
+                         "gpt/1,1/2/interleaved2/recompute", "transformer/1,1/2/interleaved2/clip"}));
+  require_all_ok(run(3, {"equivalence", "mlp/2,1/4/interleaved2", "gpt/1,2/2/interleaved2"}));
+  require_all_ok(run(2, {"equivalence", "gpt/1,1/4/interleaved2/sim:0"}, 120, {"CHORUS_SIM_DELAY_US=200"}));
+  require_all_ok(run(2, {"checkpoint", "gpt/1,1/2/interleaved2"}));
+}
+
 // Negative control: without the sum of the tied word embedding's gradients over the first and last
 // stages, the copies drift from single-process training and the test fails on both stages.
 TEST_CASE("without the tied-gradient sum, GPT-tiny's pipeline departs from one process", "[pipeline][models]") {

@@ -151,6 +151,29 @@ std::string scratch_dir() {
 
 optim::SGDOptions sgd_options() { return {.lr = 0.1, .momentum = 0.9}; }
 
+// The plan of a config: even cuts of L blocks; schedule "interleavedV": V chunks per position (the
+// replicas list gives the positions), virtual stage k on the ranks of position k mod P.
+PipelinePlan test_plan(int L, const std::vector<int>& replicas, int global, int M, const std::string& schedule) {
+  if (schedule.rfind("interleaved", 0) != 0) return uniform_plan(L, even_cuts(L, static_cast<int>(replicas.size())),
+                                                                 replicas, global, M, schedule);
+  const int P = static_cast<int>(replicas.size()), V = std::stoi(schedule.substr(11));
+  std::vector<int> all;
+  for (int v = 0; v < V; ++v) all.insert(all.end(), replicas.begin(), replicas.end());
+  PipelinePlan plan = uniform_plan(L, even_cuts(L, P * V), all, global, M, "1f1b");
+  plan.schedule = "interleaved";
+  for (int k = P; k < P * V; ++k) plan.stages[k].ranks = plan.stages[k % P].ranks;
+  return plan;
+}
+
+// Micro-batches a stage holds at once: M under GPipe, min(S - i, M) under 1F1B, and Megatron's
+// warm-up + 1 chunks (capped at M V) interleaved.
+int expected_in_flight(const std::string& schedule, int S, int stage, int M) {
+  if (schedule == "gpipe") return M;
+  if (schedule == "1f1b") return std::min(S - stage, M);
+  const int V = std::stoi(schedule.substr(11));
+  return std::min((S - stage - 1) * 2 + (V - 1) * S + 1, M * V);
+}
+
 // ------------------------------------------------------------------ workloads
 // A model to pipeline, its single-process reference, and its data: the Sequentials above (one
 // tensor per block, cross-entropy), GPT-tiny (token ids -> logits, targets the next tokens) and
@@ -298,7 +321,7 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   };
   const int L = static_cast<int>(work.model.size());
   work.root->to(device);  // the stages train there; the reference on the CPU
-  PipelinePlan plan = uniform_plan(L, even_cuts(L, S), replicas, global, M, schedule);
+  PipelinePlan plan = test_plan(L, replicas, global, M, schedule);
   PipelineOptions options;
   options.recompute = recompute;
   if (bf16) options.autocast = kBFloat16;
@@ -347,7 +370,7 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
     // bf16: the micro-batches' GEMMs round in bfloat16 with other shapes than the whole batch's.
     check(std::abs(st.loss - want) <= (bf16 ? 1e-2 : 1e-9) * std::abs(want),
           fmt::format("{} step {}: loss {:.17g}, single-process {:.17g}", tag, step, st.loss, want));
-    const int expect_in_flight = schedule == "1f1b" ? std::min(S - stage.stage(), M) : M;
+    const int expect_in_flight = expected_in_flight(schedule, S, stage.stage(), M);
     check(st.max_in_flight == expect_in_flight, fmt::format("{} step {}: held {} micro-batches at once, expected {}", tag,
                                                             step, st.max_in_flight, expect_in_flight));
     check(st.peak_activation_bytes > 0, tag + ": no activation memory was measured");
@@ -465,7 +488,7 @@ void run_checkpoint(const std::shared_ptr<ProcessGroup>& pg, const std::string& 
     return std::make_tuple(std::move(stage), std::move(opt), std::move(sched), std::move(w));
   };
   const int L = static_cast<int>(make_workload(kind).model.size());
-  const PipelinePlan plan = uniform_plan(L, even_cuts(L, S), replicas, global, M, parts[3]);
+  const PipelinePlan plan = test_plan(L, replicas, global, M, parts[3]);
   // (No structured bindings: clang 14 cannot capture them in the lambdas below.)
   auto first = make(42, plan);
   auto& stage = std::get<0>(first);
@@ -525,7 +548,20 @@ void run_checkpoint(const std::shared_ptr<ProcessGroup>& pg, const std::string& 
     check(files == want, fmt::format("{}: the folder holds [{}], expected [{}]", tag, fmt::join(files, ", "), fmt::join(want, ", ")));
   }
   // Another plan (other micro-batches) is refused, naming both.
-  auto third = make(7, uniform_plan(L, even_cuts(L, S), replicas, global, M == 1 ? 2 : 1, parts[3]));
+  // The first other micro-batch count the plan allows.
+  PipelinePlan other_plan;
+  for (int c : {1, 2, 4, 8}) {
+    if (c == M) continue;
+    try {
+      other_plan = test_plan(L, replicas, global, c, parts[3]);
+      other_plan.validate(pg->size());
+      break;
+    } catch (const Error&) {
+      other_plan = PipelinePlan();
+    }
+  }
+  check(other_plan.num_stages() > 0, tag + ": no other valid plan to refuse");
+  auto third = make(7, other_plan);
   expect_error([&] { std::get<0>(third)->load_checkpoint(dir, *std::get<1>(third), std::get<2>(third).get()); },
                {"was written under another plan", "load_pipeline_model reads the model of any plan"},
                "a checkpoint of another plan");
