@@ -4,6 +4,7 @@
 //   --replicas 2,1        processes per stage
 //   --micro-batches M     micro-batches per global batch
 //   --schedule 1f1b       gpipe or 1f1b
+//   --chunks V            interleaved 1F1B: V virtual stages (chunks of the model) per stage
 //   --recompute           activation recomputation per stage
 //   --plan plan.json      the planner's plan (replaces the four above and the global batch)
 //
@@ -30,6 +31,7 @@ struct PipelineFlags {
   std::string replicas;
   int micro_batches = 4;
   std::string schedule = "1f1b";
+  int chunks = 1;
   bool recompute = false;
   std::string plan;
   // Whether any pipeline flag was given (so an example pipelines rather than runs DDP).
@@ -42,6 +44,10 @@ inline void add_pipeline_options(CLI::App& app, PipelineFlags& f) {
   app.add_option("--replicas", f.replicas, "pipeline: processes per stage, a comma list (e.g. 2,1)");
   app.add_option("--micro-batches", f.micro_batches, "pipeline: micro-batches per global batch")->check(CLI::PositiveNumber);
   app.add_option("--schedule", f.schedule, "pipeline schedule: gpipe or 1f1b")->check(CLI::IsMember({"gpipe", "1f1b"}));
+  app.add_option("--chunks", f.chunks,
+                 "pipeline: model chunks per stage; 2 or more runs Megatron-LM's interleaved 1F1B (micro-batches a "
+                 "multiple of the stages)")
+      ->check(CLI::Range(1, 64));
   app.add_flag("--recompute", f.recompute,
                "pipeline: activation recomputation (keep only each stage's inputs and outputs per micro-batch, run the "
                "stage's forward again in backward)");
@@ -93,12 +99,25 @@ inline distributed::pipeline::PipelinePlan make_pipeline_plan(const std::string&
   if (total != world) {
     fail("{}: --replicas {} adds up to {} processes, but {} were started", program, f.replicas, total, world);
   }
-  if (static_cast<int>(replicas.size()) > num_blocks) {
-    fail("{}: {} pipeline stages for a model of {} blocks; expected at most one stage per block", program,
-         replicas.size(), num_blocks);
+  const int P = static_cast<int>(replicas.size()), V = f.chunks;
+  if (P * V > num_blocks) {
+    fail("{}: {} pipeline stages x {} chunks for a model of {} blocks; expected at most one virtual stage per block",
+         program, P, V, num_blocks);
   }
-  return pp::uniform_plan(num_blocks, pp::even_cuts(num_blocks, static_cast<int>(replicas.size())), replicas,
-                          static_cast<int>(global_batch), f.micro_batches, f.schedule);
+  if (V == 1) {
+    return pp::uniform_plan(num_blocks, pp::even_cuts(num_blocks, P), replicas, static_cast<int>(global_batch),
+                            f.micro_batches, f.schedule);
+  }
+  if (f.schedule != "1f1b") fail("{}: --chunks {} runs interleaved 1F1B; --schedule {} does not combine with it", program, V, f.schedule);
+  // Interleaved: P x V virtual stages cut evenly, virtual stage k on the ranks of stage k mod P.
+  std::vector<int> all;
+  for (int v = 0; v < V; ++v) all.insert(all.end(), replicas.begin(), replicas.end());
+  pp::PipelinePlan plan = pp::uniform_plan(num_blocks, pp::even_cuts(num_blocks, P * V), all,
+                                           static_cast<int>(global_batch), f.micro_batches, "1f1b");
+  plan.schedule = "interleaved";
+  for (int k = P; k < P * V; ++k) plan.stages[k].ranks = plan.stages[k % P].ranks;
+  plan.validate(world);
+  return plan;
 }
 
 // The job's group, or a group of one when running alone (a one-stage pipeline: the same code).
@@ -112,14 +131,14 @@ inline std::shared_ptr<distributed::ProcessGroup> pipeline_group(Job& job) {
 }
 
 // "3 stages, replicas [2,1,1], 4 micro-batches of 8, schedule 1f1b, blocks [0,3) [3,5) [5,8)"
+// (interleaved: "2 stages x 2 chunks, ..., schedule interleaved, blocks ..." with every virtual stage's blocks)
 inline std::string describe(const distributed::pipeline::PipelinePlan& plan) {
   std::vector<std::string> replicas, blocks;
-  for (const auto& s : plan.stages) {
-    replicas.push_back(std::to_string(s.ranks.size()));
-    blocks.push_back(fmt::format("[{},{})", s.first_layer, s.end_layer));
-  }
-  return fmt::format("{} stages, replicas [{}], {} micro-batches of {}, schedule {}, blocks {}", plan.num_stages(),
-                     fmt::join(replicas, ","), plan.micro_batches, plan.micro_batch_size(), plan.schedule,
+  for (int p = 0; p < plan.num_positions(); ++p) replicas.push_back(std::to_string(plan.stages[p].ranks.size()));
+  for (const auto& s : plan.stages) blocks.push_back(fmt::format("[{},{})", s.first_layer, s.end_layer));
+  const std::string chunks = plan.chunks() > 1 ? fmt::format(" x {} chunks", plan.chunks()) : "";
+  return fmt::format("{} stages{}, replicas [{}], {} micro-batches of {}, schedule {}, blocks {}", plan.num_positions(),
+                     chunks, fmt::join(replicas, ","), plan.micro_batches, plan.micro_batch_size(), plan.schedule,
                      fmt::join(blocks, " "));
 }
 

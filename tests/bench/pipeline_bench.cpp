@@ -17,7 +17,9 @@
 // device's allocator: sim's counts device bytes; 1 warm-up step, then the step measured):
 //
 //   chorusrun --nproc-per-node 4 bazel-bin/tests/bench/pipeline_bench --gpt-memory [--config mini]
-//       [--seq-len 128] [--batch 32 | --micro-batch 2] [--device sim:0]
+//       [--seq-len 128] [--batch 32 | --micro-batch 2] [--layers N] [--device sim:0]
+//
+// (--layers 6 or more: also interleaved 1F1B with 2 chunks per stage, 8 virtual stages.)
 //
 // (--micro-batch N: the global batch is N x M, so the micro-batch stays N as M grows: DAPPLE's
 // setting, where GPipe's memory grows with M and 1F1B's does not.)
@@ -165,13 +167,14 @@ int measure_plans(int argc, char** argv) {
 
 int gpt_memory(int argc, char** argv) {
   std::string config = "mini", device_name = "sim:0";
-  int64_t seq_len = 128, batch = 32, micro = 0;
+  int64_t seq_len = 128, batch = 32, micro = 0, layers = 0;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--config") config = v;
     else if (a == "--seq-len") seq_len = std::atoll(v.c_str());
     else if (a == "--batch") batch = std::atoll(v.c_str());
     else if (a == "--micro-batch") micro = std::atoll(v.c_str());
+    else if (a == "--layers") layers = std::atoll(v.c_str());
     else if (a == "--device") device_name = v;
     else fail("pipeline_bench --gpt-memory: unknown option {}", a);
   }
@@ -180,6 +183,9 @@ int gpt_memory(int argc, char** argv) {
   if (world != 4) fail("pipeline_bench --gpt-memory: run it with 4 processes (chorusrun --nproc-per-node 4), got {}", world);
   const Device device(device_name);
   models::GPTConfig c = models::GPTConfig::named(config);
+  if (layers > 0) c.n_layer = layers;
+  // Interleaved 1F1B with 2 chunks needs 8 virtual stages: at least 6 layers (+ embeddings, head).
+  const bool interleaved = c.n_layer + 2 >= 8;
   if (rank == 0) {
     std::printf("GPT-2 %s (%lld layers, %lld wide), sequence %lld, %s, 4 stages x 1 replica, on %s\n", config.c_str(),
                 static_cast<long long>(c.n_layer), static_cast<long long>(c.n_embd), static_cast<long long>(seq_len),
@@ -191,15 +197,21 @@ int gpt_memory(int argc, char** argv) {
   }
   for (const int M : {4, 8, 16}) {
     if (micro > 0) batch = micro * M;
-    for (const std::string run : {"gpipe", "1f1b", "1f1b + recompute"}) {
+    for (const std::string run : {"gpipe", "1f1b", "1f1b + recompute", "interleaved, 2 chunks"}) {
+      if (run == "interleaved, 2 chunks" && !interleaved) continue;
       manual_seed(1);
       auto gpt = std::make_shared<models::GPT2LMHeadModel>(c);
       gpt->to(device);
       pp::BlockModel blocks = gpt->pipeline_blocks();
       gpt.reset();
       const int L = static_cast<int>(blocks.size());
-      pp::PipelinePlan plan = pp::uniform_plan(L, pp::even_cuts(L, 4), {1, 1, 1, 1}, static_cast<int>(batch), M,
-                                               run == "gpipe" ? "gpipe" : "1f1b");
+      const bool inter = run == "interleaved, 2 chunks";
+      pp::PipelinePlan plan = pp::uniform_plan(L, pp::even_cuts(L, inter ? 8 : 4), std::vector<int>(inter ? 8 : 4, 1),
+                                               static_cast<int>(batch), M, run == "gpipe" ? "gpipe" : "1f1b");
+      if (inter) {  // virtual stage k on rank k mod 4
+        plan.schedule = "interleaved";
+        for (int k = 4; k < 8; ++k) plan.stages[k].ranks = plan.stages[k % 4].ranks;
+      }
       pp::PipelineOptions options;
       options.report_loss = false;
       options.recompute = run == "1f1b + recompute";

@@ -365,7 +365,7 @@ TEST_CASE("gpt --tokenizer bpe trains on BPE tokens and samples text", "[example
 // Pipelined (examples/common/pipeline_flags.h): the same global batches as one process, cut into
 // micro-batches and stages; the losses match one process's (float32: the same rows, other
 // reduction orders), and the held-out loss falls.
-TEST_CASE("gpt --pipeline-stages 2 under chorusrun trains as one process does", "[examples][gpt][pipeline]") {
+TEST_CASE("gpt --pipeline-stages 2 (1F1B and interleaved) under chorusrun trains as one process does", "[examples][gpt][pipeline]") {
   const std::string gpt = binary("examples/gpt/gpt") + gpt_flags + " --steps 10 --eval-sequences 32";
   Run alone = run(gpt);
   INFO(alone.output);
@@ -381,6 +381,18 @@ TEST_CASE("gpt --pipeline-stages 2 under chorusrun trains as one process does", 
     CHECK(std::abs(a - p) <= 1e-4 * std::abs(a));
   }
   CHECK(piped.summary["heldout_loss"].get<double>() < piped.summary["heldout_loss_before"].get<double>() - 0.5);
+  // Interleaved 1F1B: each process holds 2 of the 4 virtual stages (one block each).
+  Run inter = run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " +
+                  std::to_string(chorus::testing::free_port()) + " " + gpt + " --pipeline-stages 2 --chunks 2 --micro-batches 4");
+  INFO(inter.output);
+  REQUIRE(inter.code == 0);
+  CHECK(inter.summary["pipeline"] ==
+        "2 stages x 2 chunks, replicas [1,1], 4 micro-batches of 2, schedule interleaved, blocks [0,1) [1,2) [2,3) [3,4)");
+  for (const char* key : {"first_step_loss", "last_step_loss", "heldout_loss"}) {
+    const double a = alone.summary[key].get<double>(), p = inter.summary[key].get<double>();
+    INFO(key << ": alone " << a << ", interleaved " << p);
+    CHECK(std::abs(a - p) <= 1e-4 * std::abs(a));
+  }
 }
 
 // Sharded by stage (PipelineStage::save_checkpoint): an interrupted pipelined run resumed from its
@@ -470,6 +482,7 @@ TEST_CASE("gpt refuses bad flags with a message", "[examples][gpt]") {
       {" --heldout-addresses 0", "--heldout-addresses"},
       {" --data-dir /nonexistent", "no corpus folder /nonexistent/sotu (tools/setup.sh installs it)"},
       {" --config tiny --pipeline-stages 1 --amp fp16", "--amp fp16 is not supported with a pipeline yet"},
+      {" --config tiny --pipeline-stages 1 --chunks 2 --schedule gpipe", "--schedule gpipe does not combine with it"},
       {" --config tiny --replicas 1,x", "--replicas must be a comma list of positive counts (e.g. 2,1), got '1,x'"},
       {" --config tiny --replicas 2", "--replicas 2 adds up to 2 processes, but 1 were started"},
   };

@@ -149,3 +149,29 @@ TEST_CASE("malformed plan JSON is refused with the offending key", "[pipeline][p
   // Structural rules apply on read too, with the ranks the plan names as its world.
   CHECK_THROWS_WITH(try_json([](auto& j) { j["stages"][1]["layers"] = {5, 8}; }), Contains("gaps"));
 }
+
+// Interleaved plans list virtual stages whose ranks repeat every P stages.
+TEST_CASE("interleaved plans: virtual stages on repeating ranks, and what is refused", "[pipeline][plan][interleaved]") {
+  const std::string text =
+      R"({"version":1,"num_layers":8,"global_batch":8,"micro_batches":4,"schedule":"interleaved","stages":[)"
+      R"({"layers":[0,2],"ranks":[0]},{"layers":[2,4],"ranks":[1,2]},{"layers":[4,6],"ranks":[0]},)"
+      R"({"layers":[6,8],"ranks":[1,2]}]})";
+  const PipelinePlan p = plan_from_json(text);
+  CHECK(p.num_positions() == 2);
+  CHECK(p.chunks() == 2);
+  CHECK(p.stage_of(2) == 1);
+  CHECK_NOTHROW(p.validate(3));
+  auto with = [&](const std::function<void(PipelinePlan&)>& edit) {
+    PipelinePlan q = p;
+    edit(q);
+    return q;
+  };
+  CHECK_THROWS_WITH(with([](PipelinePlan& q) { q.stages[3].ranks = {2, 1}; }).validate(3),
+                    Contains("interleaved stage 3 has ranks [2, 1] but stage 1 (the same position) has [1, 2]"));
+  CHECK_THROWS_WITH(with([](PipelinePlan& q) { q.micro_batches = 2 * 1 + 1; q.global_batch = 6; }).validate(3),
+                    Contains("needs micro_batches a multiple of 2; got 3"));
+  CHECK_THROWS_WITH(with([](PipelinePlan& q) { q.stages[2].ranks = {3}; q.stages[3].ranks = {4}; }).validate(5),
+                    Contains("ranks repeat every 4 stages"));
+  // Not interleaved, a rank in two stages is still an error.
+  CHECK_THROWS_WITH(with([](PipelinePlan& q) { q.schedule = "1f1b"; }).validate(3), Contains("rank 0 is in stage 0 and again in stage 2"));
+}
