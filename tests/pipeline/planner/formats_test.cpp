@@ -116,7 +116,7 @@ TEST_CASE("bad JSON names the key, what was given and what was expected", "[plan
                       Catch::Contains("global_batch 9 does not split into 2 equal micro-batches"));
   REQUIRE_THROWS_WITH(plan_from_json(R"({"version":1,"num_layers":4,"global_batch":8,"micro_batches":2,)"
                                      R"("schedule":"zigzag","stages":[{"layers":[0,4],"ranks":[0]}]})"),
-                      Catch::Contains("schedule 'zigzag' is unknown; expected \"gpipe\" or \"1f1b\""));
+                      Catch::Contains("schedule 'zigzag' is unknown; expected \"gpipe\", \"1f1b\" or \"interleaved\""));
 }
 
 TEST_CASE("profile timings at other batch sizes, accumulation and optimizer times round-trip and interpolate",
