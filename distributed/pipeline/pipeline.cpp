@@ -176,7 +176,6 @@ PipelineStage::PipelineStage(BlockModel model, PipelinePlan plan, std::shared_pt
     : plan_(std::move(plan)), group_(std::move(group)), options_(options) {
   if (!model.model) fail("pipeline: the model is null");
   if (!group_) fail("pipeline: the process group is null (call init_process_group first)");
-  plan_.validate(group_->size());
   // The stage runs where its parameters are (move the model before making the stage); received
   // tensors are allocated there, and inputs and targets are moved there.
   for (const Tensor& p : model.model->parameters()) {
@@ -189,7 +188,15 @@ PipelineStage::PipelineStage(BlockModel model, PipelinePlan plan, std::shared_pt
          "check shared by all stages, which is not built)",
          dtype_name(*options_.autocast));
   }
-  check_agreement(model);
+  check_agreement(model);  // before anything a rank could refuse alone: a mismatch fails on every rank
+  plan_.validate(group_->size());
+  if (device_.is_cuda()) {
+    // NCCL makes a communicator at its first device operation, which blocks until every rank of
+    // the group joins: do that here, where every rank is, not at a stage's first send, which a
+    // later stage reaches only after a Gloo-borne header it would never receive (3+ stages).
+    Tensor warm = zeros({1}, {.device = device_});
+    group_->allreduce({warm})->wait();
+  }
   if (static_cast<int>(model.size()) != plan_.num_layers) {
     fail("pipeline: the plan has num_layers {} but the model ({}) has {} blocks; expected the plan made for this model",
          plan_.num_layers, model.model->type_name(), model.size());
@@ -297,6 +304,8 @@ void PipelineStage::check_agreement(const BlockModel& model) {
     for (const std::string& o : b.owns) blocks = fnv1a(blocks, o);
   }
   plan = fnv1a(plan, plan_to_json(plan_));
+  // The options that decide which collectives a step issues (clipping's and the loss's allreduces).
+  plan = fnv1a(plan, fmt::format("{} {} {}", options_.max_grad_norm > 0, options_.report_loss, options_.recompute));
   Tensor mine = zeros({4}, {.dtype = kInt64});
   int64_t* p = mine.data_ptr<int64_t>();
   p[0] = static_cast<int64_t>(device_.type);
@@ -308,7 +317,10 @@ void PipelineStage::check_agreement(const BlockModel& model) {
   group_->allgather(all, mine)->wait();
   for (int r = 0; r < group_->size(); ++r) {
     const int64_t* q = all[r].data_ptr<int64_t>();
-    const int s = plan_.stage_of(r);  // in this rank's plan
+    // Its stage in this rank's plan (not yet validated: -1 when the plan names it nowhere).
+    int s = -1;
+    for (int k = 0; k < plan_.num_stages() && s < 0; ++k)
+      if (std::count(plan_.stages[k].ranks.begin(), plan_.stages[k].ranks.end(), r)) s = k;
     const int64_t* lo = all[0].data_ptr<int64_t>();
     if (q[0] != lo[0]) {
       fail("pipeline: rank {} (stage {}) runs on {} but rank 0 (stage 0) on {}; every stage of a pipeline must run on "
@@ -320,7 +332,11 @@ void PipelineStage::check_agreement(const BlockModel& model) {
            "owned tensors differ); every rank must build the same model",
            r, s, q[1], lo[1]);
     }
-    if (q[3] != lo[3]) fail("pipeline: rank {} (stage {}) runs another plan than rank 0; every rank must load the same plan", r, s);
+    if (q[3] != lo[3]) {
+      fail("pipeline: rank {} runs another plan or other pipeline options (clipping, loss reporting, recomputation) "
+           "than rank 0; every rank must load the same plan with the same options",
+           r);
+    }
   }
 }
 
@@ -766,29 +782,40 @@ EvalStats PipelineStage::eval_step(const TensorList& inputs, const TensorList& t
   EvalStats stats;
   const double loss_scale = static_cast<double>(rows_) / plan_.global_batch;  // [Loss scaling]
   double loss = 0;
-  // Each virtual stage (chunks in order) forwards the micro-batches in order and sends them on
-  // (asynchronously): the receives on the next one match in the same order, so no schedule is
-  // needed.
+  // The forward half of the training schedule: its receives, forwards and sends in the same order
+  // (a subsequence of an order that runs under blocking sends runs too; interleaved included).
   const int K = plan_.num_stages();
-  for (Chunk& ch : chunks_) {
-   for (int m = 0; m < M; ++m) {
-    TensorList x = ch.vstage == 0 ? rows_of(inputs, m)
-                                  : receive(ch.eval_prev, kActivation, ch.vstage - 1, m, "RecvActivation (eval)");
-    std::optional<autocast::AutocastGuard> amp;
-    if (options_.autocast) amp.emplace(device_.type, *options_.autocast);
-    TensorList out = ch.module->forward_blocks(x);
-    if (ch.vstage == K - 1) {
-      Tensor l = loss_fn(out, rows_of(targets, m));
-      if (!l.defined() || l.numel() != 1) {
-        fail("{}: the loss function returned shape {}; expected a scalar (the mean over the rows)", where(),
-             l.defined() ? shape_str(l.sizes()) : "(undefined)");
-      }
-      loss += l.item<double>() * loss_scale;
-      stats.outputs.push_back(std::move(out));
-    } else {
-      send(ch.eval_next, out, kActivation, ch.vstage, m, "SendActivation (eval)");
+  std::vector<TensorList> received(static_cast<size_t>(M) * chunks_.size()), produced(received.size());
+  for (const Action& a : schedule_.stages[stage_]) {
+    if (a.type != ActionType::RecvActivation && a.type != ActionType::Forward && a.type != ActionType::SendActivation) {
+      continue;
     }
-   }
+    Chunk& ch = chunks_[a.chunk];
+    const int m = a.micro_batch;
+    const size_t slot = static_cast<size_t>(a.chunk) * M + m;
+    if (a.type == ActionType::RecvActivation) {
+      received[slot] = receive(ch.eval_prev, kActivation, ch.vstage - 1, m, "RecvActivation (eval)");
+    } else if (a.type == ActionType::SendActivation) {
+      send(ch.eval_next, produced[slot], kActivation, ch.vstage, m, "SendActivation (eval)");
+      produced[slot].clear();
+    } else {
+      TensorList x = ch.vstage == 0 ? rows_of(inputs, m) : std::move(received[slot]);
+      received[slot].clear();
+      std::optional<autocast::AutocastGuard> amp;
+      if (options_.autocast) amp.emplace(device_.type, *options_.autocast);
+      TensorList out = ch.module->forward_blocks(x);
+      if (ch.vstage == K - 1) {
+        Tensor l = loss_fn(out, rows_of(targets, m));
+        if (!l.defined() || l.numel() != 1) {
+          fail("{}: the loss function returned shape {}; expected a scalar (the mean over the rows)", where(),
+               l.defined() ? shape_str(l.sizes()) : "(undefined)");
+        }
+        loss += l.item<double>() * loss_scale;
+        stats.outputs.push_back(std::move(out));
+      } else {
+        produced[slot] = std::move(out);
+      }
+    }
   }
   wait_sends();
   if (options_.report_loss) {
@@ -828,7 +855,7 @@ double PipelineStage::clip_gradients(double max_norm) {
   // hold the same gradients); a tied parameter counts on the lowest stage holding it only.
   std::set<const TensorImpl*> skip;
   for (const Tie& tie : ties_)
-    if (tie.stages.front() != stage_)
+    if (tie.stages.front() % positions_ != stage_)
       for (const Tensor& p : tie.params) skip.insert(p.unsafe_impl());
   double sum = 0;
   for (const Tensor& p : parameters()) {
@@ -896,7 +923,9 @@ nn::NamedTensors PipelineStage::gather_state_dict(int dst) {
     std::vector<std::shared_ptr<Work>> works{group_->send(len, dst, tag_of(kCheckpoint, 0)),
                                              group_->send(bytes, dst, tag_of(kCheckpoint, 1))};
     int i = 2;
-    for (auto& [name, t] : mine) works.push_back(group_->send(t.contiguous(), dst, tag_of(kCheckpoint, i++)));
+    // From host memory, as dst receives (a device tensor would go over the device transport).
+    for (auto& [name, t] : mine)
+      works.push_back(group_->send(t.device().is_cpu() ? t.contiguous() : t.cpu(), dst, tag_of(kCheckpoint, i++)));
     for (auto& w : works) w->wait();
     return {};
   }
@@ -966,8 +995,9 @@ namespace {
 
 constexpr const char* kManifest = "pipeline-checkpoint.json";
 
-std::string stage_file(int64_t step, int stage, int stages) {
-  return fmt::format("pipeline-step{}-stage{}-of-{}.safetensors", step, stage, stages);
+// generation: "" or "b" (save_checkpoint alternates them when it saves a step the manifest names).
+std::string stage_file(int64_t step, int stage, int stages, const std::string& generation) {
+  return fmt::format("pipeline-step{}{}-stage{}-of-{}.safetensors", step, generation, stage, stages);
 }
 
 nlohmann::json read_manifest(const std::string& dir) {
@@ -994,6 +1024,15 @@ bool has_pipeline_checkpoint(const std::string& dir) {
   return std::filesystem::exists(pipeline_checkpoint_manifest(dir));
 }
 
+void PipelineStage::agree(const std::string& error, const std::string& what) {
+  // One allreduce of the failures: a rank's error ends the call on every rank, none waits alone.
+  Tensor failed = full({1}, error.empty() ? 0.0 : 1.0, {.dtype = kFloat64});
+  group_->allreduce({failed})->wait();
+  const int n = static_cast<int>(failed.item<double>());
+  if (!error.empty()) fail("{}: {} failed: {}", where(), what, error);
+  if (n > 0) fail("{}: {} failed on {} other rank(s) (their errors name the cause)", where(), what, n);
+}
+
 void PipelineStage::save_checkpoint(const std::string& dir, const optim::Optimizer& optimizer,
                                     const optim::LRScheduler* scheduler, int64_t epoch, int64_t step,
                                     const nn::Metadata& extra) {
@@ -1001,39 +1040,64 @@ void PipelineStage::save_checkpoint(const std::string& dir, const optim::Optimiz
   const int S = positions_;
   std::error_code ec;
   fs::create_directories(dir, ec);
+  // Saving a step the manifest already names (a rerun into the same folder) writes the other
+  // generation of file names, so a crash midway leaves the complete previous set named.
+  std::string generation;
+  if (rank_ == 0 && has_pipeline_checkpoint(dir)) {
+    try {
+      const nlohmann::json m = read_manifest(dir);
+      if (m["step"].get<int64_t>() == step && m["files"][0].get<std::string>() == stage_file(step, 0, S, "")) {
+        generation = "b";
+      }
+    } catch (const std::exception&) {
+      // an unreadable manifest is replaced below
+    }
+  }
+  Tensor gen = full({1}, generation.empty() ? 0.0 : 1.0, {.dtype = kFloat64});
+  group_->allreduce({gen})->wait();
+  generation = gen.item<double>() > 0 ? "b" : "";
+  std::string error;
   if (replica_ == 0) {
-    nn::Checkpoint c;
-    for (auto& [name, t] : state_dict()) c.model.emplace_back(name, t.device().is_cpu() ? t : t.cpu());
-    // Stage 0's file also holds what no block owns (BERT's pooler), so the files make the whole model.
-    if (stage_ == 0)
-      for (auto& [name, t] : unowned_) c.model.emplace_back(name, t);
-    c.optimizer = optimizer.state_dict();
-    for (auto& [name, t] : c.optimizer)
-      if (!t.device().is_cpu()) t = t.cpu();
-    if (scheduler) c.scheduler = scheduler->state_dict();
-    c.epoch = epoch;
-    c.step = step;
-    c.capture_rng();
-    c.extra = extra;
-    c.extra["pipeline_stage"] = std::to_string(stage_);
-    c.extra["pipeline_stages"] = std::to_string(S);
-    c.save(dir + "/" + stage_file(step, stage_, S));
+    try {
+      nn::Checkpoint c;
+      for (auto& [name, t] : state_dict()) c.model.emplace_back(name, t.device().is_cpu() ? t : t.cpu());
+      // Stage 0's file also holds what no block owns (BERT's pooler), so the files make the whole model.
+      if (stage_ == 0)
+        for (auto& [name, t] : unowned_) c.model.emplace_back(name, t);
+      c.optimizer = optimizer.state_dict();
+      for (auto& [name, t] : c.optimizer)
+        if (!t.device().is_cpu()) t = t.cpu();
+      if (scheduler) c.scheduler = scheduler->state_dict();
+      c.epoch = epoch;
+      c.step = step;
+      c.capture_rng();
+      c.extra = extra;
+      c.extra["pipeline_stage"] = std::to_string(stage_);
+      c.extra["pipeline_stages"] = std::to_string(S);
+      c.save(dir + "/" + stage_file(step, stage_, S, generation));
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
   }
   // Every stage's file is on disk before the manifest names them.
-  group_->barrier()->wait();
+  agree(error, fmt::format("writing the checkpoint of step {} to {}", step, dir));
   if (rank_ == 0) {
-    nlohmann::json m;
-    m["step"] = step;
-    m["stages"] = S;
-    m["files"] = nlohmann::json::array();
-    for (int s = 0; s < S; ++s) m["files"].push_back(stage_file(step, s, S));
-    m["plan"] = nlohmann::json::parse(plan_to_json(plan_));
-    nn::atomic_write(pipeline_checkpoint_manifest(dir), m.dump(1) + "\n");
+    try {
+      nlohmann::json m;
+      m["step"] = step;
+      m["stages"] = S;
+      m["files"] = nlohmann::json::array();
+      for (int s = 0; s < S; ++s) m["files"].push_back(stage_file(step, s, S, generation));
+      m["plan"] = nlohmann::json::parse(plan_to_json(plan_));
+      nn::atomic_write(pipeline_checkpoint_manifest(dir), m.dump(1) + "\n");
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
   }
-  group_->barrier()->wait();
-  // The manifest names this step's files now: older ones of this stage can go.
+  agree(error, fmt::format("writing the manifest of step {} in {}", step, dir));
+  // The manifest names this step's files now: the others of this stage can go.
   if (replica_ == 0) {
-    const std::string mine = stage_file(step, stage_, S);
+    const std::string mine = stage_file(step, stage_, S, generation);
     const std::string suffix = fmt::format("-stage{}-of-{}.safetensors", stage_, S);
     for (const auto& e : fs::directory_iterator(dir, ec)) {
       const std::string name = e.path().filename().string();
@@ -1049,27 +1113,35 @@ void PipelineStage::save_checkpoint(const std::string& dir, const optim::Optimiz
 
 nn::Checkpoint PipelineStage::load_checkpoint(const std::string& dir, optim::Optimizer& optimizer,
                                               optim::LRScheduler* scheduler, const nn::Metadata& expect) {
-  const nlohmann::json m = read_manifest(dir);
-  const std::string theirs = m["plan"].dump(), ours = nlohmann::json::parse(plan_to_json(plan_)).dump();
-  if (theirs != ours) {
-    fail("{}: the pipeline checkpoint in {} was written under another plan ({}); this run's plan is {}. Resuming "
-         "needs the same plan; load_pipeline_model reads the model of any plan",
-         where(), dir, theirs, ours);
-  }
-  const std::string path = dir + "/" + m["files"][stage_].get<std::string>();
-  nn::Checkpoint c = nn::Checkpoint::load(path);
-  if (c.step != m["step"].get<int64_t>()) {
-    fail("{}: {} holds step {}, but the manifest names step {}", where(), path, c.step, m["step"].get<int64_t>());
-  }
-  for (const auto& [key, value] : expect) {
-    auto it = c.extra.find(key);
-    if (it != c.extra.end() && it->second != value) {
-      fail("the checkpoint {} was written with {} {}, not the {} asked for now", dir, key, it->second, value);
+  nn::Checkpoint c;
+  std::string error;
+  try {
+    const nlohmann::json m = read_manifest(dir);
+    const std::string theirs = m["plan"].dump(), ours = nlohmann::json::parse(plan_to_json(plan_)).dump();
+    if (theirs != ours) {
+      fail("the pipeline checkpoint in {} was written under another plan ({}); this run's plan is {}. Resuming "
+           "needs the same plan; load_pipeline_model reads the model of any plan",
+           dir, theirs, ours);
     }
+    const std::string path = dir + "/" + m["files"].at(stage_).get<std::string>();
+    c = nn::Checkpoint::load(path);
+    if (c.step != m["step"].get<int64_t>()) {
+      fail("{} holds step {}, but the manifest names step {}", path, c.step, m["step"].get<int64_t>());
+    }
+    for (const auto& [key, value] : expect) {
+      auto it = c.extra.find(key);
+      if (it == c.extra.end()) fail("the checkpoint {} does not say which {} it was written with", dir, key);
+      if (it->second != value) {
+        fail("the checkpoint {} was written with {} {}, not the {} asked for now", dir, key, it->second, value);
+      }
+    }
+    load_state_dict(c.model, true);
+    optimizer.load_state_dict(c.optimizer);
+    if (scheduler) scheduler->load_state_dict(c.scheduler);
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  load_state_dict(c.model, true);
-  optimizer.load_state_dict(c.optimizer);
-  if (scheduler) scheduler->load_state_dict(c.scheduler);
+  agree(error, fmt::format("loading the pipeline checkpoint in {}", dir));
   c.restore_rng();
   return c;
 }

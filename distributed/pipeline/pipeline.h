@@ -245,6 +245,8 @@ class PipelineStage {
   void check_agreement(const BlockModel& model);
   void reduce_tied_gradients();
   double clip_gradients(double max_norm);
+  // Every rank calls it with its error ("" if none); then all fail if any did.
+  void agree(const std::string& error, const std::string& what);
   [[noreturn]] void rethrow(const std::exception& e, const std::string& what, int micro_batch, int peer) const;
   std::string where() const;
 

@@ -249,6 +249,10 @@ int main(int argc, char** argv) {
       if (plan->global_batch != f.batch_size) {
         fail("bert: the plan's global batch is {}, --batch-size {}; expected the same", plan->global_batch, f.batch_size);
       }
+      if (f.eval_sequences > 0 && f.eval_sequences < f.batch_size) {
+        fail("bert: --eval-sequences {} is less than one global batch ({}); a pipeline evaluates whole global batches",
+             f.eval_sequences, f.batch_size);
+      }
       distributed::pipeline::PipelineOptions options;
       options.recompute = f.pipeline.recompute;
       options.max_grad_norm = 1.0;

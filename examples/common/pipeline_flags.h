@@ -35,15 +35,22 @@ struct PipelineFlags {
   bool recompute = false;
   std::string plan;
   // Whether any pipeline flag was given (so an example pipelines rather than runs DDP).
-  bool enabled() const { return stages > 0 || !replicas.empty() || !plan.empty(); }
+  bool enabled() const {
+    bool given = stages > 0 || !replicas.empty() || !plan.empty() || chunks > 1 || recompute;
+    for (const CLI::Option* o : options) given = given || (o != nullptr && o->count() > 0);
+    return given;
+  }
+  std::vector<const CLI::Option*> options;  // --micro-batches and --schedule (set by add_pipeline_options)
 };
 
 inline void add_pipeline_options(CLI::App& app, PipelineFlags& f) {
   app.add_option("--pipeline-stages", f.stages, "pipeline stages (default: --replicas' length, else one per process)")
       ->check(CLI::PositiveNumber);
   app.add_option("--replicas", f.replicas, "pipeline: processes per stage, a comma list (e.g. 2,1)");
-  app.add_option("--micro-batches", f.micro_batches, "pipeline: micro-batches per global batch")->check(CLI::PositiveNumber);
-  app.add_option("--schedule", f.schedule, "pipeline schedule: gpipe or 1f1b")->check(CLI::IsMember({"gpipe", "1f1b"}));
+  f.options.push_back(app.add_option("--micro-batches", f.micro_batches, "pipeline: micro-batches per global batch")
+                          ->check(CLI::PositiveNumber));
+  f.options.push_back(
+      app.add_option("--schedule", f.schedule, "pipeline schedule: gpipe or 1f1b")->check(CLI::IsMember({"gpipe", "1f1b"})));
   app.add_option("--chunks", f.chunks,
                  "pipeline: model chunks per stage; 2 or more runs Megatron-LM's interleaved 1F1B (micro-batches a "
                  "multiple of the stages)")
@@ -81,7 +88,12 @@ inline std::vector<int> parse_replicas(const std::string& program, const std::st
 inline distributed::pipeline::PipelinePlan make_pipeline_plan(const std::string& program, const PipelineFlags& f,
                                                               int num_blocks, int world, int64_t global_batch) {
   namespace pp = distributed::pipeline;
-  if (!f.plan.empty()) return pp::load_plan(f.plan);
+  if (!f.plan.empty()) {
+    if (f.chunks > 1 || f.stages > 0 || !f.replicas.empty()) {
+      fail("{}: --plan replaces --pipeline-stages, --replicas and --chunks; give one or the other", program);
+    }
+    return pp::load_plan(f.plan);
+  }
   std::vector<int> replicas;
   if (!f.replicas.empty()) {
     replicas = parse_replicas(program, f.replicas);

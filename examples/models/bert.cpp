@@ -226,8 +226,15 @@ distributed::pipeline::BlockModel BertForPreTraining::pipeline_blocks() {
                         const Tensor& hidden = in[0];
                         Tensor flat = in[2].reshape({-1}).contiguous();
                         Tensor pos = labelled_positions(flat);
-                        // Rows without labels (possible in a replica's share): a zero loss, zero gradients.
-                        if (pos.numel() == 0) return TensorList{hidden.sum().reshape({1}) * 0.0, pos};
+                        // Rows without labels (possible in a replica's share): a zero loss whose zero
+                        // gradients still reach every parameter of the head (DDP's reducer waits for
+                        // each one in the micro-batch that carries the allreduce).
+                        if (pos.numel() == 0) {
+                          Tensor zero = hidden.sum() * 0.0;
+                          for (const Tensor& p : {dense->weight, dense->bias, norm->weight, norm->bias, bias, words->weight})
+                            zero = zero + p.sum() * 0.0;
+                          return TensorList{zero.reshape({1}), pos};
+                        }
                         Tensor picked = index_select(hidden.reshape({-1, hidden.size(2)}), 0, pos);
                         Tensor t = norm->forward(F::gelu(dense->forward(picked)));
                         return TensorList{matmul(t, words->weight.t()) + bias, index_select(flat, 0, pos)};

@@ -461,6 +461,10 @@ int main(int argc, char** argv) {
       if (f.synthetic) fail("resnet: --synthetic times data-parallel steps; it takes no pipeline flags");
       if (f.amp == "fp16") fail("resnet: --amp fp16 is not supported with a pipeline yet; use --amp bf16");
       if (f.sync_bn) fail("resnet: --sync-bn with a pipeline: BatchNorm there normalizes each micro-batch (docs/pipeline.md)");
+      if (f.pipeline.recompute) {
+        fail("resnet: --recompute would run each BatchNorm twice in training mode, updating its running statistics "
+             "twice per micro-batch; not supported");
+      }
       examples::pipeline_group(job);
     } else if (f.batch_size % job.world != 0) {
       fail("resnet: --batch-size {} must be divisible by the {} processes", f.batch_size, job.world);

@@ -547,6 +547,25 @@ void run_checkpoint(const std::shared_ptr<ProcessGroup>& pg, const std::string& 
     std::sort(want.begin(), want.end());
     check(files == want, fmt::format("{}: the folder holds [{}], expected [{}]", tag, fmt::join(files, ", "), fmt::join(want, ", ")));
   }
+  pg->barrier()->wait();
+  // Saving the step the manifest names again writes the other generation of names (a crash midway
+  // leaves the first set complete), and it loads.
+  stage->save_checkpoint(dir, *opt, sched.get(), 0, 4);
+  if (pg->rank() == 0) {
+    std::vector<std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path().filename().string());
+    std::sort(files.begin(), files.end());
+    std::vector<std::string> want{"pipeline-checkpoint.json"};
+    for (int s = 0; s < S; ++s) want.push_back(fmt::format("pipeline-step4b-stage{}-of-{}.safetensors", s, S));
+    std::sort(want.begin(), want.end());
+    check(files == want, fmt::format("{}: after saving step 4 again the folder holds [{}], expected [{}]", tag,
+                                     fmt::join(files, ", "), fmt::join(want, ", ")));
+  }
+  {
+    auto again = make(7, plan);
+    check(std::get<0>(again)->load_checkpoint(dir, *std::get<1>(again), std::get<2>(again).get()).step == 4,
+          tag + ": the second generation does not load");
+  }
   // Another plan (other micro-batches) is refused, naming both.
   // The first other micro-batch count the plan allows.
   PipelinePlan other_plan;
