@@ -769,6 +769,15 @@ EvalStats PipelineStage::eval_step(const TensorList& inputs, const TensorList& t
     }
     return out;
   };
+  // Replicas evaluate with replica 0's buffers (BatchNorm's running statistics), as DDP's forward
+  // broadcasts them before each training forward: the last training forward updated each replica's
+  // own copy from its own rows.
+  if (replica_group_ && options_.ddp.broadcast_buffers) {
+    TensorList buffers;
+    for (Chunk& ch : chunks_)
+      for (const Tensor& b : ch.module->buffers()) buffers.push_back(b);
+    if (!buffers.empty()) replica_group_->broadcast(buffers, 0)->wait();
+  }
   const bool was_training = module()->is_training();
   for (Chunk& ch : chunks_) ch.module->eval();
   struct RestoreMode {
