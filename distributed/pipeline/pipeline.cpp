@@ -549,29 +549,43 @@ StepStats PipelineStage::train_step(const Tensor& input, const Tensor& target, c
   return train_step(inputs, targets, multi, optimizer);
 }
 
-StepStats PipelineStage::train_step(const TensorList& inputs, const TensorList& targets, const MultiLossFn& loss_fn,
-                                    optim::Optimizer& optimizer) {
-  const auto start = Clock::now();
-  const int64_t B = plan_.micro_batch_size();
-  const int M = plan_.micro_batches;
+void PipelineStage::check_step_inputs(const char* call, const TensorList& inputs, const TensorList& targets,
+                                      bool has_loss) const {
   auto check_rows = [&](const TensorList& list, const char* what, const char* stage) {
     for (size_t i = 0; i < list.size(); ++i) {
       const Tensor& t = list[i];
       if (!t.defined() || t.dim() == 0 || t.size(0) != plan_.global_batch) {
-        fail("{}: train_step's {}{} has shape {}; expected {} rows (the plan's global_batch) on the {} stage", where(),
+        fail("{}: {}'s {}{} has shape {}; expected {} rows (the plan's global_batch) on the {} stage", where(), call,
              what, list.size() > 1 ? fmt::format(" {}", i) : "", t.defined() ? shape_str(t.sizes()) : "(undefined)",
              plan_.global_batch, stage);
       }
     }
   };
   if (is_first()) {
-    if (inputs.empty()) fail("{}: train_step was given no input; the first stage needs the first block's inputs", where());
+    if (inputs.empty()) fail("{}: {} was given no input; the first stage needs the first block's inputs", where(), call);
     check_rows(inputs, "input", "first");
   }
   if (is_last()) {
     check_rows(targets, "target", "last");
-    if (!loss_fn) fail("{}: train_step needs a loss function on the last stage", where());
+    if (!has_loss) fail("{}: {} needs a loss function on the last stage", where(), call);
   }
+}
+
+TensorList PipelineStage::rows_of(const TensorList& list, int micro_batch) const {
+  // [Replica mapping] this replica's rows of micro-batch m, on the stage's device.
+  TensorList out;
+  for (const Tensor& t : list) {
+    Tensor rows = t.narrow(0, micro_batch * plan_.micro_batch_size() + replica_ * rows_, rows_);
+    out.push_back(rows.device() == device_ ? rows : rows.to(device_));
+  }
+  return out;
+}
+
+StepStats PipelineStage::train_step(const TensorList& inputs, const TensorList& targets, const MultiLossFn& loss_fn,
+                                    optim::Optimizer& optimizer) {
+  const auto start = Clock::now();
+  const int M = plan_.micro_batches;
+  check_step_inputs("train_step", inputs, targets, static_cast<bool>(loss_fn));
   for (Chunk& ch : chunks_) ch.module->zero_grad();
   // Memory counters of the stage's device: the CPU's (tensor/cpu_memory.h) or its allocator's.
   // A forward's share is measured on this thread only on the CPU, so that a communication thread
@@ -597,14 +611,6 @@ StepStats PipelineStage::train_step(const TensorList& inputs, const TensorList& 
   const double loss_scale = static_cast<double>(rows_) / plan_.global_batch;  // [Loss scaling]
   int in_flight = 0;
   StepStats stats;
-  auto rows_of = [&](const TensorList& list, int m) {
-    TensorList out;
-    for (const Tensor& t : list) {
-      Tensor rows = t.narrow(0, m * B + replica_ * rows_, rows_);
-      out.push_back(rows.device() == device_ ? rows : rows.to(device_));
-    }
-    return out;
-  };
   auto wait_ms = [](Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); };
 
   for (const Action& a : schedule_.stages[stage_]) {
@@ -741,34 +747,8 @@ StepStats PipelineStage::train_step(const TensorList& inputs, const TensorList& 
 
 EvalStats PipelineStage::eval_step(const TensorList& inputs, const TensorList& targets, const MultiLossFn& loss_fn) {
   const auto start = Clock::now();
-  const int64_t B = plan_.micro_batch_size();
   const int M = plan_.micro_batches;
-  auto check_rows = [&](const TensorList& list, const char* what, const char* stage) {
-    for (size_t i = 0; i < list.size(); ++i) {
-      const Tensor& t = list[i];
-      if (!t.defined() || t.dim() == 0 || t.size(0) != plan_.global_batch) {
-        fail("{}: eval_step's {}{} has shape {}; expected {} rows (the plan's global_batch) on the {} stage", where(),
-             what, list.size() > 1 ? fmt::format(" {}", i) : "", t.defined() ? shape_str(t.sizes()) : "(undefined)",
-             plan_.global_batch, stage);
-      }
-    }
-  };
-  if (is_first()) {
-    if (inputs.empty()) fail("{}: eval_step was given no input; the first stage needs the first block's inputs", where());
-    check_rows(inputs, "input", "first");
-  }
-  if (is_last()) {
-    check_rows(targets, "target", "last");
-    if (!loss_fn) fail("{}: eval_step needs a loss function on the last stage", where());
-  }
-  auto rows_of = [&](const TensorList& list, int m) {
-    TensorList out;
-    for (const Tensor& t : list) {
-      Tensor rows = t.narrow(0, m * B + replica_ * rows_, rows_);
-      out.push_back(rows.device() == device_ ? rows : rows.to(device_));
-    }
-    return out;
-  };
+  check_step_inputs("eval_step", inputs, targets, static_cast<bool>(loss_fn));
   // Replicas evaluate with replica 0's buffers (BatchNorm's running statistics), as DDP's forward
   // broadcasts them before each training forward: the last training forward updated each replica's
   // own copy from its own rows.

@@ -245,6 +245,10 @@ class PipelineStage {
   void check_agreement(const BlockModel& model);
   void reduce_tied_gradients();
   double clip_gradients(double max_norm);
+  // train_step's and eval_step's argument checks (`call` names which in the errors).
+  void check_step_inputs(const char* call, const TensorList& inputs, const TensorList& targets, bool has_loss) const;
+  // This replica's rows of micro-batch m of each tensor, on the stage's device.
+  TensorList rows_of(const TensorList& list, int micro_batch) const;
   // Every rank calls it with its error ("" if none); then all fail if any did.
   void agree(const std::string& error, const std::string& what);
   [[noreturn]] void rethrow(const std::exception& e, const std::string& what, int micro_batch, int peer) const;

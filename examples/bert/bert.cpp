@@ -187,14 +187,8 @@ int main(int argc, char** argv) {
     examples::Job job = examples::Job::join(device);
     const bool pipelined = f.pipeline.enabled();
     if (pipelined) {
-      // Not yet with a pipeline: float16's loss scaling (docs/pipeline.md);
-      // its micro-batches replace --accumulate.
-      if (f.amp == "fp16") {
-        fail("bert: --amp fp16 is not supported with a pipeline yet (one loss scale for all stages is not built); use "
-             "--amp bf16");
-      }
       if (f.accumulate != 1) fail("bert: --accumulate {} with a pipeline; its --micro-batches replace it", f.accumulate);
-      examples::pipeline_group(job);
+      examples::join_pipeline("bert", f.amp, job);
     } else if (f.batch_size % (job.world * f.accumulate) != 0) {
       fail("bert: --batch-size {} must be divisible by {} processes x --accumulate {}", f.batch_size, job.world,
            f.accumulate);
@@ -241,30 +235,18 @@ int main(int argc, char** argv) {
     const int64_t parameters = examples::count_parameters(*model);
     EvalResult before;
     std::shared_ptr<distributed::DistributedDataParallel> ddp;
-    std::unique_ptr<distributed::pipeline::PipelineStage> stage;
-    std::optional<distributed::pipeline::PipelinePlan> plan;
+    examples::PipelinedModel piped;
     if (pipelined) {
       distributed::pipeline::BlockModel blocks = model->pipeline_blocks();
-      plan = examples::make_pipeline_plan("bert", f.pipeline, static_cast<int>(blocks.size()), job.world, f.batch_size);
-      if (plan->global_batch != f.batch_size) {
-        fail("bert: the plan's global batch is {}, --batch-size {}; expected the same", plan->global_batch, f.batch_size);
-      }
-      if (f.eval_sequences > 0 && f.eval_sequences < f.batch_size) {
-        fail("bert: --eval-sequences {} is less than one global batch ({}); a pipeline evaluates whole global batches",
-             f.eval_sequences, f.batch_size);
-      }
-      distributed::pipeline::PipelineOptions options;
-      options.recompute = f.pipeline.recompute;
-      options.max_grad_norm = 1.0;
-      if (f.amp == "bf16") options.autocast = kBFloat16;
-      model.reset();
-      stage = std::make_unique<distributed::pipeline::PipelineStage>(std::move(blocks), *plan, job.group, options);
-      job.log(fmt::format("pipeline: {}, world size {}", examples::describe(*plan), job.world));
+      model.reset();  // the stage keeps its own blocks only
+      piped = examples::make_pipelined_model("bert", f.pipeline, f.amp, std::move(blocks), job, f.batch_size,
+                                             heldout ? f.eval_sequences : 0, 1.0);
     } else if (job.group) {
       // The pooler and the next-sentence head take no part in masked-LM training.
       ddp = std::make_shared<distributed::DistributedDataParallel>(
           model, job.group, distributed::DDPOptions{.find_unused_parameters = true});
     }
+    std::unique_ptr<distributed::pipeline::PipelineStage>& stage = piped.stage;  // null unless pipelined
     auto opt = make_optimizer(stage ? stage->named_parameters() : model->named_parameters(), f);
     optim::WarmupDecayLR sched(*opt, static_cast<int64_t>(f.warmup * f.steps), f.steps, optim::WarmupDecayLR::Decay::Linear);
     examples::MixedPrecision amp(f.amp, device.type);
@@ -424,7 +406,7 @@ int main(int argc, char** argv) {
       summary["median_step_s"] = sorted[sorted.size() / 2];
     }
     if (pipelined) {
-      summary["pipeline"] = examples::describe(*plan);
+      summary["pipeline"] = examples::describe(piped.plan);
       summary["recompute"] = f.pipeline.recompute;
     }
     if (heldout && f.eval_sequences > 0) {

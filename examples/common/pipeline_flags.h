@@ -142,6 +142,51 @@ inline std::shared_ptr<distributed::ProcessGroup> pipeline_group(Job& job) {
   return job.group;
 }
 
+// What every pipelined example checks before it joins: --amp fp16 is refused (one loss scale
+// for all stages is not built); alone, the job gets a group of one (a one-stage pipeline).
+inline void join_pipeline(const std::string& program, const std::string& amp, Job& job) {
+  if (amp == "fp16") {
+    fail("{}: --amp fp16 is not supported with a pipeline yet (one loss scale for all stages is not built); use "
+         "--amp bf16",
+         program);
+  }
+  pipeline_group(job);
+}
+
+std::string describe(const distributed::pipeline::PipelinePlan& plan);
+
+struct PipelinedModel {
+  distributed::pipeline::PipelinePlan plan;
+  std::unique_ptr<distributed::pipeline::PipelineStage> stage;
+};
+
+// The stage of this rank for `blocks` under the flags' plan, with the examples' options: the
+// flags' recomputation, --amp bf16 as autocast, clipping at max_grad_norm (0: none). The plan must
+// have the global batch; eval_sequences (0: none) must be at least one global batch, as pipelined
+// evaluation takes whole ones. Logs the plan.
+inline PipelinedModel make_pipelined_model(const std::string& program, const PipelineFlags& f, const std::string& amp,
+                                           distributed::pipeline::BlockModel blocks, const Job& job,
+                                           int64_t global_batch, int64_t eval_sequences, double max_grad_norm) {
+  namespace pp = distributed::pipeline;
+  PipelinedModel out;
+  out.plan = make_pipeline_plan(program, f, static_cast<int>(blocks.size()), job.world, global_batch);
+  if (out.plan.global_batch != global_batch) {
+    fail("{}: the plan's global batch is {}, --batch-size {}; expected the same", program, out.plan.global_batch,
+         global_batch);
+  }
+  if (eval_sequences > 0 && eval_sequences < global_batch) {
+    fail("{}: --eval-sequences {} is less than one global batch ({}); a pipeline evaluates whole global batches",
+         program, eval_sequences, global_batch);
+  }
+  pp::PipelineOptions options;
+  options.recompute = f.recompute;
+  options.max_grad_norm = max_grad_norm;
+  if (amp == "bf16") options.autocast = kBFloat16;
+  out.stage = std::make_unique<pp::PipelineStage>(std::move(blocks), out.plan, job.group, options);
+  job.log(fmt::format("pipeline: {}, world size {}", describe(out.plan), job.world));
+  return out;
+}
+
 // "3 stages, replicas [2,1,1], 4 micro-batches of 8, schedule 1f1b, blocks [0,3) [3,5) [5,8)"
 // (interleaved: "2 stages x 2 chunks, ..., schedule interleaved, blocks ..." with every virtual stage's blocks)
 inline std::string describe(const distributed::pipeline::PipelinePlan& plan) {

@@ -245,12 +245,7 @@ int main(int argc, char** argv) {
     examples::Job job = examples::Job::join(device);
     const bool pipelined = f.pipeline.enabled();
     if (pipelined) {
-      // Not yet with a pipeline: float16's loss scaling (docs/pipeline.md).
-      if (f.amp == "fp16") {
-        fail("gpt: --amp fp16 is not supported with a pipeline yet (one loss scale for all stages is not built); use "
-             "--amp bf16");
-      }
-      examples::pipeline_group(job);
+      examples::join_pipeline("gpt", f.amp, job);
     } else if (f.batch_size % job.world != 0) {
       fail("gpt: --batch-size {} must be divisible by the {} processes", f.batch_size, job.world);
     }
@@ -298,28 +293,16 @@ int main(int argc, char** argv) {
                                  : f.checkpoint_dir + "/checkpoint.safetensors";
     const bool resuming = examples::should_resume(f.resume, ckpt_path);
     std::shared_ptr<distributed::DistributedDataParallel> ddp;
-    std::unique_ptr<distributed::pipeline::PipelineStage> stage;
-    std::optional<distributed::pipeline::PipelinePlan> plan;
+    examples::PipelinedModel piped;
     if (pipelined) {
       distributed::pipeline::BlockModel blocks = model->pipeline_blocks();
-      plan = examples::make_pipeline_plan("gpt", f.pipeline, static_cast<int>(blocks.size()), job.world, f.batch_size);
-      if (plan->global_batch != f.batch_size) {
-        fail("gpt: the plan's global batch is {}, --batch-size {}; expected the same", plan->global_batch, f.batch_size);
-      }
-      if (f.eval_sequences > 0 && f.eval_sequences < f.batch_size) {
-        fail("gpt: --eval-sequences {} is less than one global batch ({}); a pipeline evaluates whole global batches",
-             f.eval_sequences, f.batch_size);
-      }
-      distributed::pipeline::PipelineOptions options;
-      options.recompute = f.pipeline.recompute;
-      options.max_grad_norm = 1.0;
-      if (f.amp == "bf16") options.autocast = kBFloat16;
-      model.reset();
-      stage = std::make_unique<distributed::pipeline::PipelineStage>(std::move(blocks), *plan, job.group, options);
-      job.log(fmt::format("pipeline: {}, world size {}", examples::describe(*plan), job.world));
+      model.reset();  // the stage keeps its own blocks only
+      piped = examples::make_pipelined_model("gpt", f.pipeline, f.amp, std::move(blocks), job, f.batch_size,
+                                             f.eval_sequences, 1.0);
     } else if (job.group) {
       ddp = std::make_shared<distributed::DistributedDataParallel>(model, job.group);
     }
+    std::unique_ptr<distributed::pipeline::PipelineStage>& stage = piped.stage;  // null unless pipelined
     auto opt = make_optimizer(stage ? stage->parameters() : model->parameters(), f);
     optim::WarmupDecayLR sched(*opt, static_cast<int64_t>(f.warmup * f.steps), f.steps,
                                optim::WarmupDecayLR::Decay::Cosine, f.lr / 10);
@@ -442,7 +425,7 @@ int main(int argc, char** argv) {
                               {"threads_per_process", get_num_threads()},
                               {"device", device.str()}};
     if (pipelined) {
-      summary["pipeline"] = examples::describe(*plan);
+      summary["pipeline"] = examples::describe(piped.plan);
       summary["recompute"] = f.pipeline.recompute;
     }
     if (f.eval_sequences > 0) {

@@ -12,8 +12,6 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
-#include <numeric>
-#include <sstream>
 
 #include "data/data.h"
 #include "distributed/init.h"

@@ -303,15 +303,10 @@ nlohmann::json run_fashion_mnist_pipelined(const Flags& f, examples::Job& job) {
   const int64_t parameters = examples::count_parameters(*net);
   pp::BlockModel blocks = net->pipeline_blocks();
   net.reset();
-  const pp::PipelinePlan plan =
-      examples::make_pipeline_plan("resnet", f.pipeline, static_cast<int>(blocks.size()), job.world, f.batch_size);
-  if (plan.global_batch != f.batch_size) {
-    fail("resnet: the plan's global batch is {}, --batch-size {}; expected the same", plan.global_batch, f.batch_size);
-  }
-  pp::PipelineOptions options;
-  options.recompute = f.pipeline.recompute;
-  if (f.amp == "bf16") options.autocast = kBFloat16;
-  pp::PipelineStage stage(std::move(blocks), plan, job.group, options);
+  examples::PipelinedModel piped =
+      examples::make_pipelined_model("resnet", f.pipeline, f.amp, std::move(blocks), job, f.batch_size, 0, 0.0);
+  const pp::PipelinePlan& plan = piped.plan;
+  pp::PipelineStage& stage = *piped.stage;
   optim::SGD opt(stage.parameters(), {.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay, .nesterov = true});
   const int64_t steps_per_epoch = loader.size();
   const int64_t total_steps = steps_per_epoch * f.epochs;
@@ -459,13 +454,12 @@ int main(int argc, char** argv) {
     const bool pipelined = f.pipeline.enabled();
     if (pipelined) {
       if (f.synthetic) fail("resnet: --synthetic times data-parallel steps; it takes no pipeline flags");
-      if (f.amp == "fp16") fail("resnet: --amp fp16 is not supported with a pipeline yet; use --amp bf16");
       if (f.sync_bn) fail("resnet: --sync-bn with a pipeline: BatchNorm there normalizes each micro-batch (docs/pipeline.md)");
       if (f.pipeline.recompute) {
         fail("resnet: --recompute would run each BatchNorm twice in training mode, updating its running statistics "
              "twice per micro-batch; not supported");
       }
-      examples::pipeline_group(job);
+      examples::join_pipeline("resnet", f.amp, job);
     } else if (f.batch_size % job.world != 0) {
       fail("resnet: --batch-size {} must be divisible by the {} processes", f.batch_size, job.world);
     }

@@ -468,6 +468,17 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
 // checkpoint, 2 more steps; fresh stages (other initial values) loaded from the checkpoint and
 // trained on the same 2 batches end bit for bit where the first ones did; the files make the whole
 // model for a one-process run; a second checkpoint replaces the first's files; another plan is refused.
+// The folder holds the manifest and the S stage files pipeline-<step>-stage<s>-of-<S>, nothing else.
+void check_checkpoint_folder(const std::string& dir, const std::string& step, int S, const std::string& tag) {
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  std::vector<std::string> want{"pipeline-checkpoint.json"};
+  for (int s = 0; s < S; ++s) want.push_back(fmt::format("pipeline-{}-stage{}-of-{}.safetensors", step, s, S));
+  std::sort(want.begin(), want.end());
+  check(files == want, fmt::format("{}: the folder holds [{}], expected [{}]", tag, fmt::join(files, ", "), fmt::join(want, ", ")));
+}
+
 void run_checkpoint(const std::shared_ptr<ProcessGroup>& pg, const std::string& config) {
   std::vector<std::string> parts;
   std::stringstream ss(config);
@@ -538,29 +549,12 @@ void run_checkpoint(const std::shared_ptr<ProcessGroup>& pg, const std::string& 
   pg->barrier()->wait();
   // A second checkpoint replaces the first's files.
   stage->save_checkpoint(dir, *opt, sched.get(), 0, 4);
-  if (pg->rank() == 0) {
-    std::vector<std::string> files;
-    for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path().filename().string());
-    std::sort(files.begin(), files.end());
-    std::vector<std::string> want{"pipeline-checkpoint.json"};
-    for (int s = 0; s < S; ++s) want.push_back(fmt::format("pipeline-step4-stage{}-of-{}.safetensors", s, S));
-    std::sort(want.begin(), want.end());
-    check(files == want, fmt::format("{}: the folder holds [{}], expected [{}]", tag, fmt::join(files, ", "), fmt::join(want, ", ")));
-  }
+  if (pg->rank() == 0) check_checkpoint_folder(dir, "step4", S, tag + " after the second checkpoint");
   pg->barrier()->wait();
   // Saving the step the manifest names again writes the other generation of names (a crash midway
   // leaves the first set complete), and it loads.
   stage->save_checkpoint(dir, *opt, sched.get(), 0, 4);
-  if (pg->rank() == 0) {
-    std::vector<std::string> files;
-    for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path().filename().string());
-    std::sort(files.begin(), files.end());
-    std::vector<std::string> want{"pipeline-checkpoint.json"};
-    for (int s = 0; s < S; ++s) want.push_back(fmt::format("pipeline-step4b-stage{}-of-{}.safetensors", s, S));
-    std::sort(want.begin(), want.end());
-    check(files == want, fmt::format("{}: after saving step 4 again the folder holds [{}], expected [{}]", tag,
-                                     fmt::join(files, ", "), fmt::join(want, ", ")));
-  }
+  if (pg->rank() == 0) check_checkpoint_folder(dir, "step4b", S, tag + " after saving step 4 again");
   {
     auto again = make(7, plan);
     check(std::get<0>(again)->load_checkpoint(dir, *std::get<1>(again), std::get<2>(again).get()).step == 4,
