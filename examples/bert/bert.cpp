@@ -15,7 +15,8 @@
 // gradients are reduced once per step. The held-out masked-LM loss and masked-token accuracy are
 // measured before training (≈ ln 30522 = 10.33 and ~0) and after. Rank 0 prints progress, writes
 // checkpoints (--checkpoint-every, --resume continues on the same batches and masks) and ends with
-// one JSON line {"summary": {...}}. chorus has no CUDA backend yet, so this runs on the CPU.
+// one JSON line {"summary": {...}}. --device cuda or sim trains on a device; the pipeline flags
+// (examples/common/pipeline_flags.h) cut the model into stages instead of DDP.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <filesystem>
@@ -24,9 +25,7 @@
 #include <optional>
 
 #include "data/data.h"
-#include "distributed/ddp.h"
-#include "examples/common/example_util.h"
-#include "examples/common/pipeline_flags.h"
+#include "examples/common/trainer.h"
 #include "examples/models/bert.h"
 #include "nn/nn.h"
 #include "nn/serialize.h"
@@ -52,16 +51,8 @@ struct Flags {
   int64_t eval_sequences = 256;
   int64_t heldout_every = 20;
   uint64_t seed = 1;
-  std::string checkpoint_dir;
   int64_t checkpoint_every = 100;
-  std::string resume = "no";  // no, always (the bare flag), auto (when a checkpoint exists)
-  int threads = 0;
-  std::string data_dir;
-  std::string trace;
-  double log_every_s = 10;
-  std::string amp = "none";  // none, bf16, fp16
-  std::string device = "auto";
-  examples::PipelineFlags pipeline;
+  examples::CommonFlags common;  // device, threads, data, amp, checkpoints, trace, logging, pipeline
 };
 
 // No weight decay on biases and LayerNorm parameters (BERT's recipe).
@@ -84,64 +75,27 @@ struct EvalResult {
   int64_t predicted = 0;
 };
 
-// Held-out masked-LM loss (mean over predicted tokens) and masked-token accuracy, with masks fixed
-// by the seed; each rank takes every world-th of the first `limit` sequences, summed over ranks.
-EvalResult evaluate(models::BertForPreTraining& model, const data::MaskedLMDataset& heldout, int64_t limit,
-                    int64_t pad_id, const examples::Job& job, Device device) {
-  NoGradGuard no_grad;
-  model.eval();
-  double loss_sum = 0;
-  int64_t correct = 0, count = 0;
-  const int64_t n = std::min(limit, heldout.size());
-  std::vector<int64_t> mine;
-  for (int64_t i = job.rank; i < n; i += job.world) mine.push_back(i);
-  for (size_t start = 0; start < mine.size(); start += 16) {
-    std::vector<int64_t> chunk(mine.begin() + start, mine.begin() + std::min(mine.size(), start + 16));
-    data::Batch b = heldout.get_batch(chunk);
-    Tensor logits, targets;
-    const Tensor ids = b.data.to(device);
-    Tensor loss = model.masked_lm_loss(ids, ne(ids, pad_id).to(kInt64), b.target.to(device), &logits, &targets);
-    loss_sum += loss.item<double>() * targets.numel();
-    correct += logits.argmax(1).eq(targets).sum().item<int64_t>();
-    count += targets.numel();
-  }
-  model.train();
-  if (job.group) {
-    Tensor t = tensor<double>({loss_sum, static_cast<double>(correct), static_cast<double>(count)});
-    job.group->allreduce({t})->wait();
-    loss_sum = t[0].item<double>();
-    correct = static_cast<int64_t>(t[1].item<double>());
-    count = static_cast<int64_t>(t[2].item<double>());
-  }
-  return {loss_sum / std::max<int64_t>(count, 1), static_cast<double>(correct) / std::max<int64_t>(count, 1), count};
+// A batch as the model takes it: token ids, the attention mask (0 on [PAD], which only ends the
+// corpus's last sequence; masking never writes it) and the labels, which the pipeline carries
+// through its stages as an input (no separate targets).
+examples::Lists model_inputs(const data::Batch& b, int64_t pad_id) {
+  return {{b.data, ne(b.data, pad_id).to(kInt64), b.target}, {}};
 }
 
-// The same through the pipeline's stages (PipelineStage::eval_step: forward only): the first
-// `limit` sequences rounded down to whole global batches, every rank reading the same; the last
-// stage's logits and labels give the token-weighted loss and accuracy, summed over the group.
-EvalResult evaluate_pipelined(distributed::pipeline::PipelineStage& stage, const distributed::ProcessGroup& group,
-                              const data::MaskedLMDataset& heldout, int64_t limit, int64_t pad_id) {
-  const int64_t batch = stage.plan().global_batch;
-  const int64_t n = std::min(limit, heldout.size()) / batch * batch;
-  double loss_sum = 0, correct = 0, count = 0;
-  for (int64_t start = 0; start < n; start += batch) {
-    std::vector<int64_t> rows(static_cast<size_t>(batch));
-    std::iota(rows.begin(), rows.end(), start);
-    data::Batch b = heldout.get_batch(rows);
-    distributed::pipeline::EvalStats ev = stage.eval_step({b.data, ne(b.data, pad_id).to(kInt64), b.target}, {},
-                                                          models::BertForPreTraining::pipeline_loss);
-    NoGradGuard no_grad;
-    for (const TensorList& out : ev.outputs) {
-      if (out[1].numel() == 0) continue;
-      loss_sum += models::BertForPreTraining::pipeline_loss(out, {}).item<double>() * out[1].numel();
-      correct += out[0].argmax(1).eq(out[1]).sum().item<int64_t>();
-      count += out[1].numel();
-    }
-  }
-  Tensor t = tensor<double>({loss_sum, correct, count});
-  const_cast<distributed::ProcessGroup&>(group).allreduce({t})->wait();
-  const double c = std::max(t[2].item<double>(), 1.0);
-  return {t[0].item<double>() / c, t[1].item<double>() / c, static_cast<int64_t>(t[2].item<double>())};
+// Held-out masked-LM loss (mean over predicted tokens) and masked-token accuracy, with masks fixed
+// by the seed, over the first `limit` sequences: data-parallel or through the pipeline's stages
+// (Trainer::evaluate).
+EvalResult evaluate(examples::Trainer& trainer, const data::MaskedLMDataset& heldout, int64_t limit, int64_t pad_id) {
+  const std::vector<double> sums = trainer.evaluate(
+      heldout, limit, 16, 3, [pad_id](const data::Batch& b) { return model_inputs(b, pad_id); },
+      [](const TensorList& out, const TensorList& targets) {
+        if (out[1].numel() == 0) return std::vector<double>{0, 0, 0};  // no labelled token in these rows
+        const double n = static_cast<double>(out[1].numel());
+        return std::vector<double>{models::BertForPreTraining::pipeline_loss(out, targets).item<double>() * n,
+                                   static_cast<double>(out[0].argmax(1).eq(out[1]).sum().item<int64_t>()), n};
+      });
+  const double n = std::max(sums[2], 1.0);
+  return {sums[0] / n, sums[1] / n, static_cast<int64_t>(sums[2])};
 }
 
 }  // namespace
@@ -165,43 +119,34 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--heldout-every", f.heldout_every, "every k-th address is held out")->check(CLI::Range(2, 1000));
   app.add_option("--seed", f.seed, "seed of initialization, shuffling and masking");
-  app.add_option("--checkpoint-dir", f.checkpoint_dir, "write checkpoint.safetensors here");
   app.add_option("--checkpoint-every", f.checkpoint_every, "steps between checkpoints")->check(CLI::PositiveNumber);
-  examples::add_resume_option(app, f.resume);
-  app.add_option("--threads", f.threads, "CPU threads per process (default: OMP_NUM_THREADS or all cores)")
-      ->check(CLI::Range(1, 1024));
-  app.add_option("--data-dir", f.data_dir, "folder holding sotu/ and bert/vocab.txt (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");
-  app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration to this file");
-  app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
-  examples::add_amp_option(app, f.amp);
-  examples::add_device_option(app, f.device);
-  examples::add_pipeline_options(app, f.pipeline);
+  examples::add_common_options(app, f.common, "sotu/ and bert/vocab.txt");
   CLI11_PARSE(app, argc, argv);
 
   try {
     const auto t_start = Clock::now();
-    if (f.threads > 0) set_num_threads(f.threads);
-    if (f.resume != "no" && f.checkpoint_dir.empty()) fail("bert: --resume needs --checkpoint-dir");
-    if (f.synthetic && (f.resume != "no" || !f.checkpoint_dir.empty())) fail("bert: --synthetic does not checkpoint");
-    const Device device = examples::training_device(f.device);
-    examples::Job job = examples::Job::join(device);
-    const bool pipelined = f.pipeline.enabled();
-    if (pipelined) {
-      if (f.accumulate != 1) fail("bert: --accumulate {} with a pipeline; its --micro-batches replace it", f.accumulate);
-      examples::join_pipeline("bert", f.amp, job);
-    } else if (f.batch_size % (job.world * f.accumulate) != 0) {
-      fail("bert: --batch-size {} must be divisible by {} processes x --accumulate {}", f.batch_size, job.world,
-           f.accumulate);
+    if (f.synthetic && (f.common.resume != "no" || !f.common.checkpoint_dir.empty())) {
+      fail("bert: --synthetic does not checkpoint");
     }
-    // Data parallel: each process reads its share; pipelined: every process the whole global batch.
-    const int64_t micro = pipelined ? f.batch_size : f.batch_size / (job.world * f.accumulate);
-    const std::string data_dir = f.data_dir.empty() ? data::default_data_dir() : f.data_dir;
+    examples::TrainerOptions o;
+    o.program = "bert";
+    o.global_batch = f.batch_size;
+    o.accumulate = f.accumulate;
+    o.max_grad_norm = 1.0;
+    // The pooler and the next-sentence head take no part in masked-LM training.
+    o.ddp.find_unused_parameters = true;
+    o.flags = f.common;
+    examples::Job job = examples::join_job(o);
+    const bool pipelined = f.common.pipeline.enabled();
+    const int64_t micro = examples::micro_batch_size(o, job);
+    const std::string data_dir = f.common.data_root();
 
     models::BertConfig config = models::BertConfig::named(f.config);
     if (f.seq_len > config.max_position_embeddings) {
       fail("bert: --seq-len {} exceeds the {} positions of BERT-{}", f.seq_len, config.max_position_embeddings, f.config);
     }
     data::WordPieceTokenizer tokenizer(data_dir + "/bert/vocab.txt");
+    const int64_t pad_id = tokenizer.pad_id();
     std::shared_ptr<data::MaskedLMDataset> train, heldout;
     int64_t corpus_tokens = 0;
     if (f.synthetic) {
@@ -223,66 +168,27 @@ int main(int argc, char** argv) {
                           corpus.documents.size(), corpus_tokens, train->size(), heldout->size(), held.documents.size(),
                           f.seq_len));
     }
-    auto sampler = std::make_shared<data::DistributedSampler>(train->size(), pipelined ? 1 : job.world,
-                                                              pipelined ? 0 : job.rank, true, f.seed);
-    data::DataLoader loader(train, {.batch_size = micro, .drop_last = true, .num_workers = 1, .sampler = sampler});
+    const bool evaluating = heldout && f.eval_sequences > 0;
+    o.eval_sequences = evaluating ? f.eval_sequences : 0;
+    data::DataLoader loader(train, {.batch_size = micro,
+                                    .drop_last = true,
+                                    .num_workers = 1,
+                                    .sampler = examples::training_sampler(o, job, train->size(), f.seed)});
     const int64_t steps_per_epoch = loader.size() / f.accumulate;
     if (steps_per_epoch < 1) fail("bert: {} sequences give no full step of batch {}", train->size(), f.batch_size);
 
     manual_seed(f.seed);
     auto model = std::make_shared<models::BertForPreTraining>(config);
-    model->to(device);
+    model->to(o.device);
     const int64_t parameters = examples::count_parameters(*model);
-    EvalResult before;
-    std::shared_ptr<distributed::DistributedDataParallel> ddp;
-    examples::PipelinedModel piped;
-    if (pipelined) {
-      distributed::pipeline::BlockModel blocks = model->pipeline_blocks();
-      model.reset();  // the stage keeps its own blocks only
-      piped = examples::make_pipelined_model("bert", f.pipeline, f.amp, std::move(blocks), job, f.batch_size,
-                                             heldout ? f.eval_sequences : 0, 1.0);
-    } else if (job.group) {
-      // The pooler and the next-sentence head take no part in masked-LM training.
-      ddp = std::make_shared<distributed::DistributedDataParallel>(
-          model, job.group, distributed::DDPOptions{.find_unused_parameters = true});
-    }
-    std::unique_ptr<distributed::pipeline::PipelineStage>& stage = piped.stage;  // null unless pipelined
-    auto opt = make_optimizer(stage ? stage->named_parameters() : model->named_parameters(), f);
+    o.identity = {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}};
+    models::BertForPreTraining* whole = pipelined ? nullptr : model.get();  // a pipeline's stages hold the blocks
+    examples::Trainer trainer(o, job, model,
+                              {.forward = [whole](const TensorList& in) { return whole->masked_lm_outputs(in[0], in[1], in[2]); },
+                               .loss = models::BertForPreTraining::pipeline_loss});
+    auto opt = make_optimizer(trainer.named_parameters(), f);
     optim::WarmupDecayLR sched(*opt, static_cast<int64_t>(f.warmup * f.steps), f.steps, optim::WarmupDecayLR::Decay::Linear);
-    examples::MixedPrecision amp(f.amp, device.type);
-
-    int64_t step = 0;
-    // A pipelined run's checkpoint is a folder of stage files and their manifest (docs/pipeline.md).
-    const std::string ckpt_path =
-        f.checkpoint_dir.empty() ? ""
-        : pipelined              ? distributed::pipeline::pipeline_checkpoint_manifest(f.checkpoint_dir)
-                                 : f.checkpoint_dir + "/checkpoint.safetensors";
-    const bool resuming = examples::should_resume(f.resume, ckpt_path);
-    if (resuming && stage) {
-      step = stage->load_checkpoint(f.checkpoint_dir, *opt, &sched, {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}})
-                 .step;
-      job.log(fmt::format("resumed from {} at step {}", ckpt_path, step));
-    } else if (resuming) {
-      step = examples::load_checkpoint(ckpt_path, *model, *opt, sched,
-                                       {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}}, amp.scaler())
-                 .step;
-      job.log(fmt::format("resumed from {} at step {}", ckpt_path, step));
-    }
-    if (!ckpt_path.empty() && job.rank == 0) std::filesystem::create_directories(f.checkpoint_dir);
-    auto save = [&] {
-      if (ckpt_path.empty()) return;
-      if (stage) {  // every rank takes part; each stage's first replica writes its file
-        stage->save_checkpoint(f.checkpoint_dir, *opt, &sched, step / steps_per_epoch, step,
-                               {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}, {"amp", f.amp}});
-        job.log(fmt::format("saved {} at step {}", ckpt_path, step));
-        return;
-      }
-      if (job.rank != 0) return;
-      examples::save_checkpoint(ckpt_path, *model, *opt, sched, step / steps_per_epoch, step,
-                                {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}, {"amp", f.amp}},
-                                amp.scaler());
-      job.log(fmt::format("saved {} at step {}", ckpt_path, step));
-    };
+    int64_t step = trainer.start(*opt, &sched);
 
     job.log(fmt::format("BERT-{}: {} parameters, world size {}, batch {} = {} sequences of {}, {} steps ({} per epoch), "
                         "{} threads per process",
@@ -290,9 +196,9 @@ int main(int argc, char** argv) {
                         pipelined ? "the pipeline's"
                                   : fmt::format("{} processes x {} micro-batches x {}", job.world, f.accumulate, micro),
                         f.seq_len, f.steps, steps_per_epoch, get_num_threads()));
-    if (heldout && f.eval_sequences > 0 && !resuming) {
-      before = stage ? evaluate_pipelined(*stage, *job.group, *heldout, f.eval_sequences, tokenizer.pad_id())
-                     : evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), job, device);
+    EvalResult before;
+    if (evaluating && !trainer.resumed()) {
+      before = evaluate(trainer, *heldout, f.eval_sequences, pad_id);
       job.log(fmt::format("held-out before training: masked-LM loss {:.4f} (ln {} = {:.4f}), masked-token accuracy {:.2f}% "
                           "over {} predictions",
                           before.loss, config.vocab_size, std::log(static_cast<double>(config.vocab_size)),
@@ -310,64 +216,22 @@ int main(int argc, char** argv) {
       train->set_epoch(epoch);
       loader.set_epoch(epoch);
       loader.skip_batches((step % steps_per_epoch) * f.accumulate);
-      int64_t micro_i = 0;
-      double step_loss = 0;
       auto t_step = Clock::now();
+      int64_t fed = 0;
       for (data::Batch& b : loader) {
-        const bool last_micro = micro_i + 1 == f.accumulate;
-        if (micro_i == 0) {
-          opt->zero_grad();
-          t_step = Clock::now();
-        }
-        if (stage) {
-          // Forward, backward, the replicas' and tied gradients' sums, clipping and the step.
-          const Tensor ids = b.data;
-          step_loss = stage->train_step({ids, ne(ids, tokenizer.pad_id()).to(kInt64), b.target}, {},
-                                        models::BertForPreTraining::pipeline_loss, *opt)
-                          .loss;
-          tokens += b.data.numel();
-        }
-        auto run = [&] {
-          Tensor loss;
-          // [PAD] (id 0) only ends the corpus's last sequence; masking never writes it.
-          auto call = [&] {
-            auto scope = amp.autocast();
-            const Tensor ids = b.data.to(device);
-            return model->masked_lm_loss(ids, ne(ids, tokenizer.pad_id()).to(kInt64), b.target.to(device));
-          };
-          loss = ddp ? ddp->forward(call) : call();
-          amp.backward(loss / static_cast<double>(f.accumulate));
-          step_loss += loss.item<double>() / f.accumulate;
-        };
-        if (stage) {
-        } else if (ddp && !last_micro) {
-          auto guard = ddp->no_sync();
-          run();
-        } else {
-          run();
-        }
-        if (!stage) tokens += b.data.numel() * job.world;
-        if (!last_micro) {
-          ++micro_i;
-          continue;
-        }
-        micro_i = 0;
-        if (!stage) {
-          amp.unscale(*opt);
-          optim::clip_grad_norm_(model->parameters(), 1.0);
-          amp.step(*opt);
-        }
+        if (fed++ % trainer.micro_batches_per_step() == 0) t_step = Clock::now();
+        tokens += b.data.numel() * (pipelined ? 1 : job.world);
+        const std::optional<double> loss = trainer.feed(model_inputs(b, pad_id));
+        if (!loss) continue;  // the step's micro-batches are not all in yet
+        last_loss = *loss;
         sched.step();
         ++step;
         step_times.push_back(std::chrono::duration<double>(Clock::now() - t_step).count());
-        last_loss = step_loss;
-        if (first_loss < 0) first_loss = step_loss;
-        loss_window += step_loss;
+        if (first_loss < 0) first_loss = last_loss;
+        loss_window += last_loss;
         ++window_n;
-        step_loss = 0;
-        if (step == 3) examples::write_trace(ddp.get(), f.trace, job);
         const auto now = Clock::now();
-        if (std::chrono::duration<double>(now - t_log).count() >= f.log_every_s || step == stop) {
+        if (std::chrono::duration<double>(now - t_log).count() >= f.common.log_every_s || step == stop) {
           t_log = now;
           const double elapsed = std::chrono::duration<double>(now - t_train).count();
           const double seq_rate = tokens / static_cast<double>(f.seq_len) / std::max(elapsed, 1e-9);
@@ -377,44 +241,34 @@ int main(int argc, char** argv) {
           loss_window = 0;
           window_n = 0;
         }
-        if (!f.synthetic && step % f.checkpoint_every == 0) save();
+        if (!f.synthetic && step % f.checkpoint_every == 0) trainer.save(step / steps_per_epoch, step);
         if (step == stop || step % steps_per_epoch == 0) break;
       }
     }
     const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
-    if (!f.synthetic && step % f.checkpoint_every != 0) save();
-    nlohmann::json summary = {{"mode", f.synthetic ? "synthetic" : "sotu"},
-                              {"config", f.config},
-                              {"amp", f.amp},
-                              {"skipped_steps", amp.skipped_steps()},
-                              {"loss_scale", amp.scaler() ? amp.scaler()->get_scale() : 1.0},
-                              {"parameters", parameters},
-                              {"seq_len", f.seq_len},
-                              {"batch_size", f.batch_size},
-                              {"accumulate", f.accumulate},
-                              {"steps", step},
-                              {"first_step_loss", first_loss},
-                              {"last_step_loss", last_loss},
-                              {"sequences_per_s", tokens / static_cast<double>(f.seq_len) / std::max(train_s, 1e-9)},
-                              {"train_s", train_s},
-                              {"world_size", job.world},
-                              {"threads_per_process", get_num_threads()},
-                              {"device", device.str()}};
+    if (!f.synthetic && step % f.checkpoint_every != 0) trainer.save(step / steps_per_epoch, step);
+    nlohmann::json summary = trainer.summary();
+    summary.update({{"mode", f.synthetic ? "synthetic" : "sotu"},
+                    {"config", f.config},
+                    {"parameters", parameters},
+                    {"seq_len", f.seq_len},
+                    {"batch_size", f.batch_size},
+                    {"accumulate", f.accumulate},
+                    {"steps", step},
+                    {"first_step_loss", first_loss},
+                    {"last_step_loss", last_loss},
+                    {"sequences_per_s", tokens / static_cast<double>(f.seq_len) / std::max(train_s, 1e-9)},
+                    {"train_s", train_s}});
     if (!step_times.empty()) {
       std::vector<double> sorted = step_times;
       std::sort(sorted.begin(), sorted.end());
       summary["median_step_s"] = sorted[sorted.size() / 2];
     }
-    if (pipelined) {
-      summary["pipeline"] = examples::describe(piped.plan);
-      summary["recompute"] = f.pipeline.recompute;
-    }
-    if (heldout && f.eval_sequences > 0) {
-      EvalResult after = stage ? evaluate_pipelined(*stage, *job.group, *heldout, f.eval_sequences, tokenizer.pad_id())
-                               : evaluate(*model, *heldout, f.eval_sequences, tokenizer.pad_id(), job, device);
+    if (evaluating) {
+      EvalResult after = evaluate(trainer, *heldout, f.eval_sequences, pad_id);
       job.log(fmt::format("held-out after {} steps: masked-LM loss {:.4f}, masked-token accuracy {:.2f}% over {} predictions",
                           step, after.loss, 100 * after.accuracy, after.predicted));
-      if (!resuming) {
+      if (!trainer.resumed()) {
         summary["heldout_loss_before"] = before.loss;
         summary["heldout_accuracy_before"] = before.accuracy;
       }

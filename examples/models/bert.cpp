@@ -248,8 +248,8 @@ Tensor BertForPreTraining::pipeline_loss(const TensorList& outputs, const Tensor
   return F::cross_entropy(outputs[0], outputs[1]);
 }
 
-Tensor BertForPreTraining::masked_lm_loss(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels,
-                                          Tensor* logits, Tensor* targets) {
+TensorList BertForPreTraining::masked_lm_outputs(const Tensor& input_ids, const Tensor& attention_mask,
+                                                const Tensor& labels) {
   if (labels.sizes() != input_ids.sizes()) {
     fail("BertForPreTraining::masked_lm_loss: labels {} must have the shape of input_ids {}", labels.sizes(),
          input_ids.sizes());
@@ -257,11 +257,15 @@ Tensor BertForPreTraining::masked_lm_loss(const Tensor& input_ids, const Tensor&
   Tensor flat = labels.reshape({-1}).contiguous();
   Tensor pos = labelled_positions(flat);
   if (pos.numel() == 0) fail("BertForPreTraining::masked_lm_loss: no position has a label (all are -100)");
-  Tensor out = masked_lm_logits(bert->forward(input_ids, Tensor(), attention_mask), pos);
-  Tensor target = index_select(flat, 0, pos);
-  if (logits) *logits = out;
-  if (targets) *targets = target;
-  return F::cross_entropy(out, target);
+  return {masked_lm_logits(bert->forward(input_ids, Tensor(), attention_mask), pos), index_select(flat, 0, pos)};
+}
+
+Tensor BertForPreTraining::masked_lm_loss(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels,
+                                          Tensor* logits, Tensor* targets) {
+  TensorList out = masked_lm_outputs(input_ids, attention_mask, labels);
+  if (logits) *logits = out[0];
+  if (targets) *targets = out[1];
+  return F::cross_entropy(out[0], out[1]);
 }
 
 }  // namespace chorus::models

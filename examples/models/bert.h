@@ -78,6 +78,9 @@ class BertForPreTraining : public nn::Module {
   Tensor masked_lm_logits(const Tensor& hidden, const Tensor& positions);
   // Mean cross-entropy over the positions whose label is not -100 (labels [B, T]), through
   // masked_lm_logits; the logits come back in *logits when asked (rows in position order).
+  // The logits of the labelled positions [K, vocab] (position order) and their labels [K]: what
+  // the pipeline's head block gives and pipeline_loss takes.
+  TensorList masked_lm_outputs(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels);
   Tensor masked_lm_loss(const Tensor& input_ids, const Tensor& attention_mask, const Tensor& labels,
                         Tensor* logits = nullptr, Tensor* targets = nullptr);
   // Masked-LM pretraining as pipeline blocks (distributed/pipeline/blocks.h), num_hidden_layers + 2

@@ -395,6 +395,27 @@ TEST_CASE("gpt --pipeline-stages 2 (1F1B and interleaved) under chorusrun trains
   }
 }
 
+// Data parallel with --accumulate (examples::Trainer): 2 processes x 2 micro-batches of 2 read the
+// same global batches of 8 as one process, with one gradient reduction per step (DDP's no_sync on
+// the first micro-batch); the losses match one process's (float32, other reduction orders).
+TEST_CASE("gpt --accumulate 2 on 2 processes trains as one process does", "[examples][gpt]") {
+  const std::string gpt = binary("examples/gpt/gpt") + gpt_flags + " --steps 10 --eval-sequences 32";
+  Run alone = run(gpt);
+  INFO(alone.output);
+  REQUIRE(alone.code == 0);
+  Run acc = run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " +
+                std::to_string(chorus::testing::free_port()) + " " + gpt + " --accumulate 2");
+  INFO(acc.output);
+  REQUIRE(acc.code == 0);
+  CHECK(acc.summary["accumulate"] == 2);
+  CHECK(acc.output.find("2 processes x 2 micro-batches x 2") != std::string::npos);
+  for (const char* key : {"first_step_loss", "last_step_loss", "heldout_loss"}) {
+    const double a = alone.summary[key].get<double>(), d = acc.summary[key].get<double>();
+    INFO(key << ": alone " << a << ", accumulated " << d);
+    CHECK(std::abs(a - d) <= 1e-4 * std::abs(a));
+  }
+}
+
 // Sharded by stage (PipelineStage::save_checkpoint): an interrupted pipelined run resumed from its
 // checkpoint writes the uninterrupted run's final stage files and manifest byte for byte.
 TEST_CASE("gpt and bert pipelined: a resumed run ends with the uninterrupted run's checkpoint bytes",

@@ -1,0 +1,226 @@
+#include "examples/common/trainer.h"
+
+#include <filesystem>
+#include <numeric>
+
+#include "data/mnist.h"
+
+namespace chorus::examples {
+
+namespace pp = distributed::pipeline;
+
+std::string CommonFlags::data_root() const { return data_dir.empty() ? data::default_data_dir() : data_dir; }
+
+void add_common_options(CLI::App& app, CommonFlags& f, const std::string& data_holds) {
+  add_device_option(app, f.device);
+  app.add_option("--threads", f.threads, "CPU threads per process (default: OMP_NUM_THREADS or all cores)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--data-dir", f.data_dir,
+                 fmt::format("folder holding {} (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)", data_holds));
+  add_amp_option(app, f.amp);
+  app.add_option("--checkpoint-dir", f.checkpoint_dir,
+                 "write checkpoints here (checkpoint.safetensors; pipelined, a folder of stage files and "
+                 "pipeline-checkpoint.json)");
+  add_resume_option(app, f.resume);
+  app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration (this run's third step) to this file");
+  app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
+  add_pipeline_options(app, f.pipeline);
+}
+
+Job join_job(TrainerOptions& o) {
+  const CommonFlags& f = o.flags;
+  if (f.threads > 0) set_num_threads(f.threads);
+  if (f.resume != "no" && f.checkpoint_dir.empty()) fail("{}: --resume needs --checkpoint-dir", o.program);
+  o.device = training_device(f.device);
+  Job job = Job::join(o.device);
+  if (f.pipeline.enabled()) {
+    if (o.accumulate != 1) {
+      fail("{}: --accumulate {} with a pipeline; its --micro-batches replace it", o.program, o.accumulate);
+    }
+    join_pipeline(o.program, f.amp, job);
+  } else if (o.global_batch % (job.world * o.accumulate) != 0) {
+    fail("{}: --batch-size {} must be divisible by {} processes x --accumulate {}", o.program, o.global_batch, job.world,
+         o.accumulate);
+  }
+  return job;
+}
+
+int64_t micro_batch_size(const TrainerOptions& o, const Job& job) {
+  return o.flags.pipeline.enabled() ? o.global_batch : o.global_batch / (job.world * o.accumulate);
+}
+
+std::shared_ptr<data::DistributedSampler> training_sampler(const TrainerOptions& o, const Job& job, int64_t size,
+                                                           uint64_t seed) {
+  const bool whole = o.flags.pipeline.enabled();
+  return std::make_shared<data::DistributedSampler>(size, whole ? 1 : job.world, whole ? 0 : job.rank, true, seed);
+}
+
+void Trainer::make_stage(pp::BlockModel blocks) {
+  PipelinedModel piped = make_pipelined_model(o_.program, o_.flags.pipeline, o_.flags.amp, std::move(blocks), job_,
+                                              o_.global_batch, o_.eval_sequences, o_.max_grad_norm);
+  plan_ = std::move(piped.plan);
+  stage_ = std::move(piped.stage);
+  amp_ = std::make_unique<MixedPrecision>(o_.flags.amp, o_.device.type);  // the stages apply bf16 themselves
+  if (!o_.flags.checkpoint_dir.empty()) checkpoint_path_ = pp::pipeline_checkpoint_manifest(o_.flags.checkpoint_dir);
+}
+
+void Trainer::make_data_parallel(std::shared_ptr<nn::Module> model) {
+  model_ = std::move(model);
+  if (job_.group) ddp_ = std::make_shared<distributed::DistributedDataParallel>(model_, job_.group, o_.ddp);
+  amp_ = std::make_unique<MixedPrecision>(o_.flags.amp, o_.device.type);
+  if (!o_.flags.checkpoint_dir.empty()) checkpoint_path_ = o_.flags.checkpoint_dir + "/checkpoint.safetensors";
+}
+
+std::vector<Tensor> Trainer::parameters() const { return stage_ ? stage_->parameters() : model_->parameters(); }
+
+nn::NamedTensors Trainer::named_parameters() const {
+  return stage_ ? stage_->named_parameters() : model_->named_parameters();
+}
+
+int64_t Trainer::start(optim::Optimizer& optimizer, optim::LRScheduler* scheduler) {
+  optimizer_ = &optimizer;
+  scheduler_ = scheduler;
+  if (scheduler == nullptr && !checkpoint_path_.empty()) {
+    fail("{}: Trainer::start without a scheduler, but checkpoints hold one (--checkpoint-dir)", o_.program);
+  }
+  resumed_ = should_resume(o_.flags.resume, checkpoint_path_);
+  int64_t step = 0;
+  if (resumed_) {
+    step = stage_ ? stage_->load_checkpoint(o_.flags.checkpoint_dir, optimizer, scheduler, o_.identity).step
+                  : load_checkpoint(checkpoint_path_, *model_, optimizer, *scheduler, o_.identity, amp_->scaler()).step;
+    job_.log(fmt::format("resumed from {} at step {}", checkpoint_path_, step));
+  }
+  if (!stage_ && !checkpoint_path_.empty() && job_.rank == 0) std::filesystem::create_directories(o_.flags.checkpoint_dir);
+  return step;
+}
+
+Lists Trainer::on_device(const Lists& batch) const {
+  Lists out;
+  for (const Tensor& t : batch.inputs) out.inputs.push_back(t.to(o_.device));
+  for (const Tensor& t : batch.targets) out.targets.push_back(t.to(o_.device));
+  return out;
+}
+
+double Trainer::step(const std::vector<Lists>& micro_batches) {
+  if (optimizer_ == nullptr) fail("{}: Trainer::step before Trainer::start (which takes the optimizer)", o_.program);
+  const int64_t n = static_cast<int64_t>(micro_batches.size());
+  double loss_value = 0;
+  if (stage_) {
+    if (n != 1) fail("{}: a pipelined step takes one global batch, got {} micro-batches", o_.program, n);
+    // Forward, backward, the replicas' and tied gradients' sums, clipping and the step.
+    loss_value = stage_->train_step(micro_batches[0].inputs, micro_batches[0].targets, task_.loss, *optimizer_).loss;
+  } else {
+    if (n != o_.accumulate) fail("{}: a step takes {} micro-batches (--accumulate), got {}", o_.program, o_.accumulate, n);
+    optimizer_->zero_grad();
+    for (int64_t i = 0; i < n; ++i) {
+      const Lists batch = on_device(micro_batches[static_cast<size_t>(i)]);
+      auto call = [&] {
+        auto scope = amp_->autocast();
+        return task_.loss(task_.forward(batch.inputs), batch.targets);
+      };
+      auto run = [&] {
+        const Tensor loss = ddp_ ? ddp_->forward(call) : call();
+        amp_->backward(n == 1 ? loss : loss / static_cast<double>(n));
+        loss_value += loss.item<double>() / static_cast<double>(n);
+      };
+      if (ddp_ && i + 1 < n) {  // gradients are reduced once, with the last micro-batch
+        auto no_sync = ddp_->no_sync();
+        run();
+      } else {
+        run();
+      }
+    }
+    if (o_.max_grad_norm > 0) {
+      amp_->unscale(*optimizer_);
+      optim::clip_grad_norm_(model_->parameters(), o_.max_grad_norm);
+    }
+    amp_->step(*optimizer_);
+    if (ddp_) {  // the global batch's mean, as a pipeline reports it (not rank 0's share alone)
+      Tensor t = tensor<double>({loss_value});
+      job_.group->allreduce({t})->wait();
+      loss_value = t.item<double>() / job_.world;
+    }
+  }
+  if (++steps_run_ == 3) write_trace(ddp_.get(), o_.flags.trace, job_);
+  return loss_value;
+}
+
+std::optional<double> Trainer::feed(Lists micro_batch) {
+  pending_.push_back(std::move(micro_batch));
+  if (static_cast<int64_t>(pending_.size()) < micro_batches_per_step()) return std::nullopt;
+  std::vector<Lists> batches = std::move(pending_);
+  pending_.clear();
+  return step(batches);
+}
+
+void Trainer::save(int64_t epochs_done, int64_t step, const nn::Metadata& extra) {
+  if (checkpoint_path_.empty()) return;
+  if (optimizer_ == nullptr) fail("{}: Trainer::save before Trainer::start (which takes the optimizer)", o_.program);
+  nn::Metadata all = o_.identity;
+  all["amp"] = o_.flags.amp;
+  for (const auto& [key, value] : extra) all[key] = value;
+  if (stage_) {  // every rank takes part; each stage's first replica writes its file
+    stage_->save_checkpoint(o_.flags.checkpoint_dir, *optimizer_, scheduler_, epochs_done, step, all);
+  } else if (job_.rank == 0) {
+    save_checkpoint(checkpoint_path_, *model_, *optimizer_, *scheduler_, epochs_done, step, all, amp_->scaler());
+  }
+  job_.log(fmt::format("saved {} at step {}", checkpoint_path_, step));
+}
+
+std::vector<double> Trainer::evaluate(const data::Dataset& dataset, int64_t limit, int64_t batch, size_t width,
+                                      const std::function<Lists(const data::Batch&)>& lists,
+                                      const std::function<std::vector<double>(const TensorList&, const TensorList&)>& stats) {
+  const int64_t n = limit > 0 ? std::min(limit, dataset.size()) : dataset.size();
+  std::vector<double> sums(width, 0.0);
+  auto add = [&](const std::vector<double>& s) {
+    if (s.size() != width) fail("{}: evaluation statistics of {} values, expected {}", o_.program, s.size(), width);
+    for (size_t i = 0; i < width; ++i) sums[i] += s[i];
+  };
+  if (stage_) {
+    const int64_t global = plan_.global_batch;
+    auto counting = [&](const TensorList& outputs, const TensorList& targets) {
+      add(stats(outputs, targets));
+      return task_.loss(outputs, targets);
+    };
+    for (int64_t start = 0; start + global <= n; start += global) {
+      std::vector<int64_t> rows(static_cast<size_t>(global));
+      std::iota(rows.begin(), rows.end(), start);
+      const Lists b = lists(dataset.get_batch(rows));
+      stage_->eval_step(b.inputs, b.targets, counting);
+    }
+  } else {
+    NoGradGuard no_grad;
+    model_->eval();
+    std::vector<int64_t> mine;
+    for (int64_t i = job_.rank; i < n; i += job_.world) mine.push_back(i);
+    for (size_t start = 0; start < mine.size(); start += static_cast<size_t>(batch)) {
+      std::vector<int64_t> chunk(mine.begin() + start, mine.begin() + std::min(mine.size(), start + batch));
+      const Lists b = on_device(lists(dataset.get_batch(chunk)));
+      add(stats(task_.forward(b.inputs), b.targets));
+    }
+    model_->train();
+  }
+  if (job_.group && width > 0) {
+    Tensor t = tensor<double>(sums);
+    job_.group->allreduce({t})->wait();
+    const double* p = t.data_ptr<double>();
+    sums.assign(p, p + width);
+  }
+  return sums;
+}
+
+nlohmann::json Trainer::summary() const {
+  nlohmann::json s = {{"amp", o_.flags.amp},
+                      {"skipped_steps", amp_->skipped_steps()},
+                      {"loss_scale", amp_->scaler() ? amp_->scaler()->get_scale() : 1.0},
+                      {"device", o_.device.str()},
+                      {"world_size", job_.world},
+                      {"threads_per_process", get_num_threads()}};
+  if (stage_) {
+    s["pipeline"] = describe(plan_);
+    s["recompute"] = o_.flags.pipeline.recompute;
+  }
+  return s;
+}
+
+}  // namespace chorus::examples
