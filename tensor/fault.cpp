@@ -15,6 +15,8 @@ const char* name(Point p) {
     case Point::kAllocatorRecordStream: return "allocator_record_stream";
     case Point::kCallerStream: return "caller_stream";
     case Point::kTiedGradientSum: return "tied_gradient_sum";
+    case Point::kFsdpGatherWait: return "fsdp_gather_wait";
+    case Point::kFsdpPreBackwardGather: return "fsdp_pre_backward_gather";
     case Point::kCount: break;
   }
   return "?";

@@ -13,6 +13,8 @@ enum class Point : int {
   kAllocatorRecordStream,   // the caching allocator's deferred reuse of blocks used on other streams
   kCallerStream,            // ready recorded on, end waited from, the caller's current stream (not the default)
   kTiedGradientSum,         // a pipeline sums tied parameters' gradients over their stages (pipeline)
+  kFsdpGatherWait,          // FSDP waits for a unit's all-gather before copying it out (fsdp)
+  kFsdpPreBackwardGather,   // FSDP full_shard gathers a unit again before its backward (fsdp)
   kCount
 };
 const char* name(Point p);

@@ -163,14 +163,31 @@ StorageImpl::StorageImpl(void* data, size_t nbytes, Device device, std::function
 
 StorageImpl::~StorageImpl() {
   if (owned_) {
-    allocator_for(device_)->deallocate(data_, device_);
-    if (device_.is_cpu()) {
-      g_cpu_allocated.fetch_sub(nbytes_, std::memory_order_relaxed);
-      t_cpu_net_bytes -= static_cast<long long>(nbytes_);
-    }
+    if (data_ != nullptr) free_owned();
   } else if (deleter_) {
     deleter_(data_);
   }
+}
+
+void StorageImpl::free_owned() {
+  allocator_for(device_)->deallocate(data_, device_);
+  if (device_.is_cpu()) {
+    g_cpu_allocated.fetch_sub(nbytes_, std::memory_order_relaxed);
+    t_cpu_net_bytes -= static_cast<long long>(nbytes_);
+  }
+  data_ = nullptr;
+}
+
+void StorageImpl::release() {
+  if (!owned_) fail("Storage::release: the storage does not own its memory (from_blob); only owning storage can be released");
+  if (data_ != nullptr && nbytes_ > 0) free_owned();
+}
+
+void StorageImpl::reallocate() {
+  if (!owned_) fail("Storage::reallocate: the storage does not own its memory (from_blob)");
+  if (data_ != nullptr || nbytes_ == 0) return;
+  data_ = allocator_for(device_)->allocate(nbytes_, device_);
+  if (device_.is_cpu()) count_cpu_allocation(nbytes_);
 }
 
 }  // namespace chorus

@@ -39,11 +39,23 @@ class StorageImpl {
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
 
+  // [Releasable storage] Frees the memory of owning storage and keeps the object (and so every
+  // tensor and saved tensor on it, and its version): data() is null until reallocate() gives it
+  // memory of the same size again, with unspecified contents. What FullyShardedDataParallel does
+  // with a unit's gathered parameters between uses (PyTorch's storage resize to 0); any other use
+  // of a tensor while its storage is released is a bug of its owner. On a device the memory goes
+  // back to the caching allocator as a destructor's would (stream-ordered). Both refuse
+  // non-owning storage; releasing twice or reallocating held memory does nothing.
+  void release();
+  void reallocate();
+  bool is_released() const { return owned_ && data_ == nullptr && nbytes_ > 0; }
+
   // Incremented by every in-place write; saved tensors compare it at backward time.
   uint32_t version() const { return version_.load(std::memory_order_relaxed); }
   void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
 
  private:
+  void free_owned();
   void* data_ = nullptr;
   size_t nbytes_ = 0;
   Device device_;

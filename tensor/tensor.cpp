@@ -70,6 +70,13 @@ MemoryFormat Tensor::suggest_memory_format() const {
 }
 bool Tensor::is_floating_point() const { return is_floating(dtype()); }
 const Storage& Tensor::storage() const { return checked(impl_, "storage").storage(); }
+void TensorImpl::released_storage_error() const {
+  fail("a tensor of shape {} on {} was used while its storage is released (its memory freed between uses, as "
+       "FullyShardedDataParallel does with a unit's gathered parameters); use it inside the wrapper's forward and "
+       "backward, or read the parameters through full_state_dict()",
+       shape_str(sizes_), device().str());
+}
+
 void* Tensor::raw_data_ptr() const { return checked(impl_, "data_ptr").data(); }
 
 void Tensor::check_dtype_for_access(DType requested, const char* what) const {

@@ -337,13 +337,17 @@ class TensorImpl {
   int64_t numel() const { return numel_; }
   bool is_contiguous() const { return is_contiguous_; }
   void* data() const {
-    return static_cast<char*>(storage_->data()) + storage_offset_ * static_cast<int64_t>(element_size(dtype_));
+    void* base = storage_->data();
+    if (base == nullptr && storage_->is_released()) [[unlikely]] released_storage_error();
+    return static_cast<char*>(base) + storage_offset_ * static_cast<int64_t>(element_size(dtype_));
   }
 
   AutogradMeta* autograd_meta() const { return autograd_.get(); }
   AutogradMeta& ensure_autograd_meta();
   void reset_autograd_meta() { autograd_.reset(); }
 
+  // A chorus::Error: the tensor's storage is released (Storage::release).
+  [[noreturn]] void released_storage_error() const;
   void set_data(const TensorImpl& other) {
     storage_ = other.storage_;
     dtype_ = other.dtype_;

@@ -1,0 +1,126 @@
+// FullyShardedDataParallel: ZeRO stages 2 and 3 (Rajbhandari et al., SC 2020) with PyTorch FSDP's
+// names (docs/sharding.md). The model is given as blocks (distributed/pipeline/blocks.h: GPT's,
+// BERT's and ResNet's pipeline_blocks(), or blocks_of(a Sequential)); each block is a unit whose
+// parameters live as one flat parameter per unit, cut into equal shards, one per rank:
+//
+//   FullyShardedDataParallel fsdp(model->pipeline_blocks(), group, {.sharding_strategy = ShardingStrategy::FullShard});
+//   optim::AdamW opt(fsdp.parameters(), {...});       // the shards: each rank steps its own
+//   opt.zero_grad();
+//   Tensor loss = loss_fn(fsdp.forward({x})[0], y);   // the blocks in order, gathered as they run
+//   loss.backward();                                   // gradients reduce-scattered into the shards
+//   fsdp.clip_grad_norm_(1.0);                         // the whole model's norm
+//   opt.step();
+//
+// - FullShard (ZeRO-3): a unit's parameters are all-gathered before its forward and freed after
+//   it, all-gathered again before its backward (a hook on the block's outputs) and freed once its
+//   gradients are reduce-scattered; the next unit's all-gather is issued before the current one
+//   runs (prefetch), forward and backward. The last block stays gathered into its backward.
+// - ShardGradOp (ZeRO-2): a unit stays gathered from its forward to the end of backward.
+// - Either way gradients are reduce-scattered per flat parameter as soon as all of its parameters'
+//   gradients have been accumulated (overlapping the rest of backward, in a fixed order on every
+//   rank), each rank keeping the average over ranks of its shard; the full gradients are dropped.
+// - Parameters that several blocks own (GPT's and BERT's tied word embedding) and those no block
+//   owns form the root unit: gathered at the start of forward, resharded after backward.
+// - Buffers are not sharded: every rank keeps its own (copied from rank 0 at construction).
+// - Memory between steps: each rank holds 1/N of the parameters (padded to a multiple of N), of
+//   the gradients and of the optimizer state (the optimizer sees only shards).
+// - Every rank must run the same blocks in forward and backward (no rank-dependent control flow
+//   over units): the collectives are issued in the same order on all ranks.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distributed/pipeline/blocks.h"
+#include "distributed/process_group.h"
+
+namespace chorus::distributed {
+
+enum class ShardingStrategy { FullShard, ShardGradOp };
+const char* sharding_strategy_name(ShardingStrategy s);
+// "full_shard" / "shard_grad_op" (PyTorch's names, lower case); a chorus::Error for others.
+ShardingStrategy parse_sharding_strategy(const std::string& name);
+
+struct FSDPOptions {
+  ShardingStrategy sharding_strategy = ShardingStrategy::FullShard;
+  // Issue the next unit's all-gather before the current unit computes (forward and backward).
+  bool prefetch = true;
+  // Splits each unit's parameters into several flat parameters, one per key (e.g. "decay" for
+  // matrices and "no_decay" for biases and norms, so an optimizer can give them their own groups:
+  // parameters(key)); called with each parameter's whole-model name. Default: one key, "".
+  std::function<std::string(const std::string& name, const Tensor& parameter)> flat_group;
+};
+
+class FullyShardedDataParallel {
+ public:
+  // Copies every parameter and buffer from rank 0 (one broadcast each), then shards the
+  // parameters: the model's parameter tensors become views of their unit's gathered buffer, whose
+  // memory is freed between uses. Every rank must pass the same model (checked: unit names,
+  // parameter names and sizes); all parameters must require gradients and share one device.
+  FullyShardedDataParallel(pipeline::BlockModel model, std::shared_ptr<ProcessGroup> group, FSDPOptions options = {});
+  ~FullyShardedDataParallel();
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+
+  // The blocks in order from `inputs` (the first block's) to the last block's outputs.
+  TensorList forward(const TensorList& inputs);
+
+  // The shards the optimizer steps (1-D, each rank's own), all or those of one flat_group key.
+  std::vector<Tensor> parameters() const;
+  std::vector<Tensor> parameters(const std::string& key) const;
+  // "<unit>" or "<unit>[<key>]" -> shard.
+  nn::NamedTensors named_parameters() const;
+
+  // Clips the gradients of all shards by the whole model's 2-norm (one allreduce of a scalar) as
+  // optim::clip_grad_norm_ does for one process; returns the norm before clipping.
+  double clip_grad_norm_(double max_norm);
+
+  // The whole model's state dict (parameters and this rank's buffers) on the CPU, names and order
+  // as model->state_dict(). A collective: every rank calls it and gets the same.
+  nn::NamedTensors full_state_dict();
+  // Loads a whole model's state dict (as full_state_dict gives, or a one-process model's) into the
+  // shards and buffers; every entry of the model must be present with its shape. Every rank calls
+  // it with the same values.
+  void load_full_state_dict(const nn::NamedTensors& state);
+
+  void train(bool on = true) { model_.model->train(on); }
+  void eval() { train(false); }
+  nn::Module& module() { return *model_.model; }
+  ShardingStrategy sharding_strategy() const { return options_.sharding_strategy; }
+
+  // Elements of the whole model's parameters, and of this rank's shards (with padding).
+  int64_t numel() const;
+  int64_t shard_numel() const;
+  // Bytes of the largest unit gathered (what FullShard holds at once beyond the shards, about
+  // twice with prefetch).
+  size_t largest_unit_bytes() const;
+
+ private:
+  struct Flat;
+  struct Unit;
+  void build(const FSDPOptions& options);
+  void start_gather(size_t unit);
+  void finish_gather(size_t unit);
+  void gather(size_t unit);
+  void reshard(size_t unit);
+  void pre_backward(size_t unit);
+  void on_gradient(size_t flat);
+  void launch_ready_reductions();
+  void launch_reduction(size_t flat);
+  void finish_backward();
+  void reset_iteration();
+
+  pipeline::BlockModel model_;
+  std::shared_ptr<ProcessGroup> group_;
+  FSDPOptions options_;
+  std::vector<std::unique_ptr<Flat>> flats_;
+  std::vector<std::unique_ptr<Unit>> units_;  // the root (when it has parameters) first, then one per block
+  std::vector<size_t> reduction_order_;       // flats, last block's first
+  size_t next_reduction_ = 0;
+  bool backward_queued_ = false;
+  std::vector<HookHandle> hooks_;
+};
+
+}  // namespace chorus::distributed

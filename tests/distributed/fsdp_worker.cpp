@@ -1,0 +1,234 @@
+// One process of an FSDP job (fsdp_test starts several, as chorusrun would).
+//
+//   fsdp_worker equivalence <model> <full_shard|shard_grad_op> [cpu|sim:0] [noprefetch] [accumulate]
+//       FullyShardedDataParallel + Adam against DDP + Adam on an identical model, float64: the
+//       losses, the gradient norms and, after 5 steps, every parameter within 1e-10 (relative);
+//       1/N of the elements held per rank; a resharded model's parameters refuse to be read.
+//   fsdp_worker errors
+//       another model on one rank, a frozen parameter, a block owning nothing: errors on every rank.
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "distributed/ddp.h"
+#include "distributed/fsdp.h"
+#include "distributed/init.h"
+#include "examples/models/gpt.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+#include "tensor/ops.h"
+#include "tests/distributed/worker_checks.h"
+
+using namespace chorus;
+using namespace chorus::distributed;
+using chorus::testing::check;
+using chorus::testing::expect_error;
+using chorus::testing::g_failures;
+using chorus::testing::g_rank;
+namespace F = chorus::nn::functional;
+
+namespace {
+
+constexpr int64_t kPerRank = 3, kSeq = 8;
+
+// A model as blocks, its data, its loss on the last block's outputs and on the whole model.
+struct Workload {
+  pipeline::BlockModel blocks;
+  std::shared_ptr<nn::Module> root;
+  std::function<Tensor(const TensorList& outputs, const TensorList& targets)> loss;
+  std::function<Tensor(const TensorList& inputs, const TensorList& targets)> whole_loss;
+  std::function<void(int64_t n, uint64_t seed, TensorList& inputs, TensorList& targets)> data;
+};
+
+Workload make_workload(const std::string& kind) {
+  Workload w;
+  manual_seed(42);
+  if (kind == "gpt") {
+    models::GPTConfig c = models::GPTConfig::named("tiny");
+    auto gpt = std::make_shared<models::GPT2LMHeadModel>(c);
+    gpt->to(kFloat64);
+    w.root = gpt;
+    w.blocks = gpt->pipeline_blocks();
+    w.loss = models::GPT2LMHeadModel::pipeline_loss;
+    w.whole_loss = [gpt](const TensorList& in, const TensorList& tg) { return gpt->loss(in[0], tg[0]); };
+    w.data = [c](int64_t n, uint64_t s, TensorList& in, TensorList& tg) {
+      manual_seed(s);
+      Tensor tokens = randint(0, c.vocab_size, {n, kSeq + 1});
+      in = {tokens.narrow(1, 0, kSeq).contiguous()};
+      tg = {tokens.narrow(1, 1, kSeq).contiguous()};
+    };
+    return w;
+  }
+  auto seq = std::make_shared<nn::Sequential>();
+  if (kind == "mlp") {
+    seq->push_back(std::make_shared<nn::Linear>(10, 24));
+    seq->push_back(std::make_shared<nn::Tanh>());
+    seq->push_back(std::make_shared<nn::Linear>(24, 17));  // 17 x 24 + 17: not a multiple of 2, 3 or 4
+    seq->push_back(std::make_shared<nn::ReLU>());
+    seq->push_back(std::make_shared<nn::Linear>(17, 5));
+  } else if (kind == "transformer") {
+    nn::TransformerEncoderLayerOptions o;
+    o.dim_feedforward = 16;
+    o.dropout = 0.0;
+    o.batch_first = true;
+    seq->push_back(std::make_shared<nn::TransformerEncoderLayer>(8, 2, o));
+    seq->push_back(std::make_shared<nn::TransformerEncoderLayer>(8, 2, o));
+    seq->push_back(std::make_shared<nn::Flatten>());
+    seq->push_back(std::make_shared<nn::Linear>(4 * 8, 5));
+  } else {
+    fail("fsdp_worker: unknown model '{}'", kind);
+  }
+  seq->to(kFloat64);
+  w.root = seq;
+  w.blocks = pipeline::blocks_of(seq);
+  w.loss = [](const TensorList& out, const TensorList& tg) { return F::cross_entropy(out[0], tg[0]); };
+  w.whole_loss = [seq](const TensorList& in, const TensorList& tg) { return F::cross_entropy(seq->forward(in[0]), tg[0]); };
+  w.data = [kind](int64_t n, uint64_t s, TensorList& in, TensorList& tg) {
+    manual_seed(s);
+    in = {kind == "transformer" ? randn({n, 4, 8}, {.dtype = kFloat64}) : randn({n, 10}, {.dtype = kFloat64})};
+    tg = {randint(0, 5, {n})};
+  };
+  return w;
+}
+
+double relative_difference(const Tensor& a, const Tensor& b) {
+  const double scale = std::max(b.abs().max().item<double>(), 1e-300);
+  return (a - b).abs().max().item<double>() / scale;
+}
+
+void scenario_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string& kind, const std::string& strategy,
+                          Device device, bool prefetch, int accumulate) {
+  const int rank = pg->rank(), world = pg->size();
+  const std::string what = fmt::format("{} {} on {} (world {}{}{})", kind, strategy, device.str(), world,
+                                       prefetch ? "" : ", no prefetch", accumulate > 1 ? ", accumulating" : "");
+  Workload mine = make_workload(kind), ref = make_workload(kind);
+  mine.root->to(device);
+  ref.root->to(device);
+  FSDPOptions options;
+  options.sharding_strategy = parse_sharding_strategy(strategy);
+  options.prefetch = prefetch;
+  // Matrices and the rest in flat parameters of their own, as a weight-decay split would.
+  options.flat_group = [](const std::string&, const Tensor& p) { return p.dim() >= 2 ? "matrix" : "other"; };
+  FullyShardedDataParallel fsdp(mine.blocks, pg, options);
+  auto ddp = std::make_shared<DistributedDataParallel>(ref.root, pg);
+  // eps 1e-4, not 1e-8: the attention's key bias has a gradient of exactly zero in exact
+  // arithmetic (softmax ignores a constant added to every score), so both sides hold rounding
+  // noise of ~1e-17 there, which Adam with eps 1e-8 would blow up to steps of +-lr in either
+  // direction (1e-6 still left 2e-10); 1e-4 keeps that noise far below the tolerance.
+  const optim::AdamOptions adam{.lr = 0.01, .eps = 1e-4, .weight_decay = 0.01};
+  optim::Adam opt(fsdp.parameters(), adam);
+  optim::Adam ref_opt(ref.root->parameters(), adam);
+  double worst_loss = 0, worst_norm = 0;
+  for (int step = 0; step < 5; ++step) {
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    for (int a = 0; a < accumulate; ++a) {
+      TensorList in, tg;
+      mine.data(kPerRank * world, 100 + 10 * step + a, in, tg);
+      for (Tensor& t : in) t = t.narrow(0, rank * kPerRank, kPerRank).to(device);
+      for (Tensor& t : tg) t = t.narrow(0, rank * kPerRank, kPerRank).to(device);
+      Tensor loss = mine.loss(fsdp.forward(in), tg);
+      Tensor ref_loss = ddp->forward([&] { return ref.whole_loss(in, tg); });
+      loss.backward();
+      ref_loss.backward();
+      worst_loss = std::max(worst_loss, std::abs(loss.item<double>() - ref_loss.item<double>()));
+    }
+    const double norm = fsdp.clip_grad_norm_(0.05), ref_norm = optim::clip_grad_norm_(ref.root->parameters(), 0.05);
+    worst_norm = std::max(worst_norm, std::abs(norm - ref_norm) / ref_norm);
+    check(norm > 0.05, what + fmt::format(": gradient norm {} not above the clipping bound (clipping untested)", norm));
+    opt.step();
+    ref_opt.step();
+  }
+  check(worst_loss <= 1e-12, what + fmt::format(": losses differ from DDP's by up to {}", worst_loss));
+  check(worst_norm <= 1e-10, what + fmt::format(": gradient norms differ from DDP's by up to {} (relative)", worst_norm));
+  const nn::NamedTensors got = fsdp.full_state_dict(), want = ref.root->state_dict();
+  check(got.size() == want.size(), what + fmt::format(": {} state entries, DDP's model {}", got.size(), want.size()));
+  double worst = 0;
+  std::string worst_name;
+  for (size_t i = 0; i < std::min(got.size(), want.size()); ++i) {
+    check(got[i].first == want[i].first, what + fmt::format(": entry {} is '{}', expected '{}'", i, got[i].first, want[i].first));
+    const double d = relative_difference(got[i].second, want[i].second.cpu());
+    if (d > worst) {
+      worst = d;
+      worst_name = got[i].first;
+    }
+  }
+  check(worst <= 1e-10, what + fmt::format(": '{}' differs from DDP + Adam's by {} (relative)", worst_name, worst));
+  // Sharded: each rank steps ceil(n / world) elements per flat parameter.
+  const int64_t flats = static_cast<int64_t>(fsdp.parameters().size());
+  check(fsdp.shard_numel() * world >= fsdp.numel() && fsdp.shard_numel() * world < fsdp.numel() + flats * world,
+        what + fmt::format(": {} elements per rank for {} in all", fsdp.shard_numel(), fsdp.numel()));
+  std::printf("rank %d: %s: losses within %.2e, norms within %.2e, parameters within %.2e; %lld of %lld elements here\n",
+              rank, what.c_str(), worst_loss, worst_norm, worst, static_cast<long long>(fsdp.shard_numel()),
+              static_cast<long long>(fsdp.numel()));
+  // Between steps the model's own parameters hold no memory: reading one is a clear error.
+  expect_error([&] { (void)mine.root->parameters().front().sum().item<double>(); }, {"storage is released"},
+               what + ": a resharded parameter read outside forward");
+}
+
+void scenario_errors(const std::shared_ptr<ProcessGroup>& pg) {
+  {
+    Workload w = make_workload("mlp");
+    if (pg->rank() == 1) {
+      auto seq = std::static_pointer_cast<nn::Sequential>(w.root);
+      seq->push_back(std::make_shared<nn::Linear>(5, 5));
+      w.blocks = pipeline::blocks_of(seq);
+    }
+    expect_error([&] { FullyShardedDataParallel f(w.blocks, pg); }, {"rank(s) 1 wrap other blocks", "same model"},
+                 "another model on rank 1");
+  }
+  {
+    Workload w = make_workload("mlp");
+    w.root->named_parameters().front().second.requires_grad_(false);
+    expect_error([&] { FullyShardedDataParallel f(w.blocks, pg); }, {"'0.weight' does not require gradients"},
+                 "a frozen parameter");
+  }
+  {
+    Workload w = make_workload("mlp");
+    w.blocks.blocks[1].owns = {"9"};
+    expect_error([&] { FullyShardedDataParallel f(w.blocks, pg); }, {"block '1' owns '9', which is neither"},
+                 "a block owning nothing of the model");
+  }
+  expect_error([] { parse_sharding_strategy("zero3"); }, {"unknown sharding strategy 'zero3'", "full_shard"},
+               "an unknown strategy");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: fsdp_worker <scenario> [args]\n");
+    return 2;
+  }
+  const std::string scenario = argv[1];
+  try {
+    InitOptions init;
+    init.timeout = std::chrono::milliseconds(60000);
+    auto pg = init_process_group(init);
+    g_rank = pg->rank();
+    if (scenario == "equivalence" && argc >= 4) {
+      Device device = kCPU;
+      bool prefetch = true;
+      int accumulate = 1;
+      for (int i = 4; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "noprefetch") prefetch = false;
+        else if (a == "accumulate") accumulate = 2;
+        else device = Device::parse(a);
+      }
+      scenario_equivalence(pg, argv[2], argv[3], device, prefetch, accumulate);
+    } else if (scenario == "errors") {
+      scenario_errors(pg);
+    } else {
+      std::fprintf(stderr, "fsdp_worker: unknown scenario %s\n", scenario.c_str());
+      return 2;
+    }
+    pg->barrier()->wait();  // rank 0 hosts the store: nobody leaves before everyone is done
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: unexpected error in %s: %s\n", g_rank, scenario.c_str(), e.what());
+    std::fflush(stderr);
+    ::_exit(1);
+  }
+  destroy_process_group();
+  return g_failures == 0 ? 0 : 1;
+}
