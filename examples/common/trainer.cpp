@@ -18,12 +18,21 @@ void add_common_options(CLI::App& app, CommonFlags& f, const std::string& data_h
   app.add_option("--data-dir", f.data_dir,
                  fmt::format("folder holding {} (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)", data_holds));
   add_amp_option(app, f.amp);
+  app.add_option("--sharding", f.sharding,
+                 "data parallel with sharded parameters, gradients and optimizer state (FullyShardedDataParallel: "
+                 "shard_grad_op is ZeRO-2, full_shard ZeRO-3), or none (DDP)")
+      ->check(CLI::IsMember({"none", "shard_grad_op", "full_shard"}));
   app.add_option("--checkpoint-dir", f.checkpoint_dir,
                  "write checkpoints here (checkpoint.safetensors; pipelined, a folder of stage files and "
                  "pipeline-checkpoint.json)");
   add_resume_option(app, f.resume);
   app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration (this run's third step) to this file");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
+  app.add_option("--powersgd-rank", f.powersgd_rank,
+                 "data parallel: compress gradients with PowerSGD of this rank (DDP communication hook; 0: off)")
+      ->check(CLI::Range(0, 1024));
+  app.add_option("--powersgd-start", f.powersgd_start, "PowerSGD: plain allreduce for the first N iterations")
+      ->check(CLI::NonNegativeNumber);
   add_pipeline_options(app, f.pipeline);
 }
 
@@ -37,8 +46,18 @@ Job join_job(TrainerOptions& o) {
     if (o.accumulate != 1) {
       fail("{}: --accumulate {} with a pipeline; its --micro-batches replace it", o.program, o.accumulate);
     }
+    if (f.powersgd_rank > 0) fail("{}: --powersgd-rank compresses DDP's gradients; a pipeline takes none", o.program);
+    if (f.sharding != "none") fail("{}: --sharding {} with a pipeline; choose one", o.program, f.sharding);
     join_pipeline(o.program, f.amp, job);
-  } else if (o.global_batch % (job.world * o.accumulate) != 0) {
+  } else if (f.sharding != "none" && !f.checkpoint_dir.empty()) {
+    fail("{}: --sharding {} with --checkpoint-dir: sharded checkpoints are not built yet", o.program, f.sharding);
+  } else if (f.sharding != "none" && f.amp == "fp16") {
+    fail("{}: --sharding {} with --amp fp16: one loss scale over the shards is not built; use --amp bf16", o.program,
+         f.sharding);
+  } else if (f.sharding != "none" && f.powersgd_rank > 0) {
+    fail("{}: --powersgd-rank compresses DDP's allreduce; --sharding {} reduce-scatters instead", o.program, f.sharding);
+  }
+  if (!f.pipeline.enabled() && o.global_batch % (job.world * o.accumulate) != 0) {
     fail("{}: --batch-size {} must be divisible by {} processes x --accumulate {}", o.program, o.global_batch, job.world,
          o.accumulate);
   }
@@ -64,17 +83,50 @@ void Trainer::make_stage(pp::BlockModel blocks) {
   if (!o_.flags.checkpoint_dir.empty()) checkpoint_path_ = pp::pipeline_checkpoint_manifest(o_.flags.checkpoint_dir);
 }
 
+void Trainer::make_sharded(pp::BlockModel blocks) {
+  distributed::FSDPOptions options;
+  options.sharding_strategy = distributed::parse_sharding_strategy(o_.flags.sharding);
+  options.flat_group = o_.param_group;
+  fsdp_ = std::make_unique<distributed::FullyShardedDataParallel>(std::move(blocks), pipeline_group(job_), options);
+  amp_ = std::make_unique<MixedPrecision>(o_.flags.amp, o_.device.type);
+  job_.log(fmt::format("sharding: {} over {} processes, {} of {} parameter elements on each", o_.flags.sharding, job_.world,
+                       fsdp_->shard_numel(), fsdp_->numel()));
+}
+
 void Trainer::make_data_parallel(std::shared_ptr<nn::Module> model) {
   model_ = std::move(model);
   if (job_.group) ddp_ = std::make_shared<distributed::DistributedDataParallel>(model_, job_.group, o_.ddp);
+  if (ddp_ && o_.flags.powersgd_rank > 0) {
+    powersgd_ = std::make_shared<distributed::PowerSGDState>();
+    powersgd_->matrix_approximation_rank = o_.flags.powersgd_rank;
+    powersgd_->start_powerSGD_iter = o_.flags.powersgd_start;
+    ddp_->register_comm_hook(distributed::powerSGD_hook(powersgd_));
+  }
   amp_ = std::make_unique<MixedPrecision>(o_.flags.amp, o_.device.type);
   if (!o_.flags.checkpoint_dir.empty()) checkpoint_path_ = o_.flags.checkpoint_dir + "/checkpoint.safetensors";
 }
 
-std::vector<Tensor> Trainer::parameters() const { return stage_ ? stage_->parameters() : model_->parameters(); }
+std::vector<Tensor> Trainer::parameters() const {
+  return stage_ ? stage_->parameters() : fsdp_ ? fsdp_->parameters() : model_->parameters();
+}
+
+std::vector<Tensor> Trainer::parameters(const std::string& key) const {
+  if (!o_.param_group) fail("{}: Trainer::parameters(\"{}\") without a param_group in the options", o_.program, key);
+  if (fsdp_) return fsdp_->parameters(key);
+  std::vector<Tensor> out;
+  for (const auto& [name, p] : named_parameters())
+    if (o_.param_group(name, p) == key) out.push_back(p);
+  return out;
+}
 
 nn::NamedTensors Trainer::named_parameters() const {
-  return stage_ ? stage_->named_parameters() : model_->named_parameters();
+  return stage_ ? stage_->named_parameters() : fsdp_ ? fsdp_->named_parameters() : model_->named_parameters();
+}
+
+nn::NamedTensors Trainer::whole_state_dict() {
+  if (stage_) return stage_->gather_state_dict(0);
+  if (fsdp_) return fsdp_->full_state_dict();
+  return model_->state_dict();
 }
 
 int64_t Trainer::start(optim::Optimizer& optimizer, optim::LRScheduler* scheduler) {
@@ -116,7 +168,7 @@ double Trainer::step(const std::vector<Lists>& micro_batches) {
       const Lists batch = on_device(micro_batches[static_cast<size_t>(i)]);
       auto call = [&] {
         auto scope = amp_->autocast();
-        return task_.loss(task_.forward(batch.inputs), batch.targets);
+        return task_.loss(fsdp_ ? fsdp_->forward(batch.inputs) : task_.forward(batch.inputs), batch.targets);
       };
       auto run = [&] {
         const Tensor loss = ddp_ ? ddp_->forward(call) : call();
@@ -132,10 +184,11 @@ double Trainer::step(const std::vector<Lists>& micro_batches) {
     }
     if (o_.max_grad_norm > 0) {
       amp_->unscale(*optimizer_);
-      optim::clip_grad_norm_(model_->parameters(), o_.max_grad_norm);
+      if (fsdp_) fsdp_->clip_grad_norm_(o_.max_grad_norm);  // the whole model's norm over the shards
+      else optim::clip_grad_norm_(model_->parameters(), o_.max_grad_norm);
     }
     amp_->step(*optimizer_);
-    if (ddp_) {  // the global batch's mean, as a pipeline reports it (not rank 0's share alone)
+    if (job_.group && job_.world > 1) {  // the global batch's mean, as a pipeline reports it (not rank 0's share alone)
       Tensor t = tensor<double>({loss_value});
       job_.group->allreduce({t})->wait();
       loss_value = t.item<double>() / job_.world;
@@ -190,15 +243,16 @@ std::vector<double> Trainer::evaluate(const data::Dataset& dataset, int64_t limi
     }
   } else {
     NoGradGuard no_grad;
-    model_->eval();
+    nn::Module& model = fsdp_ ? fsdp_->module() : *model_;
+    model.eval();
     std::vector<int64_t> mine;
     for (int64_t i = job_.rank; i < n; i += job_.world) mine.push_back(i);
     for (size_t start = 0; start < mine.size(); start += static_cast<size_t>(batch)) {
       std::vector<int64_t> chunk(mine.begin() + start, mine.begin() + std::min(mine.size(), start + batch));
       const Lists b = on_device(lists(dataset.get_batch(chunk)));
-      add(stats(task_.forward(b.inputs), b.targets));
+      add(stats(fsdp_ ? fsdp_->forward(b.inputs) : task_.forward(b.inputs), b.targets));
     }
-    model_->train();
+    model.train();
   }
   if (job_.group && width > 0) {
     Tensor t = tensor<double>(sums);
@@ -216,6 +270,18 @@ nlohmann::json Trainer::summary() const {
                       {"device", o_.device.str()},
                       {"world_size", job_.world},
                       {"threads_per_process", get_num_threads()}};
+  if (powersgd_) {
+    s["powersgd"] = {{"rank", powersgd_->matrix_approximation_rank},
+                     {"start_iter", powersgd_->start_powerSGD_iter},
+                     {"sent_elements", powersgd_->sent_elements},
+                     {"allreduce_elements", powersgd_->uncompressed_elements},
+                     {"compression", powersgd_->compression_rate()}};
+  }
+  if (fsdp_) {
+    s["sharding"] = o_.flags.sharding;
+    s["shard_elements"] = fsdp_->shard_numel();
+    s["parameter_elements"] = fsdp_->numel();
+  }
   if (stage_) {
     s["pipeline"] = describe(plan_);
     s["recompute"] = o_.flags.pipeline.recompute;

@@ -7,7 +7,9 @@
 //     each rank, --accumulate micro-batches per step (DDP's no_sync on all but the last), --amp
 //     bf16/fp16 (fp16 with a GradScaler), clipping, one checkpoint file written by rank 0;
 //   - pipelined (any pipeline flag, docs/pipeline.md): the model's pipeline_blocks() cut into
-//     stages, every rank given the whole global batch, a sharded checkpoint folder.
+//     stages, every rank given the whole global batch, a sharded checkpoint folder;
+//   - sharded (--sharding shard_grad_op|full_shard, docs/sharding.md): the model's pipeline_blocks()
+//     under FullyShardedDataParallel, each rank its share of the batch as with DDP.
 //
 // An example describes its model once, for both:
 //
@@ -35,7 +37,9 @@
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "distributed/ddp.h"
+#include "distributed/fsdp.h"
 #include "distributed/pipeline/pipeline.h"
+#include "distributed/powersgd.h"
 #include "examples/common/example_util.h"
 #include "examples/common/pipeline_flags.h"
 
@@ -51,6 +55,9 @@ struct CommonFlags {
   std::string resume = "no";  // no, always (the bare flag), auto (when a checkpoint exists)
   std::string trace;
   double log_every_s = 10;
+  std::string sharding = "none";    // none, shard_grad_op or full_shard (FullyShardedDataParallel)
+  int powersgd_rank = 0;            // DDP's PowerSGD hook of this rank (0: plain allreduce)
+  int64_t powersgd_start = 10;      // iterations of plain allreduce first
   PipelineFlags pipeline;
 
   // --data-dir's value or the default folder.
@@ -83,6 +90,9 @@ struct TrainerOptions {
   double max_grad_norm = 0;      // clipping of the whole model's gradient norm (0: none)
   distributed::DDPOptions ddp;   // data parallel under chorusrun
   nn::Metadata identity;         // written into every checkpoint; a resumed checkpoint must match it
+  // The optimizer group of a parameter, by its whole-model name (e.g. "decay" for matrices): what
+  // parameters(key) selects; with --sharding, each key gets flat parameters of its own.
+  std::function<std::string(const std::string& name, const Tensor& parameter)> param_group;
   CommonFlags flags;
 };
 
@@ -111,6 +121,9 @@ class Trainer {
     if (o_.flags.pipeline.enabled()) {
       make_stage(model->pipeline_blocks());
       model.reset();
+    } else if (o_.flags.sharding != "none") {
+      make_sharded(model->pipeline_blocks());
+      model.reset();
     } else {
       make_data_parallel(model);
     }
@@ -118,12 +131,15 @@ class Trainer {
   }
 
   bool pipelined() const { return stage_ != nullptr; }
+  bool sharded() const { return fsdp_ != nullptr; }
   distributed::pipeline::PipelineStage* stage() { return stage_.get(); }
   const distributed::pipeline::PipelinePlan& plan() const { return plan_; }
   distributed::DistributedDataParallel* ddp() { return ddp_.get(); }
   MixedPrecision& amp() { return *amp_; }
-  // The parameters this rank trains (pipelined: its stage's), for the optimizer.
+  // The parameters this rank trains (pipelined: its stage's; sharded: its shards), for the
+  // optimizer: all, or those of one param_group key.
   std::vector<Tensor> parameters() const;
+  std::vector<Tensor> parameters(const std::string& key) const;
   nn::NamedTensors named_parameters() const;
 
   // Takes the optimizer and scheduler the steps use and, when --resume says so, restores them and
@@ -145,6 +161,10 @@ class Trainer {
   // Micro-batches per step on this process: --accumulate (pipelined: 1, the global batch).
   int64_t micro_batches_per_step() const { return stage_ ? 1 : o_.accumulate; }
 
+  // The whole model's state dict: data parallel, the model's; pipelined, gathered on rank 0 (empty
+  // elsewhere); sharded, gathered on every rank. Every rank calls it.
+  nn::NamedTensors whole_state_dict();
+
   // Writes a checkpoint (every rank calls it; nothing without --checkpoint-dir), logged.
   void save(int64_t epochs_done, int64_t step, const nn::Metadata& extra = {});
 
@@ -158,12 +178,14 @@ class Trainer {
                                const std::function<std::vector<double>(const TensorList& outputs,
                                                                        const TensorList& targets)>& stats);
 
-  // amp, skipped steps and loss scale; pipelined, the plan and recomputation.
+  // amp, skipped steps and loss scale; pipelined, the plan and recomputation; with PowerSGD, the
+  // elements sent against a plain allreduce's.
   nlohmann::json summary() const;
 
  private:
   void make_stage(distributed::pipeline::BlockModel blocks);
   void make_data_parallel(std::shared_ptr<nn::Module> model);
+  void make_sharded(distributed::pipeline::BlockModel blocks);
   Lists on_device(const Lists& batch) const;
 
   TrainerOptions o_;
@@ -173,7 +195,9 @@ class Trainer {
   std::shared_ptr<distributed::DistributedDataParallel> ddp_;
   distributed::pipeline::PipelinePlan plan_;
   std::unique_ptr<distributed::pipeline::PipelineStage> stage_;
+  std::unique_ptr<distributed::FullyShardedDataParallel> fsdp_;
   std::unique_ptr<MixedPrecision> amp_;
+  std::shared_ptr<distributed::PowerSGDState> powersgd_;  // with --powersgd-rank under DDP
   optim::Optimizer* optimizer_ = nullptr;
   optim::LRScheduler* scheduler_ = nullptr;
   std::string checkpoint_path_;

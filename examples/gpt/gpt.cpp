@@ -131,10 +131,14 @@ std::shared_ptr<data::TensorDataset> windows(const std::vector<int64_t>& ids, in
 }
 
 // GPT-2's recipe (as nanoGPT): weight decay on the matrices (dim >= 2: projections and
-// embeddings), none on biases and LayerNorm.
-std::unique_ptr<optim::AdamW> make_optimizer(const std::vector<Tensor>& params, const Flags& f) {
+// embeddings), none on biases and LayerNorm. The groups are the trainer's ("decay", "no_decay"):
+// parameters or, with --sharding, shards of them.
+std::string param_group(const std::string&, const Tensor& p) { return p.dim() >= 2 ? "decay" : "no_decay"; }
+
+std::unique_ptr<optim::AdamW> make_optimizer(const examples::Trainer& trainer, const Flags& f) {
   optim::ParamGroup decay, no_decay;
-  for (const Tensor& p : params) (p.dim() >= 2 ? decay : no_decay).params.push_back(p);
+  decay.params = trainer.parameters("decay");
+  no_decay.params = trainer.parameters("no_decay");
   decay.options["weight_decay"] = f.weight_decay;
   no_decay.options["weight_decay"] = 0.0;
   optim::AdamOptions o = optim::AdamW::default_options();
@@ -200,6 +204,7 @@ int main(int argc, char** argv) {
     o.accumulate = f.accumulate;
     o.eval_sequences = f.eval_sequences;
     o.max_grad_norm = 1.0;
+    o.param_group = param_group;
     o.flags = f.common;
     examples::Job job = examples::join_job(o);
     const bool pipelined = f.common.pipeline.enabled();
@@ -242,12 +247,12 @@ int main(int argc, char** argv) {
                   {"seq_len", std::to_string(f.seq_len)},
                   {"tokenizer", f.tokenizer},
                   {"vocab_size", std::to_string(tok.vocab_size())}};
-    models::GPT2LMHeadModel* whole = model.get();  // null once a pipeline holds the blocks
-    if (pipelined) whole = nullptr;
+    // Null once a pipeline or FullyShardedDataParallel holds the blocks.
+    models::GPT2LMHeadModel* whole = pipelined || f.common.sharding != "none" ? nullptr : model.get();
     examples::Trainer trainer(o, job, model,
                               {.forward = [whole](const TensorList& in) { return TensorList{whole->forward(in[0])}; },
                                .loss = models::GPT2LMHeadModel::pipeline_loss});
-    auto opt = make_optimizer(trainer.parameters(), f);
+    auto opt = make_optimizer(trainer, f);
     optim::WarmupDecayLR sched(*opt, static_cast<int64_t>(f.warmup * f.steps), f.steps,
                                optim::WarmupDecayLR::Decay::Cosine, f.lr / 10);
     int64_t step = trainer.start(*opt, &sched);
@@ -326,10 +331,10 @@ int main(int argc, char** argv) {
       summary["heldout_perplexity"] = std::exp(after);
     }
     if (f.sample > 0) {
-      // Sampling runs on rank 0 with the whole model (pipelined: gathered from the stages).
+      // Sampling runs on rank 0 with the whole model (pipelined or sharded: gathered).
       std::shared_ptr<models::GPT2LMHeadModel> sampler = model;
-      if (pipelined) {
-        nn::NamedTensors state = trainer.stage()->gather_state_dict(0);
+      if (!sampler) {
+        nn::NamedTensors state = trainer.whole_state_dict();
         if (job.rank == 0) {
           models::GPTConfig c = config;
           c.initialize = false;

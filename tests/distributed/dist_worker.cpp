@@ -17,6 +17,7 @@
 
 #include "distributed/ddp.h"
 #include "distributed/init.h"
+#include "distributed/powersgd.h"
 #include "distributed/stream_group.h"
 #include "autograd/autocast.h"
 #include "distributed/sync_batchnorm.h"
@@ -516,6 +517,114 @@ void scenario_zero1(const std::shared_ptr<ProcessGroup>& pg, Device device) {
 
 // ZeRO-1 given another model on rank 1 (an extra layer): every rank raises at construction, naming
 // the rank that differs, and none hangs.
+// PowerSGD (distributed/powersgd.h), on a hand-made bucket and under DDP. Rank i's bucket holds a
+// 6 x 5 matrix and a bias [5]. Checked against arithmetic done here:
+// - before start_powerSGD_iter: a plain allreduce (the sums, exactly);
+// - a sum over ranks of rank 1 (u v_i^T, u shared): rank-1 PowerSGD recovers it (1e-12), the bias
+//   is exact, the errors sum to zero over ranks, and 6 + 5 + 5 elements went on the wire, not 35;
+// - a sum of rank 2 with rank 1: not exact, but the errors sum to (sum of inputs) - approximation,
+//   and a second step with zero gradients sends what the first left out (error feedback);
+// - DDP with the hook trains the MLP (loss falls) and every rank keeps identical parameters.
+void scenario_powersgd(const std::shared_ptr<ProcessGroup>& pg, Device device) {
+  const int rank = pg->rank(), world = pg->size();
+  const TensorOptions f64{.dtype = kFloat64};
+  auto make_bucket = [&](const Tensor& matrix, const Tensor& bias) {
+    Bucket b;
+    b.index = 0;
+    b.buffer = cat({matrix.reshape({-1}), bias}).to(device);
+    b.offsets = {0, 30};
+    b.views = {b.buffer.narrow(0, 0, 30).view({6, 5}), b.buffer.narrow(0, 30, 5).view({5})};
+    return b;
+  };
+  auto sum_over_ranks = [&](Tensor t) {
+    t = t.clone();
+    pg->allreduce({t})->wait();
+    return t;
+  };
+  auto max_abs = [](const Tensor& t) { return t.abs().max().item<double>(); };
+  manual_seed(7);
+  const Tensor u = randn({6, 1}, f64);
+  manual_seed(100 + rank);
+  const Tensor v = randn({1, 5}, f64), w = randn({6, 1}, f64), bias = randn({5}, f64);
+  {
+    auto state = std::make_shared<PowerSGDState>();
+    state->start_powerSGD_iter = 1;
+    state->min_compression_rate = 1;
+    CommHook hook = powerSGD_hook(state);
+    // Step 1: still plain allreduce.
+    Bucket b0 = make_bucket(mm(u, v), bias);
+    hook(*pg, b0)->wait();
+    check(max_abs(b0.buffer.cpu() - sum_over_ranks(cat({mm(u, v).reshape({-1}), bias}))) == 0,
+          "powerSGD before start_powerSGD_iter: a plain allreduce");
+    // Step 2: compressed; the sum is rank 1.
+    Bucket b = make_bucket(mm(u, v), bias);
+    hook(*pg, b)->wait();
+    const Tensor want = sum_over_ranks(mm(u, v));
+    check(max_abs(b.views[0].cpu() - want) <= 1e-12 * max_abs(want), "powerSGD rank 1 recovers a sum of rank 1");
+    check(max_abs(b.views[1].cpu() - sum_over_ranks(bias)) <= 1e-14, "powerSGD sends the bias exactly");
+    const Tensor errors = sum_over_ranks(state->buckets[0].errors[0].cpu());
+    check(max_abs(errors) <= 1e-12 * max_abs(want), "powerSGD: errors of an exact approximation sum to zero");
+    check(state->sent_elements == 5 + 6 + 5 && state->uncompressed_elements == 35,
+          fmt::format("powerSGD sent {} elements for {} (expected 5 + 6 + 5 for 35)", state->sent_elements,
+                      state->uncompressed_elements));
+  }
+  {
+    auto state = std::make_shared<PowerSGDState>();
+    state->start_powerSGD_iter = 0;
+    state->min_compression_rate = 1;
+    CommHook hook = powerSGD_hook(state);
+    // Rank-dependent columns too: the sum has rank 2, the approximation rank 1.
+    const Tensor m = mm(u, v) + mm(w, randn({1, 5}, f64));
+    Bucket b = make_bucket(m, bias);
+    hook(*pg, b)->wait();
+    const Tensor total = sum_over_ranks(m), approx = b.views[0].cpu();
+    check(max_abs(approx - total) > 1e-6, "powerSGD rank 1 of a rank-2 sum is not exact (the test would not see feedback)");
+    const Tensor errors = sum_over_ranks(state->buckets[0].errors[0].cpu());
+    check(max_abs(errors - (total - approx)) <= 1e-12 * max_abs(total), "powerSGD: errors sum to what the approximation left out");
+    // A step of zero gradients: what is sent is the error alone (its own rank-1 approximation).
+    Bucket z = make_bucket(zeros({6, 5}, f64), zeros({5}, f64));
+    hook(*pg, z)->wait();
+    check(max_abs(z.views[0].cpu()) > 0.01 * max_abs(total - approx), "powerSGD: error feedback sends the residual next step");
+    const Tensor after = sum_over_ranks(state->buckets[0].errors[0].cpu());
+    check(max_abs(after - (total - approx - z.views[0].cpu())) <= 1e-12 * max_abs(total),
+          "powerSGD: errors after the second step hold the rest");
+  }
+  {
+    // DDP: the MLP trains with the hook, replicas identical.
+    auto model = make_model("mlp", kFloat64);
+    model->to(device);
+    DistributedDataParallel ddp(model, pg, DDPOptions{.bucket_cap_mb = 0.001, .first_bucket_cap_mb = 0.001});
+    auto state = std::make_shared<PowerSGDState>();
+    state->matrix_approximation_rank = 2;
+    state->start_powerSGD_iter = 2;
+    ddp.register_comm_hook(powerSGD_hook(state));
+    optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9});
+    Tensor x = make_inputs("mlp", 4 * world, kFloat64).narrow(0, 4 * rank, 4).to(device);
+    manual_seed(9);
+    Tensor y = randint(0, 5, {4 * world}).narrow(0, 4 * rank, 4).to(device);
+    double first = 0, last = 0;
+    for (int step = 0; step < 30; ++step) {
+      opt.zero_grad();
+      Tensor loss = F::cross_entropy(ddp.forward(x), y);
+      loss.backward();
+      opt.step();
+      last = sum_over_ranks(tensor<double>({loss.item<double>()})).item<double>() / world;
+      if (step == 0) first = last;
+    }
+    check(last < 0.5 * first, fmt::format("powerSGD DDP: loss {} -> {}, expected to halve", first, last));
+    check(state->compression_rate() > 1.5, fmt::format("powerSGD DDP: compression {}", state->compression_rate()));
+    for (const auto& [name, p] : model->named_parameters()) {
+      Tensor mine = p.cpu(), high = mine.clone(), low = mine.clone();
+      pg->allreduce({high}, ReduceOp::Max)->wait();
+      pg->allreduce({low}, ReduceOp::Min)->wait();
+      check(max_abs(high - low) == 0, "powerSGD DDP: replicas differ in " + name);
+    }
+    std::printf("rank %d: powerSGD DDP on %s: loss %.4f -> %.4f, %lld elements sent for %lld (%.2fx)\n", rank,
+                device.str().c_str(), first, last, static_cast<long long>(state->sent_elements),
+                static_cast<long long>(state->uncompressed_elements), state->compression_rate());
+  }
+}
+
 void scenario_zero1_mismatch(const std::shared_ptr<ProcessGroup>& pg) {
   auto model = make_model("mlp", kFloat64);
   if (pg->rank() == 1) model->push_back(std::make_shared<nn::Linear>(5, 5));
@@ -948,6 +1057,7 @@ int main(int argc, char** argv) {
     else if (scenario == "syncbn") scenario_syncbn(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "zero1") scenario_zero1(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "zero1_mismatch") scenario_zero1_mismatch(pg);
+    else if (scenario == "powersgd") scenario_powersgd(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "syncbn_amp") scenario_syncbn_amp(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else {
       std::fprintf(stderr, "dist_worker: unknown scenario %s\n", scenario.c_str());

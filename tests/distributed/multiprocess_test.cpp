@@ -149,6 +149,12 @@ TEST_CASE("ZeroRedundancyOptimizer (ZeRO-1) steps as DDP + Adam, holds 1/N of th
   require_all_ok(run_dist_workers(3, {"zero1_mismatch"}, {}, 60));
 }
 
+TEST_CASE("PowerSGD: exact on sums of low rank, error feedback, and DDP training with it", "[distributed][powersgd]") {
+  require_all_ok(run_dist_workers(2, {"powersgd"}));
+  require_all_ok(run_dist_workers(3, {"powersgd"}));
+  require_all_ok(run_dist_workers(2, {"powersgd", "sim:0"}, {"CHORUS_SIM_DELAY_US=200", "CHORUS_SIM_DRIVER_LOCK=1"}));
+}
+
 TEST_CASE("no_sync accumulates locally and the next synced backward reduces the sum", "[distributed][ddp]") {
   require_all_ok(run_dist_workers(2, {"no_sync"}));
   require_all_ok(run_dist_workers(3, {"no_sync"}));

@@ -416,6 +416,41 @@ TEST_CASE("gpt --accumulate 2 on 2 processes trains as one process does", "[exam
   }
 }
 
+// --sharding (FullyShardedDataParallel over GPT's blocks, examples::Trainer): 2 processes each
+// holding half of the parameters, gradients and AdamW state train as one process does (float32,
+// other reduction orders); what is not built yet is refused.
+TEST_CASE("gpt --sharding full_shard and shard_grad_op on 2 processes train as one process does", "[examples][gpt][sharding]") {
+  const std::string gpt = binary("examples/gpt/gpt") + gpt_flags + " --steps 10 --eval-sequences 32";
+  Run alone = run(gpt);
+  INFO(alone.output);
+  REQUIRE(alone.code == 0);
+  for (const char* strategy : {"full_shard", "shard_grad_op"}) {
+    Run sharded = run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " +
+                      std::to_string(chorus::testing::free_port()) + " " + gpt + " --sharding " + strategy);
+    INFO(sharded.output);
+    REQUIRE(sharded.code == 0);
+    CHECK(sharded.summary["sharding"] == strategy);
+    CHECK(sharded.summary["shard_elements"].get<int64_t>() * 2 >= alone.summary["parameters"].get<int64_t>());
+    CHECK(sharded.summary["shard_elements"].get<int64_t>() * 2 < alone.summary["parameters"].get<int64_t>() + 64);
+    for (const char* key : {"first_step_loss", "last_step_loss", "heldout_loss"}) {
+      const double a = alone.summary[key].get<double>(), d = sharded.summary[key].get<double>();
+      INFO(strategy << " " << key << ": alone " << a << ", sharded " << d);
+      CHECK(std::abs(a - d) <= 1e-4 * std::abs(a));
+    }
+  }
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {" --sharding full_shard --checkpoint-dir " + scratch("gpt_sharded_ckpt"), "sharded checkpoints are not built yet"},
+      {" --sharding full_shard --amp fp16", "one loss scale over the shards is not built"},
+      {" --sharding full_shard --pipeline-stages 1", "with a pipeline; choose one"},
+      {" --sharding zero9", "--sharding"}};
+  for (const auto& [flags, message] : refused) {
+    Run r = run(binary("examples/gpt/gpt") + gpt_flags + " --steps 1" + flags);
+    INFO(flags << ": " << r.output);
+    CHECK(r.code != 0);
+    CHECK(r.output.find(message) != std::string::npos);
+  }
+}
+
 // Sharded by stage (PipelineStage::save_checkpoint): an interrupted pipelined run resumed from its
 // checkpoint writes the uninterrupted run's final stage files and manifest byte for byte.
 TEST_CASE("gpt and bert pipelined: a resumed run ends with the uninterrupted run's checkpoint bytes",
