@@ -2,8 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
@@ -495,6 +499,305 @@ size_t FullyShardedDataParallel::largest_unit_bytes() const {
     most = std::max(most, bytes);
   }
   return most;
+}
+
+// ------------------------------------------------------------------ sharded checkpoints
+namespace {
+
+constexpr const char* kIndex = "fsdp-checkpoint.json";
+constexpr const char* kShardPrefix = "flat/";  // a shard's entry in its rank's file: "flat/<flat name>"
+
+std::string rank_file(int64_t step, int rank, int world, const std::string& generation) {
+  return fmt::format("fsdp-step{}{}-rank{}-of-{}.safetensors", step, generation, rank, world);
+}
+
+nlohmann::json read_index(const std::string& dir) {
+  const std::string path = fsdp_checkpoint_index(dir);
+  std::ifstream in(path);
+  if (!in) fail("FSDP checkpoint: no index {} (is {} an FSDP checkpoint's folder?)", path, dir);
+  nlohmann::json m;
+  try {
+    in >> m;
+  } catch (const std::exception& e) {
+    fail("FSDP checkpoint: the index {} is not valid JSON: {}", path, e.what());
+  }
+  if (!m.contains("step") || !m.contains("world_size") || !m.contains("files") || !m.contains("flats")) {
+    fail("FSDP checkpoint: the index {} lacks step, world_size, files or flats", path);
+  }
+  if (m["files"].size() != m["world_size"].get<size_t>()) {
+    fail("FSDP checkpoint: the index {} names {} files for world size {}", path, m["files"].size(),
+         m["world_size"].get<int64_t>());
+  }
+  return m;
+}
+
+// Every rank's file of the checkpoint the index names, checked against it.
+std::vector<nn::Checkpoint> read_all(const std::string& dir, const nlohmann::json& index) {
+  std::vector<nn::Checkpoint> files;
+  for (const auto& f : index["files"]) {
+    files.push_back(nn::Checkpoint::load(dir + "/" + f.get<std::string>()));
+    if (files.back().step != index["step"].get<int64_t>()) {
+      fail("FSDP checkpoint: {} holds step {}, but the index names step {}", f.get<std::string>(), files.back().step,
+           index["step"].get<int64_t>());
+    }
+  }
+  return files;
+}
+
+const Tensor& entry(const nn::NamedTensors& list, const std::string& name, const std::string& where) {
+  for (const auto& [n, t] : list)
+    if (n == name) return t;
+  fail("FSDP checkpoint: {} has no entry '{}'", where, name);
+}
+
+// A flat parameter (or a buffer of its size) whole again: the ranks' pieces end to end, unpadded.
+Tensor reassemble(const std::vector<Tensor>& pieces, int64_t numel) {
+  return cat(pieces).narrow(0, 0, numel).contiguous();
+}
+
+}  // namespace
+
+std::string fsdp_checkpoint_index(const std::string& dir) { return dir + "/" + kIndex; }
+bool has_fsdp_checkpoint(const std::string& dir) { return std::filesystem::exists(fsdp_checkpoint_index(dir)); }
+
+nn::NamedTensors load_fsdp_model(const std::string& dir) {
+  const nlohmann::json index = read_index(dir);
+  const std::vector<nn::Checkpoint> files = read_all(dir, index);
+  std::map<std::string, Tensor> by_name;
+  for (const auto& flat : index["flats"]) {
+    const std::string name = flat["name"].get<std::string>();
+    std::vector<Tensor> pieces;
+    for (size_t r = 0; r < files.size(); ++r) pieces.push_back(entry(files[r].model, kShardPrefix + name, index["files"][r]));
+    const Tensor whole = reassemble(pieces, flat["numel"].get<int64_t>());
+    for (const auto& p : flat["params"]) {
+      Shape shape = p["shape"].get<Shape>();
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      by_name[p["name"].get<std::string>()] = whole.narrow(0, p["offset"].get<int64_t>(), n).reshape(shape).clone();
+    }
+  }
+  for (const auto& [name, t] : files[0].model)
+    if (name.rfind(kShardPrefix, 0) != 0) by_name[name] = t;
+  nn::NamedTensors out;
+  for (const auto& name : index["state_order"]) {
+    auto it = by_name.find(name.get<std::string>());
+    if (it == by_name.end()) fail("FSDP checkpoint: {} lacks '{}' of the model", dir, name.get<std::string>());
+    out.emplace_back(it->first, it->second);
+  }
+  return out;
+}
+
+void FullyShardedDataParallel::agree(const std::string& error, const std::string& what) {
+  Tensor failed = full({1}, error.empty() ? 0.0 : 1.0, {.dtype = kFloat64});
+  if (group_->size() > 1) group_->allreduce({failed})->wait();
+  const int n = static_cast<int>(failed.item<double>());
+  if (!error.empty()) fail("FullyShardedDataParallel: {} failed: {}", what, error);
+  if (n > 0) fail("FullyShardedDataParallel: {} failed on {} other rank(s) (their errors name the cause)", what, n);
+}
+
+std::vector<size_t> FullyShardedDataParallel::optimizer_flats(const optim::Optimizer& optimizer) const {
+  std::vector<size_t> out;
+  for (const optim::ParamGroup& g : optimizer.param_groups()) {
+    for (const Tensor& p : g.params) {
+      size_t found = flats_.size();
+      for (size_t f = 0; f < flats_.size(); ++f)
+        if (flats_[f]->shard.is_same(p)) found = f;
+      if (found == flats_.size()) {
+        fail("FullyShardedDataParallel: the optimizer holds a tensor of shape {} that is none of this wrapper's "
+             "shards; expected an optimizer over parameters()",
+             shape_str(p.sizes()));
+      }
+      out.push_back(found);
+    }
+  }
+  return out;
+}
+
+void FullyShardedDataParallel::save_checkpoint(const std::string& dir, const optim::Optimizer& optimizer,
+                                               const optim::LRScheduler* scheduler, int64_t epoch, int64_t step,
+                                               const nn::Metadata& extra) {
+  namespace fs = std::filesystem;
+  if (backward_queued_) fail("FullyShardedDataParallel::save_checkpoint: called during a backward pass");
+  const int world = group_->size(), rank = group_->rank();
+  std::string error;
+  std::vector<size_t> owners;
+  try {
+    owners = optimizer_flats(optimizer);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree(error, "checking the optimizer");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  // Saving a step the index already names writes the other generation of names (as a pipeline's).
+  double other = 0;
+  if (rank == 0 && has_fsdp_checkpoint(dir)) {
+    try {
+      const nlohmann::json m = read_index(dir);
+      if (m["step"].get<int64_t>() == step && m["files"][0].get<std::string>() == rank_file(step, 0, world, "")) other = 1;
+    } catch (const std::exception&) {
+      // an unreadable index is replaced below
+    }
+  }
+  Tensor gen = full({1}, other, {.dtype = kFloat64});
+  if (world > 1) group_->allreduce({gen})->wait();
+  const std::string generation = gen.item<double>() > 0 ? "b" : "";
+  try {
+    NoGradGuard no_grad;
+    nn::Checkpoint c;
+    for (const auto& f : flats_) c.model.emplace_back(kShardPrefix + f->name, f->shard.detach().cpu().clone());
+    if (rank == 0)
+      for (const auto& [name, b] : model_.model->named_buffers()) c.model.emplace_back(name, b.cpu().clone());
+    c.optimizer = optimizer.state_dict();
+    for (auto& [name, t] : c.optimizer)
+      if (!t.device().is_cpu()) t = t.cpu();
+    if (scheduler) c.scheduler = scheduler->state_dict();
+    c.epoch = epoch;
+    c.step = step;
+    c.capture_rng();
+    c.extra = extra;
+    c.extra["fsdp_rank"] = std::to_string(rank);
+    c.extra["fsdp_world_size"] = std::to_string(world);
+    for (size_t i = 0; i < owners.size(); ++i) c.extra["fsdp_optimizer_param." + std::to_string(i)] = flats_[owners[i]]->name;
+    c.save(dir + "/" + rank_file(step, rank, world, generation));
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree(error, fmt::format("writing the checkpoint of step {} to {}", step, dir));
+  if (rank == 0) {
+    try {
+      nlohmann::json m;
+      m["step"] = step;
+      m["world_size"] = world;
+      m["strategy"] = sharding_strategy_name(options_.sharding_strategy);
+      m["files"] = nlohmann::json::array();
+      for (int r = 0; r < world; ++r) m["files"].push_back(rank_file(step, r, world, generation));
+      m["flats"] = nlohmann::json::array();
+      for (const auto& f : flats_) {
+        nlohmann::json params = nlohmann::json::array();
+        for (size_t j = 0; j < f->params.size(); ++j) {
+          params.push_back({{"name", f->names[j]}, {"offset", f->offsets[j]}, {"shape", f->params[j].sizes()}});
+        }
+        m["flats"].push_back({{"name", f->name}, {"numel", f->numel}, {"shard_numel", f->shard_numel}, {"params", params}});
+      }
+      m["state_order"] = nlohmann::json::array();
+      for (const auto& [name, t] : model_.model->named_parameters()) m["state_order"].push_back(name);
+      for (const auto& [name, t] : model_.model->named_buffers()) m["state_order"].push_back(name);
+      nn::atomic_write(fsdp_checkpoint_index(dir), m.dump(1) + "\n");
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  agree(error, fmt::format("writing the index of step {} in {}", step, dir));
+  // The index names this step's files now: this rank's older ones can go.
+  const std::string mine = rank_file(step, rank, world, generation);
+  const std::string suffix = fmt::format("-rank{}-of-{}.safetensors", rank, world);
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name != mine && name.rfind("fsdp-step", 0) == 0 && name.size() > suffix.size() &&
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      fs::remove(e.path(), ec);
+    }
+  }
+  if (world > 1) group_->barrier()->wait();
+}
+
+nn::Checkpoint FullyShardedDataParallel::load_checkpoint(const std::string& dir, optim::Optimizer& optimizer,
+                                                         optim::LRScheduler* scheduler, const nn::Metadata& expect) {
+  if (backward_queued_) fail("FullyShardedDataParallel::load_checkpoint: called during a backward pass");
+  const int world = group_->size(), rank = group_->rank();
+  const nlohmann::json index = read_index(dir);
+  const int saved_world = index["world_size"].get<int>();
+  const bool same = saved_world == world;
+  // This world size: this rank's file alone; another: all of them.
+  std::vector<nn::Checkpoint> files;
+  if (same) {
+    files.push_back(nn::Checkpoint::load(dir + "/" + index["files"][rank].get<std::string>()));
+  } else {
+    files = read_all(dir, index);
+  }
+  nn::Checkpoint& mine = files.front();
+  for (const auto& [key, value] : expect) {
+    auto it = mine.extra.find(key);
+    if (it != mine.extra.end() && it->second != value) {
+      fail("FSDP checkpoint {} was written with {} {}, not the {} asked for now", dir, key, it->second, value);
+    }
+  }
+  const std::vector<size_t> owners = optimizer_flats(optimizer);
+  NoGradGuard no_grad;
+  // The flats must be laid out as saved.
+  std::map<std::string, const nlohmann::json*> saved_flats;
+  for (const auto& f : index["flats"]) saved_flats[f["name"].get<std::string>()] = &f;
+  for (const auto& f : flats_) {
+    auto it = saved_flats.find(f->name);
+    if (it == saved_flats.end() || (*it->second)["numel"].get<int64_t>() != f->numel) {
+      fail("FSDP checkpoint {}: flat parameter '{}' of {} elements is not in it as such; it was saved from another "
+           "model or another flat_group",
+           dir, f->name, f->numel);
+    }
+  }
+  if (same) {
+    for (auto& f : flats_) {
+      f->shard.copy_(entry(mine.model, kShardPrefix + f->name, dir).to(f->shard.device()));
+    }
+    optimizer.load_state_dict(mine.optimizer);
+  } else {
+    for (auto& f : flats_) {
+      std::vector<Tensor> pieces;
+      for (const auto& file : files) pieces.push_back(entry(file.model, kShardPrefix + f->name, dir));
+      Tensor whole = reassemble(pieces, f->numel);
+      Tensor padded = zeros({f->shard_numel * world}, {.dtype = whole.dtype()});
+      padded.narrow(0, 0, f->numel).copy_(whole);
+      f->shard.copy_(padded.narrow(0, rank * f->shard_numel, f->shard_numel).to(f->shard.device()));
+    }
+    // The optimizer's state: buffers of a shard's size reassembled and cut again, the rest (steps,
+    // options) from rank 0's file. Saved indices are mapped to ours through the flat names.
+    std::map<std::string, size_t> saved_index;  // flat name -> the saved optimizer's parameter index
+    for (const auto& [key, value] : files[0].extra) {
+      const std::string prefix = "fsdp_optimizer_param.";
+      if (key.rfind(prefix, 0) == 0) saved_index[value] = std::stoul(key.substr(prefix.size()));
+    }
+    nn::NamedTensors state;
+    for (const auto& [name, t] : files[0].optimizer)
+      if (name.rfind("state.", 0) != 0) state.emplace_back(name, t);
+    for (size_t i = 0; i < owners.size(); ++i) {
+      const Flat& f = *flats_[owners[i]];
+      auto it = saved_index.find(f.name);
+      if (it == saved_index.end()) fail("FSDP checkpoint {}: no optimizer state saved for '{}'", dir, f.name);
+      const std::string from = "state." + std::to_string(it->second) + ".";
+      const int64_t saved_shard = (*saved_flats[f.name])["shard_numel"].get<int64_t>();
+      for (const auto& [name, t] : files[0].optimizer) {
+        if (name.rfind(from, 0) != 0) continue;
+        const std::string buffer = name.substr(from.size());
+        Tensor value = t;
+        if (t.dim() == 1 && t.numel() == saved_shard) {
+          std::vector<Tensor> pieces;
+          for (const auto& file : files) pieces.push_back(entry(file.optimizer, name, dir));
+          Tensor whole = reassemble(pieces, f.numel);
+          Tensor padded = zeros({f.shard_numel * world}, {.dtype = whole.dtype()});
+          padded.narrow(0, 0, f.numel).copy_(whole);
+          value = padded.narrow(0, rank * f.shard_numel, f.shard_numel).clone();
+        }
+        state.emplace_back("state." + std::to_string(i) + "." + buffer, value);
+      }
+    }
+    optimizer.load_state_dict(state);
+  }
+  // Buffers: rank 0's file holds them (read here when it is not this rank's).
+  const nn::Checkpoint* with_buffers = rank == 0 || !same ? &files.front() : nullptr;
+  nn::Checkpoint rank0;
+  if (with_buffers == nullptr) {
+    rank0 = nn::Checkpoint::load(dir + "/" + index["files"][0].get<std::string>());
+    with_buffers = &rank0;
+  }
+  for (const auto& [name, b] : model_.model->named_buffers()) {
+    Tensor dst = b;
+    dst.copy_(entry(with_buffers->model, name, dir).to(b.device()).to(b.dtype()));
+  }
+  if (scheduler && !mine.scheduler.empty()) scheduler->load_state_dict(mine.scheduler);
+  mine.restore_rng();
+  for (auto& u : units_) u->fresh = false;
+  return mine;
 }
 
 }  // namespace chorus::distributed

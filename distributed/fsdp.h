@@ -35,6 +35,9 @@
 
 #include "distributed/pipeline/blocks.h"
 #include "distributed/process_group.h"
+#include "nn/serialize.h"
+#include "optim/optimizer.h"
+#include "optim/schedulers.h"
 
 namespace chorus::distributed {
 
@@ -85,6 +88,23 @@ class FullyShardedDataParallel {
   // it with the same values.
   void load_full_state_dict(const nn::NamedTensors& state);
 
+  // [Sharded checkpoints] Every rank writes its shards, its optimizer state (over the shards), the
+  // scheduler's state and its generator to fsdp-step<N>-rank<r>-of-<W>.safetensors in `dir`
+  // (atomically, CRC-checked as every chorus checkpoint; rank 0's file also holds the buffers);
+  // once all are on disk rank 0 writes the index fsdp-checkpoint.json (atomically) naming them,
+  // the world size and every flat parameter's layout, and the previous step's files go. A crash
+  // at any point leaves the previous complete checkpoint or the new one. Every rank calls it.
+  void save_checkpoint(const std::string& dir, const optim::Optimizer& optimizer, const optim::LRScheduler* scheduler,
+                       int64_t epoch, int64_t step, const nn::Metadata& extra = {});
+  // Restores a checkpoint save_checkpoint wrote, at this world size (each rank its own file:
+  // bit-exact) or another (every file read, each flat parameter and each optimizer buffer of a
+  // shard's size reassembled and cut again for this world size). The optimizer must hold this
+  // wrapper's shards in the same groups as the one saved. Each key of `expect` must have the same
+  // value in the checkpoint's extras. Returns the checkpoint (step, epoch, extras) of this rank's
+  // file (another world size: rank 0's).
+  nn::Checkpoint load_checkpoint(const std::string& dir, optim::Optimizer& optimizer, optim::LRScheduler* scheduler,
+                                 const nn::Metadata& expect = {});
+
   void train(bool on = true) { model_.model->train(on); }
   void eval() { train(false); }
   nn::Module& module() { return *model_.model; }
@@ -111,6 +131,11 @@ class FullyShardedDataParallel {
   void launch_reduction(size_t flat);
   void finish_backward();
   void reset_iteration();
+  // One allreduce of failures: an error on any rank ends the call on every rank.
+  void agree(const std::string& error, const std::string& what);
+  // For each of the optimizer's parameters, in its order: the index of the flat parameter whose
+  // shard it is (an error for any other tensor).
+  std::vector<size_t> optimizer_flats(const optim::Optimizer& optimizer) const;
 
   pipeline::BlockModel model_;
   std::shared_ptr<ProcessGroup> group_;
@@ -122,5 +147,12 @@ class FullyShardedDataParallel {
   bool backward_queued_ = false;
   std::vector<HookHandle> hooks_;
 };
+
+// The index of an FSDP checkpoint folder, and whether one is there.
+std::string fsdp_checkpoint_index(const std::string& dir);
+bool has_fsdp_checkpoint(const std::string& dir);
+// The whole model's state dict (parameters and buffers, in the model's state_dict order) from an
+// FSDP checkpoint folder of any world size: what loads into a one-process model.
+nn::NamedTensors load_fsdp_model(const std::string& dir);
 
 }  // namespace chorus::distributed

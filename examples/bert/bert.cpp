@@ -55,13 +55,17 @@ struct Flags {
   examples::CommonFlags common;  // device, threads, data, amp, checkpoints, trace, logging, pipeline
 };
 
-// No weight decay on biases and LayerNorm parameters (BERT's recipe).
-std::unique_ptr<optim::AdamW> make_optimizer(const nn::NamedTensors& params, const Flags& f) {
+// No weight decay on biases and LayerNorm parameters (BERT's recipe). The groups are the
+// trainer's ("decay", "no_decay"): parameters or, with --sharding, shards of them.
+std::string param_group(const std::string& name, const Tensor&) {
+  const bool exempt = name.find("LayerNorm") != std::string::npos || name.ends_with("bias");
+  return exempt ? "no_decay" : "decay";
+}
+
+std::unique_ptr<optim::AdamW> make_optimizer(const examples::Trainer& trainer, const Flags& f) {
   optim::ParamGroup decay, no_decay;
-  for (auto& [name, p] : params) {
-    const bool exempt = name.find("LayerNorm") != std::string::npos || name.ends_with("bias");
-    (exempt ? no_decay : decay).params.push_back(p);
-  }
+  decay.params = trainer.parameters("decay");
+  no_decay.params = trainer.parameters("no_decay");
   decay.options["weight_decay"] = f.weight_decay;
   no_decay.options["weight_decay"] = 0.0;
   optim::AdamOptions o = optim::AdamW::default_options();
@@ -135,6 +139,7 @@ int main(int argc, char** argv) {
     o.max_grad_norm = 1.0;
     // The pooler and the next-sentence head take no part in masked-LM training.
     o.ddp.find_unused_parameters = true;
+    o.param_group = param_group;
     o.flags = f.common;
     examples::Job job = examples::join_job(o);
     const bool pipelined = f.common.pipeline.enabled();
@@ -182,11 +187,12 @@ int main(int argc, char** argv) {
     model->to(o.device);
     const int64_t parameters = examples::count_parameters(*model);
     o.identity = {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}};
-    models::BertForPreTraining* whole = pipelined ? nullptr : model.get();  // a pipeline's stages hold the blocks
+    // Null once a pipeline or FullyShardedDataParallel holds the blocks.
+    models::BertForPreTraining* whole = pipelined || f.common.sharding != "none" ? nullptr : model.get();
     examples::Trainer trainer(o, job, model,
                               {.forward = [whole](const TensorList& in) { return whole->masked_lm_outputs(in[0], in[1], in[2]); },
                                .loss = models::BertForPreTraining::pipeline_loss});
-    auto opt = make_optimizer(trainer.named_parameters(), f);
+    auto opt = make_optimizer(trainer, f);
     optim::WarmupDecayLR sched(*opt, static_cast<int64_t>(f.warmup * f.steps), f.steps, optim::WarmupDecayLR::Decay::Linear);
     int64_t step = trainer.start(*opt, &sched);
 

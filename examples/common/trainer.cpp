@@ -49,8 +49,6 @@ Job join_job(TrainerOptions& o) {
     if (f.powersgd_rank > 0) fail("{}: --powersgd-rank compresses DDP's gradients; a pipeline takes none", o.program);
     if (f.sharding != "none") fail("{}: --sharding {} with a pipeline; choose one", o.program, f.sharding);
     join_pipeline(o.program, f.amp, job);
-  } else if (f.sharding != "none" && !f.checkpoint_dir.empty()) {
-    fail("{}: --sharding {} with --checkpoint-dir: sharded checkpoints are not built yet", o.program, f.sharding);
   } else if (f.sharding != "none" && f.amp == "fp16") {
     fail("{}: --sharding {} with --amp fp16: one loss scale over the shards is not built; use --amp bf16", o.program,
          f.sharding);
@@ -91,6 +89,7 @@ void Trainer::make_sharded(pp::BlockModel blocks) {
   amp_ = std::make_unique<MixedPrecision>(o_.flags.amp, o_.device.type);
   job_.log(fmt::format("sharding: {} over {} processes, {} of {} parameter elements on each", o_.flags.sharding, job_.world,
                        fsdp_->shard_numel(), fsdp_->numel()));
+  if (!o_.flags.checkpoint_dir.empty()) checkpoint_path_ = distributed::fsdp_checkpoint_index(o_.flags.checkpoint_dir);
 }
 
 void Trainer::make_data_parallel(std::shared_ptr<nn::Module> model) {
@@ -138,11 +137,16 @@ int64_t Trainer::start(optim::Optimizer& optimizer, optim::LRScheduler* schedule
   resumed_ = should_resume(o_.flags.resume, checkpoint_path_);
   int64_t step = 0;
   if (resumed_) {
-    step = stage_ ? stage_->load_checkpoint(o_.flags.checkpoint_dir, optimizer, scheduler, o_.identity).step
-                  : load_checkpoint(checkpoint_path_, *model_, optimizer, *scheduler, o_.identity, amp_->scaler()).step;
+    if (stage_) {
+      step = stage_->load_checkpoint(o_.flags.checkpoint_dir, optimizer, scheduler, o_.identity).step;
+    } else if (fsdp_) {  // any world size: the shards are cut again when it differs
+      step = fsdp_->load_checkpoint(o_.flags.checkpoint_dir, optimizer, scheduler, o_.identity).step;
+    } else {
+      step = load_checkpoint(checkpoint_path_, *model_, optimizer, *scheduler, o_.identity, amp_->scaler()).step;
+    }
     job_.log(fmt::format("resumed from {} at step {}", checkpoint_path_, step));
   }
-  if (!stage_ && !checkpoint_path_.empty() && job_.rank == 0) std::filesystem::create_directories(o_.flags.checkpoint_dir);
+  if (model_ && !checkpoint_path_.empty() && job_.rank == 0) std::filesystem::create_directories(o_.flags.checkpoint_dir);
   return step;
 }
 
@@ -214,6 +218,8 @@ void Trainer::save(int64_t epochs_done, int64_t step, const nn::Metadata& extra)
   for (const auto& [key, value] : extra) all[key] = value;
   if (stage_) {  // every rank takes part; each stage's first replica writes its file
     stage_->save_checkpoint(o_.flags.checkpoint_dir, *optimizer_, scheduler_, epochs_done, step, all);
+  } else if (fsdp_) {  // every rank writes its shards
+    fsdp_->save_checkpoint(o_.flags.checkpoint_dir, *optimizer_, scheduler_, epochs_done, step, all);
   } else if (job_.rank == 0) {
     save_checkpoint(checkpoint_path_, *model_, *optimizer_, *scheduler_, epochs_done, step, all, amp_->scaler());
   }

@@ -147,7 +147,8 @@ class Trainer {
   // `scheduler` may be null only without --checkpoint-dir.
   int64_t start(optim::Optimizer& optimizer, optim::LRScheduler* scheduler);
   bool resumed() const { return resumed_; }
-  // The checkpoint file (data parallel) or manifest (pipelined); empty without --checkpoint-dir.
+  // The checkpoint file (data parallel), manifest (pipelined) or index (sharded); empty without
+  // --checkpoint-dir.
   const std::string& checkpoint_path() const { return checkpoint_path_; }
 
   // One optimizer step: data parallel, this process's `accumulate` micro-batches; pipelined, one,

@@ -3,6 +3,7 @@
 // fsdp_worker.cpp (against DDP + Adam on an identical model, float64, within 1e-10).
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,17 @@ TEST_CASE("FSDP on sim devices: collectives on the communication stream, ordered
   require_all_ok(run(3, {"equivalence", "transformer", "full_shard", "sim:0"}, env));
   require_all_ok(run(2, {"equivalence", "gpt", "full_shard", "sim:0"}, env));
   require_all_ok(run(2, {"equivalence", "mlp", "shard_grad_op", "sim:0"}, env));
+}
+
+TEST_CASE("FSDP sharded checkpoints resume bit-exactly, read whole, and reshard to another world size", "[distributed][fsdp][checkpoint]") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  for (const char* model : {"mlp", "gpt"}) {
+    const std::string dir = std::string(tmp ? tmp : "/tmp") + "/fsdp_checkpoint_" + model;
+    INFO(model);
+    require_all_ok(run(4, {"checkpoint", model, "full_shard", dir, "save"}));
+    require_all_ok(run(2, {"checkpoint", model, "full_shard", dir, "reshard"}));
+    require_all_ok(run(3, {"checkpoint", model, "shard_grad_op", dir, "reshard"}));
+  }
 }
 
 TEST_CASE("FSDP refuses another model on one rank, frozen parameters and blocks owning nothing", "[distributed][fsdp][errors]") {

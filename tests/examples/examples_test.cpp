@@ -439,7 +439,6 @@ TEST_CASE("gpt --sharding full_shard and shard_grad_op on 2 processes train as o
     }
   }
   const std::vector<std::pair<std::string, std::string>> refused = {
-      {" --sharding full_shard --checkpoint-dir " + scratch("gpt_sharded_ckpt"), "sharded checkpoints are not built yet"},
       {" --sharding full_shard --amp fp16", "one loss scale over the shards is not built"},
       {" --sharding full_shard --pipeline-stages 1", "with a pipeline; choose one"},
       {" --sharding zero9", "--sharding"}};
@@ -453,19 +452,31 @@ TEST_CASE("gpt --sharding full_shard and shard_grad_op on 2 processes train as o
 
 // Sharded by stage (PipelineStage::save_checkpoint): an interrupted pipelined run resumed from its
 // checkpoint writes the uninterrupted run's final stage files and manifest byte for byte.
-TEST_CASE("gpt and bert pipelined: a resumed run ends with the uninterrupted run's checkpoint bytes",
-          "[examples][pipeline][checkpoint]") {
-  const std::vector<std::pair<std::string, std::string>> programs = {
-      {"gpt", binary("examples/gpt/gpt") + gpt_flags + " --steps 8 --eval-sequences 16"},
-      {"bert", binary("examples/bert/bert") + " --config tiny --seq-len 32 --batch-size 8 --steps 8 --eval-sequences 16 "
-                                              "--log-every 0 --threads 1"}};
-  for (const auto& [name, program] : programs) {
+// The same with --sharding full_shard: every rank's shard file and the index, byte for byte.
+TEST_CASE("gpt and bert pipelined or sharded: a resumed run ends with the uninterrupted run's checkpoint bytes",
+          "[examples][pipeline][sharding][checkpoint]") {
+  const std::string gpt = binary("examples/gpt/gpt") + gpt_flags + " --steps 8 --eval-sequences 16";
+  const std::string bert = binary("examples/bert/bert") +
+                           " --config tiny --seq-len 32 --batch-size 8 --steps 8 --eval-sequences 16 --log-every 0 --threads 1";
+  const std::string piped = " --pipeline-stages 2 --micro-batches 2", sharded = " --sharding full_shard";
+  const std::vector<std::string> pipe_files = {"pipeline-checkpoint.json", "pipeline-step8-stage0-of-2.safetensors",
+                                               "pipeline-step8-stage1-of-2.safetensors"};
+  const std::vector<std::string> shard_files = {"fsdp-checkpoint.json", "fsdp-step8-rank0-of-2.safetensors",
+                                                "fsdp-step8-rank1-of-2.safetensors"};
+  struct Case {
+    std::string name, program, layout;
+    std::vector<std::string> files;
+  };
+  const std::vector<Case> cases = {{"gpt_pipe", gpt, piped, pipe_files},
+                                   {"bert_pipe", bert, piped, pipe_files},
+                                   {"gpt_shard", gpt, sharded, shard_files},
+                                   {"bert_shard", bert, sharded, shard_files}};
+  for (const auto& [name, program, layout, files] : cases) {
     auto launch = [&](const std::string& flags) {
       return run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " +
-                 std::to_string(chorus::testing::free_port()) + " " + program +
-                 " --pipeline-stages 2 --micro-batches 2 --checkpoint-every 3" + flags);
+                 std::to_string(chorus::testing::free_port()) + " " + program + layout + " --checkpoint-every 3" + flags);
     };
-    const fs::path whole = scratch(name + "_pipe_whole"), parts = scratch(name + "_pipe_parts");
+    const fs::path whole = scratch(name + "_whole"), parts = scratch(name + "_parts");
     Run a = launch(" --checkpoint-dir " + whole.string());
     INFO(name << ": " << a.output);
     REQUIRE(a.code == 0);
@@ -475,10 +486,9 @@ TEST_CASE("gpt and bert pipelined: a resumed run ends with the uninterrupted run
     Run b2 = launch(" --resume auto --checkpoint-dir " + parts.string());
     INFO(b2.output);
     REQUIRE(b2.code == 0);
-    CHECK(b2.output.find("resumed from " + (parts / "pipeline-checkpoint.json").string() + " at step 5") != std::string::npos);
+    CHECK(b2.output.find("resumed from " + (parts / files[0]).string() + " at step 5") != std::string::npos);
     CHECK(b2.summary["heldout_loss"].get<double>() == a.summary["heldout_loss"].get<double>());
-    for (const char* file : {"pipeline-checkpoint.json", "pipeline-step8-stage0-of-2.safetensors",
-                             "pipeline-step8-stage1-of-2.safetensors"}) {
+    for (const std::string& file : files) {
       const std::string x = chorus::testing::slurp((whole / file).string());
       const std::string y = chorus::testing::slurp((parts / file).string());
       INFO(file);
