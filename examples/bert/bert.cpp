@@ -62,7 +62,7 @@ std::string param_group(const std::string& name, const Tensor&) {
   return exempt ? "no_decay" : "decay";
 }
 
-std::unique_ptr<optim::AdamW> make_optimizer(const examples::Trainer& trainer, const Flags& f) {
+std::unique_ptr<optim::Optimizer> make_optimizer(examples::Trainer& trainer, const Flags& f) {
   optim::ParamGroup decay, no_decay;
   decay.params = trainer.parameters("decay");
   no_decay.params = trainer.parameters("no_decay");
@@ -71,7 +71,9 @@ std::unique_ptr<optim::AdamW> make_optimizer(const examples::Trainer& trainer, c
   optim::AdamOptions o = optim::AdamW::default_options();
   o.lr = f.lr;
   o.eps = 1e-6;
-  return std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup>{decay, no_decay}, o);
+  return trainer.make_optimizer({decay, no_decay}, [o](std::vector<optim::ParamGroup> groups) {
+    return std::make_unique<optim::AdamW>(std::move(groups), o);
+  });
 }
 
 struct EvalResult {
@@ -188,7 +190,7 @@ int main(int argc, char** argv) {
     const int64_t parameters = examples::count_parameters(*model);
     o.identity = {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}};
     // Null once a pipeline or FullyShardedDataParallel holds the blocks.
-    models::BertForPreTraining* whole = pipelined || f.common.sharding != "none" ? nullptr : model.get();
+    models::BertForPreTraining* whole = examples::keeps_whole_model(f.common) ? model.get() : nullptr;
     examples::Trainer trainer(o, job, model,
                               {.forward = [whole](const TensorList& in) { return whole->masked_lm_outputs(in[0], in[1], in[2]); },
                                .loss = models::BertForPreTraining::pipeline_loss});

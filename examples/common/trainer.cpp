@@ -19,9 +19,10 @@ void add_common_options(CLI::App& app, CommonFlags& f, const std::string& data_h
                  fmt::format("folder holding {} (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)", data_holds));
   add_amp_option(app, f.amp);
   app.add_option("--sharding", f.sharding,
-                 "data parallel with sharded parameters, gradients and optimizer state (FullyShardedDataParallel: "
-                 "shard_grad_op is ZeRO-2, full_shard ZeRO-3), or none (DDP)")
-      ->check(CLI::IsMember({"none", "shard_grad_op", "full_shard"}));
+                 "data parallel with sharded optimizer state (zero1: ZeroRedundancyOptimizer under DDP), also "
+                 "gradients (shard_grad_op: ZeRO-2) and parameters (full_shard: ZeRO-3; FullyShardedDataParallel), or "
+                 "none (DDP)")
+      ->check(CLI::IsMember({"none", "zero1", "shard_grad_op", "full_shard"}));
   app.add_option("--checkpoint-dir", f.checkpoint_dir,
                  "write checkpoints here (checkpoint.safetensors; pipelined, a folder of stage files and "
                  "pipeline-checkpoint.json)");
@@ -49,7 +50,7 @@ Job join_job(TrainerOptions& o) {
     if (f.powersgd_rank > 0) fail("{}: --powersgd-rank compresses DDP's gradients; a pipeline takes none", o.program);
     if (f.sharding != "none") fail("{}: --sharding {} with a pipeline; choose one", o.program, f.sharding);
     join_pipeline(o.program, f.amp, job);
-  } else if (f.sharding != "none" && f.amp == "fp16") {
+  } else if ((f.sharding == "shard_grad_op" || f.sharding == "full_shard") && f.amp == "fp16") {
     fail("{}: --sharding {} with --amp fp16: one loss scale over the shards is not built; use --amp bf16", o.program,
          f.sharding);
   } else if (f.sharding != "none" && f.powersgd_rank > 0) {
@@ -103,6 +104,14 @@ void Trainer::make_data_parallel(std::shared_ptr<nn::Module> model) {
   }
   amp_ = std::make_unique<MixedPrecision>(o_.flags.amp, o_.device.type);
   if (!o_.flags.checkpoint_dir.empty()) checkpoint_path_ = o_.flags.checkpoint_dir + "/checkpoint.safetensors";
+}
+
+std::unique_ptr<optim::Optimizer> Trainer::make_optimizer(std::vector<optim::ParamGroup> groups,
+                                                          const OptimizerFactory& make) {
+  if (o_.flags.sharding != "zero1") return make(std::move(groups));
+  auto zero = std::make_unique<distributed::ZeroRedundancyOptimizer>(std::move(groups), pipeline_group(job_), make);
+  zero_ = zero.get();
+  return zero;
 }
 
 std::vector<Tensor> Trainer::parameters() const {
@@ -220,8 +229,11 @@ void Trainer::save(int64_t epochs_done, int64_t step, const nn::Metadata& extra)
     stage_->save_checkpoint(o_.flags.checkpoint_dir, *optimizer_, scheduler_, epochs_done, step, all);
   } else if (fsdp_) {  // every rank writes its shards
     fsdp_->save_checkpoint(o_.flags.checkpoint_dir, *optimizer_, scheduler_, epochs_done, step, all);
-  } else if (job_.rank == 0) {
-    save_checkpoint(checkpoint_path_, *model_, *optimizer_, *scheduler_, epochs_done, step, all, amp_->scaler());
+  } else {
+    // zero1: the whole optimizer state gathered on rank 0 first (a collective), so the file is a
+    // plain DDP checkpoint that loads at any world size.
+    if (zero_) zero_->consolidate_state_dict(0);
+    if (job_.rank == 0) save_checkpoint(checkpoint_path_, *model_, *optimizer_, *scheduler_, epochs_done, step, all, amp_->scaler());
   }
   job_.log(fmt::format("saved {} at step {}", checkpoint_path_, step));
 }
@@ -283,6 +295,7 @@ nlohmann::json Trainer::summary() const {
                      {"allreduce_elements", powersgd_->uncompressed_elements},
                      {"compression", powersgd_->compression_rate()}};
   }
+  if (zero_) s["sharding"] = "zero1";
   if (fsdp_) {
     s["sharding"] = o_.flags.sharding;
     s["shard_elements"] = fsdp_->shard_numel();

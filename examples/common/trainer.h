@@ -9,7 +9,8 @@
 //   - pipelined (any pipeline flag, docs/pipeline.md): the model's pipeline_blocks() cut into
 //     stages, every rank given the whole global batch, a sharded checkpoint folder;
 //   - sharded (--sharding shard_grad_op|full_shard, docs/sharding.md): the model's pipeline_blocks()
-//     under FullyShardedDataParallel, each rank its share of the batch as with DDP.
+//     under FullyShardedDataParallel, each rank its share of the batch as with DDP; --sharding zero1
+//     is DDP with the optimizer's state sharded (ZeroRedundancyOptimizer, make_optimizer).
 //
 // An example describes its model once, for both:
 //
@@ -40,6 +41,7 @@
 #include "distributed/fsdp.h"
 #include "distributed/pipeline/pipeline.h"
 #include "distributed/powersgd.h"
+#include "distributed/zero_redundancy_optimizer.h"
 #include "examples/common/example_util.h"
 #include "examples/common/pipeline_flags.h"
 
@@ -55,7 +57,7 @@ struct CommonFlags {
   std::string resume = "no";  // no, always (the bare flag), auto (when a checkpoint exists)
   std::string trace;
   double log_every_s = 10;
-  std::string sharding = "none";    // none, shard_grad_op or full_shard (FullyShardedDataParallel)
+  std::string sharding = "none";    // none, zero1 (ZeroRedundancyOptimizer), shard_grad_op or full_shard (FSDP)
   int powersgd_rank = 0;            // DDP's PowerSGD hook of this rank (0: plain allreduce)
   int64_t powersgd_start = 10;      // iterations of plain allreduce first
   PipelineFlags pipeline;
@@ -63,6 +65,12 @@ struct CommonFlags {
   // --data-dir's value or the default folder.
   std::string data_root() const;
 };
+
+// Whether the flags keep the whole model on each rank (DDP, zero1), so that an example's
+// Task::forward may use it; pipelines and FSDP take the model's blocks instead.
+inline bool keeps_whole_model(const CommonFlags& f) {
+  return !f.pipeline.enabled() && f.sharding != "shard_grad_op" && f.sharding != "full_shard";
+}
 
 // `data_holds`: what --data-dir must hold, for its help ("sotu/ and bert/vocab.txt").
 void add_common_options(CLI::App& app, CommonFlags& f, const std::string& data_holds);
@@ -121,7 +129,7 @@ class Trainer {
     if (o_.flags.pipeline.enabled()) {
       make_stage(model->pipeline_blocks());
       model.reset();
-    } else if (o_.flags.sharding != "none") {
+    } else if (!keeps_whole_model(o_.flags)) {
       make_sharded(model->pipeline_blocks());
       model.reset();
     } else {
@@ -141,6 +149,12 @@ class Trainer {
   std::vector<Tensor> parameters() const;
   std::vector<Tensor> parameters(const std::string& key) const;
   nn::NamedTensors named_parameters() const;
+
+  using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<optim::ParamGroup>)>;
+  // The optimizer over `groups` (made of parameters()): make(groups), or with --sharding zero1 a
+  // ZeroRedundancyOptimizer over them (each rank keeps the state of its share of the parameters,
+  // made by `make`, and broadcasts them after its step).
+  std::unique_ptr<optim::Optimizer> make_optimizer(std::vector<optim::ParamGroup> groups, const OptimizerFactory& make);
 
   // Takes the optimizer and scheduler the steps use and, when --resume says so, restores them and
   // the model from the checkpoint (logged); returns the step to continue from (0 afresh).
@@ -199,6 +213,7 @@ class Trainer {
   std::unique_ptr<distributed::FullyShardedDataParallel> fsdp_;
   std::unique_ptr<MixedPrecision> amp_;
   std::shared_ptr<distributed::PowerSGDState> powersgd_;  // with --powersgd-rank under DDP
+  distributed::ZeroRedundancyOptimizer* zero_ = nullptr;   // with --sharding zero1 (the optimizer)
   optim::Optimizer* optimizer_ = nullptr;
   optim::LRScheduler* scheduler_ = nullptr;
   std::string checkpoint_path_;

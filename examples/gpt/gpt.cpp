@@ -135,7 +135,7 @@ std::shared_ptr<data::TensorDataset> windows(const std::vector<int64_t>& ids, in
 // parameters or, with --sharding, shards of them.
 std::string param_group(const std::string&, const Tensor& p) { return p.dim() >= 2 ? "decay" : "no_decay"; }
 
-std::unique_ptr<optim::AdamW> make_optimizer(const examples::Trainer& trainer, const Flags& f) {
+std::unique_ptr<optim::Optimizer> make_optimizer(examples::Trainer& trainer, const Flags& f) {
   optim::ParamGroup decay, no_decay;
   decay.params = trainer.parameters("decay");
   no_decay.params = trainer.parameters("no_decay");
@@ -144,7 +144,9 @@ std::unique_ptr<optim::AdamW> make_optimizer(const examples::Trainer& trainer, c
   optim::AdamOptions o = optim::AdamW::default_options();
   o.lr = f.lr;
   o.beta2 = 0.95;
-  return std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup>{decay, no_decay}, o);
+  return trainer.make_optimizer({decay, no_decay}, [o](std::vector<optim::ParamGroup> groups) {
+    return std::make_unique<optim::AdamW>(std::move(groups), o);
+  });
 }
 
 // Mean held-out loss per token over the first `limit` windows (every window has seq_len tokens),
@@ -248,7 +250,7 @@ int main(int argc, char** argv) {
                   {"tokenizer", f.tokenizer},
                   {"vocab_size", std::to_string(tok.vocab_size())}};
     // Null once a pipeline or FullyShardedDataParallel holds the blocks.
-    models::GPT2LMHeadModel* whole = pipelined || f.common.sharding != "none" ? nullptr : model.get();
+    models::GPT2LMHeadModel* whole = examples::keeps_whole_model(f.common) ? model.get() : nullptr;
     examples::Trainer trainer(o, job, model,
                               {.forward = [whole](const TensorList& in) { return TensorList{whole->forward(in[0])}; },
                                .loss = models::GPT2LMHeadModel::pipeline_loss});

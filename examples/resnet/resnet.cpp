@@ -102,7 +102,8 @@ examples::Trainer make_trainer(const Flags& f, const examples::TrainerOptions& o
     const int64_t converted = distributed::convert_sync_batchnorm(*net, job.group);
     job.log(fmt::format("SyncBatchNorm: {} BatchNorm layers take statistics over all {} processes", converted, job.world));
   }
-  models::ResNet* whole = o.flags.pipeline.enabled() ? nullptr : net.get();  // a pipeline's stages hold the blocks
+  // Null once a pipeline or FullyShardedDataParallel holds the blocks.
+  models::ResNet* whole = examples::keeps_whole_model(o.flags) ? net.get() : nullptr;
   examples::Task task{.forward = [whole](const TensorList& in) { return TensorList{whole->forward(in[0])}; },
                       .loss = [correct](const TensorList& out, const TensorList& y) {
                         if (autograd::GradMode::is_enabled()) {  // training, not evaluation
@@ -126,9 +127,12 @@ nlohmann::json run_synthetic(const Flags& f, const examples::TrainerOptions& o, 
   examples::Trainer trainer = make_trainer(f, o, job, net, &correct);
   // Goyal et al.'s linear scaling (lr 0.1 per 256 images): the same random batch every step at
   // lr 0.1 and batch 8 diverges, and a throughput run should still train sanely.
-  optim::SGD opt(trainer.parameters(), {.lr = f.lr * static_cast<double>(f.batch_size) / 256.0, .momentum = 0.9,
-                                        .weight_decay = f.weight_decay});
-  trainer.start(opt, nullptr);
+  const optim::SGDOptions sgd{.lr = f.lr * static_cast<double>(f.batch_size) / 256.0, .momentum = 0.9,
+                              .weight_decay = f.weight_decay};
+  auto opt = trainer.make_optimizer(optim::single_group(trainer.parameters()), [sgd](std::vector<optim::ParamGroup> g) {
+    return std::make_unique<optim::SGD>(std::move(g), sgd);
+  });
+  trainer.start(*opt, nullptr);
   Tensor x = randn({local_batch, 3, f.image_size, f.image_size}).to(o.device);
   if (f.channels_last) x = x.contiguous(MemoryFormat::ChannelsLast);
   Tensor y = randint(0, 1000, {local_batch}).to(o.device);
@@ -180,11 +184,14 @@ nlohmann::json run_fashion_mnist(const Flags& f, const examples::TrainerOptions&
   const int64_t parameters = examples::count_parameters(*net);
   int64_t correct = 0;
   examples::Trainer trainer = make_trainer(f, o, job, net, &correct);
-  optim::SGD opt(trainer.parameters(), {.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay, .nesterov = true});
+  const optim::SGDOptions sgd{.lr = f.lr, .momentum = 0.9, .weight_decay = f.weight_decay, .nesterov = true};
+  auto opt = trainer.make_optimizer(optim::single_group(trainer.parameters()), [sgd](std::vector<optim::ParamGroup> g) {
+    return std::make_unique<optim::SGD>(std::move(g), sgd);
+  });
   const int64_t steps_per_epoch = loader.size();
   const int64_t total_steps = steps_per_epoch * f.epochs;
-  optim::WarmupDecayLR sched(opt, std::min<int64_t>(200, total_steps / 10), total_steps, optim::WarmupDecayLR::Decay::Cosine);
-  int64_t step = trainer.start(opt, &sched);
+  optim::WarmupDecayLR sched(*opt, std::min<int64_t>(200, total_steps / 10), total_steps, optim::WarmupDecayLR::Decay::Cosine);
+  int64_t step = trainer.start(*opt, &sched);
   auto save = [&](int64_t epochs_done) { trainer.save(epochs_done, step, {{"dataset", "fashion-mnist"}}); };
   auto lists = [&](const data::Batch& b) {
     return examples::Lists{{f.channels_last ? b.data.to(o.device).contiguous(MemoryFormat::ChannelsLast) : b.data},
@@ -238,7 +245,7 @@ nlohmann::json run_fashion_mnist(const Flags& f, const examples::TrainerOptions&
         job.log(fmt::format("epoch {}/{} step {}/{} loss {:.4f}{} lr {:.4f} {:.1f} img/s ETA {}", epoch + 1, f.epochs,
                             in_epoch, steps_per_epoch, epoch_loss_sum / epoch_loss_n,
                             pipelined ? "" : fmt::format(" acc {:.2f}%", 100.0 * correct / seen),
-                            opt.param_groups()[0].lr(), rate,
+                            opt->param_groups()[0].lr(), rate,
                             examples::eta_str(static_cast<double>(total_steps - step) * f.batch_size / std::max(rate, 1e-9))));
       }
       if (f.checkpoint_every > 0 && step % f.checkpoint_every == 0 && in_epoch != steps_per_epoch) save(epoch);

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "distributed/ddp.h"
+#include "distributed/round_robin.h"
 #include "distributed/init.h"
 #include "examples/models/resnet.h"
 #include "nn/nn.h"
@@ -168,9 +169,16 @@ void link(int steps, double gbps) {
   Tensor big = ones({4 << 20});
   const double t16 = bench::median_time([&] { group->allreduce({big})->wait(); }, 1, 5);
   const double measured_bytes_per_s = 2.0 * (n - 1) / n * big.nbytes() / std::max(t16 - t0, 1e-9);
-  // The DDP step across the link (the same model, 25 MiB buckets).
+  // The DDP step across the link (the same model, 25 MiB buckets; CHORUS_BENCH_BUCKET_MB and
+  // CHORUS_BENCH_GROUPS=k: other buckets, and DDP over k round-robin process groups).
+  const char* groups_env = std::getenv("CHORUS_BENCH_GROUPS");
+  const char* bucket_env = std::getenv("CHORUS_BENCH_BUCKET_MB");
+  const int groups = groups_env ? std::max(1, std::atoi(groups_env)) : 1;
+  distributed::DDPOptions ddp_options;
+  if (bucket_env) ddp_options.bucket_cap_mb = std::atof(bucket_env);
   auto model = models::resnet18();
-  distributed::DistributedDataParallel ddp(model, group);
+  distributed::DistributedDataParallel ddp(model, groups > 1 ? distributed::round_robin_process_groups(groups) : group,
+                                           ddp_options);
   const double measured = bench::median_time([&] { model->zero_grad(); F::cross_entropy(ddp.forward(x), y).backward(); }, 2, steps);
   // Bucket sizes and ready points from the last iteration; the model in seconds.
   const std::vector<bench::BucketTiming> buckets = bench::bucket_timings(ddp);
@@ -185,7 +193,9 @@ void link(int steps, double gbps) {
   const double predicted = bench::iteration_time(buckets, fwd, bwd, n, gbps * 1e9 / 8, t0);
   const double predicted_measured_bw = bench::iteration_time(buckets, fwd, bwd, n, measured_bytes_per_s, t0);
   if (rank == 0) {
-    std::printf("ResNet-18 b16 x 3x64x64 per process, %d processes, link %.3g Gb/s, median of %d\n", n, gbps, steps);
+    std::printf("ResNet-18 b16 x 3x64x64 per process, %d processes, link %.3g Gb/s, median of %d, %d process group(s) "
+                "round robin, %.3g MiB buckets\n",
+                n, gbps, steps, groups, ddp_options.bucket_cap_mb);
     std::printf("compute: forward %.1f ms, backward %.1f ms; allreduce: 4 bytes %.2f ms, 16 MiB %.1f ms (%.3f Gb/s "
                 "achieved); %zu buckets, %.1f MiB (MiB@ready point: %s)\n",
                 fwd * 1e3, bwd * 1e3, t0 * 1e3, t16 * 1e3, measured_bytes_per_s * 8 / 1e9,

@@ -18,6 +18,7 @@
 #include "distributed/ddp.h"
 #include "distributed/init.h"
 #include "distributed/powersgd.h"
+#include "distributed/round_robin.h"
 #include "distributed/stream_group.h"
 #include "autograd/autocast.h"
 #include "distributed/sync_batchnorm.h"
@@ -625,6 +626,55 @@ void scenario_powersgd(const std::shared_ptr<ProcessGroup>& pg, Device device) {
   }
 }
 
+// Round-robin process groups (distributed/round_robin.h): collectives through 3 groups in turn give
+// the single group's results; DDP over 2 groups (tiny buckets, so several allreduces each step)
+// ends with the parameters of DDP over the default group bit for bit; groups of other ranks are
+// refused on every rank.
+void scenario_round_robin(const std::shared_ptr<ProcessGroup>& pg) {
+  const int rank = pg->rank(), world = pg->size();
+  auto rr = round_robin_process_groups(3);
+  check(rr->rank() == rank && rr->size() == world, "round robin: rank and size of the groups");
+  for (int k = 0; k < 6; ++k) {  // two turns through the three groups
+    Tensor t = full({4}, static_cast<double>(rank + k), {.dtype = kFloat64});
+    rr->allreduce({t})->wait();
+    const double want = world * k + world * (world - 1) / 2.0;
+    check(t.max().item<double>() == want && t.min().item<double>() == want, fmt::format("round robin allreduce {}", k));
+  }
+  Tensor b = full({3}, static_cast<double>(rank), {.dtype = kFloat64});
+  rr->broadcast({b}, world - 1)->wait();
+  check(b.min().item<double>() == world - 1, "round robin broadcast");
+  TensorList outs;
+  for (int r = 0; r < world; ++r) outs.push_back(zeros({2}, {.dtype = kFloat64}));
+  rr->allgather(outs, full({2}, static_cast<double>(rank), {.dtype = kFloat64}))->wait();
+  for (int r = 0; r < world; ++r) check(outs[r].min().item<double>() == r, "round robin allgather");
+  rr->barrier()->wait();
+  // DDP over the round robin against DDP over the default group.
+  auto a = make_model("mlp", kFloat64), ref = make_model("mlp", kFloat64);
+  DDPOptions small;
+  small.bucket_cap_mb = 0.001;
+  small.first_bucket_cap_mb = 0.001;
+  DistributedDataParallel ddp(a, rr, small), ref_ddp(ref, pg, small);
+  optim::SGD opt(a->parameters(), {.lr = 0.1, .momentum = 0.9}), ref_opt(ref->parameters(), {.lr = 0.1, .momentum = 0.9});
+  Tensor x = make_inputs("mlp", 4 * world, kFloat64).narrow(0, 4 * rank, 4);
+  manual_seed(9);
+  Tensor y = randint(0, 5, {4 * world}).narrow(0, 4 * rank, 4);
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    F::cross_entropy(ddp.forward(x), y).backward();
+    F::cross_entropy(ref_ddp.forward(x), y).backward();
+    opt.step();
+    ref_opt.step();
+  }
+  auto pa = a->named_parameters(), pr = ref->named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) check(equal(pa[i].second, pr[i].second), "round robin DDP: " + pa[i].first);
+  // A group of other ranks: refused on every rank (rank 0 holds a group of 1, the others none).
+  auto solo = new_group({0});
+  expect_error([&] { RoundRobinProcessGroup bad({pg, solo}); },
+               {rank == 0 ? "expected groups over the same ranks" : "group 1 is null"}, "round robin over other ranks");
+  std::printf("rank %d: round robin over 3 groups: collectives and DDP as one group\n", rank);
+}
+
 void scenario_zero1_mismatch(const std::shared_ptr<ProcessGroup>& pg) {
   auto model = make_model("mlp", kFloat64);
   if (pg->rank() == 1) model->push_back(std::make_shared<nn::Linear>(5, 5));
@@ -1057,6 +1107,7 @@ int main(int argc, char** argv) {
     else if (scenario == "syncbn") scenario_syncbn(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "zero1") scenario_zero1(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "zero1_mismatch") scenario_zero1_mismatch(pg);
+    else if (scenario == "round_robin") scenario_round_robin(pg);
     else if (scenario == "powersgd") scenario_powersgd(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "syncbn_amp") scenario_syncbn_amp(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else {

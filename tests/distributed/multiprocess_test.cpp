@@ -149,6 +149,11 @@ TEST_CASE("ZeroRedundancyOptimizer (ZeRO-1) steps as DDP + Adam, holds 1/N of th
   require_all_ok(run_dist_workers(3, {"zero1_mismatch"}, {}, 60));
 }
 
+TEST_CASE("round-robin process groups: collectives and DDP as over one group", "[distributed][groups]") {
+  require_all_ok(run_dist_workers(2, {"round_robin"}));
+  require_all_ok(run_dist_workers(3, {"round_robin"}));
+}
+
 TEST_CASE("PowerSGD: exact on sums of low rank, error feedback, and DDP training with it", "[distributed][powersgd]") {
   require_all_ok(run_dist_workers(2, {"powersgd"}));
   require_all_ok(run_dist_workers(3, {"powersgd"}));
