@@ -39,6 +39,7 @@ struct FullyShardedDataParallel::Flat {
   Tensor shard;    // [shard_numel], what the optimizer steps
   Tensor full;     // [shard_numel * world]; its storage is released between uses
   Tensor scratch;  // the all-gather's target while one is in flight (copied into `full` after)
+  Tensor gather_input;  // the shard in the gathered dtype, while its all-gather is in flight
   std::shared_ptr<Work> gather_work;
   // This backward: which parameters' gradients arrived, and the reduce-scatter once launched.
   std::vector<bool> arrived;
@@ -178,14 +179,18 @@ void FullyShardedDataParallel::build(const FSDPOptions& options) {
       }
       flat->shard_numel = (flat->numel + world - 1) / world;
       flat->arrived.assign(flat->params.size(), false);
-      flat->full = zeros({flat->shard_numel * world}, {.dtype = k.second, .device = device});
+      // The values in the parameters' dtype (the shards keep it); gathered in param_dtype if set.
+      Tensor master = zeros({flat->shard_numel * world}, {.dtype = k.second, .device = device});
+      for (size_t j = 0; j < flat->params.size(); ++j) {
+        master.narrow(0, flat->offsets[j], flat->params[j].numel()).copy_(flat->params[j].contiguous().reshape({-1}));
+      }
+      const bool cast = options.param_dtype && is_floating(k.second) && *options.param_dtype != k.second;
+      flat->full = cast ? master.to(*options.param_dtype) : master;
       for (size_t j = 0; j < flat->params.size(); ++j) {
         const Tensor& p = flat->params[j];
-        Tensor view = flat->full.narrow(0, flat->offsets[j], p.numel());
-        view.copy_(p.contiguous().reshape({-1}));
-        p.set_data(view.view(p.sizes()));
+        p.set_data(flat->full.narrow(0, flat->offsets[j], p.numel()).view(p.sizes()));
       }
-      flat->shard = flat->full.narrow(0, rank * flat->shard_numel, flat->shard_numel).clone();
+      flat->shard = master.narrow(0, rank * flat->shard_numel, flat->shard_numel).clone();
       flat->shard.requires_grad_(true);
       const size_t index = flats_.size();
       for (size_t j = 0; j < flat->params.size(); ++j) {
@@ -226,8 +231,10 @@ void FullyShardedDataParallel::start_gather(size_t u) {
   for (size_t fi : unit.flats) {
     Flat& f = *flats_[fi];
     f.full.storage()->reallocate();
+    f.gather_input = f.shard.dtype() == f.full.dtype() ? f.shard.detach() : f.shard.detach().to(f.full.dtype());
     if (world == 1) {
-      kernels::copy(f.full, f.shard);
+      kernels::copy(f.full, f.gather_input);
+      f.gather_input = Tensor();
       continue;
     }
     // Into a scratch buffer, then copied into `full` without an in-place write's version bump:
@@ -236,7 +243,7 @@ void FullyShardedDataParallel::start_gather(size_t u) {
     f.scratch = empty({f.shard_numel * world}, {.dtype = f.full.dtype(), .device = f.full.device()});
     TensorList outputs;
     for (int r = 0; r < world; ++r) outputs.push_back(f.scratch.narrow(0, r * f.shard_numel, f.shard_numel));
-    f.gather_work = group_->allgather(outputs, f.shard.detach());
+    f.gather_work = group_->allgather(outputs, f.gather_input);
   }
   unit.state = Unit::State::Gathering;
 }
@@ -253,6 +260,7 @@ void FullyShardedDataParallel::finish_gather(size_t u) {
     if (!fault::removed(fault::Point::kFsdpGatherWait)) f.gather_work->wait();
     kernels::copy(f.full, f.scratch);
     f.scratch = Tensor();
+    f.gather_input = Tensor();
     f.gather_work = nullptr;
   }
   unit.state = Unit::State::Gathered;
@@ -292,6 +300,10 @@ TensorList FullyShardedDataParallel::forward(const TensorList& inputs) {
   if (first_block == 1) gather(0);
   if (options_.prefetch && first_block < units_.size()) start_gather(first_block);
   TensorList x = inputs;
+  if (options_.param_dtype) {
+    for (Tensor& t : x)
+      if (t.defined() && is_floating(t.dtype()) && t.dtype() != *options_.param_dtype) t = t.to(*options_.param_dtype);
+  }
   for (size_t u = first_block; u < units_.size(); ++u) {
     gather(u);
     if (options_.prefetch && u + 1 < units_.size()) start_gather(u + 1);
@@ -377,11 +389,13 @@ void FullyShardedDataParallel::finish_backward() {
       const TensorList& result = f.reduce_work->result();
       if (!result.empty() && !result[0].is_same(f.reduce_out)) f.reduce_out.copy_(result[0]);
     }
+    // In the shard's dtype (mixed precision reduces in the gathered one).
+    const Tensor reduced = f.reduce_out.dtype() == f.shard.dtype() ? f.reduce_out : f.reduce_out.to(f.shard.dtype());
     Tensor& g = f.shard.mutable_grad();
     if (g.defined()) {
-      g.add_(f.reduce_out);  // accumulating over backward passes, as .grad does
+      g.add_(reduced);  // accumulating over backward passes, as .grad does
     } else {
-      g = f.reduce_out;
+      g = reduced;
     }
     f.reduce_in = Tensor();
     f.reduce_out = Tensor();
@@ -438,12 +452,32 @@ double FullyShardedDataParallel::clip_grad_norm_(double max_norm) {
 nn::NamedTensors FullyShardedDataParallel::full_state_dict() {
   if (backward_queued_) fail("FullyShardedDataParallel::full_state_dict: called during a backward pass");
   NoGradGuard no_grad;
-  for (auto& u : units_) u->fresh = false;
-  for (size_t u = 0; u < units_.size(); ++u) gather(u);
+  const int world = group_->size();
+  // Each flat parameter whole, from the shards (their dtype, not the gathered one), on the CPU.
+  std::map<std::string, Tensor> params;
+  for (const auto& f : flats_) {
+    Tensor whole = f->shard.detach();
+    if (world > 1) {
+      whole = empty({f->shard_numel * world}, {.dtype = f->shard.dtype(), .device = f->shard.device()});
+      TensorList outputs;
+      for (int r = 0; r < world; ++r) outputs.push_back(whole.narrow(0, r * f->shard_numel, f->shard_numel));
+      group_->allgather(outputs, f->shard.detach())->wait();
+    }
+    whole = whole.to(kCPU);
+    for (size_t j = 0; j < f->params.size(); ++j) {
+      params[f->names[j]] = whole.narrow(0, f->offsets[j], f->params[j].numel()).reshape(f->params[j].sizes()).clone();
+    }
+  }
   nn::NamedTensors out;
-  for (const auto& [name, t] : model_.model->state_dict()) out.emplace_back(name, t.to(kCPU).clone());
-  for (size_t u = 0; u < units_.size(); ++u) reshard(u);
-  return out;
+  for (const auto& [name, t] : model_.model->named_parameters()) out.emplace_back(name, params.at(name));
+  for (const auto& [name, b] : model_.model->named_buffers()) out.emplace_back(name, b.to(kCPU).clone());
+  // model->state_dict()'s order: parameters and buffers as it interleaves them.
+  nn::NamedTensors ordered;
+  for (const auto& [name, t] : model_.model->state_dict()) {
+    for (auto& entry : out)
+      if (entry.first == name) ordered.push_back(entry);
+  }
+  return ordered;
 }
 
 void FullyShardedDataParallel::load_full_state_dict(const nn::NamedTensors& state) {
@@ -462,21 +496,19 @@ void FullyShardedDataParallel::load_full_state_dict(const nn::NamedTensors& stat
   };
   const int rank = group_->rank();
   for (auto& f : flats_) {
-    f->full.storage()->reallocate();
+    // This rank's slice of the flat parameter, in the shard's dtype.
+    Tensor master = zeros({f->shard_numel * group_->size()}, {.dtype = f->shard.dtype()});
     for (size_t j = 0; j < f->params.size(); ++j) {
       const Tensor& src = find(f->names[j], f->params[j]);
-      f->full.narrow(0, f->offsets[j], f->params[j].numel()).copy_(src.to(f->full.device()).to(f->full.dtype()).reshape({-1}));
+      master.narrow(0, f->offsets[j], f->params[j].numel()).copy_(src.to(kCPU).to(f->shard.dtype()).reshape({-1}));
     }
-    f->shard.copy_(f->full.narrow(0, rank * f->shard_numel, f->shard_numel));
+    f->shard.copy_(master.narrow(0, rank * f->shard_numel, f->shard_numel).to(f->shard.device()));
   }
   for (const auto& [name, b] : model_.model->named_buffers()) {
     Tensor dst = b;
     dst.copy_(find(name, b).to(b.device()).to(b.dtype()));
   }
-  for (size_t u = 0; u < units_.size(); ++u) {
-    units_[u]->state = Unit::State::Gathered;
-    reshard(u);
-  }
+  for (size_t u = 0; u < units_.size(); ++u) reshard(u);
 }
 
 int64_t FullyShardedDataParallel::numel() const {

@@ -30,6 +30,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,12 @@ struct FSDPOptions {
   // matrices and "no_decay" for biases and norms, so an optimizer can give them their own groups:
   // parameters(key)); called with each parameter's whole-model name. Default: one key, "".
   std::function<std::string(const std::string& name, const Tensor& parameter)> flat_group;
+  // Mixed precision (PyTorch's MixedPrecision(param_dtype=...)): floating-point parameters are
+  // all-gathered and computed in this dtype (bfloat16: half the all-gather traffic and gathered
+  // memory) while the shards the optimizer steps keep theirs (float32); gradients are
+  // reduce-scattered in it and accumulated into the shards' dtype. Floating-point inputs of the
+  // first block are cast to it. Unset: parameters are gathered as they are.
+  std::optional<DType> param_dtype;
 };
 
 class FullyShardedDataParallel {
@@ -80,8 +87,9 @@ class FullyShardedDataParallel {
   // optim::clip_grad_norm_ does for one process; returns the norm before clipping.
   double clip_grad_norm_(double max_norm);
 
-  // The whole model's state dict (parameters and this rank's buffers) on the CPU, names and order
-  // as model->state_dict(). A collective: every rank calls it and gets the same.
+  // The whole model's state dict (parameters from the shards, in their dtype, and this rank's
+  // buffers) on the CPU, names and order as model->state_dict(). A collective: every rank calls it
+  // and gets the same.
   nn::NamedTensors full_state_dict();
   // Loads a whole model's state dict (as full_state_dict gives, or a one-process model's) into the
   // shards and buffers; every entry of the model must be present with its shape. Every rank calls

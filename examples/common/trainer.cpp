@@ -86,6 +86,9 @@ void Trainer::make_sharded(pp::BlockModel blocks) {
   distributed::FSDPOptions options;
   options.sharding_strategy = distributed::parse_sharding_strategy(o_.flags.sharding);
   options.flat_group = o_.param_group;
+  // --amp bf16: parameters gathered and computed in bf16 over float32 shards (and autocast as
+  // without sharding, which keeps softmax, norms and losses in float32).
+  if (o_.flags.amp == "bf16") options.param_dtype = kBFloat16;
   fsdp_ = std::make_unique<distributed::FullyShardedDataParallel>(std::move(blocks), pipeline_group(job_), options);
   amp_ = std::make_unique<MixedPrecision>(o_.flags.amp, o_.device.type);
   job_.log(fmt::format("sharding: {} over {} processes, {} of {} parameter elements on each", o_.flags.sharding, job_.world,

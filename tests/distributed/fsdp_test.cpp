@@ -62,6 +62,13 @@ TEST_CASE("FSDP sharded checkpoints resume bit-exactly, read whole, and reshard 
   }
 }
 
+TEST_CASE("FSDP mixed precision: bf16 gathers and compute over float32 shards track float32 DDP", "[distributed][fsdp][amp]") {
+  for (const char* model : {"mlp", "transformer", "gpt"}) {
+    INFO(model);
+    require_all_ok(run(2, {"mixed", model}));
+  }
+}
+
 TEST_CASE("FSDP refuses another model on one rank, frozen parameters and blocks owning nothing", "[distributed][fsdp][errors]") {
   require_all_ok(run(2, {"errors"}));
 }

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <string>
 
+#include "autograd/autocast.h"
 #include "distributed/ddp.h"
 #include "distributed/fsdp.h"
 #include "distributed/init.h"
@@ -250,6 +251,62 @@ void scenario_checkpoint(const std::shared_ptr<ProcessGroup>& pg, const std::str
   }
 }
 
+// Mixed precision: param_dtype bfloat16 (gathers and compute in bf16 under bf16 autocast, float32
+// shards) against DDP in float32, SGD: every loss within 2% and, after 3 steps, every parameter
+// within 5% of the largest change DDP made (bf16 rounds to 3 significant digits); shards and full_state_dict
+// stay float32 while the model's parameters are bf16.
+void scenario_mixed(const std::shared_ptr<ProcessGroup>& pg, const std::string& kind) {
+  const int rank = pg->rank(), world = pg->size();
+  Workload mine = make_workload(kind), ref = make_workload(kind);
+  mine.root->to(kFloat32);
+  ref.root->to(kFloat32);
+  nn::NamedTensors start = ref.root->state_dict();
+  for (auto& [name, t] : start) t = t.clone();  // state_dict() aliases the live parameters
+  FSDPOptions options;
+  options.param_dtype = kBFloat16;
+  FullyShardedDataParallel fsdp(mine.blocks, pg, options);
+  check(fsdp.module().parameters().front().dtype() == kBFloat16, "mixed: the model's parameters are bf16");
+  check(fsdp.parameters().front().dtype() == kFloat32, "mixed: the shards stay float32");
+  auto ddp = std::make_shared<DistributedDataParallel>(ref.root, pg);
+  optim::SGD opt(fsdp.parameters(), {.lr = 0.1}), ref_opt(ref.root->parameters(), {.lr = 0.1});
+  double worst_loss = 0;
+  for (int step = 0; step < 3; ++step) {
+    TensorList in, tg;
+    mine.data(kPerRank * world, 300 + step, in, tg);
+    for (Tensor& t : in) t = t.narrow(0, rank * kPerRank, kPerRank).to(kFloat32);
+    for (Tensor& t : tg) t = t.narrow(0, rank * kPerRank, kPerRank);
+    if (kind == "gpt") in[0] = in[0].to(kInt64);
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    Tensor loss;
+    {
+      autocast::AutocastGuard bf16(DeviceType::CPU, kBFloat16);
+      loss = mine.loss(fsdp.forward(in), tg);
+    }
+    loss.backward();
+    Tensor ref_loss = ddp->forward([&] { return ref.whole_loss(in, tg); });
+    ref_loss.backward();
+    opt.step();
+    ref_opt.step();
+    worst_loss = std::max(worst_loss, std::abs(loss.item<double>() - ref_loss.item<double>()) / ref_loss.item<double>());
+  }
+  check(worst_loss <= 2e-2, fmt::format("mixed {}: losses differ from float32 DDP's by up to {} (relative)", kind, worst_loss));
+  const nn::NamedTensors got = fsdp.full_state_dict(), want = ref.root->state_dict();
+  // Against the largest change of any parameter: the attention's key bias has an exactly-zero
+  // gradient, so its own "change" is rounding noise, different in bf16 and float32.
+  double largest_change = 0, largest_difference = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    check(got[i].second.dtype() == kFloat32, "mixed: full_state_dict in float32: " + got[i].first);
+    largest_change = std::max(largest_change, (want[i].second - start[i].second).abs().max().item<double>());
+    largest_difference = std::max(largest_difference, (got[i].second - want[i].second).abs().max().item<double>());
+  }
+  const double worst = largest_difference / std::max(largest_change, 1e-300);
+  check(worst > 0, fmt::format("mixed {}: no parameter differs at all from float32 DDP's (bf16 not in use?)", kind));
+  check(worst <= 5e-2, fmt::format("mixed {}: parameters' changes differ from DDP's by up to {} of the change", kind, worst));
+  std::printf("rank %d: mixed precision %s: losses within %.2e, parameter changes within %.2e of float32 DDP's\n", rank,
+              kind.c_str(), worst_loss, worst);
+}
+
 void scenario_errors(const std::shared_ptr<ProcessGroup>& pg) {
   {
     Workload w = make_workload("mlp");
@@ -303,6 +360,8 @@ int main(int argc, char** argv) {
       scenario_equivalence(pg, argv[2], argv[3], device, prefetch, accumulate);
     } else if (scenario == "checkpoint" && argc == 6) {
       scenario_checkpoint(pg, argv[2], argv[3], argv[4], argv[5]);
+    } else if (scenario == "mixed" && argc == 3) {
+      scenario_mixed(pg, argv[2]);
     } else if (scenario == "errors") {
       scenario_errors(pg);
     } else {

@@ -440,6 +440,14 @@ TEST_CASE("gpt --sharding zero1, shard_grad_op and full_shard on 2 processes tra
       CHECK(std::abs(a - d) <= 1e-4 * std::abs(a));
     }
   }
+  // Mixed precision: bf16 gathers and compute over float32 shards (FSDP's param_dtype), bf16
+  // autocast: the held-out loss within 1% of one process in float32.
+  Run bf16 = run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " +
+                 std::to_string(chorus::testing::free_port()) + " " + gpt + " --sharding full_shard --amp bf16");
+  INFO(bf16.output);
+  REQUIRE(bf16.code == 0);
+  CHECK(std::abs(bf16.summary["heldout_loss"].get<double>() - alone.summary["heldout_loss"].get<double>()) <=
+        0.01 * alone.summary["heldout_loss"].get<double>());
   const std::vector<std::pair<std::string, std::string>> refused = {
       {" --sharding full_shard --amp fp16", "one loss scale over the shards is not built"},
       {" --sharding full_shard --pipeline-stages 1", "with a pipeline; choose one"},
