@@ -19,6 +19,7 @@
 #include "distributed/init.h"
 #include "distributed/powersgd.h"
 #include "distributed/round_robin.h"
+#include "distributed/hierarchical.h"
 #include "distributed/stream_group.h"
 #include "autograd/autocast.h"
 #include "distributed/sync_batchnorm.h"
@@ -675,6 +676,50 @@ void scenario_round_robin(const std::shared_ptr<ProcessGroup>& pg) {
   std::printf("rank %d: round robin over 3 groups: collectives and DDP as one group\n", rank);
 }
 
+// Hierarchical allreduce (distributed/hierarchical.h) with `local` processes per node: a sum of 37
+// rank-dependent values (not a multiple of the node size) equals the flat allreduce's within
+// float64 rounding, DDP with the hook equals plain DDP, and a node size that does not divide the
+// job is refused.
+void scenario_hierarchical(const std::shared_ptr<ProcessGroup>& pg, int local) {
+  const int rank = pg->rank(), world = pg->size();
+  auto h = HierarchicalGroups::make(local);
+  check(h->nodes() * local == world, "hierarchical: nodes x local size");
+  manual_seed(70 + rank);
+  Tensor t = randn({37}, {.dtype = kFloat64}), flat = t.clone();
+  h->allreduce(t);
+  pg->allreduce({flat})->wait();
+  check((t - flat).abs().max().item<double>() <= 1e-12 * flat.abs().max().item<double>(),
+        fmt::format("hierarchical allreduce ({} per node) differs from the flat one", local));
+  auto a = make_model("mlp", kFloat64), ref = make_model("mlp", kFloat64);
+  DDPOptions small;
+  small.bucket_cap_mb = 0.001;
+  small.first_bucket_cap_mb = 0.001;
+  DistributedDataParallel ddp(a, pg, small), ref_ddp(ref, pg, small);
+  ddp.register_comm_hook(hierarchical_allreduce_hook(h));
+  optim::SGD opt(a->parameters(), {.lr = 0.1, .momentum = 0.9}), ref_opt(ref->parameters(), {.lr = 0.1, .momentum = 0.9});
+  Tensor x = make_inputs("mlp", 4 * world, kFloat64).narrow(0, 4 * rank, 4);
+  manual_seed(9);
+  Tensor y = randint(0, 5, {4 * world}).narrow(0, 4 * rank, 4);
+  for (int step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    ref_opt.zero_grad();
+    F::cross_entropy(ddp.forward(x), y).backward();
+    F::cross_entropy(ref_ddp.forward(x), y).backward();
+    opt.step();
+    ref_opt.step();
+  }
+  double worst = 0;
+  auto pa = a->named_parameters(), pr = ref->named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) worst = std::max(worst, (pa[i].second - pr[i].second).abs().max().item<double>());
+  check(worst <= 1e-12, fmt::format("hierarchical DDP differs from plain DDP by {}", worst));
+  if (world % 4 != 0) {
+    expect_error([&] { HierarchicalGroups::make(4); }, {"4 processes per node does not divide the " + std::to_string(world)},
+                 "a node size that does not divide the job");
+  }
+  std::printf("rank %d: hierarchical allreduce, %d nodes x %d: as the flat one, DDP within %.1e\n", rank, h->nodes(),
+              local, worst);
+}
+
 void scenario_zero1_mismatch(const std::shared_ptr<ProcessGroup>& pg) {
   auto model = make_model("mlp", kFloat64);
   if (pg->rank() == 1) model->push_back(std::make_shared<nn::Linear>(5, 5));
@@ -1108,6 +1153,7 @@ int main(int argc, char** argv) {
     else if (scenario == "zero1") scenario_zero1(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "zero1_mismatch") scenario_zero1_mismatch(pg);
     else if (scenario == "round_robin") scenario_round_robin(pg);
+    else if (scenario == "hierarchical") scenario_hierarchical(pg, argc > 2 ? std::atoi(argv[2]) : 1);
     else if (scenario == "powersgd") scenario_powersgd(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "syncbn_amp") scenario_syncbn_amp(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else {

@@ -154,6 +154,17 @@ TEST_CASE("round-robin process groups: collectives and DDP as over one group", "
   require_all_ok(run_dist_workers(3, {"round_robin"}));
 }
 
+TEST_CASE("hierarchical allreduce: 2 nodes x 2, 1 x 4, 4 x 1, 1 x 3 and 3 x 1 sum as the flat one", "[distributed][hierarchical]") {
+  for (int local : {2, 4, 1}) {
+    INFO("4 processes, " << local << " per node");
+    require_all_ok(run_dist_workers(4, {"hierarchical", std::to_string(local)}));
+  }
+  for (int local : {3, 1}) {
+    INFO("3 processes, " << local << " per node");
+    require_all_ok(run_dist_workers(3, {"hierarchical", std::to_string(local)}));
+  }
+}
+
 TEST_CASE("PowerSGD: exact on sums of low rank, error feedback, and DDP training with it", "[distributed][powersgd]") {
   require_all_ok(run_dist_workers(2, {"powersgd"}));
   require_all_ok(run_dist_workers(3, {"powersgd"}));
