@@ -25,7 +25,8 @@ void add_common_options(CLI::App& app, CommonFlags& f, const std::string& data_h
       ->check(CLI::IsMember({"none", "zero1", "shard_grad_op", "full_shard"}));
   app.add_option("--checkpoint-dir", f.checkpoint_dir,
                  "write checkpoints here (checkpoint.safetensors; pipelined, a folder of stage files and "
-                 "pipeline-checkpoint.json)");
+                 "pipeline-checkpoint.json; with --sharding shard_grad_op|full_shard, a file per rank and "
+                 "fsdp-checkpoint.json)");
   add_resume_option(app, f.resume);
   app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration (this run's third step) to this file");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
@@ -53,7 +54,7 @@ Job join_job(TrainerOptions& o) {
   } else if ((f.sharding == "shard_grad_op" || f.sharding == "full_shard") && f.amp == "fp16") {
     fail("{}: --sharding {} with --amp fp16: one loss scale over the shards is not built; use --amp bf16", o.program,
          f.sharding);
-  } else if (f.sharding != "none" && f.powersgd_rank > 0) {
+  } else if (!keeps_whole_model(f) && f.powersgd_rank > 0) {
     fail("{}: --powersgd-rank compresses DDP's allreduce; --sharding {} reduce-scatters instead", o.program, f.sharding);
   }
   if (!f.pipeline.enabled() && o.global_batch % (job.world * o.accumulate) != 0) {
