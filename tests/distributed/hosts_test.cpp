@@ -182,6 +182,36 @@ TEST_CASE("two hosts over a veth pair train MNIST to the same parameters as one 
   std::printf("link down to both hosts exited: %.1f s\n", seconds);
 }
 
+// Hierarchical allreduce across real "nodes": 2 hosts x 2 processes (chorusrun --nnodes 2
+// --nproc-per-node 2 in each namespace): inside a host over loopback, across over the veth pair;
+// dist_worker's "hierarchical 2" checks the sum against the flat allreduce and DDP with the hook
+// against plain DDP (tests/distributed/dist_worker.cpp).
+TEST_CASE("two hosts x two processes: the hierarchical allreduce sums as the flat one", "[distributed][two_hosts][hierarchical]") {
+  if (!can_make_namespaces()) return;
+  TwoHosts hosts;
+  if (!hosts.ok) {
+    std::printf("CHORUS-SKIP: network namespaces cannot be created here: %s\n", hosts.why.c_str());
+    WARN("skipped: network namespaces cannot be created: " << hosts.why);
+    return;
+  }
+  const std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const int port = free_port();
+  auto node = [&](int i) {
+    return hosts.in(i, "env CHORUS_TIMEOUT_S=60 " + runfile("distributed/launcher/chorusrun") +
+                           " --nnodes 2 --nproc-per-node 2 --node-rank " + std::to_string(i) + " --master-addr " +
+                           hosts.addr[0] + " --master-port " + std::to_string(port) + " " +
+                           runfile("tests/distributed/dist_worker") + " hierarchical 2");
+  };
+  run_command("(" + node(0) + " > " + tmp + "/hier0.log 2>&1; echo $? > " + tmp + "/hier0.rc) & (" + node(1) + " > " +
+              tmp + "/hier1.log 2>&1; echo $? > " + tmp + "/hier1.rc); wait");
+  const std::string log0 = read_file(tmp + "/hier0.log"), log1 = read_file(tmp + "/hier1.log");
+  INFO("host 0:\n" << log0 << "\nhost 1:\n" << log1);
+  CHECK(read_file(tmp + "/hier0.rc") == "0\n");
+  CHECK(read_file(tmp + "/hier1.rc") == "0\n");
+  CHECK(log0.find("hierarchical allreduce, 2 nodes x 2") != std::string::npos);
+  CHECK(log1.find("CHECK FAILED") == std::string::npos);
+}
+
 TEST_CASE("four hosts on a bridge restart together after one host's worker is killed, and end where one host does",
           "[distributed][hosts][elastic]") {
   if (!can_make_namespaces()) return;
