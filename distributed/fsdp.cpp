@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "autograd/engine.h"
+#include "distributed/checkpoint_folder.h"
 #include "autograd/grad_mode.h"
 #include "kernels/dispatch.h"
 #include "tensor/fault.h"
@@ -523,16 +523,6 @@ int64_t FullyShardedDataParallel::shard_numel() const {
   return n;
 }
 
-size_t FullyShardedDataParallel::largest_unit_bytes() const {
-  size_t most = 0;
-  for (const auto& u : units_) {
-    size_t bytes = 0;
-    for (size_t fi : u->flats) bytes += flats_[fi]->full.storage()->nbytes();
-    most = std::max(most, bytes);
-  }
-  return most;
-}
-
 // ------------------------------------------------------------------ sharded checkpoints
 namespace {
 
@@ -545,18 +535,8 @@ std::string rank_file(int64_t step, int rank, int world, const std::string& gene
 
 nlohmann::json read_index(const std::string& dir) {
   const std::string path = fsdp_checkpoint_index(dir);
-  std::ifstream in(path);
-  if (!in) fail("FSDP checkpoint: no index {} (is {} an FSDP checkpoint's folder?)", path, dir);
-  nlohmann::json m;
-  try {
-    in >> m;
-  } catch (const std::exception& e) {
-    fail("FSDP checkpoint: the index {} is not valid JSON: {}", path, e.what());
-  }
-  if (!m.contains("step") || !m.contains("world_size") || !m.contains("files") || !m.contains("flats")) {
-    fail("FSDP checkpoint: the index {} lacks step, world_size, files or flats", path);
-  }
-  if (m["files"].size() != m["world_size"].get<size_t>()) {
+  nlohmann::json m = read_checkpoint_index(path, dir, "FSDP checkpoint", "index", {"step", "world_size", "files", "flats"});
+  if (!m["files"].is_array() || m["files"].size() != m["world_size"].get<size_t>()) {
     fail("FSDP checkpoint: the index {} names {} files for world size {}", path, m["files"].size(),
          m["world_size"].get<int64_t>());
   }
@@ -620,11 +600,7 @@ nn::NamedTensors load_fsdp_model(const std::string& dir) {
 }
 
 void FullyShardedDataParallel::agree(const std::string& error, const std::string& what) {
-  Tensor failed = full({1}, error.empty() ? 0.0 : 1.0, {.dtype = kFloat64});
-  if (group_->size() > 1) group_->allreduce({failed})->wait();
-  const int n = static_cast<int>(failed.item<double>());
-  if (!error.empty()) fail("FullyShardedDataParallel: {} failed: {}", what, error);
-  if (n > 0) fail("FullyShardedDataParallel: {} failed on {} other rank(s) (their errors name the cause)", what, n);
+  agree_on_failure(*group_, error, "FullyShardedDataParallel", what);
 }
 
 std::vector<size_t> FullyShardedDataParallel::optimizer_flats(const optim::Optimizer& optimizer) const {
@@ -662,18 +638,16 @@ void FullyShardedDataParallel::save_checkpoint(const std::string& dir, const opt
   std::error_code ec;
   fs::create_directories(dir, ec);
   // Saving a step the index already names writes the other generation of names (as a pipeline's).
-  double other = 0;
+  bool reuse_names = false;
   if (rank == 0 && has_fsdp_checkpoint(dir)) {
     try {
       const nlohmann::json m = read_index(dir);
-      if (m["step"].get<int64_t>() == step && m["files"][0].get<std::string>() == rank_file(step, 0, world, "")) other = 1;
+      reuse_names = m["step"].get<int64_t>() == step && m["files"][0].get<std::string>() == rank_file(step, 0, world, "");
     } catch (const std::exception&) {
       // an unreadable index is replaced below
     }
   }
-  Tensor gen = full({1}, other, {.dtype = kFloat64});
-  if (world > 1) group_->allreduce({gen})->wait();
-  const std::string generation = gen.item<double>() > 0 ? "b" : "";
+  const std::string generation = agree_generation(*group_, reuse_names);
   try {
     NoGradGuard no_grad;
     nn::Checkpoint c;
@@ -722,15 +696,8 @@ void FullyShardedDataParallel::save_checkpoint(const std::string& dir, const opt
   }
   agree(error, fmt::format("writing the index of step {} in {}", step, dir));
   // The index names this step's files now: this rank's older ones can go.
-  const std::string mine = rank_file(step, rank, world, generation);
-  const std::string suffix = fmt::format("-rank{}-of-{}.safetensors", rank, world);
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name != mine && name.rfind("fsdp-step", 0) == 0 && name.size() > suffix.size() &&
-        name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      fs::remove(e.path(), ec);
-    }
-  }
+  remove_superseded(dir, "fsdp-step", fmt::format("-rank{}-of-{}.safetensors", rank, world),
+                    rank_file(step, rank, world, generation));
   if (world > 1) group_->barrier()->wait();
 }
 

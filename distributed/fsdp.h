@@ -121,9 +121,6 @@ class FullyShardedDataParallel {
   // Elements of the whole model's parameters, and of this rank's shards (with padding).
   int64_t numel() const;
   int64_t shard_numel() const;
-  // Bytes of the largest unit gathered (what FullShard holds at once beyond the shards, about
-  // twice with prefetch).
-  size_t largest_unit_bytes() const;
 
  private:
   struct Flat;

@@ -13,6 +13,7 @@
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "distributed/checkpoint_folder.h"
 #include "distributed/init.h"
 #include "nn/utils/checkpoint.h"
 #include "tensor/caching_allocator.h"
@@ -990,18 +991,9 @@ std::string stage_file(int64_t step, int stage, int stages, const std::string& g
 }
 
 nlohmann::json read_manifest(const std::string& dir) {
-  const std::string path = pipeline_checkpoint_manifest(dir);
-  std::ifstream in(path);
-  if (!in) fail("pipeline checkpoint: no manifest {} (is {} a pipeline checkpoint's folder?)", path, dir);
-  nlohmann::json m;
-  try {
-    in >> m;
-  } catch (const std::exception& e) {
-    fail("pipeline checkpoint: the manifest {} is not valid JSON: {}", path, e.what());
-  }
-  if (!m.is_object() || !m.contains("step") || !m.contains("files") || !m["files"].is_array() || !m.contains("plan")) {
-    fail("pipeline checkpoint: the manifest {} lacks step, files or plan", path);
-  }
+  nlohmann::json m = read_checkpoint_index(pipeline_checkpoint_manifest(dir), dir, "pipeline checkpoint", "manifest",
+                                           {"step", "files", "plan"});
+  if (!m["files"].is_array()) fail("pipeline checkpoint: the manifest {}'s files are not a list", pipeline_checkpoint_manifest(dir));
   return m;
 }
 
@@ -1014,12 +1006,7 @@ bool has_pipeline_checkpoint(const std::string& dir) {
 }
 
 void PipelineStage::agree(const std::string& error, const std::string& what) {
-  // One allreduce of the failures: a rank's error ends the call on every rank, none waits alone.
-  Tensor failed = full({1}, error.empty() ? 0.0 : 1.0, {.dtype = kFloat64});
-  group_->allreduce({failed})->wait();
-  const int n = static_cast<int>(failed.item<double>());
-  if (!error.empty()) fail("{}: {} failed: {}", where(), what, error);
-  if (n > 0) fail("{}: {} failed on {} other rank(s) (their errors name the cause)", where(), what, n);
+  agree_on_failure(*group_, error, where(), what);
 }
 
 void PipelineStage::save_checkpoint(const std::string& dir, const optim::Optimizer& optimizer,
@@ -1031,20 +1018,16 @@ void PipelineStage::save_checkpoint(const std::string& dir, const optim::Optimiz
   fs::create_directories(dir, ec);
   // Saving a step the manifest already names (a rerun into the same folder) writes the other
   // generation of file names, so a crash midway leaves the complete previous set named.
-  std::string generation;
+  bool reuse_names = false;
   if (rank_ == 0 && has_pipeline_checkpoint(dir)) {
     try {
       const nlohmann::json m = read_manifest(dir);
-      if (m["step"].get<int64_t>() == step && m["files"][0].get<std::string>() == stage_file(step, 0, S, "")) {
-        generation = "b";
-      }
+      reuse_names = m["step"].get<int64_t>() == step && m["files"][0].get<std::string>() == stage_file(step, 0, S, "");
     } catch (const std::exception&) {
       // an unreadable manifest is replaced below
     }
   }
-  Tensor gen = full({1}, generation.empty() ? 0.0 : 1.0, {.dtype = kFloat64});
-  group_->allreduce({gen})->wait();
-  generation = gen.item<double>() > 0 ? "b" : "";
+  const std::string generation = agree_generation(*group_, reuse_names);
   std::string error;
   if (replica_ == 0) {
     try {
@@ -1086,15 +1069,8 @@ void PipelineStage::save_checkpoint(const std::string& dir, const optim::Optimiz
   agree(error, fmt::format("writing the manifest of step {} in {}", step, dir));
   // The manifest names this step's files now: the others of this stage can go.
   if (replica_ == 0) {
-    const std::string mine = stage_file(step, stage_, S, generation);
-    const std::string suffix = fmt::format("-stage{}-of-{}.safetensors", stage_, S);
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name != mine && name.rfind("pipeline-step", 0) == 0 && name.size() > suffix.size() &&
-          name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
-        fs::remove(e.path(), ec);
-      }
-    }
+    remove_superseded(dir, "pipeline-step", fmt::format("-stage{}-of-{}.safetensors", stage_, S),
+                      stage_file(step, stage_, S, generation));
   }
   // Returns with the folder holding this checkpoint only, on every rank.
   group_->barrier()->wait();

@@ -63,17 +63,10 @@ std::string param_group(const std::string& name, const Tensor&) {
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(examples::Trainer& trainer, const Flags& f) {
-  optim::ParamGroup decay, no_decay;
-  decay.params = trainer.parameters("decay");
-  no_decay.params = trainer.parameters("no_decay");
-  decay.options["weight_decay"] = f.weight_decay;
-  no_decay.options["weight_decay"] = 0.0;
   optim::AdamOptions o = optim::AdamW::default_options();
   o.lr = f.lr;
   o.eps = 1e-6;
-  return trainer.make_optimizer({decay, no_decay}, [o](std::vector<optim::ParamGroup> groups) {
-    return std::make_unique<optim::AdamW>(std::move(groups), o);
-  });
+  return trainer.make_adamw(o, f.weight_decay);
 }
 
 struct EvalResult {

@@ -118,6 +118,17 @@ std::unique_ptr<optim::Optimizer> Trainer::make_optimizer(std::vector<optim::Par
   return zero;
 }
 
+std::unique_ptr<optim::Optimizer> Trainer::make_adamw(const optim::AdamOptions& options, double weight_decay) {
+  optim::ParamGroup decay, no_decay;
+  decay.params = parameters("decay");
+  no_decay.params = parameters("no_decay");
+  decay.options["weight_decay"] = weight_decay;
+  no_decay.options["weight_decay"] = 0.0;
+  return make_optimizer({decay, no_decay}, [options](std::vector<optim::ParamGroup> groups) {
+    return std::make_unique<optim::AdamW>(std::move(groups), options);
+  });
+}
+
 std::vector<Tensor> Trainer::parameters() const {
   return stage_ ? stage_->parameters() : fsdp_ ? fsdp_->parameters() : model_->parameters();
 }

@@ -156,6 +156,10 @@ class Trainer {
   // made by `make`, and broadcasts them after its step).
   std::unique_ptr<optim::Optimizer> make_optimizer(std::vector<optim::ParamGroup> groups, const OptimizerFactory& make);
 
+  // AdamW with weight decay on the param_group key "decay" and none on "no_decay" (GPT's and BERT's
+  // recipes differ only in which parameters are which), through make_optimizer.
+  std::unique_ptr<optim::Optimizer> make_adamw(const optim::AdamOptions& options, double weight_decay);
+
   // Takes the optimizer and scheduler the steps use and, when --resume says so, restores them and
   // the model from the checkpoint (logged); returns the step to continue from (0 afresh).
   // `scheduler` may be null only without --checkpoint-dir.

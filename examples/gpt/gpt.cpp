@@ -136,17 +136,10 @@ std::shared_ptr<data::TensorDataset> windows(const std::vector<int64_t>& ids, in
 std::string param_group(const std::string&, const Tensor& p) { return p.dim() >= 2 ? "decay" : "no_decay"; }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(examples::Trainer& trainer, const Flags& f) {
-  optim::ParamGroup decay, no_decay;
-  decay.params = trainer.parameters("decay");
-  no_decay.params = trainer.parameters("no_decay");
-  decay.options["weight_decay"] = f.weight_decay;
-  no_decay.options["weight_decay"] = 0.0;
   optim::AdamOptions o = optim::AdamW::default_options();
   o.lr = f.lr;
   o.beta2 = 0.95;
-  return trainer.make_optimizer({decay, no_decay}, [o](std::vector<optim::ParamGroup> groups) {
-    return std::make_unique<optim::AdamW>(std::move(groups), o);
-  });
+  return trainer.make_adamw(o, f.weight_decay);
 }
 
 // Mean held-out loss per token over the first `limit` windows (every window has seq_len tokens),

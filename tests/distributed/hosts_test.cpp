@@ -97,6 +97,17 @@ struct BridgedHosts {
   std::string in(int host, const std::string& cmd) const { return "ip netns exec " + ns[host] + " " + cmd; }
 };
 
+// Whether the hosts were made; if not, says why as a skip (tools/test.sh counts "CHORUS-SKIP").
+template <class Hosts>
+bool made(const Hosts& hosts) {
+  if (hosts.ok) return true;
+  std::printf("CHORUS-SKIP: network namespaces cannot be created here: %s\n", hosts.why.c_str());
+  WARN("skipped: network namespaces cannot be created: " << hosts.why);
+  return false;
+}
+
+std::string scratch_root() { return std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp"; }
+
 bool can_make_namespaces() {
   if (::geteuid() != 0 || run_command("command -v ip").code != 0) {
     std::printf("CHORUS-SKIP: multi-host tests need root and iproute2 (ip netns)\n");
@@ -123,12 +134,8 @@ TEST_CASE("two hosts over a veth pair train MNIST to the same parameters as one 
           "[distributed][two_hosts]") {
   if (!can_make_namespaces()) return;
   TwoHosts hosts;
-  if (!hosts.ok) {
-    std::printf("CHORUS-SKIP: network namespaces cannot be created here: %s\n", hosts.why.c_str());
-    WARN("skipped: network namespaces cannot be created: " << hosts.why);
-    return;
-  }
-  const std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  if (!made(hosts)) return;
+  const std::string tmp = scratch_root();
   const std::string one = tmp + "/one_host", two = tmp + "/two_hosts", cut = tmp + "/cut";
   run_command("rm -rf " + one + " " + two + " " + cut + " && mkdir -p " + one + " " + two + " " + cut);
 
@@ -189,12 +196,8 @@ TEST_CASE("two hosts over a veth pair train MNIST to the same parameters as one 
 TEST_CASE("two hosts x two processes: the hierarchical allreduce sums as the flat one", "[distributed][two_hosts][hierarchical]") {
   if (!can_make_namespaces()) return;
   TwoHosts hosts;
-  if (!hosts.ok) {
-    std::printf("CHORUS-SKIP: network namespaces cannot be created here: %s\n", hosts.why.c_str());
-    WARN("skipped: network namespaces cannot be created: " << hosts.why);
-    return;
-  }
-  const std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  if (!made(hosts)) return;
+  const std::string tmp = scratch_root();
   const int port = free_port();
   auto node = [&](int i) {
     return hosts.in(i, "env CHORUS_TIMEOUT_S=60 " + runfile("distributed/launcher/chorusrun") +
@@ -217,12 +220,8 @@ TEST_CASE("four hosts on a bridge restart together after one host's worker is ki
   if (!can_make_namespaces()) return;
   constexpr int kHosts = 4;
   BridgedHosts hosts(kHosts);
-  if (!hosts.ok) {
-    std::printf("CHORUS-SKIP: network namespaces cannot be created here: %s\n", hosts.why.c_str());
-    WARN("skipped: network namespaces cannot be created: " << hosts.why);
-    return;
-  }
-  const std::string tmp = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  if (!made(hosts)) return;
+  const std::string tmp = scratch_root();
   const std::string ref = tmp + "/four_ref", job = tmp + "/four_hosts";
   run_command("rm -rf " + ref + " " + job + " && mkdir -p " + ref + " " + job);
   const std::string flags = " --model mlp --epochs 2 --batch-size 256 --threads 1 --workers 0 --log-every 60 "
