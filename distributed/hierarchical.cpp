@@ -35,7 +35,59 @@ std::shared_ptr<HierarchicalGroups> HierarchicalGroups::make(int local_size) {
   return h;
 }
 
+HierarchicalGroups::~HierarchicalGroups() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
 void HierarchicalGroups::allreduce(Tensor& t) {
+  if (!t.device().is_cpu()) {
+    sum_now(t);
+    return;
+  }
+  allreduce_async(t)->wait();
+}
+
+std::shared_ptr<Work> HierarchicalGroups::allreduce_async(Tensor t) {
+  if (!t.device().is_cpu()) {
+    sum_now(t);
+    return completed_work("hierarchical allreduce", {t});
+  }
+  if (!t.is_contiguous()) fail("HierarchicalGroups::allreduce: expected a contiguous tensor, got strides {}", shape_str(t.strides()));
+  auto work = std::make_shared<Work>("hierarchical allreduce");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!worker_.joinable()) worker_ = std::thread([this] { serve(); });
+    queue_.emplace_back(std::move(t), work);
+  }
+  wake_.notify_one();
+  return work;
+}
+
+void HierarchicalGroups::serve() {
+  for (;;) {
+    std::pair<Tensor, std::shared_ptr<Work>> job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      sum_now(job.first);
+      job.second->finish({job.first});
+    } catch (...) {
+      job.second->finish({job.first}, std::current_exception());
+    }
+  }
+}
+
+void HierarchicalGroups::sum_now(Tensor& t) {
   NoGradGuard no_grad;
   if (!t.is_contiguous()) fail("HierarchicalGroups::allreduce: expected a contiguous tensor, got strides {}", shape_str(t.strides()));
   const int64_t n = t.numel(), L = local_size_;
@@ -62,10 +114,7 @@ void HierarchicalGroups::allreduce(Tensor& t) {
 
 CommHook hierarchical_allreduce_hook(std::shared_ptr<HierarchicalGroups> groups) {
   if (!groups) fail("hierarchical_allreduce_hook: no groups");
-  return [groups](ProcessGroup&, Bucket& bucket) -> std::shared_ptr<Work> {
-    groups->allreduce(bucket.buffer);
-    return completed_work("hierarchical allreduce", {bucket.buffer});
-  };
+  return [groups](ProcessGroup&, Bucket& bucket) -> std::shared_ptr<Work> { return groups->allreduce_async(bucket.buffer); };
 }
 
 }  // namespace chorus::distributed

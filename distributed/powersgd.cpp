@@ -46,8 +46,19 @@ CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
       bs.iterations = iterations;
       bs.buffer_numel = numel;
     }
-    if (bs.iterations++ < state->start_powerSGD_iter) return allreduce_hook(group, bucket);
+    if (state->hierarchical && state->hierarchical->nodes() * state->hierarchical->local_size() != group.size()) {
+      fail("powerSGD_hook: the hierarchical groups span {} processes ({} nodes x {}), DDP's group {}",
+           state->hierarchical->nodes() * state->hierarchical->local_size(), state->hierarchical->nodes(),
+           state->hierarchical->local_size(), group.size());
+    }
+    if (bs.iterations++ < state->start_powerSGD_iter) {
+      return state->hierarchical ? state->hierarchical->allreduce_async(bucket.buffer) : allreduce_hook(group, bucket);
+    }
     NoGradGuard no_grad;
+    auto sum = [&](Tensor& t) {
+      if (state->hierarchical) state->hierarchical->allreduce(t);
+      else group.allreduce({t})->wait();
+    };
     const int r = state->matrix_approximation_rank;
     const size_t count = bucket.views.size();
     if (bs.errors.size() != count) {
@@ -67,7 +78,7 @@ CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
       TensorList parts;
       for (size_t i : exact) parts.push_back(bucket.views[i].reshape({-1}));
       exact_buffer = cat(parts);
-      exact_work = group.allreduce({exact_buffer});
+      exact_work = state->hierarchical ? state->hierarchical->allreduce_async(exact_buffer) : group.allreduce({exact_buffer});
       state->sent_elements += exact_buffer.numel();
     }
     state->uncompressed_elements += numel;
@@ -95,7 +106,7 @@ CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
         p_parts.push_back(p.reshape({-1}));
       }
       Tensor p_flat = cat(p_parts);
-      group.allreduce({p_flat})->wait();
+      sum(p_flat);
       state->sent_elements += p_flat.numel();
       TensorList q_parts;
       int64_t offset = 0;
@@ -108,7 +119,7 @@ CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
         q_parts.push_back(mm(ms[k].transpose(0, 1), p).reshape({-1}));
       }
       Tensor q_flat = cat(q_parts);
-      group.allreduce({q_flat})->wait();
+      sum(q_flat);
       state->sent_elements += q_flat.numel();
       offset = 0;
       const double world = static_cast<double>(group.size());

@@ -28,6 +28,7 @@
 #include <memory>
 #include <vector>
 
+#include "distributed/hierarchical.h"
 #include "distributed/reducer.h"
 
 namespace chorus::distributed {
@@ -40,6 +41,9 @@ struct PowerSGDState {
   bool warm_start = true;
   double orthogonalization_epsilon = 0.0;
   uint64_t random_seed = 0;
+  // Where P, Q and the exact part are summed: the DDP group's flat allreduce (null), or these
+  // hierarchical groups (distributed/hierarchical.h), as a cluster of nodes would.
+  std::shared_ptr<HierarchicalGroups> hierarchical;
 
   // Statistics since construction: elements a plain allreduce would have sent, and elements
   // actually allreduced (P, Q and the exact part), over all buckets and iterations of PowerSGD.

@@ -3,8 +3,10 @@
 # both ends), or HOSTS=N hosts on a bridge (each host's egress shaped), one process each: ddp_bench's `link` mode measures a ResNet-18 DDP step across the
 # link and predicts it with scaling_projection's model (docs/scaling.md, "Validated on shaped
 # links"). Needs root and iproute2. tc netem (added latency) is not used: not every kernel has it.
+# NPROC=L runs L processes per host, and ddp_bench measures (and predicts) the hierarchical
+# allreduce beside the flat ring (CHORUS_BENCH_LOCAL=L).
 #
-#   [HOSTS=4] bash tools/shaped_links.sh [steps, default 6] [rate ...]     rates as tc writes them; default
+#   [HOSTS=4] [NPROC=2] bash tools/shaped_links.sh [steps, default 6] [rate ...]     rates as tc writes them; default
 #                                                                  "200mbit 1gbit"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,6 +19,8 @@ bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
 
 hosts="${HOSTS:-2}"
 [[ "$hosts" =~ ^[2-9]$ ]] || { echo "shaped_links.sh: HOSTS=$hosts: expected 2 to 9" >&2; exit 2; }
+nproc="${NPROC:-1}"
+[[ "$nproc" =~ ^[1-8]$ ]] || { echo "shaped_links.sh: NPROC=$nproc: expected 1 to 8" >&2; exit 2; }
 # Two hosts: a veth pair. More: each host's veth ends on a bridge in a namespace of its own.
 ns=() addr=() dev=()
 for ((i = 0; i < hosts; i++)); do
@@ -71,10 +75,10 @@ for rate in "${rates[@]}"; do
     # Egress of each host: the rate, its burst, and a queue of 50 ms.
     ip netns exec "${ns[$i]}" tc qdisc replace dev "${dev[$i]}" root tbf rate "$rate" burst "$burst" latency 50ms
   done
-  echo "shaped_links: $hosts hosts, $rate ($(ip netns exec "${ns[0]}" tc qdisc show dev "${dev[0]}" | head -n 1))"
+  echo "shaped_links: $hosts hosts x $nproc, $rate ($(ip netns exec "${ns[0]}" tc qdisc show dev "${dev[0]}" | head -n 1))"
   for ((i = hosts - 1; i >= 0; i--)); do
-    ip netns exec "${ns[$i]}" env CHORUS_TIMEOUT_S=600 "$bin/distributed/launcher/chorusrun" --nnodes "$hosts" \
-      --node-rank "$i" --nproc-per-node 1 --master-addr "${addr[0]}" --master-port "$port" \
+    ip netns exec "${ns[$i]}" env CHORUS_TIMEOUT_S=600 CHORUS_BENCH_LOCAL="$nproc" "$bin/distributed/launcher/chorusrun" --nnodes "$hosts" \
+      --node-rank "$i" --nproc-per-node "$nproc" --master-addr "${addr[0]}" --master-port "$port" \
       "$bin/tests/bench/ddp_bench" link "$steps" "$gbps" >"/tmp/shaped_links.$i.log" 2>&1 &
   done
   wait

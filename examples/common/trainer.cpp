@@ -35,6 +35,9 @@ void add_common_options(CLI::App& app, CommonFlags& f, const std::string& data_h
       ->check(CLI::Range(0, 1024));
   app.add_option("--powersgd-start", f.powersgd_start, "PowerSGD: plain allreduce for the first N iterations")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--hierarchical", f.hierarchical,
+               "data parallel: sum gradients inside each node, then across nodes, then gather inside "
+               "(chorusrun's --nproc-per-node processes per node; PowerSGD's sums too)");
   add_pipeline_options(app, f.pipeline);
 }
 
@@ -49,6 +52,7 @@ Job join_job(TrainerOptions& o) {
       fail("{}: --accumulate {} with a pipeline; its --micro-batches replace it", o.program, o.accumulate);
     }
     if (f.powersgd_rank > 0) fail("{}: --powersgd-rank compresses DDP's gradients; a pipeline takes none", o.program);
+    if (f.hierarchical) fail("{}: --hierarchical sums DDP's gradients; a pipeline takes none", o.program);
     if (f.sharding != "none") fail("{}: --sharding {} with a pipeline; choose one", o.program, f.sharding);
     join_pipeline(o.program, f.amp, job);
   } else if ((f.sharding == "shard_grad_op" || f.sharding == "full_shard") && f.amp == "fp16") {
@@ -56,6 +60,8 @@ Job join_job(TrainerOptions& o) {
          f.sharding);
   } else if (!keeps_whole_model(f) && f.powersgd_rank > 0) {
     fail("{}: --powersgd-rank compresses DDP's allreduce; --sharding {} reduce-scatters instead", o.program, f.sharding);
+  } else if (!keeps_whole_model(f) && f.hierarchical) {
+    fail("{}: --hierarchical sums DDP's allreduce; --sharding {} reduce-scatters over the flat group", o.program, f.sharding);
   }
   if (!f.pipeline.enabled() && o.global_batch % (job.world * o.accumulate) != 0) {
     fail("{}: --batch-size {} must be divisible by {} processes x --accumulate {}", o.program, o.global_batch, job.world,
@@ -100,11 +106,19 @@ void Trainer::make_sharded(pp::BlockModel blocks) {
 void Trainer::make_data_parallel(std::shared_ptr<nn::Module> model) {
   model_ = std::move(model);
   if (job_.group) ddp_ = std::make_shared<distributed::DistributedDataParallel>(model_, job_.group, o_.ddp);
+  if (ddp_ && o_.flags.hierarchical) {
+    // chorusrun's numbering: each node holds LOCAL_WORLD_SIZE consecutive ranks.
+    hierarchy_ = distributed::HierarchicalGroups::make(distributed::env_int("LOCAL_WORLD_SIZE"));
+    job_.log(fmt::format("hierarchical allreduce: {} nodes x {} processes", hierarchy_->nodes(), hierarchy_->local_size()));
+  }
   if (ddp_ && o_.flags.powersgd_rank > 0) {
     powersgd_ = std::make_shared<distributed::PowerSGDState>();
     powersgd_->matrix_approximation_rank = o_.flags.powersgd_rank;
     powersgd_->start_powerSGD_iter = o_.flags.powersgd_start;
+    powersgd_->hierarchical = hierarchy_;
     ddp_->register_comm_hook(distributed::powerSGD_hook(powersgd_));
+  } else if (hierarchy_) {
+    ddp_->register_comm_hook(distributed::hierarchical_allreduce_hook(hierarchy_));
   }
   amp_ = std::make_unique<MixedPrecision>(o_.flags.amp, o_.device.type);
   if (!o_.flags.checkpoint_dir.empty()) checkpoint_path_ = o_.flags.checkpoint_dir + "/checkpoint.safetensors";
@@ -303,6 +317,7 @@ nlohmann::json Trainer::summary() const {
                       {"device", o_.device.str()},
                       {"world_size", job_.world},
                       {"threads_per_process", get_num_threads()}};
+  if (hierarchy_) s["hierarchical"] = {{"nodes", hierarchy_->nodes()}, {"local_size", hierarchy_->local_size()}};
   if (powersgd_) {
     s["powersgd"] = {{"rank", powersgd_->matrix_approximation_rank},
                      {"start_iter", powersgd_->start_powerSGD_iter},

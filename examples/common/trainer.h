@@ -60,6 +60,7 @@ struct CommonFlags {
   std::string sharding = "none";    // none, zero1 (ZeroRedundancyOptimizer), shard_grad_op or full_shard (FSDP)
   int powersgd_rank = 0;            // DDP's PowerSGD hook of this rank (0: plain allreduce)
   int64_t powersgd_start = 10;      // iterations of plain allreduce first
+  bool hierarchical = false;        // DDP's sums inside each node, then across (distributed/hierarchical.h)
   PipelineFlags pipeline;
 
   // --data-dir's value or the default folder.
@@ -217,6 +218,7 @@ class Trainer {
   std::unique_ptr<distributed::FullyShardedDataParallel> fsdp_;
   std::unique_ptr<MixedPrecision> amp_;
   std::shared_ptr<distributed::PowerSGDState> powersgd_;  // with --powersgd-rank under DDP
+  std::shared_ptr<distributed::HierarchicalGroups> hierarchy_;  // with --hierarchical under DDP
   distributed::ZeroRedundancyOptimizer* zero_ = nullptr;   // with --sharding zero1 (the optimizer)
   optim::Optimizer* optimizer_ = nullptr;
   optim::LRScheduler* scheduler_ = nullptr;

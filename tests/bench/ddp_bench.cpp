@@ -13,7 +13,9 @@
 //                                 one process per host over a link of GBPS gigabits per second
 //                                 (tools/shaped_links.sh shapes one with tc): a ResNet-18 DDP step
 //                                 measured, and predicted by scaling_projection's model from this
-//                                 run's own compute times, bucket layout and bucket ready points
+//                                 run's own compute times, bucket layout and bucket ready points;
+//                                 CHORUS_BENCH_LOCAL=L with --nproc-per-node L: the hierarchical
+//                                 allreduce too
 //
 // tools/bench_ddp.sh runs the first three.
 #include <algorithm>
@@ -23,6 +25,7 @@
 #include <string>
 
 #include "distributed/ddp.h"
+#include "distributed/hierarchical.h"
 #include "distributed/round_robin.h"
 #include "distributed/init.h"
 #include "examples/models/resnet.h"
@@ -150,6 +153,11 @@ void allreduce(int reps) {
 // 2(N-1)/N * bytes / bandwidth + t0 (t0: a 4-byte allreduce, measured), starts when its last
 // gradient is ready (its ready point in this run's backward) and after the previous bucket, and the
 // step ends at max(backward, last allreduce).
+//
+// CHORUS_BENCH_LOCAL=L (L processes per host, chorusrun --nproc-per-node L): the same step also
+// with the hierarchical allreduce (distributed/hierarchical.h), and its prediction: a reduce-scatter
+// and an all-gather inside the host at the rate a 16 MiB allreduce gets there, and an allreduce of
+// 1/L of each bucket across the hosts by each local rank, the L of them sharing the host's link.
 void link(int steps, double gbps) {
   auto group = distributed::init_process_group();
   const int rank = group->rank(), n = group->size();
@@ -162,18 +170,23 @@ void link(int steps, double gbps) {
   const double fwd = bench::median_time([&] { autograd::NoGradGuard g; (void)plain->forward(x); }, 2, steps);
   const double fwd_bwd = bench::median_time([&] { plain->zero_grad(); F::cross_entropy(plain->forward(x), y).backward(); }, 2, steps);
   const double bwd = std::max(0.0, fwd_bwd - fwd);
-  // A small allreduce: the fixed cost of one collective over this link.
-  Tensor tiny = ones({1});
-  const double t0 = bench::median_time([&] { group->allreduce({tiny})->wait(); }, 3, 21);
-  // A 16 MiB allreduce: the bandwidth Gloo really gets over this link (a ring moves 2(N-1)/N of it).
-  Tensor big = ones({4 << 20});
-  const double t16 = bench::median_time([&] { group->allreduce({big})->wait(); }, 1, 5);
-  const double measured_bytes_per_s = 2.0 * (n - 1) / n * big.nbytes() / std::max(t16 - t0, 1e-9);
+  // A small allreduce: the fixed cost of one collective; a 16 MiB one: the bandwidth Gloo really
+  // gets (a ring moves 2(N-1)/N of it). Every process of `g` at once.
+  Tensor tiny = ones({1}), big = ones({4 << 20});
+  auto fixed_cost = [&](distributed::ProcessGroup& g) { return bench::median_time([&] { g.allreduce({tiny})->wait(); }, 3, 21); };
+  auto rate = [&](distributed::ProcessGroup& g, double t0) {
+    const double t16 = bench::median_time([&] { g.allreduce({big})->wait(); }, 1, 5);
+    return 2.0 * (g.size() - 1) / g.size() * big.nbytes() / std::max(t16 - t0, 1e-9);
+  };
+  const double t0 = fixed_cost(*group);
+  const double measured_bytes_per_s = rate(*group, t0);
   // The DDP step across the link (the same model, 25 MiB buckets; CHORUS_BENCH_BUCKET_MB and
   // CHORUS_BENCH_GROUPS=k: other buckets, and DDP over k round-robin process groups).
   const char* groups_env = std::getenv("CHORUS_BENCH_GROUPS");
   const char* bucket_env = std::getenv("CHORUS_BENCH_BUCKET_MB");
+  const char* local_env = std::getenv("CHORUS_BENCH_LOCAL");
   const int groups = groups_env ? std::max(1, std::atoi(groups_env)) : 1;
+  const int local = local_env ? std::max(1, std::atoi(local_env)) : 1;
   distributed::DDPOptions ddp_options;
   if (bucket_env) ddp_options.bucket_cap_mb = std::atof(bucket_env);
   auto model = models::resnet18();
@@ -192,19 +205,56 @@ void link(int steps, double gbps) {
   }
   const double predicted = bench::iteration_time(buckets, fwd, bwd, n, gbps * 1e9 / 8, t0);
   const double predicted_measured_bw = bench::iteration_time(buckets, fwd, bwd, n, measured_bytes_per_s, t0);
+  // The hierarchical allreduce: its subgroups' own fixed costs and rates, its step, its prediction.
+  struct Hier {
+    double intra_t0 = 0, inter_t0 = 0, intra_rate = 0, inter_rate = 0, measured = 0, predicted = 0, predicted_achieved = 0;
+  } h;
+  if (local > 1) {
+    auto groups_h = distributed::HierarchicalGroups::make(local);
+    h.intra_t0 = fixed_cost(*groups_h->intra());
+    h.inter_t0 = fixed_cost(*groups_h->inter());
+    h.intra_rate = rate(*groups_h->intra(), h.intra_t0);
+    h.inter_rate = rate(*groups_h->inter(), h.inter_t0);  // every local rank at once: the link shared
+    auto hier_model = models::resnet18();
+    distributed::DistributedDataParallel hier_ddp(hier_model, group, ddp_options);
+    hier_ddp.register_comm_hook(distributed::hierarchical_allreduce_hook(groups_h));
+    h.measured = bench::median_time([&] { hier_model->zero_grad(); F::cross_entropy(hier_ddp.forward(x), y).backward(); }, 2, steps);
+    const std::vector<bench::BucketTiming> hb = bench::bucket_timings(hier_ddp);
+    auto predict = [&](double link_bytes_per_s) {
+      bench::Cluster c;
+      c.gpus = n;
+      c.per_node = local;
+      c.nics_per_node = 1;
+      c.intra_bytes_per_unit = h.intra_rate;
+      c.intra_fixed = h.intra_t0;
+      c.nic_bytes_per_unit = link_bytes_per_s;
+      c.inter_fixed = h.inter_t0;
+      return bench::ddp_iteration(hb, fwd, bwd, [&](const bench::BucketTiming& b) { return bench::hierarchical_allreduce(c, b.bytes); });
+    };
+    h.predicted = predict(gbps * 1e9 / 8);
+    h.predicted_achieved = predict(h.inter_rate * local);  // the model shares one link among the local ranks
+  }
   if (rank == 0) {
-    std::printf("ResNet-18 b16 x 3x64x64 per process, %d processes, link %.3g Gb/s, median of %d, %d process group(s) "
-                "round robin, %.3g MiB buckets\n",
-                n, gbps, steps, groups, ddp_options.bucket_cap_mb);
-    std::printf("compute: forward %.1f ms, backward %.1f ms; allreduce: 4 bytes %.2f ms, 16 MiB %.1f ms (%.3f Gb/s "
-                "achieved); %zu buckets, %.1f MiB (MiB@ready point: %s)\n",
-                fwd * 1e3, bwd * 1e3, t0 * 1e3, t16 * 1e3, measured_bytes_per_s * 8 / 1e9,
-                ddp.reducer().buckets().size(), bytes_total / 1048576.0, layout.c_str());
-    std::printf("| link | step measured ms | predicted at the link's rate ms | predicted at the achieved rate ms | "
-                "efficiency measured | predicted (link rate) | predicted (achieved rate) |\n|---|---|---|---|---|---|---|\n");
-    std::printf("| %.3g Gb/s | %.1f | %.1f (%.2fx) | %.1f (%.2fx) | %.1f%% | %.1f%% | %.1f%% |\n", gbps, measured * 1e3,
-                predicted * 1e3, predicted / measured, predicted_measured_bw * 1e3, predicted_measured_bw / measured,
-                100 * fwd_bwd / measured, 100 * fwd_bwd / predicted, 100 * fwd_bwd / predicted_measured_bw);
+    std::printf("ResNet-18 b16 x 3x64x64 per process, %d processes (%d per host), link %.3g Gb/s, median of %d, %d process "
+                "group(s) round robin, %.3g MiB buckets\n",
+                n, local, gbps, steps, groups, ddp_options.bucket_cap_mb);
+    std::printf("compute: forward %.1f ms, backward %.1f ms; allreduce: 4 bytes %.2f ms, 16 MiB %.3f Gb/s achieved; "
+                "%zu buckets, %.1f MiB (MiB@ready point: %s)\n",
+                fwd * 1e3, bwd * 1e3, t0 * 1e3, measured_bytes_per_s * 8 / 1e9, ddp.reducer().buckets().size(),
+                bytes_total / 1048576.0, layout.c_str());
+    if (local > 1) {
+      std::printf("hierarchical: inside a host 4 bytes %.2f ms, 16 MiB %.3f Gb/s; across hosts (each of %d local ranks "
+                  "at once) 4 bytes %.2f ms, 16 MiB %.3f Gb/s each\n",
+                  h.intra_t0 * 1e3, h.intra_rate * 8 / 1e9, local, h.inter_t0 * 1e3, h.inter_rate * 8 / 1e9);
+    }
+    std::printf("| link | allreduce | step measured ms | predicted at the link's rate ms | predicted at the achieved rate ms | "
+                "efficiency measured | predicted (link rate) | predicted (achieved rate) |\n|---|---|---|---|---|---|---|---|\n");
+    auto row = [&](const char* how, double m, double p, double pa) {
+      std::printf("| %.3g Gb/s | %s | %.1f | %.1f (%.2fx) | %.1f (%.2fx) | %.1f%% | %.1f%% | %.1f%% |\n", gbps, how, m * 1e3,
+                  p * 1e3, p / m, pa * 1e3, pa / m, 100 * fwd_bwd / m, 100 * fwd_bwd / p, 100 * fwd_bwd / pa);
+    };
+    row("flat ring", measured, predicted, predicted_measured_bw);
+    if (local > 1) row("hierarchical", h.measured, h.predicted, h.predicted_achieved);
     std::fflush(stdout);
   }
   group->barrier()->wait();

@@ -25,6 +25,7 @@
 #include "distributed/ddp.h"
 #include "distributed/init.h"
 #include "examples/models/bert.h"
+#include "examples/models/gpt.h"
 #include "examples/models/resnet.h"
 #include "optim/optim.h"
 #include "tensor/cuda.h"
@@ -71,6 +72,7 @@ int main() {
   manual_seed(1);
   Tensor images = randn({32, 3, 224, 224}).to(gpu), labels = randint(0, 1000, {32}).to(gpu);
   Tensor ids = randint(1000, 30000, {16, 128}, {.dtype = kInt64}).to(gpu), next = randint(0, 2, {16}).to(gpu);
+  Tensor gpt_ids = randint(0, 50257, {8, 1024}, {.dtype = kInt64}).to(gpu);
   const std::vector<Case> cases = {
       {"ResNet-50, batch 32 x 3x224x224", [] { return std::static_pointer_cast<nn::Module>(models::resnet50()); },
        [&](nn::Module& m) { return nn::functional::cross_entropy(m.forward(images), labels); }},
@@ -81,6 +83,12 @@ int main() {
          models::BertOutputs out = static_cast<models::BertForPreTraining&>(m).forward(ids, Tensor(), Tensor());
          return nn::functional::cross_entropy(out.prediction_logits.reshape({-1, 30522}), ids.reshape({-1})) +
                 nn::functional::cross_entropy(out.seq_relationship_logits, next);
+       }},
+      {"GPT-2 124M, batch 8 x 1024",
+       [] { return std::static_pointer_cast<nn::Module>(std::make_shared<models::GPT2LMHeadModel>(models::GPTConfig::named("gpt2"))); },
+       [&](nn::Module& m) {
+         auto& gpt = static_cast<models::GPT2LMHeadModel&>(m);
+         return gpt.loss(gpt_ids.narrow(1, 0, 1023), gpt_ids.narrow(1, 1, 1023));
        }},
   };
 
@@ -127,7 +135,7 @@ int main() {
       const double fraction = std::clamp((ready_us - st.forward_ms * 1e3) / (st.backward_ms * 1e3), 0.0, 1.0);
       buckets.push_back({{"bytes", b.buffer.nbytes()}, {"ready_fraction", fraction}, {"allreduce_ms", comm_ms}});
     }
-    const std::string key = c.name.rfind("ResNet", 0) == 0 ? "resnet50" : "bert_base";
+    const std::string key = c.name.rfind("ResNet", 0) == 0 ? "resnet50" : c.name.rfind("BERT", 0) == 0 ? "bert_base" : "gpt2";
     spans[key] = {{"model", c.name},
                   {"iteration", st.iteration},
                   {"forward_ms", st.forward_ms},

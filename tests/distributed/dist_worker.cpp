@@ -705,6 +705,47 @@ void scenario_hierarchical(const std::shared_ptr<ProcessGroup>& pg, int local) {
         fmt::format("hierarchical allreduce ({} per node) differs from the flat one", local));
   const double worst = ddp_against_default(pg, pg, hierarchical_allreduce_hook(h));
   check(worst <= 1e-12, fmt::format("hierarchical DDP differs from plain DDP by {}", worst));
+  // PowerSGD summing through the hierarchy: the same training as PowerSGD over the flat group
+  // (P, Q and the exact part are sums either way; only the order of additions differs).
+  {
+    auto flat_model = make_model("mlp", kFloat64), hier_model = make_model("mlp", kFloat64);
+    DDPOptions small;
+    small.bucket_cap_mb = 0.001;
+    small.first_bucket_cap_mb = 0.001;
+    DistributedDataParallel flat_ddp(flat_model, pg, small), hier_ddp(hier_model, pg, small);
+    auto flat_state = std::make_shared<PowerSGDState>(), hier_state = std::make_shared<PowerSGDState>();
+    for (auto* st : {&flat_state, &hier_state}) {
+      (*st)->matrix_approximation_rank = 1;
+      (*st)->start_powerSGD_iter = 1;
+      (*st)->min_compression_rate = 1;
+    }
+    hier_state->hierarchical = h;
+    flat_ddp.register_comm_hook(powerSGD_hook(flat_state));
+    hier_ddp.register_comm_hook(powerSGD_hook(hier_state));
+    optim::SGD flat_opt(flat_model->parameters(), {.lr = 0.1}), hier_opt(hier_model->parameters(), {.lr = 0.1});
+    Tensor x = make_inputs("mlp", 4 * world, kFloat64).narrow(0, 4 * rank, 4);
+    manual_seed(9);
+    Tensor y = randint(0, 5, {4 * world}).narrow(0, 4 * rank, 4);
+    for (int step = 0; step < 4; ++step) {
+      flat_opt.zero_grad();
+      hier_opt.zero_grad();
+      F::cross_entropy(flat_ddp.forward(x), y).backward();
+      F::cross_entropy(hier_ddp.forward(x), y).backward();
+      flat_opt.step();
+      hier_opt.step();
+    }
+    check(hier_state->sent_elements == flat_state->sent_elements && hier_state->sent_elements < hier_state->uncompressed_elements,
+          fmt::format("hierarchical PowerSGD sent {} elements, flat {} (of {})", hier_state->sent_elements,
+                      flat_state->sent_elements, hier_state->uncompressed_elements));
+    double powersgd_worst = 0, moved = 0;
+    auto pf = flat_model->named_parameters(), ph = hier_model->named_parameters(), p0 = make_model("mlp", kFloat64)->named_parameters();
+    for (size_t i = 0; i < pf.size(); ++i) {
+      powersgd_worst = std::max(powersgd_worst, (pf[i].second - ph[i].second).abs().max().item<double>());
+      moved = std::max(moved, (pf[i].second - p0[i].second).abs().max().item<double>());
+    }
+    check(moved > 1e-3 && powersgd_worst <= 1e-10 * moved,
+          fmt::format("hierarchical PowerSGD differs from flat PowerSGD by {} (parameters moved {})", powersgd_worst, moved));
+  }
   if (world % 4 != 0) {
     expect_error([&] { HierarchicalGroups::make(4); }, {"4 processes per node does not divide the " + std::to_string(world)},
                  "a node size that does not divide the job");

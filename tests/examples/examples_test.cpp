@@ -448,7 +448,23 @@ TEST_CASE("gpt --sharding zero1, shard_grad_op and full_shard on 2 processes tra
   REQUIRE(bf16.code == 0);
   CHECK(std::abs(bf16.summary["heldout_loss"].get<double>() - alone.summary["heldout_loss"].get<double>()) <=
         0.01 * alone.summary["heldout_loss"].get<double>());
+  // --hierarchical (2 processes as one node: a reduce-scatter and an all-gather inside it), and with
+  // zero1 (DDP's hook under the ZeroRedundancyOptimizer): as one process.
+  for (const char* flags : {" --hierarchical", " --hierarchical --sharding zero1"}) {
+    Run hier = run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " +
+                   std::to_string(chorus::testing::free_port()) + " " + gpt + flags);
+    INFO(flags << ": " << hier.output);
+    REQUIRE(hier.code == 0);
+    CHECK(hier.summary["hierarchical"]["local_size"] == 2);
+    for (const char* key : {"first_step_loss", "last_step_loss", "heldout_loss"}) {
+      const double a = alone.summary[key].get<double>(), d = hier.summary[key].get<double>();
+      INFO(key << ": alone " << a << ", hierarchical " << d);
+      CHECK(std::abs(a - d) <= 1e-4 * std::abs(a));
+    }
+  }
   const std::vector<std::pair<std::string, std::string>> refused = {
+      {" --hierarchical --sharding full_shard", "reduce-scatters over the flat group"},
+      {" --hierarchical --pipeline-stages 1", "--hierarchical sums DDP's gradients; a pipeline takes none"},
       {" --sharding full_shard --amp fp16", "one loss scale over the shards is not built"},
       {" --sharding full_shard --pipeline-stages 1", "with a pipeline; choose one"},
       {" --sharding zero9", "--sharding"}};
