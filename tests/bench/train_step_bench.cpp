@@ -10,6 +10,9 @@
 //   bazel run -c opt //tests/bench:train_step_bench -- [--steps 20] [--warmup 5]
 //   ... -- --channels-last: ResNet-18 in NCHW and channels-last, chorus and libtorch (only that table)
 //   ... -- --check: ResNet-18 batch 8 and BERT-mini batch 8 at 1 thread only (tools/bench_check.sh)
+#include <dlfcn.h>
+
+#include <algorithm>
 #include <cmath>
 #include <torch/torch.h>
 
@@ -28,6 +31,28 @@
 
 namespace cn = chorus::nn;
 namespace CF = chorus::nn::functional;
+
+// libtorch's thread count. Debian's libtorch runs its matrix products in the OpenBLAS that
+// libopenblas.so.0 names, and the default alternative is the pthreads build, which ignores
+// torch::set_num_threads (OpenMP's count) and uses every core: "1 thread" was two on a 2-core
+// machine, and "2 threads" two OpenMP threads each starting two OpenBLAS threads (issue 38). So the
+// loaded OpenBLAS gets the same count, through its own call, found at run time.
+void peer_threads(int threads) {
+  torch::set_num_threads(threads);
+  using SetThreads = void (*)(int);
+  static const auto set_blas = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  static const bool said = [] {
+    using Config = char* (*)();
+    const auto config = reinterpret_cast<Config>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
+    std::fprintf(stderr, "train_step_bench: libtorch's BLAS: %s\n",
+                 config ? config() : set_blas ? "OpenBLAS" : "not OpenBLAS (its threads follow torch::set_num_threads)");
+    return true;
+  }();
+  (void)said;
+  // CHORUS_PEER_BLAS_THREADS=n: OpenBLAS's count set apart (to look for libtorch's best setting).
+  const char* blas_env = std::getenv("CHORUS_PEER_BLAS_THREADS");
+  if (set_blas) set_blas(blas_env ? std::max(1, std::atoi(blas_env)) : threads);
+}
 
 // ------------------------------------------------------------------ chorus models
 struct ChorusBlock : cn::Module {
@@ -273,7 +298,7 @@ void resnet18_layouts(int steps, int warmup) {
               "| libtorch channels-last ms | chorus CL / libtorch CL |\n|---|---|---|---|---|---|---|\n");
   for (int threads : {1, 2}) {
     chorus::set_num_threads(threads);
-    torch::set_num_threads(threads);
+    peer_threads(threads);
     double tc[2], tt[2];
     for (int cl = 0; cl < 2; ++cl) {
       chorus::manual_seed(1);
@@ -321,7 +346,7 @@ void resnet18_layouts(int steps, int warmup) {
 void models_step(int steps, int warmup) {
   for (int threads : {1, 2}) {
     chorus::set_num_threads(threads);
-    torch::set_num_threads(threads);
+    peer_threads(threads);
     for (int64_t batch : {8, 16, 32}) resnet18_step(batch, threads, steps, warmup);
     bert_step("mini", 8, threads, steps, warmup);
     bert_step("mini", 16, threads, steps, warmup);
@@ -396,7 +421,7 @@ int profile(const std::string& which, int steps, int threads) {
   }
   if (which == "torch-small-resnet" || which == "torch-mlp") {
     const bool resnet = which == "torch-small-resnet";
-    torch::set_num_threads(threads);
+    peer_threads(threads);
     torch::manual_seed(1);
     torch::nn::Sequential model = resnet ? torch_resnet() : torch_mlp();
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -428,7 +453,7 @@ int profile(const std::string& which, int steps, int threads) {
   }
   // libtorch's side alone (for its peak memory under /usr/bin/time -v).
   if (which == "torch-resnet18") {
-    torch::set_num_threads(threads);
+    peer_threads(threads);
     torch::manual_seed(1);
     torch::nn::Sequential model = torch_resnet18();
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
@@ -441,7 +466,7 @@ int profile(const std::string& which, int steps, int threads) {
     return 0;
   }
   if (which == "torch-bert") {
-    torch::set_num_threads(threads);
+    peer_threads(threads);
     torch::manual_seed(2);
     const int64_t b = 8, t = 128, vocab = 30522;
     torch::Tensor ids = torch::randint(999, vocab, {b, t}, torch::kLong);
@@ -494,7 +519,7 @@ int main(int argc, char** argv) {
     // --check: the two rows tools/bench_check.sh compares with docs/benchmarks.md (1 thread).
     if (!std::strcmp(argv[i], "--check")) {
       chorus::set_num_threads(1);
-      torch::set_num_threads(1);
+      peer_threads(1);
       std::printf("| model | threads | chorus ms | libtorch ms | chorus / libtorch |\n|---|---|---|---|---|\n");
       resnet18_step(8, 1, steps, warmup);
       bert_step("mini", 8, 1, steps, warmup);
@@ -508,7 +533,7 @@ int main(int argc, char** argv) {
   for (const Case& c : cases) {
     for (int threads : {1, 2}) {
       chorus::set_num_threads(threads);
-      torch::set_num_threads(threads);
+      peer_threads(threads);
       // chorus
       chorus::manual_seed(1);
       auto cmodel = c.resnet ? chorus_resnet() : chorus_mlp();
