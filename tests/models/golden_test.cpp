@@ -89,8 +89,12 @@ void set_tolerance(DType dtype) {
     rtol = 0x1p-23;       // the stored float32 results' rounding (2^-24), once more for the computation
     atol_scale = 1e-12;   // float64 round-off of an element that cancels to near zero
   } else {
+    // float32 against the float64 reference: PyTorch's own float32 is within 2.1e-5 of its float64
+    // on this input (tools/make_golden.py). chorus's float32 ResNet-18 logits were 2.6e-5 of the
+    // largest logit off on an AVX2-only EPYC (Zen 3; 1.13x of the 2e-5 once allowed here), less on
+    // AVX-512 machines: the convolutions' summation order depends on the kernels oneDNN picks.
     rtol = 1e-5;
-    atol_scale = 2e-5;
+    atol_scale = 3e-5;
   }
 }
 
