@@ -4,8 +4,11 @@
 #   tools/test.sh            set-up, build, and every test case once in -c opt (gpu-tagged ones
 #                            too where a GPU is). About 20 minutes on a fresh 2-core machine.
 #   tools/test.sh --full     that, then the kernel tests under each instruction set of this CPU,
-#                            ThreadSanitizer on the concurrent code, ASan+UBSan over every test,
-#                            and the libFuzzer targets (docs/build.md says what each adds).
+#                            ThreadSanitizer on the concurrent code, and ASan+UBSan over every test
+#                            (the fuzz corpora replayed among them). What CI runs.
+#   tools/test.sh --full --fuzz   that, then each libFuzzer target for CHORUS_FUZZ_SECONDS (20 by
+#                            default) in a clang build of its own (docs/build.md says what each adds
+#                            and why CI leaves the fuzzing out).
 #
 # Extra arguments go to the -c opt `bazel test` (e.g. --test_filter=..., --runs_per_test=3).
 # Ends with one line "N passed, N failed" that counts each Catch2 test case once, whichever phases
@@ -19,9 +22,14 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 mode=quick
+fuzz=0
 if [[ "${1:-}" == --full ]]; then
   mode=full
   shift
+  if [[ "${1:-}" == --fuzz ]]; then
+    fuzz=1
+    shift
+  fi
 fi
 
 bash tools/setup.sh
@@ -139,7 +147,11 @@ phase() {
   start=$SECONDS
   echo "=== tools/test.sh: phase $name: bazel ${startup[*]} test ${config[*]} $*"
   set +e
-  bazel "${startup[@]}" test "${config[@]}" "$@" 2>&1 | tee "$output"
+  # Each phase keeps its profile (the output base's own is overwritten by the next command):
+  # `python3 tools/build_profile.py ~/.cache/chorus/profiles/<phase>.profile.gz` lists its slowest
+  # actions.
+  mkdir -p "$cache/profiles"
+  bazel "${startup[@]}" test "${config[@]}" --profile="$cache/profiles/$name.profile.gz" "$@" 2>&1 | tee "$output"
   code=${PIPESTATUS[0]}
   set -e
   ((code == 0)) || rc=1
@@ -196,7 +208,7 @@ if [[ "$mode" == full ]]; then
   phase tsan "$nocuda_base" --symlink_prefix=/ "${common[@]}" --test_env=OMP_NUM_THREADS=1 \
     //tests/tensor:device_runtime_tsan_test //tests/distributed:stream_group_tsan_test \
     //tests/distributed:store_test //tests/data:data_test //tests/autograd:engine_test \
-    //tests/autograd:hooks_test //tests/distributed:multiprocess_test
+    //tests/autograd:hooks_test //tests/distributed:multiprocess_test //tests/utils:summary_writer_test
   # 4. Every test under AddressSanitizer + UndefinedBehaviorSanitizer (no recovery, leaks
   #    reported); the benchmarks are left out, and so are the few tests that exist only in a CUDA
   #    build (they ran in phase 1).
@@ -205,10 +217,13 @@ if [[ "$mode" == full ]]; then
     -- //tests/... -//tests/bench/...
   bazel --output_base="$nocuda_base" shutdown >/dev/null 2>&1 || true
 
-  # --- 5. The libFuzzer targets (tests/fuzz/), clang + ASan + UBSan --------------------------------
+  # --- 5. With --fuzz: the libFuzzer targets (tests/fuzz/), clang + ASan + UBSan -----------------
   # Each for CHORUS_FUZZ_SECONDS (20 by default) from its corpus; a finding fails the run
-  # (tools/fuzz.sh). Each target counts as one test.
-  if [[ "${CHORUS_FUZZ_SECONDS:-20}" != 0 ]]; then
+  # (tools/fuzz.sh). Each target counts as one test. Not in CI: the clang build of everything the
+  # parsers link is a third toolchain's build of the library (12 minutes cold on a 2-core Zen 3),
+  # for 20 s of fuzzing a target; the corpora (seeds and every past finding) are replayed in both
+  # phases above by //tests/fuzz:*_corpus_test.
+  if ((fuzz)) && [[ "${CHORUS_FUZZ_SECONDS:-20}" != 0 ]]; then
     start=$SECONDS
     echo "=== tools/test.sh: phase fuzz: tools/fuzz.sh ${CHORUS_FUZZ_SECONDS:-20}"
     set +e
