@@ -2,7 +2,8 @@
 # Makes a fresh Debian 12 machine ready to build and test chorus, offline except for Debian's and
 # npm's registries. Idempotent: when everything is in place it does no work and prints one line,
 # so tools/test.sh can call it every time.
-#   1. Debian packages (Bazel 4 and its rules, system libraries, datasets, node for MNIST)
+#   1. Debian packages (Bazel 4 and its rules, system libraries, datasets, node for MNIST, the Python
+#      packages tests/utils and tools/plot.py use)
 #   2. third_party/rules_cc: Debian's rules_cc patched for Bazel 4.2.3 (see docs/build.md)
 #   3. datasets in ${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}: mnist/, fashion-mnist/, bert/vocab.txt
 # The CUDA toolkit is not installed here: Debian has no CUDA 13; the build detects it if present.
@@ -32,6 +33,10 @@ packages=(
   iproute2
   # clang with libFuzzer and the sanitizer runtimes for the fuzz targets (tools/fuzz.sh).
   clang-14 libclang-rt-14-dev
+  # TensorBoard event files (tests/utils): the independent reader decodes them with Google's protobuf
+  # and a schema protoc compiles at test time; numpy is the histogram oracle; tools/plot.py draws
+  # with matplotlib.
+  python3-protobuf protobuf-compiler python3-numpy python3-matplotlib
 )
 # One local dpkg-query for all of them; apt-get (and its index update) runs only when one is missing.
 installed="$(dpkg-query -W -f='${Package} ${Status}\n' "${packages[@]}" 2>/dev/null || true)"

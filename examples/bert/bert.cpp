@@ -204,6 +204,8 @@ int main(int argc, char** argv) {
                           "over {} predictions",
                           before.loss, config.vocab_size, std::log(static_cast<double>(config.vocab_size)),
                           100 * before.accuracy, before.predicted));
+      trainer.tensorboard().scalar("heldout/mlm_loss", before.loss, step);
+      trainer.tensorboard().scalar("heldout/mlm_accuracy", before.accuracy, step);
     }
 
     const int64_t stop = f.max_steps > 0 ? std::min(f.steps, f.max_steps) : f.steps;
@@ -269,6 +271,8 @@ int main(int argc, char** argv) {
       EvalResult after = evaluate(trainer, *heldout, f.eval_sequences, pad_id);
       job.log(fmt::format("held-out after {} steps: masked-LM loss {:.4f}, masked-token accuracy {:.2f}% over {} predictions",
                           step, after.loss, 100 * after.accuracy, after.predicted));
+      trainer.tensorboard().scalar("heldout/mlm_loss", after.loss, step);
+      trainer.tensorboard().scalar("heldout/mlm_accuracy", after.accuracy, step);
       if (!trainer.resumed()) {
         summary["heldout_loss_before"] = before.loss;
         summary["heldout_accuracy_before"] = before.accuracy;

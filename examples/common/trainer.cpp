@@ -1,5 +1,7 @@
 #include "examples/common/trainer.h"
 
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <numeric>
 
@@ -30,6 +32,9 @@ void add_common_options(CLI::App& app, CommonFlags& f, const std::string& data_h
   add_resume_option(app, f.resume);
   app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration (this run's third step) to this file");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
+  app.add_option("--tensorboard", f.tensorboard,
+                 "write TensorBoard event files here (loss, learning rate, throughput, evaluations; per rank "
+                 "in DIR/rank<r>: step time and DDP's timings); `tensorboard --logdir DIR` or tools/plot.py DIR");
   app.add_option("--powersgd-rank", f.powersgd_rank,
                  "data parallel: compress gradients with PowerSGD of this rank (DDP communication hook; 0: off)")
       ->check(CLI::Range(0, 1024));
@@ -185,6 +190,7 @@ int64_t Trainer::start(optim::Optimizer& optimizer, optim::LRScheduler* schedule
     job_.log(fmt::format("resumed from {} at step {}", checkpoint_path_, step));
   }
   if (model_ && !checkpoint_path_.empty() && job_.rank == 0) std::filesystem::create_directories(o_.flags.checkpoint_dir);
+  global_step_ = step;
   return step;
 }
 
@@ -198,7 +204,10 @@ Lists Trainer::on_device(const Lists& batch) const {
 double Trainer::step(const std::vector<Lists>& micro_batches) {
   if (optimizer_ == nullptr) fail("{}: Trainer::step before Trainer::start (which takes the optimizer)", o_.program);
   const int64_t n = static_cast<int64_t>(micro_batches.size());
+  const auto started = std::chrono::steady_clock::now();
+  const double lr = optimizer_->param_groups().empty() ? 0.0 : optimizer_->param_groups().front().lr();
   double loss_value = 0;
+  std::optional<double> grad_norm;  // before clipping, when the step clips
   if (stage_) {
     if (n != 1) fail("{}: a pipelined step takes one global batch, got {} micro-batches", o_.program, n);
     // Forward, backward, the replicas' and tied gradients' sums, clipping and the step.
@@ -226,8 +235,8 @@ double Trainer::step(const std::vector<Lists>& micro_batches) {
     }
     if (o_.max_grad_norm > 0) {
       amp_->unscale(*optimizer_);
-      if (fsdp_) fsdp_->clip_grad_norm_(o_.max_grad_norm);  // the whole model's norm over the shards
-      else optim::clip_grad_norm_(model_->parameters(), o_.max_grad_norm);
+      if (fsdp_) grad_norm = fsdp_->clip_grad_norm_(o_.max_grad_norm);  // the whole model's norm over the shards
+      else grad_norm = optim::clip_grad_norm_(model_->parameters(), o_.max_grad_norm);
     }
     amp_->step(*optimizer_);
     if (job_.group && job_.world > 1) {  // the global batch's mean, as a pipeline reports it (not rank 0's share alone)
@@ -237,6 +246,17 @@ double Trainer::step(const std::vector<Lists>& micro_batches) {
     }
   }
   if (++steps_run_ == 3) write_trace(ddp_.get(), o_.flags.trace, job_);
+  ++global_step_;
+  if (tensorboard_.enabled()) {
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    tensorboard_.scalar("train/loss", loss_value, global_step_);
+    tensorboard_.scalar("train/lr", lr, global_step_);
+    tensorboard_.scalar("train/examples_per_s", static_cast<double>(o_.global_batch) / seconds, global_step_);
+    // fp16's loss scale may skip a step (inf/nan gradients): its norm is not a gradient's.
+    if (grad_norm && std::isfinite(*grad_norm)) tensorboard_.scalar("train/grad_norm", *grad_norm, global_step_);
+    tensorboard_.rank_scalar("train/step_ms", seconds * 1e3, global_step_);
+    tensorboard_.ddp_iteration(ddp_.get(), global_step_);
+  }
   return loss_value;
 }
 

@@ -44,6 +44,7 @@
 #include "distributed/zero_redundancy_optimizer.h"
 #include "examples/common/example_util.h"
 #include "examples/common/pipeline_flags.h"
+#include "examples/common/tensorboard_log.h"
 
 namespace chorus::examples {
 
@@ -61,6 +62,7 @@ struct CommonFlags {
   int powersgd_rank = 0;            // DDP's PowerSGD hook of this rank (0: plain allreduce)
   int64_t powersgd_start = 10;      // iterations of plain allreduce first
   bool hierarchical = false;        // DDP's sums inside each node, then across (distributed/hierarchical.h)
+  std::string tensorboard;          // --tensorboard DIR: TensorBoard event files (tensorboard_log.h)
   PipelineFlags pipeline;
 
   // --data-dir's value or the default folder.
@@ -126,7 +128,8 @@ class Trainer {
   // pipeline_blocks() become this rank's stage and `model` is reset (the stage keeps its own
   // blocks only); data parallel, DDP wraps it when there are several processes.
   template <class Model>
-  Trainer(TrainerOptions o, Job& job, std::shared_ptr<Model>& model, Task task) : o_(std::move(o)), job_(job) {
+  Trainer(TrainerOptions o, Job& job, std::shared_ptr<Model>& model, Task task)
+      : o_(std::move(o)), job_(job), tensorboard_(o_.flags.tensorboard, job) {
     if (o_.flags.pipeline.enabled()) {
       make_stage(model->pipeline_blocks());
       model.reset();
@@ -174,6 +177,10 @@ class Trainer {
   // the whole global batch. Returns the loss, the mean over the global batch on every rank (data
   // parallel: the ranks' means averaged by one scalar allreduce). Gradients are zeroed first; the
   // scheduler is not stepped (the example does). Rank 0 writes --trace after this run's third step.
+  // With --tensorboard: train/loss, train/lr (the first param_group's, as the step used it),
+  // train/examples_per_s, train/grad_norm (when the example clips, as BERT and GPT do: the norm
+  // before clipping),
+  // and per rank train/step_ms and DDP's iteration timings, at the step's number.
   double step(const std::vector<Lists>& micro_batches);
   // The same one micro-batch at a time, as a loader gives them: holds each until the step's last
   // arrives, then runs the step and returns its loss (nothing before).
@@ -202,6 +209,11 @@ class Trainer {
   // elements sent against a plain allreduce's.
   nlohmann::json summary() const;
 
+  // --tensorboard's writers (doing nothing without it), for what the example logs itself
+  // (evaluations, samples), and the number of the last step run (start's step, then one per step).
+  TensorBoardLog& tensorboard() { return tensorboard_; }
+  int64_t global_step() const { return global_step_; }
+
  private:
   void make_stage(distributed::pipeline::BlockModel blocks);
   void make_data_parallel(std::shared_ptr<nn::Module> model);
@@ -225,6 +237,8 @@ class Trainer {
   std::string checkpoint_path_;
   bool resumed_ = false;
   int64_t steps_run_ = 0;
+  int64_t global_step_ = 0;  // start()'s step plus the steps run since
+  TensorBoardLog tensorboard_;
   std::vector<Lists> pending_;  // feed's micro-batches of the step under way
 };
 

@@ -264,6 +264,8 @@ int main(int argc, char** argv) {
       before = evaluate(trainer, *heldout, f.eval_sequences);
       job.log(fmt::format("held-out before training: loss {:.4f} (ln {} = {:.4f}), perplexity {:.2f}", before,
                           tok.vocab_size(), std::log(static_cast<double>(tok.vocab_size())), std::exp(before)));
+      trainer.tensorboard().scalar("heldout/loss", before, step);
+      trainer.tensorboard().scalar("heldout/perplexity", std::exp(before), step);
     }
 
     const int64_t stop = f.max_steps > 0 ? std::min(f.steps, f.max_steps) : f.steps;
@@ -318,6 +320,8 @@ int main(int argc, char** argv) {
     if (f.eval_sequences > 0) {
       const double after = evaluate(trainer, *heldout, f.eval_sequences);
       job.log(fmt::format("held-out after {} steps: loss {:.4f}, perplexity {:.2f}", step, after, std::exp(after)));
+      trainer.tensorboard().scalar("heldout/loss", after, step);
+      trainer.tensorboard().scalar("heldout/perplexity", std::exp(after), step);
       if (!trainer.resumed()) {
         summary["heldout_loss_before"] = before;
         summary["heldout_perplexity_before"] = std::exp(before);
@@ -346,6 +350,7 @@ int main(int argc, char** argv) {
         const std::string text = tok.decode(ids);
         job.log(fmt::format("sample (temperature {}, top-k {}):\n{}{}", f.temperature, f.top_k, f.prompt, text));
         summary["sample"] = text;
+        trainer.tensorboard().text("sample", f.prompt + text, step);
       }
     }
     summary["wall_s"] = std::chrono::duration<double>(Clock::now() - t_start).count();

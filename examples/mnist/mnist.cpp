@@ -18,6 +18,7 @@
 #include "distributed/ddp.h"
 #include "distributed/init.h"
 #include "examples/common/example_util.h"
+#include "examples/common/tensorboard_log.h"
 #include "nn/nn.h"
 #include "nn/serialize.h"
 #include "optim/optim.h"
@@ -43,6 +44,7 @@ struct Flags {
   int threads = 0;
   std::string data_dir;
   std::string trace;
+  std::string tensorboard;  // --tensorboard DIR
   double log_every_s = 5;
   int workers = 1;
   std::string device = "auto";
@@ -114,6 +116,9 @@ int main(int argc, char** argv) {
   app.add_option("--data-dir", f.data_dir, "folder holding mnist/ and fashion-mnist/ (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");
   app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration to this file");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
+  app.add_option("--tensorboard", f.tensorboard,
+                 "write TensorBoard event files here (rank 0's batch loss and accuracy, learning rate, samples/s, "
+                 "test accuracy; per rank in DIR/rank<r>: step time and DDP's timings); tools/plot.py DIR draws them");
   app.add_option("--workers", f.workers, "DataLoader worker threads")->check(CLI::Range(0, 256));
   examples::add_device_option(app, f.device);
   examples::add_amp_option(app, f.amp);
@@ -158,6 +163,7 @@ int main(int argc, char** argv) {
     }
     auto opt = make_optimizer(f, net->parameters());
     examples::MixedPrecision amp(f.amp, device.type);
+    examples::TensorBoardLog tensorboard(f.tensorboard, job);
     const int64_t steps_per_epoch = loader.size();
     const int64_t total_steps = steps_per_epoch * f.epochs;
     optim::WarmupDecayLR sched(*opt, std::min<int64_t>(100, total_steps / 10), total_steps,
@@ -201,6 +207,8 @@ int main(int argc, char** argv) {
           ++in_epoch;  // trained before the checkpoint this run resumed from
           continue;
         }
+        const auto step_started = Clock::now();
+        const double lr = opt->param_groups()[0].lr();
         opt->zero_grad();
         const Tensor data = b.data.to(device), target = b.target.to(device);
         Tensor logits, loss;
@@ -218,11 +226,22 @@ int main(int argc, char** argv) {
         if (first_loss < 0) first_loss = last_loss;
         epoch_loss_sum += last_loss;
         ++epoch_loss_n;
+        int64_t batch_correct = 0;
         {
           NoGradGuard no_grad;
-          correct += logits.argmax(1).eq(target).sum().item<int64_t>();
+          batch_correct = logits.argmax(1).eq(target).sum().item<int64_t>();
+          correct += batch_correct;
         }
         seen += b.size();
+        if (tensorboard.enabled()) {
+          const double seconds = std::chrono::duration<double>(Clock::now() - step_started).count();
+          tensorboard.scalar("train/loss", last_loss, step);  // rank 0's share of the batch
+          tensorboard.scalar("train/accuracy", static_cast<double>(batch_correct) / b.size(), step);
+          tensorboard.scalar("train/lr", lr, step);
+          tensorboard.scalar("train/samples_per_s", static_cast<double>(f.batch_size) / seconds, step);
+          tensorboard.rank_scalar("train/step_ms", seconds * 1e3, step);
+          tensorboard.ddp_iteration(ddp.get(), step);
+        }
         samples += b.size() * world;
         if (!traced && step >= 3) {
           examples::write_trace(ddp.get(), f.trace, job);
@@ -251,6 +270,7 @@ int main(int argc, char** argv) {
       log(fmt::format("epoch {} done: train loss {:.4f}, test accuracy {:.2f}% ({}/{})", epoch + 1,
                       epoch_loss_sum / std::max<int64_t>(epoch_loss_n, 1), 100.0 * test_correct / test_count,
                       test_correct, test_count));
+      tensorboard.scalar("test/accuracy", static_cast<double>(test_correct) / std::max<int64_t>(test_count, 1), step);
       if (!ckpt_path.empty() && rank == 0) {
         examples::save_checkpoint(ckpt_path, *net, *opt, sched, epoch + 1, step, {{"dataset", f.dataset}, {"model", f.model}});
         log(fmt::format("saved {}", ckpt_path));

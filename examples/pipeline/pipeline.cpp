@@ -18,6 +18,7 @@
 #include "distributed/pipeline/pipeline.h"
 #include "examples/common/example_util.h"
 #include "examples/common/pipeline_flags.h"
+#include "examples/common/tensorboard_log.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
@@ -39,6 +40,7 @@ struct Flags {
   double lr = 0.05;
   uint64_t seed = 1;
   std::string data_dir;
+  std::string tensorboard;  // --tensorboard DIR
   double log_every_s = 5;
   int64_t test_limit = 0;
 };
@@ -73,6 +75,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", f.seed, "seed of initialization and shuffling");
   app.add_option("--data-dir", f.data_dir, "folder holding mnist/ (default: $CHORUS_DATA_DIR or ~/.cache/chorus/data)");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
+  app.add_option("--tensorboard", f.tensorboard,
+                 "write TensorBoard event files here (loss, test accuracy; per rank in DIR/rank<r>: step time, "
+                 "micro-batches in flight, activation memory); tools/plot.py DIR draws them");
   app.add_option("--test-limit", f.test_limit, "evaluate on the first N test images (0: all)");
   CLI11_PARSE(app, argc, argv);
 
@@ -99,6 +104,7 @@ int main(int argc, char** argv) {
     optim::SGD opt(stage.parameters(), {.lr = f.lr, .momentum = 0.9});
     job.log(fmt::format("pipeline: {}, world size {}", examples::describe(plan), job.world));
     job.log(pp::to_string(stage.schedule()));
+    examples::TensorBoardLog tensorboard(f.tensorboard, job);
 
     int64_t step = 0;
     double first_loss = -1, last_loss = 0, step_ms_sum = 0;
@@ -119,6 +125,10 @@ int main(int argc, char** argv) {
         step_ms_sum += st.step_ms;
         max_in_flight = std::max(max_in_flight, st.max_in_flight);
         peak_bytes = std::max(peak_bytes, st.peak_activation_bytes);
+        tensorboard.scalar("train/loss", st.loss, step);  // the global batch's mean (reported on every rank)
+        tensorboard.rank_scalar("pipeline/step_ms", st.step_ms, step);
+        tensorboard.rank_scalar("pipeline/max_in_flight", st.max_in_flight, step);
+        tensorboard.rank_scalar("pipeline/peak_activation_mib", st.peak_activation_bytes / 1048576.0, step);
         if (std::chrono::duration<double>(Clock::now() - t_log).count() >= f.log_every_s) {
           t_log = Clock::now();
           job.log(fmt::format("epoch {} step {} loss {:.4f} {:.1f} ms/step", epoch + 1, step, st.loss,
@@ -139,6 +149,7 @@ int main(int argc, char** argv) {
       examples::Job solo;
       auto [correct, count] = examples::classification_accuracy(*model, *test, f.test_limit, solo);
       accuracy = static_cast<double>(correct) / std::max<int64_t>(count, 1);
+      tensorboard.scalar("test/accuracy", accuracy, step);
     }
     nlohmann::json summary = {
         {"schedule", plan.schedule},

@@ -257,6 +257,8 @@ nlohmann::json run_fashion_mnist(const Flags& f, const examples::TrainerOptions&
     job.log(fmt::format("epoch {} done: train loss {:.4f}, test accuracy {:.2f}% ({}/{})", epoch + 1,
                         epoch_loss_sum / std::max<int64_t>(epoch_loss_n, 1), 100.0 * test_accuracy.back(), test_correct,
                         test_count));
+    trainer.tensorboard().scalar("test/accuracy", test_accuracy.back(), step);
+    trainer.tensorboard().scalar("train/epoch_loss", epoch_loss_sum / std::max<int64_t>(epoch_loss_n, 1), step);
     save(epoch + 1);
   }
   const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
