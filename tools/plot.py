@@ -179,7 +179,17 @@ def read_runs(run_dirs, warn):
     return runs
 
 
-def plot(runs, tags, out):
+def smoothed(values, weight):
+    """TensorBoard's smoothing: an exponential moving average with its start-up bias removed."""
+    out, last, debias = [], 0.0, 0.0
+    for v in values:
+        last = last * weight + (1 - weight) * v
+        debias = debias * weight + (1 - weight)
+        out.append(last / debias)
+    return out
+
+
+def plot(runs, tags, out, smooth=0.0):
     try:
         import matplotlib
     except ImportError as e:
@@ -197,7 +207,14 @@ def plot(runs, tags, out):
         for label in sorted(runs):
             points = runs[label].get(tag)
             if points:
-                ax.plot([p[0] for p in points], [p[1] for p in points], label=label)
+                steps, values = [p[0] for p in points], [p[1] for p in points]
+                # A few points (an evaluation per epoch) are drawn as they are: averaging them would
+                # move the last one far from its value.
+                if smooth > 0 and len(points) >= 20:
+                    line, = ax.plot(steps, values, alpha=0.25, linewidth=0.8)
+                    ax.plot(steps, smoothed(values, smooth), label=label, color=line.get_color())
+                else:
+                    ax.plot(steps, values, label=label)
         ax.set_title(tag)
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
@@ -215,7 +232,13 @@ def main(argv):
     parser.add_argument("-o", "--output", help="the PNG to write (default curves.png unless --dump)")
     parser.add_argument("--tags", help="comma-separated tags to keep (default: all)")
     parser.add_argument("--dump", action="store_true", help="print the scalars as JSON")
+    parser.add_argument("--smooth", type=float, default=0.0,
+                        help="TensorBoard's smoothing weight in [0, 1) (e.g. 0.9) for series of 20 points or more: the raw "
+                             "values faint, the moving average drawn over them (default 0: raw)")
     args = parser.parse_args(argv)
+    if not 0 <= args.smooth < 1:
+        sys.stderr.write(f"plot.py: --smooth {args.smooth}: expected a weight in [0, 1)\n")
+        return 2
 
     def warn(message):
         sys.stderr.write("plot.py: warning: " + message + "\n")
@@ -239,7 +262,7 @@ def main(argv):
         if not tags:
             sys.stderr.write("plot.py: no scalars found under " + " ".join(args.run_dirs) + "\n")
             return 1
-        plot(runs, tags, out)
+        plot(runs, tags, out, args.smooth)
         sys.stderr.write(f"plot.py: wrote {out} ({len(tags)} tags, {len(runs)} runs)\n")
     return 0
 
