@@ -5,6 +5,7 @@
 // contiguous in neither dim are copied first.
 #include <Eigen/Core>
 #include <dnnl.h>
+#include <immintrin.h>
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/onednn_conv.h"
@@ -68,18 +69,96 @@ SgemmOperand sgemm_operand(const float* p, int64_t rows, int64_t cols, int64_t r
   return {p, std::max<int64_t>(ld, 1), (row_major != transpose) ? 'N' : 'T'};
 }
 
-bool sgemm(const Tensor& c, const Tensor& a, const Tensor& b, float alpha, float beta) {
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+// oneDNN 2.6's sgemm reads a transposed A at about half its rate when A is tall (Zen 3, 1 thread,
+// GFLOP/s: m=1024 n=256 k=1024 27-28 transposed against 54-57 not; OpenBLAS 44-62 transposed;
+// docs/data/gemm_shapes_zen3_2026-11-28.txt). That is Linear's weight gradient (grad_out^T x input)
+// where the layer widens (BERT's first FFN layer). Copying A into row-major order costs m*k moves
+// against the product's 2*m*n*k flops. Not for square or short A, where oneDNN's transposed read
+// was as fast as the copy and product (m=256 n=256 k=1024; m=30522 n=256 k=146).
+bool copy_transposed_a(int64_t m, int64_t n, int64_t acs, int64_t k) {
+  const bool a_transposed = !(acs == 1 || k == 1);
+  return a_transposed && m >= 512 && m >= 2 * n && n >= 128 && k >= 256;
+}
+
+// dst[l * ld_dst + j] = src[j * ld_src + l] for an 8 x 8 block (AVX2: this file is built with -mavx2).
+inline void transpose_8x8(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
+  __m256 r[8], t[8];
+  for (int j = 0; j < 8; ++j) r[j] = _mm256_loadu_ps(src + j * ld_src);
+  for (int j = 0; j < 8; j += 2) {
+    t[j] = _mm256_unpacklo_ps(r[j], r[j + 1]);
+    t[j + 1] = _mm256_unpackhi_ps(r[j], r[j + 1]);
+  }
+  for (int h = 0; h < 8; h += 4) {
+    r[h] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[h + 1] = _mm256_shuffle_ps(t[h], t[h + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[h + 2] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[h + 3] = _mm256_shuffle_ps(t[h + 1], t[h + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int j = 0; j < 4; ++j) {
+    _mm256_storeu_ps(dst + j * ld_dst, _mm256_permute2f128_ps(r[j], r[j + 4], 0x20));
+    _mm256_storeu_ps(dst + (j + 4) * ld_dst, _mm256_permute2f128_ps(r[j], r[j + 4], 0x31));
+  }
+}
+
+// Writes the rows x cols matrix X whose element (i, p) is at src[p * ld_src + i] (X's rows are
+// contiguous) to dst[i * ld_dst + p], in 32 x 32 tiles of 8 x 8 register transposes (chorus's
+// generic strided copy reads such a view column by column, at about 2.7 GB/s here).
+void transpose_into(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
+  constexpr int64_t kTile = 32;
+  parallel_for(0, (rows + kTile - 1) / kTile, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i0 = lo * kTile; i0 < std::min(rows, hi * kTile); i0 += kTile) {
+      const int64_t i1 = std::min(rows, i0 + kTile);
+      for (int64_t p0 = 0; p0 < cols; p0 += kTile) {
+        const int64_t p1 = std::min(cols, p0 + kTile);
+        int64_t i = i0;
+        for (; i + 8 <= i1; i += 8) {
+          int64_t p = p0;
+          for (; p + 8 <= p1; p += 8) transpose_8x8(src + p * ld_src + i, ld_src, dst + i * ld_dst + p, ld_dst);
+          for (int64_t ii = i; ii < i + 8; ++ii)
+            for (int64_t pp = p; pp < p1; ++pp) dst[ii * ld_dst + pp] = src[pp * ld_src + ii];
+        }
+        for (; i < i1; ++i)
+          for (int64_t p = p0; p < p1; ++p) dst[i * ld_dst + p] = src[p * ld_src + i];
+      }
+    }
+  });
+}
+
+// The m x k float32 view a whose rows are contiguous (element (i, p) at p * cs + i), as a new
+// row-major tensor.
+Tensor row_major_copy(const Tensor& a, int64_t cs) {
+  Tensor out = make_tensor({a.size(0), a.size(1)}, kFloat32, kCPU);
+  transpose_into(static_cast<const float*>(a.raw_data_ptr()), cs, a.size(0), a.size(1),
+                 static_cast<float*>(out.raw_data_ptr()), a.size(1));
+  return out;
+}
+
+bool sgemm(const Tensor& c, const Tensor& a_in, const Tensor& b, float alpha, float beta) {
+  const int64_t m = a_in.size(0), k = a_in.size(1), n = b.size(1);
   if (k == 0 || m == 0 || n == 0) return false;
   int64_t ars, acs, brs, bcs, crs, ccs;
-  strides_2d(a, ars, acs);
+  strides_2d(a_in, ars, acs);
   strides_2d(b, brs, bcs);
   strides_2d(c, crs, ccs);
+  const bool c_row_major = ccs == 1 || n == 1;
+  // A transposed and C much wider than tall (m=256 n=1024 k=1024: 30 GF/s read either way): the
+  // transposed product C^T = B^T A has the tall shape the copy above serves; C is then its transpose.
+  if (c_row_major && beta == 0.f && !(acs == 1 || k == 1) && (bcs == 1 || n == 1) && m >= 128 && n >= 2 * m &&
+      n >= 512 && k >= 64) {
+    Tensor ct = make_tensor({n, m}, kFloat32, kCPU);
+    if (!sgemm(ct, b.t(), a_in.t(), alpha, 0.f)) return false;
+    transpose_into(static_cast<const float*>(ct.raw_data_ptr()), m, m, n, static_cast<float*>(c.raw_data_ptr()),
+                   std::max<int64_t>(crs, n));
+    return true;
+  }
+  const bool copy_a = c_row_major && copy_transposed_a(m, n, acs, k);
+  const Tensor a = copy_a ? row_major_copy(a_in, acs) : a_in;
+  if (copy_a) strides_2d(a, ars, acs);
   const auto* pa = static_cast<const float*>(a.raw_data_ptr());
   const auto* pb = static_cast<const float*>(b.raw_data_ptr());
   auto* pc = static_cast<float*>(c.raw_data_ptr());
   dnnl_status_t status;
-  if (ccs == 1 || n == 1) {  // C row-major: C = A B
+  if (c_row_major) {  // C row-major: C = A B
     const SgemmOperand A = sgemm_operand(pa, m, k, ars, acs, false), B = sgemm_operand(pb, k, n, brs, bcs, false);
     status = dnnl_sgemm(A.trans, B.trans, m, n, k, alpha, A.ptr, A.ld, B.ptr, B.ld, beta, pc,
                         std::max<int64_t>(crs, n));

@@ -187,6 +187,16 @@ TEST_CASE("mm, addmm, bmm and matmul (1-D, 2-D, batched, broadcast) match loops 
       // d/dW of sum(up * (inp W^T)) = up^T inp.
       CHECK(testing::matches(weight.grad(), {5, 4}, matmul_ref(values(up.t().contiguous()), values(inp), 5, 6, 4)));
     }
+    // A transposed operand with many more rows than the result has columns (m >= 512, m >= 2n: the
+    // float32 path copies it into row-major tiles first), read from a slice of a wider tensor so
+    // that its column stride (700) and storage offset (5) are not the plain ones.
+    {
+      Tensor wide = testing::random_tensor({40, 700}, dt, gen);
+      Tensor at = wide.slice(1, 5, 605).t();  // 600 x 40, rows contiguous
+      Tensor rhs = testing::random_tensor({40, 9}, dt, gen);
+      const double tol = dt == kFloat32 ? 1e-5 : 1e-12;  // 40 float32 products summed
+      CHECK(testing::matches(mm(at, rhs), {600, 9}, matmul_ref(values(at.contiguous()), values(rhs), 600, 40, 9), tol, tol));
+    }
     // 1-D cases: dot, vector @ matrix, matrix @ vector.
     Tensor v = testing::random_tensor({6}, dt, gen), w = testing::random_tensor({6}, dt, gen);
     CHECK(testing::matches(matmul(v, w), {}, {matmul_ref(values(v), values(w), 1, 6, 1)[0]}));
