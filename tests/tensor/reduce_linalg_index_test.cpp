@@ -187,15 +187,19 @@ TEST_CASE("mm, addmm, bmm and matmul (1-D, 2-D, batched, broadcast) match loops 
       // d/dW of sum(up * (inp W^T)) = up^T inp.
       CHECK(testing::matches(weight.grad(), {5, 4}, matmul_ref(values(up.t().contiguous()), values(inp), 5, 6, 4)));
     }
-    // A transposed operand with many more rows than the result has columns (m >= 512, m >= 2n: the
-    // float32 path copies it into row-major tiles first), read from a slice of a wider tensor so
-    // that its column stride (700) and storage offset (5) are not the plain ones.
+    // A transposed operand read from a slice of a wider tensor (column stride 700, storage offset
+    // 5), in the two shapes the float32 path reorders (kernels/cpu/gemm.cpp): tall (600 x 260 @ 260 x
+    // 130: A copied into row-major tiles first) and wide (130 x 260 @ 260 x 600: computed as
+    // C^T = B^T A, then transposed into C).
     {
-      Tensor wide = testing::random_tensor({40, 700}, dt, gen);
-      Tensor at = wide.slice(1, 5, 605).t();  // 600 x 40, rows contiguous
-      Tensor rhs = testing::random_tensor({40, 9}, dt, gen);
-      const double tol = dt == kFloat32 ? 1e-5 : 1e-12;  // 40 float32 products summed
-      CHECK(testing::matches(mm(at, rhs), {600, 9}, matmul_ref(values(at.contiguous()), values(rhs), 600, 40, 9), tol, tol));
+      const double tol = dt == kFloat32 ? 5e-5 : 1e-12;  // 260 float32 products summed
+      Tensor wide = testing::random_tensor({260, 700}, dt, gen);
+      Tensor tall_a = wide.slice(1, 5, 605).t(), short_a = wide.slice(1, 5, 135).t();  // rows contiguous
+      Tensor narrow_b = testing::random_tensor({260, 130}, dt, gen), wide_b = testing::random_tensor({260, 600}, dt, gen);
+      CHECK(testing::matches(mm(tall_a, narrow_b), {600, 130},
+                             matmul_ref(values(tall_a.contiguous()), values(narrow_b), 600, 260, 130), tol, tol));
+      CHECK(testing::matches(mm(short_a, wide_b), {130, 600},
+                             matmul_ref(values(short_a.contiguous()), values(wide_b), 130, 260, 600), tol, tol));
     }
     // 1-D cases: dot, vector @ matrix, matrix @ vector.
     Tensor v = testing::random_tensor({6}, dt, gen), w = testing::random_tensor({6}, dt, gen);
