@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "distributed/store.h"
+#include "utils/cli.h"
 
 namespace {
 
@@ -250,6 +251,7 @@ int main(int argc, char** argv) {
   app.prefix_command();  // everything from the first non-option on is the program and its arguments
   app.footer("Usage: chorusrun [options] program [program arguments...]");
   try {
+    chorus::cli::refuse_non_finite(app);
     app.parse(argc, argv);
     command = app.remaining();
   } catch (const CLI::ParseError& e) {

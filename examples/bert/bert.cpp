@@ -31,6 +31,7 @@
 #include "nn/serialize.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
+#include "utils/cli.h"
 
 using namespace chorus;
 using Clock = std::chrono::steady_clock;
@@ -120,6 +121,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", f.seed, "seed of initialization, shuffling and masking");
   app.add_option("--checkpoint-every", f.checkpoint_every, "steps between checkpoints")->check(CLI::PositiveNumber);
   examples::add_common_options(app, f.common, "sotu/ and bert/vocab.txt");
+  chorus::cli::refuse_non_finite(app);
   CLI11_PARSE(app, argc, argv);
 
   try {

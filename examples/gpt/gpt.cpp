@@ -37,6 +37,7 @@
 #include "nn/serialize.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
+#include "utils/cli.h"
 
 using namespace chorus;
 using Clock = std::chrono::steady_clock;
@@ -188,6 +189,7 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", f.temperature, "sampling temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
   app.add_option("--top-k", f.top_k, "sample among the k most likely tokens (0: all)")->check(CLI::Range(0, 65536));
   examples::add_common_options(app, f.common, "sotu/");
+  chorus::cli::refuse_non_finite(app);
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -23,6 +23,7 @@
 #include "nn/serialize.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
+#include "utils/cli.h"
 
 using namespace chorus;
 namespace F = chorus::nn::functional;
@@ -124,6 +125,7 @@ int main(int argc, char** argv) {
   examples::add_amp_option(app, f.amp);
   app.add_option("--max-steps", f.max_steps, "stop after this many steps, as if interrupted (0: train all epochs)")
       ->check(CLI::NonNegativeNumber);
+  chorus::cli::refuse_non_finite(app);
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -22,6 +22,7 @@
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
+#include "utils/cli.h"
 
 using namespace chorus;
 namespace F = chorus::nn::functional;
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
                  "write TensorBoard event files here (loss, test accuracy; per rank in DIR/rank<r>: step time, "
                  "micro-batches in flight, activation memory); tools/plot.py DIR draws them");
   app.add_option("--test-limit", f.test_limit, "evaluate on the first N test images (0: all)");
+  chorus::cli::refuse_non_finite(app);
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -27,6 +27,7 @@
 #include "nn/serialize.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
+#include "utils/cli.h"
 
 using namespace chorus;
 namespace F = chorus::nn::functional;
@@ -309,6 +310,7 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--workers", f.workers, "DataLoader worker threads")->check(CLI::Range(0, 256));
   examples::add_common_options(app, f.common, "fashion-mnist/");
+  chorus::cli::refuse_non_finite(app);
   CLI11_PARSE(app, argc, argv);
   if (f.synthetic && app.count("--arch") == 0) f.arch = "resnet50";
 

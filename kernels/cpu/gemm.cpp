@@ -133,6 +133,12 @@ Tensor row_major_copy(const Tensor& a, int64_t cs) {
   return out;
 }
 
+// The 2-D view t with its dims swapped (Tensor::t() lives above the kernels).
+Tensor transposed_view(const Tensor& t) {
+  return Tensor(std::make_shared<TensorImpl>(t.storage(), t.storage_offset(), Shape{t.size(1), t.size(0)},
+                                             Strides{t.stride(1), t.stride(0)}, t.dtype()));
+}
+
 bool sgemm(const Tensor& c, const Tensor& a_in, const Tensor& b, float alpha, float beta) {
   const int64_t m = a_in.size(0), k = a_in.size(1), n = b.size(1);
   if (k == 0 || m == 0 || n == 0) return false;
@@ -146,7 +152,7 @@ bool sgemm(const Tensor& c, const Tensor& a_in, const Tensor& b, float alpha, fl
   if (c_row_major && beta == 0.f && !(acs == 1 || k == 1) && (bcs == 1 || n == 1) && m >= 128 && n >= 2 * m &&
       n >= 512 && k >= 64) {
     Tensor ct = make_tensor({n, m}, kFloat32, kCPU);
-    if (!sgemm(ct, b.t(), a_in.t(), alpha, 0.f)) return false;
+    if (!sgemm(ct, transposed_view(b), transposed_view(a_in), alpha, 0.f)) return false;
     transpose_into(static_cast<const float*>(ct.raw_data_ptr()), m, m, n, static_cast<float*>(c.raw_data_ptr()),
                    std::max<int64_t>(crs, n));
     return true;

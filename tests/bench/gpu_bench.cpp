@@ -44,6 +44,7 @@
 #include "tensor/ops.h"
 #include "tensor/runtime.h"
 #include "tests/bench/gpu_bench_raw.h"
+#include "utils/cli.h"
 
 using namespace chorus;
 namespace F = chorus::nn::functional;
@@ -574,6 +575,7 @@ int main(int argc, char** argv) {
   app.add_option("--bert-batch", bert_batch, "bert sequences per batch (default 32; tiny: 2)")->check(CLI::PositiveNumber);
   app.add_option("--bert-seq", bert_seq, "bert tokens per sequence (default 128; tiny: 16)")->check(CLI::Range(2, 512));
   app.add_option("--bert-config", bert_config, "bert size: tiny, mini, small or base (default base; tiny: tiny)");
+  chorus::cli::refuse_non_finite(app);
   CLI11_PARSE(app, argc, argv);
 
   Setup s;

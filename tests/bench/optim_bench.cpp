@@ -19,6 +19,7 @@
 #include "optim/optim.h"
 #include "tensor/ops.h"
 #include "tests/bench/bench_util.h"
+#include "utils/cli.h"
 
 namespace {
 
@@ -59,6 +60,7 @@ int main(int argc, char** argv) {
   int reps = 30, warmup = 5;
   app.add_option("--reps", reps, "timed steps per row (median reported)");
   app.add_option("--warmup", warmup, "untimed steps before timing");
+  chorus::cli::refuse_non_finite(app);
   CLI11_PARSE(app, argc, argv);
 
   chorus::manual_seed(1);

@@ -26,6 +26,7 @@
 #include "distributed/pipeline/planner/planner.h"
 #include "distributed/pipeline/planner/report.h"
 #include "tensor/error.h"
+#include "utils/cli.h"
 
 using namespace chorus;
 using namespace chorus::distributed::pipeline;
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
   app.add_option("--seq-len", seq_len, "tokens per sample");
   app.add_flag("--details", details, "print every chosen plan's stage table");
   app.add_option("--profiles-out", profiles_out, "write bert24.json and bert48.json (the assumed profiles) to this folder");
+  chorus::cli::refuse_non_finite(app);
   CLI11_PARSE(app, argc, argv);
 
   struct Link {

@@ -30,6 +30,7 @@
 #include "tensor/caching_allocator.h"
 #include "tensor/cpu_memory.h"
 #include "tensor/ops.h"
+#include "utils/cli.h"
 
 using namespace chorus;
 using namespace chorus::distributed;
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "training steps (the last is measured)")->check(CLI::PositiveNumber);
   app.add_option("--batch", batch, "sequences per rank per step")->check(CLI::PositiveNumber);
   app.add_option("--seq-len", seq_len, "tokens per sequence")->check(CLI::PositiveNumber);
+  chorus::cli::refuse_non_finite(app);
   CLI11_PARSE(app, argc, argv);
   try {
     auto group = init_process_group();

@@ -24,6 +24,7 @@
 #include "distributed/pipeline/json_fields.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
+#include "utils/cli.h"
 
 using namespace chorus;
 using namespace chorus::distributed::pipeline;
@@ -87,6 +88,7 @@ int main(int argc, char** argv) {
   app.add_option("--overlap", overlap, "does communication run beside computation: auto (no when the processes' "
                                        "threads fill the cores), yes or no")
       ->check(CLI::IsMember({"auto", "yes", "no"}));
+  chorus::cli::refuse_non_finite(app);
   CLI11_PARSE(app, argc, argv);
   try {
     if (threads > 0) set_num_threads(threads);

@@ -13,6 +13,7 @@
 #include "distributed/pipeline/planner/planner.h"
 #include "distributed/pipeline/planner/report.h"
 #include "tensor/error.h"
+#include "utils/cli.h"
 
 using namespace chorus;
 using namespace chorus::distributed::pipeline;
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
   app.add_flag("--ignore-memory", ignore_memory, "plan as if memory were unlimited");
   app.add_option("--out", out_path, "write the plan JSON here");
   app.add_option("--evaluate", evaluate_path, "predict this plan JSON instead of planning");
+  chorus::cli::refuse_non_finite(app);
   CLI11_PARSE(app, argc, argv);
 
   try {

@@ -26,6 +26,7 @@
 #include "optim/optim.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
+#include "utils/cli.h"
 
 using namespace chorus;
 using namespace chorus::distributed::pipeline;
@@ -78,6 +79,7 @@ int main(int argc, char** argv) {
   app.add_option("--optimizer", optimizer, "time one step of: sgd (momentum 0.9), adam or none")
       ->check(CLI::IsMember({"sgd", "adam", "none"}));
   app.add_option("--out", out_path, "write the profile JSON here");
+  chorus::cli::refuse_non_finite(app);
   CLI11_PARSE(app, argc, argv);
 
   try {
