@@ -80,6 +80,21 @@ uint32_t tensor_crc(const std::string& dtype, const Shape& shape, const void* da
 }
 
 constexpr const char* kCrcPrefix = "crc32c.";
+// The checksum of the caller's metadata ("crc32c.__metadata__"), over each key and value with their
+// lengths, in key order (the checksums themselves excluded).
+constexpr const char* kMetadataCrcKey = "crc32c.__metadata__";
+std::string metadata_crc(const Metadata& metadata) {
+  uint32_t crc = 0;
+  for (const auto& [k, v] : metadata) {
+    if (k.rfind(kCrcPrefix, 0) == 0) continue;
+    for (const std::string* s : {&k, &v}) {
+      const uint64_t len = s->size();
+      crc = crc32c(&len, sizeof len, crc);
+      crc = crc32c(s->data(), s->size(), crc);
+    }
+  }
+  return fmt::format("{:08x}", crc);
+}
 
 }  // namespace
 
@@ -130,11 +145,17 @@ void atomic_write(const std::string& path, const std::string& bytes) {
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  // __metadata__ holds the caller's strings and a CRC-32C per tensor ("crc32c.<name>": 8 hex
-  // digits), which load_safetensors verifies when present; to PyTorch and Hugging Face it is
+  // __metadata__ holds the caller's strings, a CRC-32C per tensor ("crc32c.<name>": 8 hex digits)
+  // and one of the caller's strings ("crc32c.__metadata__"), which load_safetensors verifies; to PyTorch and Hugging Face it is
   // ordinary metadata, so the file stays a plain safetensors file.
   nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-  for (const auto& [k, v] : metadata) meta[k] = v;
+  for (const auto& [k, v] : metadata) {
+    if (k.rfind(kCrcPrefix, 0) == 0) {
+      fail("save_safetensors {}: metadata key '{}' starts with '{}', which the file's checksums use", path, k, kCrcPrefix);
+    }
+    meta[k] = v;
+  }
+  meta[kMetadataCrcKey] = metadata_crc(metadata);
   header["__metadata__"] = meta;
   std::set<std::string> seen;
   std::vector<Tensor> dense;
@@ -264,6 +285,40 @@ SafetensorsFile load_safetensors(const std::string& path) {
     if (entries[i].begin < entries[i - 1].end) {
       fail("load_safetensors {}: tensors '{}' and '{}' overlap in the data section", path, entries[i - 1].name,
            entries[i].name);
+    }
+  }
+  // Checksums: a file chorus wrote has one per tensor and one of the metadata. Where any is present,
+  // all must be, and each must name something in the file: a flipped bit in a checksum's key or in
+  // a tensor's name must not turn the check off (foreign files, with none, load unchecked).
+  std::set<std::string> checked;
+  for (const auto& [key, value] : result.metadata) {
+    if (key.rfind(kCrcPrefix, 0) == 0) checked.insert(key.substr(std::strlen(kCrcPrefix)));
+  }
+  if (!checked.empty()) {
+    std::set<std::string> tensor_names;
+    for (const Entry& e : entries) tensor_names.insert(e.name);
+    for (const std::string& name : checked) {
+      if (name != "__metadata__" && !tensor_names.count(name)) {
+        fail("load_safetensors {}: checksum key '{}{}' names no tensor of the file's {}: the header is corrupt", path,
+             kCrcPrefix, name, entries.size());
+      }
+    }
+    for (const Entry& e : entries) {
+      if (!checked.count(e.name)) {
+        fail("load_safetensors {}: tensor '{}' has no checksum while the file has {} checksums: the header is corrupt",
+             path, e.name, checked.size());
+      }
+    }
+    if (!checked.count("__metadata__")) {
+      fail("load_safetensors {}: the file has tensor checksums but no '{}' (a corrupt header, or a file written by a "
+           "chorus before 2026-11-28: load it with that version and save it again)",
+           path, kMetadataCrcKey);
+    }
+    const std::string stored = result.metadata.at(kMetadataCrcKey), computed = metadata_crc(result.metadata);
+    if (stored != computed) {
+      fail("load_safetensors {}: the metadata does not match its checksum (CRC-32C {} stored, {} computed): the file is "
+           "corrupt",
+           path, stored, computed);
     }
   }
   for (const Entry& e : entries) {

@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -196,6 +197,80 @@ TEST_CASE("every tensor carries a CRC-32C: a flipped bit anywhere in its bytes i
     INFO("flipped byte " << byte);
     CHECK_THAT(load_error(p), Catch::Contains("does not match its checksum") && Catch::Contains("corrupt"));
   }
+}
+
+// The header's checksum entries cannot be turned off: every single-bit flip anywhere in the JSON
+// header either fails to load or loads the very same tensors and metadata, and together with a
+// flipped bit in either tensor's data it always fails (before these rules, 5 of 30 random header
+// flips hit a "crc32c.<name>" key and left that tensor unchecked; the metadata had no checksum).
+TEST_CASE("every single-bit flip in a header is refused or harmless: checksum keys must name tensors, every tensor and "
+          "the metadata must have one",
+          "[nn][serialize][errors]") {
+  TempDir dir;
+  const std::string p = dir.file("h.safetensors");
+  const Tensor a = randn({4, 3}), b = randint(0, 100, {5}, {.dtype = kInt64});
+  const nn::Metadata meta{{"step", "120"}, {"format", "chorus-checkpoint-1"}};
+  nn::save_safetensors(p, {{"a", a}, {"b", b}}, meta);
+  const std::string good = read_all(p);
+  uint64_t n = 0;
+  std::memcpy(&n, good.data(), 8);
+  const size_t a_byte = 8 + n + 5, b_byte = 8 + n + 4 * 12 + 3;  // a's bytes come first, then b's
+  int refused = 0, harmless = 0;
+  for (uint64_t byte = 8; byte < 8 + n; ++byte) {
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string bad = good;
+      bad[byte] = static_cast<char>(bad[byte] ^ (1 << bit));
+      INFO("header byte " << byte << " ('" << good[byte] << "') bit " << bit << ": " << bad.substr(8, n));
+      for (size_t data_byte : {a_byte, b_byte}) {  // with a corrupt tensor besides: never loads
+        std::string worse = bad;
+        worse[data_byte] = static_cast<char>(worse[data_byte] ^ 0x10);
+        write_all(p, worse);
+        INFO("and data byte " << data_byte);
+        CHECK_THROWS_AS(nn::load_safetensors(p), Error);
+      }
+      write_all(p, bad);
+      nn::SafetensorsFile f;
+      try {
+        f = nn::load_safetensors(p);
+      } catch (const Error&) {
+        ++refused;
+        continue;
+      }
+      CHECK(f.metadata == meta);
+      REQUIRE(f.tensors.size() == 2u);
+      CHECK(f.tensors[0].first == "a");
+      CHECK(same_bytes(f.tensors[0].second, a));
+      CHECK(f.tensors[1].first == "b");
+      CHECK(same_bytes(f.tensors[1].second, b));
+      ++harmless;  // e.g. a space of the padding turned into another blank
+    }
+  }
+  CHECK(refused > 0);
+  UNSCOPED_INFO(refused << " flips refused, " << harmless << " harmless");
+  // The rules one by one, with their messages.
+  auto with_header = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json h = nlohmann::json::parse(good.substr(8, n));
+    edit(h);
+    write_all(p, make_file(h.dump(), good.substr(8 + n)));
+    return load_error(p);
+  };
+  CHECK_THAT(with_header([](nlohmann::json& h) {
+               h["__metadata__"]["crc32c.c"] = h["__metadata__"]["crc32c.a"];
+             }),
+             Catch::Contains("checksum key 'crc32c.c' names no tensor"));
+  CHECK_THAT(with_header([](nlohmann::json& h) { h["__metadata__"].erase("crc32c.b"); }),
+             Catch::Contains("tensor 'b' has no checksum"));
+  CHECK_THAT(with_header([](nlohmann::json& h) { h["__metadata__"].erase("crc32c.__metadata__"); }),
+             Catch::Contains("no 'crc32c.__metadata__'") && Catch::Contains("save it again"));
+  CHECK_THAT(with_header([](nlohmann::json& h) { h["__metadata__"]["step"] = "121"; }),
+             Catch::Contains("metadata does not match its checksum"));
+  // A foreign file without checksums still loads (PyTorch's and Hugging Face's writers add none).
+  const std::string plain =
+      make_file(R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"__metadata__":{"k":"v"}})", std::string(4, '\0'));
+  write_all(p, plain);
+  CHECK(nn::load_safetensors(p).metadata == nn::Metadata{{"k", "v"}});
+  // The caller cannot write a key the checksums own.
+  CHECK_THROWS_WITH(nn::save_safetensors(p, {{"a", a}}, {{"crc32c.a", "0"}}), Catch::Contains("starts with 'crc32c.'"));
 }
 
 TEST_CASE("a save removes temporaries that killed writers left behind, not a live writer's", "[nn][serialize]") {
