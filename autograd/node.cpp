@@ -103,6 +103,15 @@ TensorList AccumulateGrad::apply(TensorList&& grad_outputs) {
   Tensor leaf_tensor = leaf();
   if (!leaf_tensor.defined()) return {};
   AutogradMeta& meta = leaf_tensor.unsafe_impl()->ensure_autograd_meta();
+  const Tensor& incoming = grad_outputs[0];
+  if (incoming.defined() && (incoming.dtype() != leaf_tensor.dtype() || incoming.device() != leaf_tensor.device())) {
+    // A graph built before the leaf's data was replaced by another dtype or device (Module::to,
+    // set_data) reaches the leaf with gradients of the old kind.
+    fail("autograd: a gradient of {} on {} reached a leaf that now holds {} on {} (of shape {}): the graph was built "
+         "before the leaf's data was replaced (Module::to or set_data); run the forward again after moving the model",
+         dtype_name(incoming.dtype()), incoming.device().str(), dtype_name(leaf_tensor.dtype()),
+         leaf_tensor.device().str(), shape_str(leaf_tensor.sizes()));
+  }
   Tensor g = run_tensor_hooks(std::move(grad_outputs[0]));
   if (!meta.grad.defined()) {
     // Steal the incoming buffer when nothing else refers to it; otherwise keep our own copy so a

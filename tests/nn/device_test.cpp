@@ -295,6 +295,57 @@ TEST_CASE("Module::to moves parameters, buffers and gradients to the device and 
   }
 }
 
+// Module::to while a graph from before the move is still held (as a training loop holds the last
+// loss): the next graph's gradients have the parameters' new dtype and device (the stale
+// AccumulateGrad node is not reused), and the old graph's backward is a clear error, not a float32
+// gradient on a float64 weight or a CPU gradient on a sim weight.
+TEST_CASE("Module::to with an earlier graph still held: new gradients follow the parameters, the old graph refuses",
+          "[nn][sim]") {
+  for (const bool to_device : {false, true}) {
+    INFO((to_device ? "to sim:0" : "to float64"));
+    manual_seed(3);
+    auto mlp = [] {
+      auto m = std::make_shared<nn::Sequential>();
+      m->push_back(std::make_shared<nn::Linear>(4, 3));
+      m->push_back(std::make_shared<nn::Tanh>());
+      m->push_back(std::make_shared<nn::Linear>(3, 2));
+      return m;
+    };
+    auto net = mlp();
+    const Tensor x = randn({5, 4});
+    Tensor held = net->forward(x).sum();  // its graph holds each weight's AccumulateGrad node
+    if (to_device) net->to("sim:0");
+    else net->to(kFloat64);
+    const Tensor x2 = to_device ? x.to(kSim) : x.to(kFloat64);
+    Tensor loss = net->forward(x2).pow(2.0).sum();
+    loss.backward();
+    for (const Tensor& p : net->parameters()) {
+      REQUIRE(p.grad().defined());
+      CHECK(p.grad().dtype() == p.dtype());
+      CHECK(p.grad().device() == p.device());
+    }
+    // The gradients are the moved model's: the same as a fresh copy's on the CPU in float64.
+    auto ref = mlp();
+    ref->to(kFloat64);
+    {
+      NoGradGuard no_grad;
+      const auto src = net->parameters();
+      auto dst = ref->parameters();
+      for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i].to(kCPU).to(kFloat64));
+    }
+    ref->forward(x.to(kFloat64)).pow(2.0).sum().backward();
+    const auto got = net->parameters(), want = ref->parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double tol = to_device ? 1e-5 : 1e-12;  // sim:0 computes in float32
+      CHECK(allclose(got[i].grad().to(kCPU).to(kFloat64), want[i].grad(), tol, tol));
+    }
+    optim::SGD opt(net->parameters(), {.lr = 0.1});
+    CHECK_NOTHROW(opt.step());
+    CHECK_THROWS_WITH(held.backward(), Catch::Contains("the graph was built before the leaf's data was replaced") &&
+                                           Catch::Contains(to_device ? "now holds float32 on sim:0" : "now holds float64 on cpu"));
+  }
+}
+
 TEST_CASE("checkpoints are saved from and loaded to either device", "[nn][sim]") {
   const std::string dir = std::filesystem::temp_directory_path() / "chorus_device_test";
   std::filesystem::create_directories(dir);
