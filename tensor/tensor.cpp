@@ -156,6 +156,13 @@ bool Tensor::retains_grad() const {
 void Tensor::set_data(const Tensor& new_data) const {
   checked(impl_, "set_data");
   checked(new_data.impl_ptr(), "set_data");
+  // New data of another dtype or device: the leaf's AccumulateGrad node (kept alive by graphs built
+  // before) expects gradients of the old kind; the next graph gets a new one (PyTorch's set_data
+  // does the same).
+  if (AutogradMeta* meta = impl_->autograd_meta();
+      meta != nullptr && (new_data.dtype() != impl_->dtype() || new_data.device() != impl_->device())) {
+    meta->grad_accumulator.reset();
+  }
   impl_->set_data(*new_data.unsafe_impl());
 }
 

@@ -349,10 +349,6 @@ class TensorImpl {
   // A chorus::Error: the tensor's storage is released (Storage::release).
   [[noreturn]] void released_storage_error() const;
   void set_data(const TensorImpl& other) {
-    // New data of another dtype or device: the leaf's AccumulateGrad node (kept alive by graphs
-    // built before) expects gradients of the old kind; the next graph gets a new one (PyTorch's
-    // set_data does the same).
-    if (autograd_ && (other.dtype_ != dtype_ || other.device() != device())) autograd_->grad_accumulator.reset();
     storage_ = other.storage_;
     dtype_ = other.dtype_;
     set_sizes_and_strides(other.sizes_, other.strides_, other.storage_offset_);
