@@ -16,41 +16,17 @@
 #include <nlohmann/json.hpp>
 
 #include "tensor/runtime.h"
-#include "tests/distributed/worker_launcher.h"
+#include "tests/examples/example_runs.h"
 #include <string>
 
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string binary(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  return (srcdir ? std::string(srcdir) + "/chorus/" : std::string("bazel-bin/")) + path;
-}
-
-std::string scratch(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  fs::path p = fs::path(tmp ? tmp : "/tmp") / ("examples_test_" + std::to_string(::getpid())) / name;
-  fs::remove_all(p);
-  // Each case makes the folder it needs: cases run alone (a shard, --test_filter) or in any order.
-  fs::create_directories(p.parent_path());
-  return p.string();
-}
-
-struct Run {
-  int code;
-  std::string output;
-  nlohmann::json summary;  // the {"summary": ...} line's object, if any
-};
-
-Run run(const std::string& cmd) {
-  const chorus::testing::CommandResult c = chorus::testing::run_command(cmd);
-  const std::string& out = c.output;
-  Run r{c.code, out, nullptr};
-  const size_t at = out.rfind("{\"summary\":");
-  if (at != std::string::npos) r.summary = nlohmann::json::parse(out.substr(at, out.find('\n', at) - at))["summary"];
-  return r;
-}
+using chorus::testing::examples::binary;
+using chorus::testing::examples::Run;
+using chorus::testing::examples::run;
+using chorus::testing::examples::scratch;
 
 TEST_CASE("bert: a resumed run ends exactly where the uninterrupted one does", "[examples][bert]") {
   const std::string bert = binary("examples/bert/bert") +

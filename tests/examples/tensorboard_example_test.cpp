@@ -12,39 +12,17 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "tests/distributed/worker_launcher.h"
+#include "tests/examples/example_runs.h"
 #include "utils/event_file_reader.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string binary(const std::string& path) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  return (srcdir ? std::string(srcdir) + "/chorus/" : std::string("bazel-bin/")) + path;
-}
-
-std::string scratch(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  fs::path p = fs::path(tmp ? tmp : "/tmp") / ("tensorboard_example_test_" + std::to_string(::getpid())) / name;
-  fs::remove_all(p);
-  fs::create_directories(p.parent_path());
-  return p.string();
-}
-
-struct Run {
-  int code;
-  std::string output;
-  nlohmann::json summary;
-};
-
-Run run(const std::string& cmd) {
-  const chorus::testing::CommandResult c = chorus::testing::run_command(cmd);
-  Run r{c.code, c.output, nullptr};
-  const size_t at = c.output.rfind("{\"summary\":");
-  if (at != std::string::npos) r.summary = nlohmann::json::parse(c.output.substr(at, c.output.find('\n', at) - at))["summary"];
-  return r;
-}
+using chorus::testing::examples::binary;
+using chorus::testing::examples::Run;
+using chorus::testing::examples::run;
+using chorus::testing::examples::scratch;
 
 // tag -> step -> value, of the scalars in the one event file directly in `dir` (not its sub-runs).
 using Scalars = std::map<std::string, std::map<int64_t, float>>;
