@@ -43,6 +43,26 @@ class GPT2Attention : public nn::Module {
                                                {.dropout_p = p, .is_causal = true});
     return F::dropout(c_proj->forward(y.permute({0, 2, 1, 3}).reshape({b, t, c})), p, p > 0);
   }
+  // As forward(x) for positions past .. past + T - 1: the new keys and values go into `keys` and
+  // `values` [B, heads, capacity, d] at those positions, and the queries attend to positions
+  // 0 .. past + T - 1 of them (query i to keys 0 .. past + i).
+  Tensor forward(const Tensor& x, Tensor& keys, Tensor& values, int64_t past) {
+    const int64_t b = x.size(0), t = x.size(1), c = x.size(2), d = c / heads;
+    Tensor qkv = c_attn->forward(x).reshape({b, t, 3, heads, d}).permute({2, 0, 3, 1, 4});
+    keys.narrow(2, past, t).copy_(qkv.select(0, 1));
+    values.narrow(2, past, t).copy_(qkv.select(0, 2));
+    F::ScaledDotProductAttentionOptions o{.dropout_p = is_training() ? dropout : 0.0};
+    if (past == 0) {
+      o.is_causal = t > 1;  // the top-left aligned causal mask is the right one
+    } else if (t > 1) {
+      // Query i sits at position past + i: it may see keys 0 .. past + i.
+      const TensorOptions i64{.dtype = kInt64};
+      o.attn_mask = le(arange(0, past + t, 1, i64).unsqueeze(0), arange(past, past + t, 1, i64).unsqueeze(1)).to(x.device());
+    }  // one new query sees every key: no mask
+    Tensor y = F::scaled_dot_product_attention(qkv.select(0, 0), keys.narrow(2, 0, past + t),
+                                               values.narrow(2, 0, past + t), o);
+    return F::dropout(c_proj->forward(y.permute({0, 2, 1, 3}).reshape({b, t, c})), o.dropout_p, o.dropout_p > 0);
+  }
   int64_t heads;
   double dropout;
   std::shared_ptr<Conv1D> c_attn, c_proj;
@@ -74,6 +94,10 @@ class GPT2Block : public nn::Module {
   }
   Tensor forward(const Tensor& x) override {
     Tensor h = x + attn->forward(ln_1->forward(x));
+    return h + mlp->forward(ln_2->forward(h));
+  }
+  Tensor forward(const Tensor& x, Tensor& keys, Tensor& values, int64_t past) {
+    Tensor h = x + attn->forward(ln_1->forward(x), keys, values, past);
     return h + mlp->forward(ln_2->forward(h));
   }
   std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
@@ -127,6 +151,32 @@ Tensor GPT2Model::forward(const Tensor& input_ids) {
   return ln_f->forward(x);
 }
 
+Tensor GPT2Model::forward(const Tensor& input_ids, KVCache& cache) {
+  if (autograd::GradMode::is_enabled()) {
+    fail("GPT2Model: forward with a KVCache is for inference and writes the cache in place; call it under NoGradGuard");
+  }
+  if (input_ids.dim() != 2) fail("GPT2Model: input_ids must be [batch, sequence], got {}", shape_str(input_ids.sizes()));
+  const int64_t b = input_ids.size(0), t = input_ids.size(1), past = cache.length;
+  if (cache.keys.size() != h->size() || cache.values.size() != h->size()) {
+    fail("GPT2Model: the KVCache holds {} layers, the model has {} (make it with GPT2LMHeadModel::make_cache)",
+         cache.keys.size(), h->size());
+  }
+  if (b != cache.batch) fail("GPT2Model: input_ids has batch {}, the KVCache was made for batch {}", b, cache.batch);
+  if (t < 1) fail("GPT2Model: input_ids has no positions ({})", shape_str(input_ids.sizes()));
+  if (past + t > cache.capacity) {
+    fail("GPT2Model: {} cached + {} new positions exceed the KVCache's capacity {} (n_positions {})", past, t,
+         cache.capacity, config.n_positions);
+  }
+  Tensor positions = arange(past, past + t, 1, TensorOptions{.dtype = kInt64}).to(input_ids.device()).unsqueeze(0);
+  Tensor x = wte->forward(input_ids) + wpe->forward(positions);
+  if (is_training() && config.dropout > 0) x = F::dropout(x, config.dropout);
+  for (size_t i = 0; i < h->size(); ++i) {
+    x = std::static_pointer_cast<GPT2Block>((*h)[i])->forward(x, cache.keys[i], cache.values[i], past);
+  }
+  cache.length = past + t;
+  return ln_f->forward(x);
+}
+
 GPT2LMHeadModel::GPT2LMHeadModel(const GPTConfig& c) : nn::Module("GPT2LMHeadModel") {
   transformer = register_module("transformer", std::make_shared<GPT2Model>(c));
   if (!c.initialize) return;
@@ -147,6 +197,30 @@ Tensor GPT2LMHeadModel::forward(const Tensor& input_ids) {
   const int64_t b = hidden.size(0), t = hidden.size(1);
   // Tied head: logits = hidden @ wte^T, one GEMM over the B*T rows.
   return matmul(hidden.reshape({b * t, hidden.size(2)}), lm_head_weight().t()).reshape({b, t, -1});
+}
+
+Tensor GPT2LMHeadModel::forward(const Tensor& input_ids, KVCache& cache) {
+  Tensor hidden = transformer->forward(input_ids, cache);
+  const int64_t b = hidden.size(0), t = hidden.size(1);
+  return matmul(hidden.reshape({b * t, hidden.size(2)}), lm_head_weight().t()).reshape({b, t, -1});
+}
+
+KVCache GPT2LMHeadModel::make_cache(int64_t batch, int64_t capacity) const {
+  const GPTConfig& c = transformer->config;
+  if (capacity == 0) capacity = c.n_positions;
+  if (batch < 1 || capacity < 1 || capacity > c.n_positions) {
+    fail("GPT2LMHeadModel::make_cache: batch {} must be >= 1 and capacity {} within 1 .. n_positions {}", batch,
+         capacity, c.n_positions);
+  }
+  KVCache cache;
+  cache.batch = batch;
+  cache.capacity = capacity;
+  const TensorOptions options = lm_head_weight().options();
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    cache.keys.push_back(zeros({batch, c.n_head, capacity, c.n_embd / c.n_head}, options));
+    cache.values.push_back(zeros({batch, c.n_head, capacity, c.n_embd / c.n_head}, options));
+  }
+  return cache;
 }
 
 distributed::pipeline::BlockModel GPT2LMHeadModel::pipeline_blocks() {
@@ -218,11 +292,18 @@ std::vector<int64_t> GPT2LMHeadModel::generate(const std::vector<int64_t>& promp
   NoGradGuard no_grad;
   const Device device = lm_head_weight().device();
   std::vector<int64_t> context = prompt, out;
+  KVCache cache;
+  if (o.use_cache && o.max_new_tokens > 0) cache = make_cache(1);
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
-    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(context.size()) - window);
+    const int64_t size = static_cast<int64_t>(context.size());
+    // Without a cache, or once the context no longer fits (its positions all shift by one), the
+    // last `window` tokens are computed afresh; with one, only the tokens the cache lacks.
+    if (o.use_cache && size > window) cache.clear();
+    const int64_t start = o.use_cache && size <= window ? cache.length : std::max<int64_t>(0, size - window);
     std::vector<int64_t> ids(context.begin() + start, context.end());
     Tensor ids_t = tensor<int64_t>(ids).to(device).unsqueeze(0);
-    Tensor logits = forward(ids_t).select(1, ids_t.size(1) - 1).select(0, 0).to(kCPU).to(kFloat32);
+    Tensor all = o.use_cache ? forward(ids_t, cache) : forward(ids_t);
+    Tensor logits = all.select(1, ids_t.size(1) - 1).select(0, 0).to(kCPU).to(kFloat32);
     int64_t next;
     if (o.temperature == 0) {
       next = logits.argmax().item<int64_t>();

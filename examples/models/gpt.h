@@ -43,6 +43,7 @@ struct GPTConfig {
 };
 
 class GPT2Block;
+struct KVCache;
 
 // The transformer without its head: embeddings, blocks and the final LayerNorm.
 class GPT2Model : public nn::Module {
@@ -50,10 +51,24 @@ class GPT2Model : public nn::Module {
   explicit GPT2Model(const GPTConfig& c);
   // input_ids int64 [B, T], T <= n_positions -> hidden states [B, T, n_embd].
   Tensor forward(const Tensor& input_ids) override;
+  // As GPT2LMHeadModel::forward(input_ids, cache), without the head.
+  Tensor forward(const Tensor& input_ids, KVCache& cache);
   GPTConfig config;
   std::shared_ptr<nn::Embedding> wte, wpe;
   std::shared_ptr<nn::ModuleList> h;
   std::shared_ptr<nn::LayerNorm> ln_f;
+};
+
+// Every layer's keys and values for the positions processed so far (Hugging Face's
+// past_key_values), so that generation computes one new position per token instead of the whole
+// prefix again. Made by GPT2LMHeadModel::make_cache; GPT2LMHeadModel::forward(input_ids, cache)
+// appends to it. The buffers are allocated once at full capacity (no copy as the context grows).
+struct KVCache {
+  std::vector<Tensor> keys, values;  // one per layer: [batch, n_head, capacity, n_embd / n_head]
+  int64_t length = 0;                // positions held: the next token's position
+  int64_t batch = 0, capacity = 0;
+  // Forget every position (the buffers stay allocated).
+  void clear() { length = 0; }
 };
 
 struct GenerateOptions {
@@ -63,6 +78,10 @@ struct GenerateOptions {
   // Sample among the k most likely tokens only (0: all).
   int64_t top_k = 0;
   Generator* generator = nullptr;  // the default generator when null
+  // true: a KVCache, one position per new token (until the context fills n_positions; from then on
+  // every token recomputes the last n_positions tokens, as the uncached path does). false: every
+  // token recomputes the whole context. Both give the same tokens (up to float round-off).
+  bool use_cache = true;
 };
 
 class GPT2LMHeadModel : public nn::Module {
@@ -70,10 +89,20 @@ class GPT2LMHeadModel : public nn::Module {
   explicit GPT2LMHeadModel(const GPTConfig& c);
   // input_ids int64 [B, T] -> next-token logits [B, T, vocab_size]; position t sees tokens 0..t only.
   Tensor forward(const Tensor& input_ids) override;
+  // Incremental decoding: input_ids [B, T] continue the cache's cache.length positions (positions
+  // cache.length .. cache.length + T - 1; each attends to every cached position and to the new ones
+  // up to itself) -> logits [B, T, vocab_size], the same as forward() on the whole sequence would give
+  // for those positions. Appends the new keys and values to the cache. Inference only: an error
+  // while gradients are enabled (use NoGradGuard), since the cache is written in place.
+  Tensor forward(const Tensor& input_ids, KVCache& cache);
+  // An empty cache for `batch` sequences of up to `capacity` positions (0: n_positions), in the
+  // parameters' dtype and on their device.
+  KVCache make_cache(int64_t batch, int64_t capacity = 0) const;
   // Mean cross-entropy of predicting targets [B, T] (usually input_ids shifted by one) from input_ids.
   Tensor loss(const Tensor& input_ids, const Tensor& targets);
-  // Appends max_new_tokens tokens to `prompt` (at least one token), one forward pass per token, with
-  // the context cut to the last n_positions tokens; returns the new tokens only. Runs in eval mode
+  // Appends max_new_tokens tokens to `prompt` (at least one token), one forward pass per token
+  // (through a KVCache unless options.use_cache is false), with the context cut to the last
+  // n_positions tokens; returns the new tokens only. Runs in eval mode
   // without gradients, on the model's device, and leaves the training mode as it was.
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, const GenerateOptions& options);
   // The model as pipeline blocks (distributed/pipeline/blocks.h), n_layer + 2 of them:

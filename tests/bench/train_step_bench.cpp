@@ -10,8 +10,6 @@
 //   bazel run -c opt //tests/bench:train_step_bench -- [--steps 20] [--warmup 5]
 //   ... -- --channels-last: ResNet-18 in NCHW and channels-last, chorus and libtorch (only that table)
 //   ... -- --check: ResNet-18 batch 8 and BERT-mini batch 8 at 1 thread only (tools/bench_check.sh)
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cmath>
 #include <torch/torch.h>
@@ -28,31 +26,11 @@
 #include "optim/optim.h"
 #include "tensor/ops.h"
 #include "tests/bench/bench_util.h"
+#include "tests/bench/libtorch_peer.h"
 
 namespace cn = chorus::nn;
 namespace CF = chorus::nn::functional;
-
-// libtorch's thread count. Debian's libtorch runs its matrix products in the OpenBLAS that
-// libopenblas.so.0 names, and the default alternative is the pthreads build, which ignores
-// torch::set_num_threads (OpenMP's count) and uses every core: "1 thread" was two on a 2-core
-// machine, and "2 threads" two OpenMP threads each starting two OpenBLAS threads (issue 38). So the
-// loaded OpenBLAS gets the same count, through its own call, found at run time.
-void peer_threads(int threads) {
-  torch::set_num_threads(threads);
-  using SetThreads = void (*)(int);
-  static const auto set_blas = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  static const bool said = [] {
-    using Config = char* (*)();
-    const auto config = reinterpret_cast<Config>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
-    std::fprintf(stderr, "train_step_bench: libtorch's BLAS: %s\n",
-                 config ? config() : set_blas ? "OpenBLAS" : "not OpenBLAS (its threads follow torch::set_num_threads)");
-    return true;
-  }();
-  (void)said;
-  // CHORUS_PEER_BLAS_THREADS=n: OpenBLAS's count set apart (to look for libtorch's best setting).
-  const char* blas_env = std::getenv("CHORUS_PEER_BLAS_THREADS");
-  if (set_blas) set_blas(blas_env ? std::max(1, std::atoi(blas_env)) : threads);
-}
+using chorus::bench::peer_threads;
 
 // ------------------------------------------------------------------ chorus models
 struct ChorusBlock : cn::Module {

@@ -1,10 +1,12 @@
 // examples/models/gpt: the GPT-2 124M preset has GPT-2's 124,439,808 parameters under Hugging
 // Face's names and shapes (Conv1D weights [in, out], the LM head tied to wte); a later token never
-// changes an earlier position's logits; GPT-2's initialization; sampling with top-k 1 is greedy.
+// changes an earlier position's logits; GPT-2's initialization; sampling with top-k 1 is greedy;
+// a KVCache gives the whole forward's logits piece by piece, and the same greedy tokens.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "autograd/grad_mode.h"
 #include "examples/models/gpt.h"
@@ -115,6 +117,83 @@ TEST_CASE("gpt: top-k 1 sampling is greedy decoding, and a seeded sample repeats
   // The context window slides past n_positions (16) without error.
   CHECK(model.generate(prompt, {.max_new_tokens = 30, .temperature = 0}).size() == 30);
   CHECK(model.is_training());
+}
+
+// Larger weights than GPT-2's N(0, 0.02), so that attention is far from uniform and a key seen
+// that should not be (or a position off by one) moves the logits by much more than round-off.
+models::GPTConfig sharp() {
+  models::GPTConfig c = tiny();
+  c.initializer_range = 0.5;
+  return c;
+}
+
+TEST_CASE("gpt: a KVCache fed in pieces gives the whole forward's logits", "[gpt][kv]") {
+  manual_seed(5);
+  models::GPT2LMHeadModel model(sharp());
+  model.eval();
+  NoGradGuard no_grad;
+  Tensor ids = randint(0, 50, {2, 16});
+  // Pieces of 5 (the prompt: a causal mask), 1 (no mask), 4 (an offset mask) and 6 (up to capacity).
+  const std::vector<int64_t> pieces = {5, 1, 4, 6};
+  for (const DType dtype : {kFloat64, kFloat32}) {
+    INFO("dtype " << dtype_name(dtype));
+    model.to(dtype);
+    const Tensor whole = model.forward(ids);
+    const double scale = whole.abs().max().item<double>();
+    REQUIRE(scale > 1.0);
+    models::KVCache cache = model.make_cache(2);
+    REQUIRE(cache.keys.size() == 2);
+    CHECK(cache.keys[0].sizes() == Shape{2, 4, 16, 16});
+    CHECK(cache.keys[0].dtype() == dtype);
+    int64_t at = 0;
+    for (int64_t n : pieces) {
+      INFO("positions " << at << " .. " << at + n - 1);
+      const Tensor part = model.forward(ids.narrow(1, at, n), cache);
+      at += n;
+      CHECK(cache.length == at);
+      REQUIRE(part.sizes() == Shape{2, n, 50});
+      // float64: agreement to round-off of the different GEMM shapes; float32 the same at its epsilon.
+      const double tol = (dtype == kFloat64 ? 1e-13 : 2e-6) * scale;
+      CHECK(part.sub(whole.narrow(1, at - n, n)).abs().max().item<double>() <= tol);
+    }
+    CHECK_THROWS_WITH(model.forward(ids.narrow(1, 0, 1), cache), Catch::Contains("16 cached + 1 new positions exceed"));
+    cache.clear();
+    CHECK(model.forward(ids.narrow(1, 3, 2), cache).sub(model.forward(ids.narrow(1, 3, 2))).abs().max().item<double>() <=
+          (dtype == kFloat64 ? 1e-13 : 2e-6) * scale);
+  }
+}
+
+TEST_CASE("gpt: generation through the KVCache picks the uncached path's tokens", "[gpt][kv]") {
+  manual_seed(6);
+  models::GPT2LMHeadModel model(sharp());
+  const std::vector<int64_t> prompt = {7, 2, 9};
+  // 30 new tokens: the context passes n_positions (16), so the window slides on both paths.
+  const auto cached = model.generate(prompt, {.max_new_tokens = 30, .temperature = 0});
+  const auto uncached = model.generate(prompt, {.max_new_tokens = 30, .temperature = 0, .use_cache = false});
+  CHECK(cached.size() == 30);
+  CHECK(cached == uncached);
+  // Not a constant sequence (which any cache bug could still produce).
+  CHECK(std::set<int64_t>(cached.begin(), cached.end()).size() >= 5);
+  Generator g1(11), g2(11);
+  CHECK(model.generate(prompt, {.max_new_tokens = 30, .temperature = 1.0, .top_k = 5, .generator = &g1}) ==
+        model.generate(prompt, {.max_new_tokens = 30, .temperature = 1.0, .top_k = 5, .generator = &g2, .use_cache = false}));
+}
+
+TEST_CASE("gpt: a KVCache used wrongly is refused with a message", "[gpt][kv]") {
+  models::GPT2LMHeadModel model(tiny());
+  models::KVCache cache = model.make_cache(1, 8);
+  const Tensor ids = zeros({1, 3}, {.dtype = kInt64});
+  CHECK_THROWS_WITH(model.forward(ids, cache), Catch::Contains("call it under NoGradGuard"));
+  NoGradGuard no_grad;
+  CHECK_THROWS_WITH(model.forward(zeros({2, 3}, {.dtype = kInt64}), cache), Catch::Contains("batch 2, the KVCache was made for batch 1"));
+  CHECK_THROWS_WITH(model.forward(zeros({1, 9}, {.dtype = kInt64}), cache), Catch::Contains("0 cached + 9 new positions exceed the KVCache's capacity 8"));
+  CHECK_THROWS_WITH(model.make_cache(1, 17), Catch::Contains("capacity 17 within 1 .. n_positions 16"));
+  CHECK_THROWS_WITH(model.make_cache(0), Catch::Contains("batch 0 must be >= 1"));
+  models::GPTConfig deeper = tiny();
+  deeper.n_layer = 3;
+  models::KVCache other = models::GPT2LMHeadModel(deeper).make_cache(1);
+  CHECK_THROWS_WITH(model.forward(ids, other), Catch::Contains("holds 3 layers, the model has 2"));
+  CHECK(cache.length == 0);  // nothing was written by a refused call
 }
 
 TEST_CASE("gpt: bad configurations and inputs are refused with a message", "[gpt]") {
