@@ -37,6 +37,9 @@ packages=(
   # and a schema protoc compiles at test time; numpy is the histogram oracle; tools/plot.py draws
   # with matplotlib.
   python3-protobuf protobuf-compiler python3-numpy python3-matplotlib
+  # Published-format weights (tests/models:pretrained_test): PyTorch's own GPT-2 / BERT / ResNet
+  # modules with random weights, made at test time.
+  python3-torch python3-torchvision
 )
 # One local dpkg-query for all of them; apt-get (and its index update) runs only when one is missing.
 installed="$(dpkg-query -W -f='${Package} ${Status}\n' "${packages[@]}" 2>/dev/null || true)"
