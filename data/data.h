@@ -7,5 +7,6 @@
 #include "data/mnist.h"
 #include "data/sampler.h"
 #include "data/bpe.h"
+#include "data/gpt2_tokenizer.h"
 #include "data/tokenizer.h"
 #include "data/mlm.h"

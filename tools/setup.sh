@@ -38,8 +38,8 @@ packages=(
   # with matplotlib.
   python3-protobuf protobuf-compiler python3-numpy python3-matplotlib
   # Published-format weights (tests/models:pretrained_test): PyTorch's own GPT-2 / BERT / ResNet
-  # modules with random weights, made at test time.
-  python3-torch python3-torchvision
+  # modules with random weights, made at test time; GPT-2's tokenizer against Python's regex module.
+  python3-torch python3-torchvision python3-regex
 )
 # One local dpkg-query for all of them; apt-get (and its index update) runs only when one is missing.
 installed="$(dpkg-query -W -f='${Package} ${Status}\n' "${packages[@]}" 2>/dev/null || true)"

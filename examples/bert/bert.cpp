@@ -17,6 +17,9 @@
 // checkpoints (--checkpoint-every, --resume continues on the same batches and masks) and ends with
 // one JSON line {"summary": {...}}. --device cuda or sim trains on a device; the pipeline flags
 // (examples/common/pipeline_flags.h) cut the model into stages instead of DDP.
+// --init-from DIR fine-tunes published weights instead of --config: a Hugging Face BertForMaskedLM
+// or BertForPreTraining folder (config.json, model.safetensors; examples/models/pretrained.h), with
+// its vocab.txt when it has one (else the installed bert-base-uncased vocabulary).
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <filesystem>
@@ -27,6 +30,7 @@
 #include "data/data.h"
 #include "examples/common/trainer.h"
 #include "examples/models/bert.h"
+#include "examples/models/pretrained.h"
 #include "nn/nn.h"
 #include "nn/serialize.h"
 #include "optim/optim.h"
@@ -40,6 +44,7 @@ namespace {
 
 struct Flags {
   std::string config = "mini";
+  std::string init_from;
   int64_t seq_len = 128;
   int64_t batch_size = 32;
   int64_t accumulate = 1;
@@ -103,7 +108,11 @@ EvalResult evaluate(examples::Trainer& trainer, const data::MaskedLMDataset& hel
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"Masked-LM pretraining of BERT on the State of the Union corpus (run under chorusrun for DDP)"};
-  app.add_option("--config", f.config, "tiny, mini, small or base")->check(CLI::IsMember({"tiny", "mini", "small", "base"}));
+  CLI::Option* config_opt =
+      app.add_option("--config", f.config, "tiny, mini, small or base")->check(CLI::IsMember({"tiny", "mini", "small", "base"}));
+  app.add_option("--init-from", f.init_from,
+                 "fine-tune a Hugging Face BERT folder (config.json, model.safetensors, and vocab.txt if it has one)")
+      ->excludes(config_opt);
   app.add_option("--seq-len", f.seq_len, "tokens per sequence")->check(CLI::Range(8, 512));
   app.add_option("--batch-size", f.batch_size, "global sequences per optimizer step")->check(CLI::PositiveNumber);
   app.add_option("--accumulate", f.accumulate, "micro-batches per optimizer step (no_sync on all but the last)")
@@ -143,11 +152,21 @@ int main(int argc, char** argv) {
     const int64_t micro = examples::micro_batch_size(o, job);
     const std::string data_dir = f.common.data_root();
 
-    models::BertConfig config = models::BertConfig::named(f.config);
+    const bool pretrained = !f.init_from.empty();
+    const std::string config_name = pretrained ? f.init_from : f.config;
+    models::BertConfig config =
+        pretrained ? models::bert_config_from_json(f.init_from + "/config.json") : models::BertConfig::named(f.config);
     if (f.seq_len > config.max_position_embeddings) {
-      fail("bert: --seq-len {} exceeds the {} positions of BERT-{}", f.seq_len, config.max_position_embeddings, f.config);
+      fail("bert: --seq-len {} exceeds the {} positions of BERT {}", f.seq_len, config.max_position_embeddings, config_name);
     }
-    data::WordPieceTokenizer tokenizer(data_dir + "/bert/vocab.txt");
+    const std::string vocab_file = pretrained && std::filesystem::exists(f.init_from + "/vocab.txt")
+                                       ? f.init_from + "/vocab.txt"
+                                       : data_dir + "/bert/vocab.txt";
+    data::WordPieceTokenizer tokenizer(vocab_file);
+    if (tokenizer.vocab_size() > config.vocab_size) {
+      fail("bert: {} has {} word pieces, more than the model's vocab_size {} ({})", vocab_file, tokenizer.vocab_size(),
+           config.vocab_size, config_name);
+    }
     const int64_t pad_id = tokenizer.pad_id();
     std::shared_ptr<data::MaskedLMDataset> train, heldout;
     int64_t corpus_tokens = 0;
@@ -181,9 +200,14 @@ int main(int argc, char** argv) {
 
     manual_seed(f.seed);
     auto model = std::make_shared<models::BertForPreTraining>(config);
+    if (pretrained) {
+      const models::LoadReport report = models::load_bert_weights(*model, f.init_from + "/model.safetensors");
+      job.log(fmt::format("weights: {}/model.safetensors ({} tensors kept as initialized: {})", f.init_from,
+                          report.initialized.size(), fmt::join(report.initialized, ", ")));
+    }
     model->to(o.device);
     const int64_t parameters = examples::count_parameters(*model);
-    o.identity = {{"config", f.config}, {"seq_len", std::to_string(f.seq_len)}};
+    o.identity = {{"config", config_name}, {"seq_len", std::to_string(f.seq_len)}};
     // Null once a pipeline or FullyShardedDataParallel holds the blocks.
     models::BertForPreTraining* whole = examples::keeps_whole_model(f.common) ? model.get() : nullptr;
     examples::Trainer trainer(o, job, model,
@@ -193,9 +217,9 @@ int main(int argc, char** argv) {
     optim::WarmupDecayLR sched(*opt, static_cast<int64_t>(f.warmup * f.steps), f.steps, optim::WarmupDecayLR::Decay::Linear);
     int64_t step = trainer.start(*opt, &sched);
 
-    job.log(fmt::format("BERT-{}: {} parameters, world size {}, batch {} = {} sequences of {}, {} steps ({} per epoch), "
+    job.log(fmt::format("BERT {}: {} parameters, world size {}, batch {} = {} sequences of {}, {} steps ({} per epoch), "
                         "{} threads per process",
-                        f.config, parameters, job.world, f.batch_size,
+                        config_name, parameters, job.world, f.batch_size,
                         pipelined ? "the pipeline's"
                                   : fmt::format("{} processes x {} micro-batches x {}", job.world, f.accumulate, micro),
                         f.seq_len, f.steps, steps_per_epoch, get_num_threads()));
@@ -254,7 +278,8 @@ int main(int argc, char** argv) {
     if (!f.synthetic && step % f.checkpoint_every != 0) trainer.save(step / steps_per_epoch, step);
     nlohmann::json summary = trainer.summary();
     summary.update({{"mode", f.synthetic ? "synthetic" : "sotu"},
-                    {"config", f.config},
+                    {"config", config_name},
+                    {"init_from", f.init_from},
                     {"parameters", parameters},
                     {"seq_len", f.seq_len},
                     {"batch_size", f.batch_size},

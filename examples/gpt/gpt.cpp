@@ -7,7 +7,10 @@
 //
 // Tokens are bytes (--tokenizer bytes, the default: a 256-symbol vocabulary) or byte-level BPE
 // (--tokenizer bpe: data/bpe.h, --vocab-size tokens learned from the training addresses by every
-// rank alike, so nothing needs a vocabulary file); either way every text round-trips. The addresses (233, 1790-2021, in file-name order, so by date) are joined with a blank
+// rank alike, so nothing needs a vocabulary file); either way every text round-trips.
+// --init-from DIR fine-tunes published GPT-2 weights instead: a Hugging Face folder (config.json,
+// model.safetensors; examples/models/pretrained.h) with GPT-2's tokenizer files (vocab.json,
+// merges.txt; data/gpt2_tokenizer.h), which then replace --config and --tokenizer. The addresses (233, 1790-2021, in file-name order, so by date) are joined with a blank
 // line between them; the last --heldout-addresses are held out. Each stream is cut into
 // --seq-len token windows, the targets being the same tokens shifted by one. AdamW with GPT-2's
 // betas (0.9, 0.95) and weight decay on the 2-D weights only (projections and embeddings, as
@@ -31,8 +34,10 @@
 #include <sstream>
 
 #include "data/data.h"
+#include "data/gpt2_tokenizer.h"
 #include "examples/common/trainer.h"
 #include "examples/models/gpt.h"
+#include "examples/models/pretrained.h"
 #include "nn/nn.h"
 #include "nn/serialize.h"
 #include "optim/optim.h"
@@ -64,14 +69,18 @@ struct Flags {
   int64_t top_k = 0;
   std::string tokenizer = "bytes";
   int64_t vocab_size = 1024;
+  std::string init_from;
   examples::CommonFlags common;  // device, threads, data, amp, checkpoints, trace, logging, pipeline
 };
 
-// Text to token ids and back: bytes, or byte-level BPE learned from the training text.
+// Text to token ids and back: bytes, byte-level BPE learned from the training text, or GPT-2's own
+// tokenizer files (with --init-from).
 struct Tokenizer {
   std::optional<data::BytePairTokenizer> bpe;
-  int64_t vocab_size() const { return bpe ? bpe->vocab_size() : 256; }
+  std::optional<data::GPT2Tokenizer> gpt2;
+  int64_t vocab_size() const { return gpt2 ? gpt2->vocab_size() : bpe ? bpe->vocab_size() : 256; }
   std::vector<int64_t> encode(const std::string& text) const {
+    if (gpt2) return gpt2->encode(text);
     if (bpe) return bpe->encode(text);
     std::vector<int64_t> ids;
     ids.reserve(text.size());
@@ -79,6 +88,7 @@ struct Tokenizer {
     return ids;
   }
   std::string decode(const std::vector<int64_t>& ids) const {
+    if (gpt2) return gpt2->decode(ids);
     if (bpe) return bpe->decode(ids);
     std::string text;
     for (int64_t id : ids) text += static_cast<char>(id);
@@ -160,10 +170,17 @@ double evaluate(examples::Trainer& trainer, const data::TensorDataset& heldout, 
 int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"Causal language modelling with GPT-2 on the State of the Union corpus (run under chorusrun for DDP)"};
-  app.add_option("--config", f.config, "tiny, mini, gpt2, gpt2-medium, gpt2-large or gpt2-xl (with a byte vocabulary)")
-      ->check(CLI::IsMember({"tiny", "mini", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}));
-  app.add_option("--tokenizer", f.tokenizer, "bytes, or bpe (byte-level BPE learned from the training addresses)")
-      ->check(CLI::IsMember({"bytes", "bpe"}));
+  CLI::Option* config_opt =
+      app.add_option("--config", f.config, "tiny, mini, gpt2, gpt2-medium, gpt2-large or gpt2-xl (with a byte vocabulary)")
+          ->check(CLI::IsMember({"tiny", "mini", "gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"}));
+  CLI::Option* tokenizer_opt =
+      app.add_option("--tokenizer", f.tokenizer, "bytes, or bpe (byte-level BPE learned from the training addresses)")
+          ->check(CLI::IsMember({"bytes", "bpe"}));
+  app.add_option("--init-from", f.init_from,
+                 "fine-tune a Hugging Face GPT-2 folder: config.json, model.safetensors and GPT-2's tokenizer "
+                 "(vocab.json, merges.txt)")
+      ->excludes(config_opt)
+      ->excludes(tokenizer_opt);
   app.add_option("--vocab-size", f.vocab_size, "BPE vocabulary size (256 bytes + merges) with --tokenizer bpe")
       ->check(CLI::Range(257, 65536));
   app.add_option("--seq-len", f.seq_len, "tokens per sequence")->check(CLI::Range(2, 1024));
@@ -207,20 +224,29 @@ int main(int argc, char** argv) {
     const bool pipelined = f.common.pipeline.enabled();
     const int64_t micro = examples::micro_batch_size(o, job);
 
-    models::GPTConfig config = models::GPTConfig::named(f.config);
+    const bool pretrained = !f.init_from.empty();
+    if (pretrained) f.tokenizer = "gpt2";
+    const std::string config_name = pretrained ? f.init_from : f.config;
+    models::GPTConfig config = pretrained ? models::gpt2_config_from_json(f.init_from + "/config.json") : models::GPTConfig::named(f.config);
     if (f.seq_len > config.n_positions) {
-      fail("gpt: --seq-len {} exceeds the {} positions of --config {}", f.seq_len, config.n_positions, f.config);
+      fail("gpt: --seq-len {} exceeds the {} positions of {}", f.seq_len, config.n_positions, config_name);
     }
     const ByteCorpus corpus = load_corpus(f.common.data_root() + "/sotu", f.heldout_addresses);
     Tokenizer tok;
-    if (f.tokenizer == "bpe") {
+    if (pretrained) {
+      tok.gpt2 = data::GPT2Tokenizer::from_pretrained(f.init_from);
+      if (tok.vocab_size() > config.vocab_size) {
+        fail("gpt: the tokenizer in {} has {} tokens, more than the model's vocab_size {}", f.init_from, tok.vocab_size(),
+             config.vocab_size);
+      }
+    } else if (f.tokenizer == "bpe") {
       const auto t_bpe = Clock::now();
       tok.bpe = data::BytePairTokenizer::train(corpus.train, f.vocab_size);
       job.log(fmt::format("byte-level BPE: {} tokens learned from the training addresses in {:.1f} s", tok.vocab_size(),
                           std::chrono::duration<double>(Clock::now() - t_bpe).count()));
     }
     if (f.top_k > tok.vocab_size()) fail("gpt: --top-k {} exceeds the vocabulary of {} tokens", f.top_k, tok.vocab_size());
-    config.vocab_size = tok.vocab_size();
+    if (!pretrained) config.vocab_size = tok.vocab_size();
     const std::vector<int64_t> train_ids = tok.encode(corpus.train), heldout_ids = tok.encode(corpus.heldout);
     auto train = windows(train_ids, f.seq_len);
     auto heldout = windows(heldout_ids, f.seq_len);
@@ -237,10 +263,15 @@ int main(int argc, char** argv) {
 
     manual_seed(f.seed);
     auto model = std::make_shared<models::GPT2LMHeadModel>(config);
+    if (pretrained) {
+      const models::LoadReport report = models::load_gpt2_weights(*model, f.init_from + "/model.safetensors");
+      job.log(fmt::format("weights: {} tensors from {}/model.safetensors ({} buffers skipped)", model->state_dict().size(),
+                          f.init_from, report.skipped.size()));
+    }
     model->to(o.device);
     const int64_t parameters = examples::count_parameters(*model);
     o.identity = {{"model", "gpt"},
-                  {"config", f.config},
+                  {"config", config_name},
                   {"seq_len", std::to_string(f.seq_len)},
                   {"tokenizer", f.tokenizer},
                   {"vocab_size", std::to_string(tok.vocab_size())}};
@@ -256,7 +287,7 @@ int main(int argc, char** argv) {
 
     job.log(fmt::format("GPT-2 {}: {} parameters ({} layers, {} wide, {} heads, {} vocabulary of {}), world size {}, batch {} "
                         "= {} sequences of {}, {} steps ({} per epoch), {} threads per process",
-                        f.config, parameters, config.n_layer, config.n_embd, config.n_head, f.tokenizer,
+                        config_name, parameters, config.n_layer, config.n_embd, config.n_head, f.tokenizer,
                         tok.vocab_size(), job.world, f.batch_size,
                         pipelined ? "the pipeline's"
                                   : fmt::format("{} processes x {} micro-batches x {}", job.world, f.accumulate, micro), f.seq_len,
@@ -307,7 +338,8 @@ int main(int argc, char** argv) {
     const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
     if (step % f.checkpoint_every != 0) trainer.save(step / steps_per_epoch, step);
     nlohmann::json summary = trainer.summary();
-    summary.update({{"config", f.config},
+    summary.update({{"config", config_name},
+                    {"init_from", f.init_from},
                     {"tokenizer", f.tokenizer},
                     {"vocab_size", tok.vocab_size()},
                     {"parameters", parameters},

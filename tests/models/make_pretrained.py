@@ -5,7 +5,7 @@ modules (Debian's python3-torch 1.13, torchvision 0.14) with Hugging Face's modu
 transformers' GPT2LMHeadModel and BertForMaskedLM define them, written here from those models'
 published structure.
 
-    make_pretrained.py OUT_DIR
+    make_pretrained.py OUT_DIR [--only gpt2,bert,resnet] [--gpt2-vocab N] [--bert-vocab N]
 
 OUT_DIR/gpt2/{config.json,model.safetensors}: GPT2LMHeadModel as save_pretrained writes it (names
   "transformer.*", the tied lm_head.weight left out);
@@ -280,63 +280,71 @@ def randomize(model, scale):
 
 
 def main():
-    if len(sys.argv) != 2:
-        print("usage: make_pretrained.py OUT_DIR", file=sys.stderr)
-        sys.exit(2)
-    out = sys.argv[1]
+    import argparse
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--only", default="gpt2,bert,resnet", help="which families to write")
+    parser.add_argument("--gpt2-vocab", type=int, default=97, help="GPT-2's vocabulary (a tokenizer's size)")
+    parser.add_argument("--bert-vocab", type=int, default=101, help="BERT's vocabulary (a vocab.txt's size)")
+    args = parser.parse_args()
+    out, only = args.out, set(args.only.split(","))
+    os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
     expected = {}
     g = torch.Generator().manual_seed(99)
 
-    gpt_config = {"model_type": "gpt2", "vocab_size": 97, "n_positions": 32, "n_embd": 48, "n_layer": 3, "n_head": 4,
-                  "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new", "n_inner": None,
-                  "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "initializer_range": 0.02,
-                  "architectures": ["GPT2LMHeadModel"]}
-    gpt = GPT2LMHeadModel(gpt_config).eval()
-    randomize(gpt, 0.15)
-    ids = torch.randint(0, gpt_config["vocab_size"], (2, 11), generator=g)
-    with torch.no_grad():
-        expected["gpt2.input_ids"] = ids
-        expected["gpt2.logits"] = gpt(ids)
-    state = {k: v for k, v in gpt.state_dict().items() if k != "lm_head.weight" and not k.endswith((".attn.bias", ".attn.masked_bias"))}
-    for sub, tensors in (("gpt2", state),
-                         ("gpt2_base", {k[len("transformer."):]: v.float() for k, v in gpt.state_dict().items() if k.startswith("transformer.")})):
-        os.makedirs(os.path.join(out, sub), exist_ok=True)
-        save_safetensors(os.path.join(out, sub, "model.safetensors"), tensors, {"format": "pt"})
-        with open(os.path.join(out, sub, "config.json"), "w") as f:
-            json.dump(gpt_config, f, indent=2)
-
-    bert_config = {"model_type": "bert", "vocab_size": 101, "hidden_size": 32, "num_hidden_layers": 2,
-                   "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 40,
-                   "type_vocab_size": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
-                   "attention_probs_dropout_prob": 0.1, "layer_norm_eps": 1e-12, "initializer_range": 0.02,
-                   "position_embedding_type": "absolute", "architectures": ["BertForMaskedLM"]}
-    bert = BertForMaskedLM(bert_config).eval()
-    randomize(bert, 0.15)
-    ids = torch.randint(1, bert_config["vocab_size"], (2, 13), generator=g)
-    types = torch.zeros_like(ids)
-    types[:, 7:] = 1
-    attention = torch.ones_like(ids)
-    attention[1, 10:] = 0  # padding at the end of the second sequence
-    with torch.no_grad():
-        expected["bert.input_ids"] = ids
-        expected["bert.token_type_ids"] = types
-        expected["bert.attention_mask"] = attention
-        expected["bert.logits"] = bert(ids, types, attention)
-    state = {k: v for k, v in bert.state_dict().items() if not k.startswith("cls.predictions.decoder.")}
-    os.makedirs(os.path.join(out, "bert"), exist_ok=True)
-    save_safetensors(os.path.join(out, "bert", "model.safetensors"), state, {"format": "pt"})
-    with open(os.path.join(out, "bert", "config.json"), "w") as f:
-        json.dump(bert_config, f, indent=2)
-
-    x = torch.randn(2, 3, 64, 64, generator=g)
-    expected["resnet.input"] = x
-    for name in ("resnet18", "resnet50"):
-        model = getattr(torchvision.models, name)().eval()
-        randomize(model, None)
+    if "gpt2" in only:
+        gpt_config = {"model_type": "gpt2", "vocab_size": args.gpt2_vocab, "n_positions": 32, "n_embd": 48, "n_layer": 3, "n_head": 4,
+                      "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new", "n_inner": None,
+                      "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "initializer_range": 0.02,
+                      "architectures": ["GPT2LMHeadModel"]}
+        gpt = GPT2LMHeadModel(gpt_config).eval()
+        randomize(gpt, 0.15)
+        ids = torch.randint(0, gpt_config["vocab_size"], (2, 11), generator=g)
         with torch.no_grad():
-            expected[name + ".logits"] = model(x)
-        save_safetensors(os.path.join(out, name + ".safetensors"), model.state_dict(), {"format": "pt"})
+            expected["gpt2.input_ids"] = ids
+            expected["gpt2.logits"] = gpt(ids)
+        state = {k: v for k, v in gpt.state_dict().items() if k != "lm_head.weight" and not k.endswith((".attn.bias", ".attn.masked_bias"))}
+        for sub, tensors in (("gpt2", state),
+                             ("gpt2_base", {k[len("transformer."):]: v.float() for k, v in gpt.state_dict().items() if k.startswith("transformer.")})):
+            os.makedirs(os.path.join(out, sub), exist_ok=True)
+            save_safetensors(os.path.join(out, sub, "model.safetensors"), tensors, {"format": "pt"})
+            with open(os.path.join(out, sub, "config.json"), "w") as f:
+                json.dump(gpt_config, f, indent=2)
+
+    if "bert" in only:
+        bert_config = {"model_type": "bert", "vocab_size": args.bert_vocab, "hidden_size": 32, "num_hidden_layers": 2,
+                       "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 40,
+                       "type_vocab_size": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+                       "attention_probs_dropout_prob": 0.1, "layer_norm_eps": 1e-12, "initializer_range": 0.02,
+                       "position_embedding_type": "absolute", "architectures": ["BertForMaskedLM"]}
+        bert = BertForMaskedLM(bert_config).eval()
+        randomize(bert, 0.15)
+        ids = torch.randint(1, bert_config["vocab_size"], (2, 13), generator=g)
+        types = torch.zeros_like(ids)
+        types[:, 7:] = 1
+        attention = torch.ones_like(ids)
+        attention[1, 10:] = 0  # padding at the end of the second sequence
+        with torch.no_grad():
+            expected["bert.input_ids"] = ids
+            expected["bert.token_type_ids"] = types
+            expected["bert.attention_mask"] = attention
+            expected["bert.logits"] = bert(ids, types, attention)
+        state = {k: v for k, v in bert.state_dict().items() if not k.startswith("cls.predictions.decoder.")}
+        os.makedirs(os.path.join(out, "bert"), exist_ok=True)
+        save_safetensors(os.path.join(out, "bert", "model.safetensors"), state, {"format": "pt"})
+        with open(os.path.join(out, "bert", "config.json"), "w") as f:
+            json.dump(bert_config, f, indent=2)
+
+    if "resnet" in only:
+        x = torch.randn(2, 3, 64, 64, generator=g)
+        expected["resnet.input"] = x
+        for name in ("resnet18", "resnet50"):
+            model = getattr(torchvision.models, name)().eval()
+            randomize(model, None)
+            with torch.no_grad():
+                expected[name + ".logits"] = model(x)
+            save_safetensors(os.path.join(out, name + ".safetensors"), model.state_dict(), {"format": "pt"})
     save_safetensors(os.path.join(out, "expected.safetensors"), expected)
 
 
