@@ -40,6 +40,8 @@ packages=(
   # Published-format weights (tests/models:pretrained_test): PyTorch's own GPT-2 / BERT / ResNet
   # modules with random weights, made at test time; GPT-2's tokenizer against Python's regex module.
   python3-torch python3-torchvision python3-regex
+  # tools/outside_test.sh builds a CMake project against tools/install.sh's installed tree.
+  cmake
 )
 # One local dpkg-query for all of them; apt-get (and its index update) runs only when one is missing.
 installed="$(dpkg-query -W -f='${Package} ${Status}\n' "${packages[@]}" 2>/dev/null || true)"

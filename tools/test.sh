@@ -217,7 +217,26 @@ if [[ "$mode" == full ]]; then
     -- //tests/... -//tests/bench/...
   bazel --output_base="$nocuda_base" shutdown >/dev/null 2>&1 || true
 
-  # --- 5. With --fuzz: the libFuzzer targets (tests/fuzz/), clang + ASan + UBSan -----------------
+  # --- 5. chorus used from outside the repository (tools/outside_test.sh): a Bazel workspace that
+  # declares @chorus, and a CMake project against tools/install.sh's tree. Its own output base
+  # (under $cache/outside), so a rerun is incremental; the disk cache is shared.
+  start=$SECONDS
+  echo "=== tools/test.sh: phase outside: tools/outside_test.sh"
+  set +e
+  bash tools/outside_test.sh "$cache/outside" 2>&1 | tee "$output"
+  code=${PIPESTATUS[0]}
+  set -e
+  ((code == 0)) || rc=1
+  for way in bazel cmake; do
+    if grep -q "^outside_test: PASSED $way\$" "$output"; then
+      printf 'outside\toutside: %s\tpassed\n' "$way" >>"$results"
+    else
+      printf 'outside\toutside: %s\tfailed\n' "$way" >>"$results"
+    fi
+  done
+  phase_lines+=("$(summarize_phase outside) in $((SECONDS - start)) s")
+
+  # --- 6. With --fuzz: the libFuzzer targets (tests/fuzz/), clang + ASan + UBSan -----------------
   # Each for CHORUS_FUZZ_SECONDS (20 by default) from its corpus; a finding fails the run
   # (tools/fuzz.sh). Each target counts as one test. Not in CI: the clang build of everything the
   # parsers link is a third toolchain's build of the library (12 minutes cold on a 2-core Zen 3),
