@@ -10,6 +10,7 @@
 #include "distributed/debug.h"
 #include "distributed/gloo.h"
 #include "distributed/gloo_communicator.h"
+#include "distributed/heartbeat.h"
 
 namespace chorus::distributed {
 namespace {
@@ -21,6 +22,8 @@ struct State {
   std::chrono::milliseconds timeout{300000};
   std::string backend;
   int groups_created = 0;
+  int heartbeats_started = 0;  // names each heartbeat's keys apart (every rank starts as many)
+  std::unique_ptr<Heartbeat> heartbeat;  // last: stopped (and this rank marked as left) first
 };
 
 State& state() {
@@ -303,6 +306,9 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
     const int index = launch.local_rank;
     if (index < device_count(type)) set_device(Device(type, index));
   }
+  // Read before connecting, so that a malformed setting fails at once.
+  const std::optional<HeartbeatOptions> heartbeat = size > 1 ? Heartbeat::from_env() : std::nullopt;
+  std::shared_ptr<Store> heartbeat_connection;
   std::shared_ptr<Store> store = options.store;
   if (!store) {
     const std::string& method = options.init_method;
@@ -323,6 +329,11 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
       if (port <= 0 || port > 65535) fail("init_process_group: master port {} is outside 1..65535", port);
       store = std::make_shared<TCPStore>(
           host, port, TCPStoreOptions{.is_server = rank == 0, .num_workers = size, .timeout = options.timeout});
+      // The heartbeat's own connection (heartbeat.h): requests that time out after one interval.
+      if (heartbeat) {
+        heartbeat_connection =
+            std::make_shared<TCPStore>(host, port, TCPStoreOptions{.is_server = false, .timeout = heartbeat->interval});
+      }
     } else if (method.rfind("file://", 0) == 0) {
       store = std::make_shared<FileStore>(method.substr(7), options.timeout);
     } else {
@@ -330,6 +341,11 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
     }
   }
   s.group = make_group(options.backend, std::make_shared<PrefixStore>("default_pg", store), rank, size, options.timeout);
+  if (heartbeat_connection) {
+    HeartbeatOptions o = *heartbeat;
+    o.prefix = fmt::format("heartbeat/{}", s.heartbeats_started++);
+    s.heartbeat = std::make_unique<Heartbeat>(heartbeat_connection, rank, size, o);
+  }
   s.store = store;
   s.timeout = options.timeout;
   s.backend = options.backend;
@@ -359,6 +375,7 @@ std::shared_ptr<Store> default_store() {
 
 void destroy_process_group() {
   std::lock_guard<std::mutex> lock(state().mutex);
+  state().heartbeat.reset();  // marks this rank as left before the store can go
   state().group.reset();
   state().store.reset();
 }

@@ -6,7 +6,10 @@
 //
 // Rank 0 hosts a TCPStore at MASTER_ADDR:MASTER_PORT; every rank connects to it, and the backend's
 // rendezvous runs through it. With CHORUS_DISTRIBUTED_DEBUG=DETAIL every group is wrapped in
-// ProcessGroupDebug, which checks before each collective that all ranks call the same one.
+// ProcessGroupDebug, which checks before each collective that all ranks call the same one. A job of
+// several processes whose TCPStore init_process_group made also gets heartbeats (heartbeat.h): a
+// rank that stops is named within CHORUS_HEARTBEAT_S x CHORUS_HEARTBEAT_MISSES seconds (5 x 3 by
+// default) and the job ends (exit code 75), instead of waiting for a collective's timeout.
 #pragma once
 
 #include <chrono>

@@ -157,7 +157,8 @@ int main(int argc, char** argv) {
     models::BertConfig config =
         pretrained ? models::bert_config_from_json(f.init_from + "/config.json") : models::BertConfig::named(f.config);
     if (f.seq_len > config.max_position_embeddings) {
-      fail("bert: --seq-len {} exceeds the {} positions of BERT {}", f.seq_len, config.max_position_embeddings, config_name);
+      fail("bert: --seq-len {} exceeds the {} positions of {}", f.seq_len, config.max_position_embeddings,
+           pretrained ? f.init_from : "BERT-" + f.config);
     }
     const std::string vocab_file = pretrained && std::filesystem::exists(f.init_from + "/vocab.txt")
                                        ? f.init_from + "/vocab.txt"
@@ -217,9 +218,9 @@ int main(int argc, char** argv) {
     optim::WarmupDecayLR sched(*opt, static_cast<int64_t>(f.warmup * f.steps), f.steps, optim::WarmupDecayLR::Decay::Linear);
     int64_t step = trainer.start(*opt, &sched);
 
-    job.log(fmt::format("BERT {}: {} parameters, world size {}, batch {} = {} sequences of {}, {} steps ({} per epoch), "
+    job.log(fmt::format("{}: {} parameters, world size {}, batch {} = {} sequences of {}, {} steps ({} per epoch), "
                         "{} threads per process",
-                        config_name, parameters, job.world, f.batch_size,
+                        pretrained ? "BERT " + f.init_from : "BERT-" + f.config, parameters, job.world, f.batch_size,
                         pipelined ? "the pipeline's"
                                   : fmt::format("{} processes x {} micro-batches x {}", job.world, f.accumulate, micro),
                         f.seq_len, f.steps, steps_per_epoch, get_num_threads()));

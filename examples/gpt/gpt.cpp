@@ -229,7 +229,8 @@ int main(int argc, char** argv) {
     const std::string config_name = pretrained ? f.init_from : f.config;
     models::GPTConfig config = pretrained ? models::gpt2_config_from_json(f.init_from + "/config.json") : models::GPTConfig::named(f.config);
     if (f.seq_len > config.n_positions) {
-      fail("gpt: --seq-len {} exceeds the {} positions of {}", f.seq_len, config.n_positions, config_name);
+      fail("gpt: --seq-len {} exceeds the {} positions of {}", f.seq_len, config.n_positions,
+           pretrained ? f.init_from : "--config " + f.config);
     }
     const ByteCorpus corpus = load_corpus(f.common.data_root() + "/sotu", f.heldout_addresses);
     Tokenizer tok;

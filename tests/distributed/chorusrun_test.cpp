@@ -348,6 +348,47 @@ TEST_CASE("a node whose peers never come says so after --rdzv-timeout", "[distri
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
 }
 
+// Heartbeats (distributed/heartbeat.h) end a job whose rank stopped (SIGSTOP) in seconds, naming
+// it, where the collective's timeout would take 300 s; chorusrun's SIGTERM reaches the stopped rank
+// (SIGCONT follows it), and --max-restarts starts the job again.
+std::string dist_worker() { return chorus::testing::runfile("tests/distributed/dist_worker"); }
+
+TEST_CASE("a stopped rank is named by the heartbeats and the job ends within 30 s (default settings)",
+          "[distributed][chorusrun][heartbeat]") {
+  Run r = run("--nproc-per-node 3 " + dist_worker() + " heartbeat_stop 2");
+  INFO(r.output);
+  CHECK(r.code == 75);  // kHeartbeatExitCode, from the first rank that reported
+  CHECK_THAT(r.output, Catch::Contains("rank 2 stops itself") &&
+                           Catch::Contains("heartbeat: rank 2 has sent no heartbeat for") &&
+                           Catch::Contains("(3 intervals of 5.0 s)"));
+  CHECK(r.output.find("rank 0 finished") == std::string::npos);
+  // 3 intervals of 5 s, one more for the others to read the report, and the stopped rank's SIGTERM.
+  CHECK(r.seconds <= 30.0);
+  CHECK(r.seconds >= 15.0);  // not before the 3 missed intervals
+}
+
+TEST_CASE("a stopped store host (rank 0) is named, and --max-restarts runs the job again",
+          "[distributed][chorusrun][heartbeat]") {
+  Run r = run("--nproc-per-node 3 --max-restarts 1 env CHORUS_HEARTBEAT_S=0.5 " + dist_worker() + " heartbeat_stop 0");
+  INFO(r.output);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.output, Catch::Contains("rank 0 stops itself") &&
+                           Catch::Contains("heartbeat: the job's store (hosted by rank 0) has not answered for") &&
+                           Catch::Contains("restarting the workers (1 of 1"));
+  for (int rank = 0; rank < 3; ++rank) CHECK_THAT(r.output, Catch::Contains("rank " + std::to_string(rank) + " finished"));
+  CHECK(r.seconds < 30.0);
+  // Off: the same stop is left to the collective's timeout (here 4 s), which names the collective.
+  Run off = run("--nproc-per-node 2 env CHORUS_HEARTBEAT_S=0 CHORUS_TIMEOUT_S=4 " + dist_worker() + " heartbeat_stop 1");
+  INFO(off.output);
+  CHECK(off.code != 0);
+  CHECK(off.output.find("heartbeat:") == std::string::npos);
+  CHECK_THAT(off.output, Catch::Contains("allreduce"));
+  // A malformed setting stops the job before it starts, naming the variable.
+  Run bad = run("--nproc-per-node 2 env CHORUS_HEARTBEAT_S=soon " + dist_worker() + " heartbeat_stop 1");
+  CHECK(bad.code != 0);
+  CHECK_THAT(bad.output, Catch::Contains("CHORUS_HEARTBEAT_S='soon': expected the heartbeat interval in seconds"));
+}
+
 TEST_CASE("chorusrun refuses bad usage", "[distributed][chorusrun]") {
   {
     const Run neg = run("--grace-period -1 true");

@@ -2,6 +2,7 @@
 // (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set as chorusrun sets them), each runs the scenario
 // named by argv[1] against real Gloo process groups over loopback, and exits 0 when everything it
 // checked held. A failed check prints what and exits 1; expected errors are asserted here too.
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -878,6 +879,24 @@ void scenario_timeout(const std::shared_ptr<ProcessGroup>& pg) {
                "collective timeout");
 }
 
+// Heartbeats (distributed/heartbeat.h): rank `stopped` stops itself with SIGSTOP after the first
+// collective, in the first round of a job only (CHORUS_RESTART_COUNT unset or 0). The others wait
+// in a second collective that cannot complete: their heartbeat must end them, naming the rank,
+// long before the collective's timeout. In a restarted round nobody stops and the job finishes.
+void scenario_heartbeat_stop(const std::shared_ptr<ProcessGroup>& pg, int stopped) {
+  Tensor t = ones({10});
+  pg->allreduce({t})->wait();
+  const char* round = std::getenv("CHORUS_RESTART_COUNT");
+  if (pg->rank() == stopped && (round == nullptr || std::string(round) == "0")) {
+    std::printf("rank %d stops itself\n", pg->rank());
+    std::fflush(stdout);
+    ::raise(SIGSTOP);
+  }
+  pg->allreduce({t})->wait();
+  check(t.min().item<float>() == static_cast<float>(pg->size() * pg->size()) && t.max().item<float>() == static_cast<float>(pg->size() * pg->size()), "the second allreduce summed every rank's");
+  std::printf("rank %d finished\n", pg->rank());
+}
+
 // On a device, collectives are asynchronous: a stuck peer's missed allreduce fails on rank 0's
 // communication stream when Gloo's timeout ends it, and the next call into the group raises it
 // (op, sequence number, device, timeout); the compute stream is not left waiting forever.
@@ -1177,6 +1196,7 @@ int main(int argc, char** argv) {
     else if (scenario == "model_mismatch") scenario_model_mismatch(pg);
     else if (scenario == "killed_rank") scenario_killed_rank(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "timeout") scenario_timeout(pg);
+    else if (scenario == "heartbeat_stop") scenario_heartbeat_stop(pg, std::atoi(argv[2]));
     else if (scenario == "stream_timeout") scenario_stream_timeout(pg);
     else if (scenario == "debug_mismatch") scenario_debug_mismatch(pg);
     else if (scenario == "new_group") scenario_new_group(pg);

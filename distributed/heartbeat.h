@@ -1,0 +1,74 @@
+// Heartbeats: a rank that stops (SIGSTOP, a deadlock in user code, a hung device) is noticed within
+// seconds and named, instead of surfacing as the next collective's timeout minutes later.
+//
+// init_process_group starts one for every multi-process job whose TCPStore it made (env:// and
+// tcp://). Each rank runs one thread with its own connection to the job's store. Every `interval` it
+// adds 1 to its counter ("<prefix>/<rank>") and reads the counter of the next rank on the ring that
+// has not left, and the job's failure key:
+// - a watched rank whose counter has not moved for `misses` x `interval` is reported: the message
+//   (naming the rank, how long it has been silent, and who noticed) goes to the failure key, so
+//   every other rank stops with the same words within one interval;
+// - a store that has not answered for that long (rank 0 hosts it) is reported as rank 0 being silent;
+// - a report calls `on_silence`, which by default prints it and ends the process with exit code
+//   kHeartbeatExitCode (as PyTorch's NCCL watchdog tears a process down): chorusrun then stops the
+//   job, or restarts it with --max-restarts.
+// A rank that leaves cleanly (destroy_process_group, or the end of the program) marks itself as left
+// first and is not reported; a store whose connection closes (its host exited) ends the heartbeat
+// quietly, since the collectives then fail on their own. Settings: CHORUS_HEARTBEAT_S (the interval
+// in seconds, default 5; 0 turns heartbeats off) and CHORUS_HEARTBEAT_MISSES (default 3).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "distributed/store.h"
+
+namespace chorus::distributed {
+
+inline constexpr int kHeartbeatExitCode = 75;
+
+struct HeartbeatOptions {
+  std::chrono::milliseconds interval{5000};
+  int misses = 3;
+  // Called once, on the heartbeat's thread, with the report. Null: print it to stderr and end the
+  // process with kHeartbeatExitCode.
+  std::function<void(const std::string& message)> on_silence{};
+  // Keys live under this prefix of the store (one job may start several heartbeats in turn).
+  std::string prefix = "heartbeat";
+};
+
+class Heartbeat {
+ public:
+  // `connection`: a store connection of the heartbeat's own (its requests must not queue behind the
+  // program's, and their timeout should be about one interval).
+  Heartbeat(std::shared_ptr<Store> connection, int rank, int world_size, HeartbeatOptions options);
+  // Marks this rank as left and stops the thread (waiting at most one store request).
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+  // CHORUS_HEARTBEAT_S and CHORUS_HEARTBEAT_MISSES; nullopt when CHORUS_HEARTBEAT_S is 0. A malformed
+  // value is a chorus::Error naming the variable and what is expected.
+  static std::optional<HeartbeatOptions> from_env();
+
+ private:
+  void run();
+  void report(const std::string& message);
+
+  std::shared_ptr<Store> store_;
+  const int rank_, world_size_;
+  HeartbeatOptions options_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started once everything above exists
+};
+
+}  // namespace chorus::distributed
