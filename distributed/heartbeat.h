@@ -1,5 +1,7 @@
-// Heartbeats: a rank that stops (SIGSTOP, a deadlock in user code, a hung device) is noticed within
-// seconds and named, instead of surfacing as the next collective's timeout minutes later.
+// Heartbeats: a rank whose process stops (SIGSTOP, a frozen machine or container, a lost network) is
+// noticed within seconds and named, instead of surfacing as the next collective's timeout minutes
+// later. A process whose main thread alone is stuck (a deadlock in user code, a hung device call)
+// still beats from this thread: the collective's timeout remains what ends that.
 //
 // init_process_group starts one for every multi-process job whose TCPStore it made (env:// and
 // tcp://). Each rank runs one thread with its own connection to the job's store. Every `interval` it

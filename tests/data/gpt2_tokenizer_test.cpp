@@ -16,21 +16,11 @@
 namespace chorus {
 namespace {
 
-using chorus::testing::python;
-using chorus::testing::run_command;
-using chorus::testing::runfile;
-using chorus::testing::shell_quote;
 using chorus::testing::write_file;
 
 const std::string& reference_dir() {
-  static const std::string dir = [] {
-    const std::string d = chorus::testing::scratch_dir("gpt2_bpe");
-    const auto r = run_command(python() + " " + shell_quote(runfile("tests/data/gpt2_bpe_reference.py")) + " " + shell_quote(d));
-    if (r.exit_code == 3) FAIL("gpt2_bpe_reference.py cannot run: " << r.err << "\nInstall python3-regex: bash tools/setup.sh");
-    INFO("gpt2_bpe_reference.py stderr: " << r.err);
-    REQUIRE(r.exit_code == 0);
-    return d;
-  }();
+  static const std::string dir =
+      chorus::testing::python_made_folder("gpt2_bpe", "tests/data/gpt2_bpe_reference.py", "python3-regex");
   return dir;
 }
 

@@ -19,21 +19,10 @@
 namespace chorus {
 namespace {
 
-using chorus::testing::python;
-using chorus::testing::run_command;
-using chorus::testing::runfile;
-using chorus::testing::shell_quote;
-
 // The folder make_pretrained.py wrote (once per test process).
 const std::string& files() {
-  static const std::string dir = [] {
-    const std::string d = chorus::testing::scratch_dir("pretrained");
-    const auto r = run_command(python() + " " + shell_quote(runfile("tests/models/make_pretrained.py")) + " " + shell_quote(d));
-    if (r.exit_code == 3) FAIL("make_pretrained.py cannot run: " << r.err << "\nInstall python3-torch and python3-torchvision: bash tools/setup.sh");
-    INFO("make_pretrained.py stderr: " << r.err);
-    REQUIRE(r.exit_code == 0);
-    return d;
-  }();
+  static const std::string dir = chorus::testing::python_made_folder("pretrained", "tests/models/make_pretrained.py",
+                                                                     "python3-torch and python3-torchvision");
   return dir;
 }
 

@@ -93,6 +93,18 @@ inline void require_python_dependencies(const CommandResult& r, const std::strin
 
 inline std::string python() { return "python3"; }  // Bazel's test PATH is /bin:/usr/bin:/usr/local/bin
 
+// A fresh folder `name` filled by one of the tests' Python helpers: `python3 <script> <folder>`
+// (script: a runfile path). Exit status 3 from the helper means a package is missing: the test
+// fails (never skips) and says to install `packages` with tools/setup.sh.
+inline std::string python_made_folder(const std::string& name, const std::string& script, const std::string& packages) {
+  const std::string dir = scratch_dir(name);
+  const CommandResult r = run_command(python() + " " + shell_quote(runfile(script)) + " " + shell_quote(dir));
+  if (r.exit_code == 3) FAIL(script << " cannot run: " << r.err << "\nInstall " << packages << ": bash tools/setup.sh");
+  INFO(script << " stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  return dir;
+}
+
 // The independent reader's JSON for the files (an object for one file, a list for several).
 inline nlohmann::json read_tfevents(const std::vector<std::string>& files, int expected_exit_code = 0) {
   std::string cmd = python() + " " + shell_quote(runfile("tests/utils/read_tfevents.py"));
