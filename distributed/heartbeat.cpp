@@ -14,9 +14,9 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 }  // namespace
 
-Heartbeat::Heartbeat(std::shared_ptr<Store> connection, int rank, int world_size, HeartbeatOptions options)
-    : store_(std::move(connection)), rank_(rank), world_size_(world_size), options_(std::move(options)) {
-  if (!store_) fail("Heartbeat: no store connection");
+Heartbeat::Heartbeat(std::function<std::shared_ptr<Store>()> connect, int rank, int world_size, HeartbeatOptions options)
+    : connect_(std::move(connect)), rank_(rank), world_size_(world_size), options_(std::move(options)) {
+  if (!connect_) fail("Heartbeat: no way to connect to the store");
   if (world_size_ < 2 || rank_ < 0 || rank_ >= world_size_) {
     fail("Heartbeat: rank {} of world size {}: expected a rank in [0, world size) and at least 2 ranks", rank_, world_size_);
   }
@@ -32,11 +32,15 @@ Heartbeat::~Heartbeat() {
     stop_ = true;
   }
   wake_.notify_all();
-  thread_.join();
+  thread_.join();  // within one store request: the thread checks stop_ between them
+  // Then "left", on the thread's connection (or a new one if a failure dropped it). Its last beat is
+  // at most an interval old, so the watcher cannot have counted `misses` silent intervals yet.
+  if (store_gone_) return;  // the store's host has exited: nobody is left to watch this rank
   try {
+    if (!store_) store_ = connect_();
     store_->set(fmt::format("{}/{}/left", options_.prefix, rank_), std::string("1"));
   } catch (const std::exception&) {
-    // The store's host has gone already: nobody is left to watch this rank.
+    // The store went away meanwhile.
   }
 }
 
@@ -87,14 +91,15 @@ void Heartbeat::run() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stop_) {
     if (done) {
-      wake_.wait(lock, [this] { return stop_; });
+      wake_.wait(lock, [this] { return stop_.load(); });
       break;
     }
     lock.unlock();
     std::optional<std::string> message;
-    bool store_gone = false;
     try {
+      if (!store_) store_ = connect_();
       store_->add(counter_key(rank_), 1);
+      if (stop_) continue;
       if (store_->check({failure_key})) {
         message = store_->get_string(failure_key);  // another rank's report: stop with its words
       } else if (watched != rank_) {
@@ -103,7 +108,7 @@ void Heartbeat::run() {
         if (value != last_value) {
           last_value = value;
           changed_at = now;
-        } else if (now - changed_at >= window) {
+        } else if (now - changed_at >= window && !stop_) {
           if (store_->check({left_key(watched)})) {
             watched = (watched + 1) % world_size_;  // it finished cleanly: watch the next one
             last_value = -1;
@@ -121,9 +126,10 @@ void Heartbeat::run() {
       }
       answered_at = Clock::now();
     } catch (const std::exception& e) {
+      store_.reset();  // a timed-out request's late reply would be read as the next one's
       const std::string what = e.what();
       if (what.find("timed out") == std::string::npos) {
-        store_gone = true;  // the connection closed: the store's host (rank 0) has exited
+        store_gone_ = true;  // closed or refused: the store's host (rank 0) has exited
       } else if (Clock::now() - answered_at >= window) {
         message = fmt::format(
             "heartbeat: the job's store (hosted by rank 0) has not answered for {:.1f} s: rank 0's process is "
@@ -131,11 +137,11 @@ void Heartbeat::run() {
             seconds(Clock::now() - answered_at), rank_);
       }
     }
-    if (message) report(*message);
-    done = message.has_value() || store_gone;
+    if (message && !stop_) report(*message);
+    done = message.has_value() || store_gone_;
     lock.lock();
     if (done) continue;
-    wake_.wait_for(lock, options_.interval, [this] { return stop_; });
+    wake_.wait_for(lock, options_.interval, [this] { return stop_.load(); });
   }
 }
 

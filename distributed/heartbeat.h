@@ -15,8 +15,9 @@
 //   kHeartbeatExitCode (as PyTorch's NCCL watchdog tears a process down): chorusrun then stops the
 //   job, or restarts it with --max-restarts.
 // A rank that leaves cleanly (destroy_process_group, or the end of the program) marks itself as left
-// first and is not reported; a store whose connection closes (its host exited) ends the heartbeat
-// quietly, since the collectives then fail on their own. Settings: CHORUS_HEARTBEAT_S (the interval
+// first and is not reported; a store that closes or refuses the connection (its host exited) ends
+// the heartbeat quietly, since the collectives then fail on their own. After a request times out the
+// connection is made again (a late reply must not be read as the next request's). Settings: CHORUS_HEARTBEAT_S (the interval
 // in seconds, default 5; 0 turns heartbeats off) and CHORUS_HEARTBEAT_MISSES (default 3).
 #pragma once
 
@@ -48,10 +49,10 @@ struct HeartbeatOptions {
 
 class Heartbeat {
  public:
-  // `connection`: a store connection of the heartbeat's own (its requests must not queue behind the
-  // program's, and their timeout should be about one interval).
-  Heartbeat(std::shared_ptr<Store> connection, int rank, int world_size, HeartbeatOptions options);
-  // Marks this rank as left and stops the thread (waiting at most one store request).
+  // `connect` makes a store connection of the heartbeat's own (its requests must not queue behind
+  // the program's, and their timeout should be about one interval); called again after a failure.
+  Heartbeat(std::function<std::shared_ptr<Store>()> connect, int rank, int world_size, HeartbeatOptions options);
+  // Stops the thread (it checks for that between its store requests), then marks this rank as left.
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
@@ -64,12 +65,14 @@ class Heartbeat {
   void run();
   void report(const std::string& message);
 
-  std::shared_ptr<Store> store_;
+  std::function<std::shared_ptr<Store>()> connect_;
+  std::shared_ptr<Store> store_;  // the thread's connection (the destructor's after the join)
+  bool store_gone_ = false;       // the store closed or refused: its host has exited (thread's, then destructor's)
   const int rank_, world_size_;
   HeartbeatOptions options_;
   std::mutex mutex_;
   std::condition_variable wake_;
-  bool stop_ = false;
+  std::atomic<bool> stop_{false};
   std::thread thread_;  // last: started once everything above exists
 };
 

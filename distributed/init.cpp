@@ -308,7 +308,7 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   }
   // Read before connecting, so that a malformed setting fails at once.
   const std::optional<HeartbeatOptions> heartbeat = size > 1 ? Heartbeat::from_env() : std::nullopt;
-  std::shared_ptr<Store> heartbeat_connection;
+  std::function<std::shared_ptr<Store>()> heartbeat_connect;
   std::shared_ptr<Store> store = options.store;
   if (!store) {
     const std::string& method = options.init_method;
@@ -329,10 +329,11 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
       if (port <= 0 || port > 65535) fail("init_process_group: master port {} is outside 1..65535", port);
       store = std::make_shared<TCPStore>(
           host, port, TCPStoreOptions{.is_server = rank == 0, .num_workers = size, .timeout = options.timeout});
-      // The heartbeat's own connection (heartbeat.h): requests that time out after one interval.
+      // The heartbeat's own connections (heartbeat.h): requests that time out after one interval.
       if (heartbeat) {
-        heartbeat_connection =
-            std::make_shared<TCPStore>(host, port, TCPStoreOptions{.is_server = false, .timeout = heartbeat->interval});
+        heartbeat_connect = [host, port, interval = heartbeat->interval] {
+          return std::make_shared<TCPStore>(host, port, TCPStoreOptions{.is_server = false, .timeout = interval});
+        };
       }
     } else if (method.rfind("file://", 0) == 0) {
       store = std::make_shared<FileStore>(method.substr(7), options.timeout);
@@ -341,10 +342,10 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
     }
   }
   s.group = make_group(options.backend, std::make_shared<PrefixStore>("default_pg", store), rank, size, options.timeout);
-  if (heartbeat_connection) {
+  if (heartbeat_connect) {
     HeartbeatOptions o = *heartbeat;
     o.prefix = fmt::format("heartbeat/{}", s.heartbeats_started++);
-    s.heartbeat = std::make_unique<Heartbeat>(heartbeat_connection, rank, size, o);
+    s.heartbeat = std::make_unique<Heartbeat>(heartbeat_connect, rank, size, o);
   }
   s.store = store;
   s.timeout = options.timeout;

@@ -14,12 +14,12 @@
 #   bash tools/install.sh PREFIX            e.g. bash tools/install.sh /usr/local
 set -euo pipefail
 prefix="${1:?usage: bash tools/install.sh PREFIX}"
+mkdir -p "$prefix/lib/cmake/chorus" "$prefix/include/chorus"
+prefix="$(cd "$prefix" && pwd)"  # absolute, before leaving the caller's folder
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 version="0.1.0"
 cd "$repo"
-bazel build -c opt --disk_cache="$HOME/.cache/chorus/bazel-disk" //tools/install:libchorus
-mkdir -p "$prefix/lib/cmake/chorus" "$prefix/include/chorus"
-prefix="$(cd "$prefix" && pwd)"
+bazel build -c opt --disk_cache="${CHORUS_CACHE_DIR:-$HOME/.cache/chorus}/bazel-disk" //tools/install:libchorus
 install -m 0755 "$(bazel info -c opt bazel-bin 2>/dev/null)/tools/install/libchorus.so" "$prefix/lib/libchorus.so"
 # The library's headers: every .h of the library's folders (not tests, tools, third_party or the
 # example programs; not kernels/cuda, which only CUDA sources include).

@@ -12,7 +12,7 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 work="${1:-$HOME/.cache/chorus/outside}"
-disk_cache="$HOME/.cache/chorus/bazel-disk"
+disk_cache="${CHORUS_CACHE_DIR:-$HOME/.cache/chorus}/bazel-disk"
 mkdir -p "$work"
 log() { echo "=== outside_test: $*"; }
 
@@ -36,6 +36,8 @@ chorus_dependencies(chorus_path = "$repo")
 WS
 echo "import $repo/tools/build_defs/outside.bazelrc" >"$ws/.bazelrc"
 log "bazel: building //:hello in $ws (chorus as @chorus, CPU only)"
+# The workspace's Bazel server goes when this script ends, whether it passed or not.
+trap '(cd "$ws" && bazel --output_base="$work/bazel_output_base" shutdown) >/dev/null 2>&1 || true' EXIT
 start=$SECONDS
 # CUDA_HOME=/nonexistent: the CPU build (a workspace on a CUDA machine gets chorus's CUDA kernels as
 # chorus's own workspace does; this check does not need them).
@@ -44,15 +46,14 @@ start=$SECONDS
 log "bazel: built in $((SECONDS - start)) s; running"
 "$ws/bazel-bin/hello"
 echo "outside_test: PASSED bazel"
-(cd "$ws" && bazel --output_base="$work/bazel_output_base" shutdown)
 
 # --- 2. CMake --------------------------------------------------------------------------------------
 prefix="$work/prefix"
 log "cmake: tools/install.sh $prefix"
 bash "$repo/tools/install.sh" "$prefix"
 rm -rf "$work/cmake_build"
-cmake -S "$repo/tools/outside" -B "$work/cmake_build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$work/cmake_build" -j 2 >/dev/null
+cmake -S "$repo/tools/outside" -B "$work/cmake_build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release
+cmake --build "$work/cmake_build" -j 2
 log "cmake: built; running"
 "$work/cmake_build/hello"
 echo "outside_test: PASSED cmake"

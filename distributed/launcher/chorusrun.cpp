@@ -383,14 +383,14 @@ int main(int argc, char** argv) {
     auto stop_started = std::chrono::steady_clock::now();
     bool killed = false, peer_failed = false;
     // Each worker leads its own process group: a signal reaches what it started, too.
-    // SIGTERM is followed by SIGCONT, as a shell does for a stopped job: a stopped worker (SIGSTOP,
-    // the stopped rank a heartbeat reported) takes its SIGTERM at once instead of waiting for the
-    // grace period's SIGKILL.
+    // A signal is followed by SIGCONT, as a shell does for a stopped job: a stopped worker (SIGSTOP,
+    // the stopped rank a heartbeat reported) takes it at once instead of waiting for the grace
+    // period's SIGKILL.
     auto signal_all = [&](int sig) {
       for (Worker& w : workers) {
         if (!w.running) continue;
         ::kill(-w.pid, sig);
-        if (sig == SIGTERM) ::kill(-w.pid, SIGCONT);
+        if (sig != SIGKILL && sig != SIGCONT) ::kill(-w.pid, SIGCONT);
       }
     };
     auto all_exited_at = std::chrono::steady_clock::time_point();

@@ -293,7 +293,10 @@ std::vector<int64_t> GPT2LMHeadModel::generate(const std::vector<int64_t>& promp
   const Device device = lm_head_weight().device();
   std::vector<int64_t> context = prompt, out;
   KVCache cache;
-  if (o.use_cache && o.max_new_tokens > 0) cache = make_cache(1);
+  // As long as this generation can use it: the prompt and the new tokens, at most the window.
+  if (o.use_cache && o.max_new_tokens > 0) {
+    cache = make_cache(1, std::min<int64_t>(window, static_cast<int64_t>(prompt.size()) + o.max_new_tokens));
+  }
   for (int64_t n = 0; n < o.max_new_tokens; ++n) {
     const int64_t size = static_cast<int64_t>(context.size());
     // Without a cache, or once the context no longer fits (its positions all shift by one), the

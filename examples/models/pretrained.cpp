@@ -176,6 +176,7 @@ GPTConfig gpt2_config_from_json(const std::string& path) {
   const int64_t inner = int_field(j, "n_inner", 4 * c.n_embd, path);
   if (inner != 4 * c.n_embd) fail("{}: n_inner {} is not 4 x n_embd ({}), the only MLP width chorus's GPT-2 has", path, inner, 4 * c.n_embd);
   expect_bool(j, "scale_attn_weights", true, path);
+  expect_bool(j, "tie_word_embeddings", true, path);
   expect_bool(j, "scale_attn_by_inverse_layer_idx", false, path);
   expect_bool(j, "reorder_and_upcast_attn", false, path);
   c.initialize = false;  // the weights are about to be loaded
@@ -197,6 +198,7 @@ BertConfig bert_config_from_json(const std::string& path) {
   c.attention_probs_dropout_prob = double_field(j, "attention_probs_dropout_prob", c.attention_probs_dropout_prob, path);
   c.layer_norm_eps = double_field(j, "layer_norm_eps", c.layer_norm_eps, path);
   c.initializer_range = double_field(j, "initializer_range", c.initializer_range, path);
+  expect_bool(j, "tie_word_embeddings", true, path);
   const std::string act = string_field(j, "hidden_act", "gelu", path);
   if (act != "gelu") fail("{}: hidden_act \"{}\"; chorus's BERT uses \"gelu\" (the erf form)", path, act);
   const std::string pos = string_field(j, "position_embedding_type", "absolute", path);

@@ -5,8 +5,9 @@
 // chorus's models already use those formats' names and layouts (GPT-2's Conv1D weights are
 // [in, out], BERT's and torchvision's Linear weights [out, in]), so loading is by name. What the
 // loaders add to load_state_dict:
-// - both layouts the hub uses: names with the head model's prefix ("transformer.h.0...",
-//   "bert.encoder...") and the bare base model's ("h.0...", "encoder...");
+// - both layouts the hub uses for GPT-2: names with the head model's prefix ("transformer.h.0...")
+//   and the bare GPT2Model's ("h.0..."); BERT's files name "bert." themselves or not, but must
+//   have the masked-LM head (cls.predictions.*: a bare BertModel file is refused as incomplete);
 // - tied weights: the LM heads are the token embeddings in chorus; a file that holds the head's
 //   copy (lm_head.weight, cls.predictions.decoder.weight / .bias) must hold the same values;
 // - buffers chorus computes instead of storing (GPT-2's attn.bias / attn.masked_bias causal masks,
@@ -36,7 +37,8 @@ struct LoadReport {
 
 // GPT-2's config.json (Hugging Face GPT2Config: vocab_size, n_positions, n_embd, n_layer, n_head,
 // layer_norm_epsilon, resid_pdrop, activation_function "gelu_new" or "gelu_pytorch_tanh", n_inner
-// null or 4 n_embd). Another model_type or an option chorus does not implement is an error.
+// null or 4 n_embd, tied embeddings). Another model_type or an option chorus does not implement is
+// an error; chorus has one dropout rate, so embd_pdrop and attn_pdrop are read as resid_pdrop.
 GPTConfig gpt2_config_from_json(const std::string& path);
 // BertConfig's config.json (hidden_act "gelu", position_embedding_type "absolute").
 BertConfig bert_config_from_json(const std::string& path);

@@ -52,8 +52,12 @@ struct Reports {
   }
 };
 
-std::shared_ptr<TCPStore> client(int port, std::chrono::milliseconds timeout = 100ms) {
-  return std::make_shared<TCPStore>("127.0.0.1", port, TCPStoreOptions{.is_server = false, .timeout = timeout});
+// How a heartbeat connects to the store at `port` (again after a failure), timing requests out
+// after `timeout` (one interval).
+std::function<std::shared_ptr<Store>()> client(int port, std::chrono::milliseconds timeout = 100ms) {
+  return [port, timeout] {
+    return std::make_shared<TCPStore>("127.0.0.1", port, TCPStoreOptions{.is_server = false, .timeout = timeout});
+  };
 }
 
 }  // namespace
@@ -69,20 +73,25 @@ TEST_CASE("heartbeat: a silent rank is named by its watcher, and every rank stop
   CHECK_THAT(reports.message[1], Catch::StartsWith(expected) && Catch::Contains("(3 intervals of 0.1 s)") &&
                                      Catch::EndsWith("noticed by rank 1"));
   CHECK(reports.message[0] == reports.message[1]);  // rank 0 read rank 1's report from the store
-  // Not before 3 missed intervals; rank 0 within about one interval of rank 1.
-  CHECK(reports.seconds[1] >= 0.3);
-  CHECK(reports.seconds[0] >= reports.seconds[1]);
+  CHECK(reports.seconds[1] >= 0.3);  // not before 3 missed intervals
 }
 
 TEST_CASE("heartbeat: a rank that leaves cleanly is not reported", "[heartbeat]") {
   TCPStore server("127.0.0.1", 0, {.is_server = true});
   Reports reports;
-  auto h0 = std::make_unique<Heartbeat>(client(server.port()), 0, 3, reports.options(0));
-  auto h1 = std::make_unique<Heartbeat>(client(server.port()), 1, 3, reports.options(1));
-  auto h2 = std::make_unique<Heartbeat>(client(server.port()), 2, 3, reports.options(2));
-  CHECK_FALSE(reports.wait_for(1, 600ms));  // two windows with everyone beating
-  h2.reset();                               // rank 2 finishes first (destroy_process_group)
-  CHECK_FALSE(reports.wait_for(1, 1500ms));  // five more: its watcher (rank 1) moved on to rank 0
+  // 1 s windows (4 intervals of 250 ms): a thread starved for a while (TSan, a loaded machine) must
+  // not look silent in a case that asserts silence is absent.
+  auto options = [&](int rank) {
+    HeartbeatOptions o = reports.options(rank, 250ms);
+    o.misses = 4;
+    return o;
+  };
+  auto h0 = std::make_unique<Heartbeat>(client(server.port(), 250ms), 0, 3, options(0));
+  auto h1 = std::make_unique<Heartbeat>(client(server.port(), 250ms), 1, 3, options(1));
+  auto h2 = std::make_unique<Heartbeat>(client(server.port(), 250ms), 2, 3, options(2));
+  CHECK_FALSE(reports.wait_for(1, 2000ms));  // two windows with everyone beating
+  h2.reset();                                // rank 2 finishes first (destroy_process_group)
+  CHECK_FALSE(reports.wait_for(1, 3000ms));  // three more: its watcher (rank 1) moved on to rank 0
 }
 
 TEST_CASE("heartbeat: past a rank that left, the watcher names the next silent one", "[heartbeat]") {
@@ -129,10 +138,11 @@ TEST_CASE("heartbeat: a store that stops answering is reported as rank 0 being s
 TEST_CASE("heartbeat: a store that goes away ends the heartbeats quietly", "[heartbeat]") {
   Reports reports;
   auto server = std::make_unique<TCPStore>("127.0.0.1", 0, TCPStoreOptions{.is_server = true});
-  auto h0 = std::make_unique<Heartbeat>(client(server->port()), 0, 2, reports.options(0));
-  auto h1 = std::make_unique<Heartbeat>(client(server->port()), 1, 2, reports.options(1));
+  const int port = server->port();
+  auto h0 = std::make_unique<Heartbeat>(client(port), 0, 2, reports.options(0));
+  auto h1 = std::make_unique<Heartbeat>(client(port), 1, 2, reports.options(1));
   server.reset();  // rank 0's process ended, and with it the store
-  CHECK_FALSE(reports.wait_for(1, 1500ms));  // five windows: no report
+  CHECK_FALSE(reports.wait_for(1, 1500ms));  // five windows: no report (refused or closed is not silence)
   h0.reset();  // leaving with the store gone does not throw or hang
   h1.reset();
 }

@@ -172,6 +172,10 @@ TEST_CASE("pretrained: config.json that chorus's models cannot follow is refused
                     Catch::Contains("\"n_layer\" is 2.5, expected an integer"));
   CHECK_THROWS_WITH(models::gpt2_config_from_json(write("upcast.json", "{\"reorder_and_upcast_attn\": true}")),
                     Catch::Contains("\"reorder_and_upcast_attn\" is true; chorus implements only false"));
+  CHECK_THROWS_WITH(models::gpt2_config_from_json(write("untied.json", "{\"tie_word_embeddings\": false}")),
+                    Catch::Contains("\"tie_word_embeddings\" is false; chorus implements only true"));
+  CHECK_THROWS_WITH(models::bert_config_from_json(write("untied_bert.json", "{\"tie_word_embeddings\": false}")),
+                    Catch::Contains("\"tie_word_embeddings\" is false; chorus implements only true"));
   CHECK_THROWS_WITH(models::bert_config_from_json(write("act.json", "{\"hidden_act\": \"relu\"}")), Catch::Contains("hidden_act \"relu\""));
   CHECK_THROWS_WITH(models::bert_config_from_json(write("rel.json", "{\"position_embedding_type\": \"relative_key\"}")),
                     Catch::Contains("position_embedding_type \"relative_key\""));
