@@ -3,18 +3,13 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "distributed/flight_recorder.h"
 #include "tensor/ops.h"
 
 namespace chorus::distributed {
 namespace {
 
 constexpr int64_t kFingerprintBytes = 256;
-
-std::string describe(const TensorList& tensors) {
-  std::vector<std::string> parts;
-  for (const Tensor& t : tensors) parts.push_back(fmt::format("{}{}", dtype_name(t.dtype()), shape_str(t.sizes())));
-  return fmt::format("{}", fmt::join(parts, ","));
-}
 
 }  // namespace
 
@@ -49,19 +44,19 @@ void ProcessGroupDebug::check(const std::string& fp) {
 }
 
 std::shared_ptr<Work> ProcessGroupDebug::allreduce(const TensorList& tensors, ReduceOp op) {
-  check(fmt::format("#{} allreduce({}) {}", sequence_++, reduce_op_name(op), describe(tensors)));
+  check(fmt::format("#{} allreduce({}) {}", sequence_++, reduce_op_name(op), describe_tensors(tensors)));
   return inner_->allreduce(tensors, op);
 }
 std::shared_ptr<Work> ProcessGroupDebug::broadcast(const TensorList& tensors, int root) {
-  check(fmt::format("#{} broadcast(root={}) {}", sequence_++, root, describe(tensors)));
+  check(fmt::format("#{} broadcast(root={}) {}", sequence_++, root, describe_tensors(tensors)));
   return inner_->broadcast(tensors, root);
 }
 std::shared_ptr<Work> ProcessGroupDebug::allgather(const TensorList& outputs, const Tensor& input) {
-  check(fmt::format("#{} allgather {}", sequence_++, describe({input})));
+  check(fmt::format("#{} allgather {}", sequence_++, describe_tensors({input})));
   return inner_->allgather(outputs, input);
 }
 std::shared_ptr<Work> ProcessGroupDebug::reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp op) {
-  check(fmt::format("#{} reduce_scatter({}) {}", sequence_++, reduce_op_name(op), describe({output})));
+  check(fmt::format("#{} reduce_scatter({}) {}", sequence_++, reduce_op_name(op), describe_tensors({output})));
   return inner_->reduce_scatter(output, inputs, op);
 }
 std::shared_ptr<Work> ProcessGroupDebug::all_to_all(const TensorList& outputs, const TensorList& inputs) {

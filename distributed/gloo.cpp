@@ -21,6 +21,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include "autograd/grad_mode.h"
+#include "distributed/flight_recorder.h"
 #include "tensor/ops.h"
 
 namespace chorus::distributed {
@@ -130,7 +131,7 @@ struct Staged {
 }  // namespace
 
 ProcessGroupGloo::ProcessGroupGloo(std::shared_ptr<Store> store, int rank, int size, GlooOptions options)
-    : ProcessGroup(rank, size), options_(std::move(options)) {
+    : ProcessGroup(rank, size), options_(std::move(options)), store_(store) {
   ignore_sigpipe();
   if (!store) fail("ProcessGroupGloo: store is null");
   if (size < 1 || rank < 0 || rank >= size) {
@@ -181,17 +182,27 @@ void ProcessGroupGloo::worker_loop() {
   }
 }
 
-std::shared_ptr<Work> ProcessGroupGloo::enqueue(const char* op, TensorList result, std::function<void(uint32_t)> body) {
+std::shared_ptr<Work> ProcessGroupGloo::enqueue(std::string op, std::string tensors, TensorList result,
+                                                std::function<void(uint32_t)> body) {
   const uint64_t seq = sequence_++;
   const std::string description = fmt::format("ProcessGroupGloo {} (sequence number {}, rank {} of {}, timeout {} ms)",
                                               op, seq, rank_, size_, options_.timeout.count());
+  FlightRecorder& recorder = FlightRecorder::global();
+  const uint64_t record = recorder.issue(options_.name, seq, false, std::move(op), std::move(tensors));
   auto work = std::make_shared<Work>(description);
-  auto task = [work, result = std::move(result), body = std::move(body), seq, description]() mutable {
+  auto task = [this, work, result = std::move(result), body = std::move(body), seq, description, record]() mutable {
+    FlightRecorder& recorder = FlightRecorder::global();
+    recorder.start(record);
     try {
       body(static_cast<uint32_t>(seq));
+      recorder.finish(record);
       work->finish(std::move(result));
     } catch (const std::exception& e) {
-      work->finish({}, std::make_exception_ptr(Error(fmt::format("{} failed: {}", description, e.what()))));
+      recorder.finish(record, e.what());
+      // A timeout (not a peer that closed its connection: that rank is gone) gets the desync report:
+      // which ranks never entered this collective, or entered another.
+      const std::string report = record != 0 && is_timeout_error(e.what()) ? "\n" + desync_report(seq) : "";
+      work->finish({}, std::make_exception_ptr(Error(fmt::format("{} failed: {}{}", description, e.what(), report))));
     }
   };
   {
@@ -200,6 +211,20 @@ std::shared_ptr<Work> ProcessGroupGloo::enqueue(const char* op, TensorList resul
   }
   cv_.notify_one();
   return track(work);
+}
+
+std::string ProcessGroupGloo::desync_report(uint64_t seq) const {
+  FlightRecorder& recorder = FlightRecorder::global();
+  std::optional<FlightExchange> exchange = options_.global_ranks.empty() ? std::nullopt : recorder.job_exchange();
+  std::vector<int> members = options_.global_ranks;
+  if (!exchange) {
+    // A group made outside init_process_group: its ranks meet in the group's own store.
+    exchange = FlightExchange{.store = store_, .prefix = "chorus_flight", .id = rank_,
+                              .wait = std::min(options_.timeout, std::chrono::milliseconds(5000))};
+    members.clear();
+    for (int r = 0; r < size_; ++r) members.push_back(r);
+  }
+  return recorder.report_timeout(options_.name, seq, members, *exchange);
 }
 
 void ProcessGroupGloo::check_tensor(const Tensor& t, const char* op) const {
@@ -214,7 +239,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const TensorList& tensors, Red
   auto ctx = context_;
   auto timeout = options_.timeout;
   const int size = size_;
-  return enqueue("allreduce", tensors, [=](uint32_t tag) {
+  return enqueue(fmt::format("allreduce({})", reduce_op_name(op)), describe_tensors(tensors), tensors, [=](uint32_t tag) {
     for (const Tensor& t : tensors) {
       Staged s(t);
       if (s.buffer.numel() == 0) continue;
@@ -247,7 +272,7 @@ std::shared_ptr<Work> ProcessGroupGloo::broadcast(const TensorList& tensors, int
   if (root < 0 || root >= size_) fail("ProcessGroupGloo broadcast: root {} is not a rank of a group of size {}", root, size_);
   auto ctx = context_;
   auto timeout = options_.timeout;
-  return enqueue("broadcast", tensors, [=](uint32_t tag) {
+  return enqueue(fmt::format("broadcast(root={})", root), describe_tensors(tensors), tensors, [=](uint32_t tag) {
     for (const Tensor& t : tensors) {
       Staged s(t);
       if (s.buffer.numel() == 0) continue;
@@ -280,7 +305,7 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const TensorList& outputs, con
   auto ctx = context_;
   auto timeout = options_.timeout;
   const int size = size_;
-  return enqueue("allgather", outputs, [=](uint32_t tag) {
+  return enqueue("allgather", describe_tensors({input}), outputs, [=](uint32_t tag) {
     Tensor in = input.contiguous();
     const int64_t n = in.numel();
     Tensor flat = empty({size * n}, {.dtype = in.dtype()});
@@ -320,7 +345,7 @@ std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const Tensor& output, con
   auto ctx = context_;
   auto timeout = options_.timeout;
   const int size = size_, rank = rank_;
-  return enqueue("reduce_scatter", {output}, [=](uint32_t tag) {
+  return enqueue(fmt::format("reduce_scatter({})", reduce_op_name(op)), describe_tensors({output}), {output}, [=](uint32_t tag) {
     Tensor flat = cat([&] {
       TensorList flat_inputs;
       for (const Tensor& i : inputs) flat_inputs.push_back(i.reshape({-1}));
@@ -364,7 +389,7 @@ std::shared_ptr<Work> ProcessGroupGloo::all_to_all(const TensorList& outputs, co
   }
   auto ctx = context_;
   auto timeout = options_.timeout;
-  return enqueue("all_to_all", outputs, [=](uint32_t tag) {
+  return enqueue("all_to_all", dtype_name(dtype), outputs, [=](uint32_t tag) {
     TensorList flat_inputs;
     std::vector<int64_t> in_counts, out_counts;
     int64_t out_total = 0;
@@ -400,7 +425,7 @@ std::shared_ptr<Work> ProcessGroupGloo::all_to_all(const TensorList& outputs, co
 std::shared_ptr<Work> ProcessGroupGloo::barrier() {
   auto ctx = context_;
   auto timeout = options_.timeout;
-  return enqueue("barrier", {}, [=](uint32_t tag) {
+  return enqueue("barrier", "", {}, [=](uint32_t tag) {
     gloo::BarrierOptions opts(ctx);
     opts.setTag(tag);
     opts.setTimeout(timeout);
@@ -488,7 +513,28 @@ std::shared_ptr<Work> make_point_to_point(std::string description, std::function
   return work;
 }
 
+// The transfer of a recorded send or receive: the record finishes (or fails) with it.
+std::function<void()> recorded_transfer(uint64_t record, std::function<void()> transfer) {
+  if (record == 0) return transfer;
+  return [record, transfer = std::move(transfer)] {
+    try {
+      transfer();
+      FlightRecorder::global().finish(record);
+    } catch (const std::exception& e) {
+      FlightRecorder::global().finish(record, e.what());
+      throw;
+    }
+  };
+}
+
 }  // namespace
+
+uint64_t ProcessGroupGloo::recorded_p2p(uint64_t seq, std::string op, const Tensor& tensor) const {
+  FlightRecorder& recorder = FlightRecorder::global();
+  const uint64_t record = recorder.issue(options_.name, seq, true, std::move(op), describe_tensors({tensor}));
+  recorder.start(record);  // posted at once ([Point-to-point completion])
+  return record;
+}
 
 std::shared_ptr<Work> ProcessGroupGloo::send(const Tensor& tensor, int dst, int tag) {
   check_tensor(tensor, "send");
@@ -507,12 +553,13 @@ std::shared_ptr<Work> ProcessGroupGloo::send(const Tensor& tensor, int dst, int 
   // Slot: (user tag, src, dst) so concurrent pairs never match each other's messages.
   const uint64_t slot = (static_cast<uint64_t>(tag) << 32) | (static_cast<uint64_t>(rank) << 16) | static_cast<uint64_t>(dst);
   buf->send(dst, slot);
+  const uint64_t record = recorded_p2p(seq, fmt::format("send(to {}, tag {})", dst, tag), t);
   return track(make_point_to_point(
       fmt::format("ProcessGroupGloo send to rank {} (point-to-point number {}, rank {} of {}, timeout {} ms)", dst, seq,
                   rank, size_, timeout.count()),
-      [buf, t, timeout, dst, ctx] {
+      recorded_transfer(record, [buf, t, timeout, dst, ctx] {
         if (!buf->waitSend(timeout)) fail("send to rank {} did not complete", dst);
-      },
+      }),
       {tensor}));
 }
 
@@ -530,13 +577,14 @@ std::shared_ptr<Work> ProcessGroupGloo::recv(const Tensor& tensor, int src, int 
       ctx->createUnboundBuffer(s->buffer.raw_data_ptr(), s->buffer.nbytes()));
   const uint64_t slot = (static_cast<uint64_t>(tag) << 32) | (static_cast<uint64_t>(src) << 16) | static_cast<uint64_t>(rank);
   buf->recv(src, slot);
+  const uint64_t record = recorded_p2p(seq, fmt::format("recv(from {}, tag {})", src, tag), tensor);
   return track(make_point_to_point(
       fmt::format("ProcessGroupGloo recv from rank {} (point-to-point number {}, rank {} of {}, timeout {} ms)", src, seq,
                   rank, size_, timeout.count()),
-      [buf, s, timeout, src, ctx] {
+      recorded_transfer(record, [buf, s, timeout, src, ctx] {
         if (!buf->waitRecv(timeout)) fail("recv from rank {} did not complete", src);
         s->write_back();
-      },
+      }),
       {tensor}));
 }
 

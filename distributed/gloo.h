@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "distributed/process_group.h"
 #include "distributed/store.h"
@@ -27,6 +28,12 @@ struct GlooOptions {
   // else 127.0.0.1 when MASTER_ADDR is a loopback address (or unset), else the local address of the
   // route to MASTER_ADDR (gloo.cpp, [Peer address]).
   std::string hostname;
+  // The flight recorder's name for this group (flight_recorder.h), the same on every rank, and the
+  // members' ranks in the job, in group order: init_process_group and new_group set both, and a
+  // timed-out collective's ranks then exchange their records through the job's store. Left empty,
+  // they meet in this group's own store, numbered by their ranks in the group.
+  std::string name = "gloo";
+  std::vector<int> global_ranks;
 };
 
 class ProcessGroupGloo : public ProcessGroup {
@@ -48,11 +55,18 @@ class ProcessGroupGloo : public ProcessGroup {
 
  private:
   // Queues `body` on the worker thread; the Work finishes with `result` or the error body threw.
-  std::shared_ptr<Work> enqueue(const char* op, TensorList result, std::function<void(uint32_t tag)> body);
+  // `op` and `tensors` go to the flight recorder: what must agree across ranks.
+  std::shared_ptr<Work> enqueue(std::string op, std::string tensors, TensorList result,
+                                std::function<void(uint32_t tag)> body);
+  // The desync report for timed-out collective `seq` (flight_recorder.h).
+  std::string desync_report(uint64_t seq) const;
+  // Records a send or receive as posted; returns the record's id.
+  uint64_t recorded_p2p(uint64_t seq, std::string op, const Tensor& tensor) const;
   void worker_loop();
   void check_tensor(const Tensor& t, const char* op) const;
 
   GlooOptions options_;
+  std::shared_ptr<Store> store_;  // the group's, for desync reports of a group made outside init_process_group
   std::shared_ptr<gloo::Context> context_;
   // Collectives are numbered apart from point-to-point ops: the collective's number is also its
   // Gloo tag, which must agree on every rank, and ranks send and receive different numbers of

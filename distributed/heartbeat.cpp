@@ -76,6 +76,27 @@ void Heartbeat::report(const std::string& message) {
   std::_Exit(kHeartbeatExitCode);
 }
 
+std::optional<std::string> Heartbeat::foreign_counter(const std::vector<std::string>& keys) {
+  try {
+    std::shared_ptr<Store> store = connect_();
+    for (const std::string& key : keys) {
+      if (!store->check({key})) continue;
+      const Bytes value = store->get(key);
+      if (value.size() == 8) continue;
+      std::string shown;
+      for (uint8_t c : value) shown += c >= 32 && c < 127 ? static_cast<char>(c) : '?';
+      if (shown.size() > 40) shown = shown.substr(0, 40) + "...";
+      return fmt::format(
+          "heartbeat: the store key '{}' holds {} bytes ('{}'), not the 8-byte counter the heartbeats keep there: "
+          "another program writes into this job's store (give each job its own MASTER_PORT); noticed by rank {}",
+          key, value.size(), shown, rank_);
+    }
+  } catch (const std::exception&) {
+    // The store is gone indeed.
+  }
+  return std::nullopt;
+}
+
 void Heartbeat::run() {
   const auto window = options_.interval * options_.misses;
   const std::string failure_key = options_.prefix + "/failure";
@@ -99,6 +120,7 @@ void Heartbeat::run() {
     try {
       if (!store_) store_ = connect_();
       store_->add(counter_key(rank_), 1);
+      if (options_.on_beat && !stop_) options_.on_beat(*store_);
       if (stop_) continue;
       if (store_->check({failure_key})) {
         message = store_->get_string(failure_key);  // another rank's report: stop with its words
@@ -129,7 +151,10 @@ void Heartbeat::run() {
       store_.reset();  // a timed-out request's late reply would be read as the next one's
       const std::string what = e.what();
       if (what.find("timed out") == std::string::npos) {
-        store_gone_ = true;  // closed or refused: the store's host (rank 0) has exited
+        // Closed or refused: the store's host (rank 0) has exited, or it dropped the connection
+        // because a counter holds what is not a counter (someone else wrote the key).
+        message = foreign_counter({counter_key(rank_), counter_key(watched)});
+        store_gone_ = !message.has_value();
       } else if (Clock::now() - answered_at >= window) {
         message = fmt::format(
             "heartbeat: the job's store (hosted by rank 0) has not answered for {:.1f} s: rank 0's process is "

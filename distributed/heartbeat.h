@@ -30,6 +30,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "distributed/store.h"
 
@@ -45,6 +46,11 @@ struct HeartbeatOptions {
   std::function<void(const std::string& message)> on_silence{};
   // Keys live under this prefix of the store (one job may start several heartbeats in turn).
   std::string prefix = "heartbeat";
+  // Called every interval, on the heartbeat's thread, with its store connection, after the beat:
+  // init_process_group answers the flight recorder's requests for this rank's records here
+  // (flight_recorder.h), so a rank whose main thread is stuck still answers. Its store errors count
+  // as the heartbeat's own.
+  std::function<void(Store& store)> on_beat{};
 };
 
 class Heartbeat {
@@ -64,6 +70,9 @@ class Heartbeat {
  private:
   void run();
   void report(const std::string& message);
+  // After the store dropped a request: the message naming a key of `keys` that holds something
+  // other than a counter (the store refuses to add to it), or nullopt (the store is gone).
+  std::optional<std::string> foreign_counter(const std::vector<std::string>& keys);
 
   std::function<std::shared_ptr<Store>()> connect_;
   std::shared_ptr<Store> store_;  // the thread's connection (the destructor's after the join)

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "distributed/debug.h"
+#include "distributed/flight_recorder.h"
 #include "distributed/gloo.h"
 #include "distributed/gloo_communicator.h"
 #include "distributed/heartbeat.h"
@@ -23,6 +24,7 @@ struct State {
   std::string backend;
   int groups_created = 0;
   int heartbeats_started = 0;  // names each heartbeat's keys apart (every rank starts as many)
+  int inits = 0;               // names each job's process groups and flight-recorder keys apart (the same)
   std::unique_ptr<Heartbeat> heartbeat;  // last: stopped (and this rank marked as left) first
 };
 
@@ -101,13 +103,17 @@ BackendSpec parse_backend(const std::string& spec) {
 
 namespace {
 
+// `name` and `global_ranks` (the members' ranks in the job) are the flight recorder's.
 std::shared_ptr<ProcessGroup> make_group(const std::string& backend, std::shared_ptr<Store> store, int rank, int size,
-                                         std::chrono::milliseconds timeout) {
+                                         std::chrono::milliseconds timeout, std::string name,
+                                         std::vector<int> global_ranks) {
   const BackendSpec spec = parse_backend(backend);
   // CPU tensors (and device tensors of device types mapped to gloo) go to one Gloo group; every other
   // device backend gets its own communicator over a store prefix of its name.
   GlooOptions gloo;
   gloo.timeout = timeout;
+  gloo.name = std::move(name);
+  gloo.global_ranks = std::move(global_ranks);
   auto cpu = std::make_shared<ProcessGroupGloo>(store, rank, size, gloo);
   std::shared_ptr<Communicator> gloo_on_stream;
   StreamOrderedGroup::DeviceCommunicators devices;
@@ -341,10 +347,26 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
       fail("init_process_group: init_method '{}' is not one of env://, tcp://host:port, file:///path", method);
     }
   }
-  s.group = make_group(options.backend, std::make_shared<PrefixStore>("default_pg", store), rank, size, options.timeout);
+  // Every rank counts its inits alike: the names of this job's groups and flight-recorder keys
+  // differ from an earlier job's in the same processes (over the same store).
+  const int init = ++s.inits;
+  const std::string suffix = init > 1 ? fmt::format("@{}", init) : "";
+  FlightRecorder& recorder = FlightRecorder::global();
+  // A timed-out collective's rank waits for the others' records: a heartbeat answers within one
+  // interval; without heartbeats only ranks that time out too answer.
+  const auto exchange_wait = heartbeat ? 2 * heartbeat->interval + std::chrono::milliseconds(1000)
+                                       : std::chrono::milliseconds(5000);
+  recorder.set_job(rank, size, FlightExchange{.store = store, .prefix = fmt::format("chorus_flight/{}", init),
+                                              .id = rank, .wait = exchange_wait});
+  recorder.install_dump_signal();
+  std::vector<int> everyone(size);
+  for (int r = 0; r < size; ++r) everyone[r] = r;
+  s.group = make_group(options.backend, std::make_shared<PrefixStore>("default_pg", store), rank, size, options.timeout,
+                       "default_pg" + suffix, everyone);
   if (heartbeat_connect) {
     HeartbeatOptions o = *heartbeat;
     o.prefix = fmt::format("heartbeat/{}", s.heartbeats_started++);
+    o.on_beat = [](Store& connection) { FlightRecorder::global().answer_request(connection); };
     s.heartbeat = std::make_unique<Heartbeat>(heartbeat_connect, rank, size, o);
   }
   s.store = store;
@@ -377,6 +399,7 @@ std::shared_ptr<Store> default_store() {
 void destroy_process_group() {
   std::lock_guard<std::mutex> lock(state().mutex);
   state().heartbeat.reset();  // marks this rank as left before the store can go
+  FlightRecorder::global().clear_job();
   state().group.reset();
   state().store.reset();
 }
@@ -399,8 +422,9 @@ std::shared_ptr<ProcessGroup> new_group(std::vector<int> ranks, std::optional<st
   auto store = std::make_shared<PrefixStore>("group_" + std::to_string(id), s.store);
   const std::string backend = s.backend;
   const auto t = timeout.value_or(s.timeout);
+  const std::string name = fmt::format("group_{}{}", id, s.inits > 1 ? fmt::format("@{}", s.inits) : "");
   lock.unlock();
-  return make_group(backend, store, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()), t);
+  return make_group(backend, store, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()), t, name, ranks);
 }
 
 }  // namespace chorus::distributed

@@ -209,7 +209,7 @@ if [[ "$mode" == full ]]; then
     //tests/tensor:device_runtime_tsan_test //tests/distributed:stream_group_tsan_test \
     //tests/distributed:store_test //tests/data:data_test //tests/autograd:engine_test \
     //tests/autograd:hooks_test //tests/distributed:multiprocess_test //tests/utils:summary_writer_test \
-    //tests/distributed:heartbeat_test
+    //tests/distributed:heartbeat_test //tests/distributed:flight_recorder_test
   # 4. Every test under AddressSanitizer + UndefinedBehaviorSanitizer (no recovery, leaks
   #    reported); the benchmarks are left out, and so are the few tests that exist only in a CUDA
   #    build (they ran in phase 1).

@@ -6,7 +6,8 @@
 // Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and
 // MASTER_PORT (and OMP_NUM_THREADS=cores/nproc when unset and nproc > 1, so workers do not
 // oversubscribe the cores). Every line a worker prints is prefixed with "[rank]: ". SIGINT and
-// SIGTERM are forwarded to the workers. When a worker fails, the others are stopped (SIGTERM, then
+// SIGTERM are forwarded to the workers; SIGUSR1 too, without stopping them (each worker writes its
+// flight-recorder dump, distributed/flight_recorder.h). When a worker fails, the others are stopped (SIGTERM, then
 // SIGKILL after a grace period) and chorusrun exits with the failed worker's code (128 + signal
 // when it was killed by a signal).
 //
@@ -41,6 +42,8 @@ namespace {
 
 volatile sig_atomic_t g_signal = 0;
 void on_signal(int sig) { g_signal = sig; }
+volatile sig_atomic_t g_dump_signal = 0;  // SIGUSR1: forwarded, and the job goes on
+void on_dump_signal(int) { g_dump_signal = 1; }
 
 struct Worker {
   int rank = 0, local_rank = 0;
@@ -279,6 +282,10 @@ int main(int argc, char** argv) {
   sigemptyset(&sa.sa_mask);
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+  struct sigaction dump {};
+  dump.sa_handler = on_dump_signal;
+  sigemptyset(&dump.sa_mask);
+  ::sigaction(SIGUSR1, &dump, nullptr);
   ::signal(SIGPIPE, SIG_IGN);
 
   // One start of every worker, watched until all have exited. The result: the job's exit code, and
@@ -396,6 +403,13 @@ int main(int argc, char** argv) {
     auto all_exited_at = std::chrono::steady_clock::time_point();
 
     for (;;) {
+      if (g_dump_signal != 0) {
+        g_dump_signal = 0;
+        // To the workers themselves, not their process groups: a child a worker started keeps
+        // SIGUSR1's default action, which would end it.
+        for (const Worker& w : workers)
+          if (w.running) ::kill(w.pid, SIGUSR1);
+      }
       if (g_signal != 0) {
         const int sig = g_signal;
         g_signal = 0;

@@ -391,6 +391,124 @@ TEST_CASE("a stopped store host (rank 0) is named, and --max-restarts runs the j
   CHECK_THAT(bad.output, Catch::Contains("CHORUS_HEARTBEAT_S='soon': expected the heartbeat interval in seconds"));
 }
 
+// The flight recorder (distributed/flight_recorder.h): a timed-out collective's error says which
+// ranks never entered it or entered another one, from every rank's records; chorus_flight prints
+// the dumps as a table; SIGUSR1 to chorusrun makes every worker write its dump and go on.
+std::string tmp_prefix(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir ? dir : "/tmp") + "/" + name;
+}
+
+Run flight_table(const std::string& files) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const std::string exe = (srcdir ? std::string(srcdir) + "/chorus/" : std::string("bazel-bin/")) +
+                          "distributed/launcher/chorus_flight";
+  FILE* p = ::popen((exe + " " + files + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, 0};
+}
+
+TEST_CASE("a rank that skipped a collective is named in the timeout's desync report", "[distributed][chorusrun][flight]") {
+  const std::string prefix = tmp_prefix("skip_rank_");
+  Run r = run("--nproc-per-node 3 env CHORUS_TIMEOUT_S=3 CHORUS_HEARTBEAT_S=1 CHORUS_FLIGHT_RECORDER_FILE=" + prefix + " " +
+              dist_worker() + " flight_skip");
+  INFO(r.output);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.output, Catch::Contains("rank 1 waits outside any collective"));
+  for (int rank : {0, 2}) {
+    const std::string p = "[" + std::to_string(rank) + "]: ";
+    CHECK_THAT(r.output, Catch::Contains(p + "rank " + std::to_string(rank) + ": collective failed: ProcessGroupGloo "
+                                             "allreduce(sum) (sequence number 2"));
+    CHECK_THAT(r.output, Catch::Contains("desync report (flight recorder) for collective #2 of group default_pg, "
+                                         "allreduce(sum) float32[4] on this rank (rank " + std::to_string(rank) +
+                                         "): rank(s) 1 never entered it"));
+    CHECK_THAT(r.output, Catch::Contains(p + "  rank 1 never entered collective #2: its last is #1 allreduce(sum) "
+                                             "float32[4] (finished)"));
+    CHECK_THAT(r.output, Catch::Contains(p + "flight recorder dump: " + prefix + std::to_string(rank) + ".json"));
+  }
+  CHECK_THAT(r.output, Catch::Contains("[0]:   rank 2 entered #2 too") && Catch::Contains("[2]:   rank 0 entered #2 too"));
+  // Rank 1's heartbeat wrote its dump when asked; the table shows where the ranks part.
+  Run table = flight_table(prefix + "0.json " + prefix + "1.json " + prefix + "2.json");
+  INFO(table.output);
+  CHECK(table.code == 0);
+  CHECK_THAT(table.output, Catch::Contains("rank 1: pid") && Catch::Contains("dumped because: asked by rank"));
+  CHECK_THAT(table.output, Catch::Contains("-- not entered") && Catch::Contains("<-- not every rank entered"));
+  CHECK(table.output.find("<-- ranks differ") == std::string::npos);
+}
+
+TEST_CASE("a rank that issued a different collective is named on every rank", "[distributed][chorusrun][flight]") {
+  const std::string prefix = tmp_prefix("mismatch_rank_");
+  Run r = run("--nproc-per-node 3 env CHORUS_TIMEOUT_S=3 CHORUS_HEARTBEAT_S=1 CHORUS_FLIGHT_RECORDER_FILE=" + prefix + " " +
+              dist_worker() + " flight_mismatch");
+  INFO(r.output);
+  CHECK(r.code == 1);
+  // Every rank timed out, and each report names the other side's collective.
+  for (int rank : {0, 2}) {
+    const std::string p = "[" + std::to_string(rank) + "]: ";
+    CHECK_THAT(r.output, Catch::Contains(p + "desync report (flight recorder) for collective #1 of group default_pg, "
+                                             "allreduce(sum) float32[4] on this rank (rank " + std::to_string(rank) +
+                                             "): rank(s) 1 entered a different one"));
+    CHECK_THAT(r.output, Catch::Contains(p + "  rank 1 entered a different collective as #1: broadcast(root=0) "
+                                             "float32[4]"));
+  }
+  CHECK_THAT(r.output, Catch::Contains("[1]: desync report (flight recorder) for collective #1 of group default_pg, "
+                                       "broadcast(root=0) float32[4] on this rank (rank 1): rank(s) 0, 2 entered a "
+                                       "different one"));
+  CHECK_THAT(r.output, Catch::Contains("[1]:   rank 0 entered a different collective as #1: allreduce(sum) float32[4]"));
+  Run table = flight_table(prefix + "0.json " + prefix + "1.json " + prefix + "2.json");
+  INFO(table.output);
+  CHECK(table.code == 0);
+  CHECK_THAT(table.output, Catch::Contains("broadcast(root=0) float32[4]") && Catch::Contains("<-- ranks differ"));
+}
+
+TEST_CASE("SIGUSR1 to chorusrun makes every worker write its flight-recorder dump", "[distributed][chorusrun][flight]") {
+  const std::string prefix = tmp_prefix("signal_rank_");
+  const std::string out = tmp_prefix("chorusrun_usr1.log");
+  const std::string worker = dist_worker();
+  const std::string variable = "CHORUS_FLIGHT_RECORDER_FILE=" + prefix;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    FILE* f = std::fopen(out.c_str(), "w");
+    ::dup2(fileno(f), STDOUT_FILENO);
+    ::dup2(fileno(f), STDERR_FILENO);
+    const std::string exe = launcher();
+    ::execl(exe.c_str(), exe.c_str(), "--nproc-per-node", "2", "env", variable.c_str(), worker.c_str(), "flight_signal",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  CHECK(wait_for_text(out, {"[0]: rank 0 ready for SIGUSR1", "[1]: rank 1 ready for SIGUSR1"}));
+  ::kill(pid, SIGUSR1);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  const std::string log = chorus::testing::slurp(out);
+  INFO(log);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK_THAT(log, Catch::Contains("[0]: chorus: flight recorder dump written to " + prefix + "0.json") &&
+                      Catch::Contains("[1]: rank 1 found its dump"));
+  Run table = flight_table(prefix + "0.json " + prefix + "1.json");
+  INFO(table.output);
+  CHECK(table.code == 0);
+  CHECK_THAT(table.output, Catch::Contains("dumped because: SIGUSR1"));
+  for (int seq = 0; seq < 3; ++seq) {
+    CHECK_THAT(table.output, Catch::Contains("default_pg  " + std::to_string(seq) +
+                                             "  allreduce(sum) float32[4] [finished]  allreduce(sum) float32[4] [finished]"));
+  }
+  const size_t barrier = table.output.find("default_pg  3  barrier [finished]");
+  CHECK(barrier != std::string::npos);
+  CHECK(table.output.find("  barrier [finished]\n", barrier) != std::string::npos);  // rank 1's column
+  CHECK(table.output.find("<--") == std::string::npos);
+  // Not a dump: refused naming the file and what was expected.
+  Run bad = flight_table(out);
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.output, Catch::Contains("flight recorder dump " + out + ": not JSON") &&
+                             Catch::Contains("expected a chorus flight-recorder dump"));
+}
+
 TEST_CASE("chorusrun refuses bad usage", "[distributed][chorusrun]") {
   {
     const Run neg = run("--grace-period -1 true");

@@ -897,6 +897,83 @@ void scenario_heartbeat_stop(const std::shared_ptr<ProcessGroup>& pg, int stoppe
   std::printf("rank %d finished\n", pg->rank());
 }
 
+// Flight recorder (distributed/flight_recorder.h). `reporters` ranks run `body`, whose collective
+// times out; each prints its error (with the desync report) and leaves. So that every report is
+// printed: they ignore the SIGTERM chorusrun sends when the first of them fails, and rank 0, whose
+// process hosts the store the others read the records from, leaves only once every reporter has
+// printed (counted in the store; a deadline only a hang reaches).
+void expect_timeout_report(int reporters, const std::function<void()>& body) {
+  ::signal(SIGTERM, SIG_IGN);
+  try {
+    body();
+    std::printf("rank %d: no error\n", g_rank);
+  } catch (const std::exception& e) {
+    std::printf("rank %d: collective failed: %s\n", g_rank, e.what());
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  auto store = default_store();
+  store->add("flight_test/reported", 1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (g_rank == 0 && store->add("flight_test/reported", 0) < reporters && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::_exit(1);
+}
+
+// Rank 1 skips collective #1: its next allreduce (the same shape) pairs with the others' #1, and
+// ranks 0 and 2 wait alone in #2 until the timeout. Their report must name rank 1 as never having
+// entered #2, with its last collective. Rank 1 waits in user code meanwhile: its heartbeat thread
+// answers the request for its records.
+void scenario_flight_skip(const std::shared_ptr<ProcessGroup>& pg) {
+  Tensor t = ones({4});
+  pg->allreduce({t})->wait();  // #0
+  if (pg->rank() == 1) {
+    pg->allreduce({t})->wait();  // its #1, which the others run as #1 too
+    std::printf("rank 1 waits outside any collective\n");
+    std::fflush(stdout);
+    default_store()->wait({"flight_skip/never_set"}, std::chrono::seconds(120));  // ends when rank 0's store goes
+    ::_exit(0);
+  }
+  expect_timeout_report(2, [&] {
+    pg->allreduce({t})->wait();  // #1
+    pg->allreduce({t})->wait();  // #2: rank 1 never comes
+  });
+}
+
+// Rank 1 issues a broadcast as collective #1 where the others issue an allreduce of the same
+// tensor: nobody completes, and every rank's report names the other side's collective.
+void scenario_flight_mismatch(const std::shared_ptr<ProcessGroup>& pg) {
+  Tensor t = ones({4});
+  pg->allreduce({t})->wait();  // #0
+  expect_timeout_report(3, [&] {
+    if (pg->rank() == 1) pg->broadcast({t}, 0)->wait();
+    else pg->allreduce({t})->wait();
+  });
+}
+
+// SIGUSR1 to chorusrun: each worker writes its dump and goes on. The worker waits for its own dump
+// file (a deadline only a lost signal reaches), then finishes normally.
+void scenario_flight_signal(const std::shared_ptr<ProcessGroup>& pg) {
+  Tensor t = ones({4});
+  for (int i = 0; i < 3; ++i) pg->allreduce({t})->wait();
+  pg->barrier()->wait();
+  const char* prefix = std::getenv("CHORUS_FLIGHT_RECORDER_FILE");
+  check(prefix != nullptr, "CHORUS_FLIGHT_RECORDER_FILE is set");
+  const std::string path = fmt::format("{}{}.json", prefix ? prefix : "", pg->rank());
+  std::printf("rank %d ready for SIGUSR1\n", pg->rank());
+  std::fflush(stdout);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (::access(path.c_str(), R_OK) != 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      check(false, "the dump file appeared after SIGUSR1");
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::printf("rank %d found its dump\n", pg->rank());
+}
+
 // On a device, collectives are asynchronous: a stuck peer's missed allreduce fails on rank 0's
 // communication stream when Gloo's timeout ends it, and the next call into the group raises it
 // (op, sequence number, device, timeout); the compute stream is not left waiting forever.
@@ -1198,6 +1275,9 @@ int main(int argc, char** argv) {
     else if (scenario == "timeout") scenario_timeout(pg);
     else if (scenario == "heartbeat_stop") scenario_heartbeat_stop(pg, std::atoi(argv[2]));
     else if (scenario == "stream_timeout") scenario_stream_timeout(pg);
+    else if (scenario == "flight_skip") scenario_flight_skip(pg);
+    else if (scenario == "flight_mismatch") scenario_flight_mismatch(pg);
+    else if (scenario == "flight_signal") scenario_flight_signal(pg);
     else if (scenario == "debug_mismatch") scenario_debug_mismatch(pg);
     else if (scenario == "new_group") scenario_new_group(pg);
     else if (scenario == "p2p_then_collective") scenario_p2p_then_collective(pg);

@@ -112,6 +112,18 @@ TEST_CASE("heartbeat: past a rank that left, the watcher names the next silent o
   CHECK(reports.message.count(2) == 0);
 }
 
+TEST_CASE("heartbeat: a counter overwritten by a foreign value is named, not taken for a store that went away",
+          "[heartbeat]") {
+  TCPStore server("127.0.0.1", 0, {.is_server = true});
+  Reports reports;
+  server.set("heartbeat/1", std::string("hello"));  // rank 1's counter, written by another program
+  auto h0 = std::make_unique<Heartbeat>(client(server.port()), 0, 2, reports.options(0));
+  REQUIRE(reports.wait_for(1, 10s));
+  CHECK_THAT(reports.message[0], Catch::Equals("heartbeat: the store key 'heartbeat/1' holds 5 bytes ('hello'), not the "
+                                               "8-byte counter the heartbeats keep there: another program writes into "
+                                               "this job's store (give each job its own MASTER_PORT); noticed by rank 0"));
+}
+
 TEST_CASE("heartbeat: a store that stops answering is reported as rank 0 being silent", "[heartbeat]") {
   // A listening socket that never accepts: connections complete (the kernel's backlog), requests
   // are never answered, as with a rank 0 stopped while hosting the store.
