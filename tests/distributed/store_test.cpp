@@ -19,6 +19,7 @@
 #include "distributed/store.h"
 #include "distributed/store_auth.h"
 #include "distributed/store_protocol.h"
+#include "tests/distributed/worker_launcher.h"
 
 namespace chorus::distributed {
 namespace {
@@ -325,42 +326,21 @@ TEST_CASE("a client refuses a store that cannot prove it holds the job token", "
   ::close(listener);
 }
 
-// The addresses (hex, as /proc/net/tcp{,6} write them) of the sockets listening on `port`.
-std::vector<std::string> listening_addresses(int port) {
-  std::vector<std::string> out;
-  char port_hex[8];
-  std::snprintf(port_hex, sizeof(port_hex), "%04X", port);
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(table);
-    std::string line;
-    std::getline(in, line);  // header
-    while (std::getline(in, line)) {
-      std::istringstream fields(line);
-      std::string slot, local, remote, state;
-      fields >> slot >> local >> remote >> state;
-      const size_t colon = local.find(':');
-      if (state == "0A" && colon != std::string::npos && local.substr(colon + 1) == port_hex)
-        out.push_back(local.substr(0, colon));
-    }
-  }
-  return out;
-}
-
 TEST_CASE("a store given a loopback address listens on loopback only; any other, on every interface",
           "[distributed][store][job_token]") {
   {
     TCPStore server("127.0.0.1", 0, {.is_server = true, .timeout = 5000ms});
-    CHECK(listening_addresses(server.port()) == std::vector<std::string>{"0100007F"});  // 127.0.0.1
+    CHECK(chorus::testing::listening_addresses(server.port()) == std::vector<std::string>{"0100007F"});  // 127.0.0.1
   }
   {
     TCPStore server("localhost", 0, {.is_server = true, .timeout = 5000ms});
-    CHECK(listening_addresses(server.port()) == std::vector<std::string>{"0100007F"});
+    CHECK(chorus::testing::listening_addresses(server.port()) == std::vector<std::string>{"0100007F"});
     TCPStore client("localhost", server.port(), {.timeout = 5000ms});  // tries ::1, then 127.0.0.1
     client.set("k", "v");
   }
   {
     TCPStore server("0.0.0.0", 0, {.is_server = true, .timeout = 5000ms});
-    CHECK(listening_addresses(server.port()) == std::vector<std::string>{"00000000000000000000000000000000"});  // ::
+    CHECK(chorus::testing::listening_addresses(server.port()) == std::vector<std::string>{"00000000000000000000000000000000"});  // ::
     TCPStore client("127.0.0.1", server.port(), {.timeout = 5000ms});
     client.set("k", "v");
   }
