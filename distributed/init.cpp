@@ -12,6 +12,7 @@
 #include "distributed/gloo.h"
 #include "distributed/gloo_communicator.h"
 #include "distributed/heartbeat.h"
+#include "distributed/job_token.h"
 
 namespace chorus::distributed {
 namespace {
@@ -333,12 +334,20 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
         port = launch.master_port >= 0 ? launch.master_port : env_int("MASTER_PORT");
       }
       if (port <= 0 || port > 65535) fail("init_process_group: master port {} is outside 1..65535", port);
-      store = std::make_shared<TCPStore>(
-          host, port, TCPStoreOptions{.is_server = rank == 0, .num_workers = size, .timeout = options.timeout});
+      // The job token (job_token.h): rank 0's store lets in only the processes that hold it, and
+      // everything the backends exchange to connect (Gloo's addresses, NCCL's unique id) goes
+      // through that store.
+      const std::string token = job_token_from_env();
+      store = std::make_shared<TCPStore>(host, port,
+                                         TCPStoreOptions{.is_server = rank == 0,
+                                                         .num_workers = size,
+                                                         .timeout = options.timeout,
+                                                         .job_token = token});
       // The heartbeat's own connections (heartbeat.h): requests that time out after one interval.
       if (heartbeat) {
-        heartbeat_connect = [host, port, interval = heartbeat->interval] {
-          return std::make_shared<TCPStore>(host, port, TCPStoreOptions{.is_server = false, .timeout = interval});
+        heartbeat_connect = [host, port, token, interval = heartbeat->interval] {
+          return std::make_shared<TCPStore>(
+              host, port, TCPStoreOptions{.is_server = false, .timeout = interval, .job_token = token});
         };
       }
     } else if (method.rfind("file://", 0) == 0) {

@@ -9,7 +9,9 @@
 // ProcessGroupDebug, which checks before each collective that all ranks call the same one. A job of
 // several processes whose TCPStore init_process_group made also gets heartbeats (heartbeat.h): a
 // rank that stops is named within CHORUS_HEARTBEAT_S x CHORUS_HEARTBEAT_MISSES seconds (5 x 3 by
-// default) and the job ends (exit code 75), instead of waiting for a collective's timeout.
+// default) and the job ends (exit code 75), instead of waiting for a collective's timeout. With a
+// job token in the environment (CHORUS_JOB_TOKEN_FILE or CHORUS_JOB_TOKEN, job_token.h; chorusrun
+// sets it), the store lets in only the job's processes (store_auth.h).
 #pragma once
 
 #include <chrono>

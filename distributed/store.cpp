@@ -3,8 +3,10 @@
 // in little-endian. The server is one thread polling all connections; a frame longer than
 // max_frame_bytes or whose arguments overrun it is a protocol error that closes that one connection
 // (a stray or hostile client cannot crash or stall the server). Waiting for keys is done by the
-// client (check, back off, retry) so the server never blocks.
+// client (check, back off, retry) so the server never blocks. With a job token, each connection
+// passes the handshake of store_auth.h before the server reads a request from it.
 #include "distributed/store.h"
+#include "distributed/store_auth.h"
 #include "distributed/store_protocol.h"
 
 #include "distributed/process_group.h"
@@ -22,9 +24,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "tensor/error.h"
@@ -74,6 +78,55 @@ void recv_all(int fd, uint8_t* data, size_t n, Clock::time_point deadline, const
   }
 }
 
+// The loopback address `host` names, when every address it resolves to is a loopback one (an IPv4
+// one preferred: clients try each address of the name in turn); nullopt otherwise, or when it does
+// not resolve (the server then listens on every interface, as it always did).
+std::optional<sockaddr_storage> loopback_address(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return std::nullopt;
+  std::optional<sockaddr_storage> v4, v6;
+  bool all_loopback = res != nullptr;
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    sockaddr_storage a{};
+    std::memcpy(&a, ai->ai_addr, ai->ai_addrlen);
+    if (ai->ai_family == AF_INET) {
+      const bool loop = (ntohl(reinterpret_cast<sockaddr_in*>(&a)->sin_addr.s_addr) >> 24) == 127;
+      all_loopback = all_loopback && loop;
+      if (loop && !v4) v4 = a;
+    } else if (ai->ai_family == AF_INET6) {
+      const bool loop = IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<sockaddr_in6*>(&a)->sin6_addr);
+      all_loopback = all_loopback && loop;
+      if (loop && !v6) v6 = a;
+    } else {
+      all_loopback = false;
+    }
+  }
+  ::freeaddrinfo(res);
+  if (!all_loopback) return std::nullopt;
+  return v4 ? v4 : v6;
+}
+
+// "address:port" of a peer, for the server's log (an IPv4 client of the dual-stack socket as IPv4).
+std::string peer_name(const sockaddr_storage& peer) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (peer.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&peer);
+    ::inet_ntop(AF_INET, &a->sin_addr, text, sizeof(text));
+    port = ntohs(a->sin_port);
+  } else if (peer.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&peer);
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) ::inet_ntop(AF_INET, &a->sin6_addr.s6_addr[12], text, sizeof(text));
+    else ::inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof(text));
+    port = ntohs(a->sin6_port);
+  }
+  if (std::strchr(text, ':') != nullptr) return fmt::format("[{}]:{}", text, port);
+  return fmt::format("{}:{}", text, port);
+}
+
 }  // namespace
 
 void Store::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
@@ -93,15 +146,27 @@ void Store::wait(const std::vector<std::string>& keys, std::chrono::milliseconds
 // ------------------------------------------------------------------------------------ server
 class TCPStore::Server {
  public:
-  Server(int port, uint32_t max_frame) : max_frame_(max_frame) {
-    listen_fd_ = ::socket(AF_INET6, SOCK_STREAM, 0);
+  Server(const std::string& host, int port, uint32_t max_frame, std::string job_token)
+      : max_frame_(max_frame), job_token_(std::move(job_token)) {
+    const std::optional<sockaddr_storage> loopback = loopback_address(host);
+    listen_fd_ = ::socket(loopback ? loopback->ss_family : AF_INET6, SOCK_STREAM, 0);
     bool v6 = listen_fd_ >= 0;
-    if (!v6) listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (!v6 && !loopback) listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
     if (listen_fd_ < 0) fail("TCPStore server: socket() failed: {}", std::strerror(errno));
     int one = 1;
     ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     int rc;
-    if (v6) {
+    if (loopback) {
+      sockaddr_storage addr = *loopback;
+      socklen_t len = sizeof(sockaddr_in);
+      if (addr.ss_family == AF_INET6) {
+        reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port = htons(static_cast<uint16_t>(port));
+        len = sizeof(sockaddr_in6);
+      } else {
+        reinterpret_cast<sockaddr_in*>(&addr)->sin_port = htons(static_cast<uint16_t>(port));
+      }
+      rc = ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), len);
+    } else if (v6) {
       int zero = 0;  // accept IPv4 too
       ::setsockopt(listen_fd_, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
       sockaddr_in6 addr{};
@@ -136,7 +201,7 @@ class TCPStore::Server {
     const char c = 0;
     (void)!::write(wake_[1], &c, 1);
     thread_.join();
-    for (auto& [fd, buf] : clients_) ::close(fd);
+    for (auto& [fd, client] : clients_) ::close(fd);
     ::close(listen_fd_);
     ::close(wake_[0]);
     ::close(wake_[1]);
@@ -145,21 +210,33 @@ class TCPStore::Server {
   int port() const { return port_; }
 
  private:
+  // What the server knows of one connection: the bytes it sent that are not answered yet, and,
+  // with a job token, the handshake it has not finished (null once it has).
+  struct Client {
+    Bytes buffer;
+    std::unique_ptr<store_auth::ServerHandshake> handshake;
+    std::string peer;
+  };
+
   void loop() {
     while (!stop_) {
       std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-      for (auto& [fd, buf] : clients_) fds.push_back({fd, POLLIN, 0});
+      for (auto& [fd, client] : clients_) fds.push_back({fd, POLLIN, 0});
       if (::poll(fds.data(), fds.size(), -1) < 0) {
         if (errno == EINTR) continue;
         return;
       }
       if (fds[1].revents) break;
       if (fds[0].revents & POLLIN) {
-        const int fd = ::accept(listen_fd_, nullptr, nullptr);
+        sockaddr_storage peer{};
+        socklen_t peer_len = sizeof(peer);
+        const int fd = ::accept(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &peer_len);
         if (fd >= 0) {
           int one = 1;
           ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-          clients_[fd] = Bytes();
+          Client& client = clients_[fd];
+          client.peer = peer_name(peer);
+          if (!job_token_.empty()) client.handshake = std::make_unique<store_auth::ServerHandshake>(job_token_);
         }
       }
       for (size_t i = 2; i < fds.size(); ++i) {
@@ -173,15 +250,35 @@ class TCPStore::Server {
   }
 
   // Reads what is available from one client and answers complete frames; false drops the client.
+  // A client still in its handshake reaches nothing else: the table sees only what an
+  // authenticated client sends after it.
   bool serve(int fd) {
     uint8_t chunk[65536];
     const ssize_t k = ::recv(fd, chunk, sizeof(chunk), MSG_DONTWAIT);
     if (k == 0) return false;
     if (k < 0) return errno == EAGAIN || errno == EINTR;
-    Bytes& buf = clients_[fd];
+    Client& client = clients_[fd];
+    Bytes& buf = client.buffer;
     buf.insert(buf.end(), chunk, chunk + k);
     std::vector<Bytes> replies;
-    const bool ok = serve_frames(buf, max_frame_, table_, replies);
+    bool ok = true;
+    if (client.handshake) {
+      std::string why;
+      switch (client.handshake->feed(buf, replies, why)) {
+        case store_auth::ServerHandshake::State::kWaiting:
+          break;
+        case store_auth::ServerHandshake::State::kAccepted:
+          client.handshake.reset();
+          break;
+        case store_auth::ServerHandshake::State::kRefused:
+          // Said on stderr, which chorusrun prefixes with the hosting rank; the job goes on.
+          std::fprintf(stderr, "store: refused a client from %s: %s\n", client.peer.c_str(), why.c_str());
+          std::fflush(stderr);
+          ok = false;
+          break;
+      }
+    }
+    if (ok && !client.handshake) ok = serve_frames(buf, max_frame_, table_, replies);
     for (const Bytes& frame : replies) {
       try {
         send_all(fd, frame.data(), frame.size(), Clock::now() + std::chrono::seconds(30), "TCPStore server");
@@ -193,12 +290,13 @@ class TCPStore::Server {
   }
 
   uint32_t max_frame_;
+  std::string job_token_;
   int listen_fd_ = -1;
   int port_ = 0;
   int wake_[2] = {-1, -1};
   std::atomic<bool> stop_{false};
   std::thread thread_;
-  std::map<int, Bytes> clients_;
+  std::map<int, Client> clients_;
   Table table_;
 };
 
@@ -207,7 +305,7 @@ TCPStore::TCPStore(const std::string& host, int port, TCPStoreOptions options)
     : Store(options.timeout), host_(host), port_(port), options_(options), mutex_(std::make_unique<std::mutex>()) {
   ignore_sigpipe();
   if (options.is_server) {
-    server_ = std::make_unique<Server>(port, options.max_frame_bytes);
+    server_ = std::make_unique<Server>(host, port, options.max_frame_bytes, options.job_token);
     port_ = server_->port();
   }
   // Connect, retrying until the timeout: workers usually start before rank 0's server is up.
@@ -244,6 +342,13 @@ TCPStore::TCPStore(const std::string& host, int port, TCPStoreOptions options)
   }
   int one = 1;
   ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  try {
+    handshake(who);
+  } catch (...) {
+    ::close(fd_);
+    fd_ = -1;
+    throw;
+  }
   if (options.is_server && options.num_workers > 0) {
     // Every process (this one included) checks in; the server waits for all of them.
     add("__chorus_workers", 1);
@@ -262,6 +367,17 @@ TCPStore::TCPStore(const std::string& host, int port, TCPStoreOptions options)
 
 TCPStore::~TCPStore() {
   if (fd_ >= 0) ::close(fd_);
+}
+
+void TCPStore::handshake(const std::string& who) {
+  store_auth::client_handshake(options_.job_token, fmt::format("{}:{}", host_, port_),
+                               [&](uint8_t command, const std::vector<Bytes>& args) {
+                                 try {
+                                   return request(command, args);
+                                 } catch (const Error& e) {
+                                   fail("{}: lost the connection during the job-token handshake: {}", who, e.what());
+                                 }
+                               });
 }
 
 Bytes TCPStore::request(uint8_t command, const std::vector<Bytes>& args) {

@@ -2,6 +2,11 @@
 // NCCL's unique id travel through it). TCPStore: rank 0 hosts a server at MASTER_ADDR:MASTER_PORT
 // and every process (rank 0 included) is a client. FileStore: one shared file, for one machine.
 // PrefixStore: a namespace inside another store (one per process group).
+//
+// A TCPStore with a job token (TCPStoreOptions::job_token; job_token.h says where processes find
+// it) lets in only clients that prove they hold the same token, before reading any request of
+// theirs (store_auth.h); others are refused with a line on the server's stderr, and the server
+// keeps serving the job. Given a loopback MASTER_ADDR, the server listens on loopback only.
 #pragma once
 
 #include <chrono>
@@ -55,11 +60,17 @@ struct TCPStoreOptions {
   std::chrono::milliseconds timeout = kDefaultStoreTimeout;
   // Frames larger than this are rejected (the connection is dropped, the server keeps running).
   uint32_t max_frame_bytes = 256u << 20;
+  // The job's secret (job_token_from_env()). Server: "" lets in anyone who reaches it (as before
+  // the token existed); otherwise only clients with the same token. Client: the token it proves.
+  std::string job_token{};
 };
 
 class TCPStore : public Store {
  public:
-  // Port 0 with is_server picks a free port (see port()).
+  // Port 0 with is_server picks a free port (see port()). The server listens on `host`'s address
+  // when that is a loopback one (127.0.0.1, ::1, localhost: nothing off this machine can reach a
+  // store its clients find there), on every interface otherwise. A store that refuses this
+  // process's token (or lack of one) -> chorus::Error at once, without the connect retries.
   TCPStore(const std::string& host, int port, TCPStoreOptions options = {});
   ~TCPStore() override;
 
@@ -78,6 +89,8 @@ class TCPStore : public Store {
 
  private:
   Bytes request(uint8_t command, const std::vector<Bytes>& args);
+  // The job-token handshake (store_auth.h), right after connecting.
+  void handshake(const std::string& who);
 
   std::string host_;
   int port_;

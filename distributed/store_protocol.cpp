@@ -108,6 +108,10 @@ bool Table::handle(uint8_t command, const std::vector<Bytes>& a, Bytes& reply) {
     case kNumKeys:
       reply = i64_bytes(static_cast<int64_t>(data_.size()));
       return true;
+    case kHello:  // the table is only reached without a token (or after the handshake): an open store
+      if (a.size() > 1) return false;
+      reply.push_back(0);
+      return true;
     default:
       return false;  // unknown command
   }

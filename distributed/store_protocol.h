@@ -15,7 +15,9 @@
 
 namespace chorus::distributed::store_protocol {
 
-enum Command : uint8_t { kSet = 1, kGet, kAdd, kCompareSet, kCheck, kDelete, kNumKeys };
+// kHello and kAuth are the job-token handshake's (store_auth.h); a server without a token answers
+// kHello with [0] ("no token here") and knows no kAuth.
+enum Command : uint8_t { kSet = 1, kGet, kAdd, kCompareSet, kCheck, kDelete, kNumKeys, kHello, kAuth };
 
 void put_u32(Bytes& out, uint32_t v);
 uint32_t get_u32(const uint8_t* p);

@@ -15,6 +15,14 @@
 // store hosted by node 0's chorusrun at --rdzv-port): every round starts only when all nodes have
 // joined it, a failed worker on any node stops the workers of every node, and all restart together
 // with the same CHORUS_RESTART_COUNT.
+//
+// [Job token] Only the job's processes get into its stores (distributed/store_auth.h). The token
+// comes from --job-token-file, CHORUS_JOB_TOKEN_FILE or CHORUS_JOB_TOKEN (one of them; every node
+// of a job needs the same one); a job on one node without any gets a new random one. Workers
+// get CHORUS_JOB_TOKEN_FILE (a path in their environment, not the secret): the given file, or for
+// a generated token a file of this user's only (mode 0600 in a 0700 directory under TMPDIR),
+// removed when chorusrun exits. A job of several nodes without a token runs as before, with a
+// warning: its store lets in whoever reaches it.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -24,6 +32,7 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <filesystem>
 #include <cerrno>
 #include <chrono>
 #include <memory>
@@ -35,6 +44,7 @@
 #include <thread>
 #include <vector>
 
+#include "distributed/job_token.h"
 #include "distributed/store.h"
 #include "utils/cli.h"
 
@@ -104,11 +114,13 @@ bool drain(int& fd, std::string& buf) {
 //           before it closes the store)
 class Rendezvous {
  public:
-  Rendezvous(const std::string& addr, int port, int node, int nnodes, std::chrono::milliseconds timeout)
+  Rendezvous(const std::string& addr, int port, int node, int nnodes, std::chrono::milliseconds timeout,
+             const std::string& job_token)
       : node_(node), nnodes_(nnodes), timeout_(timeout) {
     chorus::distributed::TCPStoreOptions options;
     options.is_server = node == 0;
     options.timeout = timeout;
+    options.job_token = job_token;
     store_ = std::make_unique<chorus::distributed::TCPStore>(addr, port, options);
   }
 
@@ -216,6 +228,33 @@ class FailureWatch {
   std::string what_;
 };
 
+// A generated job token in a file only this user can read: a 0700 directory made by mkdtemp under
+// TMPDIR, the file inside it created with mode 0600. Removed by the destructor (chorusrun's exit;
+// a chorusrun killed with SIGKILL leaves it, readable by its user only).
+class PrivateTokenFile {
+ public:
+  explicit PrivateTokenFile(const std::string& token) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string dir = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/chorusrun-XXXXXX";
+    if (::mkdtemp(dir.data()) == nullptr)
+      throw std::runtime_error("cannot make a directory for the job token (" + dir + "): " + std::strerror(errno));
+    dir_ = dir;
+    path_ = dir_ + "/job_token";
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) throw std::runtime_error("cannot write the job token to " + path_ + ": " + std::strerror(errno));
+    write_all(fd, token + "\n");
+    ::close(fd);
+  }
+  ~PrivateTokenFile() {
+    ::unlink(path_.c_str());
+    ::rmdir(dir_.c_str());
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string dir_, path_;
+};
+
 int code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -251,6 +290,11 @@ int main(int argc, char** argv) {
   app.add_option("--rdzv-timeout,--rdzv_timeout", rdzv_timeout_s,
                  "seconds to wait for every node to join a round (and for their workers to exit)")
       ->check(CLI::PositiveNumber);
+  std::string job_token_file;
+  app.add_option("--job-token-file,--job_token_file", job_token_file,
+                 "file with the job's secret (mode 0600; the same on every node): only processes that hold it get into "
+                 "the job's stores. Alternatives: CHORUS_JOB_TOKEN_FILE, CHORUS_JOB_TOKEN; a job on one node without "
+                 "one gets a random one");
   app.prefix_command();  // everything from the first non-option on is the program and its arguments
   app.footer("Usage: chorusrun [options] program [program arguments...]");
   try {
@@ -266,6 +310,38 @@ int main(int argc, char** argv) {
   }
   if (node_rank >= nnodes) {
     std::fprintf(stderr, "chorusrun: --node-rank %d must be less than --nnodes %d\n", node_rank, nnodes);
+    return 2;
+  }
+  // [Job token] (the top of this file): which secret this job's stores ask for.
+  std::string job_token, token_file_for_workers;
+  std::unique_ptr<PrivateTokenFile> generated_token;
+  try {
+    namespace dist = chorus::distributed;
+    const char* env_file = std::getenv(dist::kJobTokenFileEnv);
+    const char* env_token = std::getenv(dist::kJobTokenEnv);
+    const bool has_env_file = env_file != nullptr && *env_file != '\0', has_env_token = env_token != nullptr && *env_token != '\0';
+    if (!job_token_file.empty() + has_env_file + has_env_token > 1) {
+      std::fprintf(stderr, "chorusrun: the job token is given more than once (%s%s%s): give one\n",
+                   job_token_file.empty() ? "" : "--job-token-file ", has_env_file ? "CHORUS_JOB_TOKEN_FILE " : "",
+                   has_env_token ? "CHORUS_JOB_TOKEN" : "");
+      return 2;
+    }
+    if (!job_token_file.empty() || has_env_file) {
+      const std::string path = !job_token_file.empty() ? job_token_file : env_file;
+      job_token = dist::read_job_token_file(path);
+      token_file_for_workers = std::filesystem::absolute(path).string();
+    } else if (has_env_token) {
+      job_token = dist::job_token_from_env();  // the workers read the same variable
+    } else if (nnodes == 1) {
+      job_token = dist::new_job_token();
+      generated_token = std::make_unique<PrivateTokenFile>(job_token);
+      token_file_for_workers = generated_token->path();
+    } else {
+      std::fprintf(stderr, "chorusrun: no job token (--job-token-file or CHORUS_JOB_TOKEN): this job's store lets in "
+                           "any process that can reach it\n");
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "chorusrun: %s\n", e.what());
     return 2;
   }
   const int world = nproc * nnodes;
@@ -300,7 +376,8 @@ int main(int argc, char** argv) {
     if (rdzv_port < 0) rdzv_port = master_port % 65535 + 1;
     try {
       rdzv = std::make_unique<Rendezvous>(master_addr, rdzv_port, node_rank, nnodes,
-                                          std::chrono::milliseconds(static_cast<int64_t>(rdzv_timeout_s * 1000)));
+                                          std::chrono::milliseconds(static_cast<int64_t>(rdzv_timeout_s * 1000)),
+                                          job_token);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "chorusrun: cannot reach the rendezvous of the %d nodes at %s:%d: %s\n", nnodes,
                    master_addr.c_str(), rdzv_port, e.what());
@@ -369,6 +446,10 @@ int main(int argc, char** argv) {
         ::setenv("MASTER_ADDR", master_addr.c_str(), 1);
         ::setenv("MASTER_PORT", std::to_string(master_port).c_str(), 1);
         ::setenv("CHORUS_RESTART_COUNT", std::to_string(restart).c_str(), 1);
+        if (!token_file_for_workers.empty()) {
+          ::setenv(chorus::distributed::kJobTokenFileEnv, token_file_for_workers.c_str(), 1);
+          ::unsetenv(chorus::distributed::kJobTokenEnv);
+        }
         if (set_threads) ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
         std::vector<char*> args;
         for (std::string& s : command) args.push_back(s.data());

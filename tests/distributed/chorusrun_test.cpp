@@ -1,9 +1,11 @@
 // chorusrun as a user runs it: workers get torchrun's environment, every output line carries its
 // rank, a failing worker stops the others and its exit code becomes chorusrun's, signals reach the
-// workers, the launchers of several nodes restart together, and bad usage is refused.
+// workers, the launchers of several nodes restart together, only the job's processes get into its
+// store (the job token), and bad usage is refused.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,11 +13,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "distributed/store.h"
 #include "tests/distributed/worker_launcher.h"
 
 namespace {
@@ -46,9 +51,10 @@ struct Run {
   double seconds;
 };
 
-Run run(const std::string& args) {
+// `env` ("NAME=VALUE ..."): chorusrun's own environment.
+Run run_env(const std::string& env, const std::string& args) {
   const auto start = std::chrono::steady_clock::now();
-  const std::string cmd = launcher() + " " + args + " 2>&1";
+  const std::string cmd = (env.empty() ? std::string() : "env " + env + " ") + launcher() + " " + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   std::string out;
@@ -58,6 +64,8 @@ Run run(const std::string& args) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
 }
+
+Run run(const std::string& args) { return run_env("", args); }
 
 }  // namespace
 
@@ -247,7 +255,8 @@ struct NodeRun {
   double seconds;
 };
 NodeRun run_nodes(int nodes, const std::string& flags, const std::string& script,
-                  const std::function<void(const std::vector<pid_t>&)>& during = {}) {
+                  const std::function<void(const std::vector<pid_t>&)>& during = {},
+                  const std::function<std::string(int node)>& env_of = {}) {
   const std::string dir = tmpdir();
   const auto start = std::chrono::steady_clock::now();
   std::vector<pid_t> pids;
@@ -258,7 +267,7 @@ NodeRun run_nodes(int nodes, const std::string& flags, const std::string& script
       FILE* f = std::fopen(log.c_str(), "w");
       ::dup2(fileno(f), STDOUT_FILENO);
       ::dup2(fileno(f), STDERR_FILENO);
-      const std::string cmd = "exec " + launcher() + " --nnodes " + std::to_string(nodes) + " --node-rank " +
+      const std::string cmd = "exec " + (env_of ? "env " + env_of(node) + " " : std::string()) + launcher() + " --nnodes " + std::to_string(nodes) + " --node-rank " +
                               std::to_string(node) + " " + flags + " bash -c '" + script + "'";
       ::execl("/bin/bash", "bash", "-c", cmd.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
@@ -507,6 +516,158 @@ TEST_CASE("SIGUSR1 to chorusrun makes every worker write its flight-recorder dum
   CHECK(bad.code == 2);
   CHECK_THAT(bad.output, Catch::Contains("flight recorder dump " + out + ": not JSON") &&
                              Catch::Contains("expected a chorus flight-recorder dump"));
+}
+
+// [Job token] (chorusrun.cpp, distributed/store_auth.h): a job whose store lets in only its own
+// processes. `flags` are chorusrun's; while its 2 workers wait (dist_worker store_guard), `visit`
+// runs with the store's port and the log, then the workers are told to finish.
+struct GuardedJob {
+  int code;
+  std::string output, token_file;
+};
+GuardedJob guarded_job(const std::string& flags, const std::function<void(int port, const std::string& log)>& visit) {
+  const std::string dir = tmpdir() + "/guarded";
+  REQUIRE(std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str()) == 0);
+  const std::string log = dir + "/job.log", go = dir + "/go";
+  const int port = chorus::testing::free_port();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    FILE* f = std::fopen(log.c_str(), "w");
+    ::dup2(fileno(f), STDOUT_FILENO);
+    ::dup2(fileno(f), STDERR_FILENO);
+    const std::string cmd = "exec " + launcher() + " --nproc-per-node 2 --master-port " + std::to_string(port) + " " +
+                            flags + " " + dist_worker() + " store_guard " + go;
+    ::execl("/bin/bash", "bash", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  const bool up = wait_for_text(log, {"store_guard: store up on port"});
+  GuardedJob job;
+  const std::string said = chorus::testing::slurp(log);
+  const size_t at = said.find("token file ");
+  if (at != std::string::npos) job.token_file = said.substr(at + 11, said.find('\n', at) - at - 11);
+  if (up) visit(port, log);
+  std::ofstream(go) << "go\n";
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  job.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  job.output = chorus::testing::slurp(log);
+  INFO(job.output);
+  REQUIRE(up);
+  return job;
+}
+
+// A process that is not the job's knocking at its store: chorus::Error, whose text is returned
+// ("" if it got in).
+std::string knock(int port, const std::string& token) {
+  try {
+    chorus::distributed::TCPStore visitor("127.0.0.1", port, {.timeout = std::chrono::milliseconds(10000), .job_token = token});
+    visitor.set("visitor_was_here", "yes");
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
+unsigned mode_of(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? st.st_mode & 07777 : 0;
+}
+
+TEST_CASE("a one-node job gets a token of its own: its store, on loopback only, refuses other processes while the "
+          "job finishes",
+          "[distributed][chorusrun][job_token]") {
+  std::string no_token, wrong_token;
+  std::vector<std::string> listening;
+  unsigned file_mode = 0, dir_mode = 0;
+  std::string token_file;
+  GuardedJob job = guarded_job("", [&](int port, const std::string& log) {
+    no_token = knock(port, "");
+    wrong_token = knock(port, "a guess");
+    listening = chorus::testing::listening_addresses(port);
+    const std::string said = chorus::testing::slurp(log);
+    const size_t at = said.find("token file ");
+    token_file = said.substr(at + 11, said.find('\n', at) - at - 11);
+    file_mode = mode_of(token_file);
+    dir_mode = mode_of(std::filesystem::path(token_file).parent_path().string());
+  });
+  INFO(job.output);
+  CHECK(job.code == 0);
+  CHECK_THAT(no_token, Catch::Contains("refused this process: wrong or missing job token"));
+  CHECK_THAT(wrong_token, Catch::Contains("refused this process: wrong or missing job token"));
+  CHECK(listening == std::vector<std::string>{"0100007F"});  // 127.0.0.1 only
+  // The workers got a path, to a file only this user can read, gone when chorusrun is.
+  CHECK(file_mode == 0600);
+  CHECK(dir_mode == 0700);
+  CHECK_FALSE(std::filesystem::exists(token_file));
+  CHECK_THAT(job.output, Catch::Contains("[0]: store: refused a client from 127.0.0.1:") &&
+                             Catch::Contains("it has no job token") && Catch::Contains("wrong job token"));
+  CHECK_THAT(job.output, Catch::Contains("[0]: rank 0 finished") && Catch::Contains("[1]: rank 1 finished"));
+}
+
+TEST_CASE("--job-token-file: the job's store lets in the file's holders only; a bad file stops chorusrun before "
+          "any worker, saying what it found",
+          "[distributed][chorusrun][job_token]") {
+  const std::string token = tmpdir() + "/job_token_good";
+  std::filesystem::remove(token);
+  std::ofstream(token) << "the token of this job\n";
+  REQUIRE(::chmod(token.c_str(), 0600) == 0);
+  std::string holder = "not run", stranger;
+  GuardedJob job = guarded_job("--job-token-file " + token, [&](int port, const std::string&) {
+    holder = knock(port, "the token of this job");
+    stranger = knock(port, "the token of another job");
+  });
+  INFO(job.output);
+  CHECK(job.code == 0);
+  CHECK(holder.empty());
+  CHECK_THAT(stranger, Catch::Contains("refused this process"));
+  CHECK(job.token_file == std::filesystem::absolute(token).string());
+  CHECK_THAT(job.output, Catch::Contains("wrong job token") && Catch::Contains("[1]: rank 1 finished"));
+
+  auto refused = [](const std::string& content, mode_t mode, const std::string& name) {
+    const std::string path = tmpdir() + "/" + name;
+    std::filesystem::remove(path);
+    std::ofstream(path) << content;
+    ::chmod(path.c_str(), mode);
+    return path;
+  };
+  const std::string open_file = refused("secret\n", 0644, "job_token_0644");
+  Run r = run("--nproc-per-node 1 --job-token-file " + open_file + " bash -c 'echo started'");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.output, Catch::Contains(open_file) && Catch::Contains("has mode 0644") &&
+                           Catch::Contains("expected mode 0600 or 0400"));
+  CHECK(r.output.find("started") == std::string::npos);
+  const std::string empty = refused("", 0600, "job_token_empty");
+  Run e = run("--nproc-per-node 1 --job-token-file " + empty + " bash -c 'echo started'");
+  CHECK(e.code == 2);
+  CHECK_THAT(e.output, Catch::Contains(empty) && Catch::Contains("is empty (0 bytes)"));
+  Run m = run("--nproc-per-node 1 --job-token-file " + tmpdir() + "/no_such_token bash -c 'echo started'");
+  CHECK(m.code == 2);
+  CHECK_THAT(m.output, Catch::Contains("no_such_token") && Catch::Contains("No such file or directory"));
+  Run twice = run_env("CHORUS_JOB_TOKEN=x", "--nproc-per-node 1 --job-token-file " + token + " true");
+  CHECK(twice.code == 2);
+  CHECK_THAT(twice.output, Catch::Contains("the job token is given more than once"));
+}
+
+TEST_CASE("the launchers of several nodes meet only with the same token", "[distributed][chorusrun][job_token]") {
+  const std::string script = "echo ran $RANK";
+  NodeRun same = run_nodes(2, node_flags(1), script, {}, [](int) { return std::string("CHORUS_JOB_TOKEN=shared-secret"); });
+  INFO("node 0:\n" << same.outputs[0] << "\nnode 1:\n" << same.outputs[1]);
+  CHECK(same.codes == std::vector<int>{0, 0});
+  CHECK(same.outputs[0].find("no job token") == std::string::npos);
+  const std::string quick = "--nproc-per-node 2 --grace-period 2 --rdzv-timeout 3 --max-restarts 1 --rdzv-port " +
+                            std::to_string(chorus::testing::free_port());
+  NodeRun differ = run_nodes(2, quick, script, {},
+                             [](int node) { return "CHORUS_JOB_TOKEN=secret-" + std::to_string(node); });
+  INFO("node 0:\n" << differ.outputs[0] << "\nnode 1:\n" << differ.outputs[1]);
+  CHECK(differ.codes[1] == 1);
+  CHECK_THAT(differ.outputs[1], Catch::Contains("cannot reach the rendezvous") &&
+                                    Catch::Contains("refused this process: wrong or missing job token"));
+  CHECK_THAT(differ.outputs[0], Catch::Contains("store: refused a client from") && Catch::Contains("wrong job token"));
+  CHECK(differ.codes[0] != 0);  // alone: only 1 of 2 nodes joined
+  // Without a token the launchers say what that means.
+  NodeRun none = run_nodes(2, node_flags(1), script);
+  CHECK(none.codes == std::vector<int>{0, 0});
+  CHECK_THAT(none.outputs[0], Catch::Contains("no job token") && Catch::Contains("lets in any process"));
 }
 
 TEST_CASE("chorusrun refuses bad usage", "[distributed][chorusrun]") {

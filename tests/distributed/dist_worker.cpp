@@ -974,6 +974,30 @@ void scenario_flight_signal(const std::shared_ptr<ProcessGroup>& pg) {
   std::printf("rank %d found its dump\n", pg->rank());
 }
 
+// The job token (distributed/store_auth.h): rank 0 says where its store listens and where the
+// token's file is; every rank then waits until the test, having tried to get into that store from
+// outside, creates the file `go`; the allreduce afterwards shows the job went on undisturbed.
+void scenario_store_guard(const std::shared_ptr<ProcessGroup>& pg, const std::string& go) {
+  if (pg->rank() == 0) {
+    const char* file = std::getenv("CHORUS_JOB_TOKEN_FILE");
+    std::printf("store_guard: store up on port %s, token file %s\n", std::getenv("MASTER_PORT"), file ? file : "(none)");
+    std::fflush(stdout);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (::access(go.c_str(), F_OK) != 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      check(false, "the test never said go");
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  Tensor t = ones({4});
+  pg->allreduce({t})->wait();
+  check(t.min().item<float>() == static_cast<float>(pg->size()) && t.max().item<float>() == static_cast<float>(pg->size()),
+        "the allreduce after the visits summed every rank's");
+  std::printf("rank %d finished\n", pg->rank());
+}
+
 // On a device, collectives are asynchronous: a stuck peer's missed allreduce fails on rank 0's
 // communication stream when Gloo's timeout ends it, and the next call into the group raises it
 // (op, sequence number, device, timeout); the compute stream is not left waiting forever.
@@ -1278,6 +1302,7 @@ int main(int argc, char** argv) {
     else if (scenario == "flight_skip") scenario_flight_skip(pg);
     else if (scenario == "flight_mismatch") scenario_flight_mismatch(pg);
     else if (scenario == "flight_signal") scenario_flight_signal(pg);
+    else if (scenario == "store_guard") scenario_store_guard(pg, argv[2]);
     else if (scenario == "debug_mismatch") scenario_debug_mismatch(pg);
     else if (scenario == "new_group") scenario_new_group(pg);
     else if (scenario == "p2p_then_collective") scenario_p2p_then_collective(pg);

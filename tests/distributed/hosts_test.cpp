@@ -1,6 +1,6 @@
 // Several hosts for real, as network namespaces, each running chorusrun with --nnodes N (one process
 // per "host"), the MNIST example over TCP between them.
-// - Two hosts joined by a veth pair: the result must equal the 2-process single-host run bit for bit
+// - Two hosts joined by a veth pair, with a job token: the result must equal the 2-process single-host run bit for bit
 //   (the final checkpoint), and when the link goes down mid-training every process must exit with an
 //   error within the configured timeout (CHORUS_TIMEOUT_S), none hang.
 // - Four hosts on a bridge, with --max-restarts: one host's worker is killed with SIGKILL
@@ -122,10 +122,20 @@ std::string mnist_flags(const std::string& ckpt_dir, int epochs) {
          " --batch-size 256 --threads 1 --workers 0 --log-every 0.5 --checkpoint-dir " + ckpt_dir;
 }
 
-// A failed rendezvous or a hang ends within a minute (the default timeout is 5).
-std::string chorusrun_node(const std::string& master, int port, int node, int timeout_s = 60) {
+// A failed rendezvous or a hang ends within a minute (the default timeout is 5). Both nodes prove
+// the job token in `token_file` to the store (docs/reliability.md, "Job token").
+std::string chorusrun_node(const std::string& master, int port, int node, const std::string& token_file,
+                           int timeout_s = 60) {
   return "env CHORUS_TIMEOUT_S=" + std::to_string(timeout_s) + " " + runfile("distributed/launcher/chorusrun") + " --nnodes 2 --nproc-per-node 1 --node-rank " +
-         std::to_string(node) + " --master-addr " + master + " --master-port " + std::to_string(port) + " ";
+         std::to_string(node) + " --master-addr " + master + " --master-port " + std::to_string(port) +
+         " --job-token-file " + token_file + " ";
+}
+
+// A job token only its owner may read, as on a real cluster (each host would hold a copy).
+std::string make_token_file(const std::string& dir) {
+  const std::string path = dir + "/job_token";
+  run_command("rm -f " + path + " && (umask 077; head -c 32 /dev/urandom | base64 > " + path + ")");
+  return path;
 }
 
 }  // namespace
@@ -138,6 +148,7 @@ TEST_CASE("two hosts over a veth pair train MNIST to the same parameters as one 
   const std::string tmp = scratch_root();
   const std::string one = tmp + "/one_host", two = tmp + "/two_hosts", cut = tmp + "/cut";
   run_command("rm -rf " + one + " " + two + " " + cut + " && mkdir -p " + one + " " + two + " " + cut);
+  const std::string token = make_token_file(tmp);
 
   // One host, 2 processes.
   const auto single = run_command("env CHORUS_TIMEOUT_S=60 " + runfile("distributed/launcher/chorusrun") +
@@ -148,24 +159,27 @@ TEST_CASE("two hosts over a veth pair train MNIST to the same parameters as one 
 
   // Two hosts, 1 process each, rendezvous at host 0's address.
   const int port = free_port();
-  const std::string both = "(" + hosts.in(0, chorusrun_node(hosts.addr[0], port, 0) + mnist_flags(two, 1)) + " > " + tmp +
+  const std::string both = "(" + hosts.in(0, chorusrun_node(hosts.addr[0], port, 0, token) + mnist_flags(two, 1)) + " > " + tmp +
                            "/h0.log 2>&1; echo $? > " + tmp + "/h0.rc) & (" +
-                           hosts.in(1, chorusrun_node(hosts.addr[0], port, 1) + mnist_flags(two, 1)) + " > " + tmp +
+                           hosts.in(1, chorusrun_node(hosts.addr[0], port, 1, token) + mnist_flags(two, 1)) + " > " + tmp +
                            "/h1.log 2>&1; echo $? > " + tmp + "/h1.rc); wait";
   run_command(both);
   INFO("host 0:\n" << read_file(tmp + "/h0.log") << "\nhost 1:\n" << read_file(tmp + "/h1.log"));
   REQUIRE(read_file(tmp + "/h0.rc") == "0\n");
   REQUIRE(read_file(tmp + "/h1.rc") == "0\n");
   REQUIRE(read_file(tmp + "/h0.log").find("world size 2") != std::string::npos);
+  // With the token: no warning that the store lets anyone in, nobody refused.
+  CHECK(read_file(tmp + "/h0.log").find("no job token") == std::string::npos);
+  CHECK(read_file(tmp + "/h0.log").find("store: refused") == std::string::npos);
   const std::string a = read_file(one + "/checkpoint.safetensors"), b = read_file(two + "/checkpoint.safetensors");
   REQUIRE(a.size() > 100000);
   REQUIRE(a == b);  // same parameters, optimizer state and metadata, bit for bit
 
   // The link goes down mid-training: both sides fail within the timeout (5 s) plus shutdown.
   const int port2 = free_port();
-  const std::string start = "(" + hosts.in(0, chorusrun_node(hosts.addr[0], port2, 0, 5) + mnist_flags(cut, 20)) +
+  const std::string start = "(" + hosts.in(0, chorusrun_node(hosts.addr[0], port2, 0, token, 5) + mnist_flags(cut, 20)) +
                             " > " + tmp + "/c0.log 2>&1; echo $? > " + tmp + "/c0.rc) & (" +
-                            hosts.in(1, chorusrun_node(hosts.addr[0], port2, 1, 5) + mnist_flags(cut, 20)) + " > " +
+                            hosts.in(1, chorusrun_node(hosts.addr[0], port2, 1, token, 5) + mnist_flags(cut, 20)) + " > " +
                             tmp + "/c1.log 2>&1; echo $? > " + tmp + "/c1.rc) & wait";
   std::thread job([&] { run_command(start); });
   // Wait for training to be under way (a progress line), then take the link down.

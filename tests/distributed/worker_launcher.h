@@ -219,4 +219,25 @@ inline void require_all_ok(const Result& r) {
   }
 }
 
+// The addresses (hex, as /proc/net/tcp{,6} write them) of the sockets listening on `port`.
+inline std::vector<std::string> listening_addresses(int port) {
+  std::vector<std::string> out;
+  char port_hex[8];
+  std::snprintf(port_hex, sizeof(port_hex), "%04X", port);
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state;
+      fields >> slot >> local >> remote >> state;
+      const size_t colon = local.find(':');
+      if (state == "0A" && colon != std::string::npos && local.substr(colon + 1) == port_hex)
+        out.push_back(local.substr(0, colon));
+    }
+  }
+  return out;
+}
+
 }  // namespace chorus::testing
