@@ -313,6 +313,8 @@ int main(int argc, char** argv) {
     job.log(nlohmann::json{{"summary", summary}}.dump());
     job.finish();
     return 0;
+  } catch (const examples::TrainingDiverged&) {
+    return examples::kDivergedExitCode;  // rank 0 said why; the last good checkpoint is untouched
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bert: error: %s\n", e.what());
     return 1;

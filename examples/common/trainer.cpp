@@ -30,6 +30,7 @@ void add_common_options(CLI::App& app, CommonFlags& f, const std::string& data_h
                  "pipeline-checkpoint.json; with --sharding shard_grad_op|full_shard, a file per rank and "
                  "fsdp-checkpoint.json)");
   add_resume_option(app, f.resume);
+  add_max_loss_growth_option(app, f.max_loss_growth);
   app.add_option("--trace", f.trace, "write a Chrome trace of one DDP iteration (this run's third step) to this file");
   app.add_option("--log-every", f.log_every_s, "seconds between progress lines");
   app.add_option("--tensorboard", f.tensorboard,
@@ -180,13 +181,16 @@ int64_t Trainer::start(optim::Optimizer& optimizer, optim::LRScheduler* schedule
   resumed_ = should_resume(o_.flags.resume, checkpoint_path_);
   int64_t step = 0;
   if (resumed_) {
+    nn::Checkpoint c;
     if (stage_) {
-      step = stage_->load_checkpoint(o_.flags.checkpoint_dir, optimizer, scheduler, o_.identity).step;
+      c = stage_->load_checkpoint(o_.flags.checkpoint_dir, optimizer, scheduler, o_.identity);
     } else if (fsdp_) {  // any world size: the shards are cut again when it differs
-      step = fsdp_->load_checkpoint(o_.flags.checkpoint_dir, optimizer, scheduler, o_.identity).step;
+      c = fsdp_->load_checkpoint(o_.flags.checkpoint_dir, optimizer, scheduler, o_.identity);
     } else {
-      step = load_checkpoint(checkpoint_path_, *model_, optimizer, *scheduler, o_.identity, amp_->scaler()).step;
+      c = load_checkpoint(checkpoint_path_, *model_, optimizer, *scheduler, o_.identity, amp_->scaler());
     }
+    step = c.step;
+    guard_.resumed(c.extra, step, checkpoint_path_);
     job_.log(fmt::format("resumed from {} at step {}", checkpoint_path_, step));
   }
   if (model_ && !checkpoint_path_.empty() && job_.rank == 0) std::filesystem::create_directories(o_.flags.checkpoint_dir);
@@ -208,6 +212,7 @@ double Trainer::step(const std::vector<Lists>& micro_batches) {
   const double lr = optimizer_->param_groups().empty() ? 0.0 : optimizer_->param_groups().front().lr();
   double loss_value = 0;
   std::optional<double> grad_norm;  // before clipping, when the step clips
+  bool applied = true;              // false: --amp fp16's scaler skipped the step (overflow)
   if (stage_) {
     if (n != 1) fail("{}: a pipelined step takes one global batch, got {} micro-batches", o_.program, n);
     // Forward, backward, the replicas' and tied gradients' sums, clipping and the step.
@@ -238,7 +243,7 @@ double Trainer::step(const std::vector<Lists>& micro_batches) {
       if (fsdp_) grad_norm = fsdp_->clip_grad_norm_(o_.max_grad_norm);  // the whole model's norm over the shards
       else grad_norm = optim::clip_grad_norm_(model_->parameters(), o_.max_grad_norm);
     }
-    amp_->step(*optimizer_);
+    applied = amp_->step(*optimizer_);
     if (job_.group && job_.world > 1) {  // the global batch's mean, as a pipeline reports it (not rank 0's share alone)
       Tensor t = tensor<double>({loss_value});
       job_.group->allreduce({t})->wait();
@@ -247,6 +252,7 @@ double Trainer::step(const std::vector<Lists>& micro_batches) {
   }
   if (++steps_run_ == 3) write_trace(ddp_.get(), o_.flags.trace, job_);
   ++global_step_;
+  guard_.observe(global_step_, loss_value, applied);
   if (tensorboard_.enabled()) {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     tensorboard_.scalar("train/loss", loss_value, global_step_);
@@ -271,8 +277,11 @@ std::optional<double> Trainer::feed(Lists micro_batch) {
 void Trainer::save(int64_t epochs_done, int64_t step, const nn::Metadata& extra) {
   if (checkpoint_path_.empty()) return;
   if (optimizer_ == nullptr) fail("{}: Trainer::save before Trainer::start (which takes the optimizer)", o_.program);
+  // Every rank, before any writes: a diverged model must not replace the last good checkpoint.
+  guard_.check(step, checkpoint_path_, job_.group.get());
   nn::Metadata all = o_.identity;
   all["amp"] = o_.flags.amp;
+  for (const auto& [key, value] : guard_.metadata()) all[key] = value;
   for (const auto& [key, value] : extra) all[key] = value;
   if (stage_) {  // every rank takes part; each stage's first replica writes its file
     stage_->save_checkpoint(o_.flags.checkpoint_dir, *optimizer_, scheduler_, epochs_done, step, all);

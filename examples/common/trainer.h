@@ -43,6 +43,7 @@
 #include "distributed/powersgd.h"
 #include "distributed/zero_redundancy_optimizer.h"
 #include "examples/common/example_util.h"
+#include "examples/common/loss_guard.h"
 #include "examples/common/pipeline_flags.h"
 #include "examples/common/tensorboard_log.h"
 
@@ -63,6 +64,7 @@ struct CommonFlags {
   int64_t powersgd_start = 10;      // iterations of plain allreduce first
   bool hierarchical = false;        // DDP's sums inside each node, then across (distributed/hierarchical.h)
   std::string tensorboard;          // --tensorboard DIR: TensorBoard event files (tensorboard_log.h)
+  double max_loss_growth = 10;      // the divergence check before each save (loss_guard.h; 0: off)
   PipelineFlags pipeline;
 
   // --data-dir's value or the default folder.
@@ -129,7 +131,10 @@ class Trainer {
   // blocks only); data parallel, DDP wraps it when there are several processes.
   template <class Model>
   Trainer(TrainerOptions o, Job& job, std::shared_ptr<Model>& model, Task task)
-      : o_(std::move(o)), job_(job), tensorboard_(o_.flags.tensorboard, job) {
+      : o_(std::move(o)),
+        job_(job),
+        guard_({.program = o_.program, .max_loss_growth = o_.flags.max_loss_growth, .rank = job.rank}),
+        tensorboard_(o_.flags.tensorboard, job) {
     if (o_.flags.pipeline.enabled()) {
       make_stage(model->pipeline_blocks());
       model.reset();
@@ -192,7 +197,10 @@ class Trainer {
   // elsewhere); sharded, gathered on every rank. Every rank calls it.
   nn::NamedTensors whole_state_dict();
 
-  // Writes a checkpoint (every rank calls it; nothing without --checkpoint-dir), logged.
+  // Writes a checkpoint (every rank calls it; nothing without --checkpoint-dir), logged. First the
+  // divergence check (loss_guard.h) over the steps since the last save: when their loss went
+  // non-finite or grew past --max-loss-growth, nothing is written and every rank throws
+  // TrainingDiverged (the example exits with kDivergedExitCode).
   void save(int64_t epochs_done, int64_t step, const nn::Metadata& extra = {});
 
   // Sums over the first `limit` examples of `dataset` (0: all) of the `width` values `stats`
@@ -222,6 +230,7 @@ class Trainer {
 
   TrainerOptions o_;
   Job& job_;
+  LossGuard guard_;  // the losses since the last save, checked before the next
   Task task_;
   std::shared_ptr<nn::Module> model_;  // data parallel
   std::shared_ptr<distributed::DistributedDataParallel> ddp_;

@@ -18,6 +18,7 @@
 #include "distributed/ddp.h"
 #include "distributed/init.h"
 #include "examples/common/example_util.h"
+#include "examples/common/loss_guard.h"
 #include "examples/common/tensorboard_log.h"
 #include "nn/nn.h"
 #include "nn/serialize.h"
@@ -51,6 +52,7 @@ struct Flags {
   std::string device = "auto";
   std::string amp = "none";  // none, bf16, fp16
   int64_t max_steps = 0;     // stop after this many steps (0: all epochs)
+  double max_loss_growth = 10;  // the divergence check before each save (loss_guard.h; 0: off)
 };
 
 std::shared_ptr<nn::Sequential> make_model(const std::string& kind) {
@@ -109,6 +111,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", f.seed, "seed of initialization and shuffling");
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "write checkpoint.safetensors here after each epoch");
   examples::add_resume_option(app, f.resume);
+  examples::add_max_loss_growth_option(app, f.max_loss_growth);
   app.add_option("--checkpoint-every", f.checkpoint_every,
                  "also checkpoint every this many steps inside an epoch (resume continues at that step exactly)")
       ->check(CLI::NonNegativeNumber);
@@ -171,6 +174,7 @@ int main(int argc, char** argv) {
     optim::WarmupDecayLR sched(*opt, std::min<int64_t>(100, total_steps / 10), total_steps,
                                optim::WarmupDecayLR::Decay::Cosine);
 
+    examples::LossGuard guard({.program = "mnist", .max_loss_growth = f.max_loss_growth, .rank = rank});
     int start_epoch = 0;
     int64_t step = 0, skip_in_epoch = 0;
     const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
@@ -178,6 +182,7 @@ int main(int argc, char** argv) {
       nn::Checkpoint c = examples::load_checkpoint(ckpt_path, *net, *opt, sched, {{"dataset", f.dataset}, {"model", f.model}});
       start_epoch = static_cast<int>(c.epoch);
       step = c.step;
+      guard.resumed(c.extra, step, ckpt_path);
       // A mid-epoch checkpoint (--checkpoint-every): that epoch again, its first steps skipped (the
       // sampler's order depends only on the seed and the epoch, so the same batches follow).
       if (c.extra.count("step_in_epoch")) skip_in_epoch = nn::metadata_int(c.extra, "step_in_epoch", ckpt_path);
@@ -220,11 +225,12 @@ int main(int argc, char** argv) {
           loss = F::cross_entropy(logits, target);
         }
         amp.backward(loss);
-        amp.step(*opt);
+        const bool applied = amp.step(*opt);  // false: --amp fp16 skipped the step
         sched.step();
         ++step;
         ++in_epoch;
         last_loss = loss.item<float>();
+        guard.observe(step, last_loss, applied);  // this rank's share; check() combines the ranks
         if (first_loss < 0) first_loss = last_loss;
         epoch_loss_sum += last_loss;
         ++epoch_loss_n;
@@ -250,10 +256,14 @@ int main(int argc, char** argv) {
           traced = true;
         }
         if (f.checkpoint_every > 0 && in_epoch % f.checkpoint_every == 0 && in_epoch < steps_per_epoch &&
-            !ckpt_path.empty() && rank == 0) {
-          examples::save_checkpoint(ckpt_path, *net, *opt, sched, epoch, step,
-                                    {{"dataset", f.dataset}, {"model", f.model}, {"step_in_epoch", std::to_string(in_epoch)}});
-          log(fmt::format("saved {} at epoch {} step {}", ckpt_path, epoch + 1, in_epoch));
+            !ckpt_path.empty()) {
+          guard.check(step, ckpt_path, group.get());  // every rank: all stop or none does
+          if (rank == 0) {
+            nn::Metadata extra = guard.metadata();
+            extra.insert({{"dataset", f.dataset}, {"model", f.model}, {"step_in_epoch", std::to_string(in_epoch)}});
+            examples::save_checkpoint(ckpt_path, *net, *opt, sched, epoch, step, extra);
+            log(fmt::format("saved {} at epoch {} step {}", ckpt_path, epoch + 1, in_epoch));
+          }
         }
         const auto now = Clock::now();
         if (std::chrono::duration<double>(now - t_log).count() >= f.log_every_s || in_epoch == steps_per_epoch) {
@@ -273,9 +283,14 @@ int main(int argc, char** argv) {
                       epoch_loss_sum / std::max<int64_t>(epoch_loss_n, 1), 100.0 * test_correct / test_count,
                       test_correct, test_count));
       tensorboard.scalar("test/accuracy", static_cast<double>(test_correct) / std::max<int64_t>(test_count, 1), step);
-      if (!ckpt_path.empty() && rank == 0) {
-        examples::save_checkpoint(ckpt_path, *net, *opt, sched, epoch + 1, step, {{"dataset", f.dataset}, {"model", f.model}});
-        log(fmt::format("saved {}", ckpt_path));
+      if (!ckpt_path.empty()) {
+        guard.check(step, ckpt_path, group.get());  // every rank: all stop or none does
+        if (rank == 0) {
+          nn::Metadata extra = guard.metadata();
+          extra.insert({{"dataset", f.dataset}, {"model", f.model}});
+          examples::save_checkpoint(ckpt_path, *net, *opt, sched, epoch + 1, step, extra);
+          log(fmt::format("saved {}", ckpt_path));
+        }
       }
     }
     const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
@@ -302,6 +317,8 @@ int main(int argc, char** argv) {
     log(nlohmann::json{{"summary", summary}}.dump());
     job.finish();
     return 0;
+  } catch (const examples::TrainingDiverged&) {
+    return examples::kDivergedExitCode;  // rank 0 said why; the last good checkpoint is untouched
   } catch (const std::exception& e) {
     std::fprintf(stderr, "mnist: error: %s\n", e.what());
     return 1;
