@@ -1,7 +1,8 @@
 // Heartbeats: a rank whose process stops (SIGSTOP, a frozen machine or container, a lost network) is
 // noticed within seconds and named, instead of surfacing as the next collective's timeout minutes
 // later. A process whose main thread alone is stuck (a deadlock in user code, a hung device call)
-// still beats from this thread: the collective's timeout remains what ends that.
+// still beats from this thread: the collective's timeout remains what ends that, and the flight
+// recorder's desync report (flight_recorder.h, answered from this thread) names the rank then.
 //
 // init_process_group starts one for every multi-process job whose TCPStore it made (env:// and
 // tcp://). Each rank runs one thread with its own connection to the job's store. Every `interval` it

@@ -7,9 +7,21 @@
 # whether the two runs end with the same checkpoint, byte for byte.
 #
 #   bash tools/soak.sh [EPOCHS, default 22]        (about 4 minutes per run on 2 cores)
+#
+# With --load (issue 35 item 5) it runs one job instead: world size 8 on sim devices (the stream-order
+# sanitizer on, as it is for sim by default), global batch 512, STEPS steps (default 2,000), and
+# reports the same growth figures for the 8 workers.
+#
+#   bash tools/soak.sh --load [STEPS, default 2000]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-epochs="${1:-22}"
+load=0
+if [[ "${1:-}" == "--load" ]]; then
+  load=1
+  shift
+fi
+epochs="${1:-22}"  # with --load: steps
+((load)) && epochs="${1:-2000}"
 bazel build -c opt //examples/mnist //distributed/launcher:chorusrun >/dev/null 2>&1
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -38,8 +50,14 @@ run() {
   local name="$1" kill_epoch="${2:-}" dir="$work/$1" start end
   mkdir -p "$dir"
   start=$(date +%s)
-  bazel-bin/distributed/launcher/chorusrun --max-restarts 1 --nproc-per-node 2 \
-    bazel-bin/examples/mnist/mnist "${flags[@]}" --checkpoint-dir "$dir" >"$dir/log" 2>&1 &
+  if ((load)); then
+    CHORUS_STREAM_SANITIZER=1 bazel-bin/distributed/launcher/chorusrun --nproc-per-node 8 \
+      bazel-bin/examples/mnist/mnist --model mlp --device sim --batch-size 512 --epochs 1000 --max-steps "$epochs" \
+      --threads 1 --workers 0 --log-every 30 --checkpoint-every 500 --checkpoint-dir "$dir" >"$dir/log" 2>&1 &
+  else
+    bazel-bin/distributed/launcher/chorusrun --max-restarts 1 --nproc-per-node 2 \
+      bazel-bin/examples/mnist/mnist "${flags[@]}" --checkpoint-dir "$dir" >"$dir/log" 2>&1 &
+  fi
   local launcher=$!
   sample "$launcher" "$dir/samples" &
   local sampler=$!
@@ -70,6 +88,11 @@ run() {
 }
 
 status=0
+if ((load)); then
+  run load || status=1
+  grep -h "step\|error\|sanitizer" "$work/load/log" | tail -n 3 | sed 's/^/soak:   /'
+  exit $status
+fi
 run uninterrupted || status=1
 run killed $((epochs / 2)) || status=1
 if cmp -s "$work/uninterrupted/checkpoint.safetensors" "$work/killed/checkpoint.safetensors"; then
