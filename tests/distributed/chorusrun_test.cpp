@@ -421,17 +421,23 @@ Run flight_table(const std::string& files) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, 0};
 }
 
+// 3 ranks of dist_worker `scenario`, their dumps under `prefix`. The timeout (6 s) is also the
+// rendezvous': room for sanitizer builds of 3 workers starting on 2 cores.
+Run flight_job(const std::string& scenario, const std::string& prefix) {
+  return run("--nproc-per-node 3 env CHORUS_TIMEOUT_S=6 CHORUS_HEARTBEAT_S=1 CHORUS_FLIGHT_RECORDER_FILE=" + prefix + " " +
+             dist_worker() + " " + scenario);
+}
+
 TEST_CASE("a rank that skipped a collective is named in the timeout's desync report", "[distributed][chorusrun][flight]") {
   const std::string prefix = tmp_prefix("skip_rank_");
-  Run r = run("--nproc-per-node 3 env CHORUS_TIMEOUT_S=3 CHORUS_HEARTBEAT_S=1 CHORUS_FLIGHT_RECORDER_FILE=" + prefix + " " +
-              dist_worker() + " flight_skip");
+  Run r = flight_job("flight_skip", prefix);
   INFO(r.output);
   CHECK(r.code == 1);
   CHECK_THAT(r.output, Catch::Contains("rank 1 waits outside any collective"));
   for (int rank : {0, 2}) {
     const std::string p = "[" + std::to_string(rank) + "]: ";
     CHECK_THAT(r.output, Catch::Contains(p + "rank " + std::to_string(rank) + ": collective failed: ProcessGroupGloo "
-                                             "allreduce(sum) (sequence number 2"));
+                                             "allreduce(sum) (sequence number 2, rank " + std::to_string(rank) + " of 3, timeout 6000 ms)"));
     CHECK_THAT(r.output, Catch::Contains("desync report (flight recorder) for collective #2 of group default_pg, "
                                          "allreduce(sum) float32[4] on this rank (rank " + std::to_string(rank) +
                                          "): rank(s) 1 never entered it"));
@@ -451,8 +457,7 @@ TEST_CASE("a rank that skipped a collective is named in the timeout's desync rep
 
 TEST_CASE("a rank that issued a different collective is named on every rank", "[distributed][chorusrun][flight]") {
   const std::string prefix = tmp_prefix("mismatch_rank_");
-  Run r = run("--nproc-per-node 3 env CHORUS_TIMEOUT_S=3 CHORUS_HEARTBEAT_S=1 CHORUS_FLIGHT_RECORDER_FILE=" + prefix + " " +
-              dist_worker() + " flight_mismatch");
+  Run r = flight_job("flight_mismatch", prefix);
   INFO(r.output);
   CHECK(r.code == 1);
   // Every rank timed out, and each report names the other side's collective.
