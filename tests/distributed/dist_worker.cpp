@@ -1084,13 +1084,15 @@ void scenario_stream_fault(const std::shared_ptr<ProcessGroup>& pg, int faulty, 
   if (pg->rank() == faulty && first_round) {
     if (where == "compute") {
       fault::fail_next_stream_task(current_stream(sim));
-      t.mul_(2.0);  // the failing kernel
       const auto start = std::chrono::steady_clock::now();
       try {
+        // The failing task (the scalar's copy or the kernel); the launch after it may already meet
+        // the failed device, else the synchronization does.
+        t.mul_(2.0);
         (void)t.sum().item<double>();
         check(false, "the compute side's next synchronization raised the device's error");
       } catch (const Error& e) {
-        std::printf("rank %d: the compute side's synchronization raised: %s\n", pg->rank(), e.what());
+        std::printf("rank %d: the compute side's next call raised: %s\n", pg->rank(), e.what());
         const std::string m = e.what();
         check(m.find("injected stream failure") != std::string::npos && m.find("sticky") != std::string::npos,
               "the error names the injected failure and that it is sticky: " + m);
