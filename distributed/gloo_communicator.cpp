@@ -99,9 +99,15 @@ class GlooStreamCommunicator::PinnedPool {
 // which lets it go in release_staging. Freeing device memory may record events, and on this thread
 // that could deadlock (seen on sim with its driver lock under load: the worker's free waited for
 // the lock of the main thread's blocking copy, whose stream waited for the worker's next `done`).
+//
+// A stream that never gets to its `ready` write (its device failed: CUDA's sticky error, sim's
+// injected stream failure) must not hold the worker forever: the watchdog then aborts the
+// communicator, and the worker stops polling and runs the job, which, aborted, only notes the
+// error on its works and counts itself issued (so wait_until_issued returns). Destroying the
+// communicator stops the polling too.
 class GlooStreamCommunicator::LaneWorker {
  public:
-  explicit LaneWorker(Block flags) : flags_(flags), thread_([this] { loop(); }) {}
+  LaneWorker(Block flags, std::shared_ptr<State> state) : flags_(flags), state_(std::move(state)), thread_([this] { loop(); }) {}
   ~LaneWorker() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -145,9 +151,25 @@ class GlooStreamCommunicator::LaneWorker {
       // The stream reaches its `ready` write after the caller's work and the copies: poll for it
       // (spinning briefly, then sleeping 20 us at a time).
       std::atomic_ref<uint32_t> ready(*ready_word());
+      bool stopped = false;
       for (int spins = 0; static_cast<int32_t>(ready.load(std::memory_order_acquire) - job.sequence) < 0; ++spins) {
-        if (spins < 256) std::this_thread::yield();
-        else std::this_thread::sleep_for(std::chrono::microseconds(20));
+        if (spins < 256) {
+          std::this_thread::yield();
+          continue;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+        if (spins % 256 != 0) continue;  // every ~5 ms: has the group given up on this stream?
+        if (aborted()) break;
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stop_) {
+          stopped = true;
+          break;
+        }
+      }
+      if (stopped) {  // the communicator is going away: hand the job back unrun (it owns device tensors)
+        std::lock_guard<std::mutex> lock(mutex_);
+        finished_.push_back(std::move(job.run));
+        return;
       }
       job.run();
       {
@@ -157,7 +179,12 @@ class GlooStreamCommunicator::LaneWorker {
       std::atomic_ref<uint32_t>(*done_word()).store(job.sequence, std::memory_order_release);
     }
   }
+  bool aborted() {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    return !state_->aborted.empty();
+  }
   const Block flags_;
+  const std::shared_ptr<State> state_;
   uint32_t sequence_ = 0;
   std::mutex mutex_;
   std::condition_variable cv_;
@@ -219,7 +246,7 @@ GlooStreamCommunicator::LaneWorker& GlooStreamCommunicator::worker_for(const Str
     if (s == stream) return *w;
   Block flags = pool.take(64);  // its two flag words, alone on a cache line
   std::memset(flags.ptr, 0, flags.size);
-  workers_.emplace_back(stream, std::make_unique<LaneWorker>(flags));
+  workers_.emplace_back(stream, std::make_unique<LaneWorker>(flags, state_));
   return *workers_.back().second;
 }
 

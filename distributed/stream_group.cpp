@@ -2,6 +2,7 @@
 #include "distributed/stream_group.h"
 
 #include <atomic>
+#include <cstdio>
 #include <optional>
 
 #include "distributed/gloo.h"
@@ -185,7 +186,18 @@ void StreamOrderedGroup::watch() {
     std::vector<std::pair<InFlight, std::string>> failed;
     const auto now = std::chrono::steady_clock::now();
     for (InFlight& f : in_flight_) {
-      if (f.work->end_event().query()) {
+      // A device error (CUDA's sticky errors after a kernel fault; sim's injected stream failure)
+      // makes the query itself fail: the collective will never finish, whatever the peers do.
+      std::optional<std::string> device_error;
+      bool passed = false;
+      try {
+        passed = f.work->end_event().query();
+      } catch (const std::exception& e) {
+        device_error = fmt::format("the device reported an error: {}", e.what());
+      }
+      if (device_error) {
+        failed.emplace_back(f, *device_error);
+      } else if (passed) {
         done.push_back(f);
       } else if (now - f.issued > timeout_) {
         failed.emplace_back(f, fmt::format("timed out after {} ms", timeout_.count()));
@@ -217,10 +229,17 @@ void StreamOrderedGroup::watch() {
     }
     for (auto& [f, why] : failed) {
       const std::string message = fmt::format("{} failed on the communication stream: {}", f.work->description(), why);
+      bool first = false;
       {
         std::lock_guard<std::mutex> guard(mutex_);
-        if (failure_.empty()) failure_ = message;
+        if (failure_.empty()) {
+          failure_ = message;
+          first = true;
+        }
       }
+      // Said at once, as PyTorch's watchdog logs it: the caller's thread may be busy (or stuck in a
+      // device call) long before it calls into the group again and sees the error.
+      if (first) std::fprintf(stderr, "[rank %d] watchdog: %s; aborting the communicator\n", rank_, message.c_str());
       f.communicator->abort(message);
       f.work->finish({}, std::make_exception_ptr(Error(message)));
     }

@@ -159,13 +159,35 @@ void* CachingAllocator::allocate_slow(DeviceState& st, size_t size, size_t nbyte
   if (block != nullptr) return hand_out(st, block, size, nbytes);
 
   ++st.stats.num_ooms;
+  fail("{}", out_of_memory_message(st, device, nbytes, size));
+}
+
+// PyTorch's parts (tried to allocate; total capacity and free; allocated by tensors; reserved by
+// the allocator and how much of that is cached but unallocated), plus the largest cached free
+// block, which says whether fragmentation is the problem: after the retry above, what is still
+// cached lies in segments that also hold live tensors, so it cannot go back to the device. Then
+// what the user can do about it (the examples' flags).
+std::string CachingAllocator::out_of_memory_message(DeviceState& st, Device device, size_t nbytes, size_t size) {
   const size_t total = runtime_.total_memory(device.index);
   const size_t reserved = st.stats.reserved_bytes;
+  const size_t allocated = st.stats.allocated_bytes;
   const size_t free = total > reserved ? total - reserved : 0;
-  fail("{} out of memory: tried to allocate {} ({} bytes); {} allocated by tensors, {} reserved by chorus, {} free of "
-       "{} total (free memory less than the {} segment needed, or taken by others)",
-       device.str(), format_size(nbytes), nbytes, format_size(st.stats.allocated_bytes), format_size(reserved),
-       format_size(free), format_size(total), format_size(segment_size(size)));
+  const size_t cached = reserved > allocated ? reserved - allocated : 0;
+  size_t largest = 0;
+  for (BlockPool* pool : {&st.small, &st.large})
+    for (const Block* b : pool->blocks) largest = std::max(largest, b->size);
+  return fmt::format(
+      "{} out of memory: tried to allocate {} ({} bytes); {} allocated by tensors, {} reserved by chorus ({} of it "
+      "cached but unallocated, the largest cached free block {}), {} free of {} total (a new segment for this request "
+      "needs {}). Pending frees were waited for and every free cached segment returned to the device (empty_cache) "
+      "before giving up, so live tensors hold this memory. To fit, make a step smaller: a smaller --batch-size, or "
+      "--accumulate N (the same global batch in N micro-batches), or --amp bf16; under chorusrun --max-restarts with "
+      "--resume auto the job can go on from its last checkpoint with the new flags (docs/reliability.md, \"Device "
+      "faults\"). If the cached but unallocated memory is large, it is fragmented: segments that still hold a live "
+      "block cannot be returned, and chorus has no expandable segments (PyTorch's "
+      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)",
+      device.str(), format_size(nbytes), nbytes, format_size(allocated), format_size(reserved), format_size(cached),
+      format_size(largest), format_size(free), format_size(total), format_size(segment_size(size)));
 }
 
 CachingAllocator::Block* CachingAllocator::find_free_block(BlockPool& pool, StreamHandle stream, size_t size) {
@@ -272,13 +294,23 @@ void CachingAllocator::deallocate(void* ptr, Device device) {
   block->event_count += static_cast<int>(records.size());
   lock.unlock();
   std::vector<EventHandle> made;
-  for (auto& [stream, event] : records) {
-    if (event == nullptr) {
-      event = runtime_.create_event(device.index, /*enable_timing=*/false);
-      made.push_back(event);
+  try {
+    for (auto& [stream, event] : records) {
+      if (event == nullptr) {
+        event = runtime_.create_event(device.index, /*enable_timing=*/false);
+        made.push_back(event);
+      }
+      runtime_.record_event(event, stream);
+      if (stream_sanitizer::active(device.type)) stream_sanitizer::on_record(event, device, stream);
     }
-    runtime_.record_event(event, stream);
-    if (stream_sanitizer::active(device.type)) stream_sanitizer::on_record(event, device, stream);
+  } catch (const Error&) {
+    // The device has failed (a sticky error: every later call on it throws, tensor/sim/sim.h). A
+    // free runs in destructors, on stream threads too, where throwing ends the process; so the block
+    // stays out of the pools for good (its memory is lost with the device) and the error surfaces at
+    // the caller's next device call instead.
+    lock.lock();
+    st.all_events.insert(st.all_events.end(), made.begin(), made.end());
+    return;
   }
   lock.lock();
   st.all_events.insert(st.all_events.end(), made.begin(), made.end());

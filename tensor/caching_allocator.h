@@ -38,9 +38,14 @@
 //   event (the only host-blocking path besides empty_cache: blocks awaiting events may be what
 //   holds the memory), frees what completed, tries its pool again, then returns every fully free
 //   segment to the runtime (empty_cache) and asks once more. If that fails too it throws a
-//   chorus::Error: "sim:0 out of memory: tried to allocate 3.00 GiB (N bytes); 1.00 GiB allocated by
-//   tensors, 1.50 GiB reserved by chorus, 0.50 GiB free of 2.00 GiB total". Free is total minus
-//   what this allocator holds: DeviceRuntime reports no other use (with cudaMemGetInfo it could).
+//   chorus::Error with PyTorch's parts and the largest cached block: "sim:0 out of memory: tried to
+//   allocate 3.00 GiB (N bytes); 1.00 GiB allocated by tensors, 1.50 GiB reserved by chorus (512.00
+//   MiB of it cached but unallocated, the largest cached free block 100.00 MiB), 0.50 GiB free of
+//   2.00 GiB total (...)", then what to do (a smaller batch, --accumulate, fragmentation). Free is
+//   total minus what this allocator holds: DeviceRuntime reports no other use (with cudaMemGetInfo
+//   it could).
+// - A failed device (a sticky error, tensor/sim/sim.h): a free whose event records fail keeps its
+//   block out of the pools for good instead of throwing from a destructor.
 // - Statistics per device: allocated (live blocks, whole block sizes), requested (the bytes asked
 //   for), reserved (segments), peaks of allocated and reserved, counts of allocations, frees, OOMs,
 //   OOM retries and runtime mallocs/frees; snapshot() lists every segment and block.
@@ -58,6 +63,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "tensor/device.h"
@@ -143,6 +149,7 @@ class CachingAllocator final : public Allocator {
   void process_events(DeviceState& st);
   void synchronize_events(DeviceState& st);
   void release_cached_segments(DeviceState& st);
+  std::string out_of_memory_message(DeviceState& st, Device device, size_t nbytes, size_t size);
 
   DeviceRuntime& runtime_;
   std::mutex states_mutex_;

@@ -5,6 +5,7 @@
 namespace chorus::fault {
 namespace {
 std::atomic<Source> g_source{nullptr};
+std::atomic<StreamFailureSource> g_stream_failure_source{nullptr};
 }
 
 const char* name(Point p) {
@@ -28,5 +29,12 @@ bool removed(Point p) {
 }
 
 void install_source(Source s) { g_source.store(s); }
+
+bool take_stream_failure(const void* stream) {
+  const StreamFailureSource s = g_stream_failure_source.load(std::memory_order_relaxed);
+  return s != nullptr && s(stream);
+}
+
+void install_stream_failure_source(StreamFailureSource s) { g_stream_failure_source.store(s); }
 
 }  // namespace chorus::fault

@@ -1,5 +1,6 @@
 // Ordering points (and the pipeline's tied-gradient sum) a test may remove, to prove that a test catches their absence (negative
-// controls, docs/gpu.md). Release builds cannot remove any: removed() is false unless the process
+// controls, docs/gpu.md), and device faults a test may inject (a failing stream task on sim).
+// Release builds can do neither: removed() and take_stream_failure() are false unless the process
 // links //tensor:test_faults (testonly), which reads CHORUS_TEST_FAULT (names, comma-separated)
 // and lets a test switch points in process (tensor/test_faults.h).
 #pragma once
@@ -25,5 +26,14 @@ bool removed(Point p);
 // For //tensor:test_faults only.
 using Source = bool (*)(Point);
 void install_source(Source s);
+
+// Injected device faults (docs/reliability.md, "Device faults"). The sim device asks this for every
+// task it is given to run (a kernel, a copy, a host function; not an event record or wait): true,
+// once, for the first such task submitted to `stream` after a test armed it
+// (fault::fail_next_stream_task in tensor/test_faults.h). That task then fails on the device as a
+// CUDA kernel fault does, and the error is sticky for the device (tensor/sim/sim.h).
+bool take_stream_failure(const void* stream);
+using StreamFailureSource = bool (*)(const void*);
+void install_stream_failure_source(StreamFailureSource s);
 
 }  // namespace chorus::fault

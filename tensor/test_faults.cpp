@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <string>
 
 namespace chorus::fault {
@@ -13,6 +15,21 @@ constexpr int kPoints = static_cast<int>(Point::kCount);
 std::atomic<bool> g_removed[kPoints];
 
 bool removed_here(Point p) { return g_removed[static_cast<int>(p)].load(std::memory_order_relaxed); }
+
+// Streams armed by fail_next_stream_task; the count keeps the common path (nothing armed) to one load.
+std::mutex g_armed_mutex;
+std::multiset<const void*> g_armed;
+std::atomic<int> g_armed_count{0};
+
+bool take_armed(const void* stream) {
+  if (g_armed_count.load(std::memory_order_acquire) == 0) return false;
+  std::lock_guard<std::mutex> lock(g_armed_mutex);
+  auto it = g_armed.find(stream);
+  if (it == g_armed.end()) return false;
+  g_armed.erase(it);
+  g_armed_count.fetch_sub(1);
+  return true;
+}
 
 // Reads CHORUS_TEST_FAULT and installs the source, at static initialization of the test binary.
 const bool g_installed = [] {
@@ -41,11 +58,18 @@ const bool g_installed = [] {
     }
   }
   install_source(&removed_here);
+  install_stream_failure_source(&take_armed);
   return true;
 }();
 
 }  // namespace
 
 void set_removed(Point p, bool removed) { g_removed[static_cast<int>(p)].store(removed); }
+
+void fail_next_stream_task(const Stream& stream) {
+  std::lock_guard<std::mutex> lock(g_armed_mutex);
+  g_armed.insert(stream.handle());
+  g_armed_count.fetch_add(1);
+}
 
 }  // namespace chorus::fault

@@ -4,10 +4,16 @@
 #pragma once
 
 #include "tensor/fault.h"
+#include "tensor/runtime.h"
 
 namespace chorus::fault {
 
 void set_removed(Point p, bool removed);
+
+// The next task submitted to `stream` (a sim stream) fails when it runs, as a CUDA kernel fault
+// would, and the device's error is sticky from then on: every later call on that device fails
+// (tensor/sim/sim.h). Only sim devices honour it; one arming fails one task.
+void fail_next_stream_task(const Stream& stream);
 
 // Removes `p` while in scope.
 class RemovedScope {

@@ -14,6 +14,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <shared_mutex>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "tensor/error.h"
+#include "tensor/fault.h"
 #include "tensor/runtime.h"
 
 namespace chorus::sim {
@@ -159,6 +161,32 @@ struct SimEvent {
   }
 };
 
+// ---- Device errors -----------------------------------------------------------------------------
+// CUDA's sticky errors: after a kernel fault (an illegal address, a trap, cudaErrorLaunchFailure)
+// the context is unusable, and every later runtime call of the process on that device returns the
+// error. sim does the same for a failed task (only a test can make one: fault::fail_next_stream_task),
+// so no code path is tested against a device more forgiving than a GPU: every later call on the
+// device throws (check_healthy), and the streams run none of their queued work (a kernel, a copy, a
+// host function is dropped; event records and waits still complete, so nobody waits forever for
+// work that will never run, as CUDA's synchronizations return the error instead of hanging).
+
+struct DeviceHealth {
+  std::atomic<bool> failed{false};
+  std::mutex mutex;
+  std::string why;
+
+  void fail(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (failed.load()) return;  // the first error is the one every later call reports
+    why = reason;
+    failed.store(true);
+  }
+  std::string reason() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return why;
+  }
+};
+
 // ---- Streams -----------------------------------------------------------------------------------
 
 thread_local bool t_stream_thread = false;  // set on every SimStream's worker thread
@@ -167,17 +195,21 @@ struct Task {
   std::function<void()> fn;
   std::vector<const void*> buffers;
   bool is_wait = false;  // a stream-waits-event task (runs no user code, takes no delay)
+  bool fails = false;    // an injected fault: the task fails on the device instead of running
 };
 
 class SimStream {
  public:
-  SimStream(int device, Memory* memory) : device_(device), memory_(memory), worker_([this] { run(); }) {
+  SimStream(int device, Memory* memory, DeviceHealth* health)
+      : device_(device), memory_(memory), health_(health), worker_([this] { run(); }) {
     worker_.detach();  // streams live as long as the process, as CUDA's
   }
 
   int device() const { return device_; }
 
   void submit(Task task) {
+    // A test may have armed this stream: its next piece of device work fails (tensor/fault.h).
+    if (!task.is_wait && fault::take_stream_failure(this)) task.fails = true;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       queue_.push_back(std::move(task));
@@ -222,9 +254,16 @@ class SimStream {
       if (delay > 0 && !task.is_wait) {
         std::this_thread::sleep_for(std::chrono::microseconds(rng() % (delay + 1)));
       }
-      memory_->access(task.buffers, +1);
-      task.fn();  // kernels never throw on the stream (the op layer checked their arguments)
-      memory_->access(task.buffers, -1);
+      if (task.fails) {
+        health_->fail(fmt::format(
+            "a task on stream {} of sim:{} failed (an injected stream failure, fault::fail_next_stream_task; as a "
+            "CUDA kernel fault, cudaErrorLaunchFailure \"unspecified launch failure\")",
+            static_cast<const void*>(this), device_));
+      } else if (task.is_wait || !health_->failed.load(std::memory_order_acquire)) {
+        memory_->access(task.buffers, +1);
+        task.fn();  // kernels never throw on the stream (the op layer checked their arguments)
+        memory_->access(task.buffers, -1);
+      }  // else: the device has failed; its queued work is dropped (see DeviceHealth)
       // Destroy what the task captured (tensors kept alive for it) before it counts as done: a
       // host that synchronized the stream must see those tensors freed.
       task = Task{};
@@ -239,6 +278,7 @@ class SimStream {
 
   const int device_;
   Memory* memory_;
+  DeviceHealth* health_;
   std::mutex mutex_;
   std::condition_variable cv_, done_cv_;
   std::deque<Task> queue_;
@@ -278,8 +318,13 @@ class SimRuntime final : public DeviceRuntime {
   SimRuntime() : count_(static_cast<int>(env_u32("CHORUS_SIM_DEVICES", 2))), poison_(env_u32("CHORUS_SIM_POISON", 1) != 0) {
     g_delay_us.store(env_u32("CHORUS_SIM_DELAY_US", 0));
     g_driver_lock.store(env_u32("CHORUS_SIM_DRIVER_LOCK", 0) != 0);
-    capacity_.assign(count_, size_t(16) << 30);
+    // CHORUS_SIM_MEMORY_MB: every device's capacity in MiB (a test or an example run sets it to
+    // make a job run out of device memory; set_memory_capacity changes it in process).
+    const uint32_t capacity_mb = env_u32("CHORUS_SIM_MEMORY_MB", 16 << 10);
+    if (capacity_mb == 0) fail("CHORUS_SIM_MEMORY_MB=0: a sim device needs some memory (the value is in MiB)");
+    capacity_.assign(count_, size_t(capacity_mb) << 20);
     default_streams_.resize(count_, nullptr);
+    for (int d = 0; d < count_; ++d) health_.push_back(std::make_unique<DeviceHealth>());
   }
 
   DeviceType type() const override { return DeviceType::Sim; }
@@ -288,6 +333,7 @@ class SimRuntime final : public DeviceRuntime {
 
   void* malloc(int device, size_t nbytes) override {
     refuse_in_host_function("malloc");
+    check_healthy(device, "malloc");
     const auto shared = host_call();
     size_t cap;
     {
@@ -368,25 +414,34 @@ class SimRuntime final : public DeviceRuntime {
 
   StreamHandle create_stream(int device, bool /*high_priority*/) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    streams_.push_back(std::make_unique<SimStream>(device, &memory_));
+    streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get()));
     return streams_.back().get();
   }
   StreamHandle default_stream(int device) override {
     std::lock_guard<std::mutex> lock(mutex_);
     if (default_streams_[device] == nullptr) {
-      streams_.push_back(std::make_unique<SimStream>(device, &memory_));
+      streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get()));
       default_streams_[device] = streams_.back().get();
     }
     return default_streams_[device];
   }
-  bool query_stream(StreamHandle s) override { return as_stream(s)->idle(); }
+  bool query_stream(StreamHandle s) override {
+    check_healthy(as_stream(s)->device(), "query_stream");
+    return as_stream(s)->idle();
+  }
+  // A failure while the host waits is reported when the wait ends (the failed device drops the
+  // rest of the queue, so the wait ends soon), as cudaStreamSynchronize returns it.
   void synchronize_stream(StreamHandle s) override {
     refuse_in_host_function("synchronize_stream");
+    check_healthy(as_stream(s)->device(), "synchronize_stream");
     as_stream(s)->synchronize();
+    check_healthy(as_stream(s)->device(), "synchronize_stream");
   }
   void synchronize_device(int device) override {
     refuse_in_host_function("synchronize_device");
+    check_healthy(device, "synchronize_device");
     for (SimStream* s : streams_of(device)) s->synchronize();
+    check_healthy(device, "synchronize_device");
   }
   std::vector<SimStream*> streams_of(int device) {
     std::vector<SimStream*> all;
@@ -398,6 +453,7 @@ class SimRuntime final : public DeviceRuntime {
 
   void memcpy_async(void* dst, const void* src, size_t nbytes, CopyKind kind, StreamHandle s) override {
     refuse_in_host_function("memcpy_async");
+    check_healthy(as_stream(s)->device(), "memcpy_async");
     if (nbytes == 0) return;
     if (kind == CopyKind::DeviceToHost && !is_pinned(dst)) {
       // As CUDA with pageable memory: the copy is synchronous, and the driver lock is held while
@@ -406,6 +462,7 @@ class SimRuntime final : public DeviceRuntime {
       if (g_driver_lock.load(std::memory_order_relaxed)) exclusive.lock();
       as_stream(s)->submit(Task{[=] { std::memcpy(dst, src, nbytes); }, {dst, src}});
       as_stream(s)->synchronize();
+      check_healthy(as_stream(s)->device(), "memcpy_async (a copy to pageable host memory, synchronous)");
       return;
     }
     const auto shared = host_call();
@@ -422,12 +479,14 @@ class SimRuntime final : public DeviceRuntime {
 
   void launch_host_task(StreamHandle s, std::function<void()> fn, std::vector<const void*> buffers) override {
     refuse_in_host_function("launch_host_task");
+    check_healthy(as_stream(s)->device(), "launch_host_task");
     const auto shared = host_call();
     auto held = std::make_shared<std::function<void()>>(std::move(fn));
     as_stream(s)->submit(Task{[held] { run_host_function(*held); }, std::move(buffers)});
   }
   void stream_write_value(StreamHandle s, uint32_t* word, uint32_t value) override {
     refuse_in_host_function("stream_write_value");
+    check_healthy(as_stream(s)->device(), "stream_write_value");
     const auto shared = host_call();
     check_pinned(word, "stream_write_value");
     as_stream(s)->submit(Task{[word, value] { std::atomic_ref<uint32_t>(*word).store(value, std::memory_order_release); },
@@ -435,12 +494,17 @@ class SimRuntime final : public DeviceRuntime {
   }
   void stream_wait_value(StreamHandle s, const uint32_t* word, uint32_t value) override {
     refuse_in_host_function("stream_wait_value");
+    check_healthy(as_stream(s)->device(), "stream_wait_value");
     const auto shared = host_call();
     check_pinned(word, "stream_wait_value");
     auto* w = const_cast<uint32_t*>(word);  // atomic_ref needs a non-const object; only loaded
-    as_stream(s)->submit(Task{[w, value] {
+    DeviceHealth* health = health_[as_stream(s)->device()].get();
+    // A failed device waits for nothing (its work is dropped), or the host thread that would store
+    // the word, waiting for this stream's earlier work, would wait forever.
+    as_stream(s)->submit(Task{[w, value, health] {
                                 while (static_cast<int32_t>(std::atomic_ref<uint32_t>(*w).load(std::memory_order_acquire) -
-                                                            value) < 0) {
+                                                            value) < 0 &&
+                                       !health->failed.load(std::memory_order_acquire)) {
                                   std::this_thread::sleep_for(std::chrono::microseconds(20));
                                 }
                               },
@@ -449,6 +513,7 @@ class SimRuntime final : public DeviceRuntime {
   // A kernel: runs on the stream's own thread, concurrently with other streams' (sim.h).
   void launch_kernel(StreamHandle s, std::function<void()> fn, std::vector<const void*> buffers) {
     refuse_in_host_function("a kernel launch");
+    check_healthy(as_stream(s)->device(), "a kernel launch");
     const auto shared = host_call();
     as_stream(s)->submit(Task{std::move(fn), std::move(buffers)});
   }
@@ -457,6 +522,7 @@ class SimRuntime final : public DeviceRuntime {
   // so dropping an Event with work pending neither blocks the host nor frees what a stream uses.
   EventHandle create_event(int device, bool enable_timing) override {
     refuse_in_host_function("create_event");
+    check_healthy(device, "create_event");
     auto ev = std::make_shared<SimEvent>();
     ev->device = device;
     ev->timing = enable_timing;
@@ -465,6 +531,7 @@ class SimRuntime final : public DeviceRuntime {
   void destroy_event(EventHandle e) override { delete static_cast<std::shared_ptr<SimEvent>*>(e); }
   void record_event(EventHandle e, StreamHandle s) override {
     refuse_in_host_function("record_event");
+    check_healthy(as_stream(s)->device(), "record_event");
     const auto shared = host_call();
     std::shared_ptr<SimEvent> ev = shared_event(e);
     uint64_t generation;
@@ -476,6 +543,7 @@ class SimRuntime final : public DeviceRuntime {
   }
   void stream_wait_event(StreamHandle s, EventHandle e) override {
     refuse_in_host_function("stream_wait_event");
+    check_healthy(as_stream(s)->device(), "stream_wait_event");
     const auto shared = host_call();
     std::shared_ptr<SimEvent> ev = shared_event(e);
     uint64_t generation;
@@ -488,18 +556,21 @@ class SimRuntime final : public DeviceRuntime {
   }
   bool query_event(EventHandle e) override {
     auto* ev = as_event(e);
+    check_healthy(ev->device, "query_event");
     std::lock_guard<std::mutex> lock(ev->mutex);
     return ev->done(ev->recorded);
   }
   void synchronize_event(EventHandle e) override {
     refuse_in_host_function("synchronize_event");
     auto* ev = as_event(e);
+    check_healthy(ev->device, "synchronize_event");
     uint64_t target;
     {
       std::lock_guard<std::mutex> lock(ev->mutex);
       target = ev->recorded;
     }
     ev->wait_for(target);
+    check_healthy(ev->device, "synchronize_event");
   }
   double elapsed_ms(EventHandle start, EventHandle end) override {
     auto* a = as_event(start);
@@ -537,6 +608,22 @@ class SimRuntime final : public DeviceRuntime {
   }
   bool protect() const { return memory_.protect(); }
 
+  // Throws the device's sticky error, if it has one, naming the call that met it.
+  void check_healthy(int device, const char* call) {
+    DeviceHealth& h = *health_[device];
+    if (!h.failed.load(std::memory_order_acquire)) return;
+    fail("sim: {} on sim:{} failed: the device had an error earlier, and a device error is sticky (as CUDA's after a "
+         "kernel fault: every later call on the device fails; the process must exit, e.g. to be started again by "
+         "chorusrun --max-restarts): {}",
+         call, device, h.reason());
+  }
+  std::optional<std::string> error(int device) {
+    check_device(device, "device_error");
+    DeviceHealth& h = *health_[device];
+    if (!h.failed.load(std::memory_order_acquire)) return std::nullopt;
+    return h.reason();
+  }
+
  private:
   // As CUDA's implicit synchronization around page-locked allocation and free: work issued after
   // them on any stream starts only once everything issued before, on every stream, has finished
@@ -569,6 +656,7 @@ class SimRuntime final : public DeviceRuntime {
   const bool poison_;
   std::mutex mutex_;
   std::vector<size_t> capacity_;
+  std::vector<std::unique_ptr<DeviceHealth>> health_;  // per device, fixed after construction
   Memory memory_;
   std::vector<std::unique_ptr<SimStream>> streams_;
   std::vector<SimStream*> default_streams_;
@@ -598,6 +686,7 @@ uint32_t delay_us() { return g_delay_us.load(); }
 void set_memory_capacity(int device, size_t bytes) { runtime().set_capacity(device, bytes); }
 size_t memory_in_use(int device) { return runtime().in_use(device); }
 bool protection_enabled() { return runtime().protect(); }
+std::optional<std::string> device_error(int device) { return runtime().error(device); }
 uint64_t tasks_run() { return g_tasks.load(); }
 void launch_kernel(void* stream, std::function<void()> fn, std::vector<const void*> buffers) {
   runtime().launch_kernel(stream, std::move(fn), std::move(buffers));

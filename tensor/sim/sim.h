@@ -32,12 +32,22 @@
 //   then make no device call (the Gloo staging deadlock of an H100 run, 2026-11-26). Opt-in; the
 //   multi-process DDP, SyncBatchNorm and pipeline tests on sim turn it on. Calls from a stream's own
 //   thread (sim's device side) never take it.
-// - CHORUS_SIM_DEVICES (default 2) devices, each with a settable capacity (default 16 GiB).
+// - CHORUS_SIM_DEVICES (default 2) devices, each with a settable capacity (default 16 GiB;
+//   CHORUS_SIM_MEMORY_MB sets every device's at start, set_memory_capacity one's in process):
+//   segments beyond it are refused, and the caching allocator reports out of memory.
+// - Device errors are sticky, as CUDA's: a task that fails (only a test can make one, with
+//   fault::fail_next_stream_task, tensor/test_faults.h) marks its device failed; from then on every
+//   call on that device throws a chorus::Error naming the call and the first error, and the device's
+//   streams drop their queued kernels, copies and host functions (event records and waits still
+//   complete, so a host synchronization returns the error instead of hanging). free and
+//   destroy_event still work (they run in destructors; cudaFree's error is ignored there too).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string>
 #include <vector>
 
 namespace chorus {
@@ -60,6 +70,8 @@ uint32_t delay_us();
 // Memory the device may hand out in total (raw segments); allocation beyond it fails as OOM.
 void set_memory_capacity(int device, size_t bytes);
 size_t memory_in_use(int device);
+// The device's sticky error (see above), if a task on it has failed.
+std::optional<std::string> device_error(int device);
 // Whether device memory is PROT_NONE outside tasks (the default; CHORUS_SIM_PROTECT=0 turns it off).
 bool protection_enabled();
 // Number of tasks run so far on all sim streams (tests use it to see work went to the device).

@@ -336,7 +336,13 @@ TEST_CASE("caching allocator: out of memory frees the cache and retries, then th
     CHECK_THAT(message, Catch::Contains("tried to allocate 30.00 MiB (31457280 bytes)"));
     CHECK_THAT(message, Catch::Contains("40.00 MiB allocated by tensors"));
     CHECK_THAT(message, Catch::Contains("40.00 MiB reserved by chorus"));
+    CHECK_THAT(message, Catch::Contains("(0 bytes of it cached but unallocated, the largest cached free block 0 bytes)"));
     CHECK_THAT(message, Catch::Contains("24.00 MiB free of 64.00 MiB total"));
+    CHECK_THAT(message, Catch::Contains("a new segment for this request needs 30.00 MiB"));
+    // What to do about it, as PyTorch's message says.
+    CHECK_THAT(message, Catch::Contains("returned to the device (empty_cache) before giving up"));
+    CHECK_THAT(message, Catch::Contains("a smaller --batch-size") && Catch::Contains("--accumulate N"));
+    CHECK_THAT(message, Catch::Contains("fragmented"));
     MemoryStats s = alloc.stats(dev);
     CHECK(s.num_ooms == 1);
     CHECK(s.num_alloc_retries == 1);
@@ -346,6 +352,50 @@ TEST_CASE("caching allocator: out of memory frees the cache and retries, then th
                       Catch::Contains("tried to allocate 3.00 GiB") && Catch::Contains("out of memory"));
     CHECK(alloc.stats(dev).num_ooms == 2);
     alloc.deallocate(keep, dev);
+  }
+  SECTION("cached segments are returned before giving up: the message counts only what live tensors hold") {
+    void* keep = alloc.allocate(40 * MiB, dev);
+    void* cached = alloc.allocate(12 * MiB, dev);  // a 12 MiB segment of its own (>= 10 MiB)
+    alloc.deallocate(cached, dev);
+    REQUIRE(alloc.stats(dev).reserved_bytes == 52 * MiB);
+    std::string message;
+    try {
+      alloc.allocate(30 * MiB, dev);  // 40 + 30 > 64 even without the cached 12
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    INFO(message);
+    CHECK_THAT(message, Catch::Contains("40.00 MiB reserved by chorus (0 bytes of it cached but unallocated"));
+    CHECK_THAT(message, Catch::Contains("24.00 MiB free of 64.00 MiB total"));
+    MemoryStats s = alloc.stats(dev);
+    CHECK(s.num_device_frees == 1);  // the cached 12 MiB went back to the device first
+    CHECK(s.reserved_bytes == 40 * MiB);
+    CHECK(s.num_ooms == 1);
+    alloc.deallocate(keep, dev);
+  }
+  SECTION("fragmentation: a segment that still holds a live block keeps its free rest, and the message says so") {
+    // Two 8 MiB blocks cut from one 20 MiB segment (requests under 10 MiB share 20 MiB segments),
+    // the first freed: 12 MiB reserved but unallocated, in pieces of 8 and 4 MiB.
+    void* a = alloc.allocate(8 * MiB, dev);
+    void* b8 = alloc.allocate(8 * MiB, dev);
+    alloc.deallocate(a, dev);
+    REQUIRE(alloc.stats(dev).reserved_bytes == 20 * MiB);
+    std::string message;
+    {
+      CapacityScope small(1, 32 * MiB);
+      try {
+        alloc.allocate(9 * MiB + 512 * KiB, dev);  // needs a new 20 MiB segment: 20 + 20 > 32
+      } catch (const Error& e) {
+        message = e.what();
+      }
+    }
+    INFO(message);
+    CHECK_THAT(message, Catch::Contains("tried to allocate 9.50 MiB"));
+    CHECK_THAT(message, Catch::Contains("8.00 MiB allocated by tensors, 20.00 MiB reserved by chorus (12.00 MiB of it "
+                                        "cached but unallocated, the largest cached free block 8.00 MiB), 12.00 MiB "
+                                        "free of 32.00 MiB total (a new segment for this request needs 20.00 MiB)"));
+    CHECK(alloc.stats(dev).num_device_frees == 0);  // nothing could go back: the segment holds b8
+    alloc.deallocate(b8, dev);
   }
   SECTION("the cache held the memory: emptying it lets the retry succeed") {
     void* p = alloc.allocate(40 * MiB, dev);

@@ -1,0 +1,87 @@
+// Device faults on sim (tensor/sim/sim.h, "Device errors are sticky"): a task a test makes fail
+// (fault::fail_next_stream_task, tensor/test_faults.h) fails its device for good, as a CUDA kernel
+// fault does: the host's next synchronization raises it, every later call on the device raises
+// it, the device's queued work never runs, nothing hangs, frees in destructors do not throw, and
+// the process's other device goes on. A process of its own (a failed device stays failed).
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "tensor/caching_allocator.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+#include "tensor/runtime.h"
+#include "tensor/sim/sim.h"
+#include "tensor/test_faults.h"
+
+using namespace chorus;
+using namespace std::chrono_literals;
+
+TEST_CASE("an injected stream failure is raised at the next synchronization and stays: every later call on the device fails") {
+  const Device dev = Device::sim(1);
+  DeviceRuntime& rt = runtime_for(dev, "sim_fault_test");
+  Stream s = stream_from_pool(dev);
+  Stream other = stream_from_pool(dev);
+  StreamGuard guard(s);
+  Tensor x = ones({1000}, {.device = dev});
+  CHECK(x.sum().item<double>() == 1000.0);  // a healthy device first
+  record_stream(x.storage(), other);         // so that its free must record an event on `other`
+  REQUIRE_FALSE(sim::device_error(1).has_value());
+
+  // A kernel holds the stream while the next ones are queued behind it: the armed one (fails), one
+  // after it (must never run), and an event.
+  std::atomic<bool> release{false}, after_ran{false}, armed_ran{false};
+  sim::launch_kernel(s.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
+  fault::fail_next_stream_task(s);
+  sim::launch_kernel(s.handle(), [&] { armed_ran = true; }, {});
+  sim::launch_kernel(s.handle(), [&] { after_ran = true; }, {});
+  Event done;
+  done.record(s);
+  release = true;
+
+  std::string message;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    s.synchronize();
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(std::chrono::steady_clock::now() - start < 5s);  // the host's wait ended: no hang
+  CHECK_THAT(message, Catch::Contains("sim: synchronize_stream on sim:1 failed"));
+  CHECK_THAT(message, Catch::Contains("injected stream failure") && Catch::Contains("sticky"));
+  CHECK_FALSE(armed_ran.load());
+  CHECK_FALSE(after_ran.load());  // a failed device runs none of its queued work
+  REQUIRE(sim::device_error(1).has_value());
+  CHECK_THAT(*sim::device_error(1), Catch::Contains("failed (an injected stream failure"));
+
+  // Sticky: every later call on sim:1 raises, whichever stream or kind of call.
+  CHECK_THROWS_WITH(other.synchronize(), Catch::Contains("synchronize_stream on sim:1") && Catch::Contains("injected"));
+  CHECK_THROWS_WITH(done.query(), Catch::Contains("query_event on sim:1"));
+  CHECK_THROWS_WITH(done.synchronize(), Catch::Contains("synchronize_event on sim:1"));
+  CHECK_THROWS_WITH(x.to(kCPU), Catch::Contains("on sim:1 failed") && Catch::Contains("injected"));
+  CHECK_THROWS_WITH((x + 1.0).sum().item<double>(), Catch::Contains("on sim:1 failed"));
+  CHECK_THROWS_WITH(rt.malloc(1, 4096), Catch::Contains("malloc on sim:1"));
+  CHECK_THROWS_WITH(ones({4}, {.device = dev}).to(kCPU), Catch::Contains("on sim:1 failed"));
+  CHECK_THROWS_WITH(synchronize(dev), Catch::Contains("synchronize_device on sim:1"));
+  // A free in a destructor does not throw (its event record on `other` fails; the block is kept
+  // out of the pools for good), and the error is still there afterwards.
+  CHECK_NOTHROW(x = Tensor());
+  CHECK_THROWS_WITH(other.synchronize(), Catch::Contains("injected"));
+
+  // The process's other device is not affected.
+  const Device healthy = Device::sim(0);
+  CHECK_FALSE(sim::device_error(0).has_value());
+  CHECK(ones({10}, {.device = healthy}).sum().item<double>() == 10.0);
+}
+
+TEST_CASE("without a test arming it, no task fails (release binaries cannot arm one)") {
+  const Device dev = Device::sim(0);
+  Tensor y = ones({100}, {.device = dev});
+  for (int i = 0; i < 50; ++i) y = y + 1.0;
+  CHECK(y.sum().item<double>() == 5100.0);
+  CHECK_FALSE(sim::device_error(0).has_value());
+}
