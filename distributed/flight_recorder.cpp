@@ -1,10 +1,13 @@
 #include "distributed/flight_recorder.h"
 
+#include <fcntl.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -49,6 +52,17 @@ std::string hostname() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "?";
   return buf;
+}
+
+// CHORUS_FLIGHT_RECORDER_FILE, or $TMPDIR/chorus_flight_port<MASTER_PORT>_rank_ (jobs on one machine
+// apart), or /tmp/chorus_flight_rank_.
+std::string dump_prefix() {
+  const char* prefix = std::getenv("CHORUS_FLIGHT_RECORDER_FILE");
+  if (prefix != nullptr && *prefix != '\0') return prefix;
+  const char* dir = std::getenv("TMPDIR");
+  const char* port = std::getenv("MASTER_PORT");
+  return fmt::format("{}/chorus_flight_{}rank_", dir != nullptr && *dir != '\0' ? dir : "/tmp",
+                     port != nullptr && *port != '\0' ? fmt::format("port{}_", port) : std::string());
 }
 
 std::optional<FlightState> state_from_name(const std::string& s) {
@@ -291,7 +305,9 @@ std::string desync_report(const std::string& group, uint64_t seq, int me, const 
     auto it = my_collectives.find(seq);
     if (it != my_collectives.end()) mine = it->second;
   }
-  const std::string my_signature = mine ? mine->signature() : std::string("?");
+  // Without this rank's own record of #seq (it fell out of the ring or of what was published), the
+  // others can only be placed by how far they got, not compared.
+  const std::string my_signature = mine ? mine->signature() : std::string("(not in this rank's records)");
   std::vector<std::string> lines, never, different, silent;
   for (int r : members) {
     if (r == me) continue;
@@ -317,7 +333,7 @@ std::string desync_report(const std::string& group, uint64_t seq, int me, const 
     } else if (it == theirs.end()) {
       lines.push_back(fmt::format("rank {} is past #{} (its last is {}); #{} is no longer in its records", r, seq,
                                   describe(last), seq));
-    } else if (it->second->signature() != my_signature) {
+    } else if (mine && it->second->signature() != my_signature) {
       different.push_back(std::to_string(r));
       lines.push_back(fmt::format("rank {} entered a different collective as #{}: {} ({}); this rank: {}", r, seq,
                                   it->second->signature(), flight_state_name(it->second->state), my_signature));
@@ -434,6 +450,7 @@ void FlightRecorder::set_job(int rank, int world_size, std::optional<FlightExcha
   world_size_ = world_size;
   exchange_ = std::move(exchange);
   answered_.clear();
+  reported_.clear();
 }
 
 void FlightRecorder::clear_job() {
@@ -452,17 +469,24 @@ std::string FlightRecorder::write_dump(const std::string& reason, int rank) cons
     std::lock_guard<std::mutex> lock(mutex_);
     if (rank_ < 0 && rank >= 0) d.rank = rank;
   }
-  const char* prefix = std::getenv("CHORUS_FLIGHT_RECORDER_FILE");
-  const std::string path =
-      fmt::format("{}{}.json", prefix != nullptr && *prefix != '\0' ? prefix : "/tmp/chorus_flight_rank_", d.rank);
+  const std::string path = fmt::format("{}{}.json", dump_prefix(), d.rank);
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << to_json(d) << "\n";
-    f.close();
-    if (!f) {
-      std::remove(tmp.c_str());
-      return fmt::format("(the flight recorder could not write {}: check CHORUS_FLIGHT_RECORDER_FILE)", tmp);
+    // A new file of this process's only: not one that is there already, nor a link someone put there.
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    const std::string text = to_json(d) + "\n";
+    bool ok = fd >= 0;
+    for (size_t done = 0; ok && done < text.size();) {
+      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      ok = n > 0;
+      if (ok) done += static_cast<size_t>(n);
+    }
+    if (fd >= 0) ok = ::close(fd) == 0 && ok;
+    if (!ok) {
+      if (fd >= 0) std::remove(tmp.c_str());
+      return fmt::format("(the flight recorder could not write {}: {}; check CHORUS_FLIGHT_RECORDER_FILE)", tmp,
+                         std::strerror(errno));
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -479,18 +503,32 @@ void FlightRecorder::publish(Store& store, const FlightExchange& exchange, const
 }
 
 std::string FlightRecorder::report_timeout(const std::string& group, uint64_t seq, const std::vector<int>& members,
-                                           const FlightExchange& exchange) {
+                                           const FlightExchange& given) {
   if (!enabled()) return "(flight recorder off: CHORUS_FLIGHT_RECORDER_ENTRIES=0)";
   const std::string reason = fmt::format("collective #{} of group {} timed out", seq, group);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!reported_.empty()) return fmt::format("(the desync report is with this job's first timed-out collective, {})", reported_);
+    reported_ = fmt::format("#{} of group {}", seq, group);
+  }
+  FlightExchange exchange = given;
+  if (const char* s = std::getenv("CHORUS_FLIGHT_RECORDER_WAIT_S"); s != nullptr && *s != '\0') {
+    char* end = nullptr;
+    const double v = std::strtod(s, &end);
+    if (*end != '\0' || !(v >= 0) || v > 3600) {
+      return fmt::format("(no desync report: CHORUS_FLIGHT_RECORDER_WAIT_S='{}': expected seconds, 0 to 3600)", s);
+    }
+    exchange.wait = std::chrono::milliseconds(static_cast<int64_t>(v * 1000));
+  }
   const std::string file = write_dump(reason, exchange.id);
   std::map<int, std::optional<FlightDump>> dumps;
   const auto start = Clock::now();
   try {
-    if (!exchange.store) fail("no store to exchange records through");
-    publish(*exchange.store, exchange, reason);
+    const std::shared_ptr<Store> store = exchange.connect ? exchange.connect() : exchange.store;
+    if (!store) fail("no store to exchange records through");
+    publish(*store, exchange, reason);
     const std::string request = fmt::format("rank {}: {}", exchange.id, reason);
-    const Bytes asked =
-        exchange.store->compare_set(exchange.prefix + "/request", {}, Bytes(request.begin(), request.end()));
+    const Bytes asked = store->compare_set(exchange.prefix + "/request", {}, Bytes(request.begin(), request.end()));
     {
       // This rank has published: its heartbeat need not answer the request (the first one stands).
       std::lock_guard<std::mutex> lock(mutex_);
@@ -502,9 +540,8 @@ std::string FlightRecorder::report_timeout(const std::string& group, uint64_t se
     while (!waiting.empty()) {
       for (auto it = waiting.begin(); it != waiting.end();) {
         const std::string key = fmt::format("{}/{}", exchange.prefix, *it);
-        if (exchange.store->check({key})) {
-          const std::string text = exchange.store->get_string(key);
-          dumps[*it] = parse_flight_dump(text, fmt::format("from rank {}", *it));
+        if (store->check({key})) {
+          dumps[*it] = parse_flight_dump(store->get_string(key), fmt::format("from rank {}", *it));
           it = waiting.erase(it);
         } else {
           ++it;
@@ -552,7 +589,12 @@ void FlightRecorder::install_dump_signal() {
   std::call_once(once, [this] {
     if (!enabled()) return;
     struct sigaction current = {};
-    if (::sigaction(SIGUSR1, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;  // the program's own
+    if (::sigaction(SIGUSR1, nullptr, &current) != 0) return;
+    // Left alone: a handler the program installed, or an ignore it chose; chorusrun's ignore (set so
+    // that a worker not this far yet survives a forwarded SIGUSR1) is taken over.
+    const char* from_launcher = std::getenv("CHORUS_SIGUSR1_IGNORED_BY_LAUNCHER");
+    const bool launcher_ignore = current.sa_handler == SIG_IGN && from_launcher != nullptr && std::string(from_launcher) == "1";
+    if (current.sa_handler != SIG_DFL && !launcher_ignore) return;
     if (::sem_init(&dump_signal, 0, 0) != 0) return;
     std::thread([this] {
       while (true) {

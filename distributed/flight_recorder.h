@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -77,9 +78,14 @@ std::string desync_report(const std::string& group, uint64_t seq, int me, const 
 // Where ranks exchange their records: keys `<prefix>/<id>` (a dump) and `<prefix>/request` in `store`.
 struct FlightExchange {
   std::shared_ptr<Store> store;
+  // A connection of the exchange's own whose requests time out within `wait` (init_process_group's
+  // TCPStore jobs): a store host that stopped must not hold the report for the store's own timeout.
+  // Unset: `store` is used.
+  std::function<std::shared_ptr<Store>()> connect;
   std::string prefix = "chorus_flight";
   int id = 0;  // this process's number in it (the job's rank)
-  // How long a reporting rank waits for the others' records.
+  // How long a reporting rank waits for the others' records (CHORUS_FLIGHT_RECORDER_WAIT_S, when
+  // set, replaces it).
   std::chrono::milliseconds wait{5000};
 };
 
@@ -112,7 +118,9 @@ class FlightRecorder {
   std::string write_dump(const std::string& reason, int rank = -1) const;
   // After collective `seq` of `group` timed out here: writes the dump, publishes this rank's recent
   // records through `exchange`, asks the others to, waits for the members' up to exchange.wait, and
-  // returns the desync report (never throws: store trouble is reported in the text).
+  // returns the desync report (never throws: store trouble is reported in the text). Once per job:
+  // the collectives queued behind a timed-out one fail at once, and later reports would only repeat
+  // the first (or wait again for ranks that never answer); they point to it instead.
   std::string report_timeout(const std::string& group, uint64_t seq, const std::vector<int>& members,
                              const FlightExchange& exchange);
   // Called by the heartbeat every interval with its own store connection: when a rank has asked for
@@ -133,6 +141,7 @@ class FlightRecorder {
   int rank_ = -1, world_size_ = -1;
   std::optional<FlightExchange> exchange_;
   std::string answered_;  // the last request answered (its value)
+  std::string reported_;  // the job's first timed-out collective, once reported ("#k of group g")
 };
 
 // "float32[4],int64[2, 3]": what the recorder (and the debug mode's fingerprint) says of tensors.

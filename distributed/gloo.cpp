@@ -201,7 +201,12 @@ std::shared_ptr<Work> ProcessGroupGloo::enqueue(std::string op, std::string tens
       recorder.finish(record, e.what());
       // A timeout (not a peer that closed its connection: that rank is gone) gets the desync report:
       // which ranks never entered this collective, or entered another.
-      const std::string report = record != 0 && is_timeout_error(e.what()) ? "\n" + desync_report(seq) : "";
+      std::string report;
+      try {
+        if (record != 0 && is_timeout_error(e.what())) report = "\n" + desync_report(seq);
+      } catch (const std::exception& r) {
+        report = fmt::format("\n(no desync report: {})", r.what());
+      }
       work->finish({}, std::make_exception_ptr(Error(fmt::format("{} failed: {}{}", description, e.what(), report))));
     }
   };

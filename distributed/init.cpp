@@ -316,6 +316,11 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   // Read before connecting, so that a malformed setting fails at once.
   const std::optional<HeartbeatOptions> heartbeat = size > 1 ? Heartbeat::from_env() : std::nullopt;
   std::function<std::shared_ptr<Store>()> heartbeat_connect;
+  // A timed-out collective's rank waits for the others' records (flight_recorder.h): a heartbeat
+  // answers within one interval; without heartbeats only ranks that time out too answer.
+  const auto exchange_wait = heartbeat ? 2 * heartbeat->interval + std::chrono::milliseconds(1000)
+                                       : std::chrono::milliseconds(5000);
+  std::function<std::shared_ptr<Store>()> flight_connect;
   std::shared_ptr<Store> store = options.store;
   if (!store) {
     const std::string& method = options.init_method;
@@ -343,6 +348,10 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
                                                          .num_workers = size,
                                                          .timeout = options.timeout,
                                                          .job_token = token});
+      flight_connect = [host, port, token, exchange_wait] {
+        return std::make_shared<TCPStore>(
+            host, port, TCPStoreOptions{.is_server = false, .timeout = exchange_wait, .job_token = token});
+      };
       // The heartbeat's own connections (heartbeat.h): requests that time out after one interval.
       if (heartbeat) {
         heartbeat_connect = [host, port, token, interval = heartbeat->interval] {
@@ -361,12 +370,9 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   const int init = ++s.inits;
   const std::string suffix = init > 1 ? fmt::format("@{}", init) : "";
   FlightRecorder& recorder = FlightRecorder::global();
-  // A timed-out collective's rank waits for the others' records: a heartbeat answers within one
-  // interval; without heartbeats only ranks that time out too answer.
-  const auto exchange_wait = heartbeat ? 2 * heartbeat->interval + std::chrono::milliseconds(1000)
-                                       : std::chrono::milliseconds(5000);
-  recorder.set_job(rank, size, FlightExchange{.store = store, .prefix = fmt::format("chorus_flight/{}", init),
-                                              .id = rank, .wait = exchange_wait});
+  recorder.set_job(rank, size,
+                   FlightExchange{.store = store, .connect = flight_connect,
+                                  .prefix = fmt::format("chorus_flight/{}", init), .id = rank, .wait = exchange_wait});
   recorder.install_dump_signal();
   std::vector<int> everyone(size);
   for (int r = 0; r < size; ++r) everyone[r] = r;

@@ -52,6 +52,12 @@ std::string read_job_token_file(const std::string& path) {
          "may read it): chmod 600 '{}'",
          path, mode, (mode & 044) != 0 ? "read" : "write or execute", path);
   }
+  if (st.st_uid != ::geteuid()) {
+    ::close(fd);
+    fail("job token file '{}' belongs to user id {}, not to this process's user ({}): expected this user's own file, "
+         "as ssh expects of a private key",
+         path, static_cast<unsigned>(st.st_uid), static_cast<unsigned>(::geteuid()));
+  }
   if (static_cast<size_t>(st.st_size) > kMaxJobTokenBytes) {
     ::close(fd);
     fail("job token file '{}' is {} bytes: expected a short secret of at most {} bytes (is it the right file?)", path,

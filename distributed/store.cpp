@@ -78,10 +78,18 @@ void recv_all(int fd, uint8_t* data, size_t n, Clock::time_point deadline, const
   }
 }
 
-// The loopback address `host` names, when every address it resolves to is a loopback one (an IPv4
-// one preferred: clients try each address of the name in turn); nullopt otherwise, or when it does
-// not resolve (the server then listens on every interface, as it always did).
+// The loopback address `host` names, when it is a loopback address written out (127.x.y.z, ::1) or
+// "localhost" and every address it resolves to is a loopback one (an IPv4 one preferred: clients
+// try each address of the name in turn); nullopt otherwise, or when it does not resolve (the server
+// then listens on every interface, as it always did). Other names are not trusted to be local
+// only: Debian maps the machine's own name to 127.0.1.1, and other nodes reach that name by the
+// machine's real address.
 std::optional<sockaddr_storage> loopback_address(const std::string& host) {
+  in_addr v4_literal{};
+  in6_addr v6_literal{};
+  const bool literal =
+      ::inet_pton(AF_INET, host.c_str(), &v4_literal) == 1 || ::inet_pton(AF_INET6, host.c_str(), &v6_literal) == 1;
+  if (!literal && host != "localhost") return std::nullopt;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;

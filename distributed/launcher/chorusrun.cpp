@@ -395,6 +395,7 @@ int main(int argc, char** argv) {
   };
 
   auto run_round = [&](int restart) -> Round {
+    g_dump_signal = 0;  // a SIGUSR1 between rounds was for workers that are gone
     FailureWatch watch(rdzv.get(), restart);
     std::vector<Worker> workers(nproc);
     const pid_t launcher = ::getpid();
@@ -451,6 +452,11 @@ int main(int argc, char** argv) {
           ::unsetenv(chorus::distributed::kJobTokenEnv);
         }
         if (set_threads) ::setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+        // SIGUSR1 asks for a flight-recorder dump (the worker takes it over from SIG_IGN, told so by
+        // the variable): a worker that has not installed its handler yet, or is no chorus program,
+        // must not die of it. An ignored signal stays ignored across exec.
+        ::signal(SIGUSR1, SIG_IGN);
+        ::setenv("CHORUS_SIGUSR1_IGNORED_BY_LAUNCHER", "1", 1);
         std::vector<char*> args;
         for (std::string& s : command) args.push_back(s.data());
         args.push_back(nullptr);

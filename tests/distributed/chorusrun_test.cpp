@@ -422,10 +422,12 @@ Run flight_table(const std::string& files) {
 }
 
 // 3 ranks of dist_worker `scenario`, their dumps under `prefix`. The timeout (6 s) is also the
-// rendezvous': room for sanitizer builds of 3 workers starting on 2 cores.
+// rendezvous': room for sanitizer builds of 3 workers starting on 2 cores. The exchange waits up to
+// 60 s (it ends as soon as every record is in): a late heartbeat on a loaded machine must not turn
+// "never entered" into "sent no record".
 Run flight_job(const std::string& scenario, const std::string& prefix) {
-  return run("--nproc-per-node 3 env CHORUS_TIMEOUT_S=6 CHORUS_HEARTBEAT_S=1 CHORUS_FLIGHT_RECORDER_FILE=" + prefix + " " +
-             dist_worker() + " " + scenario);
+  return run("--nproc-per-node 3 env CHORUS_TIMEOUT_S=6 CHORUS_HEARTBEAT_S=1 CHORUS_FLIGHT_RECORDER_WAIT_S=60 "
+             "CHORUS_FLIGHT_RECORDER_FILE=" + prefix + " " + dist_worker() + " " + scenario);
 }
 
 TEST_CASE("a rank that skipped a collective is named in the timeout's desync report", "[distributed][chorusrun][flight]") {

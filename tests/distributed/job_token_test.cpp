@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -62,6 +63,17 @@ TEST_CASE("a token file with wrong permissions, empty, missing or not a file is 
   CHECK_THROWS_WITH(read_job_token_file(dir), Catch::Contains("is not a regular file"));
   const std::string huge = token_file("huge", std::string(kMaxJobTokenBytes + 1, 'x'), 0600);
   CHECK_THROWS_WITH(read_job_token_file(huge), Catch::Contains("at most 4096 bytes"));
+  // Another user's file (made so by chown, which needs root).
+  const std::string foreign = token_file("foreign", "secret\n", 0600);
+  const uid_t other = ::geteuid() == 65534 ? 65533 : 65534;
+  if (::chown(foreign.c_str(), other, static_cast<gid_t>(-1)) == 0) {
+    CHECK_THROWS_WITH(read_job_token_file(foreign),
+                      Catch::Contains(foreign) && Catch::Contains("belongs to user id " + std::to_string(other)) &&
+                          Catch::Contains("expected this user's own file"));
+  } else {
+    std::printf("CHORUS-SKIP: chown of a token file to user %u needs root; the owner check is not exercised\n",
+                static_cast<unsigned>(other));
+  }
 }
 
 // Sets (or, with nullptr, unsets) an environment variable for one scope.
