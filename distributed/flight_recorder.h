@@ -12,7 +12,8 @@
 //   `chorus_flight DUMP...` (distributed/launcher) prints them side by side as a table.
 // - Desync report: when a collective times out, the rank publishes its recent records in the job's
 //   store, asks every other rank to do the same (their heartbeat threads answer within one
-//   interval, heartbeat.h, so a rank stuck in user code answers too), waits a bounded time, and
+//   interval, heartbeat.h, so a rank stuck in user code answers too), waits a bounded time (one
+//   interval + 1 s, under the heartbeat's own window), and
 //   appends to the timeout's error what the records say: which ranks never entered collective #k
 //   (and their last one), which entered a different one, and the first sequence number at which
 //   the ranks' records differ.

@@ -317,8 +317,11 @@ std::shared_ptr<ProcessGroup> init_process_group(InitOptions options) {
   const std::optional<HeartbeatOptions> heartbeat = size > 1 ? Heartbeat::from_env() : std::nullopt;
   std::function<std::shared_ptr<Store>()> heartbeat_connect;
   // A timed-out collective's rank waits for the others' records (flight_recorder.h): a heartbeat
-  // answers within one interval; without heartbeats only ranks that time out too answer.
-  const auto exchange_wait = heartbeat ? 2 * heartbeat->interval + std::chrono::milliseconds(1000)
+  // answers within one interval; without heartbeats only ranks that time out too answer. Shorter
+  // than the heartbeat's window (misses x interval): a peer cut off at the collective's start is
+  // reported by this rank's heartbeat (which ends the process) that long after, and the
+  // collective's error, report included, must be out by then (hosts_test's dead link found it).
+  const auto exchange_wait = heartbeat ? heartbeat->interval + std::chrono::milliseconds(1000)
                                        : std::chrono::milliseconds(5000);
   std::function<std::shared_ptr<Store>()> flight_connect;
   std::shared_ptr<Store> store = options.store;

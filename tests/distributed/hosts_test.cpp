@@ -196,7 +196,11 @@ TEST_CASE("two hosts over a veth pair train MNIST to the same parameters as one 
   INFO("after the link went down: " << seconds << " s\nhost 0:\n" << log0 << "\nhost 1:\n" << log1);
   CHECK(read_file(tmp + "/c0.rc") != "0\n");
   CHECK(read_file(tmp + "/c1.rc") != "0\n");
-  CHECK(seconds < 30.0);
+  // Measured 2026-11-28: 18.7 s in -c opt, 25.0 s under ASan (5.1 s before that day's job token and
+  // flight recorder: the collective's 5 s timeout, then up to 6 s for the desync report's exchange,
+  // which cannot reach rank 0's store across the dead link; the rest not yet explained). Far below
+  // the 300 s of a default timeout either way; the bound leaves room for sanitizer builds.
+  CHECK(seconds < 45.0);
   // Each side says what failed (a timeout or a lost connection, naming the collective).
   CHECK((log0.find("timed out") != std::string::npos || log0.find("failed") != std::string::npos));
   CHECK((log1.find("timed out") != std::string::npos || log1.find("failed") != std::string::npos));
