@@ -6,6 +6,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
+#include "kernels/layout_conversions.h"
 #include "tensor/ops.h"
 
 namespace chorus::autograd {
@@ -176,6 +177,8 @@ TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& gra
         }
         if (!needed.count(node.get()) || node->is_accumulate_grad()) continue;
       }
+      // Copies that change a gradient's memory format are counted under this node's name.
+      layout_conversions::PhaseScope phase(node->name());
       TensorList input_grads = node->apply(std::move(grads));
       if (!keep_graph) node->release_saved();
       auto& edges = node->next_edges();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/kernel_table.h"
+#include "kernels/layout_conversions.h"
 #include "tensor/runtime.h"
 #include "tensor/stream_sanitizer.h"
 
@@ -83,6 +84,11 @@ void sanitize_launch(const char* kernel, uint32_t mask, Device device, const A&.
   (add_accesses(accesses, index, mask, args), ...);
   stream_sanitizer::on_launch(kernel, device, current_stream(device).handle(), accesses);
 }
+// kernels::copy's arguments go to the layout-conversion counter (kernels/layout_conversions.h).
+template <typename... A>
+void count_layout_conversion(const A&... args) {
+  if constexpr (sizeof...(A) == 2 && (std::is_same_v<A, Tensor> && ...)) layout_conversions::detail::note_copy(args...);
+}
 }  // namespace detail
 
 // kernels::unary(op, out, in) etc.: run the kernel of the tensors' device.
@@ -95,6 +101,9 @@ void sanitize_launch(const char* kernel, uint32_t mask, Device device, const A&.
     if (!device_.is_cpu() && stream_sanitizer::active(device_.type)) {              \
       constexpr uint32_t mask_ = detail::write_mask(#name);                         \
       detail::sanitize_launch(#name, mask_, device_, CHORUS_UNPAREN args);          \
+    }                                                                               \
+    if constexpr (std::string_view(#name) == "copy") {                              \
+      detail::count_layout_conversion(CHORUS_UNPAREN args);                         \
     }                                                                               \
     table_.name args;                                                               \
   }
