@@ -22,7 +22,7 @@ if ((${#targets[@]} == 0)); then
 fi
 # Helper programs the gpu tests start (not tests themselves): libexec/. The examples run.sh trains
 # on the GPU for a few steps (--device cuda): examples/, with BERT's vocabulary in data/.
-helpers=(//tests/distributed:dist_worker)
+helpers=(//tests/distributed:dist_worker //tests/pipeline:pipeline_worker)
 examples=(//examples/resnet:resnet //examples/bert:bert)
 bazel build -c opt "${targets[@]}" "${helpers[@]}" "${examples[@]}"
 

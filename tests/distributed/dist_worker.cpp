@@ -1383,11 +1383,7 @@ int main(int argc, char** argv) {
   try {
     InitOptions init;
     // The GPU tests pick the backend (e.g. nccl) and may make each rank look like its own host.
-    if (const char* backend = std::getenv("CHORUS_TEST_BACKEND")) init.backend = backend;
-    if (std::getenv("CHORUS_TEST_NCCL_HOSTID")) {
-      const char* r = std::getenv("RANK");
-      ::setenv("NCCL_HOSTID", fmt::format("chorus-host-{}", r ? r : "0").c_str(), 1);
-    }
+    init.backend = chorus::testing::test_backend(init.backend);
     if (scenario == "timeout" || scenario == "killed_rank" || scenario == "stream_timeout") init.timeout = std::chrono::milliseconds(2000);
     if (scenario == "p2p_then_collective") init.timeout = std::chrono::milliseconds(10000);
     auto pg = init_process_group(init);

@@ -4,8 +4,10 @@
 //   and 3 equal to single-process CPU training in float64;
 // - the ordering test on real CUDA streams: with the event waits switched off DDP goes wrong;
 // - two NCCL ranks on one GPU with a distinct NCCL_HOSTID each (recent NCCL is reported to accept
-//   it): either every collective x dtype is right (passed), or every rank fails with an NCCL error
-//   (a CHORUS-SKIP: NCCL at world size 2 was not checked) — never a hang or a wrong value.
+//   it): either every collective x dtype is right, and then DDP (CNN with batch norm, transformer)
+//   and a 2-stage pipeline (MLP, GPT-tiny; tests/pipeline/pipeline_worker) over NCCL train as one
+//   process (passed), or every rank fails with an NCCL error (a CHORUS-SKIP: NCCL at world size 2
+//   was not checked) — never a hang or a wrong value.
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -47,7 +49,18 @@ TEST_CASE("two NCCL ranks on one GPU with distinct NCCL_HOSTID: right values or 
   INFO(r.output);
   if (all_ok) {
     std::printf("two NCCL ranks on one GPU with distinct NCCL_HOSTID: WORKS (every collective x dtype right)\n");
-    SUCCEED("every collective x dtype right at world size 2 over NCCL");
+    // Then DDP over NCCL at world size 2 equals one process's float64 training (the CNN with batch
+    // norm and the transformer), and a 2-stage pipeline whose activations and gradients cross
+    // between the stages as NCCL sends and receives trains as one process (MLP and GPT-tiny, 1F1B).
+    const std::vector<std::string> nccl = {"CHORUS_TEST_BACKEND=nccl", "CHORUS_TEST_NCCL_HOSTID=1", "NCCL_DEBUG=WARN"};
+    for (const char* kind : {"cnn", "transformer"}) {
+      INFO("DDP over NCCL, world 2, " << kind);
+      require_all_ok(run_dist_workers(2, {"ddp", kind, "float64", "0.0005", "0", "cuda:0"}, nccl, 180));
+    }
+    require_all_ok(chorus::testing::run_workers(chorus::testing::runfile("tests/pipeline/pipeline_worker"), 2,
+                                                {"equivalence", "mlp/1,1/4/1f1b/cuda:0", "gpt/1,1/2/1f1b/cuda:0"},
+                                                nccl, 180));
+    SUCCEED("every collective x dtype right at world size 2 over NCCL; DDP and a 2-stage pipeline over NCCL");
   } else if (all_nccl_errors && mentions_nccl) {
     // NCCL refused the setup: nothing about chorus's NCCL collectives was checked, so this is a
     // skip (counted as one by tools/test.sh and docs/gpu.md), not a pass.

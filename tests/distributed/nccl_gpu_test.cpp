@@ -5,8 +5,11 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <functional>
 
 #include "distributed/ddp.h"
+#include "distributed/nccl.h"
+#include "distributed/store.h"
 #include "distributed/init.h"
 #include "nn/nn.h"
 #include "optim/optim.h"
@@ -110,6 +113,49 @@ TEST_CASE("NCCL collectives at world size 1 on cuda:0", "[distributed][nccl][gpu
     CHECK(allclose(a[i].second.cpu(), b[i].second.cpu(), 1e-5, 1e-6));
   }
   destroy_process_group();
+  std::filesystem::remove(path);
+}
+
+// What can differ from an identity at world size 1: a send or receive to itself is refused with a
+// clear error (NCCL would wait for its own matching call forever), and the watchdog's timeout and
+// abort: a collective whose start waits behind a second of compute on the caller's stream outlives a
+// 100 ms timeout, the communicator is aborted, the work fails naming the timeout, and every later
+// call on the group fails naming that first failure (as a hung peer would make it at world size 2).
+TEST_CASE("NCCL at world size 1: sends to itself refused; a timed-out collective aborts the group", "[distributed][nccl][gpu]") {
+  REQUIRE(device_count(DeviceType::CUDA) > 0);
+  const std::string path = std::filesystem::temp_directory_path() / "chorus_nccl_gpu_timeout_store";
+  std::filesystem::remove(path);
+  auto store = std::make_shared<FileStore>(path);
+  auto pg = make_process_group_nccl(store, 0, 1, {.timeout = std::chrono::milliseconds(100)});
+  const Device cuda = Device::cuda(0);
+  Tensor t = arange(0, 4096, 1).to(cuda);
+  auto expect_error = [](const std::function<void()>& f, const std::string& part) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      INFO(e.what());
+      CHECK(std::string(e.what()).find(part) != std::string::npos);
+      return;
+    }
+    FAIL("no error; expected one containing '" << part << "'");
+  };
+  expect_error([&] { pg->send(t, 0); }, "destination 0 is not another rank");
+  expect_error([&] { pg->recv(t, 0); }, "source 0 is not another rank");
+  pg->allreduce({t})->wait();  // the group works before the timeout
+  CHECK(equal(t.cpu(), arange(0, 4096, 1)));
+
+  // About a second of compute on the current stream (measured: the check below needs > 100 ms).
+  Tensor a = randn({4096, 4096}, {.device = cuda});
+  Event before(/*enable_timing=*/true), after(/*enable_timing=*/true);
+  before.record(current_stream(cuda));
+  for (int i = 0; i < 100; ++i) a = matmul(a, a) * (1.0 / 64);
+  after.record(current_stream(cuda));
+  auto late = std::dynamic_pointer_cast<StreamWork>(pg->allreduce({a}));
+  REQUIRE(late);
+  expect_error([&] { late->synchronize(); }, "timed out after 100 ms");
+  after.synchronize();
+  CHECK(before.elapsed_time(after) > 100.0);  // the collective really waited longer than the timeout
+  expect_error([&] { pg->allreduce({t}); }, "timed out after 100 ms");
   std::filesystem::remove(path);
 }
 

@@ -47,6 +47,19 @@ inline void use_side_streams_if_asked() {
   std::printf("rank %d: current streams are side streams\n", g_rank);
 }
 
+// The backend a GPU test asks a worker for (CHORUS_TEST_BACKEND, e.g. "nccl"; else `fallback`), and
+// with CHORUS_TEST_NCCL_HOSTID=1 a host id of the rank's own (NCCL_HOSTID=chorus-host-RANK), so that
+// NCCL takes two ranks on one GPU for two hosts (its duplicate-GPU check compares host hashes and
+// bus ids) and connects them over its socket transport.
+inline std::string test_backend(const std::string& fallback) {
+  if (std::getenv("CHORUS_TEST_NCCL_HOSTID")) {
+    const char* r = std::getenv("RANK");
+    ::setenv("NCCL_HOSTID", (std::string("chorus-host-") + (r ? r : "0")).c_str(), 1);
+  }
+  const char* backend = std::getenv("CHORUS_TEST_BACKEND");
+  return backend ? backend : fallback;
+}
+
 // Runs f, expecting an error whose message contains every one of `parts`.
 inline void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts, const std::string& what) {
   try {

@@ -764,6 +764,7 @@ int main(int argc, char** argv) {
   try {
     InitOptions init;
     init.timeout = std::chrono::milliseconds(faulty ? 2000 : 60000);
+    init.backend = chorus::testing::test_backend(init.backend);  // multiprocess_gpu_test: NCCL stages
     auto pg = init_process_group(init);
     g_rank = pg->rank();
     chorus::testing::use_side_streams_if_asked();
