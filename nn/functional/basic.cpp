@@ -24,8 +24,15 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   if (bias.defined() && (bias.dim() != 1 || bias.size(0) != weight.size(0))) {
     fail("linear: bias of shape {} does not match out_features={}", shape_str(bias.sizes()), weight.size(0));
   }
-  // 2-D input with a bias: one fused GEMM (bias broadcast into the output, then += x @ W^T).
+  // 2-D input with a bias: one fused GEMM (bias broadcast into the output, then += x @ W^T). A
+  // dense [..., in] input is the same GEMM over its rows (a transformer's [B, T, H]): one pass over
+  // the output fewer than matmul then add.
   if (input.dim() == 2 && bias.defined()) return addmm(bias, input, weight.t());
+  if (input.dim() > 2 && bias.defined() && input.is_contiguous()) {
+    Shape out_shape = input.sizes();
+    out_shape.back() = weight.size(0);
+    return addmm(bias, input.reshape({-1, input.size(-1)}), weight.t()).reshape(out_shape);
+  }
   Tensor out = matmul(input, weight.t());
   return bias.defined() ? add(out, bias) : out;
 }
@@ -50,7 +57,9 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* generato
   Tensor mask;
   {
     NoGradGuard no_grad;
-    mask = mul(ge(u, p).to(input.dtype()), 1.0 / (1.0 - p));
+    // bool x double is float32 already (PyTorch's promotion): a float32 input's mask skips the cast.
+    const Tensor keep = ge(u, p);
+    mask = mul(input.dtype() == kFloat32 ? keep : keep.to(input.dtype()), 1.0 / (1.0 - p));
   }
   return mul(input, mask);
 }
