@@ -121,7 +121,9 @@ TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& gra
     }
   }
 
-  // 3. Seed the input buffers of the roots and run nodes as they become ready.
+  // 3. Seed the input buffers of the roots and run nodes as they become ready. Gradients are
+  // computed and summed without recording history (the in-place sums below included).
+  NoGradGuard no_grad;
   std::unordered_map<Node*, TensorList> buffers;
   std::unordered_map<Node*, std::shared_ptr<Node>> owners;
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, ReadyOrder> ready;
@@ -157,7 +159,6 @@ TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& gra
   GraphTask task;
   GraphTask* previous_task = g_current_task;
   g_current_task = &task;
-  NoGradGuard no_grad;
   try {
     while (!ready.empty()) {
       std::shared_ptr<Node> node = ready.top();
@@ -207,6 +208,8 @@ TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& gra
       }
     }
     // Callbacks may queue further callbacks; run until none are left.
+    static const std::string kCallbacks = "backward callbacks";  // DDP's finalize, e.g.
+    layout_conversions::PhaseScope phase(kCallbacks);
     for (size_t i = 0; i < task.callbacks.size(); ++i) {
       auto cb = std::move(task.callbacks[i]);
       cb();

@@ -108,13 +108,17 @@ inline void transpose_8x8(const float* src, int64_t ld_src, float* dst, int64_t 
 // first version, read 32 rows 4 KiB apart at once (one cache set at BERT's 1024-wide shapes) and ran
 // at 0.5-0.8x of this (fresh destination, cold source, 1024 x 1024 and 1024 x 256, Zen 3).
 void transpose_into(const float* src, int64_t ld_src, int64_t rows, int64_t cols, float* dst, int64_t ld_dst) {
-  constexpr int64_t kRowsTile = 256, kColsTile = 16;
-  parallel_for(0, (rows + kRowsTile - 1) / kRowsTile, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t i0 = lo * kRowsTile; i0 < std::min(rows, hi * kRowsTile); i0 += kRowsTile) {
-      const int64_t i1 = std::min(rows, i0 + kRowsTile);
+  constexpr int64_t kRowsTile = 256, kColsTile = 16, kColsBand = 256;
+  // Tasks are (row tile, band of 256 columns) pairs, so a matrix of one row tile still spreads over
+  // the threads.
+  const int64_t row_tiles = (rows + kRowsTile - 1) / kRowsTile, bands = (cols + kColsBand - 1) / kColsBand;
+  parallel_for(0, row_tiles * bands, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t i0 = task / bands * kRowsTile, i1 = std::min(rows, i0 + kRowsTile);
+      const int64_t band0 = task % bands * kColsBand, band1 = std::min(cols, band0 + kColsBand);
       const int64_t i8 = i0 + (i1 - i0) / 8 * 8;  // the rows the 8 x 8 blocks cover
-      for (int64_t p0 = 0; p0 < cols; p0 += kColsTile) {
-        const int64_t p1 = std::min(cols, p0 + kColsTile);
+      for (int64_t p0 = band0; p0 < band1; p0 += kColsTile) {
+        const int64_t p1 = std::min(band1, p0 + kColsTile);
         int64_t p = p0;
         for (; p + 8 <= p1; p += 8) {
           for (int64_t i = i0; i < i8; i += 8) transpose_8x8(src + p * ld_src + i, ld_src, dst + i * ld_dst + p, ld_dst);

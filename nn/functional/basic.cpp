@@ -26,7 +26,9 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   }
   // 2-D input with a bias: one fused GEMM (bias broadcast into the output, then += x @ W^T). A
   // dense [..., in] input is the same GEMM over its rows (a transformer's [B, T, H]): one pass over
-  // the output fewer than matmul then add.
+  // the output fewer than matmul then add. The result is a view of the 2-D product (PyTorch returns
+  // an _unsafe_view, which chorus has not): an in-place op on it later goes through the view's
+  // rebasing, correct but with the copies that implies.
   if (input.dim() == 2 && bias.defined()) return addmm(bias, input, weight.t());
   if (input.dim() > 2 && bias.defined() && input.is_contiguous()) {
     Shape out_shape = input.sizes();

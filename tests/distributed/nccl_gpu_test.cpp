@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <algorithm>
 #include <functional>
 
 #include "distributed/ddp.h"
@@ -118,7 +119,7 @@ TEST_CASE("NCCL collectives at world size 1 on cuda:0", "[distributed][nccl][gpu
 
 // What can differ from an identity at world size 1: a send or receive to itself is refused with a
 // clear error (NCCL would wait for its own matching call forever), and the watchdog's timeout and
-// abort: a collective whose start waits behind a second of compute on the caller's stream outlives a
+// abort: a collective whose start waits behind about a second of compute (calibrated) on the caller's stream outlives a
 // 100 ms timeout, the communicator is aborted, the work fails naming the timeout, and every later
 // call on the group fails naming that first failure (as a hung peer would make it at world size 2).
 TEST_CASE("NCCL at world size 1: sends to itself refused; a timed-out collective aborts the group", "[distributed][nccl][gpu]") {
@@ -144,13 +145,28 @@ TEST_CASE("NCCL at world size 1: sends to itself refused; a timed-out collective
   pg->allreduce({t})->wait();  // the group works before the timeout
   CHECK(equal(t.cpu(), arange(0, 4096, 1)));
 
-  // About a second of compute on the current stream (measured: the check below needs > 100 ms).
-  Tensor a = randn({4096, 4096}, {.device = cuda});
+  // About a second of compute on the current stream: ten products timed first (TF32 makes an 8192^3
+  // product a few milliseconds on an H200), then as many as a second takes. Large products keep
+  // the launch queue (about a thousand launches deep, beyond which the host waits) well over the
+  // timeout's worth of work when the collective is issued.
+  const Stream compute = current_stream(cuda);
+  Tensor a = randn({8192, 8192}, {.device = cuda}), w = randn({8192, 8192}, {.device = cuda}), c;
+  auto products = [&](int n) {
+    for (int i = 0; i < n; ++i) c = matmul(a, w);
+  };
+  Event t0(/*enable_timing=*/true), t1(/*enable_timing=*/true);
+  t0.record(compute);
+  products(10);
+  t1.record(compute);
+  t1.synchronize();
+  const double per_product_ms = std::max(t0.elapsed_time(t1) / 10, 1e-3);
+  const int n = static_cast<int>(std::min(1000.0 / per_product_ms, 200000.0)) + 1;
+  INFO("an 8192^3 product: " << per_product_ms << " ms; queued " << n);
   Event before(/*enable_timing=*/true), after(/*enable_timing=*/true);
-  before.record(current_stream(cuda));
-  for (int i = 0; i < 100; ++i) a = matmul(a, a) * (1.0 / 64);
-  after.record(current_stream(cuda));
-  auto late = std::dynamic_pointer_cast<StreamWork>(pg->allreduce({a}));
+  before.record(compute);
+  products(n);
+  after.record(compute);
+  auto late = std::dynamic_pointer_cast<StreamWork>(pg->allreduce({c}));
   REQUIRE(late);
   expect_error([&] { late->synchronize(); }, "timed out after 100 ms");
   after.synchronize();
