@@ -45,9 +45,10 @@ void layer_norm(const Tensor& out, const Tensor& mean, const Tensor& rstd, const
         pr[r] = static_cast<P>(inv);
         const P m = static_cast<P>(mu), iv = static_cast<P>(inv);
         P* orow = row_out(po + r * cols, cols, obuf);
-        if (pw && pb) for (int64_t c = 0; c < cols; ++c) orow[c] = (row[c] - m) * iv * pw[c] + pb[c];
-        else if (pw) for (int64_t c = 0; c < cols; ++c) orow[c] = (row[c] - m) * iv * pw[c];
-        else for (int64_t c = 0; c < cols; ++c) orow[c] = (row[c] - m) * iv + (pb ? pb[c] : P(0));
+        if (pw && pb) simd_for(0, cols, [&](int64_t c) CHORUS_ELEMENT { orow[c] = (row[c] - m) * iv * pw[c] + pb[c]; });
+        else if (pw) simd_for(0, cols, [&](int64_t c) CHORUS_ELEMENT { orow[c] = (row[c] - m) * iv * pw[c]; });
+        else if (pb) simd_for(0, cols, [&](int64_t c) CHORUS_ELEMENT { orow[c] = (row[c] - m) * iv + pb[c]; });
+        else simd_for(0, cols, [&](int64_t c) CHORUS_ELEMENT { orow[c] = (row[c] - m) * iv; });
         store_row(po + r * cols, orow, cols);
       }
     });
@@ -103,10 +104,10 @@ void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
             // dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat))
             const double a = sum_gw / static_cast<double>(cols), b = sum_gw_xhat / static_cast<double>(cols);
             P* out = row_out(pgx + r * cols, cols, obuf);
-            for (int64_t c = 0; c < cols; ++c) {
+            simd_for(0, cols, [&](int64_t c) CHORUS_ELEMENT {
               const double xhat = (xr[c] - m) * iv;
               out[c] = static_cast<P>(iv * (gr[c] * (pw ? pw[c] : P(1)) - a - xhat * b));
-            }
+            });
             store_row(pgx + r * cols, out, cols);
           }
         }
@@ -150,8 +151,7 @@ void cross_entropy(const Tensor& losses, const Tensor& row_weight, const Tensor&
         }
         const P* x = widened_row(px + r * C, C, xbuf);
         P* p = row_out(pp + r * C, C, pbuf);
-        P mx = x[0];
-        for (int64_t c = 1; c < C; ++c) mx = x[c] > mx ? x[c] : mx;
+        const P mx = simd_max<P>(1, C, x[0], [&](int64_t c) CHORUS_ELEMENT { return x[c]; });
         double s = 0;
         // Vector loops (libmvec's exp, vector_math.h); the sum in double, in lanes.
         simd_for(0, C, [&](int64_t c) CHORUS_ELEMENT { p[c] = std::exp(x[c] - mx); });
@@ -201,10 +201,14 @@ void cross_entropy_backward(const Tensor& grad_logits, const Tensor& row_scale, 
         P* gr = row_out(pg + r * C, C, gbuf);
         const P s = ps[r];
         const P wy = pcw ? pcw[y] : P(1);
-        for (int64_t c = 0; c < C; ++c) {
-          P v = one_minus * wy * p[c];
-          if (label_smoothing > 0) v += eps_c * (static_cast<P>(W) * p[c] - (pcw ? pcw[c] : P(1)));
-          gr[c] = s * v;
+        const P keep = one_minus * wy;
+        if (label_smoothing > 0) {
+          const P w_all = static_cast<P>(W);
+          simd_for(0, C, [&](int64_t c) CHORUS_ELEMENT {
+            gr[c] = s * (keep * p[c] + eps_c * (w_all * p[c] - (pcw ? pcw[c] : P(1))));
+          });
+        } else {
+          simd_for(0, C, [&](int64_t c) CHORUS_ELEMENT { gr[c] = s * (keep * p[c]); });
         }
         gr[y] -= s * one_minus * wy;
         store_row(pg + r * C, gr, C);

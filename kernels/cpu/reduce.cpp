@@ -76,10 +76,13 @@ void reduce_layout(const Tensor& out, const Tensor& in, int64_t M, int64_t R, in
   }
   // Columns (sm == 1): accumulate row by row into a buffer of M accumulators.
   parallel_for(0, M, std::max<int64_t>(64, kGrainSize / std::max<int64_t>(R, 1)), [&](int64_t lo, int64_t hi) {
-    std::vector<Acc> acc(static_cast<size_t>(hi - lo), Red::identity());
+    std::vector<Acc> acc_buffer(static_cast<size_t>(hi - lo), Red::identity());
+    Acc* acc = acc_buffer.data();
     for (int64_t r = 0; r < R; ++r) {
       const T* row = x + r * sr + lo;
-      for (int64_t m = 0; m < hi - lo; ++m) acc[m] = Red::combine(acc[m], static_cast<Acc>(row[m]));
+      // One vector loop per row (a plain loop stayed scalar at -O2: 10x libtorch's time for a
+      // bias gradient, the sum over 1024 rows of a [1024, 768] output gradient).
+      simd_for(0, hi - lo, [&](int64_t m) CHORUS_ELEMENT { acc[m] = Red::combine(acc[m], static_cast<Acc>(row[m])); });
     }
     for (int64_t m = lo; m < hi; ++m) o[m] = shared::Cast<Out>{}(acc[m - lo]);
   });
@@ -218,8 +221,7 @@ void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) {
       for (int64_t m = lo; m < hi; ++m) {
         const P* row = widened_row(px + m * R, R, xbuf);
         P* orow = row_out(py + m * R, R, ybuf);
-        P mx = -std::numeric_limits<P>::infinity();
-        for (int64_t r = 0; r < R; ++r) mx = row[r] > mx ? row[r] : mx;
+        P mx = simd_max<P>(0, R, -std::numeric_limits<P>::infinity(), [&](int64_t r) CHORUS_ELEMENT { return row[r]; });
         if (mx == -std::numeric_limits<P>::infinity()) mx = 0;  // all -inf: avoid inf - inf
         double sum = 0;
         // The exp loops are vector loops (libmvec, vector_math.h); the sums in double, in lanes.
@@ -228,7 +230,7 @@ void softmax(const Tensor& out, const Tensor& in, int64_t dim, bool log) {
           // (x - max) - log(sum), in this order, as PyTorch: folding max + log(sum) first rounds to
           // the spacing of max (about 1e-3 at 1e4 in float32) and loses every digit below it.
           const P log_sum = static_cast<P>(std::log(sum));
-          for (int64_t r = 0; r < R; ++r) orow[r] = (row[r] - mx) - log_sum;
+          simd_for(0, R, [&](int64_t r) CHORUS_ELEMENT { orow[r] = (row[r] - mx) - log_sum; });
         } else {
           simd_for(0, R, [&](int64_t r) CHORUS_ELEMENT { orow[r] = std::exp(row[r] - mx); });
           sum = simd_sum<double>(0, R, [&](int64_t r) CHORUS_ELEMENT { return orow[r]; });
@@ -258,14 +260,13 @@ void softmax_backward(const Tensor& grad_in, const Tensor& grad_out, const Tenso
         const P* gr = widened_row(pg + m * R, R, gbuf);
         const P* yr = widened_row(py + m * R, R, ybuf);
         P* ir = row_out(pi + m * R, R, ibuf);
-        double acc = 0;
         if (log) {
-          for (int64_t r = 0; r < R; ++r) acc += gr[r];
-          const P total = static_cast<P>(acc);
+          const P total = static_cast<P>(simd_sum<double>(0, R, [&](int64_t r) CHORUS_ELEMENT { return gr[r]; }));
           simd_for(0, R, [&](int64_t r) CHORUS_ELEMENT { ir[r] = gr[r] - std::exp(yr[r]) * total; });
         } else {
-          for (int64_t r = 0; r < R; ++r) acc += static_cast<double>(gr[r]) * yr[r];
-          for (int64_t r = 0; r < R; ++r) ir[r] = yr[r] * (gr[r] - static_cast<P>(acc));
+          const P dot = static_cast<P>(
+              simd_sum<double>(0, R, [&](int64_t r) CHORUS_ELEMENT { return static_cast<double>(gr[r]) * yr[r]; }));
+          simd_for(0, R, [&](int64_t r) CHORUS_ELEMENT { ir[r] = yr[r] * (gr[r] - dot); });
         }
         store_row(pi + m * R, ir, R);
       }
