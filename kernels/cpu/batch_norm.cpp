@@ -209,7 +209,7 @@ void batch_norm(const Tensor& out, const Tensor& save_mean, const Tensor& save_r
         for (int64_t i = 0; i < n; ++i) {
           const T* row = px + (i * c + ch) * s;
           T* orow = po + (i * c + ch) * s;
-          for (int64_t j = 0; j < s; ++j) orow[j] = shared::Cast<T>{}(to_opmath(row[j]) * scale + shift);
+          simd_for(0, s, [&](int64_t j) CHORUS_ELEMENT { orow[j] = shared::Cast<T>{}(to_opmath(row[j]) * scale + shift); });
         }
       }
     });
@@ -240,15 +240,12 @@ void batch_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
           const T* xr = px + (i * c + ch) * s;
           const T* gr = pg + (i * c + ch) * s;
           // A row in P's vector lanes, the rows in double (as the forward's statistics).
-          P row_g = 0, row_gx = 0;
-          _Pragma("omp simd reduction(+ : row_g, row_gx)")
-          for (int64_t j = 0; j < s; ++j) {
-            const P gj = to_opmath(gr[j]);
-            row_g += gj;
-            row_gx += gj * (to_opmath(xr[j]) - mean_t);
-          }
-          sum_g += row_g;
-          sum_gx += row_gx;
+          // (Two simd_sum passes: the row is in L1 for the second; an `omp simd reduction` of both
+          // sums in one loop stayed scalar at -O2.)
+          sum_g += simd_sum<P>(0, s, [&](int64_t j) CHORUS_ELEMENT { return to_opmath(gr[j]); });
+          sum_gx += simd_sum<P>(0, s, [&](int64_t j) CHORUS_ELEMENT {
+            return to_opmath(gr[j]) * (to_opmath(xr[j]) - mean_t);
+          });
         }
         sum_gx *= rstd;
         if (gw) gw[ch] = static_cast<P>(sum_gx);
@@ -265,16 +262,16 @@ void batch_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
             const T* xr = px + (i * c + ch) * s;
             const T* gr = pg + (i * c + ch) * s;
             T* out = gx + (i * c + ch) * s;
-            for (int64_t j = 0; j < s; ++j) {
+            simd_for(0, s, [&](int64_t j) CHORUS_ELEMENT {
               out[j] = shared::Cast<T>{}(k * (to_opmath(gr[j]) - mg - (to_opmath(xr[j]) - m) * mgx));
-            }
+            });
           }
         } else {
           const P k = static_cast<P>(w * rstd);
           for (int64_t i = 0; i < n; ++i) {
             const T* gr = pg + (i * c + ch) * s;
             T* out = gx + (i * c + ch) * s;
-            for (int64_t j = 0; j < s; ++j) out[j] = shared::Cast<T>{}(k * to_opmath(gr[j]));
+            simd_for(0, s, [&](int64_t j) CHORUS_ELEMENT { out[j] = shared::Cast<T>{}(k * to_opmath(gr[j])); });
           }
         }
       }
