@@ -29,7 +29,8 @@ resnet="$(echo "$out" | awk -F'|' '/ResNet-18, batch 8/ { gsub(/ /, "", $6); pri
 bert="$(echo "$out" | awk -F'|' '/BERT-mini masked LM, batch 8/ { gsub(/ /, "", $6); print $6 }')"
 echo "bench_check: this machine ($key): resnet18_b8=$resnet bert_mini_b8=$bert (chorus ms / libtorch ms)"
 
-line="$(grep -F "bench-check: $key:" docs/benchmarks.md | tail -1)"
+# The first line for this CPU in docs/benchmarks.md is the one compared (new sections go at the top).
+line="$(grep -F -m1 "bench-check: $key:" docs/benchmarks.md)"
 if [[ -z "$line" ]]; then
   echo "bench_check: docs/benchmarks.md records no ratios for this CPU; to record them, add the line"
   echo "  bench-check: $key: resnet18_b8=$resnet bert_mini_b8=$bert"
