@@ -177,9 +177,10 @@ Tensor BertForPreTraining::masked_lm_logits(const Tensor& hidden, const Tensor& 
   if (hidden.dim() != 3) fail("BertForPreTraining::masked_lm_logits: expected hidden [B, T, H], got {}", hidden.sizes());
   Tensor picked = index_select(hidden.reshape({-1, hidden.size(2)}), 0, positions);
   Tensor t = transform_norm_->forward(F::gelu(transform_dense_->forward(picked)));
-  // One addmm (the bias goes into the product's output): a separate add was one more pass over the
-  // [masked, vocab] logits (18 MB for BERT-mini's 146 x 30522).
-  return F::linear(t, bert->embeddings->word_embeddings->weight, decoder_bias_);
+  // matmul then + bias, as forward() and the pipeline head, and as the libtorch and PyTorch peers
+  // (train_step_bench, tools/torch_peer.py): F::linear's addmm would save a pass over the logits but
+  // round the bias to bfloat16 under autocast (bf16 logits where the others give float32).
+  return matmul(t, bert->embeddings->word_embeddings->weight.t()) + decoder_bias_;
 }
 
 namespace {

@@ -79,8 +79,7 @@ void col2im_add(T* x, const T* col, int64_t channels, const Window2d& w) {
           const int64_t lo = iw0 >= 0 ? 0 : std::min(w.out_w, (-iw0 + w.stride_w - 1) / w.stride_w);
           const int64_t hi = iw0 >= w.in_w ? lo : std::max(lo, std::min(w.out_w, (w.in_w - 1 - iw0) / w.stride_w + 1));
           if (w.stride_w == 1) {
-            T* d = dst + iw0;
-            simd_for(lo, hi, [&](int64_t ow) CHORUS_ELEMENT { d[ow] += src[ow]; });
+            simd_for(lo, hi, [&](int64_t ow) CHORUS_ELEMENT { dst[ow + iw0] += src[ow]; });
           } else {
             for (int64_t ow = lo; ow < hi; ++ow) dst[ow * w.stride_w + iw0] += src[ow];
           }

@@ -71,6 +71,20 @@ TEMPLATE_TEST_CASE("simd_max finds the largest element wherever it is, and never
         }
       }
     }
+    // A NaN in the same lane as the maximum, one, two and four vectors of lanes before and after it
+    // (lane counts 8, 16 and 32 cover both variants and both types): the lanes' update never takes it.
+    for (int64_t stride : {8, 16, 32}) {
+      for (int64_t at : {40, 41, 47, 55, 63}) {
+        std::vector<T> v(100);
+        for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(static_cast<int>(i % 13)) - T(30);
+        v[static_cast<size_t>(at)] = T(5);
+        v[static_cast<size_t>(at - stride)] = std::numeric_limits<T>::quiet_NaN();
+        v[static_cast<size_t>(at + stride)] = std::numeric_limits<T>::quiet_NaN();
+        const T got = kc::simd_max<T>(0, 100, -inf, [&](int64_t i) CHORUS_ELEMENT { return v[static_cast<size_t>(i)]; });
+        INFO("capability " << static_cast<int>(cap) << ", NaN " << stride << " before and after the maximum at " << at);
+        CHECK(got == T(5));
+      }
+    }
     // Every element NaN, or none above the start value: the start value.
     std::vector<T> nans(40, std::numeric_limits<T>::quiet_NaN());
     CHECK(kc::simd_max<T>(0, 40, -inf, [&](int64_t i) CHORUS_ELEMENT { return nans[static_cast<size_t>(i)]; }) == -inf);
