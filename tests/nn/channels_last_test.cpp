@@ -6,6 +6,7 @@
 // random inputs, and its layout is checked: channels-last in, channels-last out, gradients included.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -210,7 +211,8 @@ TEST_CASE("Module::to(ChannelsLast) relayouts the 4-D parameters only", "[channe
 // amplify any float32 rounding (2.3% on conv1.weight between the layouts on an AVX2-only EPYC,
 // 1.1e-3 in an ASan build elsewhere), so the same NCHW training in float64 (on the CPU, once) gives the scale: the
 // layouts may differ from each other by at most 4 times as much as NCHW float32 differs from
-// float64 (plus a floor of float32's rounding). A layout mistake (weights paired with the wrong
+// float64 in the parameter where that difference is largest (plus a floor of float32's rounding);
+// the losses of every step are held to 4 times their own float32 difference. A layout mistake (weights paired with the wrong
 // elements) moves them by O(1), far beyond it.
 struct Float64Run {
   std::vector<double> losses;
@@ -276,12 +278,20 @@ void resnet_steps(Device device) {
   }
   std::map<std::string, Tensor> pa;
   for (auto& [name, t] : nchw->named_parameters()) pa[name] = t;
+  // The scale is the model's: the largest NCHW float32 against float64 difference over all
+  // parameters. Per parameter it was a coin toss: which tensors an amplified rounding difference
+  // lands in varies with the summation order (2026-11-29, ASan build, 2 threads: layer4.0.conv1.weight
+  // 8.0e-4 between the layouts against 6.0e-5 between float32 and float64 for that tensor, while other
+  // tensors' float32 differences reached 8.9e-4).
+  double scale = 0;
+  for (auto& [name, t] : pa) scale = std::max(scale, rel_diff(t, exact.params.at(name)));
+  INFO("largest NCHW float32 against float64 difference " << scale);
+  CHECK(scale < 0.1);  // the scale itself stays small (else the comparison says nothing)
   for (auto& [name, t] : nhwc->named_parameters()) {
-    const double layouts = rel_diff(t, pa.at(name)), float32 = rel_diff(pa.at(name), exact.params.at(name));
-    INFO(name << ": channels-last against NCHW " << layouts << ", NCHW float32 against float64 " << float32);
+    const double layouts = rel_diff(t, pa.at(name));
+    INFO(name << ": channels-last against NCHW " << layouts);
     if (t.dim() == 4) CHECK(t.is_contiguous(kCL));  // the optimizer kept the layout
-    CHECK(layouts <= 4 * float32 + 1e-5);
-    CHECK(float32 < 0.1);  // the scale itself stays small (else the comparison says nothing)
+    CHECK(layouts <= 4 * scale + 1e-5);
   }
 }
 
