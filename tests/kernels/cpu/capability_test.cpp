@@ -11,26 +11,16 @@
 #include <vector>
 
 #include "kernels/cpu/capability.h"
+#include "tests/kernels/cpu/capabilities.h"
 #include "optim/optim.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 
 using namespace chorus;
 namespace kc = chorus::kernels::cpu;
+using chorus::testing::CapabilityGuard;
 
 namespace {
-
-std::vector<kc::CpuCapability> available() {
-  std::vector<kc::CpuCapability> caps = {kc::CpuCapability::kAvx2};
-  if (kc::cpu_has_avx512()) caps.push_back(kc::CpuCapability::kAvx512);
-  return caps;
-}
-
-// Restores the capability in use when the test started.
-struct CapabilityGuard {
-  kc::CpuCapability saved = kc::cpu_capability();
-  ~CapabilityGuard() { kc::set_cpu_capability(saved); }
-};
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.sizes() == b.sizes() &&
@@ -86,7 +76,7 @@ TEST_CASE("the AVX-512 and AVX2 loops give the same elementwise results", "[kern
       INFO(name << ", n = " << n);
       kc::set_cpu_capability(kc::CpuCapability::kAvx2);
       const Tensor reference = op();
-      for (kc::CpuCapability cap : available()) {
+      for (kc::CpuCapability cap : chorus::testing::available_capabilities()) {
         kc::set_cpu_capability(cap);
         REQUIRE(bitwise_equal(op(), reference));
       }
@@ -95,7 +85,7 @@ TEST_CASE("the AVX-512 and AVX2 loops give the same elementwise results", "[kern
       INFO(name << ", n = " << n);
       kc::set_cpu_capability(kc::CpuCapability::kAvx2);
       const Tensor reference = op();
-      for (kc::CpuCapability cap : available()) {
+      for (kc::CpuCapability cap : chorus::testing::available_capabilities()) {
         kc::set_cpu_capability(cap);
         const Tensor got = op();
         REQUIRE((got - reference).abs().max().item<float>() <= 4e-7f * (1 + reference.abs().max().item<float>()));
@@ -108,7 +98,7 @@ TEST_CASE("the AVX-512 and AVX2 optimizer updates are bit-identical", "[kernels]
   CapabilityGuard guard;
   for (const bool adam : {false, true}) {
     std::vector<Tensor> results;
-    for (kc::CpuCapability cap : available()) {
+    for (kc::CpuCapability cap : chorus::testing::available_capabilities()) {
       kc::set_cpu_capability(cap);
       manual_seed(5);
       Tensor w = randn({40001}).requires_grad_(true);

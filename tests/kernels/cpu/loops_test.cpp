@@ -10,30 +10,17 @@
 
 #include "kernels/cpu/capability.h"
 #include "kernels/cpu/loops.h"
+#include "tests/kernels/cpu/capabilities.h"
 
 namespace kc = chorus::kernels::cpu;
-
-namespace {
-
-std::vector<kc::CpuCapability> available() {
-  std::vector<kc::CpuCapability> caps = {kc::CpuCapability::kAvx2};
-  if (kc::cpu_has_avx512()) caps.push_back(kc::CpuCapability::kAvx512);
-  return caps;
-}
-
-struct CapabilityGuard {
-  kc::CpuCapability saved = kc::cpu_capability();
-  ~CapabilityGuard() { kc::set_cpu_capability(saved); }
-};
-
-}  // namespace
+using chorus::testing::CapabilityGuard;
 
 TEMPLATE_TEST_CASE("simd_sum adds every element once, at every length and start", "[cpu][loops]", float, double) {
   using T = TestType;
   CapabilityGuard guard;
   std::vector<T> v(300);
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(static_cast<int>(i % 37) - 18) * T(0.25);
-  for (kc::CpuCapability cap : available()) {
+  for (kc::CpuCapability cap : chorus::testing::available_capabilities()) {
     kc::set_cpu_capability(cap);
     for (int64_t begin : {0, 1, 5, 16}) {
       for (int64_t end = begin; end <= 200; ++end) {
@@ -52,7 +39,7 @@ TEMPLATE_TEST_CASE("simd_max finds the largest element wherever it is, and never
   using T = TestType;
   CapabilityGuard guard;
   const T inf = std::numeric_limits<T>::infinity();
-  for (kc::CpuCapability cap : available()) {
+  for (kc::CpuCapability cap : chorus::testing::available_capabilities()) {
     kc::set_cpu_capability(cap);
     for (int64_t n : {1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100}) {
       for (int64_t begin : {0, 1, 3}) {
