@@ -8,7 +8,7 @@
 #                                                    (#include "tensor/tensor.h", "nn/nn.h", ...)
 #   PREFIX/lib/cmake/chorus/chorusConfig.cmake       find_package(chorus) -> target chorus::chorus
 #   PREFIX/lib/cmake/chorus/chorusConfigVersion.cmake
-# The library links Debian's libfmt, libdnnl, libgloo and zlib (tools/setup.sh installs them); a
+# The library links Debian's libfmt, libdnnl, libopenblas, libgloo and zlib (tools/setup.sh installs them); a
 # program using it needs those and a C++20 compiler (the target asks CMake for cxx_std_20).
 #
 #   bash tools/install.sh PREFIX            e.g. bash tools/install.sh /usr/local

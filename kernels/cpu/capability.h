@@ -30,6 +30,14 @@ const char* capability_name(CpuCapability capability);
 // a chorus::Error naming it.
 const char* requested_capability();
 
+// Which library takes the float32 products that read A transposed into a row-major C
+// (kernels/cpu/gemm.cpp, use_openblas): kAuto sends those of weight-gradient size to OpenBLAS where
+// oneDNN runs AVX2 code; kOneDnn keeps oneDNN's own paths (A copied row-major first, or C^T = B^T A)
+// on every CPU, so that tests reach them on a machine without AVX-512.
+enum class TransposedGemm : int { kAuto = 0, kOneDnn = 1 };
+void set_transposed_gemm(TransposedGemm choice);
+TransposedGemm transposed_gemm();
+
 namespace detail {
 extern std::atomic<int> current_capability;  // -1 until resolved
 int resolve_capability();

@@ -36,14 +36,14 @@ void fill(const Tensor& dst, const Scalar& value) {
   auto it = make_iter<1>(dst.sizes(), {&dst});
   CHORUS_DISPATCH_ALL(dst.dtype(), "fill_", [&]<typename T>() {
     const T v = value.to<T>();
+    bool zero_bits = true;
+    for (size_t b = 0; b < sizeof(T); ++b) zero_bits = zero_bits && reinterpret_cast<const unsigned char*>(&v)[b] == 0;
     run_parallel<1>(it, [&](char** p, const int64_t* s, int64_t n) {
       if (s[0] == static_cast<int64_t>(sizeof(T))) {
         // A dense run (zeros() and the like): a vector loop (the strided loop below is scalar),
         // and memset for an all-zero-bits value.
         T* o = reinterpret_cast<T*>(p[0]);
-        bool zero_bits = true;
-        for (size_t b = 0; b < sizeof(T); ++b) zero_bits = zero_bits && reinterpret_cast<const unsigned char*>(&v)[b] == 0;
-        if (zero_bits) std::memset(o, 0, static_cast<size_t>(n) * sizeof(T));
+        if (zero_bits) std::memset(static_cast<void*>(o), 0, static_cast<size_t>(n) * sizeof(T));
         else simd_for(0, n, [&](int64_t i) CHORUS_ELEMENT { o[i] = v; });
         return;
       }

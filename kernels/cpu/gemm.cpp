@@ -1,12 +1,21 @@
 // Matrix products: float32 through oneDNN's dnnl_sgemm (its own run-time ISA dispatch: AVX-512 where
-// the CPU has it, about twice Eigen's AVX2 rate there; gemm_bench), everything else through Eigen. A strided 2-D view whose columns are contiguous maps as a
+// the CPU has it, about twice Eigen's AVX2 rate there; gemm_bench), except the products that read A
+// transposed on a CPU where oneDNN runs its AVX2 code, which go to OpenBLAS (see use_openblas);
+// everything else through Eigen. A strided 2-D view whose columns are contiguous maps as a
 // row-major matrix, one whose rows are contiguous (a transposed view) maps as column-major: either
 // way Eigen's packed GEMM reads it in place, so t() and transpose() never cost a copy. Only views
 // contiguous in neither dim are copied first.
 #include <Eigen/Core>
+#include <cblas.h>
 #include <dnnl.h>
 #include <immintrin.h>
 
+#include <atomic>
+#include <limits>
+#include <mutex>
+#include <string>
+
+#include "kernels/cpu/capability.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/onednn_conv.h"
 #include "kernels/cpu/parallel.h"
@@ -148,6 +157,31 @@ Tensor transposed_view(const Tensor& t) {
                                              Strides{t.stride(1), t.stride(0)}, t.dtype()));
 }
 
+// Whether oneDNN's sgemm runs its AVX2 code: the CPU has no AVX-512, or CHORUS_CPU_CAPABILITY=avx2
+// capped oneDNN (onednn::configure). train_step_bench's --cpu-loops caps chorus's own loops only, so
+// it does not count here.
+bool onednn_runs_avx2() {
+  static const bool avx2 = !cpu_has_avx512() || std::string(requested_capability()) == "avx2";
+  return avx2;
+}
+
+// The products that read A transposed with C row-major, at the sizes of a weight gradient (Linear's
+// grad_out^T x input: m, n >= 128 and k >= 256), go to OpenBLAS 0.3.21 where oneDNN runs AVX2 code:
+// there OpenBLAS reads the transposed A at its full rate while oneDNN's sgemm runs at half of it and
+// the copy-first and C^T paths below reach 0.73-0.92 of OpenBLAS (Zen 3, 1 thread, GFLOP/s, chorus
+// before / OpenBLAS: 256x1024x1024 58.1 / 79.2, 1024x256x1024 60.4 / 73.5, 256x256x1024 72.5 / 78.6;
+// gemm_bench, docs/data/gemm_shapes_zen3_2026-11-29.txt). Not with k < 256 (m=30522 n=256 k=146,
+// the masked-LM decoder's gradient: oneDNN 65.5, OpenBLAS 62.0), not inside a parallel region (bmm's
+// many small products run one per thread), and not on AVX-512, where oneDNN's sgemm runs AVX-512 code
+// that has not been measured against OpenBLAS's.
+std::atomic<int> g_transposed_gemm{static_cast<int>(TransposedGemm::kAuto)};
+
+bool use_openblas(int64_t m, int64_t n, int64_t k, bool a_transposed, bool c_row_major) {
+  return a_transposed && c_row_major && m >= 128 && n >= 128 && k >= 256 && !omp_in_parallel() &&
+         g_transposed_gemm.load(std::memory_order_relaxed) == static_cast<int>(TransposedGemm::kAuto) &&
+         onednn_runs_avx2();
+}
+
 bool sgemm(const Tensor& c, const Tensor& a_in, const Tensor& b, float alpha, float beta) {
   const int64_t m = a_in.size(0), k = a_in.size(1), n = b.size(1);
   if (k == 0 || m == 0 || n == 0) return false;
@@ -156,6 +190,27 @@ bool sgemm(const Tensor& c, const Tensor& a_in, const Tensor& b, float alpha, fl
   strides_2d(b, brs, bcs);
   strides_2d(c, crs, ccs);
   const bool c_row_major = ccs == 1 || n == 1;
+  const int64_t ldc = std::max<int64_t>(crs, n);
+  if (use_openblas(m, n, k, !(acs == 1 || k == 1), c_row_major) &&
+      std::max({m, n, k, ars, acs, brs, bcs, ldc}) <= std::numeric_limits<blasint>::max()) {
+    // One product in OpenBLAS at a time: its OpenMP build (the one chorus links) shares its work
+    // buffers between concurrent callers unless built with NUM_PARALLEL (OpenBLAS issues 1736, 3921),
+    // and chorus calls products from several threads (the sim device's stream workers; a user's
+    // threads). Its thread count is set on each call: the OpenMP build reads the calling thread's
+    // omp_get_max_threads(), which a thread other than the one set_num_threads ran on does not share,
+    // and the pthread build (what Debian's alternatives pick for a program outside Bazel) has its
+    // own pool.
+    static std::mutex openblas_mutex;
+    std::lock_guard<std::mutex> lock(openblas_mutex);
+    openblas_set_num_threads(num_threads());
+    const SgemmOperand A = sgemm_operand(static_cast<const float*>(a_in.raw_data_ptr()), m, k, ars, acs, false);
+    const SgemmOperand B = sgemm_operand(static_cast<const float*>(b.raw_data_ptr()), k, n, brs, bcs, false);
+    auto op = [](char t) { return t == 'T' ? CblasTrans : CblasNoTrans; };
+    cblas_sgemm(CblasRowMajor, op(A.trans), op(B.trans), static_cast<blasint>(m), static_cast<blasint>(n),
+                static_cast<blasint>(k), alpha, A.ptr, static_cast<blasint>(A.ld), B.ptr, static_cast<blasint>(B.ld),
+                beta, static_cast<float*>(c.raw_data_ptr()), static_cast<blasint>(ldc));
+    return true;
+  }
   // A transposed and C much wider than tall (m=256 n=1024 k=1024: 30 GF/s read either way): the
   // transposed product C^T = B^T A has the tall shape the copy above serves; C is then its transpose.
   if (c_row_major && beta == 0.f && !(acs == 1 || k == 1) && (bcs == 1 || n == 1) && m >= 128 && n >= 2 * m &&
@@ -218,6 +273,14 @@ void gemm_typed(const Tensor& c, const Tensor& a, const Tensor& b, T alpha, T be
 }
 
 }  // namespace
+
+void set_transposed_gemm(TransposedGemm choice) {
+  g_transposed_gemm.store(static_cast<int>(choice), std::memory_order_relaxed);
+}
+
+TransposedGemm transposed_gemm() {
+  return static_cast<TransposedGemm>(g_transposed_gemm.load(std::memory_order_relaxed));
+}
 
 void gemm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, double beta) {
   Tensor aa = mappable(a) ? a : dense(a);

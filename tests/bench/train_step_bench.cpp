@@ -3,7 +3,8 @@
 // thread count: (a) an MLP 784-512-256-10 at batch 128; (b) a small ResNet (3x3 stem 3->32 + BN +
 // ReLU; basic residual blocks at 32, 64 (stride 2) and 128 (stride 2) channels with 1x1 projection
 // shortcuts; global average pooling; linear to 10) at batch 32 of 3x32x32. Median of the timed
-// steps after warm-up; prints the ratio chorus / libtorch (below 1: chorus is faster). Then the
+// steps after warm-up, chorus's and libtorch's steps in alternation; prints the median of the
+// per-round ratios chorus / libtorch (below 1: chorus is faster; bench::paired_median_times). Then the
 // models of examples/: (c) ResNet-18 (torchvision's, 1000 classes) at batch 16 of 3x64x64; (d)
 // BERT-mini masked-LM at batch 8 of 128 tokens with AdamW.
 //
@@ -206,19 +207,17 @@ void resnet18_step(int64_t batch, int threads, int steps, int warmup) {
   chorus::optim::SGD copt(cmodel->parameters(), {.lr = 0.01, .momentum = 0.9});
   chorus::Tensor cx = chorus::randn({batch, 3, 64, 64});
   chorus::Tensor cy = chorus::randint(0, 1000, {batch});
-  const double tc = chorus::bench::median_time(
-      [&] {
-        copt.zero_grad();
-        CF::cross_entropy(cmodel->forward(cx), cy).backward();
-        copt.step();
-      },
-      warmup, steps);
   torch::manual_seed(1);
   torch::nn::Sequential tmodel = torch_resnet18();
   torch::optim::SGD topt(tmodel->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   torch::Tensor tx = torch::randn({batch, 3, 64, 64});
   torch::Tensor ty = torch::randint(0, 1000, {batch}, torch::kLong);
-  const double tt = chorus::bench::median_time(
+  const chorus::bench::PairedTimes t = chorus::bench::paired_median_times(
+      [&] {
+        copt.zero_grad();
+        CF::cross_entropy(cmodel->forward(cx), cy).backward();
+        copt.step();
+      },
       [&] {
         topt.zero_grad();
         torch::nn::functional::cross_entropy(tmodel->forward(tx), ty).backward();
@@ -226,7 +225,7 @@ void resnet18_step(int64_t batch, int threads, int steps, int warmup) {
       },
       warmup, steps);
   std::printf("| ResNet-18, batch %lld x 3x64x64 | %d | %.2f | %.2f | %.2f |\n", static_cast<long long>(batch), threads,
-              tc * 1e3, tt * 1e3, tc / tt);
+              t.a * 1e3, t.b * 1e3, t.ratio);
   std::fflush(stdout);
 }
 
@@ -244,20 +243,18 @@ void bert_step(const std::string& size, int64_t b, int threads, int steps, int w
   const chorus::models::BertConfig config = chorus::models::BertConfig::named(size);
   chorus::models::BertForPreTraining cmodel(config);
   chorus::optim::AdamW copt(cmodel.parameters());
-  const double tc = chorus::bench::median_time(
-      [&] {
-        copt.zero_grad();
-        cmodel.masked_lm_loss(ids, chorus::Tensor(), labels).backward();
-        copt.step();
-      },
-      warmup, steps);
   torch::manual_seed(2);
   torch::Tensor tids = torch::from_blob(ids.data_ptr<int64_t>(), {b, t}, torch::kLong).clone();
   torch::Tensor tpos = torch::tensor(positions, torch::kLong);
   torch::Tensor ttargets = tids.reshape({-1}).index_select(0, tpos);
   TorchBert tmodel(vocab, config.hidden_size, config.num_hidden_layers, config.num_attention_heads);
   torch::optim::AdamW topt(tmodel->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
-  const double tt = chorus::bench::median_time(
+  const chorus::bench::PairedTimes tp = chorus::bench::paired_median_times(
+      [&] {
+        copt.zero_grad();
+        cmodel.masked_lm_loss(ids, chorus::Tensor(), labels).backward();
+        copt.step();
+      },
       [&] {
         topt.zero_grad();
         tmodel->loss(tids, tpos, ttargets).backward();
@@ -265,7 +262,7 @@ void bert_step(const std::string& size, int64_t b, int threads, int steps, int w
       },
       warmup, steps);
   std::printf("| BERT-%s masked LM, batch %lld x 128 tokens | %d | %.2f | %.2f | %.2f |\n", size.c_str(),
-              static_cast<long long>(b), threads, tc * 1e3, tt * 1e3, tc / tt);
+              static_cast<long long>(b), threads, tp.a * 1e3, tp.b * 1e3, tp.ratio);
   std::fflush(stdout);
 }
 
@@ -465,7 +462,26 @@ int profile(const std::string& which, int steps, int threads) {
   return 2;
 }
 
+int usage(const char* bad) {
+  if (bad != nullptr) std::fprintf(stderr, "train_step_bench: unknown or incomplete argument '%s'\n", bad);
+  std::fprintf(bad ? stderr : stdout,
+               "usage: train_step_bench [--steps N] [--warmup N] [--threads T] [--cpu-loops avx2|avx512]\n"
+               "                        [--profile MODEL | --channels-last | --check]\n");
+  return bad ? 2 : 0;
+}
+
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") return usage(nullptr);
+    const bool takes_value = a == "--steps" || a == "--warmup" || a == "--threads" || a == "--cpu-loops" ||
+                             a == "--profile";
+    if (takes_value && i + 1 < argc) {
+      ++i;
+      continue;
+    }
+    if (a != "--channels-last" && a != "--check") return usage(argv[i]);
+  }
   int steps = 20, warmup = 5;
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps")) steps = std::atoi(argv[i + 1]);
@@ -505,8 +521,9 @@ int main(int argc, char** argv) {
     }
   }
   const Case cases[] = {{"MLP 784-512-256-10, batch 128", false, 128}, {"small ResNet, batch 32 x 3x32x32", true, 32}};
-  std::printf("Training step (forward + backward + SGD momentum), median of %d steps after %d warm-up steps\n\n", steps,
-              warmup);
+  std::printf("Training step (forward + backward + SGD momentum; BERT: AdamW), chorus and libtorch in alternation "
+              "(bench::paired_median_times): median of %d steps each after %d warm-up steps; the ratio is the median "
+              "of the %d rounds' chorus / libtorch\n\n", steps, warmup, steps);
   std::printf("| model | threads | chorus ms | libtorch ms | chorus / libtorch |\n|---|---|---|---|---|\n");
   for (const Case& c : cases) {
     for (int threads : {1, 2}) {
@@ -518,27 +535,25 @@ int main(int argc, char** argv) {
       chorus::optim::SGD copt(cmodel->parameters(), {.lr = 0.01, .momentum = 0.9});
       chorus::Tensor cx = c.resnet ? chorus::randn({c.batch, 3, 32, 32}) : chorus::randn({c.batch, 784});
       chorus::Tensor cy = chorus::randint(0, 10, {c.batch});
-      const double tc = chorus::bench::median_time(
-          [&] {
-            copt.zero_grad();
-            CF::cross_entropy(cmodel->forward(cx), cy).backward();
-            copt.step();
-          },
-          warmup, steps);
       // libtorch
       torch::manual_seed(1);
       torch::nn::Sequential tmodel = c.resnet ? torch_resnet() : torch_mlp();
       torch::optim::SGD topt(tmodel->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
       torch::Tensor tx = c.resnet ? torch::randn({c.batch, 3, 32, 32}) : torch::randn({c.batch, 784});
       torch::Tensor ty = torch::randint(0, 10, {c.batch}, torch::kLong);
-      const double tt = chorus::bench::median_time(
+      const chorus::bench::PairedTimes t = chorus::bench::paired_median_times(
+          [&] {
+            copt.zero_grad();
+            CF::cross_entropy(cmodel->forward(cx), cy).backward();
+            copt.step();
+          },
           [&] {
             topt.zero_grad();
             torch::nn::functional::cross_entropy(tmodel->forward(tx), ty).backward();
             topt.step();
           },
           warmup, steps);
-      std::printf("| %s | %d | %.2f | %.2f | %.2f |\n", c.name, threads, tc * 1e3, tt * 1e3, tc / tt);
+      std::printf("| %s | %d | %.2f | %.2f | %.2f |\n", c.name, threads, t.a * 1e3, t.b * 1e3, t.ratio);
       std::fflush(stdout);
     }
   }

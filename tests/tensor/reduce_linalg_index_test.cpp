@@ -188,9 +188,10 @@ TEST_CASE("mm, addmm, bmm and matmul (1-D, 2-D, batched, broadcast) match loops 
       CHECK(testing::matches(weight.grad(), {5, 4}, matmul_ref(values(up.t().contiguous()), values(inp), 5, 6, 4)));
     }
     // A transposed operand read from a slice of a wider tensor (column stride 700, storage offset
-    // 5), in the two shapes the float32 path reorders (kernels/cpu/gemm.cpp): tall (600 x 260 @ 260 x
-    // 130: A copied into row-major tiles first) and wide (130 x 260 @ 260 x 600: computed as
-    // C^T = B^T A, then transposed into C).
+    // 5), in the two shapes the float32 path treats specially (kernels/cpu/gemm.cpp): tall (600 x 260
+    // @ 260 x 130) and wide (130 x 260 @ 260 x 600). Where oneDNN runs AVX2 code both go to OpenBLAS;
+    // on AVX-512 the tall one copies A into row-major tiles first and the wide one is computed as
+    // C^T = B^T A, then transposed into C (tests/kernels/cpu:gemm_test takes every path on any CPU).
     {
       const double tol = dt == kFloat32 ? 5e-5 : 1e-12;  // 260 float32 products summed
       Tensor wide = testing::random_tensor({260, 700}, dt, gen);

@@ -1,0 +1,158 @@
+// The float32 products that read A transposed (kernels/cpu/gemm.cpp, every weight gradient): through
+// OpenBLAS (TransposedGemm::kAuto where oneDNN runs AVX2 code) and through oneDNN's own paths
+// (kOneDnn: A copied row-major first for a tall C, C^T = B^T A for a wide one), each against the
+// float64 product (Eigen's, a third implementation), at 1 and 2 threads, with A read from a slice of
+// a wider tensor, B plain and transposed, alpha and beta; that kAuto really takes OpenBLAS where it
+// should (bit for bit cblas_sgemm's own result); and products from several threads at once (OpenBLAS's
+// OpenMP build shares its buffers between concurrent callers: chorus serializes its calls).
+#include <catch2/catch.hpp>
+#include <cblas.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/capability.h"
+#include "tensor/generator.h"
+#include "tensor/ops.h"
+
+namespace kc = chorus::kernels::cpu;
+using namespace chorus;
+
+namespace {
+
+// Restores kAuto and the thread count however a test case ends.
+struct GemmGuard {
+  int threads = get_num_threads();
+  ~GemmGuard() {
+    kc::set_transposed_gemm(kc::TransposedGemm::kAuto);
+    set_num_threads(threads);
+  }
+};
+
+std::vector<double> values(const Tensor& t) {
+  Tensor d = t.to(kFloat64).contiguous();
+  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
+}
+
+// The largest |got - want| over the elements, and the bound: k float32 roundings of products of
+// N(0, 1) values (each |a b| below about 20) summed in any order, with room for alpha and beta.
+void check_close(const Tensor& got, const Tensor& want, int64_t k, const std::string& what) {
+  REQUIRE(got.sizes() == want.sizes());
+  const std::vector<double> g = values(got), w = values(want);
+  double worst = 0;
+  for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(g[i] - w[i]));
+  const double bound = 4.0 * static_cast<double>(k) * std::ldexp(1.0, -24) * 20.0;
+  INFO(what << ": largest difference from the float64 product " << worst << ", bound " << bound);
+  CHECK(worst <= bound);
+  CHECK(worst > 0.0);  // float32 sums of 256+ random products always round somewhere: the reference is float64
+}
+
+// A rows x cols float32 view whose rows are contiguous (a transposed slice of a wider tensor, storage
+// offset 5), as Linear's grad_out^T is.
+Tensor transposed_slice(int64_t rows, int64_t cols) {
+  Tensor wide = randn({cols, rows + 70});
+  return wide.slice(1, 5, 5 + rows).t();
+}
+
+}  // namespace
+
+TEST_CASE("Transposed-A float32 products match the float64 product through every path", "[cpu][gemm]") {
+  GemmGuard guard;
+  manual_seed(11);
+  struct Shape3 {
+    int64_t m, k, n;
+    const char* path;  // what kOneDnn does with it
+  };
+  const Shape3 shapes[] = {{600, 260, 130, "A copied row-major (tall C)"},
+                           {130, 260, 600, "C^T = B^T A (wide C)"},
+                           {256, 512, 256, "oneDNN's transposed read"}};
+  for (kc::TransposedGemm choice : {kc::TransposedGemm::kAuto, kc::TransposedGemm::kOneDnn}) {
+    kc::set_transposed_gemm(choice);
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      for (const Shape3& s : shapes) {
+        const std::string what = std::string(choice == kc::TransposedGemm::kAuto ? "kAuto" : "kOneDnn") + ", " +
+                                 std::to_string(threads) + " thread(s), " + std::to_string(s.m) + " x " +
+                                 std::to_string(s.k) + " x " + std::to_string(s.n) + " (" + s.path + ")";
+        Tensor a = transposed_slice(s.m, s.k);
+        Tensor b = randn({s.k, s.n});
+        Tensor bt = randn({s.n, s.k}).t();  // B read transposed as well
+        const Tensor a64 = a.to(kFloat64), b64 = b.to(kFloat64), bt64 = bt.to(kFloat64);
+        check_close(mm(a, b), mm(a64, b64), s.k, what + ", A^T B");
+        check_close(mm(a, bt), mm(a64, bt64), s.k, what + ", A^T B^T");
+        // addmm: beta * bias + alpha * A B, bias broadcast over the rows.
+        Tensor bias = randn({s.n});
+        check_close(addmm(bias, a, b, 0.5, 2.0), addmm(bias.to(kFloat64), a64, b64, 0.5, 2.0), 2 * s.k,
+                    what + ", addmm beta 0.5 alpha 2");
+      }
+    }
+  }
+}
+
+TEST_CASE("kAuto sends weight-gradient products to OpenBLAS where oneDNN runs AVX2 code", "[cpu][gemm]") {
+  GemmGuard guard;
+  const bool onednn_avx2 = !kc::cpu_has_avx512() || std::string(kc::requested_capability()) == "avx2";
+  if (!onednn_avx2) {
+    std::printf("CHORUS-SKIP: this CPU has AVX-512 and oneDNN uses it: transposed-A products stay in oneDNN "
+                "(kernels/cpu/gemm.cpp, use_openblas), so there is no OpenBLAS route to check here\n");
+    return;
+  }
+  manual_seed(12);
+  set_num_threads(1);
+  const int64_t m = 600, k = 260, n = 130;
+  Tensor a = transposed_slice(m, k);  // element (i, p) at p * a.stride(1) + i
+  Tensor b = randn({k, n});
+  Tensor got = mm(a, b);
+  std::vector<float> want(static_cast<size_t>(m * n));
+  openblas_set_num_threads(1);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), 1.0f, a.data_ptr<float>(), static_cast<blasint>(a.stride(1)), b.data_ptr<float>(),
+              static_cast<blasint>(n), 0.0f, want.data(), static_cast<blasint>(n));
+  const float* g = got.data_ptr<float>();
+  int64_t differ = 0;
+  for (int64_t i = 0; i < m * n; ++i) differ += g[i] != want[static_cast<size_t>(i)];
+  INFO(differ << " of " << m * n << " elements differ from cblas_sgemm's");
+  CHECK(differ == 0);
+  // And kOneDnn leaves it: a different library's rounding shows in some element.
+  kc::set_transposed_gemm(kc::TransposedGemm::kOneDnn);
+  Tensor other = mm(a, b);
+  const float* o = other.data_ptr<float>();
+  int64_t differ_onednn = 0;
+  for (int64_t i = 0; i < m * n; ++i) differ_onednn += o[i] != want[static_cast<size_t>(i)];
+  INFO(differ_onednn << " of " << m * n << " elements of the kOneDnn product differ from cblas_sgemm's");
+  CHECK(differ_onednn > 0);
+}
+
+TEST_CASE("Transposed-A products from several threads at once give each thread the serial result", "[cpu][gemm]") {
+  GemmGuard guard;
+  manual_seed(13);
+  set_num_threads(2);
+  const int64_t m = 600, k = 260, n = 130;
+  Tensor a = transposed_slice(m, k);
+  std::vector<Tensor> bs;
+  std::vector<Tensor> serial;
+  for (int t = 0; t < 4; ++t) {
+    bs.push_back(randn({k, n}));
+    serial.push_back(mm(a, bs.back()));
+  }
+  std::vector<int64_t> differ(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 5; ++rep) {
+        Tensor c = mm(a, bs[static_cast<size_t>(t)]);
+        const float* p = c.data_ptr<float>();
+        const float* q = serial[static_cast<size_t>(t)].data_ptr<float>();
+        for (int64_t i = 0; i < m * n; ++i) differ[static_cast<size_t>(t)] += p[i] != q[i];
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) {
+    INFO("thread " << t << ": " << differ[static_cast<size_t>(t)] << " elements differ from the serial product");
+    CHECK(differ[static_cast<size_t>(t)] == 0);
+  }
+}
