@@ -34,6 +34,11 @@ bool enabled();
 // with only a handful of output positions in the whole batch).
 bool handles(const Tensor& x, const Tensor& weight, const Window2d& w);
 
+// Whether conv2d_backward computes this convolution's weight gradient as one product over the whole
+// batch rather than through oneDNN ([Small-image weight gradients], onednn_conv.cpp): false where
+// handles() is false. Makes the shape's primitives if they are not made yet. For tests.
+bool weight_grad_by_gemm(const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups);
+
 // As conv2d / conv2d_backward in conv.h.
 void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
             int64_t groups);
