@@ -185,8 +185,8 @@ if [[ "$mode" == full ]]; then
     phase "isa-$cap" "" "${common[@]}" --test_env=CHORUS_CPU_CAPABILITY="$cap" \
       //tests/nn:conv_test //tests/nn:loss_test //tests/tensor:reduce_linalg_index_test \
       //tests/tensor:elementwise_test //tests/tensor:unary_test //tests/optim:optim_test \
-      //tests/kernels/cpu:capability_test //tests/kernels/shared:pointwise_math_test \
-      //tests/kernels/shared:optim_math_test //tests/kernels/shared:philox_test
+      //tests/kernels/cpu:capability_test //tests/kernels/cpu:gemm_test //tests/kernels/cpu:conv_weight_grad_test \
+      //tests/kernels/shared:pointwise_math_test //tests/kernels/shared:optim_math_test //tests/kernels/shared:philox_test
   done
   # The main server is not needed again; its memory is better left to the sanitizer builds.
   bazel shutdown >/dev/null 2>&1 || true

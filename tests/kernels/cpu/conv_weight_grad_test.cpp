@@ -30,20 +30,18 @@ struct ConvCase {
 };
 
 kernels::Window2d window(const ConvCase& k) {
-  kernels::Window2d w;
-  w.in_h = k.h;
-  w.in_w = k.w;
-  w.kernel_h = k.kh;
-  w.kernel_w = k.kw;
-  w.stride_h = k.sh;
-  w.stride_w = k.sw;
-  w.pad_h = k.ph;
-  w.pad_w = k.pw;
-  w.dilation_h = k.dh;
-  w.dilation_w = k.dw;
-  w.out_h = (k.h + 2 * k.ph - k.dh * (k.kh - 1) - 1) / k.sh + 1;
-  w.out_w = (k.w + 2 * k.pw - k.dw * (k.kw - 1) - 1) / k.sw + 1;
-  return w;
+  return {.in_h = k.h,
+          .in_w = k.w,
+          .out_h = (k.h + 2 * k.ph - k.dh * (k.kh - 1) - 1) / k.sh + 1,
+          .out_w = (k.w + 2 * k.pw - k.dw * (k.kw - 1) - 1) / k.sw + 1,
+          .kernel_h = k.kh,
+          .kernel_w = k.kw,
+          .stride_h = k.sh,
+          .stride_w = k.sw,
+          .pad_h = k.ph,
+          .pad_w = k.pw,
+          .dilation_h = k.dh,
+          .dilation_w = k.dw};
 }
 
 struct Grads {
