@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -214,8 +215,8 @@ void make_backward(Entry& e) {
     // convolution whose output is a few positions (ResNet's last stage: 2x2 at 64x64 inputs) and
     // falls back to its GEMM-based one ("x64:gemm:jit"), which multiplies image by image with k =
     // the image's positions (4) and adds each product into the whole weight gradient: 512->512 3x3 at
-    // batch 16 took 11-27 ms (11-28 GFLOP/s) in chorus and in libtorch alike (ONEDNN_VERBOSE, Zen 3,
-    // 1 thread). Here the whole batch's columns are laid out once, [batch x positions, C kH kW], and
+    // batch 16 took 13-41 ms a call in chorus and 10.8-35.4 ms in libtorch (7-23 GFLOP/s; ONEDNN_VERBOSE,
+    // Zen 3, 1 thread: docs/data/conv_small_image_zen3_2026-11-29.txt). Here the whole batch's columns are laid out once, [batch x positions, C kH kW], and
     // the gradient is one product with k = batch x positions (weight_grad_by_gemm). Only for NCHW,
     // ungrouped convolutions with at most 64 positions per image (where oneDNN's per-image products
     // are short) and a column buffer of at most 16M floats.
@@ -352,12 +353,18 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     go = make_tensor(grad_out.sizes(), grad_out.dtype(), kCPU, format);
     copy(go, grad_out);
   }
+  // [One diff_dst reorder] grad_out in the data gradient's layout, kept for the weight gradient: an
+  // NCHW convolution's two backward primitives both want it in the same blocked layout (nChw8c on
+  // AVX2), so it is reordered once, not once for each (small ResNet, batch 32: 52 activation reorders
+  // a step took 26 ms of its 230; this saves 8 of them).
+  std::optional<Arg> data_diff_dst;
   if (grad_x.defined()) {
-    Arg diff_dst(e->bwd_data_pd.diff_dst_desc(), e->s.user_dst, ptr(go), true, stream);
+    data_diff_dst.emplace(e->bwd_data_pd.diff_dst_desc(), e->s.user_dst, ptr(go), true, stream);
     Arg wei(e->bwd_data_pd.weights_desc(), e->s.user_wei, ptr(weight), true, stream);
     Arg diff_src(e->bwd_data_pd.diff_src_desc(), e->s.user_src, ptr(grad_x), false, stream);
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_DIFF_DST, diff_dst.get()}, {DNNL_ARG_WEIGHTS, wei.get()}, {DNNL_ARG_DIFF_SRC, diff_src.get()}};
+    std::unordered_map<int, memory> args{{DNNL_ARG_DIFF_DST, data_diff_dst->get()},
+                                         {DNNL_ARG_WEIGHTS, wei.get()},
+                                         {DNNL_ARG_DIFF_SRC, diff_src.get()}};
     const Scratchpad scratchpad(e->bwd_data_pd);
     scratchpad.add_to(args);
     e->bwd_data.execute(stream, args);
@@ -370,10 +377,15 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     const bool with_bias = grad_bias.defined();
     const auto& pd = with_bias ? e->bwd_weights_pd : e->bwd_weights_nobias_pd;
     Arg src(pd.src_desc(), e->s.user_src, ptr(x), true, stream);
-    Arg diff_dst(pd.diff_dst_desc(), e->s.user_dst, ptr(go), true, stream);
+    // [One diff_dst reorder]: the data gradient's copy where the layouts agree.
+    std::optional<Arg> own_diff_dst;
+    if (!data_diff_dst || data_diff_dst->get().get_desc() != pd.diff_dst_desc()) {
+      own_diff_dst.emplace(pd.diff_dst_desc(), e->s.user_dst, ptr(go), true, stream);
+    }
+    const memory& diff_dst = own_diff_dst ? own_diff_dst->get() : data_diff_dst->get();
     Arg diff_wei(pd.diff_weights_desc(), e->s.user_wei, ptr(grad_weight), false, stream);
     std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, src.get()}, {DNNL_ARG_DIFF_DST, diff_dst.get()}, {DNNL_ARG_DIFF_WEIGHTS, diff_wei.get()}};
+        {DNNL_ARG_SRC, src.get()}, {DNNL_ARG_DIFF_DST, diff_dst}, {DNNL_ARG_DIFF_WEIGHTS, diff_wei.get()}};
     if (with_bias) {
       args.emplace(DNNL_ARG_DIFF_BIAS, memory(memory::desc(e->s.bias, dt::f32, tag::x), engine(), ptr(grad_bias)));
     }

@@ -1,6 +1,8 @@
 // Pooling on the CPU: max, average and adaptive average, forward and backward (kernels/cpu/conv.h).
 #include <algorithm>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/kernels.h"
@@ -16,9 +18,65 @@ namespace chorus::kernels::cpu {
 // tensors through nchw() copies and write_back, as conv2d does.
 namespace {
 
+// [Vectorized max pool] The outputs of a row whose windows lie wholly inside the input's columns
+// (none clipped at the left or right edge: [a, b) below) are computed several per instruction: the
+// window's elements are visited in max_pool_argmax's order (rows, then columns), output ow taking
+// element v over its best so far when v > best or v is the first NaN, which is that function's rule
+// ([Max-pool arg-max], kernels/shared/pool_math.h), so values and indices are the same bit for bit.
+// The clipped outputs at either end go through that function one at a time. ResNet-18's 3x3
+// stride-2 pool (batch 16 of 64x64, 1 thread, Zen 3): 2.3% of the training step's samples one window
+// at a time, 1.6% this way (perf; the strided loads are gathered lane by lane). The backward stays
+// one window at a time: a version of this loop for its search (first element equal to the output)
+// did not vectorize (GCC 12 left it scalar and branchy) and took 3.0% against 1.1%.
+struct InteriorColumns {
+  int64_t a = 0, b = 0;  // outputs [a, b) of every row: windows inside columns [0, in_w)
+};
+
+InteriorColumns interior_columns(const Window2d& w) {
+  // Smallest ow with ow * stride - pad >= 0; largest with ow * stride - pad + (kernel - 1) * dilation < in_w.
+  const int64_t a = std::min(w.out_w, (w.pad_w + w.stride_w - 1) / w.stride_w);
+  const int64_t last = w.in_w - 1 + w.pad_w - (w.kernel_w - 1) * w.dilation_w;
+  const int64_t b = last < 0 ? 0 : std::min(w.out_w, last / w.stride_w + 1);
+  return {a, std::max(a, b)};
+}
+
+template <typename T>
+constexpr bool kVectorPool = std::is_same_v<T, float> || std::is_same_v<T, double>;
+
+// Row oh's outputs [a, b) (InteriorColumns) into best[ow] and, when `at` is not null, their flat
+// indices in the plane into at[ow].
+template <typename T>
+void max_pool_interior(const T* plane, const Window2d& w, int64_t oh, int64_t a, int64_t b, T* best, int64_t* at) {
+  const shared::MaxWindow m = shared::max_window(w, oh, a);  // its rows are every output's of the row
+  const int64_t s = w.stride_w;
+  const int64_t first = m.h0 * w.in_w - w.pad_w;  // output ow's first element: first + ow * s
+  simd_for(a, b, [&](int64_t ow) CHORUS_ELEMENT { best[ow] = -std::numeric_limits<T>::infinity(); });
+  if (at != nullptr) simd_for(a, b, [&](int64_t ow) CHORUS_ELEMENT { at[ow] = first + ow * s; });
+  for (int64_t ih = m.h0; ih < m.h1; ih += w.dilation_h) {
+    for (int64_t kw = 0; kw < w.kernel_w; ++kw) {
+      const int64_t off = ih * w.in_w - w.pad_w + kw * w.dilation_w;
+      const T* r = plane + off;
+      if (at == nullptr) {
+        simd_for(a, b, [&](int64_t ow) CHORUS_ELEMENT {
+          const T v = r[ow * s], cur = best[ow];
+          best[ow] = ((v > cur) | ((v != v) & (cur == cur))) ? v : cur;
+        });
+      } else {
+        simd_for(a, b, [&](int64_t ow) CHORUS_ELEMENT {
+          const T v = r[ow * s], cur = best[ow];
+          const bool take = (v > cur) | ((v != v) & (cur == cur));
+          best[ow] = take ? v : cur;
+          at[ow] = take ? off + ow * s : at[ow];
+        });
+      }
+    }
+  }
+}
+
 // Writes indices only when they are defined (the op layer's max_pool2d keeps x and out instead).
 void max_pool2d_nchw(const Tensor& out, const Tensor& indices, const Tensor& x, const Window2d& w) {
   const int64_t planes = out.numel() / std::max<int64_t>(1, w.out_h * w.out_w);
+  const InteriorColumns in = interior_columns(w);
   CHORUS_DISPATCH_FLOATING(x.dtype(), "max_pool2d", [&]<typename T>() {
     const T* px = x.data_ptr<T>();
     T* po = out.data_ptr<T>();
@@ -27,13 +85,22 @@ void max_pool2d_nchw(const Tensor& out, const Tensor& indices, const Tensor& x, 
     parallel_for(0, planes, plane_grain(work), [&](int64_t lo, int64_t hi) {
       for (int64_t p = lo; p < hi; ++p) {
         const T* plane = px + p * w.in_h * w.in_w;
-        const int64_t o0 = p * w.out_h * w.out_w;
         for (int64_t oh = 0; oh < w.out_h; ++oh) {
+          const int64_t o0 = (p * w.out_h + oh) * w.out_w;
+          T* orow = po + o0;
+          int64_t* irow = pi != nullptr ? pi + o0 : nullptr;
+          // [Vectorized max pool]: the unclipped outputs together, the rest one by one.
+          const bool vector = kVectorPool<T> && in.a < in.b;
+          if constexpr (kVectorPool<T>) {
+            if (vector) max_pool_interior(plane, w, oh, in.a, in.b, orow, irow);
+          }
           for (int64_t ow = 0; ow < w.out_w; ++ow) {
+            if (vector && ow == in.a) ow = in.b;
+            if (ow == w.out_w) break;
             T best;
             const int64_t best_i = shared::max_pool_argmax(plane, w, oh, ow, best);
-            po[o0 + oh * w.out_w + ow] = best;
-            if (pi != nullptr) pi[o0 + oh * w.out_w + ow] = best_i;
+            orow[ow] = best;
+            if (irow != nullptr) irow[ow] = best_i;
           }
         }
       }

@@ -4,6 +4,8 @@
 // on the cpu and on sim:0 (which runs the cpu kernels). The pooling entries also take channels-last
 // tensors: the same numbers as NCHW, written in the caller's layout. And nn::functional::max_pool2d,
 // which keeps x and its output instead of indices, gives a bfloat16 input the float32 gradient.
+// On rows wide enough for the vectorized path, the forward (values and indices) and both backwards
+// equal a plain reference written here.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -127,6 +129,84 @@ TEST_CASE("max_pool2d_backward without indices routes the gradient where the ind
         kernels::max_pool2d_backward(gx_cl, go.contiguous(MemoryFormat::ChannelsLast), Tensor(), x_cl, out_cl, win);
         CHECK(gx_cl.is_contiguous(MemoryFormat::ChannelsLast));
         check_same(gx_cl, by_indices);
+      }
+    }
+  }
+}
+
+// [Vectorized max pool] (kernels/cpu/pool.cpp): rows wide enough that most outputs take the vector
+// path, against a reference written here: each window's first maximum in row-major order, the
+// first NaN where there is one, and the backward's gradient summed at those elements.
+TEST_CASE("max_pool2d matches a plain reference on wide rows, ties, NaN and -inf included", "[kernels][pool]") {
+  std::mt19937 rng(35);
+  const std::vector<Geometry> geometries = {
+      {3, 3, 2, 2, 1, 1, 1, 1, false}, {2, 2, 2, 2, 0, 0, 1, 1, false}, {3, 3, 1, 1, 1, 1, 1, 1, false},
+      {5, 5, 3, 3, 2, 2, 1, 1, true},  {3, 3, 2, 2, 1, 1, 2, 2, false}, {1, 4, 1, 3, 0, 1, 1, 1, true},
+      {3, 3, 2, 2, 1, 1, 1, 3, true},
+  };
+  for (Device device : kDevices) {
+    for (DType dtype : {kFloat32, kFloat64}) {
+      for (const Geometry& g : geometries) {
+        const int64_t n = 2, c = 2, h = 11, w = 45;
+        const Window2d win = window(h, w, g);
+        INFO(device.str() << " " << dtype_name(dtype) << " kernel " << g.kh << "x" << g.kw << " stride " << g.sh << "x"
+                          << g.sw << " pad " << g.ph << "x" << g.pw << " dilation " << g.dh << "x" << g.dw
+                          << " ceil " << g.ceil);
+        const std::vector<double> xs = tie_heavy(n * c * h * w, rng);
+        std::vector<double> gv(static_cast<size_t>(n * c * win.out_h * win.out_w));
+        std::uniform_int_distribution<int> gd(1, 9);
+        for (double& v : gv) v = gd(rng);
+        // The reference, plane by plane.
+        std::vector<double> want_out(gv.size()), want_gx(xs.size(), 0.0);
+        std::vector<int64_t> want_idx(gv.size());
+        for (int64_t p = 0; p < n * c; ++p) {
+          for (int64_t oh = 0; oh < win.out_h; ++oh) {
+            for (int64_t ow = 0; ow < win.out_w; ++ow) {
+              double best = -std::numeric_limits<double>::infinity();
+              int64_t best_i = -1, first = -1;
+              for (int64_t i = 0; i < g.kh; ++i) {
+                for (int64_t j = 0; j < g.kw; ++j) {
+                  const int64_t ih = oh * g.sh - g.ph + i * g.dh, iw = ow * g.sw - g.pw + j * g.dw;
+                  if (ih < 0 || ih >= h || iw < 0 || iw >= w) continue;
+                  const int64_t at = ih * w + iw;
+                  const double v = xs[p * h * w + at];
+                  if (first < 0) first = at;
+                  if (std::isnan(best)) continue;
+                  if (std::isnan(v) || v > best) {
+                    best = v;
+                    best_i = at;
+                  }
+                }
+              }
+              REQUIRE(first >= 0);  // every window holds an element (PyTorch's extents)
+              const int64_t o = (p * win.out_h + oh) * win.out_w + ow;
+              want_out[o] = best;
+              want_idx[o] = best_i >= 0 ? best_i : first;
+              want_gx[p * h * w + want_idx[o]] += gv[o];
+            }
+          }
+        }
+        const Shape out_shape{n, c, win.out_h, win.out_w};
+        const Tensor x = tensor(xs).reshape({n, c, h, w}).to(dtype).to(device);
+        Tensor out = make_tensor(out_shape, dtype, device), idx = make_tensor(out_shape, kInt64, device);
+        kernels::max_pool2d(out, idx, x, win);
+        Tensor out2 = make_tensor(out_shape, dtype, device);
+        kernels::max_pool2d(out2, Tensor(), x, win);
+        const Tensor want = tensor(want_out).reshape(out_shape);
+        check_same(out, want);
+        check_same(out2, want);
+        const Tensor idx_cpu = idx.cpu().contiguous();
+        const int64_t* got_idx = idx_cpu.data_ptr<int64_t>();
+        int64_t wrong_idx = 0;
+        for (size_t i = 0; i < want_idx.size(); ++i) wrong_idx += got_idx[i] != want_idx[i];
+        CHECK(wrong_idx == 0);
+        const Tensor go = tensor(gv).reshape(out_shape).to(dtype).to(device);
+        Tensor by_indices = make_tensor(x.sizes(), dtype, device), recomputed = make_tensor(x.sizes(), dtype, device);
+        kernels::max_pool2d_backward(by_indices, go, idx, Tensor(), Tensor(), win);
+        kernels::max_pool2d_backward(recomputed, go, Tensor(), x, out, win);
+        const Tensor want_grad = tensor(want_gx).reshape({n, c, h, w});
+        check_same(by_indices, want_grad);
+        check_same(recomputed, want_grad);
       }
     }
   }
