@@ -11,6 +11,8 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "kernels/dispatch.h"
@@ -87,6 +89,14 @@ void check_same(const Tensor& a, const Tensor& b) {
   CHECK(differ == 0);
 }
 
+// The case a failure names: device, dtype and the window's geometry.
+std::string describe(Device device, DType dtype, const Geometry& g) {
+  std::ostringstream os;
+  os << device.str() << " " << dtype_name(dtype) << " kernel " << g.kh << "x" << g.kw << " stride " << g.sh << "x"
+     << g.sw << " pad " << g.ph << "x" << g.pw << " dilation " << g.dh << "x" << g.dw << " ceil " << g.ceil;
+  return os.str();
+}
+
 }  // namespace
 
 TEST_CASE("max_pool2d_backward without indices routes the gradient where the indices do", "[kernels][pool]") {
@@ -96,9 +106,7 @@ TEST_CASE("max_pool2d_backward without indices routes the gradient where the ind
       for (const Geometry& g : kGeometries) {
         const int64_t n = 2, c = 3, h = 9, w = 8;
         const Window2d win = window(h, w, g);
-        INFO(device.str() << " " << dtype_name(dtype) << " kernel " << g.kh << "x" << g.kw << " stride " << g.sh << "x"
-                          << g.sw << " pad " << g.ph << "x" << g.pw << " dilation " << g.dh << "x" << g.dw
-                          << " ceil " << g.ceil);
+        INFO(describe(device, dtype, g));
         const Tensor x = tensor(tie_heavy(n * c * h * w, rng)).reshape({n, c, h, w}).to(dtype).to(device);
         const Shape out_shape{n, c, win.out_h, win.out_w};
         Tensor out = make_tensor(out_shape, dtype, device), idx = make_tensor(out_shape, kInt64, device);
@@ -149,9 +157,7 @@ TEST_CASE("max_pool2d matches a plain reference on wide rows, ties, NaN and -inf
       for (const Geometry& g : geometries) {
         const int64_t n = 2, c = 2, h = 11, w = 45;
         const Window2d win = window(h, w, g);
-        INFO(device.str() << " " << dtype_name(dtype) << " kernel " << g.kh << "x" << g.kw << " stride " << g.sh << "x"
-                          << g.sw << " pad " << g.ph << "x" << g.pw << " dilation " << g.dh << "x" << g.dw
-                          << " ceil " << g.ceil);
+        INFO(describe(device, dtype, g));
         const std::vector<double> xs = tie_heavy(n * c * h * w, rng);
         std::vector<double> gv(static_cast<size_t>(n * c * win.out_h * win.out_w));
         std::uniform_int_distribution<int> gd(1, 9);
