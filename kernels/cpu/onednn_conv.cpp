@@ -215,9 +215,10 @@ void make_backward(Entry& e) {
     // convolution whose output is a few positions (ResNet's last stage: 2x2 at 64x64 inputs) and
     // falls back to its GEMM-based one ("x64:gemm:jit"), which multiplies image by image with k =
     // the image's positions (4) and adds each product into the whole weight gradient: 512->512 3x3 at
-    // batch 16 took 13-41 ms a call in chorus and 10.8-35.4 ms in libtorch (7-23 GFLOP/s; ONEDNN_VERBOSE,
-    // Zen 3, 1 thread: docs/data/conv_small_image_zen3_2026-11-29.txt). Here the whole batch's columns are laid out once, [batch x positions, C kH kW], and
-    // the gradient is one product with k = batch x positions (weight_grad_by_gemm). Only for NCHW,
+    // batch 16 took 13-41 ms a call in chorus and 10.8-35.4 ms in libtorch (7-23 GFLOP/s;
+    // ONEDNN_VERBOSE, Zen 3, 1 thread: docs/data/conv_small_image_zen3_2026-11-29.txt). Here the
+    // whole batch's columns are laid out once, [batch x positions, C kH kW], and the gradient is one
+    // product with k = batch x positions (weight_grad_by_gemm). Only for NCHW,
     // ungrouped convolutions with at most 64 positions per image (where oneDNN's per-image products
     // are short) and a column buffer of at most 16M floats.
     const int64_t positions = s.dst[2] * s.dst[3], ckk = s.src[1] * s.wei[2] * s.wei[3];
@@ -372,6 +373,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     stream.wait();  // before the scratch buffers go
   }
   if (grad_weight.defined() && e->own_weight_grad) {
+    data_diff_dst.reset();  // not used below: no grad_out-sized copy beside the columns
     weight_grad_by_gemm(grad_weight, grad_bias, go, x, w);
   } else if (grad_weight.defined()) {
     const bool with_bias = grad_bias.defined();
@@ -380,6 +382,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     // [One diff_dst reorder]: the data gradient's copy where the layouts agree.
     std::optional<Arg> own_diff_dst;
     if (!data_diff_dst || data_diff_dst->get().get_desc() != pd.diff_dst_desc()) {
+      data_diff_dst.reset();  // a layout this primitive does not take: not kept beside its own
       own_diff_dst.emplace(pd.diff_dst_desc(), e->s.user_dst, ptr(go), true, stream);
     }
     const memory& diff_dst = own_diff_dst ? own_diff_dst->get() : data_diff_dst->get();

@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <limits>
 #include <type_traits>
-#include <vector>
 
 #include "kernels/cpu/conv.h"
 #include "kernels/cpu/kernels.h"
@@ -53,17 +52,18 @@ void max_pool_interior(const T* plane, const Window2d& w, int64_t oh, int64_t a,
   simd_for(a, b, [&](int64_t ow) CHORUS_ELEMENT { best[ow] = -std::numeric_limits<T>::infinity(); });
   if (at != nullptr) simd_for(a, b, [&](int64_t ow) CHORUS_ELEMENT { at[ow] = first + ow * s; });
   for (int64_t ih = m.h0; ih < m.h1; ih += w.dilation_h) {
+    const T* r = plane + ih * w.in_w;
     for (int64_t kw = 0; kw < w.kernel_w; ++kw) {
-      const int64_t off = ih * w.in_w - w.pad_w + kw * w.dilation_w;
-      const T* r = plane + off;
+      // Column ow * s + c of row ih: at least 0 for every ow in [a, b) (no pointer before the plane).
+      const int64_t c = kw * w.dilation_w - w.pad_w, off = ih * w.in_w + c;
       if (at == nullptr) {
         simd_for(a, b, [&](int64_t ow) CHORUS_ELEMENT {
-          const T v = r[ow * s], cur = best[ow];
+          const T v = r[ow * s + c], cur = best[ow];
           best[ow] = ((v > cur) | ((v != v) & (cur == cur))) ? v : cur;
         });
       } else {
         simd_for(a, b, [&](int64_t ow) CHORUS_ELEMENT {
-          const T v = r[ow * s], cur = best[ow];
+          const T v = r[ow * s + c], cur = best[ow];
           const bool take = (v > cur) | ((v != v) & (cur == cur));
           best[ow] = take ? v : cur;
           at[ow] = take ? off + ow * s : at[ow];

@@ -15,11 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/capability.h"
 #include "kernels/dispatch.h"
 #include "nn/functional.h"
 #include "tensor/generator.h"
 #include "tensor/ops.h"
 #include "tensor/runtime.h"
+#include "tests/kernels/cpu/capabilities.h"
 
 namespace chorus {
 namespace {
@@ -97,55 +99,8 @@ std::string describe(Device device, DType dtype, const Geometry& g) {
   return os.str();
 }
 
-}  // namespace
-
-TEST_CASE("max_pool2d_backward without indices routes the gradient where the indices do", "[kernels][pool]") {
-  std::mt19937 rng(31);
-  for (Device device : kDevices) {
-    for (DType dtype : {kFloat32, kFloat64}) {
-      for (const Geometry& g : kGeometries) {
-        const int64_t n = 2, c = 3, h = 9, w = 8;
-        const Window2d win = window(h, w, g);
-        INFO(describe(device, dtype, g));
-        const Tensor x = tensor(tie_heavy(n * c * h * w, rng)).reshape({n, c, h, w}).to(dtype).to(device);
-        const Shape out_shape{n, c, win.out_h, win.out_w};
-        Tensor out = make_tensor(out_shape, dtype, device), idx = make_tensor(out_shape, kInt64, device);
-        kernels::max_pool2d(out, idx, x, win);
-        // Without indices: the same outputs.
-        Tensor out2 = make_tensor(out_shape, dtype, device);
-        kernels::max_pool2d(out2, Tensor(), x, win);
-        check_same(out2, out);
-        // A gradient of small integers: the sums are exact, so any misrouting shows.
-        std::vector<double> gv(out.numel());
-        std::uniform_int_distribution<int> gd(1, 9);
-        for (double& v : gv) v = gd(rng);
-        const Tensor go = tensor(gv).reshape(out_shape).to(dtype).to(device);
-        Tensor by_indices = make_tensor(x.sizes(), dtype, device), recomputed = make_tensor(x.sizes(), dtype, device);
-        kernels::max_pool2d_backward(by_indices, go, idx, Tensor(), Tensor(), win);
-        kernels::max_pool2d_backward(recomputed, go, Tensor(), x, out, win);
-        check_same(recomputed, by_indices);
-        // The gradient's total is grad_out's: every output routed somewhere inside its plane.
-        CHECK(values(sum(recomputed))[0] == values(sum(go))[0]);
-
-        // Channels-last operands: the same numbers, in channels-last tensors.
-        const Tensor x_cl = x.contiguous(MemoryFormat::ChannelsLast);
-        Tensor out_cl = make_tensor(out_shape, dtype, device, MemoryFormat::ChannelsLast);
-        kernels::max_pool2d(out_cl, Tensor(), x_cl, win);
-        CHECK(out_cl.is_contiguous(MemoryFormat::ChannelsLast));
-        check_same(out_cl, out);
-        Tensor gx_cl = make_tensor(x.sizes(), dtype, device, MemoryFormat::ChannelsLast);
-        kernels::max_pool2d_backward(gx_cl, go.contiguous(MemoryFormat::ChannelsLast), Tensor(), x_cl, out_cl, win);
-        CHECK(gx_cl.is_contiguous(MemoryFormat::ChannelsLast));
-        check_same(gx_cl, by_indices);
-      }
-    }
-  }
-}
-
-// [Vectorized max pool] (kernels/cpu/pool.cpp): rows wide enough that most outputs take the vector
-// path, against a reference written here: each window's first maximum in row-major order, the
-// first NaN where there is one, and the backward's gradient summed at those elements.
-TEST_CASE("max_pool2d matches a plain reference on wide rows, ties, NaN and -inf included", "[kernels][pool]") {
+// The body of the reference test below, in the vector variant in use.
+void check_max_pool_against_reference() {
   std::mt19937 rng(35);
   const std::vector<Geometry> geometries = {
       {3, 3, 2, 2, 1, 1, 1, 1, false}, {2, 2, 2, 2, 0, 0, 1, 1, false}, {3, 3, 1, 1, 1, 1, 1, 1, false},
@@ -215,6 +170,64 @@ TEST_CASE("max_pool2d matches a plain reference on wide rows, ties, NaN and -inf
         check_same(recomputed, want_grad);
       }
     }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("max_pool2d_backward without indices routes the gradient where the indices do", "[kernels][pool]") {
+  std::mt19937 rng(31);
+  for (Device device : kDevices) {
+    for (DType dtype : {kFloat32, kFloat64}) {
+      for (const Geometry& g : kGeometries) {
+        const int64_t n = 2, c = 3, h = 9, w = 8;
+        const Window2d win = window(h, w, g);
+        INFO(describe(device, dtype, g));
+        const Tensor x = tensor(tie_heavy(n * c * h * w, rng)).reshape({n, c, h, w}).to(dtype).to(device);
+        const Shape out_shape{n, c, win.out_h, win.out_w};
+        Tensor out = make_tensor(out_shape, dtype, device), idx = make_tensor(out_shape, kInt64, device);
+        kernels::max_pool2d(out, idx, x, win);
+        // Without indices: the same outputs.
+        Tensor out2 = make_tensor(out_shape, dtype, device);
+        kernels::max_pool2d(out2, Tensor(), x, win);
+        check_same(out2, out);
+        // A gradient of small integers: the sums are exact, so any misrouting shows.
+        std::vector<double> gv(out.numel());
+        std::uniform_int_distribution<int> gd(1, 9);
+        for (double& v : gv) v = gd(rng);
+        const Tensor go = tensor(gv).reshape(out_shape).to(dtype).to(device);
+        Tensor by_indices = make_tensor(x.sizes(), dtype, device), recomputed = make_tensor(x.sizes(), dtype, device);
+        kernels::max_pool2d_backward(by_indices, go, idx, Tensor(), Tensor(), win);
+        kernels::max_pool2d_backward(recomputed, go, Tensor(), x, out, win);
+        check_same(recomputed, by_indices);
+        // The gradient's total is grad_out's: every output routed somewhere inside its plane.
+        CHECK(values(sum(recomputed))[0] == values(sum(go))[0]);
+
+        // Channels-last operands: the same numbers, in channels-last tensors.
+        const Tensor x_cl = x.contiguous(MemoryFormat::ChannelsLast);
+        Tensor out_cl = make_tensor(out_shape, dtype, device, MemoryFormat::ChannelsLast);
+        kernels::max_pool2d(out_cl, Tensor(), x_cl, win);
+        CHECK(out_cl.is_contiguous(MemoryFormat::ChannelsLast));
+        check_same(out_cl, out);
+        Tensor gx_cl = make_tensor(x.sizes(), dtype, device, MemoryFormat::ChannelsLast);
+        kernels::max_pool2d_backward(gx_cl, go.contiguous(MemoryFormat::ChannelsLast), Tensor(), x_cl, out_cl, win);
+        CHECK(gx_cl.is_contiguous(MemoryFormat::ChannelsLast));
+        check_same(gx_cl, by_indices);
+      }
+    }
+  }
+}
+
+// [Vectorized max pool] (kernels/cpu/pool.cpp): rows wide enough that most outputs take the vector
+// path, against a reference written here: each window's first maximum in row-major order, the
+// first NaN where there is one, and the backward's gradient summed at those elements.
+TEST_CASE("max_pool2d matches a plain reference on wide rows, ties, NaN and -inf included", "[kernels][pool]") {
+  // In each vector variant this CPU runs (AVX2; AVX-512 where present): simd_for is built for both.
+  testing::CapabilityGuard guard;
+  for (kernels::cpu::CpuCapability cap : testing::available_capabilities()) {
+    kernels::cpu::set_cpu_capability(cap);
+    INFO("loops: " << (cap == kernels::cpu::CpuCapability::kAvx512 ? "avx512" : "avx2"));
+    check_max_pool_against_reference();
   }
 }
 
