@@ -10,6 +10,9 @@
 #include "tensor/ops.h"
 
 namespace chorus::autograd {
+
+bool sole_owner_of_memory(const Tensor& t);  // node.cpp: [Sole owner of a gradient]
+
 namespace {
 
 struct GraphTask {
@@ -133,8 +136,8 @@ TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& gra
     Tensor& slot = buf[e.input_nr];
     if (!slot.defined()) {
       slot = std::move(g);
-    } else if (slot.impl_ptr().use_count() == 1 && slot.storage().use_count() == 1 && slot.is_contiguous() &&
-               slot.sizes() == g.sizes() && slot.dtype() == g.dtype() && slot.device() == g.device()) {
+    } else if (sole_owner_of_memory(slot) && slot.is_contiguous() && slot.sizes() == g.sizes() &&
+               slot.dtype() == g.dtype() && slot.device() == g.device()) {
       // A buffer nothing else holds (no other handle, no view of its storage) takes the next
       // gradient in place, as PyTorch's InputBuffer does: no new tensor per use of a shared input
       // (BERT's tied word embeddings: 31 MB a step). Same values as add(slot, g).

@@ -1,5 +1,8 @@
 // Index-driven kernels: index_select, gather, scatter / scatter_add, index_add. Indices are int64
 // and already bounds-checked by the op layer.
+#include <cstring>
+#include <type_traits>
+
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/loops.h"
@@ -21,6 +24,22 @@ Tensor select_view(const Tensor& t, int64_t dim, int64_t i) {
   return view_of(t, i * t.stride(dim), s, st);
 }
 
+// [Row-block index kernels] A contiguous tensor, seen around dim, is [outer, size(dim), inner]:
+// slice j of block o is the `inner` consecutive elements from (o * size(dim) + j) * inner. With
+// contiguous operands index_select and index_add move whole slices at once, instead of building
+// a strided view and running the generic loop for every index (an embedding's backward added its
+// 1024 rows of 256 one generic kernel call each: 2-3% of a BERT-mini step).
+struct RowBlocks {
+  int64_t outer = 1, inner = 1;
+};
+
+RowBlocks row_blocks(const Tensor& t, int64_t dim) {
+  RowBlocks r;
+  for (int64_t d = 0; d < dim; ++d) r.outer *= t.size(d);
+  for (int64_t d = dim + 1; d < t.dim(); ++d) r.inner *= t.size(d);
+  return r;
+}
+
 const int64_t* index_data(const Tensor& index, Tensor& holder) {
   holder = index.is_contiguous() ? index : [&] {
     Tensor d = make_tensor(index.sizes(), kInt64, kCPU);
@@ -36,6 +55,21 @@ void index_select(const Tensor& out, const Tensor& in, int64_t dim, const Tensor
   Tensor holder;
   const int64_t* idx = index_data(index, holder);
   const int64_t n = index.numel();
+  if (n > 0 && out.is_contiguous() && in.is_contiguous()) {  // [Row-block index kernels]
+    const RowBlocks r = row_blocks(in, dim);
+    const int64_t in_rows = in.size(dim);
+    const size_t bytes = static_cast<size_t>(r.inner) * in.element_size();
+    const char* src = static_cast<const char*>(in.raw_data_ptr());
+    char* dst = static_cast<char*>(out.raw_data_ptr());
+    parallel_for(0, r.outer * n, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(r.inner, 1)),
+                 [&](int64_t lo, int64_t hi) {
+                   for (int64_t k = lo; k < hi; ++k) {
+                     const int64_t o = k / n, i = k % n;
+                     std::memcpy(dst + k * bytes, src + (o * in_rows + idx[i]) * bytes, bytes);
+                   }
+                 });
+    return;
+  }
   const int64_t slice = n == 0 ? 0 : out.numel() / n;
   // Each selected slice is one strided copy; copy() is parallel inside for big slices, and we
   // parallelize across slices when they are small.
@@ -110,7 +144,31 @@ void scatter(const Tensor& self, int64_t dim, const Tensor& index, const Tensor&
 void index_add(const Tensor& out, int64_t dim, const Tensor& index, const Tensor& src) {
   Tensor holder;
   const int64_t* idx = index_data(index, holder);
-  for (int64_t i = 0; i < index.numel(); ++i) {
+  const int64_t n = index.numel();
+  if (n > 0 && out.is_contiguous() && src.is_contiguous()) {  // [Row-block index kernels]
+    // Threads split the inner columns, and each adds the indices in order, so a row named twice
+    // sums in the same order as the one-slice-at-a-time loop below (bit-identical results).
+    const RowBlocks r = row_blocks(out, dim);
+    const int64_t out_rows = out.size(dim);
+    CHORUS_DISPATCH_ALL(out.dtype(), "index_add", [&]<typename T>() {
+      using C = std::conditional_t<is_reduced_float_v<T>, float, T>;  // binary Add's arithmetic
+      T* dst = static_cast<T*>(out.raw_data_ptr());
+      const T* from = static_cast<const T*>(src.raw_data_ptr());
+      parallel_for(0, r.inner, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(r.outer * n, 1)),
+                   [&](int64_t lo, int64_t hi) {
+                     for (int64_t o = 0; o < r.outer; ++o) {
+                       for (int64_t i = 0; i < n; ++i) {
+                         T* d = dst + (o * out_rows + idx[i]) * r.inner;
+                         const T* s = from + (o * n + i) * r.inner;
+                         for (int64_t c = lo; c < hi; ++c)
+                           d[c] = static_cast<T>(static_cast<C>(d[c]) + static_cast<C>(s[c]));
+                       }
+                     }
+                   });
+    });
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
     Tensor o = select_view(out, dim, idx[i]);
     binary(BinaryOp::Add, o, o, select_view(src, dim, i));
   }

@@ -2,8 +2,13 @@
 // and embedding record their own, simpler backward.
 #include "nn/functional/basic.h"
 
+#include <cmath>
+#include <limits>
+
 #include "autograd/node.h"
 #include "autograd/ops/common.h"
+#include "kernels/dispatch.h"
+#include "tensor/generator.h"
 #include "tensor/ops.h"
 
 namespace chorus::nn::functional {
@@ -53,15 +58,25 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* generato
   if (!training || p == 0.0) return input;
   if (!input.is_floating_point()) fail("dropout: expected a floating-point input, got {}", dtype_name(input.dtype()));
   if (p == 1.0) return mul(input, 0.0);
-  // mask holds 0 or 1/(1-p): one multiply forward, the same multiply backward.
-  Tensor u = rand(input.sizes(), {.dtype = input.dtype() == kFloat64 ? kFloat64 : kFloat32, .device = input.device()},
-                  generator);
+  // mask holds 0 or 1/(1-p): one multiply forward, the same multiply backward. An element is kept
+  // when its uniform draw u satisfies u >= p, compared in the draw's dtype (as ge(u, p) would).
+  const double scale = 1.0 / (1.0 - p);
   Tensor mask;
-  {
+  if (input.dtype() == kFloat64) {
     NoGradGuard no_grad;
-    // bool x double is float32 already (PyTorch's promotion): a float32 input's mask skips the cast.
-    const Tensor keep = ge(u, p);
-    mask = mul(input.dtype() == kFloat32 ? keep : keep.to(input.dtype()), 1.0 / (1.0 - p));
+    const Tensor u = rand(input.sizes(), {.dtype = kFloat64, .device = input.device()}, generator);
+    mask = mul(ge(u, p).to(kFloat64), scale);
+  } else {
+    // [Dropout mask in one pass] The float32 draws are lo + span * u, u on a grid in [0, 1). Drawn
+    // with lo = -q and span = 1, q the float just below float(p), each value is u - q rounded once,
+    // which is positive exactly when u > q, that is u >= float(p): the same draws and the same mask
+    // as ge(u, p), but one pass (ReluBackward: scale where the draw is positive, else 0) instead of a
+    // compare, a cast from bool and a multiply.
+    const double q = std::nextafter(static_cast<float>(p), -std::numeric_limits<float>::infinity());
+    mask = empty(input.sizes(), {.dtype = kFloat32, .device = input.device()});
+    ops::random_fill(kernels::RandomKind::Uniform, mask, -q, 1.0 - q, generator ? *generator : default_generator());
+    kernels::binary(kernels::BinaryOp::ReluBackward, mask, ops::scalar_to_tensor(scale, kFloat32, input.device()), mask);
+    if (input.dtype() != kFloat32) mask = mask.to(input.dtype());
   }
   return mul(input, mask);
 }

@@ -145,6 +145,52 @@ TEST_CASE(".grad never aliases a gradient the caller still holds", "[autograd][e
   CHECK(same_values(g, f64({1.0, 10.0, 100.0}, {3})));
 }
 
+// [Sole owner of a gradient] (autograd/node.cpp): a gradient that is a view over memory nothing
+// else holds (the root it views is held by the view alone, and the view covers it) becomes .grad
+// as it is, as PyTorch's AccumulateGrad keeps the tensor it is given; a view of part of a larger
+// buffer is copied. A leaf hook sees the incoming gradient (its address is noted, not the tensor).
+TEST_CASE("a gradient viewing memory nothing else holds becomes .grad without a copy", "[autograd][engine]") {
+  Generator gen(4);
+  const Tensor x = leaf(Shape{5, 4}, gen).detach();
+  const Tensor g = leaf(Shape{5, 3}, gen).detach();
+  const Tensor want = mm(g.t(), x);  // d/dW of sum(g * (x W^T))
+  SECTION("linear's weight: computed as t(mm(t(g), x)), then the t() backward") {
+    Tensor w = leaf(Shape{3, 4}, gen);
+    const void* seen = nullptr;
+    w.register_hook([&](const Tensor& in) {
+      seen = in.raw_data_ptr();
+      return Tensor();
+    });
+    mm(x, w.t()).backward(g);
+    CHECK(w.grad().raw_data_ptr() == seen);
+    CHECK(w.grad().is_contiguous());
+    CHECK(same_values(w.grad(), want));
+    mm(x, w.t()).backward(g);  // accumulates in place into the kept tensor
+    CHECK(same_values(w.grad(), mul(want, 2.0)));
+  }
+  SECTION("a hook's reshape of its own tensor is kept; its narrow of a larger one is copied") {
+    Tensor w = leaf(Shape{3, 4}, gen);
+    Tensor v = leaf(Shape{3, 4}, gen);
+    const void* w_seen = nullptr;
+    const void* v_seen = nullptr;
+    w.register_hook([&](const Tensor& in) {
+      Tensor r = in.clone().reshape({12}).reshape({3, 4});  // views of a root only r holds
+      w_seen = r.raw_data_ptr();
+      return r;
+    });
+    v.register_hook([&](const Tensor& in) {
+      Tensor r = cat({in, in}, 0).narrow(0, 0, 3);  // the first half of a [6, 4] buffer
+      v_seen = r.raw_data_ptr();
+      return r;
+    });
+    (mm(x, w.t()) + mm(x, v.t())).backward(g);
+    CHECK(w.grad().raw_data_ptr() == w_seen);
+    CHECK(v.grad().raw_data_ptr() != v_seen);
+    CHECK(same_values(w.grad(), want));
+    CHECK(same_values(v.grad(), want));
+  }
+}
+
 TEST_CASE("two leaves fed the same gradient tensor get independent .grad", "[autograd][engine]") {
   // add's backward hands one tensor to both inputs; at most one leaf may keep it as its .grad.
   Tensor a = leaf_from({1.0, 2.0}, {2});

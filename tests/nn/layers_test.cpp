@@ -260,6 +260,46 @@ TEST_CASE("dropout zeroes a fraction p and scales survivors by 1/(1-p); seeded a
   CHECK_FALSE(equal(a, drop.forward(x)));  // the stream moved on
 }
 
+// [Dropout mask in one pass] (nn/functional/basic.cpp): dropout keeps element i exactly when the
+// generator's i-th uniform draw u (float32 for every input but float64) satisfies u >= p. The
+// reference here draws the same numbers with rand() and compares them itself. p is set to draws
+// themselves, so some elements sit exactly on the boundary (u == p keeps), besides ordinary p and
+// ones at the ends; float16 and bfloat16 inputs (a mask rounded to their dtype), on cpu and sim:0.
+TEST_CASE("dropout keeps exactly the elements whose uniform draw is >= p, draws equal to p included",
+          "[nn][dropout]") {
+  const int64_t n = 6000;
+  const uint64_t seed = 21;
+  Generator draw_gen(seed);
+  const std::vector<double> u = doubles(rand({n}, {}, &draw_gen));
+  std::vector<double> ps = {0.1, 0.5, 1.0 / 3.0, 0.999, 1e-9, 0.9999999999};
+  for (int64_t i : {17, 2024, 5999}) ps.push_back(u[static_cast<size_t>(i)]);  // each is a draw of its own
+  for (const Device& device : {Device::cpu(), Device::sim(0)}) {
+    for (DType dtype : {kFloat32, kFloat16, kBFloat16, kFloat64}) {
+      for (double p : ps) {
+        INFO(dtype_name(dtype) << " on " << device.str() << ", p = " << p);
+        Generator gen(seed);
+        const Tensor x = ones({n}, {.dtype = dtype, .device = device});
+        const std::vector<double> y = doubles(F::dropout(x, p, true, &gen).to(Device::cpu()));
+        // float64 inputs draw float64 numbers (compared in float64); every other input float32 ones.
+        Generator ref_gen(seed);
+        const DType draw_dtype = dtype == kFloat64 ? kFloat64 : kFloat32;
+        const std::vector<double> v = doubles(rand({n}, {.dtype = draw_dtype}, &ref_gen));
+        const double threshold = dtype == kFloat64 ? p : static_cast<double>(static_cast<float>(p));
+        // The survivors' value: 1 / (1 - p) rounded to float32 (the mask's dtype), then to the input's.
+        const double kept = doubles(ones({1}, {.dtype = dtype}) * (1.0 / (1.0 - p)))[0];
+        int64_t wrong = 0, on_boundary = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const double vi = v[static_cast<size_t>(i)];
+          if (vi == threshold) ++on_boundary;
+          if (y[static_cast<size_t>(i)] != (vi >= threshold ? kept : 0.0)) ++wrong;
+        }
+        CHECK(wrong == 0);
+        if (p == u[17] && draw_dtype == kFloat32) CHECK(on_boundary >= 1);
+      }
+    }
+  }
+}
+
 TEST_CASE("dropout is the identity in eval and at p = 0, zero at p = 1; its gradient is the mask",
           "[nn][dropout]") {
   Tensor x = randn({50, 40}, {.requires_grad = true});
