@@ -1,7 +1,11 @@
 // Copies across dtypes and strides (the shared Cast functor), fills, ranges and random fills (the
 // shared Philox draws of kernels/shared/philox.h).
-#include <cstring>
+#include <immintrin.h>
 
+#include <cstring>
+#include <type_traits>
+
+#include "kernels/cpu/capability.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vector_math.h"
@@ -65,6 +69,57 @@ namespace {
 
 namespace sm = ::chorus::kernels::shared;
 
+// [Philox in AVX2 registers] Eight Philox-4x32-10 blocks at once, lane l holding block counter + l,
+// written as uniform float32 draws lo + span * u (the fused multiply-add the compiled draw uses) to
+// dst[4 l + j] for word j: the words of philox4x32_10_into, bit for bit. GCC's own vectorization of
+// that function widened every lane to 64 bits around each product and kept the rand() of a dropout
+// mask at ~2.9 ns a value (1M draws: 2.9 ms, 1 thread, Zen 3); here the 32 x 32 -> 64 products of the
+// even and the odd lanes are taken separately and their halves blended back into place.
+void philox8_uniform(uint64_t key, uint64_t counter, float lo, float span, float* dst) {
+  alignas(32) uint32_t low[8], high[8];
+  for (int l = 0; l < 8; ++l) {
+    const uint64_t c = counter + static_cast<uint64_t>(l);
+    low[l] = static_cast<uint32_t>(c);
+    high[l] = static_cast<uint32_t>(c >> 32);
+  }
+  __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(low));
+  __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(high));
+  __m256i c2 = _mm256_setzero_si256(), c3 = _mm256_setzero_si256();
+  uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u)), m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
+  for (int round = 0; round < 10; ++round) {
+    // The 64-bit products of lanes 0, 2, 4, 6 (mul_epu32 reads the low half of each 64-bit pair)
+    // and of lanes 1, 3, 5, 7 (shifted down first); high and low words blended back per lane.
+    const __m256i even0 = _mm256_mul_epu32(c0, m0), odd0 = _mm256_mul_epu32(_mm256_srli_epi64(c0, 32), m0);
+    const __m256i even1 = _mm256_mul_epu32(c2, m1), odd1 = _mm256_mul_epu32(_mm256_srli_epi64(c2, 32), m1);
+    const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(even0, 32), odd0, 0xAA);
+    const __m256i lo0 = _mm256_blend_epi32(even0, _mm256_slli_epi64(odd0, 32), 0xAA);
+    const __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(even1, 32), odd1, 0xAA);
+    const __m256i lo1 = _mm256_blend_epi32(even1, _mm256_slli_epi64(odd1, 32), 0xAA);
+    c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+    c1 = lo1;
+    c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+    c3 = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  // uniform_float: the top 24 bits as a float, times 2^-24; then lo + span * u.
+  const __m256 unit = _mm256_set1_ps(1.0f / 16777216.0f), vlo = _mm256_set1_ps(lo), vspan = _mm256_set1_ps(span);
+  auto draw = [&](__m256i w) {
+    return _mm256_fmadd_ps(vspan, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(w, 8)), unit), vlo);
+  };
+  const __m256 f0 = draw(c0), f1 = draw(c1), f2 = draw(c2), f3 = draw(c3);
+  // Transpose to block order: dst[4 l + j] = f_j[l].
+  const __m256 t0 = _mm256_unpacklo_ps(f0, f1), t1 = _mm256_unpackhi_ps(f0, f1);
+  const __m256 t2 = _mm256_unpacklo_ps(f2, f3), t3 = _mm256_unpackhi_ps(f2, f3);
+  const __m256 b04 = _mm256_shuffle_ps(t0, t2, 0x44), b15 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 b26 = _mm256_shuffle_ps(t1, t3, 0x44), b37 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  _mm256_storeu_ps(dst, _mm256_permute2f128_ps(b04, b15, 0x20));
+  _mm256_storeu_ps(dst + 8, _mm256_permute2f128_ps(b26, b37, 0x20));
+  _mm256_storeu_ps(dst + 16, _mm256_permute2f128_ps(b04, b15, 0x31));
+  _mm256_storeu_ps(dst + 24, _mm256_permute2f128_ps(b26, b37, 0x31));
+}
+
 // Fills out with n draws of `draw` (kernels/shared/philox.h), Draw::kPerBlock per Philox block:
 // element i is draw(block first + i / kPerBlock, i % kPerBlock), so the result depends only on
 // the generator's state, not on the thread count, and a CUDA kernel reproduces it bit for bit.
@@ -82,10 +137,19 @@ void philox_fill(const Tensor& out, Generator& gen, const Draw& draw) {
     // Whole blocks: a vector loop (several Philox blocks per instruction; the same words).
     // (Locals, not the lambda's captures: the vectorizer must see they cannot alias `out`.)
     const int64_t end = std::min(hi, full);
+    int64_t from = lo;
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<Draw, sm::UniformFloatDraw>) {
+      // [Philox in AVX2 registers]; the AVX-512 variant keeps the compiler's loop (not measured).
+      if (cpu_capability_fast() == CpuCapability::kAvx2) {
+        for (; from + 8 <= end; from += 8) {
+          philox8_uniform(seed, first + static_cast<uint64_t>(from), draw.lo, draw.span, o + from * per_block);
+        }
+      }
+    }
     const uint64_t key = seed, base = first;
     const Draw d = draw;
     T* __restrict dst = o;
-    simd_for(lo, end, [&](int64_t b) CHORUS_ELEMENT {
+    simd_for(from, end, [&](int64_t b) CHORUS_ELEMENT {
       sm::PhiloxBlock words;
       sm::philox4x32_10_into(key, base + static_cast<uint64_t>(b), words.w[0], words.w[1], words.w[2], words.w[3]);
 #pragma GCC unroll 4

@@ -71,6 +71,10 @@ void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
     std::vector<std::vector<double>> gw(threads), gb(threads);
     const bool want_w = grad_weight.defined(), want_b = grad_bias.defined();
     const int64_t chunk = (rows + threads - 1) / std::max(threads, 1);
+    // Without a weight, a row of ones: a conditional load (pw ? pw[c] : 1) kept every loop below
+    // scalar (a [1024, 256] backward took 1.2 ms, 1 thread, Zen 3).
+    const std::vector<P> ones(pw ? 0 : static_cast<size_t>(cols), P(1));
+    const P* wv = pw ? pw : ones.data();
     parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
       std::vector<P> xbuf, gbuf, obuf;
       for (int64_t t = t0; t < t1; ++t) {
@@ -86,11 +90,11 @@ void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
           // The row's two sums one partial sum per lane (simd_sum), and the per-column parameter
           // sums as loops of their own: together in one loop, the running sums kept it scalar.
           const double sum_gw = simd_sum<double>(0, cols, [&](int64_t c) CHORUS_ELEMENT {
-            return static_cast<double>(gr[c] * (pw ? pw[c] : P(1)));
+            return static_cast<double>(gr[c] * wv[c]);
           });
           const double sum_gw_xhat = simd_sum<double>(0, cols, [&](int64_t c) CHORUS_ELEMENT {
             const double xhat = (xr[c] - m) * iv;
-            return static_cast<double>(gr[c] * (pw ? pw[c] : P(1))) * xhat;
+            return static_cast<double>(gr[c] * wv[c]) * xhat;
           });
           if (want_w) {
             double* w = lw.data();
@@ -106,7 +110,7 @@ void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
             P* out = row_out(pgx + r * cols, cols, obuf);
             simd_for(0, cols, [&](int64_t c) CHORUS_ELEMENT {
               const double xhat = (xr[c] - m) * iv;
-              out[c] = static_cast<P>(iv * (gr[c] * (pw ? pw[c] : P(1)) - a - xhat * b));
+              out[c] = static_cast<P>(iv * (gr[c] * wv[c] - a - xhat * b));
             });
             store_row(pgx + r * cols, out, cols);
           }

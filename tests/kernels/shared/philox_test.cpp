@@ -116,6 +116,13 @@ TEST_CASE("CPU uniform with bounds, normal with mean and std, and randint are th
     Tensor t = empty({5001}, TensorOptions{.dtype = kFloat32});
     kernels::cpu::uniform(t, -3.0, 5.0, gen);
     check_fill<float>(t, sm::UniformFloatDraw{-3.0f, 8.0f}, seed, 0);
+    // Counters that cross 2^32 inside a group of eight blocks ([Philox in AVX2 registers]: the
+    // high word of lane l is that of counter + l), and the dropout mask's draws: lo = -q, span 1.
+    Generator late(seed);
+    late.set_state(seed, 0xFFFFFFFDull);
+    Tensor c = empty({203}, TensorOptions{.dtype = kFloat32});
+    kernels::cpu::uniform(c, -0.1, 0.9, late);
+    check_fill<float>(c, sm::UniformFloatDraw{-0.1f, static_cast<float>(0.9 - -0.1)}, seed, 0xFFFFFFFDull);
     Tensor d = empty({5001}, TensorOptions{.dtype = kFloat64});
     kernels::cpu::normal(d, 2.0, 0.5, gen);
     check_fill<double>(d, sm::NormalDoubleDraw{2.0, 0.5}, seed, (5001 + 3) / 4);
