@@ -120,11 +120,24 @@ void philox8_uniform(uint64_t key, uint64_t counter, float lo, float span, float
   _mm256_storeu_ps(dst + 24, _mm256_permute2f128_ps(b26, b37, 0x31));
 }
 
+// One whole block of draws, out of line: the loop that calls it stays scalar (see philox_fill).
+template <typename T, typename Draw>
+[[gnu::noinline]] void philox_block_scalar(const Draw& draw, uint64_t key, uint64_t counter, T* dst) {
+  const sm::PhiloxBlock words = sm::philox4x32_10(key, counter);
+  for (int j = 0; j < Draw::kPerBlock; ++j) dst[j] = convert<T>(draw(words, j));
+}
+
 // Fills out with n draws of `draw` (kernels/shared/philox.h), Draw::kPerBlock per Philox block:
 // element i is draw(block first + i / kPerBlock, i % kPerBlock), so the result depends only on
 // the generator's state, not on the thread count, and a CUDA kernel reproduces it bit for bit.
 template <typename T, typename Draw>
 void philox_fill(const Tensor& out, Generator& gen, const Draw& draw) {
+  // [Scalar libm in the normal draws] Box-Muller's log, cos and sin stay libm's scalar
+  // functions: in a vector loop GCC calls libmvec's variants (vector_math.h declares them), whose
+  // AVX-512 log and cos differ from the scalar ones in the last bits (2026-11-29, Zen 5: philox_test's
+  // float64 normals), so randn's values would depend on the CPU's vector width and on where each
+  // thread's share of the blocks begins. The uniform and integer draws are exact arithmetic.
+  constexpr bool kScalarMath = std::is_same_v<Draw, sm::NormalFloatDraw> || std::is_same_v<Draw, sm::NormalDoubleDraw>;
   constexpr int per_block = Draw::kPerBlock;
   Tensor dense = out.is_contiguous() ? out : make_tensor(out.sizes(), out.dtype(), kCPU);
   const int64_t n = dense.numel();
@@ -146,15 +159,21 @@ void philox_fill(const Tensor& out, Generator& gen, const Draw& draw) {
         }
       }
     }
-    const uint64_t key = seed, base = first;
-    const Draw d = draw;
-    T* __restrict dst = o;
-    simd_for(from, end, [&](int64_t b) CHORUS_ELEMENT {
-      sm::PhiloxBlock words;
-      sm::philox4x32_10_into(key, base + static_cast<uint64_t>(b), words.w[0], words.w[1], words.w[2], words.w[3]);
+    if constexpr (kScalarMath) {
+      for (; from < end; ++from) {
+        philox_block_scalar<T>(draw, seed, first + static_cast<uint64_t>(from), o + from * per_block);
+      }
+    } else {
+      const uint64_t key = seed, base = first;
+      const Draw d = draw;
+      T* __restrict dst = o;
+      simd_for(from, end, [&](int64_t b) CHORUS_ELEMENT {
+        sm::PhiloxBlock words;
+        sm::philox4x32_10_into(key, base + static_cast<uint64_t>(b), words.w[0], words.w[1], words.w[2], words.w[3]);
 #pragma GCC unroll 4
-      for (int j = 0; j < per_block; ++j) dst[b * per_block + j] = convert<T>(d(words, j));
-    });
+        for (int j = 0; j < per_block; ++j) dst[b * per_block + j] = convert<T>(d(words, j));
+      });
+    }
     for (int64_t b = std::max(lo, full); b < hi; ++b) {  // the last, partial block
       const sm::PhiloxBlock words = sm::philox4x32_10(seed, first + static_cast<uint64_t>(b));
       for (int j = 0; j < per_block; ++j) {
