@@ -108,6 +108,12 @@ bool is_timeout_error(const std::string& what) {
   return lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos;
 }
 
+bool is_peer_closed_error(const std::string& what) {
+  std::string lower = what;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  return lower.find("closed by peer") != std::string::npos || lower.find("reset by peer") != std::string::npos;
+}
+
 // ----------------------------------------------------------------------------------- JSON form
 std::string to_json(const FlightDump& dump) {
   json entries = json::array();

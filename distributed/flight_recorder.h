@@ -148,8 +148,11 @@ class FlightRecorder {
 // "float32[4],int64[2, 3]": what the recorder (and the debug mode's fingerprint) says of tensors.
 std::string describe_tensors(const TensorList& tensors);
 
-// True for the errors Gloo and chorus give when an operation ran out of time (as opposed to a peer
-// that closed its connection, which needs no report: that rank is gone).
+// True for the errors Gloo and chorus give when an operation ran out of time.
 bool is_timeout_error(const std::string& what);
+// True for a connection its peer closed or reset. Not always a rank that is gone: Gloo closes a
+// pair when an operation on it times out, so in a desync the rank whose timeout fires first cuts
+// the others off before their own timeouts fire (ProcessGroupGloo reports on both).
+bool is_peer_closed_error(const std::string& what);
 
 }  // namespace chorus::distributed

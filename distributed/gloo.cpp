@@ -199,11 +199,17 @@ std::shared_ptr<Work> ProcessGroupGloo::enqueue(std::string op, std::string tens
       work->finish(std::move(result));
     } catch (const std::exception& e) {
       recorder.finish(record, e.what());
-      // A timeout (not a peer that closed its connection: that rank is gone) gets the desync report:
-      // which ranks never entered this collective, or entered another.
+      // A timeout gets the desync report (which ranks never entered this collective, or entered
+      // another), and so does a peer that closed its connection: Gloo closes a pair whose operation
+      // timed out, so the first rank to time out cuts the others off before their own timeouts fire
+      // (2026-11-29: in a three-rank mismatch under load rank 0 failed so, without a report, while
+      // ranks 1 and 2 reported). A peer that is really gone is named as having sent no record, after
+      // the exchange's wait (at most 5 s by default).
       std::string report;
       try {
-        if (record != 0 && is_timeout_error(e.what())) report = "\n" + desync_report(seq);
+        if (record != 0 && (is_timeout_error(e.what()) || is_peer_closed_error(e.what()))) {
+          report = "\n" + desync_report(seq);
+        }
       } catch (const std::exception& r) {
         report = fmt::format("\n(no desync report: {})", r.what());
       }

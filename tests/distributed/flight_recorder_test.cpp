@@ -239,10 +239,14 @@ TEST_CASE("timed-out ranks exchange records over the store; a rank stuck elsewhe
   ::unsetenv("CHORUS_FLIGHT_RECORDER_FILE");
 }
 
-TEST_CASE("timeouts are told apart from a peer that went away", "[distributed][flight]") {
+TEST_CASE("timeouts and connections closed by a peer are told apart", "[distributed][flight]") {
   CHECK(is_timeout_error("Timed out waiting 3000ms for recv operation to complete"));
   CHECK(is_timeout_error("Application timeout caused pair closure"));
   CHECK(is_timeout_error("allreduce #3 on sim:0 timed out after 1000 ms"));
   CHECK_FALSE(is_timeout_error("Connection closed by peer [127.0.0.1]:5001"));
   CHECK_FALSE(is_timeout_error("Read error [127.0.0.1]:38842: Connection reset by peer"));
+  CHECK(is_peer_closed_error("[./gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:42685"));
+  CHECK(is_peer_closed_error("Read error [127.0.0.1]:38842: Connection reset by peer"));
+  CHECK_FALSE(is_peer_closed_error("Timed out waiting 3000ms for recv operation to complete"));
+  CHECK_FALSE(is_peer_closed_error("allreduce #3 on sim:0 timed out after 1000 ms"));
 }
