@@ -230,7 +230,7 @@ std::string ProcessGroupGloo::desync_report(uint64_t seq) const {
   std::vector<int> members = options_.global_ranks;
   if (!exchange) {
     // A group made outside init_process_group: its ranks meet in the group's own store.
-    exchange = FlightExchange{.store = store_, .prefix = "chorus_flight", .id = rank_,
+    exchange = FlightExchange{.store = store_, .connect = {}, .prefix = "chorus_flight", .id = rank_,
                               .wait = std::min(options_.timeout, std::chrono::milliseconds(5000))};
     members.clear();
     for (int r = 0; r < size_; ++r) members.push_back(r);

@@ -273,6 +273,23 @@ std::shared_ptr<StreamWork> StreamOrderedGroup::launch(const std::string& name, 
     stream.wait(ready);
   }
   work->start_event().record(stream);
+  // What each op reads and writes on the communication stream, for the stream-order sanitizer (one
+  // launch for the group: its ops run as one on the stream). Checked before the communicator takes
+  // any op, so that a report stops the group before its copies run (an unordered collective must
+  // not touch memory another stream is using, on sim as under a real race); recorded after it took
+  // them (an op it refused touched nothing), before the end event (whose clock must include them).
+  const bool sanitized = stream_sanitizer::active(device.type);
+  std::vector<stream_sanitizer::Access> accesses;
+  if (sanitized) {
+    for (const PendingOp& op : ops) {
+      for (const Tensor& t : op.tensors) {
+        bool written = false;
+        for (const Tensor& o : op.written) written = written || (o.raw_data_ptr() == t.raw_data_ptr() && o.numel() == t.numel());
+        accesses.push_back(stream_sanitizer::access_of(t, written));
+      }
+    }
+    stream_sanitizer::check_launch(name.c_str(), device, stream.handle(), accesses);
+  }
   comm.group_start();
   try {
     for (PendingOp& op : ops) op.call(comm, stream, work);
@@ -281,20 +298,7 @@ std::shared_ptr<StreamWork> StreamOrderedGroup::launch(const std::string& name, 
     throw;
   }
   comm.group_end();
-  // What each op reads and writes on the communication stream, for the stream-order sanitizer (one
-  // launch for the group: its ops run as one on the stream). After the communicator took them (an op
-  // it refused touched nothing), before the end event (whose clock must include them).
-  if (stream_sanitizer::active(device.type)) {
-    std::vector<stream_sanitizer::Access> accesses;
-    for (const PendingOp& op : ops) {
-      for (const Tensor& t : op.tensors) {
-        bool written = false;
-        for (const Tensor& o : op.written) written = written || (o.raw_data_ptr() == t.raw_data_ptr() && o.numel() == t.numel());
-        accesses.push_back(stream_sanitizer::access_of(t, written));
-      }
-    }
-    stream_sanitizer::on_launch(name.c_str(), device, stream.handle(), accesses);
-  }
+  if (sanitized) stream_sanitizer::on_launch(name.c_str(), device, stream.handle(), accesses);
   work->end_event().record(stream);
   // The caller may drop its tensors at once: their blocks are not reused before `stream` passes here.
   if (!fault::removed(fault::Point::kGroupRecordStream)) {

@@ -76,7 +76,9 @@ struct StreamInfo {
 
 class Sanitizer {
  public:
-  void launch(const char* op, Device device, StreamHandle handle, const std::vector<Access>& accesses) {
+  // `commit` false: only the check (a report throws), nothing recorded: for work checked before it
+  // is launched and recorded once it was (a collective its communicator may still refuse).
+  void launch(const char* op, Device device, StreamHandle handle, const std::vector<Access>& accesses, bool commit) {
     std::lock_guard<std::mutex> lock(mutex_);
     const int s = stream_number(handle, device);
     Clock& clock = streams_[s].clock;
@@ -102,6 +104,7 @@ class Sanitizer {
                            r.write ? "wrote" : "read", r.lo, r.hi - r.lo, describe(s)));
       }
     }
+    if (!commit) return;
     clock[s] = epoch;
     for (size_t k = 0; k < accesses.size(); ++k) {
       const Access& a = accesses[k];
@@ -283,7 +286,10 @@ Access access_of(const Tensor& t, bool write) {
 }
 
 void on_launch(const char* op, Device device, StreamHandle stream, const std::vector<Access>& accesses) {
-  sanitizer().launch(op, device, stream, accesses);
+  sanitizer().launch(op, device, stream, accesses, /*commit=*/true);
+}
+void check_launch(const char* op, Device device, StreamHandle stream, const std::vector<Access>& accesses) {
+  sanitizer().launch(op, device, stream, accesses, /*commit=*/false);
 }
 void on_record(EventHandle event, Device device, StreamHandle stream) { sanitizer().record(event, device, stream); }
 void on_wait(StreamHandle stream, Device device, EventHandle event) { sanitizer().wait(stream, device, event); }

@@ -57,6 +57,10 @@ Access access_of(const Tensor& t, bool write);
 // `op` is launched on `stream` of `device` and touches `accesses` (ranges outside every block the
 // allocator handed out are ignored). Throws chorus::Error after reporting an unordered access.
 void on_launch(const char* op, Device device, StreamHandle stream, const std::vector<Access>& accesses);
+// The same check without recording anything: for work whose launch may still be refused after the
+// check (a collective group its communicator takes op by op), so that a report stops it before any
+// of it runs; on_launch records it once it was launched.
+void check_launch(const char* op, Device device, StreamHandle stream, const std::vector<Access>& accesses);
 void on_record(EventHandle event, Device device, StreamHandle stream);
 void on_wait(StreamHandle stream, Device device, EventHandle event);
 // The host saw the event's latest record complete (a query that returned true, a synchronize).

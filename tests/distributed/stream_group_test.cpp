@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <optional>
 #include <thread>
@@ -119,6 +120,48 @@ TEST_CASE("without the ready wait, the end wait, or with them on the default str
     CHECK(ddp_against_plain_training(group) == 0);
   }
   synchronize(Device::sim(0));
+  std::filesystem::remove(path);
+}
+
+// A collective the sanitizer refuses must not have started: the report is thrown before the
+// communicator takes it, so none of its copies or host work runs on the communication stream (which
+// would race, for real, with the stream that wrote the tensor: ThreadSanitizer saw that when the
+// check came after the launch). Counted as sim stream tasks against a baseline that issues the
+// same work with the collective replaced by what the group enqueues before its check (its start
+// event's record).
+TEST_CASE("a collective the stream-order sanitizer refuses runs nothing on the communication stream", "[distributed][sim][tsan]") {
+  const std::string path = store_path("chorus_stream_group_refused_store");
+  auto group = one_rank_group(path);
+  const Device dev = Device::sim(0);
+  Tensor t = zeros({257}, {.dtype = kFloat32, .device = dev});
+  group->allreduce({t}, ReduceOp::Sum)->wait();  // the communicator and its staging exist now
+  const Stream comm = group->comm_stream(dev);
+  synchronize(dev);
+  // The tasks one fill on the compute stream and `then` make run on the device.
+  auto tasks_of = [&](const std::function<void()>& then) {
+    synchronize(dev);
+    const uint64_t before = sim::tasks_run();
+    t.fill_(2.0f);
+    then();
+    synchronize(dev);
+    return sim::tasks_run() - before;
+  };
+  const uint64_t baseline = tasks_of([&] {
+    Event start;
+    start.record(comm);
+  });
+  uint64_t refused = 0;
+  {
+    fault::RemovedScope removed(fault::Point::kReadyWait);
+    refused = tasks_of([&] {
+      CHECK_THROWS_WITH(group->allreduce({t}, ReduceOp::Sum), Catch::Contains("stream-order sanitizer") &&
+                                                                   Catch::Contains("allreduce"));
+    });
+  }
+  CHECK(refused == baseline);
+  // The same allreduce, ordered, runs more than that (the control of the count itself).
+  CHECK(tasks_of([&] { group->allreduce({t}, ReduceOp::Sum)->wait(); }) > baseline);
+  CHECK(equal(t.cpu(), full({257}, 2.0f)));  // one rank: the sum of one
   std::filesystem::remove(path);
 }
 
