@@ -2,7 +2,8 @@
 # The test entry point (the README's test command; CI runs `tools/test.sh --full` through .ci/run).
 #
 #   tools/test.sh            set-up, build, and every test case once in -c opt (gpu-tagged ones
-#                            too where a GPU is). About 20 minutes on a fresh 2-core machine.
+#                            too where a GPU is). 20-40 minutes on a fresh 2-core machine
+#                            (docs/build.md has the measured times).
 #   tools/test.sh --full     that, then the kernel tests under each instruction set of this CPU,
 #                            ThreadSanitizer on the concurrent code, and ASan+UBSan over every test
 #                            (the fuzz corpora replayed among them). What CI runs.

@@ -52,6 +52,7 @@ struct Flags {
   std::string device = "auto";
   std::string amp = "none";  // none, bf16, fp16
   int64_t max_steps = 0;     // stop after this many steps (0: all epochs)
+  int64_t test_limit = 0;    // evaluate on the first N test images (0: all)
   double max_loss_growth = 10;  // the divergence check before each save (loss_guard.h; 0: off)
 };
 
@@ -126,6 +127,8 @@ int main(int argc, char** argv) {
   app.add_option("--workers", f.workers, "DataLoader worker threads")->check(CLI::Range(0, 256));
   examples::add_device_option(app, f.device);
   examples::add_amp_option(app, f.amp);
+  app.add_option("--test-limit", f.test_limit, "evaluate on the first N test images only (0: all 10,000)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--max-steps", f.max_steps, "stop after this many steps, as if interrupted (0: train all epochs)")
       ->check(CLI::NonNegativeNumber);
   chorus::cli::refuse_non_finite(app);
@@ -278,7 +281,7 @@ int main(int argc, char** argv) {
         if (f.max_steps > 0 && step >= f.max_steps) break;
       }
       if (f.max_steps > 0 && step >= f.max_steps) break;  // as if interrupted: no epoch-end checkpoint
-      auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, 0, job, device);
+      auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, f.test_limit, job, device);
       log(fmt::format("epoch {} done: train loss {:.4f}, test accuracy {:.2f}% ({}/{})", epoch + 1,
                       epoch_loss_sum / std::max<int64_t>(epoch_loss_n, 1), 100.0 * test_correct / test_count,
                       test_correct, test_count));
@@ -294,12 +297,13 @@ int main(int argc, char** argv) {
       }
     }
     const double train_s = std::chrono::duration<double>(Clock::now() - t_train).count();
-    auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, 0, job, device);
+    auto [test_correct, test_count] = examples::classification_accuracy(*net, *test, f.test_limit, job, device);
     nlohmann::json summary = {
         {"dataset", f.dataset},
         {"model", f.model},
         {"optimizer", f.optimizer},
         {"test_accuracy", static_cast<double>(test_correct) / std::max<int64_t>(test_count, 1)},
+        {"test_images", test_count},
         {"train_loss", epoch_loss_n ? epoch_loss_sum / epoch_loss_n : 0.0},
         {"first_batch_loss", first_loss},
         {"last_batch_loss", last_loss},

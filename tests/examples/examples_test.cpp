@@ -145,20 +145,24 @@ Run sim_job(const std::string& example, const std::string& flags) {
 }
 
 TEST_CASE("mnist on sim: the same training as on the CPU, and under chorusrun with bf16", "[examples][sim]") {
-  const std::string mnist = binary("examples/mnist/mnist") + " --max-steps 8 --epochs 1 --threads 1 --log-every 0";
+  // (The first 1,000 test images: the whole set on sim took most of this case's time.)
+  const std::string mnist =
+      binary("examples/mnist/mnist") + " --max-steps 8 --epochs 1 --threads 1 --log-every 0 --test-limit 1000";
   Run cpu = run(mnist + " --device cpu");
   INFO(cpu.output);
   REQUIRE(cpu.code == 0);
+  CHECK(cpu.summary["test_images"] == 1000);
   Run sim = run(mnist + " --device sim");
   INFO(sim.output);
   REQUIRE(sim.code == 0);
   CHECK(sim.summary["device"] == "sim:0");
   CHECK(sim.summary["last_batch_loss"].get<double>() == cpu.summary["last_batch_loss"].get<double>());
   CHECK(sim.summary["test_accuracy"].get<double>() == cpu.summary["test_accuracy"].get<double>());
-  Run ddp = sim_job("examples/mnist/mnist", "--max-steps 12 --epochs 1");
+  Run ddp = sim_job("examples/mnist/mnist", "--max-steps 12 --epochs 1 --test-limit 1000");
   INFO(ddp.output);
   REQUIRE(ddp.code == 0);
   CHECK(ddp.summary["world_size"] == 2);
+  CHECK(ddp.summary["test_images"] == 1000);  // the two ranks' shares, summed
   CHECK(ddp.summary["amp"] == "bf16");
   CHECK(ddp.summary["last_batch_loss"].get<double>() < ddp.summary["first_batch_loss"].get<double>());
 }
