@@ -71,7 +71,10 @@ std::vector<double> tie_heavy(int64_t n, std::mt19937& rng) {
   std::vector<double> out(n);
   for (double& x : out) {
     const int s = special(rng);
-    x = s == 0 ? std::numeric_limits<double>::quiet_NaN() : s == 1 ? -std::numeric_limits<double>::infinity() : v(rng);
+    x = s == 0   ? std::numeric_limits<double>::quiet_NaN()
+        : s == 1 ? -std::numeric_limits<double>::infinity()
+        : s == 2 ? -0.0  // ties with 0: the first in row-major order is the one taken
+                 : v(rng);
   }
   return out;
 }
@@ -87,7 +90,10 @@ void check_same(const Tensor& a, const Tensor& b) {
   const std::vector<double> x = values(a), y = values(b);
   REQUIRE(x.size() == y.size());
   int64_t differ = 0;
-  for (size_t i = 0; i < x.size(); ++i) differ += !((std::isnan(x[i]) && std::isnan(y[i])) || x[i] == y[i]);
+  // Equal and of the same sign (a -0 where +0 was due is a different element taken), or both NaN.
+  for (size_t i = 0; i < x.size(); ++i) {
+    differ += !((std::isnan(x[i]) && std::isnan(y[i])) || (x[i] == y[i] && std::signbit(x[i]) == std::signbit(y[i])));
+  }
   CHECK(differ == 0);
 }
 
