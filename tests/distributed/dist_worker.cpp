@@ -1078,8 +1078,12 @@ void scenario_stream_fault(const std::shared_ptr<ProcessGroup>& pg, int faulty, 
   const char* round = std::getenv("CHORUS_RESTART_COUNT");
   const bool first_round = round == nullptr || std::string(round) == "0";
   Tensor t = ones({1000}).to(sim);
-  pg->allreduce({t})->wait();  // #1: everyone is up (the compute stream ordered after it)
+  auto first = pg->allreduce({t});
+  first->wait();  // #1: everyone is up (the compute stream ordered after it)
   check(t.sum().item<double>() == 1000.0 * pg->size(), "the first allreduce summed every rank's");
+  // And the watchdog has taken #1 off its list: a device error is sticky, so the watchdog blames the
+  // first collective it still lists, and a busy machine could delay its poll past the failure below.
+  first->wait_finished();
   auto& group = dynamic_cast<StreamOrderedGroup&>(*pg);
   if (pg->rank() == faulty && first_round) {
     if (where == "compute") {
