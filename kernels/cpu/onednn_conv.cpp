@@ -74,6 +74,14 @@ std::atomic<bool>& enabled_flag() {
   return on;
 }
 
+std::atomic<bool>& winograd_flag() {
+  static std::atomic<bool> on = [] {
+    const char* v = std::getenv("CHORUS_ONEDNN_WINOGRAD");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
 
 // One convolution shape, and the thread count: oneDNN decomposes a primitive's work for the number
 // of threads there were when it was made, so a primitive made at 1 thread would run on 1 thread
@@ -83,8 +91,9 @@ struct Key {
   bool bias;
   bool nhwc;  // channels-last input, output and weight (else NCHW and OIHW)
   int threads;
+  bool winograd;  // Winograd allowed (set_winograd) when the primitives were made
   auto tie() const {
-    return std::tie(n, c, h, w, oc, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups, bias, nhwc, threads);
+    return std::tie(n, c, h, w, oc, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw, groups, bias, nhwc, threads, winograd);
   }
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
@@ -92,13 +101,16 @@ struct Key {
 Key key_of(const Tensor& x, const Tensor& weight, bool bias, const Window2d& w, int64_t groups) {
   return {x.size(0),  x.size(1),  w.in_h,     w.in_w,     weight.size(0), w.out_h,      w.out_w,
           w.kernel_h, w.kernel_w, w.stride_h, w.stride_w, w.pad_h,        w.pad_w,      w.dilation_h,
-          w.dilation_w, groups,   bias,       !(x.is_contiguous() && weight.is_contiguous()), omp_get_max_threads()};
+          w.dilation_w, groups,   bias,       !(x.is_contiguous() && weight.is_contiguous()), omp_get_max_threads(),
+          winograd_flag().load(std::memory_order_relaxed)};
 }
 
 struct Shapes {
   memory::dims src, wei, bias, dst, strides, dilates, pad_l, pad_r;
   memory::desc user_src, user_wei, user_dst;
   bool nhwc = false;
+  // convolution_direct, or convolution_winograd where [Winograd convolutions] takes the shape.
+  dnnl::algorithm algorithm = dnnl::algorithm::convolution_direct;
 };
 
 Shapes shapes(const Key& k) {
@@ -170,6 +182,51 @@ struct Entry {
   bool own_weight_grad = false;
 };
 
+using ForwardPd = dnnl::convolution_forward::primitive_desc;
+using DataPd = dnnl::convolution_backward_data::primitive_desc;
+using WeightsPd = dnnl::convolution_backward_weights::primitive_desc;
+
+// The three primitives' descriptors of a shape, with its algorithm (s.algorithm).
+ForwardPd forward_pd(const Shapes& s, bool bias) {
+  auto desc = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, s.algorithm, image(s, s.src),
+                                                     any(s.wei), memory::desc(s.bias, dt::f32, tag::x), image(s, s.dst),
+                                                     s.strides, s.dilates, s.pad_l, s.pad_r)
+                   : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, s.algorithm, image(s, s.src),
+                                                     any(s.wei), image(s, s.dst), s.strides, s.dilates, s.pad_l, s.pad_r);
+  return ForwardPd(desc, user_scratchpad(), engine());
+}
+
+DataPd data_pd(const Shapes& s, const ForwardPd& fwd) {
+  return DataPd(dnnl::convolution_backward_data::desc(s.algorithm, image(s, s.src), any(s.wei), image(s, s.dst), s.strides,
+                                                      s.dilates, s.pad_l, s.pad_r),
+                user_scratchpad(), engine(), fwd);
+}
+
+WeightsPd weights_pd(const Shapes& s, bool bias, const ForwardPd& fwd) {
+  auto desc = bias ? dnnl::convolution_backward_weights::desc(s.algorithm, image(s, s.src), any(s.wei),
+                                                              memory::desc(s.bias, dt::f32, tag::x), image(s, s.dst),
+                                                              s.strides, s.dilates, s.pad_l, s.pad_r)
+                   : dnnl::convolution_backward_weights::desc(s.algorithm, image(s, s.src), any(s.wei), image(s, s.dst),
+                                                              s.strides, s.dilates, s.pad_l, s.pad_r);
+  return WeightsPd(desc, user_scratchpad(), engine(), fwd);
+}
+
+// [Winograd convolutions] A 3x3, stride-1, undilated, ungrouped NCHW convolution with channel
+// counts that are multiples of 16 and at least 8x8 output positions per image runs oneDNN's
+// Winograd F(4x4, 3x3) kernels ("jit_wino_4x3", AVX-512 only: elsewhere no such primitive can be
+// made and the shape stays direct) for its forward, data gradient and weight gradient: 2.25x fewer
+// multiplications than the direct kernels, which already run at the core's peak on these shapes.
+// Measured (ONEDNN_VERBOSE, ResNet-18 at batch 16 of 64x64, 1 thread, Zen 5; docs/benchmarks.md):
+// 64 channels at 16x16 1.49-1.55 -> 0.80-1.12 ms a call, 128 at 8x8 1.49-1.66 -> 0.82-1.35 ms; at 4x4
+// and 2x2 (a tile of 6x6 holds 4x4 outputs) Winograd is slower, hence the 64 positions. The price
+// is precision: a Winograd sum's round-off is 5-10x the direct one's (3x3, 64-256 channels: within
+// 1.5e-5 of outputs of magnitude ~4, against 1.6e-6), as cuDNN's Winograd algorithms. Off with
+// set_winograd(false) or CHORUS_ONEDNN_WINOGRAD=0.
+bool winograd_shape(const Key& k) {
+  return k.winograd && !k.nhwc && k.groups == 1 && k.kh == 3 && k.kw == 3 && k.sh == 1 && k.sw == 1 && k.dh == 1 &&
+         k.dw == 1 && k.c % 16 == 0 && k.oc % 16 == 0 && k.oh * k.ow >= 64;
+}
+
 std::shared_ptr<Entry> entry_for(const Key& k) {
   static std::mutex mutex;
   static std::map<Key, std::shared_ptr<Entry>> cache;
@@ -178,15 +235,20 @@ std::shared_ptr<Entry> entry_for(const Key& k) {
   if (it != cache.end()) return it->second;
   auto e = std::make_shared<Entry>();
   e->s = shapes(k);
-  const Shapes& s = e->s;
-  auto desc = k.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                       dnnl::algorithm::convolution_direct, image(s, s.src), any(s.wei),
-                                                       memory::desc(s.bias, dt::f32, tag::x), image(s, s.dst), s.strides,
-                                                       s.dilates, s.pad_l, s.pad_r)
-                     : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                       dnnl::algorithm::convolution_direct, image(s, s.src), any(s.wei),
-                                                       image(s, s.dst), s.strides, s.dilates, s.pad_l, s.pad_r);
-  e->fwd_pd = dnnl::convolution_forward::primitive_desc(desc, user_scratchpad(), engine());
+  if (winograd_shape(k)) {
+    // Winograd only where oneDNN has all three of its primitives for the shape (this CPU, this
+    // shape), so a shape's forward and backward use the same algorithm.
+    e->s.algorithm = dnnl::algorithm::convolution_winograd;
+    try {
+      const ForwardPd fwd = forward_pd(e->s, k.bias);
+      (void)data_pd(e->s, fwd);
+      (void)weights_pd(e->s, true, fwd);
+      (void)weights_pd(e->s, false, fwd);
+    } catch (const dnnl::error&) {
+      e->s.algorithm = dnnl::algorithm::convolution_direct;
+    }
+  }
+  e->fwd_pd = forward_pd(e->s, k.bias);
   e->fwd = dnnl::convolution_forward(e->fwd_pd);
   cache.emplace(k, e);
   return e;
@@ -195,23 +257,13 @@ std::shared_ptr<Entry> entry_for(const Key& k) {
 void make_backward(Entry& e) {
   std::call_once(e.backward_once, [&] {
     const Shapes& s = e.s;
-    e.bwd_data_pd = dnnl::convolution_backward_data::primitive_desc(
-        dnnl::convolution_backward_data::desc(dnnl::algorithm::convolution_direct, image(s, s.src), any(s.wei), image(s, s.dst),
-                                              s.strides, s.dilates, s.pad_l, s.pad_r),
-        user_scratchpad(), engine(), e.fwd_pd);
+    e.bwd_data_pd = data_pd(s, e.fwd_pd);
     e.bwd_data = dnnl::convolution_backward_data(e.bwd_data_pd);
-    e.bwd_weights_pd = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, image(s, s.src), any(s.wei),
-                                                 memory::desc(s.bias, dt::f32, tag::x), image(s, s.dst), s.strides,
-                                                 s.dilates, s.pad_l, s.pad_r),
-        user_scratchpad(), engine(), e.fwd_pd);
+    e.bwd_weights_pd = weights_pd(s, true, e.fwd_pd);
     e.bwd_weights = dnnl::convolution_backward_weights(e.bwd_weights_pd);
-    e.bwd_weights_nobias_pd = dnnl::convolution_backward_weights::primitive_desc(
-        dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, image(s, s.src), any(s.wei),
-                                                 image(s, s.dst), s.strides, s.dilates, s.pad_l, s.pad_r),
-        user_scratchpad(), engine(), e.fwd_pd);
+    e.bwd_weights_nobias_pd = weights_pd(s, false, e.fwd_pd);
     e.bwd_weights_nobias = dnnl::convolution_backward_weights(e.bwd_weights_nobias_pd);
-    // [Small-image weight gradients] oneDNN 2.6 has no direct kernel for the weight gradient of a
+  // [Small-image weight gradients] oneDNN 2.6 has no direct kernel for the weight gradient of a
     // convolution whose output is a few positions (ResNet's last stage: 2x2 at 64x64 inputs) and
     // falls back to its GEMM-based one ("x64:gemm:jit"), which multiplies image by image with k =
     // the image's positions (4) and adds each product into the whole weight gradient: 512->512 3x3 at
@@ -312,6 +364,13 @@ bool weight_grad_by_gemm(const Tensor& x, const Tensor& weight, const Window2d& 
 }
 
 void set_enabled(bool on) { enabled_flag().store(on); }
+void set_winograd(bool on) { winograd_flag().store(on); }
+bool winograd() { return winograd_flag().load(std::memory_order_relaxed); }
+
+std::string implementation(const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups) {
+  if (!handles(x, weight, w)) return "";
+  return entry_for(key_of(x, weight, /*bias=*/false, w, groups))->fwd_pd.impl_info_str();
+}
 bool enabled() { return enabled_flag().load(std::memory_order_relaxed); }
 
 bool handles(const Tensor& x, const Tensor& weight, const Window2d& w) {

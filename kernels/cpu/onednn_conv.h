@@ -10,6 +10,9 @@
 // convolution tests under each capability the machine has (tools/test.sh). chorus's own loops pick
 // their variant from the same setting (capability.h).
 // CHORUS_ONEDNN=0 turns both off (im2col + Eigen GEMM for every dtype), for A/B measurements.
+// 3x3 stride-1 convolutions with channels in multiples of 16 and at least 8x8 outputs per image use
+// oneDNN's Winograd kernels where the CPU has them (AVX-512): [Winograd convolutions] in
+// onednn_conv.cpp; CHORUS_ONEDNN_WINOGRAD=0 or set_winograd(false) keeps every shape direct.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,27 @@ std::string capability();
 // Turns the oneDNN paths on or off at run time (benchmarks compare both in one run).
 void set_enabled(bool on);
 bool enabled();
+
+// Whether 3x3 stride-1 convolutions may use Winograd kernels ([Winograd convolutions]; default on,
+// CHORUS_ONEDNN_WINOGRAD=0 starts it off). Applies to shapes first run after the call.
+void set_winograd(bool on);
+bool winograd();
+
+// set_winograd(on) for a scope; the setting before it comes back at its end (tests).
+class WinogradScope {
+ public:
+  explicit WinogradScope(bool on) : before_(winograd()) { set_winograd(on); }
+  ~WinogradScope() { set_winograd(before_); }
+  WinogradScope(const WinogradScope&) = delete;
+  WinogradScope& operator=(const WinogradScope&) = delete;
+
+ private:
+  bool before_;
+};
+
+// The oneDNN implementation this convolution's forward runs (its impl_info_str, e.g.
+// "jit:avx512_core" or "jit_wino_4x3:avx512_core"), or "" where handles() is false. For tests.
+std::string implementation(const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups);
 
 // Whether the oneDNN path takes this convolution (float32, contiguous NCHW, enabled, and not one
 // with only a handful of output positions in the whole batch).

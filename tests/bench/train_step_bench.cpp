@@ -11,6 +11,8 @@
 //   bazel run -c opt //tests/bench:train_step_bench -- [--steps 20] [--warmup 5]
 //   ... -- --channels-last: ResNet-18 in NCHW and channels-last, chorus and libtorch (only that table)
 //   ... -- --check: ResNet-18 batch 8 and BERT-mini batch 8 at 1 thread only (tools/bench_check.sh)
+//   ... -- --resnet-only: the ResNet-18 rows only (batch 8, 16, 32 at 1 and 2 threads); with
+//   CHORUS_ONEDNN_WINOGRAD=0 chorus's convolutions stay direct ([Winograd convolutions])
 #include <algorithm>
 #include <cmath>
 #include <torch/torch.h>
@@ -466,7 +468,7 @@ int usage(const char* bad) {
   if (bad != nullptr) std::fprintf(stderr, "train_step_bench: unknown or incomplete argument '%s'\n", bad);
   std::fprintf(bad ? stderr : stdout,
                "usage: train_step_bench [--steps N] [--warmup N] [--threads T] [--cpu-loops avx2|avx512]\n"
-               "                        [--profile MODEL | --channels-last | --check]\n");
+               "                        [--profile MODEL | --channels-last | --check | --resnet-only]\n");
   return bad ? 2 : 0;
 }
 
@@ -480,7 +482,7 @@ int main(int argc, char** argv) {
       ++i;
       continue;
     }
-    if (a != "--channels-last" && a != "--check") return usage(argv[i]);
+    if (a != "--channels-last" && a != "--check" && a != "--resnet-only") return usage(argv[i]);
   }
   int steps = 20, warmup = 5;
   for (int i = 1; i + 1 < argc; ++i) {
@@ -511,6 +513,14 @@ int main(int argc, char** argv) {
       return 0;
     }
     // --check: the two rows tools/bench_check.sh compares with docs/benchmarks.md (1 thread).
+    if (!std::strcmp(argv[i], "--resnet-only")) {
+      for (int th : {1, 2}) {
+        chorus::set_num_threads(th);
+        peer_threads(th);
+        for (int b : {8, 16, 32}) resnet18_step(b, th, steps, warmup);
+      }
+      return 0;
+    }
     if (!std::strcmp(argv[i], "--check")) {
       chorus::set_num_threads(1);
       peer_threads(1);
