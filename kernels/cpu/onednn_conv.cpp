@@ -180,6 +180,8 @@ struct Entry {
   dnnl::convolution_backward_weights bwd_weights, bwd_weights_nobias;
   // [Small-image weight gradients]: chorus computes the weight gradient itself (weight_grad_by_gemm).
   bool own_weight_grad = false;
+  // [Small-image convolutions]: chorus computes forward and both gradients itself; no primitives.
+  bool by_gemm = false;
 };
 
 using ForwardPd = dnnl::convolution_forward::primitive_desc;
@@ -227,6 +229,24 @@ bool winograd_shape(const Key& k) {
          k.dw == 1 && k.c % 16 == 0 && k.oc % 16 == 0 && k.oh * k.ow >= 64;
 }
 
+// [Small-image convolutions] An NCHW ungrouped convolution with at most 4 output positions per image
+// (ResNet's last stage at 64x64 inputs: 2x2) is three whole-batch products over its input's columns
+// (cols [N*P, C*kH*kW], P = OH*OW, as [Small-image weight gradients] lays them out):
+//   forward         out[o, (n,p)]  = W[o, ckk] . cols^T             (then to [n, o, p], plus the bias)
+//   data gradient   dcols[(n,p), ckk] = grad_out^T[(n,p), o] . W    (then added back, col2im)
+//   weight gradient weight_grad_by_gemm
+// where oneDNN ran its direct kernels: they skip the window's taps that fall on the padding (at 2x2
+// with a 3x3 kernel and padding 1, 20 of 36), yet ran at 40-75 GFLOP/s of those it kept (512->512 at
+// batch 16, Zen 5, 1 thread: forward 1.80, data gradient 1.94, weight gradient 3.35 ms a call) and
+// reordered the 9.4 MB weight into two blocked layouts and the gradient back (about 1 ms each);
+// dnnl_sgemm runs the three products, zeros included, at 160-195 GFLOP/s (1.54-1.89 ms), with the
+// weight as it is. At 4x4 outputs (layer 3) the two were even, so 4 positions is the bound; the
+// columns are at most 16M floats.
+bool small_image_shape(const Key& k) {
+  const int64_t positions = k.oh * k.ow;
+  return !k.nhwc && k.groups == 1 && positions <= 4 && k.n * positions * k.c * k.kh * k.kw <= (int64_t{1} << 24);
+}
+
 std::shared_ptr<Entry> entry_for(const Key& k) {
   static std::mutex mutex;
   static std::map<Key, std::shared_ptr<Entry>> cache;
@@ -235,6 +255,11 @@ std::shared_ptr<Entry> entry_for(const Key& k) {
   if (it != cache.end()) return it->second;
   auto e = std::make_shared<Entry>();
   e->s = shapes(k);
+  if (small_image_shape(k)) {
+    e->by_gemm = true;
+    cache.emplace(k, e);
+    return e;
+  }
   if (winograd_shape(k)) {
     // Winograd only where oneDNN has all three of its primitives for the shape (this CPU, this
     // shape), so a shape's forward and backward use the same algorithm.
@@ -256,6 +281,7 @@ std::shared_ptr<Entry> entry_for(const Key& k) {
 
 void make_backward(Entry& e) {
   std::call_once(e.backward_once, [&] {
+    if (e.by_gemm) return;
     const Shapes& s = e.s;
     e.bwd_data_pd = data_pd(s, e.fwd_pd);
     e.bwd_data = dnnl::convolution_backward_data(e.bwd_data_pd);
@@ -280,19 +306,15 @@ void make_backward(Entry& e) {
   });
 }
 
-// [Small-image weight gradients]: grad_weight [O, C, kH, kW] (and grad_bias [O]) as one product
-// G [O, N*P] x cols [N*P, C*kH*kW], where P = OH*OW, G[o, n*P + p] = grad_out[n, o, p] and
-// cols[n*P + p, (c*kH + i)*kW + j] = x[n, c, oh*sh - ph + i*dh, ow*sw - pw + j*dw] (0 outside).
-void weight_grad_by_gemm(const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& go, const Tensor& x,
-                         const Window2d& w) {
-  const int64_t n = x.size(0), c = x.size(1), oc = go.size(1);
+// The columns of x for a window: cols[n*P + p, (c*kH + i)*kW + j] = x[n, c, oh*sh - ph + i*dh,
+// ow*sw - pw + j*dw] (0 outside), P = OH*OW, p = oh*OW + ow.
+Tensor columns(const Tensor& x, const Window2d& w) {
+  const int64_t c = x.size(1);
   const int64_t positions = w.out_h * w.out_w, plane = w.in_h * w.in_w, ckk = c * w.kernel_h * w.kernel_w;
-  const int64_t rows = n * positions;
-  Tensor cols = make_tensor({rows, ckk}, kFloat32, kCPU), g = make_tensor({oc, rows}, kFloat32, kCPU);
+  const int64_t rows = x.size(0) * positions;
+  Tensor cols = make_tensor({rows, ckk}, kFloat32, kCPU);
   const float* px = x.data_ptr<float>();
-  const float* pgo = go.data_ptr<float>();
   float* pc = cols.data_ptr<float>();
-  float* pg = g.data_ptr<float>();
   parallel_for(0, rows, std::max<int64_t>(1, kGrainSize / std::max<int64_t>(ckk, 1)), [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const int64_t img = r / positions, oh = r % positions / w.out_w, ow = r % w.out_w;
@@ -310,13 +332,84 @@ void weight_grad_by_gemm(const Tensor& grad_weight, const Tensor& grad_bias, con
       }
     }
   });
+  return cols;
+}
+
+// A [rows, cols] float32 matrix over a tensor's storage from its offset: row-major (the tensor's
+// contiguous elements), or with transposed = true the transpose of the row-major [cols, rows] one.
+Tensor matrix(const Tensor& t, int64_t rows, int64_t cols, bool transposed = false) {
+  return Tensor(std::make_shared<TensorImpl>(t.storage(), t.storage_offset(), Shape{rows, cols},
+                                             transposed ? Strides{1, rows} : Strides{cols, 1}, kFloat32));
+}
+
+// [Small-image convolutions]: the forward, out[n, o, p] = bias[o] + (W . cols^T)[o, n*P + p].
+void conv2d_by_gemm(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w) {
+  const int64_t n = x.size(0), oc = weight.size(0), positions = w.out_h * w.out_w;
+  const int64_t ckk = x.size(1) * w.kernel_h * w.kernel_w, rows = n * positions;
+  const Tensor cols = columns(x, w);
+  Tensor product = make_tensor({oc, rows}, kFloat32, kCPU);
+  gemm(product, matrix(weight, oc, ckk), matrix(cols, ckk, rows, /*transposed=*/true), 1.0, 0.0);
+  const float* pp = product.data_ptr<float>();
+  const float* pb = bias.defined() ? bias.data_ptr<float>() : nullptr;
+  float* po = out.data_ptr<float>();
+  for (int64_t img = 0; img < n; ++img)
+    for (int64_t o = 0; o < oc; ++o) {
+      const float b = pb ? pb[o] : 0.f;
+      for (int64_t p = 0; p < positions; ++p) po[(img * oc + o) * positions + p] = pp[o * rows + img * positions + p] + b;
+    }
+}
+
+// [Small-image convolutions]: the data gradient, dcols = grad_out^T . W ([N*P, O] x [O, C*kH*kW]),
+// whose columns are added back to the input positions they were read from (col2im), image by image.
+void data_grad_by_gemm(const Tensor& grad_x, const Tensor& go, const Tensor& weight, const Window2d& w) {
+  const int64_t n = grad_x.size(0), c = grad_x.size(1), oc = weight.size(0), positions = w.out_h * w.out_w;
+  const int64_t ckk = c * w.kernel_h * w.kernel_w, rows = n * positions, plane = w.in_h * w.in_w;
+  Tensor got = make_tensor({rows, oc}, kFloat32, kCPU);  // grad_out^T: got[n*P + p, o] = go[n, o, p]
+  const float* pgo = go.data_ptr<float>();
+  float* pt = got.data_ptr<float>();
+  for (int64_t img = 0; img < n; ++img)
+    for (int64_t o = 0; o < oc; ++o)
+      for (int64_t p = 0; p < positions; ++p) pt[(img * positions + p) * oc + o] = pgo[(img * oc + o) * positions + p];
+  Tensor dcols = make_tensor({rows, ckk}, kFloat32, kCPU);
+  gemm(dcols, got, matrix(weight, oc, ckk), 1.0, 0.0);
+  const float* pd = dcols.data_ptr<float>();
+  float* px = grad_x.data_ptr<float>();
+  parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t img = lo; img < hi; ++img) {
+      float* dst = px + img * c * plane;
+      std::fill(dst, dst + c * plane, 0.f);
+      for (int64_t p = 0; p < positions; ++p) {
+        const int64_t oh = p / w.out_w, ow = p % w.out_w;
+        const float* src = pd + (img * positions + p) * ckk;
+        for (int64_t ch = 0; ch < c; ++ch)
+          for (int64_t i = 0; i < w.kernel_h; ++i) {
+            const int64_t ih = oh * w.stride_h - w.pad_h + i * w.dilation_h;
+            for (int64_t j = 0; j < w.kernel_w; ++j, ++src) {
+              const int64_t iw = ow * w.stride_w - w.pad_w + j * w.dilation_w;
+              if (ih >= 0 && ih < w.in_h && iw >= 0 && iw < w.in_w) dst[ch * plane + ih * w.in_w + iw] += *src;
+            }
+          }
+      }
+    }
+  });
+}
+
+// [Small-image weight gradients]: grad_weight [O, C, kH, kW] (and grad_bias [O]) as one product
+// G [O, N*P] x cols [N*P, C*kH*kW], where G[o, n*P + p] = grad_out[n, o, p] and cols = columns(x, w).
+void weight_grad_by_gemm(const Tensor& grad_weight, const Tensor& grad_bias, const Tensor& go, const Tensor& x,
+                         const Window2d& w) {
+  const int64_t n = x.size(0), c = x.size(1), oc = go.size(1);
+  const int64_t positions = w.out_h * w.out_w, ckk = c * w.kernel_h * w.kernel_w;
+  const int64_t rows = n * positions;
+  const Tensor cols = columns(x, w);
+  Tensor g = make_tensor({oc, rows}, kFloat32, kCPU);
+  const float* pgo = go.data_ptr<float>();
+  float* pg = g.data_ptr<float>();
   for (int64_t o = 0; o < oc; ++o)
     for (int64_t img = 0; img < n; ++img)
       std::memcpy(pg + o * rows + img * positions, pgo + (img * oc + o) * positions,
                   static_cast<size_t>(positions) * sizeof(float));
-  const Tensor dw(std::make_shared<TensorImpl>(grad_weight.storage(), grad_weight.storage_offset(), Shape{oc, ckk},
-                                               Strides{ckk, 1}, kFloat32));
-  gemm(dw, g, cols, 1.0, 0.0);
+  gemm(matrix(grad_weight, oc, ckk), g, cols, 1.0, 0.0);
   if (grad_bias.defined()) {
     float* b = grad_bias.data_ptr<float>();
     for (int64_t o = 0; o < oc; ++o) {
@@ -360,7 +453,11 @@ bool weight_grad_by_gemm(const Tensor& x, const Tensor& weight, const Window2d& 
   if (!handles(x, weight, w)) return false;
   const std::shared_ptr<Entry> e = entry_for(key_of(x, weight, /*bias=*/false, w, groups));
   make_backward(*e);
-  return e->own_weight_grad;
+  return e->own_weight_grad || e->by_gemm;
+}
+
+bool by_gemm(const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups) {
+  return handles(x, weight, w) && entry_for(key_of(x, weight, /*bias=*/false, w, groups))->by_gemm;
 }
 
 void set_enabled(bool on) { enabled_flag().store(on); }
@@ -369,7 +466,8 @@ bool winograd() { return winograd_flag().load(std::memory_order_relaxed); }
 
 std::string implementation(const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups) {
   if (!handles(x, weight, w)) return "";
-  return entry_for(key_of(x, weight, /*bias=*/false, w, groups))->fwd_pd.impl_info_str();
+  const std::shared_ptr<Entry> e = entry_for(key_of(x, weight, /*bias=*/false, w, groups));
+  return e->by_gemm ? "chorus:gemm" : e->fwd_pd.impl_info_str();
 }
 bool enabled() { return enabled_flag().load(std::memory_order_relaxed); }
 
@@ -387,6 +485,10 @@ bool handles(const Tensor& x, const Tensor& weight, const Window2d& w) {
 void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
             int64_t groups) {
   const std::shared_ptr<Entry> e = entry_for(key_of(x, weight, bias.defined(), w, groups));
+  if (e->by_gemm) {
+    conv2d_by_gemm(out, x, weight, bias, w);
+    return;
+  }
   dnnl::stream stream(engine());
   Arg src(e->fwd_pd.src_desc(), e->s.user_src, ptr(x), true, stream);
   Arg wei(e->fwd_pd.weights_desc(), e->s.user_wei, ptr(weight), true, stream);
@@ -417,8 +519,15 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   // NCHW convolution's two backward primitives both want it in the same blocked layout (nChw8c on
   // AVX2), so it is reordered once, not once for each (small ResNet, batch 32: 52 activation reorders
   // a step took 26 ms of its 230; this saves 8 of them).
+  if (e->by_gemm) {  // [Small-image convolutions]
+    if (grad_x.defined()) data_grad_by_gemm(grad_x, go, weight, w);
+    if (grad_weight.defined()) {
+      weight_grad_by_gemm(grad_weight, grad_bias, go, x, w);
+      return;
+    }
+  }
   std::optional<Arg> data_diff_dst;
-  if (grad_x.defined()) {
+  if (grad_x.defined() && !e->by_gemm) {
     data_diff_dst.emplace(e->bwd_data_pd.diff_dst_desc(), e->s.user_dst, ptr(go), true, stream);
     Arg wei(e->bwd_data_pd.weights_desc(), e->s.user_wei, ptr(weight), true, stream);
     Arg diff_src(e->bwd_data_pd.diff_src_desc(), e->s.user_src, ptr(grad_x), false, stream);

@@ -63,6 +63,11 @@ bool handles(const Tensor& x, const Tensor& weight, const Window2d& w);
 // handles() is false. Makes the shape's primitives if they are not made yet. For tests.
 bool weight_grad_by_gemm(const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups);
 
+// Whether this convolution runs as chorus's whole-batch products over its input's columns, forward
+// and both gradients ([Small-image convolutions], onednn_conv.cpp: at most 4 output positions per
+// image): false where handles() is false. For tests.
+bool by_gemm(const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups);
+
 // As conv2d / conv2d_backward in conv.h.
 void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tensor& bias, const Window2d& w,
             int64_t groups);
