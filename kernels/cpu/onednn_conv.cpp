@@ -98,10 +98,22 @@ struct Key {
   bool operator<(const Key& o) const { return tie() < o.tie(); }
 };
 
+// chorus's thread count (set_num_threads) for oneDNN's OpenMP regions on the calling thread, whose
+// omp_get_max_threads() is that count only on the thread set_num_threads ran on: a sim stream's
+// worker thread had OpenMP's default (the core count), so a convolution on sim:0 ran oneDNN at 2
+// threads where the same program on the CPU ran it at 1. The direct kernels give the same bits at
+// any thread count; the Winograd ones ([Winograd convolutions]) do not (the MNIST example's
+// 8-step loss: 2.2059240341 on the CPU at 1 thread, 2.2059242725 on sim:0 and on the CPU at 2).
+int openmp_threads() {
+  const int want = num_threads();
+  if (omp_get_max_threads() != want) omp_set_num_threads(want);
+  return want;
+}
+
 Key key_of(const Tensor& x, const Tensor& weight, bool bias, const Window2d& w, int64_t groups) {
   return {x.size(0),  x.size(1),  w.in_h,     w.in_w,     weight.size(0), w.out_h,      w.out_w,
           w.kernel_h, w.kernel_w, w.stride_h, w.stride_w, w.pad_h,        w.pad_w,      w.dilation_h,
-          w.dilation_w, groups,   bias,       !(x.is_contiguous() && weight.is_contiguous()), omp_get_max_threads(),
+          w.dilation_w, groups,   bias,       !(x.is_contiguous() && weight.is_contiguous()), openmp_threads(),
           winograd_flag().load(std::memory_order_relaxed)};
 }
 
