@@ -32,8 +32,15 @@ class GlooStreamCommunicator::PinnedPool {
  public:
   static constexpr size_t kMinChunk = size_t(16) << 20;
   explicit PinnedPool(DeviceRuntime& rt) : rt_(rt) {}
+  // Destroyed at exit too (a default group lives in a static): the runtime may have unloaded by
+  // then (DeviceUnloading), or the device failed; the process's end returns the memory either way.
   ~PinnedPool() {
-    for (Chunk& c : chunks_) rt_.host_free(c.base);
+    for (Chunk& c : chunks_) {
+      try {
+        rt_.host_free(c.base);
+      } catch (const Error&) {
+      }
+    }
   }
   PinnedPool(const PinnedPool&) = delete;
   PinnedPool& operator=(const PinnedPool&) = delete;

@@ -55,8 +55,8 @@ void check_cuda(const TensorList& tensors, const char* op) {
   for (const Tensor& t : tensors) {
     if (!t.device().is_cuda()) fail("ProcessGroupNCCL {}: expected CUDA tensors, got one on {}", op, t.device().str());
     if (!t.is_contiguous()) {
-      fail("ProcessGroupNCCL {}: tensors must be contiguous (got strides {} for shape {}); call .contiguous() first", op,
-           shape_str(t.strides()), shape_str(t.sizes()));
+      fail("ProcessGroupNCCL {}: a {} tensor must be contiguous (got strides {} for shape {}); call .contiguous() first",
+           op, t.device().str(), shape_str(t.strides()), shape_str(t.sizes()));
     }
   }
 }

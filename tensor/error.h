@@ -16,6 +16,17 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// A device runtime that is shutting down because the process is exiting: CUDA's runtime unloads
+// itself from an atexit handler registered at its first call (cudaErrorCudartUnloading, "driver
+// shutting down"), so an object destroyed later in static destruction (a process group whose
+// first use came before the first CUDA call) meets it; sim does the same. Work can no longer be
+// observed or freed, and the process's end frees everything: destructors and watchdogs that catch
+// it treat the work as finished, as PyTorch's do.
+class DeviceUnloading : public Error {
+ public:
+  explicit DeviceUnloading(const std::string& message) : Error(message) {}
+};
+
 // Throws chorus::Error with a fmt-formatted message. Used by every argument check.
 template <typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {

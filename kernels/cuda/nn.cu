@@ -145,6 +145,13 @@ __global__ void layer_norm_block_kernel(T* out, sh::opmath_t<T>* mean, sh::opmat
 
 // Input gradient: gx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)), the two row sums in one
 // reduction (a pair).
+// g * w rounded on its own, never fused with the subtraction that follows (nvcc contracts a*b - c
+// into one fma by default): the product then equals the one summed into the row's mean, so a row
+// whose terms cancel exactly (one column) gives 0 as the CPU kernel does, not the product's rounding
+// error times rstd (1/sqrt(eps), ~316). Seen on an H200, 2026-11-29: float64 rows of 1 column.
+__device__ __forceinline__ float mul_rounded(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rounded(double a, double b) { return __dmul_rn(a, b); }
+
 template <typename T, int V, int N>
 __global__ void layer_norm_backward_warp_kernel(T* gx, const T* g, const T* x, const sh::opmath_t<T>* mean,
                                                 const sh::opmath_t<T>* rstd, const sh::opmath_t<T>* w, int64_t rows, int64_t cols, int lanes) {
@@ -168,7 +175,7 @@ __global__ void layer_norm_backward_warp_kernel(T* gx, const T* g, const T* x, c
 #pragma unroll
         for (int i = 0; i < V; ++i) {
           xhat[j][i] = (xhat[j][i] - m) * iv;
-          if (w) gw[j][i] *= wv[i];
+          if (w) gw[j][i] = mul_rounded(gw[j][i], wv[i]);
         }
       } else {
 #pragma unroll
@@ -221,7 +228,7 @@ __global__ void layer_norm_backward_block_kernel(T* gx, const T* g, const T* x, 
       if (w) row_kernels::load_params<V>(w + c, wv);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        const Acc gwv = w ? sh::to_opmath(graw[i]) * wv[i] : sh::to_opmath(graw[i]);
+        const Acc gwv = w ? mul_rounded(sh::to_opmath(graw[i]), wv[i]) : sh::to_opmath(graw[i]);
         sums.a += gwv;
         sums.b += gwv * ((sh::to_opmath(xraw[i]) - m) * iv);
       }
@@ -237,7 +244,7 @@ __global__ void layer_norm_backward_block_kernel(T* gx, const T* g, const T* x, 
       if (w) row_kernels::load_params<V>(w + c, wv);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        const Acc gwv = w ? gv[i] * wv[i] : gv[i];
+        const Acc gwv = w ? mul_rounded(gv[i], wv[i]) : gv[i];
         gv[i] = iv * (gwv - a - ((xv[i] - m) * iv) * bb);
       }
       row_kernels::store<V>(gx + row * cols + c, gv);

@@ -19,6 +19,10 @@ namespace {
 void check(cudaError_t status, const char* call) {
   if (status != cudaSuccess) {
     cudaGetLastError();  // clear it, so it does not resurface from an unrelated call
+    if (status == cudaErrorCudartUnloading) {
+      throw DeviceUnloading(fmt::format("CUDA error in {}: {} ({}): the process is exiting", call,
+                                        cudaGetErrorString(status), cudaGetErrorName(status)));
+    }
     fail("CUDA error in {}: {} ({})", call, cudaGetErrorString(status), cudaGetErrorName(status));
   }
 }

@@ -294,7 +294,26 @@ class SimStream {
 
 thread_local bool t_in_host_function = false;
 
+// As CUDA's runtime, which registers its teardown with atexit at its first call and unloads there
+// (every later call fails with cudaErrorCudartUnloading, "driver shutting down"): sim's first device
+// call registers the same, and after it has run every device call throws DeviceUnloading. An object
+// made before the first device call (a process group) is destroyed after the unload, and what it
+// frees or queries then fails, as on a GPU (seen on an H200, 2026-11-29: cudaFreeHost from the Gloo
+// staging pool at exit). destroy_event is the exception, as cudaEventDestroy's result is ignored.
+std::atomic<bool> g_unloaded{false};
+std::once_flag g_unload_registered;
+
+void check_loaded(const char* call) {
+  std::call_once(g_unload_registered, [] { std::atexit([] { g_unloaded.store(true, std::memory_order_release); }); });
+  if (g_unloaded.load(std::memory_order_acquire)) {
+    throw DeviceUnloading(fmt::format("sim: {}: driver shutting down (cudaErrorCudartUnloading): the process is exiting "
+                                      "and the runtime has unloaded",
+                                      call));
+  }
+}
+
 void refuse_in_host_function(const char* call) {
+  check_loaded(call);
   if (t_in_host_function) {
     fail("sim: {} called inside a host function (launch_host_task): CUDA refuses every CUDA call there "
          "(cudaErrorNotPermitted); do it on a thread of your own",
@@ -413,11 +432,13 @@ class SimRuntime final : public DeviceRuntime {
   }
 
   StreamHandle create_stream(int device, bool /*high_priority*/) override {
+    check_loaded("create_stream");
     std::lock_guard<std::mutex> lock(mutex_);
     streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get()));
     return streams_.back().get();
   }
   StreamHandle default_stream(int device) override {
+    check_loaded("default_stream");
     std::lock_guard<std::mutex> lock(mutex_);
     if (default_streams_[device] == nullptr) {
       streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get()));
@@ -426,6 +447,7 @@ class SimRuntime final : public DeviceRuntime {
     return default_streams_[device];
   }
   bool query_stream(StreamHandle s) override {
+    check_loaded("query_stream");
     check_healthy(as_stream(s)->device(), "query_stream");
     return as_stream(s)->idle();
   }
@@ -528,7 +550,10 @@ class SimRuntime final : public DeviceRuntime {
     ev->timing = enable_timing;
     return new std::shared_ptr<SimEvent>(std::move(ev));
   }
-  void destroy_event(EventHandle e) override { delete static_cast<std::shared_ptr<SimEvent>*>(e); }
+  void destroy_event(EventHandle e) override {
+    if (g_unloaded.load(std::memory_order_acquire)) return;  // as cudaEventDestroy after the unload: nothing
+    delete static_cast<std::shared_ptr<SimEvent>*>(e);
+  }
   void record_event(EventHandle e, StreamHandle s) override {
     refuse_in_host_function("record_event");
     check_healthy(as_stream(s)->device(), "record_event");
@@ -555,6 +580,7 @@ class SimRuntime final : public DeviceRuntime {
     as_stream(s)->submit(Task{[ev, generation] { ev->wait_for(generation); }, {}, true});
   }
   bool query_event(EventHandle e) override {
+    check_loaded("query_event");
     auto* ev = as_event(e);
     check_healthy(ev->device, "query_event");
     std::lock_guard<std::mutex> lock(ev->mutex);

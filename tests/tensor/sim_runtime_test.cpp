@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -447,4 +448,62 @@ TEST_CASE("sim: a blocking copy to pageable memory holds other threads' device c
   CHECK(recorded.load());
   rt.free(0, buf);
   rt.host_free(words);
+}
+
+// The process that the next test starts (hidden: run only by name). Its holder is made before the
+// process's first device call, as a process group made by init_process_group before any tensor
+// reaches the device, so it is destroyed after the runtime's unload at exit.
+TEST_CASE("sim: unload child", "[.sim_unload_child]") {
+  struct Holder {
+    void* pinned = nullptr;
+    EventHandle event = nullptr;
+    ~Holder() {
+      DeviceRuntime& rt = sim_runtime();
+      rt.destroy_event(event);  // as cudaEventDestroy's ignored result: no error either way
+      for (const auto& [name, call] : std::vector<std::pair<const char*, std::function<void()>>>{
+               {"host_free", [&] { rt.host_free(pinned); }},
+               {"query_event", [&] { rt.query_event(event); }},
+               {"malloc", [&] { rt.malloc(0, 64); }}}) {
+        try {
+          call();
+          std::printf("%s: ran after the unload\n", name);
+        } catch (const DeviceUnloading& e) {
+          std::printf("%s: DeviceUnloading: %s\n", name, e.what());
+        } catch (const std::exception& e) {
+          std::printf("%s: another error: %s\n", name, e.what());
+        }
+      }
+      std::fflush(stdout);
+    }
+  };
+  static Holder holder;
+  DeviceRuntime& rt = sim_runtime();
+  holder.pinned = rt.host_malloc(64);  // the first device call of this process
+  holder.event = rt.create_event(0, false);
+  std::printf("before exit: device calls work\n");
+}
+
+TEST_CASE("sim: the runtime unloads at exit as CUDA's does; later calls raise DeviceUnloading") {
+  // CUDA's runtime registers its teardown at its first call; an object destroyed after it (H200,
+  // 2026-11-29: the Gloo staging pool of a process group held in a static) gets "driver shutting
+  // down" from cudaFreeHost. sim must not be more forgiving: the child's holder meets the same.
+  char self[4096] = {};
+  REQUIRE(::readlink("/proc/self/exe", self, sizeof(self) - 1) > 0);
+  const std::string command = std::string(self) + " 'sim: unload child' 2>&1";
+  FILE* child = ::popen(command.c_str(), "r");
+  REQUIRE(child != nullptr);
+  std::string output;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, child)) output += buf;
+  const int status = ::pclose(child);
+  INFO(output);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(output.find("before exit: device calls work") != std::string::npos);
+  for (const char* call : {"host_free", "query_event", "malloc"}) {
+    INFO(call);
+    CHECK(output.find(std::string(call) + ": DeviceUnloading: sim: " + call +
+                      ": driver shutting down (cudaErrorCudartUnloading)") != std::string::npos);
+  }
+  CHECK(output.find("ran after the unload") == std::string::npos);
 }
