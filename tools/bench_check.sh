@@ -22,7 +22,9 @@ if ! bazel build -c opt --disk_cache="$cache/bazel-disk" //tests/bench:train_ste
   echo "bench_check: could not build //tests/bench:train_step_bench (see /tmp/bench_check_build.log); nothing compared"
   exit 0
 fi
-out="$(bazel-bin/tests/bench/train_step_bench --check --steps "${BENCH_CHECK_STEPS:-10}" --warmup 3)"
+# libtorch's OpenBLAS at its own choice of kernels: OPENBLAS_CORETYPE (Haswell in this project's
+# environment) would hold it to AVX2 code beside chorus's AVX-512 (tests/bench/libtorch_peer.h).
+out="$(env -u OPENBLAS_CORETYPE bazel-bin/tests/bench/train_step_bench --check --steps "${BENCH_CHECK_STEPS:-10}" --warmup 3)"
 echo "$out"
 # "| ResNet-18, batch 8 ... | 1 | ms | ms | ratio |" -> resnet18_b8=ratio, bert_mini_b8=ratio
 resnet="$(echo "$out" | awk -F'|' '/ResNet-18, batch 8/ { gsub(/ /, "", $6); print $6 }')"

@@ -84,10 +84,7 @@ SgemmOperand sgemm_operand(const float* p, int64_t rows, int64_t cols, int64_t r
 // where the layer widens (BERT's first FFN layer). Copying A into row-major order costs m*k moves
 // against the product's 2*m*n*k flops. Not for square or short A, where oneDNN's transposed read
 // was as fast as the copy and product (m=256 n=256 k=1024; m=30522 n=256 k=146).
-bool copy_transposed_a(int64_t m, int64_t n, int64_t acs, int64_t k) {
-  const bool a_transposed = !(acs == 1 || k == 1);
-  return a_transposed && m >= 512 && m >= 2 * n && n >= 128 && k >= 256;
-}
+bool copy_transposed_a(int64_t m, int64_t n, int64_t k) { return m >= 512 && m >= 2 * n && n >= 128 && k >= 256; }
 
 // dst[l * ld_dst + j] = src[j * ld_src + l] for an 8 x 8 block (AVX2: this file is built with -mavx2).
 inline void transpose_8x8(const float* src, int64_t ld_src, float* dst, int64_t ld_dst) {
@@ -166,21 +163,59 @@ bool onednn_runs_avx2() {
 }
 
 // The products that read A transposed with C row-major, at the sizes of a weight gradient (Linear's
-// grad_out^T x input: m, n >= 128 and k >= 256), go to OpenBLAS 0.3.21 where oneDNN runs AVX2 code:
-// there OpenBLAS reads the transposed A at its full rate while oneDNN's sgemm runs at half of it and
-// the copy-first and C^T paths below reach 0.73-0.92 of OpenBLAS (Zen 3, 1 thread, GFLOP/s, chorus
-// before / OpenBLAS: 256x1024x1024 58.1 / 79.2, 1024x256x1024 60.4 / 73.5, 256x256x1024 72.5 / 78.6;
-// gemm_bench, docs/data/gemm_shapes_zen3_2026-11-29.txt). Not with k < 256 (m=30522 n=256 k=146,
-// the masked-LM decoder's gradient: oneDNN 65.5, OpenBLAS 62.0), not inside a parallel region (bmm's
-// many small products run one per thread), and not on AVX-512, where oneDNN's sgemm runs AVX-512 code
-// that has not been measured against OpenBLAS's.
+// grad_out^T x input: m, n >= 128), go to OpenBLAS 0.3.21 where oneDNN runs AVX2 code: there OpenBLAS
+// reads the transposed A at its full rate while oneDNN's sgemm runs at half of it and the copy-first
+// and C^T paths below reach 0.73-0.92 of OpenBLAS (Zen 3, 1 thread, GFLOP/s, chorus before /
+// OpenBLAS: 256x1024x1024 58.1 / 79.2, 1024x256x1024 60.4 / 73.5, 256x256x1024 72.5 / 78.6;
+// gemm_bench, docs/data/gemm_shapes_zen3_2026-11-29.txt); with k >= 256, or with a C at least twice as
+// wide as tall, which the C^T path served (the MLP's 256x512x128 with AVX2 imposed on Zen 5: oneDNN
+// 68.9, C^T 73.5, OpenBLAS 104.7; docs/data/gemm_shapes_zen5_2026-11-30.txt). Not a tall C with k <
+// 256 (m=30522 n=256 k=146, the masked-LM decoder's gradient: oneDNN 65.5, OpenBLAS 62.0), not inside
+// a parallel region (bmm's many small products run one per thread).
 std::atomic<int> g_transposed_gemm{static_cast<int>(TransposedGemm::kAuto)};
 
-bool use_openblas(int64_t m, int64_t n, int64_t k, bool a_transposed, bool c_row_major) {
-  return a_transposed && c_row_major && m >= 128 && n >= 128 && k >= 256 && !omp_in_parallel() &&
-         g_transposed_gemm.load(std::memory_order_relaxed) == static_cast<int>(TransposedGemm::kAuto) &&
-         onednn_runs_avx2();
+bool auto_choice() {
+  return g_transposed_gemm.load(std::memory_order_relaxed) == static_cast<int>(TransposedGemm::kAuto);
 }
+
+bool use_openblas(int64_t m, int64_t n, int64_t k, bool a_transposed, bool c_row_major) {
+  return a_transposed && c_row_major && m >= 128 && n >= 128 && (k >= 256 || (n >= 2 * m && k >= 64)) &&
+         !omp_in_parallel() && auto_choice() && onednn_runs_avx2();
+}
+
+// Whether a transposed A may be copied row-major first, or C computed as (B^T A)^T: workarounds for
+// oneDNN's AVX2 sgemm (above). oneDNN's AVX-512 code reads a transposed A at its full rate, where
+// both lost to the plain call (Zen 5, 1 thread, GFLOP/s, workaround / plain dnnl_sgemm:
+// 256x1024x1024 137.7 / 189.9, 1024x256x1024 136.7 / 160.5, 30522x256x146 141.3 / 167.1,
+// 256x512x128 156.0 / 213.2; docs/data/gemm_shapes_zen5_2026-11-30.txt), so with kAuto they are for
+// AVX2 code only; kOneDnn keeps them on every CPU (tests reach them on any machine).
+bool onednn_workarounds() { return !auto_choice() || onednn_runs_avx2(); }
+
+}  // namespace
+
+// The way a float32 product C[m,n] = A B goes, named so that tests can check the choice: OpenBLAS,
+// oneDNN's sgemm as it is, A copied row-major before it, or C computed as (B^T A)^T. With kAuto the
+// weight gradients (A transposed, C row-major, m, n >= 128, and k >= 256 or C at least twice as wide
+// as tall) go to OpenBLAS where oneDNN runs AVX2 code (never inside an OpenMP parallel region), and
+// every product to oneDNN as it is where oneDNN runs AVX-512 code; kOneDnn takes the two workarounds
+// for oneDNN's AVX2 code on every CPU. [No header] gemm_test declares these two itself: a header
+// added to //kernels/cpu (or a change to one) is an input of every compile action that depends on
+// the library, so it would recompile the whole project in every configuration (docs/build.md); move
+// them into capability.h with the next change that has to touch it.
+enum class GemmRoute : int { kOpenBlas, kOneDnn, kCopyA, kTransposeC };
+
+GemmRoute sgemm_route(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row_major, bool c_row_major,
+                      bool beta_zero) {
+  if (use_openblas(m, n, k, a_transposed, c_row_major)) return GemmRoute::kOpenBlas;
+  if (!a_transposed || !c_row_major || !onednn_workarounds()) return GemmRoute::kOneDnn;
+  // A transposed and C much wider than tall (m=256 n=1024 k=1024: 30 GF/s read either way): the
+  // transposed product C^T = B^T A has the tall shape the copy serves; C is then its transpose.
+  if (beta_zero && b_row_major && m >= 128 && n >= 2 * m && n >= 512 && k >= 64) return GemmRoute::kTransposeC;
+  if (copy_transposed_a(m, n, k)) return GemmRoute::kCopyA;
+  return GemmRoute::kOneDnn;
+}
+
+namespace {
 
 bool sgemm(const Tensor& c, const Tensor& a_in, const Tensor& b, float alpha, float beta) {
   const int64_t m = a_in.size(0), k = a_in.size(1), n = b.size(1);
@@ -191,7 +226,9 @@ bool sgemm(const Tensor& c, const Tensor& a_in, const Tensor& b, float alpha, fl
   strides_2d(c, crs, ccs);
   const bool c_row_major = ccs == 1 || n == 1;
   const int64_t ldc = std::max<int64_t>(crs, n);
-  if (use_openblas(m, n, k, !(acs == 1 || k == 1), c_row_major) &&
+  const GemmRoute route =
+      sgemm_route(m, n, k, !(acs == 1 || k == 1), bcs == 1 || n == 1, c_row_major, beta == 0.f);
+  if (route == GemmRoute::kOpenBlas &&
       std::max({m, n, k, ars, acs, brs, bcs, ldc}) <= std::numeric_limits<blasint>::max()) {
     // One product in OpenBLAS at a time: its OpenMP build (the one chorus links) shares its work
     // buffers between concurrent callers unless built with NUM_PARALLEL (OpenBLAS issues 1736, 3921),
@@ -211,17 +248,14 @@ bool sgemm(const Tensor& c, const Tensor& a_in, const Tensor& b, float alpha, fl
                 beta, static_cast<float*>(c.raw_data_ptr()), static_cast<blasint>(ldc));
     return true;
   }
-  // A transposed and C much wider than tall (m=256 n=1024 k=1024: 30 GF/s read either way): the
-  // transposed product C^T = B^T A has the tall shape the copy above serves; C is then its transpose.
-  if (c_row_major && beta == 0.f && !(acs == 1 || k == 1) && (bcs == 1 || n == 1) && m >= 128 && n >= 2 * m &&
-      n >= 512 && k >= 64) {
+  if (route == GemmRoute::kTransposeC) {
     Tensor ct = make_tensor({n, m}, kFloat32, kCPU);
     if (!sgemm(ct, transposed_view(b), transposed_view(a_in), alpha, 0.f)) return false;
     transpose_into(static_cast<const float*>(ct.raw_data_ptr()), m, m, n, static_cast<float*>(c.raw_data_ptr()),
                    std::max<int64_t>(crs, n));
     return true;
   }
-  const bool copy_a = c_row_major && copy_transposed_a(m, n, acs, k);
+  const bool copy_a = route == GemmRoute::kCopyA;
   const Tensor a = copy_a ? row_major_copy(a_in, acs) : a_in;
   if (copy_a) strides_2d(a, ars, acs);
   const auto* pa = static_cast<const float*>(a.raw_data_ptr());

@@ -1,6 +1,7 @@
 // SGEMM GFLOP/s of chorus's CPU matmul against OpenBLAS 0.3.21 (OpenMP build) and oneDNN 2.6's
 // dnnl_sgemm in the same run, square 256..2048 and 4096x768x768 (a BERT-base projection), on 1 and 2 threads; and
-// the products of a BERT-mini training step with their transposes, at 1 thread; elementwise add GB/s
+// the products of a BERT-mini and of the MLP's training step with their transposes, at 1 thread;
+// elementwise add GB/s
 // on 16M floats against memcpy (the memory-bandwidth ceiling).
 //
 //   bazel run -c opt //tests/bench:gemm_bench
@@ -17,6 +18,53 @@
 extern "C" void openblas_set_num_threads(int);
 
 using namespace chorus;
+
+// The products of one training step, with the transposes autograd hands to matmul: a "T" operand is
+// the transpose of a row-major tensor (x.t()), as Linear's backward passes grad_out^T and weight^T.
+// 1 thread; calls are per step, so the last columns add up to the step's matrix-product time.
+struct Product {
+  char ta, tb;
+  int64_t m, n, k, calls;
+};
+
+template <size_t N>
+void step_products(const char* title, const Product (&step)[N]) {
+  std::printf("\n%s, 1 thread: C[m,n] = op(A) op(B), GFLOP/s and ms per step\n\n", title);
+  std::printf("| op | m | n | k | calls | chorus | OpenBLAS | oneDNN sgemm | chorus ms | OpenBLAS ms |\n"
+              "|---|---|---|---|---|---|---|---|---|---|\n");
+  set_num_threads(1);
+  openblas_set_num_threads(1);
+  double chorus_ms = 0, openblas_ms = 0;
+  for (const Product& s : step) {
+    manual_seed(1);
+    // Stored row-major as A [m,k] or, transposed, [k,m]; B [k,n] or [n,k].
+    Tensor as = s.ta == 'T' ? randn({s.k, s.m}) : randn({s.m, s.k}), bs = s.tb == 'T' ? randn({s.n, s.k}) : randn({s.k, s.n});
+    Tensor a = s.ta == 'T' ? as.t() : as, b = s.tb == 'T' ? bs.t() : bs, c = empty({s.m, s.n});
+    const int64_t lda = s.ta == 'T' ? s.m : s.k, ldb = s.tb == 'T' ? s.k : s.n;
+    const auto trans = [](char t) { return t == 'T' ? CblasTrans : CblasNoTrans; };
+    const double flop = 2.0 * s.m * s.k * s.n;
+    const double tc = bench::median_time([&] { c = matmul(a, b); }, 3, 11);
+    const double to = bench::median_time(
+        [&] {
+          cblas_sgemm(CblasRowMajor, trans(s.ta), trans(s.tb), s.m, s.n, s.k, 1.0f, as.data_ptr<float>(), lda,
+                      bs.data_ptr<float>(), ldb, 0.0f, c.data_ptr<float>(), s.n);
+        },
+        3, 11);
+    const double td = bench::median_time(
+        [&] {
+          dnnl_sgemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, as.data_ptr<float>(), lda, bs.data_ptr<float>(), ldb, 0.0f,
+                     c.data_ptr<float>(), s.n);
+        },
+        3, 11);
+    chorus_ms += tc * s.calls * 1e3;
+    openblas_ms += to * s.calls * 1e3;
+    std::printf("| %c%c | %lld | %lld | %lld | %lld | %.1f | %.1f | %.1f | %.2f | %.2f |\n", s.ta, s.tb, (long long)s.m,
+                (long long)s.n, (long long)s.k, (long long)s.calls, flop / tc / 1e9, flop / to / 1e9, flop / td / 1e9,
+                tc * s.calls * 1e3, to * s.calls * 1e3);
+    std::fflush(stdout);
+  }
+  std::printf("| all | | | | | | | | %.2f | %.2f |\n", chorus_ms, openblas_ms);
+}
 
 int main() {
   struct Size {
@@ -60,52 +108,18 @@ int main() {
     }
   }
   // The products of one BERT-mini masked-LM training step (train_step_bench's, batch 8 x 128 tokens,
-  // 146 of them predicted), with the transposes autograd hands to matmul: a "T" operand is the
-  // transpose of a row-major tensor (x.t()), as Linear's backward passes grad_out^T and weight^T.
-  // 1 thread; calls are per step, so the last columns add up to the step's matrix-product time.
-  struct Product {
-    char ta, tb;
-    int64_t m, n, k, calls;
-  };
-  const Product step[] = {{'T', 'N', 256, 1024, 1024, 4}, {'T', 'N', 1024, 256, 1024, 4}, {'T', 'N', 30522, 256, 146, 1},
-                          {'N', 'T', 146, 30522, 256, 1}, {'T', 'N', 256, 256, 1024, 16}, {'N', 'T', 1024, 256, 1024, 4},
-                          {'N', 'N', 1024, 256, 1024, 4}, {'N', 'N', 146, 256, 30522, 1},  {'N', 'T', 1024, 256, 256, 16},
-                          {'N', 'N', 1024, 256, 256, 16}, {'N', 'T', 1024, 1024, 256, 4},  {'N', 'N', 1024, 1024, 256, 4}};
-  std::printf("\nBERT-mini's training-step products, 1 thread: C[m,n] = op(A) op(B), GFLOP/s and ms per step\n\n");
-  std::printf("| op | m | n | k | calls | chorus | OpenBLAS | oneDNN sgemm | chorus ms | OpenBLAS ms |\n"
-              "|---|---|---|---|---|---|---|---|---|---|\n");
-  set_num_threads(1);
-  openblas_set_num_threads(1);
-  double chorus_ms = 0, openblas_ms = 0;
-  for (const Product& s : step) {
-    manual_seed(1);
-    // Stored row-major as A [m,k] or, transposed, [k,m]; B [k,n] or [n,k].
-    Tensor as = s.ta == 'T' ? randn({s.k, s.m}) : randn({s.m, s.k}), bs = s.tb == 'T' ? randn({s.n, s.k}) : randn({s.k, s.n});
-    Tensor a = s.ta == 'T' ? as.t() : as, b = s.tb == 'T' ? bs.t() : bs, c = empty({s.m, s.n});
-    const int64_t lda = s.ta == 'T' ? s.m : s.k, ldb = s.tb == 'T' ? s.k : s.n;
-    const auto trans = [](char t) { return t == 'T' ? CblasTrans : CblasNoTrans; };
-    const double flop = 2.0 * s.m * s.k * s.n;
-    const double tc = bench::median_time([&] { c = matmul(a, b); }, 3, 11);
-    const double to = bench::median_time(
-        [&] {
-          cblas_sgemm(CblasRowMajor, trans(s.ta), trans(s.tb), s.m, s.n, s.k, 1.0f, as.data_ptr<float>(), lda,
-                      bs.data_ptr<float>(), ldb, 0.0f, c.data_ptr<float>(), s.n);
-        },
-        3, 11);
-    const double td = bench::median_time(
-        [&] {
-          dnnl_sgemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, as.data_ptr<float>(), lda, bs.data_ptr<float>(), ldb, 0.0f,
-                     c.data_ptr<float>(), s.n);
-        },
-        3, 11);
-    chorus_ms += tc * s.calls * 1e3;
-    openblas_ms += to * s.calls * 1e3;
-    std::printf("| %c%c | %lld | %lld | %lld | %lld | %.1f | %.1f | %.1f | %.1f | %.1f |\n", s.ta, s.tb, (long long)s.m,
-                (long long)s.n, (long long)s.k, (long long)s.calls, flop / tc / 1e9, flop / to / 1e9, flop / td / 1e9,
-                tc * s.calls * 1e3, to * s.calls * 1e3);
-    std::fflush(stdout);
-  }
-  std::printf("| all | | | | | | | | %.1f | %.1f |\n", chorus_ms, openblas_ms);
+  // 146 of them predicted).
+  const Product bert_step[] = {{'T', 'N', 256, 1024, 1024, 4}, {'T', 'N', 1024, 256, 1024, 4}, {'T', 'N', 30522, 256, 146, 1},
+                               {'N', 'T', 146, 30522, 256, 1}, {'T', 'N', 256, 256, 1024, 16}, {'N', 'T', 1024, 256, 1024, 4},
+                               {'N', 'N', 1024, 256, 1024, 4}, {'N', 'N', 146, 256, 30522, 1},  {'N', 'T', 1024, 256, 256, 16},
+                               {'N', 'N', 1024, 256, 256, 16}, {'N', 'T', 1024, 1024, 256, 4},  {'N', 'N', 1024, 1024, 256, 4}};
+  step_products("BERT-mini's training-step products", bert_step);
+  // train_step_bench's MLP (784-512-256-10, batch 128): forward x W^T, then per layer the input
+  // gradient g W (not for the first) and the weight gradient g^T h.
+  const Product mlp_step[] = {{'N', 'T', 128, 512, 784, 1}, {'N', 'T', 128, 256, 512, 1}, {'N', 'T', 128, 10, 256, 1},
+                              {'N', 'N', 128, 256, 10, 1},  {'T', 'N', 10, 256, 128, 1},  {'N', 'N', 128, 512, 256, 1},
+                              {'T', 'N', 256, 512, 128, 1}, {'T', 'N', 512, 784, 128, 1}};
+  step_products("The MLP's training-step products (train_step_bench, batch 128)", mlp_step);
 
   std::printf("\nElementwise add c = a + b on 16M float32 (3 x 64 MiB touched), GB/s\n\n");
   std::printf("| threads | chorus add | memcpy 64 MiB (2 x 64 MiB touched) |\n|---|---|---|\n");

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace chorus::bench {
 
@@ -24,6 +25,19 @@ inline void peer_threads(int threads) {
     const auto config = reinterpret_cast<Config>(dlsym(RTLD_DEFAULT, "openblas_get_config"));
     std::fprintf(stderr, "libtorch's BLAS: %s\n",
                  config ? config() : set_blas ? "OpenBLAS" : "not OpenBLAS (its threads follow torch::set_num_threads)");
+    // [Peer at its best] OPENBLAS_CORETYPE, read when OpenBLAS loads, fixes its kernels: this
+    // project's machines set OPENBLAS_CORETYPE=Haswell in the environment, so on an AVX-512 CPU
+    // libtorch's products ran AVX2 code beside chorus's AVX-512 oneDNN (Zen 5, 2026-11-30: the MLP
+    // step 0.54 of libtorch's with it, 0.88 without; BERT-mini b8 0.52 and 0.77). On stdout, so a
+    // table saved without it says so; imposing AVX2 on both sides (CHORUS_CPU_CAPABILITY=avx2) is
+    // the one fair use.
+    const char* core = std::getenv("OPENBLAS_CORETYPE");
+    const char* capped = std::getenv("CHORUS_CPU_CAPABILITY");
+    if (core != nullptr && __builtin_cpu_supports("avx512f") && !(capped != nullptr && std::string(capped) == "avx2"))
+      std::printf("WARNING: OPENBLAS_CORETYPE=%s holds libtorch's OpenBLAS to those kernels while chorus runs at this "
+                  "CPU's best: not a fair comparison; run with `env -u OPENBLAS_CORETYPE`, or impose AVX2 on both "
+                  "sides (CHORUS_CPU_CAPABILITY=avx2 ATEN_CPU_CAPABILITY=avx2)\n\n",
+                  core);
     return true;
   }();
   (void)said;

@@ -320,11 +320,17 @@ void resnet18_layouts(int steps, int warmup) {
   }
 }
 
+// --only mlp|small-resnet|resnet18|bert: the table's rows of one model (empty: every row).
+std::string g_only;
+bool wanted(const char* model) { return g_only.empty() || g_only == model; }
+
 void models_step(int steps, int warmup) {
   for (int threads : {1, 2}) {
     chorus::set_num_threads(threads);
     peer_threads(threads);
-    for (int64_t batch : {8, 16, 32}) resnet18_step(batch, threads, steps, warmup);
+    if (wanted("resnet18"))
+      for (int64_t batch : {8, 16, 32}) resnet18_step(batch, threads, steps, warmup);
+    if (!wanted("bert")) continue;
     bert_step("mini", 8, threads, steps, warmup);
     bert_step("mini", 16, threads, steps, warmup);
     bert_step("small", 8, threads, steps, warmup);
@@ -468,7 +474,8 @@ int usage(const char* bad) {
   if (bad != nullptr) std::fprintf(stderr, "train_step_bench: unknown or incomplete argument '%s'\n", bad);
   std::fprintf(bad ? stderr : stdout,
                "usage: train_step_bench [--steps N] [--warmup N] [--threads T] [--cpu-loops avx2|avx512]\n"
-               "                        [--profile MODEL | --channels-last | --check | --resnet-only]\n");
+               "                        [--profile MODEL | --channels-last | --check | --resnet-only |\n"
+               "                         --only mlp|small-resnet|resnet18|bert]\n");
   return bad ? 2 : 0;
 }
 
@@ -477,7 +484,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") return usage(nullptr);
     const bool takes_value = a == "--steps" || a == "--warmup" || a == "--threads" || a == "--cpu-loops" ||
-                             a == "--profile";
+                             a == "--profile" || a == "--only";
     if (takes_value && i + 1 < argc) {
       ++i;
       continue;
@@ -507,6 +514,16 @@ int main(int argc, char** argv) {
     }
   for (int i = 1; i + 1 < argc; ++i)
     if (!std::strcmp(argv[i], "--profile")) return profile(argv[i + 1], steps, threads);
+  for (int i = 1; i + 1 < argc; ++i)
+    if (!std::strcmp(argv[i], "--only")) {
+      g_only = argv[i + 1];
+      if (g_only != "mlp" && g_only != "small-resnet" && g_only != "resnet18" && g_only != "bert") {
+        std::fprintf(stderr, "train_step_bench --only: expected mlp, small-resnet, resnet18 or bert, got '%s'\n",
+                     g_only.c_str());
+        return 2;
+      }
+    }
+  peer_threads(1);  // says which BLAS libtorch runs (and warns of a capped one) before any table
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--channels-last")) {
       resnet18_layouts(steps, warmup);
@@ -532,10 +549,12 @@ int main(int argc, char** argv) {
   }
   const Case cases[] = {{"MLP 784-512-256-10, batch 128", false, 128}, {"small ResNet, batch 32 x 3x32x32", true, 32}};
   std::printf("Training step (forward + backward + SGD momentum; BERT: AdamW), chorus and libtorch in alternation "
-              "(bench::paired_median_times): median of %d steps each after %d warm-up steps; the ratio is the median "
-              "of the %d rounds' chorus / libtorch\n\n", steps, warmup, steps);
+              "(bench::paired_median_times): median of %d steps each after at least %d warm-up steps and %.0f s; the "
+              "ratio is the median over pairs of rounds (one in each order) of chorus's time / libtorch's\n\n",
+              steps + steps % 2, warmup, chorus::bench::kMinWarmupS);
   std::printf("| model | threads | chorus ms | libtorch ms | chorus / libtorch |\n|---|---|---|---|---|\n");
   for (const Case& c : cases) {
+    if (!wanted(c.resnet ? "small-resnet" : "mlp")) continue;
     for (int threads : {1, 2}) {
       chorus::set_num_threads(threads);
       peer_threads(threads);

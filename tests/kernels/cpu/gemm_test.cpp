@@ -7,6 +7,7 @@
 // OpenMP build shares its buffers between concurrent callers: chorus serializes its calls).
 #include <catch2/catch.hpp>
 #include <cblas.h>
+#include <dnnl.h>
 
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,13 @@
 #include "kernels/cpu/capability.h"
 #include "tensor/generator.h"
 #include "tensor/ops.h"
+
+// kernels/cpu/gemm.cpp defines these (why there is no header for them: [No header] there).
+namespace chorus::kernels::cpu {
+enum class GemmRoute : int { kOpenBlas, kOneDnn, kCopyA, kTransposeC };
+GemmRoute sgemm_route(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row_major, bool c_row_major,
+                      bool beta_zero);
+}  // namespace chorus::kernels::cpu
 
 namespace kc = chorus::kernels::cpu;
 using namespace chorus;
@@ -124,6 +132,62 @@ TEST_CASE("kAuto sends weight-gradient products to OpenBLAS where oneDNN runs AV
   for (int64_t i = 0; i < m * n; ++i) differ_onednn += o[i] != want[static_cast<size_t>(i)];
   INFO(differ_onednn << " of " << m * n << " elements of the kOneDnn product differ from cblas_sgemm's");
   CHECK(differ_onednn > 0);
+}
+
+// Bit for bit the result of one library's own call for A^T B (a: the m x k transposed slice, b: k x n).
+int64_t differ_from(const Tensor& got, const Tensor& a, const Tensor& b, bool openblas) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  std::vector<float> want(static_cast<size_t>(m * n));
+  if (openblas) {
+    openblas_set_num_threads(1);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
+                static_cast<blasint>(k), 1.0f, a.data_ptr<float>(), static_cast<blasint>(a.stride(1)),
+                b.data_ptr<float>(), static_cast<blasint>(n), 0.0f, want.data(), static_cast<blasint>(n));
+  } else {
+    REQUIRE(dnnl_sgemm('T', 'N', m, n, k, 1.0f, a.data_ptr<float>(), a.stride(1), b.data_ptr<float>(), n, 0.0f,
+                       want.data(), n) == dnnl_success);
+  }
+  const float* g = got.data_ptr<float>();
+  int64_t differ = 0;
+  for (int64_t i = 0; i < m * n; ++i) differ += g[i] != want[static_cast<size_t>(i)];
+  return differ;
+}
+
+TEST_CASE("kAuto: OpenBLAS for weight gradients under AVX2, oneDNN's plain call under AVX-512", "[cpu][gemm]") {
+  GemmGuard guard;
+  manual_seed(14);
+  set_num_threads(1);
+  const bool onednn_avx2 = !kc::cpu_has_avx512() || std::string(kc::requested_capability()) == "avx2";
+  using R = kc::GemmRoute;
+  // {m, k, n}, the workaround kOneDnn takes: the MLP's second weight gradient (C twice as wide as
+  // tall, k = 128 < 256), a tall C with k >= 256, a wide one with k >= 256.
+  struct Case {
+    int64_t m, k, n;
+    R workaround;
+  };
+  const Case cases[] = {{256, 128, 512, R::kTransposeC}, {600, 260, 130, R::kCopyA}, {256, 1024, 1024, R::kTransposeC}};
+  for (const Case& s : cases) {
+    INFO(s.m << " x " << s.k << " x " << s.n << (onednn_avx2 ? ", oneDNN runs AVX2 code" : ", oneDNN runs AVX-512 code"));
+    const R want = onednn_avx2 ? R::kOpenBlas : R::kOneDnn;
+    CHECK(kc::sgemm_route(s.m, s.n, s.k, true, true, true, true) == want);
+    // The result is that library's own, bit for bit (the 1024-wide case: the route only, to keep the
+    // test quick).
+    if (s.k < 1024) {
+      Tensor a = transposed_slice(s.m, s.k);
+      Tensor b = randn({s.k, s.n});
+      CHECK(differ_from(mm(a, b), a, b, /*openblas=*/onednn_avx2) == 0);
+    }
+    kc::set_transposed_gemm(kc::TransposedGemm::kOneDnn);
+    CHECK(kc::sgemm_route(s.m, s.n, s.k, true, true, true, true) == s.workaround);
+    // With beta != 0 (C^T would overwrite C), the wide C stays with oneDNN.
+    if (s.workaround == R::kTransposeC) CHECK(kc::sgemm_route(s.m, s.n, s.k, true, true, true, false) == R::kOneDnn);
+    kc::set_transposed_gemm(kc::TransposedGemm::kAuto);
+  }
+  // Not a weight gradient: A read as it is, or a small product.
+  CHECK(kc::sgemm_route(600, 130, 260, false, true, true, true) == R::kOneDnn);
+  CHECK(kc::sgemm_route(64, 512, 128, true, true, true, true) == R::kOneDnn);
+  // A tall C with k < 256 (the masked-LM decoder's gradient, 30522 x 146 x 256) stays with oneDNN.
+  CHECK(kc::sgemm_route(30522, 256, 146, true, true, true, true) == R::kOneDnn);
 }
 
 TEST_CASE("Transposed-A products from several threads at once give each thread the serial result", "[cpu][gemm]") {
