@@ -21,6 +21,17 @@
 #include "tensor/error.h"
 #include "tensor/storage.h"
 
+namespace chorus::kernels::cpu::winograd {
+// chorus's own F(2x2, 3x3) Winograd convolutions (winograd.cpp; [No header], gemm.cpp): NCHW float32,
+// 3x3, stride 1, padding 1, ungrouped; x [n, c, h, w], weight [k, c, 3, 3], y [n, k, h, w].
+bool supports(int64_t c, int64_t k, int64_t h, int64_t w);
+void forward(const float* x, const float* weight, const float* bias, float* y, int64_t n, int64_t c, int64_t k,
+             int64_t h, int64_t w);
+void data_grad(const float* dy, const float* weight, float* dx, int64_t n, int64_t c, int64_t k, int64_t h,
+               int64_t w);
+void weight_grad(const float* x, const float* dy, float* dw, int64_t n, int64_t c, int64_t k, int64_t h, int64_t w);
+}  // namespace chorus::kernels::cpu::winograd
+
 namespace chorus::kernels::cpu::onednn {
 
 // CHORUS_CPU_CAPABILITY caps the instruction set oneDNN may use (before its first call).
@@ -194,6 +205,9 @@ struct Entry {
   bool own_weight_grad = false;
   // [Small-image convolutions]: chorus computes forward and both gradients itself; no primitives.
   bool by_gemm = false;
+  // [Own Winograd convolutions]: chorus's F(2x2, 3x3) kernels (winograd.cpp) take forward and both
+  // gradients; no primitives.
+  bool own_winograd = false;
 };
 
 using ForwardPd = dnnl::convolution_forward::primitive_desc;
@@ -241,6 +255,15 @@ bool winograd_shape(const Key& k) {
          k.dw == 1 && k.c % 16 == 0 && k.oc % 16 == 0 && k.oh * k.ow >= 64;
 }
 
+// [Own Winograd convolutions] (winograd.cpp) Where oneDNN has no Winograd kernels (AVX2 CPUs), a
+// shape winograd_shape takes runs chorus's F(2x2, 3x3) kernels instead, forward and both gradients,
+// if it also has padding 1 (the output as large as the input), an even height and a width that is
+// a multiple of 8 (the kernels' groups of 8 tiles). Measured: docs/benchmarks.md (small ResNet and
+// ResNet-18 with AVX2 imposed); the same switch turns it off (set_winograd(false)).
+bool own_winograd_shape(const Key& k) {
+  return k.ph == 1 && k.pw == 1 && k.oh == k.h && k.ow == k.w && winograd::supports(k.c, k.oc, k.h, k.w);
+}
+
 // [Small-image convolutions] An NCHW ungrouped convolution with at most 4 output positions per image
 // (ResNet's last stage at 64x64 inputs: 2x2) is three whole-batch products over its input's columns
 // (cols [N*P, C*kH*kW], P = OH*OW, as [Small-image weight gradients] lays them out):
@@ -283,6 +306,12 @@ std::shared_ptr<Entry> entry_for(const Key& k) {
       (void)weights_pd(e->s, false, fwd);
     } catch (const dnnl::error&) {
       e->s.algorithm = dnnl::algorithm::convolution_direct;
+      // No oneDNN Winograd here (an AVX2 CPU): chorus's own where its kernels take the shape.
+      if (own_winograd_shape(k)) {
+        e->own_winograd = true;
+        cache.emplace(k, e);
+        return e;
+      }
     }
   }
   e->fwd_pd = forward_pd(e->s, k.bias);
@@ -293,7 +322,7 @@ std::shared_ptr<Entry> entry_for(const Key& k) {
 
 void make_backward(Entry& e) {
   std::call_once(e.backward_once, [&] {
-    if (e.by_gemm) return;
+    if (e.by_gemm || e.own_winograd) return;
     const Shapes& s = e.s;
     e.bwd_data_pd = data_pd(s, e.fwd_pd);
     e.bwd_data = dnnl::convolution_backward_data(e.bwd_data_pd);
@@ -459,6 +488,22 @@ class Arg {
 
 void* ptr(const Tensor& t) { return t.raw_data_ptr(); }
 
+// The bias gradient alone: the sum of grad_out (dense, NCHW or NHWC) over batch and positions, per
+// channel (in double).
+void bias_grad(const Tensor& grad_bias, const Tensor& go, bool nhwc) {
+  const int64_t n = go.size(0), c = go.size(1), hw = go.numel() / std::max<int64_t>(n * c, 1);
+  const float* g = go.data_ptr<float>();
+  float* b = grad_bias.data_ptr<float>();
+  // Element (i, k, j) of NCHW memory is at (i * c + k) * hw + j, of NHWC memory at (i * hw + j) * c + k.
+  const int64_t k_step = nhwc ? 1 : hw, j_step = nhwc ? c : 1;
+  for (int64_t k = 0; k < c; ++k) {
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < hw; ++j) sum += g[i * c * hw + k * k_step + j * j_step];
+    b[k] = static_cast<float>(sum);
+  }
+}
+
 }  // namespace
 
 bool weight_grad_by_gemm(const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups) {
@@ -479,7 +524,9 @@ bool winograd() { return winograd_flag().load(std::memory_order_relaxed); }
 std::string implementation(const Tensor& x, const Tensor& weight, const Window2d& w, int64_t groups) {
   if (!handles(x, weight, w)) return "";
   const std::shared_ptr<Entry> e = entry_for(key_of(x, weight, /*bias=*/false, w, groups));
-  return e->by_gemm ? "chorus:gemm" : e->fwd_pd.impl_info_str();
+  if (e->by_gemm) return "chorus:gemm";
+  if (e->own_winograd) return "chorus:winograd_2x3";
+  return e->fwd_pd.impl_info_str();
 }
 bool enabled() { return enabled_flag().load(std::memory_order_relaxed); }
 
@@ -499,6 +546,11 @@ void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
   const std::shared_ptr<Entry> e = entry_for(key_of(x, weight, bias.defined(), w, groups));
   if (e->by_gemm) {
     conv2d_by_gemm(out, x, weight, bias, w);
+    return;
+  }
+  if (e->own_winograd) {
+    winograd::forward(x.data_ptr<float>(), weight.data_ptr<float>(), bias.defined() ? bias.data_ptr<float>() : nullptr,
+                      out.data_ptr<float>(), x.size(0), x.size(1), weight.size(0), w.in_h, w.in_w);
     return;
   }
   dnnl::stream stream(engine());
@@ -531,6 +583,19 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
   // NCHW convolution's two backward primitives both want it in the same blocked layout (nChw8c on
   // AVX2), so it is reordered once, not once for each (small ResNet, batch 32: 52 activation reorders
   // a step took 26 ms of its 230; this saves 8 of them).
+  if (e->own_winograd) {  // [Own Winograd convolutions]
+    const int64_t n = x.size(0), c = x.size(1), k = weight.size(0);
+    if (grad_x.defined()) {
+      winograd::data_grad(go.data_ptr<float>(), weight.data_ptr<float>(), grad_x.data_ptr<float>(), n, c, k, w.in_h,
+                          w.in_w);
+    }
+    if (grad_weight.defined()) {
+      winograd::weight_grad(x.data_ptr<float>(), go.data_ptr<float>(), grad_weight.data_ptr<float>(), n, c, k,
+                            w.in_h, w.in_w);
+    }
+    if (grad_bias.defined()) bias_grad(grad_bias, go, /*nhwc=*/false);
+    return;
+  }
   if (e->by_gemm) {  // [Small-image convolutions]
     if (grad_x.defined()) data_grad_by_gemm(grad_x, go, weight, w);
     if (grad_weight.defined()) {
@@ -578,18 +643,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     diff_wei.write_back(stream);
     stream.wait();
   } else if (grad_bias.defined()) {
-    // Only the bias: the sum of grad_out over batch and positions, per channel (in double).
-    const int64_t n = go.size(0), c = go.size(1), hw = go.numel() / std::max<int64_t>(n * c, 1);
-    const float* g = go.data_ptr<float>();
-    float* b = grad_bias.data_ptr<float>();
-    // Element (i, k, j) of NCHW memory is at (i * c + k) * hw + j, of NHWC memory at (i * hw + j) * c + k.
-    const int64_t k_step = e->s.nhwc ? 1 : hw, j_step = e->s.nhwc ? c : 1;
-    for (int64_t k = 0; k < c; ++k) {
-      double sum = 0;
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < hw; ++j) sum += g[i * c * hw + k * k_step + j * j_step];
-      b[k] = static_cast<float>(sum);
-    }
+    bias_grad(grad_bias, go, e->s.nhwc);
   }
 }
 

@@ -203,6 +203,61 @@ TEST_CASE("3x3 convolutions with 16k channels and 8x8 outputs run Winograd kerne
   CHECK(impl({2, 32, 10, 10}, {48, 16, 3, 3}, window, 2).find("wino") == std::string::npos);
 }
 
+// [Own Winograd convolutions] (kernels/cpu/winograd.cpp): where oneDNN has no Winograd kernels (every
+// CPU without AVX-512, and CHORUS_CPU_CAPABILITY=avx2 or default: tools/test.sh runs this file so),
+// the shapes above with padding 1, an even height and a width in multiples of 8 run chorus's
+// F(2x2, 3x3) kernels, forward and both gradients through autograd. Against float64 within 1e-5 of
+// each tensor's largest (measured on a Zen 5 with AVX2 imposed: at most 3.9e-7), different from the
+// direct results (else they did not run), the same bits on a second run; set_winograd(false) and a
+// width of 10 stay direct.
+TEST_CASE("3x3 convolutions run chorus's own Winograd kernels where oneDNN has none, within their round-off",
+          "[nn][conv][winograd]") {
+  namespace od = kernels::cpu::onednn;
+  if (od::capability().rfind("avx512", 0) == 0) {
+    std::printf("CHORUS-SKIP: oneDNN runs its own Winograd kernels on %s; chorus's run under CHORUS_CPU_CAPABILITY=avx2 "
+                "(tools/test.sh --full) and in winograd_test\n",
+                od::capability().c_str());
+    return;
+  }
+  Generator gen(32);
+  const Tensor x64 = randn({2, 32, 8, 16}, {.dtype = kFloat64}, &gen);
+  const Tensor w64 = randn({48, 32, 3, 3}, {.dtype = kFloat64}, &gen) * (1.0 / std::sqrt(288.0));
+  const Tensor b64 = randn({48}, {.dtype = kFloat64}, &gen);
+  const Tensor up = randn({2, 48, 8, 16}, {.dtype = kFloat64}, &gen);
+  const kernels::Window2d window{.in_h = 8, .in_w = 16, .out_h = 8, .out_w = 16, .kernel_h = 3, .kernel_w = 3,
+                                 .pad_h = 1, .pad_w = 1};
+  auto run = [&](DType dt, bool winograd, std::string* impl) {
+    const od::WinogradScope scope(winograd);
+    Tensor x = x64.to(dt).detach().requires_grad_(true), w = w64.to(dt).detach().requires_grad_(true),
+           b = b64.to(dt).detach().requires_grad_(true);
+    Tensor out = F::conv2d(x, w, b, {1, 1}, {1, 1});
+    (out * up.to(dt)).sum().backward();
+    if (impl) *impl = od::implementation(x.detach(), w.detach(), window, 1);
+    return std::vector<Tensor>{out.detach(), x.grad(), w.grad(), b.grad()};
+  };
+  std::string direct_impl, winograd_impl;
+  const auto exact = run(kFloat64, true, nullptr);
+  const auto direct = run(kFloat32, false, &direct_impl);
+  const auto winograd = run(kFloat32, true, &winograd_impl);
+  const auto again = run(kFloat32, true, nullptr);
+  CHECK(direct_impl.find("winograd") == std::string::npos);
+  CHECK(winograd_impl == "chorus:winograd_2x3");
+  const char* names[] = {"output", "input gradient", "weight gradient", "bias gradient"};
+  for (size_t i = 0; i < exact.size(); ++i) {
+    INFO(names[i]);
+    const double scale = std::max(1.0, exact[i].abs().max().item<double>());
+    const double error = (winograd[i].to(kFloat64) - exact[i]).abs().max().item<double>() / scale;
+    std::printf("%s: chorus's winograd %.3g of the largest\n", names[i], error);
+    CHECK(error <= 1e-5);
+    CHECK(equal(winograd[i], again[i]));
+    if (i < 3) CHECK((winograd[i] - direct[i]).abs().max().item<double>() > 0);
+  }
+  const od::WinogradScope on(true);
+  kernels::Window2d width10 = window;
+  width10.in_w = width10.out_w = 10;
+  CHECK(od::implementation(randn({2, 32, 8, 10}), randn({48, 32, 3, 3}), width10, 1) != "chorus:winograd_2x3");
+}
+
 // tools/test.sh runs this file again under CHORUS_CPU_CAPABILITY=avx512/avx2/default: oneDNN must
 // then use at most that instruction set (and every case above must still hold).
 TEST_CASE("CHORUS_CPU_CAPABILITY caps the instruction set of the oneDNN kernels", "[nn][conv]") {
