@@ -50,8 +50,9 @@ inline __m256 odd(__m256 a, __m256 b) {
 }
 
 // One convolution's tiles: th x tw per image (2x2 outputs each), processed in groups of 8 along a
-// tile row (a row of tw = 4 or 12 tiles ends with half a group: its other lanes are computed and
-// dropped), in blocks of whole tile rows. `in` and `out` are the channel counts of the pass (for the
+// tile row (a row of tw = 12 or 20 tiles ends with half a group: its other lanes are computed and
+// dropped; tw = 4 pairs rows instead, [Paired rows]), in blocks of whole tile rows (an even number
+// where rows are paired). `in` and `out` are the channel counts of the pass (for the
 // data gradient: grad_out's and grad_x's). A transformed block is [16][channels][ld] floats; ld
 // leaves room past the block's tiles for the last half group's lanes and rounds up to 8.
 struct Geometry {
@@ -66,6 +67,7 @@ Geometry geometry(int64_t n, int64_t in, int64_t out, int64_t h, int64_t w) {
   // (forward and weight gradient alike; 4K and 8K were 2-10% slower at 32-256 channels).
   const int64_t target_tiles = std::clamp<int64_t>(16384 / std::max(in, out), 16, 1024);
   g.rows_per_block = std::max<int64_t>(1, target_tiles / g.tw);
+  if (g.tw == 4) g.rows_per_block = std::max<int64_t>(2, g.rows_per_block / 2 * 2);  // [Paired rows]
   g.ld = (g.rows_per_block * g.tw + 8 + 7) / 8 * 8;
   g.row_floats = 16 * g.groups + 8;
   return g;
@@ -114,6 +116,55 @@ void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, in
   (void)dnnl_sgemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc);
 }
 
+// Lanes: a group of 8 tiles is either 8 consecutive tiles of one tile row, or, where a tile row
+// has 4 tiles (width 8: ResNet-18's 128-channel stage at 64x64 inputs), the 4 of a tile row and the
+// 4 of the next ([Paired rows]: a half group would compute 4 lanes for nothing). Both are 8
+// consecutive tiles of the block, so a group's transformed values are one 8-float store.
+bool paired(const Geometry& g) { return g.tw == 4; }
+
+// The rows of a block's transform loop: r0, r0 + 2, ... where rows are paired.
+int64_t row_step(const Geometry& g) { return paired(g) ? 2 : 1; }
+
+// c_j (j = 0..3), column 2l - 1 + j of input row `in_row` for the 4 tiles l of a width-8 row
+// ([Paired rows]; zeros for a row of the padding): the odd and the even columns, each also shifted
+// by one lane for the padding columns -1 and 8.
+void input_columns4(const float* plane, int64_t h, int64_t in_row, __m128 c[4]) {
+  if (in_row < 0 || in_row >= h) {
+    for (int j = 0; j < 4; ++j) c[j] = _mm_setzero_ps();
+    return;
+  }
+  const __m128 a = _mm_loadu_ps(plane + in_row * 8), b = _mm_loadu_ps(plane + in_row * 8 + 4);
+  const __m128 even_cols = _mm_shuffle_ps(a, b, 0x88), odd_cols = _mm_shuffle_ps(a, b, 0xDD);  // 0 2 4 6, 1 3 5 7
+  c[0] = _mm_castsi128_ps(_mm_slli_si128(_mm_castps_si128(odd_cols), 4));                     // -1 1 3 5
+  c[1] = even_cols;
+  c[2] = odd_cols;
+  c[3] = _mm_castsi128_ps(_mm_srli_si128(_mm_castps_si128(even_cols), 4));  // 2 4 6 8
+}
+
+// w floats (a multiple of 8) of src into dst, or zeros where src is null: inline vector copies (a
+// memcpy call per row of 32 floats took 10% of a 32-channel 32x32 convolution's time).
+inline void copy_row(float* dst, const float* src, int64_t w) {
+  for (int64_t j = 0; j < w; j += 8) _mm256_storeu_ps(dst + j, src != nullptr ? _mm256_loadu_ps(src + j) : _mm256_setzero_ps());
+}
+
+// (B^T d B) of the group from d B's rows (d[i][j] = row i's column combination j), stored at `out`.
+inline void store_input_tiles(const __m256 d[4][4], float* out, int64_t xi_stride) {
+  for (int j = 0; j < 4; ++j) {
+    _mm256_storeu_ps(out + (0 * 4 + j) * xi_stride, _mm256_sub_ps(d[0][j], d[2][j]));
+    _mm256_storeu_ps(out + (1 * 4 + j) * xi_stride, _mm256_add_ps(d[1][j], d[2][j]));
+    _mm256_storeu_ps(out + (2 * 4 + j) * xi_stride, _mm256_sub_ps(d[2][j], d[1][j]));
+    _mm256_storeu_ps(out + (3 * 4 + j) * xi_stride, _mm256_sub_ps(d[1][j], d[3][j]));
+  }
+}
+
+// d B for one input row from its four column vectors.
+inline void row_times_b(__m256 c0, __m256 c1, __m256 c2, __m256 c3, __m256 d[4]) {
+  d[0] = _mm256_sub_ps(c0, c2);
+  d[1] = _mm256_add_ps(c1, c2);
+  d[2] = _mm256_sub_ps(c2, c1);
+  d[3] = _mm256_sub_ps(c1, c3);
+}
+
 // V[xi][c][t] = (B^T d B)[xi] for the tiles of tile rows [r0, r1) of x (g.in channels),
 //   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1].
 // A tile row's four input rows are copied into a zero-padded row buffer first, so that every group
@@ -123,34 +174,38 @@ void input_transform(const Geometry& g, const float* x, int64_t channels, int64_
   const int64_t xi_stride = channels * g.ld;
   std::memset(rows, 0, 4 * g.row_floats * sizeof(float));
   for (int64_t c = 0; c < channels; ++c) {
-    for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t r = r0; r < r1; r += row_step(g)) {
       const int64_t image = r / g.th, tile_row = r % g.th;
       const float* plane = x + (image * channels + c) * g.h * g.w;
+      __m256 d[4][4];  // d B, row by row; lanes: 8 tiles
+      if (paired(g)) {  // [Paired rows]: lanes 0-3 tile row r, 4-7 tile row r + 1 (zeros past r1)
+        const bool second = r + 1 < r1;
+        const int64_t image2 = (r + 1) / g.th, tile_row2 = (r + 1) % g.th;
+        const float* plane2 = x + (image2 * channels + c) * g.h * g.w;
+        for (int i = 0; i < 4; ++i) {
+          __m128 lo[4], hi[4];
+          input_columns4(plane, g.h, 2 * tile_row - 1 + i, lo);
+          input_columns4(plane2, second ? g.h : 0, 2 * tile_row2 - 1 + i, hi);
+          row_times_b(_mm256_set_m128(hi[0], lo[0]), _mm256_set_m128(hi[1], lo[1]), _mm256_set_m128(hi[2], lo[2]),
+                      _mm256_set_m128(hi[3], lo[3]), d[i]);
+        }
+        store_input_tiles(d, v + c * g.ld + (r - r0) * g.tw, xi_stride);
+        continue;
+      }
       for (int i = 0; i < 4; ++i) {
         const int64_t in_row = 2 * tile_row - 1 + i;
         float* dst = rows + i * g.row_floats + 1;
-        if (in_row < 0 || in_row >= g.h) std::memset(dst, 0, g.w * sizeof(float));
-        else std::memcpy(dst, plane + in_row * g.w, g.w * sizeof(float));
+        if (in_row < 0 || in_row >= g.h) copy_row(dst, nullptr, g.w);
+        else copy_row(dst, plane + in_row * g.w, g.w);
       }
       for (int64_t group = 0; group < g.groups; ++group) {
-        __m256 d[4][4];  // d B, row by row; lanes: 8 tiles
         for (int i = 0; i < 4; ++i) {
           const float* p = rows + i * g.row_floats + 16 * group;
           const __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
           const __m256 a2 = _mm256_loadu_ps(p + 2), b2 = _mm256_loadu_ps(p + 10);
-          const __m256 c0 = even(a, b), c1 = odd(a, b), c2 = even(a2, b2), c3 = odd(a2, b2);
-          d[i][0] = _mm256_sub_ps(c0, c2);
-          d[i][1] = _mm256_add_ps(c1, c2);
-          d[i][2] = _mm256_sub_ps(c2, c1);
-          d[i][3] = _mm256_sub_ps(c1, c3);
+          row_times_b(even(a, b), odd(a, b), even(a2, b2), odd(a2, b2), d[i]);
         }
-        float* out = v + c * g.ld + (r - r0) * g.tw + 8 * group;
-        for (int j = 0; j < 4; ++j) {
-          _mm256_storeu_ps(out + (0 * 4 + j) * xi_stride, _mm256_sub_ps(d[0][j], d[2][j]));
-          _mm256_storeu_ps(out + (1 * 4 + j) * xi_stride, _mm256_add_ps(d[1][j], d[2][j]));
-          _mm256_storeu_ps(out + (2 * 4 + j) * xi_stride, _mm256_sub_ps(d[2][j], d[1][j]));
-          _mm256_storeu_ps(out + (3 * 4 + j) * xi_stride, _mm256_sub_ps(d[1][j], d[3][j]));
-        }
+        store_input_tiles(d, v + c * g.ld + (r - r0) * g.tw + 8 * group, xi_stride);
       }
     }
   }
@@ -162,7 +217,7 @@ void output_transform(const Geometry& g, const float* m, const float* bias, int6
   const int64_t xi_stride = g.out * g.ld;
   for (int64_t o = 0; o < g.out; ++o) {
     const __m256 b = _mm256_set1_ps(bias != nullptr ? bias[o] : 0.f);
-    for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t r = r0; r < r1; r += row_step(g)) {
       const int64_t image = r / g.th, tile_row = r % g.th;
       float* plane = y + (image * g.out + o) * g.h * g.w;
       for (int64_t group = 0; group < g.groups; ++group) {
@@ -179,15 +234,30 @@ void output_transform(const Geometry& g, const float* m, const float* bias, int6
         for (int i = 0; i < 2; ++i) {
           const __m256 y0 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s[i][0], s[i][1]), s[i][2]), b);
           const __m256 y1 = _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(s[i][1], s[i][2]), s[i][3]), b);
-          // Interleaved: tile l's two columns side by side, tiles 0-3 then 4-7.
+          // Interleaved: tile l's two columns side by side, lanes 0-3 then 4-7.
           const __m256 lo = _mm256_unpacklo_ps(y0, y1), hi = _mm256_unpackhi_ps(y0, y1);
-          float* dst = plane + (2 * tile_row + i) * g.w + 16 * group;
-          _mm256_storeu_ps(dst, _mm256_permute2f128_ps(lo, hi, 0x20));
-          if (16 * group + 16 <= g.w) _mm256_storeu_ps(dst + 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+          const __m256 first = _mm256_permute2f128_ps(lo, hi, 0x20), second = _mm256_permute2f128_ps(lo, hi, 0x31);
+          _mm256_storeu_ps(plane + (2 * tile_row + i) * g.w + 16 * group, first);
+          if (paired(g)) {  // lanes 4-7: tile row r + 1
+            if (r + 1 < r1) {
+              const int64_t image2 = (r + 1) / g.th, tile_row2 = (r + 1) % g.th;
+              _mm256_storeu_ps(y + ((image2 * g.out + o) * g.h + 2 * tile_row2 + i) * g.w, second);
+            }
+          } else if (16 * group + 16 <= g.w) {
+            _mm256_storeu_ps(plane + (2 * tile_row + i) * g.w + 16 * group + 8, second);
+          }
         }
       }
     }
   }
+}
+
+// dY A^T for one row of a group's output tiles from its even and odd columns.
+inline void row_times_at(__m256 e0, __m256 e1, __m256 z[4]) {
+  z[0] = e0;
+  z[1] = _mm256_add_ps(e0, e1);
+  z[2] = _mm256_sub_ps(e0, e1);
+  z[3] = _mm256_sub_ps(_mm256_setzero_ps(), e1);
 }
 
 // Yhat[xi][o][t] = (A dY A^T)[xi] for the tiles of tile rows [r0, r1) of dy (g.out channels),
@@ -196,28 +266,46 @@ void grad_transform(const Geometry& g, const float* dy, int64_t r0, int64_t r1, 
   const int64_t xi_stride = g.out * g.ld;
   std::memset(rows, 0, 2 * g.row_floats * sizeof(float));
   for (int64_t o = 0; o < g.out; ++o) {
-    for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t r = r0; r < r1; r += row_step(g)) {
       const int64_t image = r / g.th, tile_row = r % g.th;
       const float* plane = dy + (image * g.out + o) * g.h * g.w;
-      for (int i = 0; i < 2; ++i) std::memcpy(rows + i * g.row_floats, plane + (2 * tile_row + i) * g.w, g.w * sizeof(float));
-      for (int64_t group = 0; group < g.groups; ++group) {
-        __m256 z[2][4];  // dY A^T, row by row
-        for (int i = 0; i < 2; ++i) {
-          const float* p = rows + i * g.row_floats + 16 * group;
-          const __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
-          const __m256 e0 = even(a, b), e1 = odd(a, b);
-          z[i][0] = e0;
-          z[i][1] = _mm256_add_ps(e0, e1);
-          z[i][2] = _mm256_sub_ps(e0, e1);
-          z[i][3] = _mm256_sub_ps(_mm256_setzero_ps(), e1);
-        }
-        float* out = yhat + o * g.ld + (r - r0) * g.tw + 8 * group;
+      __m256 z[2][4];  // dY A^T, row by row
+      auto store = [&](float* out) {
         for (int j = 0; j < 4; ++j) {
           _mm256_storeu_ps(out + (0 * 4 + j) * xi_stride, z[0][j]);
           _mm256_storeu_ps(out + (1 * 4 + j) * xi_stride, _mm256_add_ps(z[0][j], z[1][j]));
           _mm256_storeu_ps(out + (2 * 4 + j) * xi_stride, _mm256_sub_ps(z[0][j], z[1][j]));
           _mm256_storeu_ps(out + (3 * 4 + j) * xi_stride, _mm256_sub_ps(_mm256_setzero_ps(), z[1][j]));
         }
+      };
+      if (paired(g)) {  // [Paired rows]
+        const bool second = r + 1 < r1;
+        const int64_t image2 = (r + 1) / g.th, tile_row2 = (r + 1) % g.th;
+        for (int i = 0; i < 2; ++i) {
+          const float* lo = plane + (2 * tile_row + i) * 8;
+          const __m128 a = _mm_loadu_ps(lo), b = _mm_loadu_ps(lo + 4);
+          __m128 a2 = _mm_setzero_ps(), b2 = _mm_setzero_ps();
+          if (second) {
+            const float* hi = dy + ((image2 * g.out + o) * g.h + 2 * tile_row2 + i) * 8;
+            a2 = _mm_loadu_ps(hi);
+            b2 = _mm_loadu_ps(hi + 4);
+          }
+          row_times_at(_mm256_set_m128(_mm_shuffle_ps(a2, b2, 0x88), _mm_shuffle_ps(a, b, 0x88)),
+                       _mm256_set_m128(_mm_shuffle_ps(a2, b2, 0xDD), _mm_shuffle_ps(a, b, 0xDD)), z[i]);
+        }
+        store(yhat + o * g.ld + (r - r0) * g.tw);
+        continue;
+      }
+      for (int i = 0; i < 2; ++i) {
+        copy_row(rows + i * g.row_floats, plane + (2 * tile_row + i) * g.w, g.w);
+      }
+      for (int64_t group = 0; group < g.groups; ++group) {
+        for (int i = 0; i < 2; ++i) {
+          const float* p = rows + i * g.row_floats + 16 * group;
+          const __m256 a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + 8);
+          row_times_at(even(a, b), odd(a, b), z[i]);
+        }
+        store(yhat + o * g.ld + (r - r0) * g.tw + 8 * group);
       }
     }
   }
@@ -226,26 +314,37 @@ void grad_transform(const Geometry& g, const float* dy, int64_t r0, int64_t r1, 
 // U[xi][o][i] = (G f G^T)[xi], G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1], with f = weight[o][i]
 // (forward: o < k, i < c), or weight[i][o] rotated by 180 degrees (data gradient: o < c, i < k).
 void weight_transform(const float* weight, int64_t in, int64_t out, bool rotated, float* u) {
-  for (int64_t o = 0; o < out; ++o) {
-    for (int64_t i = 0; i < in; ++i) {
-      float f[3][3];
-      for (int a = 0; a < 3; ++a)
-        for (int b = 0; b < 3; ++b)
-          f[a][b] = rotated ? weight[((i * out + o) * 3 + (2 - a)) * 3 + (2 - b)] : weight[((o * in + i) * 3 + a) * 3 + b];
-      float t[4][3];  // G f
-      for (int b = 0; b < 3; ++b) {
-        t[0][b] = f[0][b];
-        t[1][b] = 0.5f * (f[0][b] + f[1][b] + f[2][b]);
-        t[2][b] = 0.5f * (f[0][b] - f[1][b] + f[2][b]);
-        t[3][b] = f[2][b];
-      }
-      for (int a = 0; a < 4; ++a) {
-        const float row[4] = {t[a][0], 0.5f * (t[a][0] + t[a][1] + t[a][2]), 0.5f * (t[a][0] - t[a][1] + t[a][2]),
-                              t[a][2]};
-        for (int b = 0; b < 4; ++b) u[((a * 4 + b) * out + o) * in + i] = row[b];
+  // Eight input channels at a time (in is a multiple of 16): f[a][b] of channels i..i+7 gathered
+  // (stride 9 floats, or out * 9 rotated), G f G^T in vector arithmetic, 16 contiguous stores.
+  const int32_t stride = static_cast<int32_t>(rotated ? out * 9 : 9);
+  const __m256i lanes = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
+  const __m256 half = _mm256_set1_ps(0.5f);
+  parallel_for(0, out, std::max<int64_t>(1, 1024 / in), [&](int64_t lo, int64_t hi) {
+    for (int64_t o = lo; o < hi; ++o) {
+      for (int64_t i = 0; i < in; i += 8) {
+        __m256 f[3][3];
+        for (int a = 0; a < 3; ++a) {
+          for (int b = 0; b < 3; ++b) {
+            const float* at = rotated ? weight + ((i * out + o) * 3 + (2 - a)) * 3 + (2 - b)
+                                      : weight + ((o * in + i) * 3 + a) * 3 + b;
+            f[a][b] = _mm256_i32gather_ps(at, lanes, 4);
+          }
+        }
+        __m256 t[4][3];  // G f
+        for (int b = 0; b < 3; ++b) {
+          t[0][b] = f[0][b];
+          t[1][b] = (f[0][b] + f[1][b] + f[2][b]) * half;
+          t[2][b] = (f[0][b] - f[1][b] + f[2][b]) * half;
+          t[3][b] = f[2][b];
+        }
+        for (int a = 0; a < 4; ++a) {
+          const __m256 row[4] = {t[a][0], (t[a][0] + t[a][1] + t[a][2]) * half, (t[a][0] - t[a][1] + t[a][2]) * half,
+                                 t[a][2]};
+          for (int b = 0; b < 4; ++b) _mm256_storeu_ps(u + ((a * 4 + b) * out + o) * in + i, row[b]);
+        }
       }
     }
-  }
+  });
 }
 
 // The forward pass of x (in channels) with transformed weights u into y (out channels).
@@ -321,7 +420,8 @@ void weight_grad(const float* x, const float* dy, float* dw, int64_t n, int64_t 
     for (int64_t j = 0; j < slab; ++j) sums[j] += from[j];
   }
   // dW = G^T M G, G^T = [1 1/2 1/2 0; 0 1/2 -1/2 0; 0 1/2 1/2 1].
-  for (int64_t o = 0; o < k; ++o) {
+  parallel_for(0, k, std::max<int64_t>(1, 1024 / c), [&](int64_t lo, int64_t hi) {
+  for (int64_t o = lo; o < hi; ++o) {
     for (int64_t i = 0; i < c; ++i) {
       float m[4][4];
       for (int p = 0; p < 4; ++p)
@@ -340,6 +440,7 @@ void weight_grad(const float* x, const float* dy, float* dw, int64_t n, int64_t 
       }
     }
   }
+  });
 }
 
 }  // namespace chorus::kernels::cpu::winograd
