@@ -17,11 +17,14 @@
 // products that sum over the tiles, M[xi][o][i] = sum_t Yhat[xi][o][t] V[xi][i][t].
 //
 // Why: on an AVX2 CPU oneDNN runs its direct kernels, which already run near the core's peak, and
-// chorus's small-ResNet and ResNet-18 steps are convolution-bound (docs/benchmarks.md). Measured on
-// Zen 5 with AVX2 imposed, 1 thread, batch 32 (docs/data/winograd_avx2_2026-11-30.txt): see there.
-// The price is precision, far smaller than F(4x4, 3x3)'s (oneDNN's AVX-512 Winograd): the
-// transforms use only 1, -1 and 1/2, and the sums stay within a few float32 roundings of the
-// direct ones (winograd_test).
+// libtorch runs the same ones: the small ResNet's step spent ~100 of its ~115 ms in them on both
+// sides (ONEDNN_VERBOSE, AVX2 imposed on Zen 5), so no other change could take it to 0.8x libtorch.
+// Forward + both gradients, AVX2 imposed on Zen 5, 1 thread, batch 32, Winograd / direct (conv_bench
+// --winograd, docs/data/winograd_avx2_2026-11-30.txt): 32 channels at 32x32 0.68, 64 at 16x16 0.73,
+// 128 at 8x8 0.63. The price is precision, far less than F(4x4, 3x3)'s (oneDNN's AVX-512
+// Winograd): the transforms use only 1, -1 and 1/2, and every element stays within the direct
+// sum's worst-case rounding bound (winograd_test: at most 0.21 of it). An Inf or NaN in an input
+// tile spreads to the tile's four outputs (as in every Winograd implementation).
 //
 // Every result is the same bits at any thread count: the tile blocks do not depend on it, each
 // product runs on one thread, and the weight gradient sums its blocks in kParts fixed groups, added
