@@ -127,37 +127,13 @@ int main(int argc, char** argv) {
     torch::set_num_threads(threads);
     for (int64_t batch : {1, 16, 32}) {
       for (const Layer& l : kLayers) {
-        chorus::manual_seed(1);
-        chorus::Tensor x = chorus::randn({batch, l.c_in, l.hw, l.hw}).requires_grad_();
-        chorus::Tensor w = chorus::randn({l.c_out, l.c_in, l.k, l.k}).requires_grad_();
-        chorus::Tensor g;
-        auto chorus_step = [&] {
-          x.set_grad(chorus::Tensor());
-          w.set_grad(chorus::Tensor());
-          chorus::Tensor y = F::conv2d(x, w, chorus::Tensor(), {l.stride, l.stride}, {l.pad, l.pad});
-          if (!g.defined()) g = chorus::randn(y.sizes());
-          y.backward(g);
-        };
         double ms[2];
         for (int path = 0; path < 2; ++path) {
           chorus::kernels::cpu::onednn::set_enabled(path == 0);
-          ms[path] = chorus::bench::median_time(chorus_step, warmup, reps) * 1e3;
+          ms[path] = chorus_ms(l, batch, warmup, reps);
         }
         chorus::kernels::cpu::onednn::set_enabled(true);
-        torch::manual_seed(1);
-        torch::Tensor tx = torch::randn({batch, l.c_in, l.hw, l.hw}).requires_grad_();
-        torch::Tensor tw = torch::randn({l.c_out, l.c_in, l.k, l.k}).requires_grad_();
-        torch::Tensor tg;
-        const double mt = chorus::bench::median_time(
-                              [&] {
-                                if (tx.grad().defined()) tx.mutable_grad().zero_();
-                                if (tw.grad().defined()) tw.mutable_grad().zero_();
-                                torch::Tensor y = torch::conv2d(tx, tw, {}, l.stride, l.pad);
-                                if (!tg.defined()) tg = torch::randn(y.sizes());
-                                y.backward(tg);
-                              },
-                              warmup, reps) *
-                          1e3;
+        const double mt = torch_ms(l, batch, warmup, reps);
         sum_dnnl += ms[0];
         sum_im2col += ms[1];
         sum_torch += mt;

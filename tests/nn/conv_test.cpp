@@ -137,6 +137,45 @@ TEST_CASE("conv2d float32 backward equals the float64 gradients", "[nn][conv]") 
   }
 }
 
+namespace {
+
+// A 3x3 stride-1 padding-1 convolution with bias, 32 -> 48 channels, of a batch of 2 h x w images
+// through autograd (the loss: its output times a fixed tensor, summed), in float64 and in float32
+// with Winograd allowed and not: output, input, weight and bias gradients, and the implementation
+// each float32 forward ran.
+struct WinogradRuns {
+  std::vector<Tensor> exact, direct, winograd, again;
+  std::string direct_impl, winograd_impl;
+};
+
+WinogradRuns winograd_runs(int64_t h, int64_t w, uint64_t seed) {
+  namespace od = kernels::cpu::onednn;
+  Generator gen(seed);
+  const Tensor x64 = randn({2, 32, h, w}, {.dtype = kFloat64}, &gen);
+  const Tensor w64 = randn({48, 32, 3, 3}, {.dtype = kFloat64}, &gen) * (1.0 / std::sqrt(288.0));
+  const Tensor b64 = randn({48}, {.dtype = kFloat64}, &gen);
+  const Tensor up = randn({2, 48, h, w}, {.dtype = kFloat64}, &gen);
+  const kernels::Window2d window{.in_h = h, .in_w = w, .out_h = h, .out_w = w, .kernel_h = 3, .kernel_w = 3,
+                                 .pad_h = 1, .pad_w = 1};
+  auto run = [&](DType dt, bool winograd, std::string* impl) {
+    const od::WinogradScope scope(winograd);
+    Tensor x = x64.to(dt).detach().requires_grad_(true), wt = w64.to(dt).detach().requires_grad_(true),
+           b = b64.to(dt).detach().requires_grad_(true);
+    Tensor out = F::conv2d(x, wt, b, {1, 1}, {1, 1});
+    (out * up.to(dt)).sum().backward();
+    if (impl) *impl = od::implementation(x.detach(), wt.detach(), window, 1);
+    return std::vector<Tensor>{out.detach(), x.grad(), wt.grad(), b.grad()};
+  };
+  WinogradRuns r;
+  r.exact = run(kFloat64, true, nullptr);
+  r.direct = run(kFloat32, false, &r.direct_impl);
+  r.winograd = run(kFloat32, true, &r.winograd_impl);
+  r.again = run(kFloat32, true, nullptr);
+  return r;
+}
+
+}  // namespace
+
 // [Winograd convolutions] (kernels/cpu/onednn_conv.cpp): a 3x3 stride-1 ungrouped convolution with
 // channel counts in multiples of 16 and at least 8x8 outputs per image runs oneDNN's Winograd kernels
 // where the CPU has them (AVX-512), forward and both gradients; others, and every shape with
@@ -147,27 +186,10 @@ TEST_CASE("conv2d float32 backward equals the float64 gradients", "[nn][conv]") 
 TEST_CASE("3x3 convolutions with 16k channels and 8x8 outputs run Winograd kernels on AVX-512, within their round-off",
           "[nn][conv][winograd]") {
   namespace od = kernels::cpu::onednn;
-  Generator gen(31);
-  const Tensor x64 = randn({2, 32, 10, 10}, {.dtype = kFloat64}, &gen);
-  const Tensor w64 = randn({48, 32, 3, 3}, {.dtype = kFloat64}, &gen) * (1.0 / std::sqrt(288.0));
-  const Tensor b64 = randn({48}, {.dtype = kFloat64}, &gen);
-  const Tensor up = randn({2, 48, 10, 10}, {.dtype = kFloat64}, &gen);
+  const WinogradRuns r = winograd_runs(10, 10, 31);
+  const auto& [exact, direct, winograd, again, direct_impl, winograd_impl] = r;
   const kernels::Window2d window{.in_h = 10, .in_w = 10, .out_h = 10, .out_w = 10, .kernel_h = 3, .kernel_w = 3,
                                  .pad_h = 1, .pad_w = 1};
-  auto run = [&](DType dt, bool winograd, std::string* impl) {
-    const od::WinogradScope scope(winograd);
-    Tensor x = x64.to(dt).detach().requires_grad_(true), w = w64.to(dt).detach().requires_grad_(true),
-           b = b64.to(dt).detach().requires_grad_(true);
-    Tensor out = F::conv2d(x, w, b, {1, 1}, {1, 1});
-    (out * up.to(dt)).sum().backward();
-    if (impl) *impl = od::implementation(x.detach(), w.detach(), window, 1);
-    return std::vector<Tensor>{out.detach(), x.grad(), w.grad(), b.grad()};
-  };
-  std::string direct_impl, winograd_impl;
-  const auto exact = run(kFloat64, true, nullptr);
-  const auto direct = run(kFloat32, false, &direct_impl);
-  const auto winograd = run(kFloat32, true, &winograd_impl);
-  const auto again = run(kFloat32, true, nullptr);
   INFO("direct: " << direct_impl << ", winograd: " << winograd_impl);
   CHECK(direct_impl.find("wino") == std::string::npos);
   const bool has_winograd = od::capability().rfind("avx512", 0) == 0;
@@ -219,27 +241,10 @@ TEST_CASE("3x3 convolutions run chorus's own Winograd kernels where oneDNN has n
                 od::capability().c_str());
     return;
   }
-  Generator gen(32);
-  const Tensor x64 = randn({2, 32, 8, 16}, {.dtype = kFloat64}, &gen);
-  const Tensor w64 = randn({48, 32, 3, 3}, {.dtype = kFloat64}, &gen) * (1.0 / std::sqrt(288.0));
-  const Tensor b64 = randn({48}, {.dtype = kFloat64}, &gen);
-  const Tensor up = randn({2, 48, 8, 16}, {.dtype = kFloat64}, &gen);
+  const WinogradRuns r = winograd_runs(8, 16, 32);
+  const auto& [exact, direct, winograd, again, direct_impl, winograd_impl] = r;
   const kernels::Window2d window{.in_h = 8, .in_w = 16, .out_h = 8, .out_w = 16, .kernel_h = 3, .kernel_w = 3,
                                  .pad_h = 1, .pad_w = 1};
-  auto run = [&](DType dt, bool winograd, std::string* impl) {
-    const od::WinogradScope scope(winograd);
-    Tensor x = x64.to(dt).detach().requires_grad_(true), w = w64.to(dt).detach().requires_grad_(true),
-           b = b64.to(dt).detach().requires_grad_(true);
-    Tensor out = F::conv2d(x, w, b, {1, 1}, {1, 1});
-    (out * up.to(dt)).sum().backward();
-    if (impl) *impl = od::implementation(x.detach(), w.detach(), window, 1);
-    return std::vector<Tensor>{out.detach(), x.grad(), w.grad(), b.grad()};
-  };
-  std::string direct_impl, winograd_impl;
-  const auto exact = run(kFloat64, true, nullptr);
-  const auto direct = run(kFloat32, false, &direct_impl);
-  const auto winograd = run(kFloat32, true, &winograd_impl);
-  const auto again = run(kFloat32, true, nullptr);
   CHECK(direct_impl.find("winograd") == std::string::npos);
   CHECK(winograd_impl == "chorus:winograd_2x3");
   const char* names[] = {"output", "input gradient", "weight gradient", "bias gradient"};
