@@ -281,11 +281,14 @@ class SimStream {
 
   // [Segment hand-over] Opening a segment (PROT_READ | PROT_WRITE) and closing it again (PROT_NONE)
   // costs an mprotect of the whole segment, a page-table walk over all of it and a TLB flush: done
-  // for every task, it made a ResNet-18 step on sim 12x slower than with the guard off (2026-11-30,
-  // examples/resnet --device sim --amp bf16: 15.0 s for 6 steps against 1.2 s). Consecutive tasks
-  // of a stream mostly use the same segments, so the task that ends opens those of the next queued
-  // task (if it is already queued) before closing its own: a segment both use stays open, and is
-  // closed when a task using it ends with no queued successor that uses it. The guard is unchanged
+  // for every task, the guard made a ResNet-18 step on sim 11-13x slower than with it off
+  // (2026-11-30, examples/resnet --device sim --amp bf16 --max-steps 6: 13.6-15.2 s of training
+  // against 1.2 s with CHORUS_SIM_PROTECT=0). Consecutive tasks of a stream often share segments, so
+  // the task that ends opens those of the next queued task (if it is already queued) before closing
+  // its own: a segment both use stays open, and is closed when a task using it ends with no queued
+  // successor that uses it. Measured: 2,730 -> 1,500 mprotect calls a step (strace -c), 10.6 s for
+  // the 6 steps, the same loss. Most steps' tasks still open a segment of their own (~750 a step):
+  // the rest of the guard's cost, not solved here. The guard is unchanged
   // for the host: a segment is open only while a task using it runs or is next in line on a busy
   // stream, never while its streams are idle (a synchronized host that reads device memory still
   // crashes: sim_runtime_test).

@@ -243,7 +243,8 @@ TEST_CASE("MNIST and Fashion-MNIST load from the installed data with the right s
 
 // [Pixels through a table]: the loaded images are, bit for bit, the ops the table runs applied to the
 // raw bytes of the whole file (the way they were computed before the table).
-TEST_CASE("MNIST and Fashion-MNIST pixels are (x / 255 - mean) / std of the file's bytes, bit for bit", "[data][mnist]") {
+TEST_CASE("MNIST and Fashion-MNIST pixels are (x / 255 - mean) / std of the file's bytes, bit for bit",
+          "[data][mnist]") {
   const std::string root = data::default_data_dir();
   INFO("data dir " << root << " (tools/setup.sh installs it)");
   auto raw = [&](const std::string& dir) {
@@ -254,7 +255,8 @@ TEST_CASE("MNIST and Fashion-MNIST pixels are (x / 255 - mean) / std of the file
   auto same_bits = [](const Tensor& a, const Tensor& b) { return a.sizes() == b.sizes() && equal(a, b.contiguous()); };
   const Tensor digits = raw("mnist"), clothes = raw("fashion-mnist");
   data::MNIST mnist(root + "/mnist", data::Split::Test);
-  CHECK(same_bits(mnist.images(), digits.to(kFloat32).div(255.0).unsqueeze(1).sub(data::MNIST::kMean).div(data::MNIST::kStd)));
+  CHECK(same_bits(mnist.images(),
+                  digits.to(kFloat32).div(255.0).unsqueeze(1).sub(data::MNIST::kMean).div(data::MNIST::kStd)));
   data::FashionMNIST fashion(root + "/fashion-mnist", data::Split::Test);
   CHECK(same_bits(fashion.images(), clothes.to(kFloat32).div(255.0).unsqueeze(1).sub(data::FashionMNIST::kMean)
                                         .div(data::FashionMNIST::kStd)));
