@@ -287,11 +287,11 @@ class SimStream {
   // the task that ends opens those of the next queued task (if it is already queued) before closing
   // its own: a segment both use stays open, and is closed when a task using it ends with no queued
   // successor that uses it. Measured: 2,730 -> 1,500 mprotect calls a step (strace -c), 10.6 s for
-  // the 6 steps, the same loss. Most steps' tasks still open a segment of their own (~750 a step):
-  // the rest of the guard's cost, not solved here. The guard is unchanged
-  // for the host: a segment is open only while a task using it runs or is next in line on a busy
-  // stream, never while its streams are idle (a synchronized host that reads device memory still
-  // crashes: sim_runtime_test).
+  // the 6 steps, the same loss; ~750 opens a step remain (tasks on segments their predecessor did not
+  // use), the rest of the guard's cost. What the host can get away with grows by one window: a
+  // segment is also open while a task naming it is next in line on a busy stream (docs/gpu.md, "what
+  // sim cannot catch"); never while the stream is idle, so a synchronized host that reads device
+  // memory still crashes (sim_runtime_test).
   void hand_over() {
     std::vector<const void*> next;
     {
