@@ -20,6 +20,22 @@ struct GraphTask {
 };
 thread_local GraphTask* g_current_task = nullptr;
 
+// [Gradient into the pending sum] The node whose backward is running, and the input buffers of the
+// backward pass running it (for pending_gradient below).
+struct Running {
+  Node* node = nullptr;
+  std::unordered_map<Node*, TensorList>* buffers = nullptr;
+};
+thread_local Running g_running;
+
+struct RunningScope {
+  RunningScope(Node* node, std::unordered_map<Node*, TensorList>* buffers) : previous(g_running) {
+    g_running = {node, buffers};
+  }
+  ~RunningScope() { g_running = previous; }
+  Running previous;
+};
+
 // Sums a gradient that was broadcast in the forward back to the shape it must have.
 Tensor sum_to_shape(const Tensor& g, const Shape& shape) {
   if (g.sizes() == shape) return g;
@@ -58,6 +74,31 @@ struct ReadyOrder {
 };
 
 }  // namespace
+
+// [Gradient into the pending sum] While a node's backward runs, the gradient already summed for its
+// input `input` (the engine's input buffer of the node that input leads to), when the backward may
+// add to it in place: defined, held by nothing else, contiguous, and of the shape, dtype and device
+// given, which are those the edge's node expects. The backward that adds to it returns an undefined
+// gradient for that input. Used where a gradient is a few rows of a large one: the embedding's
+// backward (nn/functional/basic.cpp) adds its rows into the tied weight's other gradient (BERT's
+// and GPT's output projection) instead of making a zero table, adding the rows and summing two
+// tables. nullptr when nothing is pending or outside a backward pass. Declared where it is used.
+Tensor* pending_gradient(size_t input, const Shape& shape, DType dtype, Device device) {
+  if (g_running.node == nullptr || g_running.buffers == nullptr) return nullptr;
+  const std::vector<Edge>& edges = g_running.node->next_edges();
+  if (input >= edges.size() || !edges[input].valid()) return nullptr;
+  const Edge& e = edges[input];
+  const Node::OutputMeta& meta = e.fn->output_meta()[e.input_nr];
+  if (meta.shape != shape || meta.dtype != dtype || meta.device != device) return nullptr;
+  auto it = g_running.buffers->find(e.fn.get());
+  if (it == g_running.buffers->end() || e.input_nr >= it->second.size()) return nullptr;
+  Tensor& slot = it->second[e.input_nr];
+  if (!slot.defined() || !sole_owner_of_memory(slot) || !slot.is_contiguous() || slot.sizes() != shape ||
+      slot.dtype() != dtype || slot.device() != device) {
+    return nullptr;
+  }
+  return &slot;
+}
 
 Engine& Engine::get() {
   static Engine engine;
@@ -193,7 +234,11 @@ TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& gra
       }
       // Copies that change a gradient's memory format are counted under this node's name.
       layout_conversions::PhaseScope phase(node->name());
-      TensorList input_grads = node->apply(std::move(grads));
+      TensorList input_grads;
+      {
+        RunningScope running(node.get(), &buffers);
+        input_grads = node->apply(std::move(grads));
+      }
       if (!keep_graph) node->release_saved();
       auto& edges = node->next_edges();
       for (size_t i = 0; i < edges.size(); ++i) {

@@ -133,6 +133,67 @@ TEST_CASE("embedding picks rows for indices of any shape; gradients accumulate p
                             {randn({6, 3}, kF64Grad, &gen)}));
 }
 
+// BERT's and GPT's word embeddings are also their output projection: the weight gets the rows of
+// the embedding's gradient and the projection's whole-table gradient.
+TEST_CASE("embedding of a tied weight: its rows are added into the projection's gradient", "[nn][embedding]") {
+  // Rows 0-2 of a [4, 2] table, row 1 picked three times; the projection gives row 1 a gradient of
+  // exactly 1 in each column and the embedding three of 2^-24 each.
+  const float tiny = std::ldexp(1.0f, -24);
+  Tensor w = zeros({4, 2}, {.requires_grad = true});
+  Tensor idx = tensor(std::vector<int64_t>{1, 0, 1, 1, 2});
+  Tensor g = full({5, 2}, tiny);
+  Tensor x = tensor(std::vector<float>{1, 1, 1, 1}, Shape{2, 2});      // [2, 2]
+  Tensor gl = tensor(std::vector<float>{0, 0.5f, 0, 0, 0, 0.5f, 0, 0}, Shape{2, 4});  // picks row 1
+  // Exact reference (float64): the projection's gradient gl^T x plus the picked rows of g.
+  std::vector<double> want(8, 0.0);
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t c = 0; c < 2; ++c) want[r * 2 + c] = r == 1 ? 1.0 : 0.0;
+  for (int64_t i : {1, 0, 1, 1, 2})
+    for (int64_t c = 0; c < 2; ++c) want[i * 2 + c] += std::ldexp(1.0, -24);
+  // Row 1 as summed in float32: the engine runs the node recorded last first.
+  double row1 = 0;
+  SECTION("the embedding recorded first, so its backward runs second (as in BERT and GPT)") {
+    // Its rows go into the projection's pending gradient one at a time ([Gradient into the pending
+    // sum], autograd/engine.cpp): 1 + 2^-24 rounds to 1 each time.
+    row1 = 1.0;
+    Tensor emb = F::embedding(idx, w);
+    Tensor logits = matmul(x, w.t());
+    ((emb * g).sum() + (logits * gl).sum()).backward();
+  }
+  SECTION("the embedding recorded second, so its backward runs first") {
+    // Nothing pending yet: a table of its rows (3 * 2^-24 in row 1), then the projection's gradient
+    // added to it: 1 + 3 * 2^-24 rounds to 1 + 2^-22.
+    row1 = 1.0 + std::ldexp(1.0, -22);
+    Tensor logits = matmul(x, w.t());
+    Tensor emb = F::embedding(idx, w);
+    ((logits * gl).sum() + (emb * g).sum()).backward();
+  }
+  // Within one rounding per addition of the exact sum (row 1: 1 + 3 * 2^-24 lies between floats).
+  check_close(w.grad(), want, 3e-7);
+  std::vector<double> got = doubles(w.grad());
+  CHECK(got[2] == row1);
+  CHECK(got[3] == row1);
+}
+
+TEST_CASE("embedding of a weight whose other gradient is shared: the shared tensor is not written", "[nn][embedding]") {
+  // (w + c)'s backward hands one gradient to both w and c; the embedding's rows must reach w's
+  // gradient only, whichever of them holds that tensor when the embedding's backward runs.
+  Generator gen(17);
+  Tensor w = randn({5, 3}, {.requires_grad = true}, &gen);
+  Tensor c = randn({5, 3}, {.requires_grad = true}, &gen);
+  Tensor G = randn({5, 3}, {}, &gen);
+  Tensor g = randn({4, 3}, {}, &gen);
+  Tensor idx = tensor(std::vector<int64_t>{3, 0, 3, 1});
+  Tensor emb = F::embedding(idx, w);
+  (((w + c) * G).sum() + (emb * g).sum()).backward();
+  check_close(c.grad(), doubles(G), 0);
+  std::vector<double> want = doubles(G), gv = doubles(g);
+  const std::vector<int64_t> picks{3, 0, 3, 1};
+  for (size_t p = 0; p < picks.size(); ++p)
+    for (int64_t d = 0; d < 3; ++d) want[picks[p] * 3 + d] += gv[p * 3 + d];
+  check_close(w.grad(), want, 1e-6);
+}
+
 TEST_CASE("Embedding padding_idx: the row starts at zero and never gets a gradient", "[nn][embedding]") {
   manual_seed(3);
   nn::Embedding emb(10, 4, /*padding_idx=*/2);
