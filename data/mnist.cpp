@@ -4,9 +4,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "tensor/ops.h"
 
@@ -27,28 +29,48 @@ std::string default_data_dir() {
 
 namespace {
 
-// The whole (decompressed) content of a raw or gzip file.
-std::string read_maybe_gzip(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");  // reads raw files unchanged, too
-  if (f == nullptr) fail("read_idx: cannot open {}", path);
-  std::string out;
-  char chunk[1 << 16];
-  for (;;) {
-    const int n = gzread(f, chunk, sizeof(chunk));
-    if (n < 0) {
-      int code = 0;
-      const std::string why = gzerror(f, &code);
-      gzclose(f);
-      fail("read_idx: {} is corrupt (gzip error: {})", path, why);
-    }
-    if (n == 0) break;
-    out.append(chunk, static_cast<size_t>(n));
+// A raw or gzip file read in order (gzopen reads raw files unchanged, too).
+class IdxReader {
+ public:
+  explicit IdxReader(const std::string& path) : path_(path), f_(gzopen(path.c_str(), "rb")) {
+    if (f_ == nullptr) fail("read_idx: cannot open {}", path);
   }
-  const bool truncated_gzip = !gzdirect(f) && gzeof(f) == 0;
-  gzclose(f);
-  if (truncated_gzip) fail("read_idx: {} ends in the middle of its gzip stream (truncated download?)", path);
-  return out;
-}
+  ~IdxReader() { gzclose(f_); }
+  bool direct() { return gzdirect(f_) != 0; }  // a raw file, not gzip
+  IdxReader(const IdxReader&) = delete;
+  IdxReader& operator=(const IdxReader&) = delete;
+
+  // Reads up to n bytes into out; fewer only where the data ends.
+  size_t read(void* out, size_t n) {
+    size_t done = 0;
+    while (done < n) {
+      const unsigned want = static_cast<unsigned>(std::min<size_t>(n - done, size_t{1} << 30));
+      const int got = gzread(f_, static_cast<char*>(out) + done, want);
+      if (got < 0) {
+        int code = 0;
+        fail("read_idx: {} is corrupt (gzip error: {})", path_, gzerror(f_, &code));
+      }
+      if (got == 0) break;
+      done += static_cast<size_t>(got);
+    }
+    return done;
+  }
+
+  // Reads what is left and returns its size; then a gzip stream must have ended properly.
+  size_t rest() {
+    std::vector<char> chunk(size_t{1} << 16);
+    size_t n = 0;
+    for (size_t got; (got = read(chunk.data(), chunk.size())) > 0;) n += got;
+    if (!gzdirect(f_) && gzeof(f_) == 0) {
+      fail("read_idx: {} ends in the middle of its gzip stream (truncated download?)", path_);
+    }
+    return n;
+  }
+
+ private:
+  std::string path_;
+  gzFile f_;
+};
 
 uint32_t big_endian(const unsigned char* p) {
   return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | uint32_t(p[3]);
@@ -58,9 +80,11 @@ uint32_t big_endian(const unsigned char* p) {
 
 Tensor read_idx(const std::string& path) {
   if (!std::filesystem::exists(path)) fail("read_idx: file {} does not exist", path);
-  const std::string bytes = read_maybe_gzip(path);
-  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
-  if (bytes.size() < 4) fail("read_idx: {} is {} bytes, too short for an idx header", path, bytes.size());
+  // The pixels are read straight into the tensor: no copy of the whole file in between.
+  IdxReader in(path);
+  unsigned char p[4 + 4 * 4];
+  const size_t got = in.read(p, 4);
+  if (got < 4) fail("read_idx: {} is {} bytes, too short for an idx header", path, got + in.rest());
   const uint32_t magic = big_endian(p);
   if ((magic >> 8) != 0x08) {
     fail("read_idx: {} has magic 0x{:08x}; expected an idx file of unsigned bytes (0x00000801 or 0x00000803)", path, magic);
@@ -68,19 +92,26 @@ Tensor read_idx(const std::string& path) {
   const int dims = static_cast<int>(magic & 0xff);
   if (dims < 1 || dims > 4) fail("read_idx: {} declares {} dims; expected 1 to 4", path, dims);
   const size_t header = 4 + 4 * static_cast<size_t>(dims);
-  if (bytes.size() < header) fail("read_idx: {} is truncated inside its header", path);
+  if (in.read(p + 4, header - 4) < header - 4) fail("read_idx: {} is truncated inside its header", path);
   Shape shape;
   uint64_t count = 1;
   for (int d = 0; d < dims; ++d) {
     shape.push_back(big_endian(p + 4 + 4 * d));
     count *= static_cast<uint64_t>(shape.back());
   }
-  if (bytes.size() - header != count) {
+  auto wrong_size = [&](uint64_t held) {
     fail("read_idx: {} has dims {} ({} bytes of data) but holds {} bytes after the header (truncated or corrupt)", path,
-         shape_str(shape), count, bytes.size() - header);
-  }
+         shape_str(shape), count, held);
+  };
+  // Refused before allocating: a corrupt header could ask for any size.
+  const uint64_t file_bytes = std::filesystem::file_size(path);
+  if (in.direct() && file_bytes - header != count) wrong_size(file_bytes - header);
+  // deflate expands at most 1032:1, so a gzip file cannot hold more than that.
+  if (!in.direct() && count / 1032 > file_bytes) wrong_size(in.rest());
   Tensor t = empty(shape, TensorOptions{.dtype = kUInt8});
-  if (count > 0) std::memcpy(t.raw_data_ptr(), p + header, count);
+  const size_t data = count > 0 ? in.read(t.raw_data_ptr(), count) : 0;
+  const size_t extra = in.rest();
+  if (data != count || extra != 0) wrong_size(data + extra);
   return t;
 }
 

@@ -94,6 +94,41 @@ char32_t normalize(char32_t c) {
   return c;
 }
 
+// Greedy longest-match WordPiece of one word (valid UTF-8: basic_tokenize re-encodes what it keeps):
+// calls piece(id, text) for each piece in order ("##" before every piece but the first) and returns
+// true, or returns false when some part of the word has no piece (the whole word is then [UNK], as
+// BERT does; pieces already passed are the caller's to drop). The candidates are built in one
+// buffer and looked up in place: no string is made for a piece that is not in the vocabulary.
+template <class Piece>
+bool match_pieces(const std::unordered_map<std::string, int64_t>& ids, const std::string& word, Piece&& piece) {
+  // Byte offset of each code point's start, and the end: substrings never split a character.
+  std::vector<size_t> offset;
+  offset.reserve(word.size() + 1);
+  for (size_t i = 0; i < word.size(); ++i) {
+    if ((static_cast<unsigned char>(word[i]) & 0xC0) != 0x80) offset.push_back(i);
+  }
+  if (offset.size() > 100) return false;
+  const size_t chars = offset.size();
+  offset.push_back(word.size());
+  std::string candidate;
+  candidate.reserve(word.size() + 2);
+  size_t start = 0;
+  while (start < chars) {
+    size_t end = chars;
+    auto found = ids.end();
+    for (; end > start; --end) {
+      candidate.assign(start > 0 ? "##" : "");
+      candidate.append(word, offset[start], offset[end] - offset[start]);
+      found = ids.find(candidate);
+      if (found != ids.end()) break;
+    }
+    if (found == ids.end()) return false;
+    piece(found->second, found->first);
+    start = end;
+  }
+  return true;
+}
+
 }  // namespace
 
 WordPieceTokenizer::WordPieceTokenizer(const std::string& vocab_path) {
@@ -150,40 +185,11 @@ std::vector<std::string> WordPieceTokenizer::basic_tokenize(const std::string& t
 }
 
 void WordPieceTokenizer::wordpiece(const std::string& word, std::vector<std::string>& out) const {
-  const std::vector<char32_t> cps = decode_utf8(word);
-  if (cps.size() > 100) {
+  const size_t before = out.size();
+  if (!match_pieces(ids_, word, [&](int64_t, const std::string& text) { out.push_back(text); })) {
+    out.resize(before);
     out.push_back("[UNK]");
-    return;
   }
-  // Byte offset of each code point, so substrings never split a character.
-  std::vector<size_t> offset(cps.size() + 1, 0);
-  for (size_t i = 0; i < cps.size(); ++i) {
-    std::string tmp;
-    append_utf8(tmp, cps[i]);
-    offset[i + 1] = offset[i] + tmp.size();
-  }
-  std::vector<std::string> pieces;
-  size_t start = 0;
-  while (start < cps.size()) {
-    size_t end = cps.size();
-    std::string found;
-    while (end > start) {
-      std::string piece = word.substr(offset[start], offset[end] - offset[start]);
-      if (start > 0) piece = "##" + piece;
-      if (ids_.count(piece)) {
-        found = std::move(piece);
-        break;
-      }
-      --end;
-    }
-    if (found.empty()) {
-      out.push_back("[UNK]");  // the whole word, as BERT does
-      return;
-    }
-    pieces.push_back(std::move(found));
-    start = end;
-  }
-  out.insert(out.end(), pieces.begin(), pieces.end());
 }
 
 std::vector<std::string> WordPieceTokenizer::tokenize(const std::string& text) const {
@@ -195,7 +201,13 @@ std::vector<std::string> WordPieceTokenizer::tokenize(const std::string& text) c
 std::vector<int64_t> WordPieceTokenizer::encode(const std::string& text, bool add_special_tokens) const {
   std::vector<int64_t> ids;
   if (add_special_tokens) ids.push_back(cls_);
-  for (const std::string& t : tokenize(text)) ids.push_back(token_to_id(t));
+  for (const std::string& word : basic_tokenize(text)) {
+    const size_t before = ids.size();
+    if (!match_pieces(ids_, word, [&](int64_t id, const std::string&) { ids.push_back(id); })) {
+      ids.resize(before);
+      ids.push_back(unk_);
+    }
+  }
   if (add_special_tokens) ids.push_back(sep_);
   return ids;
 }

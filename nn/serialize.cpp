@@ -12,6 +12,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string_view>
+#include <vector>
 
 #include "tensor/generator.h"
 #include "tensor/ops.h"
@@ -98,7 +100,10 @@ std::string metadata_crc(const Metadata& metadata) {
 
 }  // namespace
 
-void atomic_write(const std::string& path, const std::string& bytes) {
+// Writes the pieces, in order, to a temporary file beside `path`, flushes it to disk and renames it
+// over `path` (atomic_write's contract, for a file held in several buffers: save_safetensors hands
+// over the tensors' own memory instead of first copying a whole checkpoint into one string).
+static void atomic_write_pieces(const std::string& path, const std::vector<std::string_view>& pieces) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -118,17 +123,22 @@ void atomic_write(const std::string& path, const std::string& bytes) {
   }
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) fail("save {}: cannot create temporary file {}: {}", path, tmp, errno_text());
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string why = errno_text();
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      fail("save {}: writing {} failed after {} of {} bytes: {}", path, tmp, done, bytes.size(), why);
+  size_t total = 0, done = 0;
+  for (std::string_view piece : pieces) total += piece.size();
+  for (std::string_view piece : pieces) {
+    size_t written = 0;
+    while (written < piece.size()) {
+      ssize_t n = ::write(fd, piece.data() + written, piece.size() - written);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        const std::string why = errno_text();
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        fail("save {}: writing {} failed after {} of {} bytes: {}", path, tmp, done, total, why);
+      }
+      written += static_cast<size_t>(n);
+      done += static_cast<size_t>(n);
     }
-    done += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     const std::string why = errno_text();
@@ -142,6 +152,8 @@ void atomic_write(const std::string& path, const std::string& bytes) {
   }
   fsync_path(dir.string(), true);  // the rename itself reaches the disk
 }
+
+void atomic_write(const std::string& path, const std::string& bytes) { atomic_write_pieces(path, {bytes}); }
 
 void save_safetensors(const std::string& path, const NamedTensors& tensors, const Metadata& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
@@ -174,15 +186,12 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors, cons
   }
   std::string head = header.dump();
   head.append((8 - head.size() % 8) % 8, ' ');  // data starts 8-byte aligned, as the reference writer does
-  std::string out;
-  out.reserve(8 + head.size() + offset);
   const uint64_t n = head.size();
-  out.append(reinterpret_cast<const char*>(&n), 8);
-  out += head;
+  std::vector<std::string_view> pieces = {std::string_view(reinterpret_cast<const char*>(&n), 8), head};
   for (const Tensor& c : dense) {
-    out.append(static_cast<const char*>(c.raw_data_ptr()), static_cast<size_t>(c.numel()) * c.element_size());
+    pieces.emplace_back(static_cast<const char*>(c.raw_data_ptr()), static_cast<size_t>(c.numel()) * c.element_size());
   }
-  atomic_write(path, out);
+  atomic_write_pieces(path, pieces);  // the tensors' bytes straight from their memory, not copied into one string
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

@@ -205,6 +205,14 @@ TEST_CASE("read_idx reads raw and gzip idx files and rejects bad ones", "[data][
   CHECK_THAT(idx_error(dir.file("short.idx")), Catch::Contains("truncated or corrupt") && Catch::Contains("short.idx"));
   write_gz(dir.file("short.idx.gz"), good.substr(0, good.size() - 3));
   CHECK_THAT(idx_error(dir.file("short.idx.gz")), Catch::Contains("truncated or corrupt"));
+  // Bytes after the data, and a header that claims more than a gzip file can hold: the sizes named.
+  write_raw(dir.file("long.idx"), good + "xyz");
+  CHECK_THAT(idx_error(dir.file("long.idx")), Catch::Contains("(24 bytes of data) but holds 27 bytes"));
+  write_gz(dir.file("long.idx.gz"), good + "xyz");
+  CHECK_THAT(idx_error(dir.file("long.idx.gz")), Catch::Contains("(24 bytes of data) but holds 27 bytes"));
+  CHECK_THAT(idx_error(dir.file("short.idx.gz")), Catch::Contains("(24 bytes of data) but holds 21 bytes"));
+  write_gz(dir.file("huge.idx.gz"), idx_bytes({1000000, 1000, 100}, payload));
+  CHECK_THAT(idx_error(dir.file("huge.idx.gz")), Catch::Contains("(100000000000 bytes of data) but holds 24 bytes"));
   // A gzip stream cut in half.
   std::ifstream in(dir.file("a.idx.gz"), std::ios::binary);
   std::string gz((std::istreambuf_iterator<char>(in)), {});

@@ -3,6 +3,9 @@
 // [UNK], special tokens, decode, and errors.
 #include <catch2/catch.hpp>
 
+#include <fstream>
+#include <iterator>
+
 #include "data/data.h"
 #include "tensor/error.h"
 
@@ -55,6 +58,57 @@ TEST_CASE("wordpiece: greedy longest match with ## continuations; [UNK] for what
   CHECK(tok().decode(tok().encode("The unaffable snowman")) == "the unaffable snowman");
   CHECK_THROWS_WITH(tok().id_to_token(30522), Catch::Contains("outside the vocabulary"));
   CHECK_THROWS_WITH(data::WordPieceTokenizer("/nonexistent/vocab.txt"), Catch::Contains("tools/setup.sh"));
+}
+
+
+// The matcher against a plain reference on real text: the first State of the Union addresses, a
+// word at a time (the words as tokenize's pieces join back). The reference tries every substring
+// from the longest, as a string, through the public token_to_id; encode's ids are the pieces' ids.
+TEST_CASE("wordpiece on real text: the greedy longest match of a plain reference, and encode's ids are the pieces'",
+          "[data][tokenizer]") {
+  std::string text;
+  for (const char* name : {"1790_george_washington_n.txt", "1791_george_washington_n.txt", "1792_george_washington_n.txt"}) {
+    std::ifstream in(data::default_data_dir() + "/sotu/" + name, std::ios::binary);
+    INFO(name << " (tools/setup.sh installs the corpus)");
+    REQUIRE(in);
+    text += std::string((std::istreambuf_iterator<char>(in)), {}) + "\n";
+  }
+  const Tokens tokens = tok().tokenize(text);
+  REQUIRE(tokens.size() > 5000);
+  Ids ids;
+  for (const std::string& t : tokens) ids.push_back(tok().token_to_id(t));
+  CHECK(tok().encode(text) == ids);
+  auto reference = [](const std::string& word) {
+    Tokens out;
+    for (size_t start = 0; start < word.size();) {
+      size_t end = word.size();
+      for (; end > start; --end) {
+        const std::string piece = (start > 0 ? "##" : "") + word.substr(start, end - start);
+        if (tok().token_to_id(piece) != tok().unk_id()) {
+          out.push_back(piece);
+          break;
+        }
+      }
+      if (end == start) return Tokens{"[UNK]"};
+      start = end;
+    }
+    return out;
+  };
+  size_t words = 0, continued = 0;
+  for (size_t i = 0; i < tokens.size();) {
+    size_t j = i + 1;
+    std::string word = tokens[i];
+    for (; j < tokens.size() && tokens[j].rfind("##", 0) == 0; ++j) word += tokens[j].substr(2);
+    if (tokens[i] != "[UNK]") {  // (an [UNK] word cannot be joined back; the other test covers it)
+      INFO(word);
+      CHECK(reference(word) == Tokens(tokens.begin() + i, tokens.begin() + j));
+      ++words;
+      continued += j - i > 1;
+    }
+    i = j;
+  }
+  CHECK(words > 5000);
+  CHECK(continued > 50);  // words of several pieces were among them
 }
 
 }  // namespace

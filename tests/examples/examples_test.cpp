@@ -473,26 +473,15 @@ TEST_CASE("gpt --sharding zero1, shard_grad_op and full_shard on 2 processes tra
 // checkpoint writes the uninterrupted run's final stage files and manifest byte for byte.
 // The same with --sharding full_shard (every rank's shard file and the index, byte for byte) and
 // --sharding zero1 (DDP's one file, the ZeroRedundancyOptimizer's state consolidated into it).
-TEST_CASE("gpt and bert pipelined or sharded: a resumed run ends with the uninterrupted run's checkpoint bytes",
-          "[examples][pipeline][sharding][checkpoint]") {
-  const std::string gpt = binary("examples/gpt/gpt") + gpt_flags + " --steps 8 --eval-sequences 16";
-  const std::string bert = binary("examples/bert/bert") +
-                           " --config tiny --seq-len 32 --batch-size 8 --steps 8 --eval-sequences 16 --log-every 0 --threads 1";
-  const std::string piped = " --pipeline-stages 2 --micro-batches 2", sharded = " --sharding full_shard";
-  const std::vector<std::string> pipe_files = {"pipeline-checkpoint.json", "pipeline-step8-stage0-of-2.safetensors",
-                                               "pipeline-step8-stage1-of-2.safetensors"};
-  const std::vector<std::string> shard_files = {"fsdp-checkpoint.json", "fsdp-step8-rank0-of-2.safetensors",
-                                                "fsdp-step8-rank1-of-2.safetensors"};
-  struct Case {
-    std::string name, program, layout;
-    std::vector<std::string> files;
-  };
-  const std::vector<Case> cases = {{"gpt_pipe", gpt, piped, pipe_files},
-                                   {"bert_pipe", bert, piped, pipe_files},
-                                   {"gpt_shard", gpt, sharded, shard_files},
-                                   {"bert_shard", bert, sharded, shard_files},
-                                   // zero1: the optimizer state gathered on rank 0 into DDP's one file
-                                   {"gpt_zero1", gpt, " --sharding zero1", {"checkpoint.safetensors"}}};
+// A run interrupted after step 5 and resumed (--resume auto) ends with the uninterrupted run's
+// checkpoint files, byte for byte, and held-out loss, for each layout in `cases` (chorusrun, 2
+// processes). Two test cases (pipelined; sharded), so that the sharded runs go in another shard.
+struct LayoutCase {
+  std::string name, program, layout;
+  std::vector<std::string> files;
+};
+
+void check_resumed_layouts(const std::vector<LayoutCase>& cases) {
   for (const auto& [name, program, layout, files] : cases) {
     auto launch = [&](const std::string& flags) {
       return run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " +
@@ -518,6 +507,18 @@ TEST_CASE("gpt and bert pipelined or sharded: a resumed run ends with the uninte
       CHECK(x == y);
     }
   }
+}
+
+const std::string resume_gpt = " --config tiny --seq-len 32 --batch-size 8 --threads 1 --log-every 0 --lr 3e-3 --steps 8 --eval-sequences 16";
+const std::string resume_bert = " --config tiny --seq-len 32 --batch-size 8 --steps 8 --eval-sequences 16 --log-every 0 --threads 1";
+
+TEST_CASE("gpt and bert pipelined: a resumed run ends with the uninterrupted run's checkpoint bytes",
+          "[examples][pipeline][checkpoint]") {
+  const std::string piped = " --pipeline-stages 2 --micro-batches 2";
+  const std::vector<std::string> files = {"pipeline-checkpoint.json", "pipeline-step8-stage0-of-2.safetensors",
+                                          "pipeline-step8-stage1-of-2.safetensors"};
+  check_resumed_layouts({{"gpt_pipe", binary("examples/gpt/gpt") + resume_gpt, piped, files},
+                         {"bert_pipe", binary("examples/bert/bert") + resume_bert, piped, files}});
 }
 
 TEST_CASE("gpt with 2+1 replicas, recomputation and bf16, and bert with GPipe, under chorusrun: the loss falls", "[examples][pipeline]") {
@@ -587,6 +588,17 @@ TEST_CASE("gpt refuses bad flags with a message", "[examples][gpt]") {
   r = run(gpt + " --config mini --seq-len 16 --resume --checkpoint-dir " + dir);
   CHECK(r.code != 0);
   CHECK(r.output.find("written with config tiny, not the mini asked for now") != std::string::npos);
+}
+
+TEST_CASE("gpt and bert sharded: a resumed run ends with the uninterrupted run's checkpoint bytes",
+          "[examples][sharding][checkpoint]") {
+  const std::string sharded = " --sharding full_shard";
+  const std::vector<std::string> files = {"fsdp-checkpoint.json", "fsdp-step8-rank0-of-2.safetensors",
+                                          "fsdp-step8-rank1-of-2.safetensors"};
+  check_resumed_layouts({{"gpt_shard", binary("examples/gpt/gpt") + resume_gpt, sharded, files},
+                         {"bert_shard", binary("examples/bert/bert") + resume_bert, sharded, files},
+                         // zero1: the optimizer state gathered on rank 0 into DDP's one file
+                         {"gpt_zero1", binary("examples/gpt/gpt") + resume_gpt, " --sharding zero1", {"checkpoint.safetensors"}}});
 }
 
 // [Elastic restart]: a worker killed with SIGKILL in the middle of an epoch; chorusrun --max-restarts

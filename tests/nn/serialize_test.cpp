@@ -112,6 +112,10 @@ TEST_CASE("safetensors byte layout: u64 header length, JSON header, 8-byte align
   float f[3];
   std::memcpy(f, bytes.data() + 8 + n, 12);
   CHECK(f[1] == -2.0f);
+  int64_t g[2];  // the second tensor's bytes follow the first's
+  std::memcpy(g, bytes.data() + 8 + n + 12, 16);
+  CHECK(g[0] == 7);
+  CHECK(g[1] == 8);
 }
 
 TEST_CASE("loading rejects truncated, corrupt and hostile files with a clear error", "[nn][serialize][errors]") {
