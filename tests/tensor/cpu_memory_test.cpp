@@ -57,10 +57,21 @@ TEST_CASE("CPU tensors of 2 MiB or more start on a 2 MiB boundary and are advise
   const int64_t n = (5 << 20) / 4 + 100;  // 5 MiB and 400 bytes of float32
   Tensor t = arange(n, TensorOptions{.dtype = kFloat32});
   const auto* p = static_cast<const float*>(t.raw_data_ptr());
-  CHECK(reinterpret_cast<uintptr_t>(p) % kHuge == 0);
   CHECK(p[0] == 0.0f);
   CHECK(p[kHuge / 4 + 12345] == static_cast<float>(kHuge / 4 + 12345));
   CHECK(p[n - 1] == static_cast<float>(n - 1));
+#if defined(__SANITIZE_ADDRESS__)
+  // Under ASan such blocks stay malloc's, with ASan's redzones around them.
+  std::printf("CHORUS-SKIP: an ASan build keeps large CPU blocks in malloc (redzones); the 2 MiB mapping was not checked\n");
+  return;
+#endif
+  CHECK(reinterpret_cast<uintptr_t>(p) % kHuge == 0);
+  // Freed and allocated again at the same size: the cached block comes back, data and all.
+  const void* first = t.raw_data_ptr();
+  t = Tensor();
+  Tensor again = empty({n}, TensorOptions{.dtype = kFloat32});
+  CHECK(again.raw_data_ptr() == first);
+  CHECK(static_cast<const float*>(again.raw_data_ptr())[n - 1] == static_cast<float>(n - 1));
   if (std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled").good()) {
     std::ifstream smaps("/proc/self/smaps");
     const auto addr = reinterpret_cast<uintptr_t>(p);
