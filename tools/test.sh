@@ -39,14 +39,17 @@ cache="${CHORUS_CACHE_DIR:-$HOME/.cache/chorus}"
 mkdir -p "$cache/bazel-disk"
 # Bazel never prunes a disk cache. Past CHORUS_CACHE_MAX_GB (default 30; a cold --full run leaves
 # about 9 GB, and a day of rebuilds after header changes about 22), the least recently accessed
-# files go (access times as the file system keeps them: with relatime, to about a day) until it
-# holds half that. An action whose entry lost a blob is simply run again (a cache miss).
+# files go until it holds half that, but never a file read or written in the last 26 hours (with
+# relatime an access time is at most a day stale): on 2026-11-30 (session 24) a day of --full runs
+# had filled it to 34 GB, the prune down to 15 GB reached into blobs the current tree still used,
+# and the next --full ran its tests again. Past the limit with nothing that old, the cache stays as
+# it is. An action whose entry lost a blob is simply run again (a cache miss).
 max_kb=$(( ${CHORUS_CACHE_MAX_GB:-30} * 1024 * 1024 ))
 used_kb=$(du -sk "$cache/bazel-disk" | cut -f1)
 if (( used_kb > max_kb )); then
   echo "tools/test.sh: the disk cache holds $((used_kb / 1024)) MiB (over CHORUS_CACHE_MAX_GB); removing the least recently used files"
   # (awk reads everything, so that sort never writes into a closed pipe: SIGPIPE under pipefail)
-  find "$cache/bazel-disk" -type f -printf '%A@ %k %p\n' | sort -n |
+  find "$cache/bazel-disk" -type f -amin +1560 -printf '%A@ %k %p\n' | sort -n |
     awk -v over=$((used_kb - max_kb / 2)) '{ if (freed < over) { freed += $2; sub(/^[^ ]+ [^ ]+ /, ""); print } }' |
     xargs -r -d '\n' rm -f
 fi
