@@ -73,6 +73,14 @@ struct ReadyOrder {
   }
 };
 
+// Whether a summed gradient `slot` may take the next one (of `shape`, `dtype`, `device`) in place:
+// nothing else holds its memory (no other handle, no view of its storage), it is contiguous, and
+// it matches. The engine's input buffer (add_to_buffer) and pending_gradient below share the rule.
+bool adds_in_place(const Tensor& slot, const Shape& shape, DType dtype, Device device) {
+  return sole_owner_of_memory(slot) && slot.is_contiguous() && slot.sizes() == shape && slot.dtype() == dtype &&
+         slot.device() == device;
+}
+
 }  // namespace
 
 // [Gradient into the pending sum] While a node's backward runs, the gradient already summed for its
@@ -93,10 +101,7 @@ Tensor* pending_gradient(size_t input, const Shape& shape, DType dtype, Device d
   auto it = g_running.buffers->find(e.fn.get());
   if (it == g_running.buffers->end() || e.input_nr >= it->second.size()) return nullptr;
   Tensor& slot = it->second[e.input_nr];
-  if (!slot.defined() || !sole_owner_of_memory(slot) || !slot.is_contiguous() || slot.sizes() != shape ||
-      slot.dtype() != dtype || slot.device() != device) {
-    return nullptr;
-  }
+  if (!slot.defined() || !adds_in_place(slot, shape, dtype, device)) return nullptr;
   return &slot;
 }
 
@@ -177,8 +182,7 @@ TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& gra
     Tensor& slot = buf[e.input_nr];
     if (!slot.defined()) {
       slot = std::move(g);
-    } else if (sole_owner_of_memory(slot) && slot.is_contiguous() && slot.sizes() == g.sizes() &&
-               slot.dtype() == g.dtype() && slot.device() == g.device()) {
+    } else if (adds_in_place(slot, g.sizes(), g.dtype(), g.device())) {
       // A buffer nothing else holds (no other handle, no view of its storage) takes the next
       // gradient in place, as PyTorch's InputBuffer does: no new tensor per use of a shared input
       // (BERT's tied word embeddings: 31 MB a step). Same values as add(slot, g).

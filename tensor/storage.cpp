@@ -1,6 +1,7 @@
 #include "tensor/storage.h"
 
 #include <malloc.h>
+#include <sanitizer/asan_interface.h>
 #include <sys/mman.h>
 
 #include <atomic>
@@ -14,6 +15,28 @@
 #include "tensor/error.h"
 
 namespace chorus {
+
+// [Aligned huge mapping] `bytes` (a multiple of the page size) of fresh anonymous memory with
+// protection `prot`, starting on a 2 MiB boundary and advised for transparent huge pages
+// (MADV_HUGEPAGE: the kernel's default "madvise" mode then backs it with 2 MiB pages when first
+// touched; where THP is off the advice changes nothing). nullptr when the mapping fails. Maps 2 MiB
+// more than asked, then unmaps the ends so that what is left starts on a boundary. Used for large
+// CPU blocks ([Huge blocks] below) and for sim's device segments ([Huge segments],
+// tensor/sim/sim.cpp, which declares it: no header).
+void* map_huge_aligned(size_t bytes, int prot) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  const size_t span = bytes + kHuge;
+  void* raw = ::mmap(nullptr, span, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const auto start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (start + kHuge - 1) / kHuge * kHuge;
+  const uintptr_t end = aligned + bytes;
+  if (aligned > start) ::munmap(raw, aligned - start);
+  if (start + span > end) ::munmap(reinterpret_cast<void*>(end), start + span - end);
+  ::madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);  // advice: failure changes nothing
+  return reinterpret_cast<void*>(aligned);
+}
+
 namespace {
 
 constexpr size_t kCpuAlignment = 64;
@@ -43,12 +66,14 @@ class CpuAllocator final : public Allocator {
     // aligned_alloc wants a multiple of the alignment; a zero-byte tensor still gets a valid pointer.
     size_t rounded = (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     if (rounded == 0) rounded = kCpuAlignment;
+    const size_t asked = rounded;  // before a large block's rounding to kGranule
     if (rounded >= kLarge) {
       rounded = (rounded + kGranule - 1) / kGranule * kGranule;
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = free_.lower_bound(rounded);
       if (it != free_.end() && it->first <= rounded + rounded / 4) {  // reuse without wasting much
         void* ptr = it->second;
+        expose(ptr, asked, it->first);
         cached_bytes_ -= it->first;
         free_.erase(it);
         return ptr;
@@ -61,10 +86,22 @@ class CpuAllocator final : public Allocator {
     }
     if (ptr == nullptr) fail("CPU allocator: out of memory allocating {} bytes", nbytes);
     if (rounded >= kLarge) {
+      expose(ptr, asked, rounded);
       std::lock_guard<std::mutex> lock(mutex_);
       large_[ptr] = rounded;
     }
     return ptr;
+  }
+
+  // [Poisoned cache] Under AddressSanitizer, a large block is addressable only as far as the tensor
+  // asked for (rounded to the 64 bytes every CPU block is rounded to, as a small block's malloc size
+  // is), and a cached free block not at all: ASan sees a large block's reuse as malloc's, never its
+  // free, so without this a use after free of a cached block, or a read past a tensor into the rest
+  // of a larger cached block, went unreported. cpu_memory_test checks it in the ASan build. Outside
+  // ASan the macros are no-ops.
+  static void expose(void* ptr, size_t asked, size_t block) {
+    ASAN_UNPOISON_MEMORY_REGION(ptr, asked);
+    ASAN_POISON_MEMORY_REGION(static_cast<char*>(ptr) + asked, block - asked);
   }
 
   // [Huge blocks] A block of 2 MiB or more is mapped by itself (mmap) on a 2 MiB boundary and
@@ -89,20 +126,11 @@ class CpuAllocator final : public Allocator {
 
   static void* fresh(size_t bytes) {
     if (!mapped(bytes)) return std::aligned_alloc(kCpuAlignment, bytes);
-    // Map kHuge more than needed, then unmap the ends so that what is left starts on a boundary.
-    const size_t span = bytes + kHuge;
-    void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return nullptr;
-    const auto start = reinterpret_cast<uintptr_t>(raw);
-    const uintptr_t aligned = (start + kHuge - 1) / kHuge * kHuge;
-    const uintptr_t end = aligned + bytes;  // bytes is a multiple of kGranule, so of the page size
-    if (aligned > start) ::munmap(raw, aligned - start);
-    if (start + span > end) ::munmap(reinterpret_cast<void*>(end), start + span - end);
-    ::madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);  // advice: failure changes nothing
-    return reinterpret_cast<void*>(aligned);
+    return map_huge_aligned(bytes, PROT_READ | PROT_WRITE);  // bytes: a multiple of kGranule
   }
 
   static void release(void* ptr, size_t bytes) {
+    ASAN_UNPOISON_MEMORY_REGION(ptr, bytes);  // back to ASan's allocator as it gave it
     if (mapped(bytes)) {
       ::munmap(ptr, bytes);
     } else {
@@ -116,6 +144,7 @@ class CpuAllocator final : public Allocator {
       auto it = large_.find(ptr);
       if (it != large_.end()) {
         if (cached_bytes_ + it->second <= kCacheLimit) {
+          ASAN_POISON_MEMORY_REGION(ptr, it->second);  // [Poisoned cache]
           free_.emplace(it->second, ptr);
           cached_bytes_ += it->second;
           return;

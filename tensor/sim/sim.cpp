@@ -25,6 +25,12 @@
 #include "tensor/fault.h"
 #include "tensor/runtime.h"
 
+namespace chorus {
+// tensor/storage.cpp ([Aligned huge mapping]): `bytes` of fresh memory on a 2 MiB boundary, advised
+// for huge pages; nullptr when the mapping fails. Declared here, where it is used (no header).
+void* map_huge_aligned(size_t bytes, int prot);
+}  // namespace chorus
+
 namespace chorus::sim {
 namespace {
 
@@ -132,17 +138,7 @@ class Memory {
       void* p = ::mmap(nullptr, bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       return p == MAP_FAILED ? nullptr : p;
     }
-    // Map kHuge more than needed, then unmap the ends so that what is left starts on a boundary.
-    const size_t mapped = bytes + kHuge;
-    void* raw = ::mmap(nullptr, mapped, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return nullptr;
-    const auto start = reinterpret_cast<uintptr_t>(raw);
-    const uintptr_t aligned = (start + kHuge - 1) / kHuge * kHuge;
-    const uintptr_t end = aligned + bytes;
-    if (aligned > start) ::munmap(raw, aligned - start);
-    if (start + mapped > end) ::munmap(reinterpret_cast<void*>(end), start + mapped - end);
-    ::madvise(reinterpret_cast<void*>(aligned), bytes, MADV_HUGEPAGE);  // advice: failure changes nothing
-    return reinterpret_cast<void*>(aligned);
+    return chorus::map_huge_aligned(bytes, prot);
   }
 
   const bool protect_;

@@ -21,6 +21,7 @@
 #include "tensor/error.h"
 #include "tensor/runtime.h"
 #include "tensor/sim/sim.h"
+#include "tests/tensor/vm_flags.h"
 
 using namespace chorus;
 using namespace std::chrono_literals;
@@ -49,22 +50,6 @@ bool host_read_crashes(const unsigned char* p) {
   int status = 0;
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   return WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV;
-}
-
-// The VmFlags line of the mapping of this process that holds `p` (/proc/self/smaps), "" if none.
-std::string vm_flags_of(const void* p) {
-  std::ifstream smaps("/proc/self/smaps");
-  const auto addr = reinterpret_cast<uintptr_t>(p);
-  std::string line;
-  bool inside = false;
-  while (std::getline(smaps, line)) {
-    unsigned long lo = 0, hi = 0;
-    // A mapping's first line is "lo-hi perms ..."; its field lines ("Size:", "VmFlags:") never
-    // parse as two hex numbers joined by '-'.
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) inside = addr >= lo && addr < hi;
-    if (inside && line.rfind("VmFlags:", 0) == 0) return line;
-  }
-  return "";
 }
 
 }  // namespace
@@ -313,7 +298,7 @@ TEST_CASE("sim: a segment of 2 MiB or more is mapped for huge pages, and the gua
 
   // The mapping carries the huge-page advice ("hg" in VmFlags) where the kernel has THP at all.
   if (std::ifstream("/sys/kernel/mm/transparent_hugepage/enabled").good()) {
-    const std::string flags = vm_flags_of(dev);
+    const std::string flags = chorus::testing::vm_flags_of(dev);
     INFO(flags);
     CHECK(flags.find(" hg") != std::string::npos);
   } else {
