@@ -57,10 +57,17 @@ common=(--disk_cache="$cache/bazel-disk" --keep_going
   --test_env=CHORUS_DATA_DIR="${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}")
 
 # Tests tagged "gpu" need a device; without one they are still built (linking included), not run.
-filters=()
-if ! nvidia-smi -L >/dev/null 2>&1; then
-  filters=(--test_tag_filters=-gpu)
-fi
+# Each phase runs the tests whose tags it does not skip: "asan_only" ones (a subset of another
+# test's cases) only in the ASan phase, "no_asan" ones (long end-to-end runs of code whose units
+# run under ASan in their own tests) in every phase but that one.
+no_gpu=0
+nvidia-smi -L >/dev/null 2>&1 || no_gpu=1
+skip_tags() {  # skip_tags TAG...: the --test_tag_filters flag that leaves out these tags (and gpu)
+  local tags=("$@")
+  ((no_gpu)) && tags=(gpu "${tags[@]}")
+  local IFS=,
+  echo "--test_tag_filters=${tags[*]/#/-}"
+}
 
 results="$(mktemp)"  # one line per test per phase: phase <TAB> test <TAB> passed|failed|skipped
 output="$(mktemp)"
@@ -175,7 +182,7 @@ summarize_phase() {
 
 # --- 1. Every test once, -c opt (the build with CUDA where a toolkit is) --------------------------
 config=(-c opt)
-phase opt "" "${common[@]}" "${filters[@]}" "$@" //...
+phase opt "" "${common[@]}" "$(skip_tags asan_only)" "$@" //...
 
 if [[ "$mode" == full ]]; then
   # --- 2. The kernel tests under each instruction set this CPU has ------------------------------
@@ -215,10 +222,11 @@ if [[ "$mode" == full ]]; then
     //tests/autograd:hooks_test //tests/distributed:multiprocess_test //tests/utils:summary_writer_test \
     //tests/distributed:heartbeat_test //tests/distributed:flight_recorder_test
   # 4. Every test under AddressSanitizer + UndefinedBehaviorSanitizer (no recovery, leaks
-  #    reported); the benchmarks are left out, and so are the few tests that exist only in a CUDA
+  #    reported) but the "no_asan" ones (examples_asan_test runs a subset of examples_test's cases
+  #    instead); the benchmarks are left out, and so are the few tests that exist only in a CUDA
   #    build (they ran in phase 1).
   config=(-c opt --config=asan)
-  phase asan "$nocuda_base" --symlink_prefix=/ "${common[@]}" "${filters[@]}" \
+  phase asan "$nocuda_base" --symlink_prefix=/ "${common[@]}" "$(skip_tags no_asan)" \
     -- //tests/... -//tests/bench/...
   bazel --output_base="$nocuda_base" shutdown >/dev/null 2>&1 || true
 
@@ -265,7 +273,7 @@ if [[ "$mode" == full ]]; then
 fi
 
 # --- The count --------------------------------------------------------------------------------
-if ((${#filters[@]})); then
+if ((no_gpu)); then
   gpu_skipped="$(bazel query 'attr(tags, "\bgpu\b", tests(//...))' 2>/dev/null | wc -l || true)"
   echo "(no GPU here: $gpu_skipped gpu-tagged test target(s) built but not run)"
 fi

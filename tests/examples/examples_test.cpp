@@ -57,7 +57,7 @@ TEST_CASE("bert: a resumed run ends exactly where the uninterrupted one does", "
   CHECK(b1.summary["last_step_loss"].get<double>() != a.summary["last_step_loss"].get<double>());
 }
 
-TEST_CASE("bert: 2 processes with gradient accumulation through no_sync", "[examples][bert]") {
+TEST_CASE("bert: 2 processes with gradient accumulation through no_sync", "[examples][bert][asan]") {
   const int port = chorus::testing::free_port();  // (not from the pid: shards share it in their sandboxes)
   Run r = run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " + std::to_string(port) + " " +
               binary("examples/bert/bert") +
@@ -118,7 +118,7 @@ TEST_CASE("resnet --amp fp16: overflowing steps skipped, and the loss scale resu
   CHECK(b2.summary["last_batch_loss"].get<double>() == a.summary["last_batch_loss"].get<double>());
 }
 
-TEST_CASE("bert --amp bf16 trains like float32", "[examples][bert][amp]") {
+TEST_CASE("bert --amp bf16 trains like float32", "[examples][bert][amp][asan]") {
   const std::string bert = binary("examples/bert/bert") +
                            " --config tiny --seq-len 32 --batch-size 8 --steps 6 --eval-sequences 16 --threads 1 "
                            "--log-every 0";
@@ -144,7 +144,7 @@ Run sim_job(const std::string& example, const std::string& flags) {
              " " + binary(example) + " --device sim --amp bf16 --threads 1 --log-every 0 " + flags);
 }
 
-TEST_CASE("mnist on sim: the same training as on the CPU, and under chorusrun with bf16", "[examples][sim]") {
+TEST_CASE("mnist on sim: the same training as on the CPU, and under chorusrun with bf16", "[examples][sim][asan]") {
   // (The first 1,000 test images: the whole set on sim took most of this case's time.)
   const std::string mnist =
       binary("examples/mnist/mnist") + " --max-steps 8 --epochs 1 --threads 1 --log-every 0 --test-limit 1000";
@@ -204,7 +204,7 @@ TEST_CASE("bert on sim under chorusrun with bf16: the loss falls, the checkpoint
   CHECK(b2.summary["heldout_loss"].get<double>() == a.summary["heldout_loss"].get<double>());
 }
 
-TEST_CASE("resnet --synthetic times ImageNet-shaped batches", "[examples][resnet]") {
+TEST_CASE("resnet --synthetic times ImageNet-shaped batches", "[examples][resnet][asan]") {
   Run r = run(binary("examples/resnet/resnet") +
               " --synthetic --arch resnet18 --image-size 64 --batch-size 4 --steps 2 --warmup 1 --threads 1");
   INFO(r.output);
@@ -299,7 +299,7 @@ TEST_CASE("gpt: 2 processes under chorusrun lower the held-out loss", "[examples
 }
 
 TEST_CASE("gpt: a run stopped at a checkpoint and resumed ends with the uninterrupted run's checkpoint bytes",
-          "[examples][gpt]") {
+          "[examples][gpt][asan]") {
   const std::string gpt = binary("examples/gpt/gpt") + gpt_flags + " --steps 8 --eval-sequences 16 --checkpoint-every 3";
   const fs::path whole = scratch("gpt_whole"), parts = scratch("gpt_parts");
   Run a = run(gpt + " --checkpoint-dir " + whole.string());
@@ -322,7 +322,7 @@ TEST_CASE("gpt: a run stopped at a checkpoint and resumed ends with the uninterr
   CHECK(x == y);
 }
 
-TEST_CASE("gpt --sample: top-k 1 is greedy, a seeded sample repeats", "[examples][gpt]") {
+TEST_CASE("gpt --sample: top-k 1 is greedy, a seeded sample repeats", "[examples][gpt][asan]") {
   const std::string gpt = binary("examples/gpt/gpt") + gpt_flags + " --steps 20 --eval-sequences 0 --sample 40";
   Run greedy = run(gpt + " --temperature 0");
   INFO(greedy.output);
@@ -341,7 +341,7 @@ TEST_CASE("gpt --sample: top-k 1 is greedy, a seeded sample repeats", "[examples
 
 // --tokenizer bpe: byte-level BPE learned from the training addresses (data/bpe.h); the held-out
 // loss starts at about ln 512 and falls, the sample is decoded text, and the summary names the vocabulary.
-TEST_CASE("gpt --tokenizer bpe trains on BPE tokens and samples text", "[examples][gpt]") {
+TEST_CASE("gpt --tokenizer bpe trains on BPE tokens and samples text", "[examples][gpt][asan]") {
   Run r = run(binary("examples/gpt/gpt") + gpt_flags +
               " --steps 30 --eval-sequences 32 --tokenizer bpe --vocab-size 512 --sample 12 --temperature 0");
   INFO(r.output);
@@ -358,7 +358,7 @@ TEST_CASE("gpt --tokenizer bpe trains on BPE tokens and samples text", "[example
 // Pipelined (examples/common/pipeline_flags.h): the same global batches as one process, cut into
 // micro-batches and stages; the losses match one process's (float32: the same rows, other
 // reduction orders), and the held-out loss falls.
-TEST_CASE("gpt --pipeline-stages 2 (1F1B and interleaved) under chorusrun trains as one process does", "[examples][gpt][pipeline]") {
+TEST_CASE("gpt --pipeline-stages 2 (1F1B and interleaved) under chorusrun trains as one process does", "[examples][gpt][pipeline][asan]") {
   const std::string gpt = binary("examples/gpt/gpt") + gpt_flags + " --steps 10 --eval-sequences 32";
   Run alone = run(gpt);
   INFO(alone.output);
@@ -391,7 +391,7 @@ TEST_CASE("gpt --pipeline-stages 2 (1F1B and interleaved) under chorusrun trains
 // Data parallel with --accumulate (examples::Trainer): 2 processes x 2 micro-batches of 2 read the
 // same global batches of 8 as one process, with one gradient reduction per step (DDP's no_sync on
 // the first micro-batch); the losses match one process's (float32, other reduction orders).
-TEST_CASE("gpt --accumulate 2 on 2 processes trains as one process does", "[examples][gpt]") {
+TEST_CASE("gpt --accumulate 2 on 2 processes trains as one process does", "[examples][gpt][asan]") {
   const std::string gpt = binary("examples/gpt/gpt") + gpt_flags + " --steps 10 --eval-sequences 32";
   Run alone = run(gpt);
   INFO(alone.output);
