@@ -183,7 +183,7 @@ TEST_CASE("timed-out ranks exchange records over the store; a rank stuck elsewhe
   std::vector<std::unique_ptr<FlightRecorder>> ranks;
   for (int r = 0; r < 3; ++r) {
     ranks.push_back(std::make_unique<FlightRecorder>(50));
-    ranks[r]->set_job(r, 3, FlightExchange{.store = connect(), .prefix = "flight/1", .id = r, .wait = 20000ms});
+    ranks[r]->set_job(r, 3, FlightExchange{.store = connect(), .connect = {}, .prefix = "flight/1", .id = r, .wait = 20000ms});
   }
   // Every rank ran #0; ranks 0 and 2 are in #1, rank 1 is not.
   Tensor x = zeros({4});
@@ -230,7 +230,7 @@ TEST_CASE("timed-out ranks exchange records over the store; a rank stuck elsewhe
   }
   // Nobody answers within the wait: the report says so instead of waiting for ever.
   FlightRecorder lonely(10);
-  lonely.set_job(0, 2, FlightExchange{.store = connect(), .prefix = "flight/2", .id = 0, .wait = 300ms});
+  lonely.set_job(0, 2, FlightExchange{.store = connect(), .connect = {}, .prefix = "flight/2", .id = 0, .wait = 300ms});
   lonely.start(lonely.issue("default_pg", 0, false, "barrier", ""));
   const auto start = std::chrono::steady_clock::now();
   const std::string alone = lonely.report_timeout("default_pg", 0, {0, 1}, *lonely.job_exchange());
