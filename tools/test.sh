@@ -6,7 +6,8 @@
 #                            (docs/build.md has the measured times).
 #   tools/test.sh --full     that, then the kernel tests under each instruction set of this CPU,
 #                            ThreadSanitizer on the concurrent code, and ASan+UBSan over every test
-#                            (the fuzz corpora replayed among them). What CI runs.
+#                            but the "no_asan" ones (the fuzz corpora replayed among them). What CI
+#                            runs.
 #   tools/test.sh --full --fuzz   that, then each libFuzzer target for CHORUS_FUZZ_SECONDS (20 by
 #                            default) in a clang build of its own (docs/build.md says what each adds
 #                            and why CI leaves the fuzzing out).
