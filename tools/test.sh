@@ -4,10 +4,15 @@
 #   tools/test.sh            set-up, build, and every test case once in -c opt (gpu-tagged ones
 #                            too where a GPU is). 20-40 minutes on a fresh 2-core machine
 #                            (docs/build.md has the measured times).
-#   tools/test.sh --full     that, then the kernel tests under each instruction set of this CPU,
-#                            ThreadSanitizer on the concurrent code, and ASan+UBSan over every test
-#                            but the "no_asan" ones (the fuzz corpora replayed among them). What CI
-#                            runs.
+#   tools/test.sh --full     What CI runs: every test case once, in the strictest build that can
+#                            run it. ASan+UBSan runs every test but the "no_asan" ones (the fuzz
+#                            corpora replayed among them); -c opt (with CUDA where a toolkit is)
+#                            builds everything but the other tests, and runs those ASan cannot: the
+#                            "no_asan" end-to-end runs, the tests tagged "cuda" (the sanitizer builds
+#                            have no CUDA), the benchmarks' tests, and those tagged "also_opt" (what
+#                            they check differs in an ASan build); then the kernel tests in -c opt
+#                            under each instruction set of this CPU, and ThreadSanitizer on the
+#                            concurrent code.
 #   tools/test.sh --full --fuzz   that, then each libFuzzer target for CHORUS_FUZZ_SECONDS (20 by
 #                            default) in a clang build of its own (docs/build.md says what each adds
 #                            and why CI leaves the fuzzing out).
@@ -72,7 +77,8 @@ skip_tags() {  # skip_tags TAG...: the --test_tag_filters flag that leaves out t
 
 results="$(mktemp)"  # one line per test per phase: phase <TAB> test <TAB> passed|failed|skipped
 output="$(mktemp)"
-trap 'rm -f "$results" "$output"' EXIT
+opt_patterns="$(mktemp)"
+trap 'rm -f "$results" "$output" "$opt_patterns"' EXIT
 phase_lines=()
 rc=0
 
@@ -181,9 +187,27 @@ summarize_phase() {
     END { printf "%s: %d passed, %d failed, %d skipped", phase, n["passed"], n["failed"], n["skipped"] }' "$results"
 }
 
-# --- 1. Every test once, -c opt (the build with CUDA where a toolkit is) --------------------------
+# --- 1. -c opt (the build with CUDA where a toolkit is) -------------------------------------------
+# Quick: everything built, every test run. --full: everything built but the tests (and their
+# test-only helpers) that the ASan phase runs: in a cold run on 2 cores the -c opt build and run of
+# those took about a quarter of the time (docs/build.md), for cases that run under ASan+UBSan anyway.
+# The optimized build's own code still runs in the tests kept here, the examples_test end-to-end
+# runs among them, and the kernel tests' -c opt reruns at each instruction set (phase 2).
 config=(-c opt)
-phase opt "" "${common[@]}" "$(skip_tags asan_only)" "$@" //...
+opt_targets=(//...)
+if [[ "$mode" == full ]]; then
+  opt_only='attr(tags, "\b(no_asan|cuda|also_opt)\b", tests(//...)) + tests(//tests/bench/...)'
+  left_out="$(bazel query "attr(testonly, 1, //...) except ($opt_only)" 2>/dev/null)" || {
+    echo "tools/test.sh: bazel query failed; the -c opt phase builds and runs everything"
+    left_out=""
+  }
+  # One pattern a line: //... less each left-out label (a left-out helper that a kept test needs is
+  # still built as its dependency).
+  { echo //...; grep -v '^$' <<<"$left_out" | sed 's/^/-/' || true; } >"$opt_patterns"
+  opt_targets=(--target_pattern_file="$opt_patterns")
+  echo "tools/test.sh: the -c opt phase leaves out $(grep -c '^-' "$opt_patterns" || true) test-only targets (listed in $opt_patterns while it runs)"
+fi
+phase opt "" "${common[@]}" "$(skip_tags asan_only)" "$@" "${opt_targets[@]}"
 
 if [[ "$mode" == full ]]; then
   # --- 2. The kernel tests under each instruction set this CPU has ------------------------------
