@@ -189,8 +189,9 @@ summarize_phase() {
 
 # --- 1. -c opt (the build with CUDA where a toolkit is) -------------------------------------------
 # Quick: everything built, every test run. --full: everything built but the tests (and their
-# test-only helpers) that the ASan phase runs: in a cold run on 2 cores the -c opt build and run of
-# those took about a quarter of the time (docs/build.md), for cases that run under ASan+UBSan anyway.
+# test-only helpers) that the ASan phase runs, for cases that run under ASan+UBSan anyway: a cold
+# --full on 2 cores went from 90 min 22 s to 73 min 31 s, its opt phase from 2,092 s to 1,263 s
+# (2026-11-30, docs/build.md).
 # The optimized build's own code still runs in the tests kept here, the examples_test end-to-end
 # runs among them, and the kernel tests' -c opt reruns at each instruction set (phase 2).
 config=(-c opt)
@@ -278,8 +279,8 @@ if [[ "$mode" == full ]]; then
   # Each for CHORUS_FUZZ_SECONDS (20 by default) from its corpus; a finding fails the run
   # (tools/fuzz.sh). Each target counts as one test. Not in CI: the clang build of everything the
   # parsers link is a third toolchain's build of the library (12 minutes cold on a 2-core Zen 3),
-  # for 20 s of fuzzing a target; the corpora (seeds and every past finding) are replayed in both
-  # phases above by //tests/fuzz:*_corpus_test.
+  # for 20 s of fuzzing a target; the corpora (seeds and every past finding) are replayed in the
+  # asan phase above by //tests/fuzz:*_corpus_test.
   if ((fuzz)) && [[ "${CHORUS_FUZZ_SECONDS:-20}" != 0 ]]; then
     start=$SECONDS
     echo "=== tools/test.sh: phase fuzz: tools/fuzz.sh ${CHORUS_FUZZ_SECONDS:-20}"
