@@ -97,7 +97,7 @@ LoadReport load_mapped(nn::Module& model, const std::string& path, const Layout&
   };
   for (const auto& [file_name, t] : file.tensors) {
     if (std::any_of(layout.skipped_suffixes.begin(), layout.skipped_suffixes.end(),
-                    [&](const std::string& s) { return file_name.ends_with(s); })) {
+                    [&file_name = file_name](const std::string& s) { return file_name.ends_with(s); })) {
       report.skipped.push_back(file_name);
       continue;
     }
@@ -137,7 +137,7 @@ LoadReport load_mapped(nn::Module& model, const std::string& path, const Layout&
   for (const auto& [name, t] : own) {
     if (given.count(name)) continue;
     const bool optional = std::any_of(layout.optional_prefixes.begin(), layout.optional_prefixes.end(),
-                                      [&](const std::string& p) { return name.starts_with(p); });
+                                      [&name = name](const std::string& p) { return name.starts_with(p); });
     (optional ? report.initialized : missing).push_back(name);
   }
   if (!missing.empty() || !unexpected.empty() || !problems.empty()) {

@@ -146,7 +146,7 @@ TEST_CASE("16-bit elementwise ops on sim allocate no float32 temporaries", "[aut
     for (const auto& [name, op] : ops) {
       INFO(name << " on " << dtype_name(dtype));
       Tensor out;
-      const size_t peak = peak_during(sim, [&] { out = op(); });
+      const size_t peak = peak_during(sim, [&out, &op = op] { out = op(); });
       CHECK(out.element_size() <= 2);
       CHECK(peak <= static_cast<size_t>(n) * 2 + 4096);  // the output only (plus a 0-d scalar)
     }
@@ -330,7 +330,7 @@ TEST_CASE("16-bit softmax, layer_norm, cross_entropy and reductions on sim alloc
     for (const auto& [name, op, extra] : ops) {
       INFO(name << " on " << dtype_name(dtype));
       Tensor out;
-      const size_t peak = peak_during(sim, [&] { out = op(); });
+      const size_t peak = peak_during(sim, [&out, &op = op] { out = op(); });
       CHECK(out.element_size() == 2);
       // (a reduction's output is small: it alone is below the 8 KiB allowance)
       // The probabilities cross_entropy keeps for backward are 2n bytes too; 8 KiB of allocator

@@ -483,7 +483,7 @@ struct LayoutCase {
 
 void check_resumed_layouts(const std::vector<LayoutCase>& cases) {
   for (const auto& [name, program, layout, files] : cases) {
-    auto launch = [&](const std::string& flags) {
+    auto launch = [&program = program, &layout = layout](const std::string& flags) {
       return run(binary("distributed/launcher/chorusrun") + " --nproc-per-node 2 --master-port " +
                  std::to_string(chorus::testing::free_port()) + " " + program + layout + " --checkpoint-every 3" + flags);
     };
