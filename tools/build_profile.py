@@ -5,12 +5,24 @@
 
 tools/test.sh writes one profile per phase (~/.cache/chorus/profiles/<phase>.profile.gz). Prints the
 wall time the profile covers, the summed duration of actions per kind (compiling, linking, testing),
-and the N slowest actions. Summed action time over wall time is how many cores were busy on average.
+the compiling split by what is compiled (the library, tests, benchmarks, examples, CUDA), and the N
+slowest actions. Summed action time over wall time is how many cores were busy on average.
 """
 import argparse
 import gzip
 import json
 from collections import defaultdict
+
+
+def compiled_kind(name):
+    """What a "Compiling ..." action compiles: CUDA (nvcc), benchmarks, tests, examples or library."""
+    path = name.split(" ")[-1]
+    if " CUDA " in name or path.endswith(".cu"):
+        return "CUDA"
+    for prefix, kind in (("tests/bench/", "benchmarks"), ("tests/", "tests"), ("examples/", "examples")):
+        if path.startswith(prefix):
+            return kind
+    return "library"
 
 
 def main():
@@ -43,6 +55,14 @@ def main():
           f"{sum(d for d, _ in actions):.0f} s of action time")
     for kind, total in sorted(by_kind.items(), key=lambda kv: -kv[1])[:8]:
         print(f"  {kind:<12} {total:8.0f} s")
+    compiled = defaultdict(float)
+    for dur, name in actions:
+        if name.startswith("Compiling"):
+            compiled[compiled_kind(name)] += dur
+    if compiled:
+        print("compiling, by what is compiled:")
+        for kind, total in sorted(compiled.items(), key=lambda kv: -kv[1]):
+            print(f"  {kind:<12} {total:8.0f} s")
     print(f"the {args.top} slowest actions:")
     for dur, name in sorted(actions, reverse=True)[:args.top]:
         print(f"  {dur:7.1f} s  {name}")
