@@ -109,7 +109,11 @@ void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
             // dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat))
             const double a = sum_gw / static_cast<double>(cols), b = sum_gw_xhat / static_cast<double>(cols);
             P* out = row_out(pgx + r * cols, cols, obuf);
-            simd_for(0, cols, [&](int64_t c) CHORUS_ELEMENT {
+            // Uncontracted: g*w rounded on its own as in sum_gw, never fused into g*w - a (-mfma and
+            // g++'s -ffp-contract=fast would make it the product's rounding error), so a row whose
+            // terms cancel exactly (one column) gives exactly 0, as the CUDA kernel (nn.cu,
+            // mul_rounded) does. Seen as a float64 CPU/GPU mismatch on an H200, 2026-11-30.
+            simd_for_uncontracted(0, cols, [&](int64_t c) CHORUS_ELEMENT {
               const double xhat = (xr[c] - m) * iv;
               out[c] = static_cast<P>(iv * (gr[c] * wv[c] - a - xhat * b));
             });

@@ -51,6 +51,11 @@ std::optional<std::string> batch_norm_fallback_reason(const BatchNormCall& call)
   if (!fits_int(call.n) || !fits_int(call.c) || !fits_int(call.s)) {
     return fmt::format("[n={}, c={}, s={}] does not fit cuDNN's int dims", call.n, call.c, call.s);
   }
+  if (call.s == 1) {
+    return std::string(
+        "x is rows of channels (channels-last, or one position per channel): chorus's rows kernels; cuDNN's "
+        "legacy batch norm ran channels-last [128, 256, 56, 56] training at 25.7 ms against 1.17 ms NCHW on an H200");
+  }
   const bool forward = call.pass == BatchNormPass::ForwardTraining || call.pass == BatchNormPass::ForwardInference;
   if (forward && !(call.eps >= kBatchNormMinEpsilon)) {  // also catches NaN
     return fmt::format("eps {} is below cuDNN's minimum (CUDNN_BN_MIN_EPSILON = {})", call.eps, kBatchNormMinEpsilon);

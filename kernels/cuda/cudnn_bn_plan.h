@@ -49,7 +49,13 @@ struct BatchNormCall {
 };
 
 // Why chorus's own kernel runs this call instead of cuDNN ("cuDNN is disabled ...", "eps 0 is below
-// ..."), or nullopt when cuDNN takes it. A call that is simply wrong (parameters of the wrong dtype)
+// ..."), or nullopt when cuDNN takes it. Rows of channels (s == 1: channels-last images, BatchNorm1d's
+// [N, C]) always run chorus's rows kernels (nn.cu, batch_norm_rows): through cuDNN's legacy (non-Ex)
+// API, channels-last ResNet-50's [128, 256, 56, 56] took 25.7 ms a training step against 1.17 ms in
+// NCHW on an H200 (2026-11-30, docs/data/gpu_run_2026-11-30_h200_call1_summary.txt), described as
+// one-pixel images or as whole ones alike; PyTorch runs its own channels-last kernels there too.
+// plan_batch_norm still describes rows for cuDNN, for the day the Ex API (whose reserve space the
+// kernel table has no slot for) is tried. A call that is simply wrong (parameters of the wrong dtype)
 // is not a fallback: the plan (or the kernel) raises.
 std::optional<std::string> batch_norm_fallback_reason(const BatchNormCall& call);
 

@@ -262,6 +262,22 @@ TEST_CASE("layer_norm matches a reference over one or two trailing dims, with an
   check_close(y, reference_layer_norm({0, 1e-3}, 2, {}, {}, 1.0), 1e-12);
 }
 
+// A row of one column normalizes to 0 whatever x is, so y = b and the input gradient is exactly 0:
+// the kernel's g*w - mean(g*w) must cancel exactly (an fma would leave the product's rounding error,
+// times rstd = 1/sqrt(eps): what the CPU kernel gave in float64 until 2026-11-30, against 0 on CUDA).
+TEST_CASE("layer_norm's input gradient over rows of one column is exactly 0", "[nn][layernorm]") {
+  Generator gen(123);
+  for (DType dt : {kFloat64, kFloat32}) {
+    INFO(dtype_name(dt));
+    Tensor x = add(mul(randn({37, 1}, {.dtype = dt}, &gen), 3.0), 10.0).requires_grad_();
+    Tensor w = randn({1}, {.dtype = dt}, &gen).requires_grad_();
+    Tensor b = randn({1}, {.dtype = dt}, &gen).requires_grad_();
+    Tensor r = randn({37, 1}, {.dtype = dt}, &gen);
+    sum(mul(F::layer_norm(x, {1}, w, b, 1e-5), r)).backward();
+    check_close(x.grad(), std::vector<double>(37, 0.0), 0);
+  }
+}
+
 TEST_CASE("layer_norm gradients of input, weight and bias pass gradcheck", "[nn][layernorm][gradcheck]") {
   Generator gen(122);
   Tensor x = randn({3, 2, 4}, kF64Grad, &gen);
