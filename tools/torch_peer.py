@@ -3,7 +3,7 @@ same way (median of CUDA-event-timed runs after warm-up, peak memory from torch.
 allocator statistics reset before each case), printed as a Markdown table per section and one JSON
 line per row in gpu_bench's format, for tools/gpu/compare_bench.py.
 
-    python3 tools/torch_peer.py [--only resnet50,bert,gemm,memory,conv,layers] [--json FILE]
+    python3 tools/torch_peer.py [--only resnet50,bert,gpt2,gemm,memory,conv,layers] [--json FILE]
     python3 tools/torch_peer.py --device cpu --tiny      # checks the script's logic without a GPU
 
 Settings (the same as gpu_bench gives chorus, which always searches cuDNN's algorithms):
@@ -11,8 +11,10 @@ torch.backends.cudnn.benchmark = True; TF32 allowed for matmul and cuDNN in resn
 in gemm per case (fp32: matmul TF32 off, tf32: on, bf16: bfloat16 tensors). ResNet-50 runs
 channels-last (the "torch" rows, PyTorch's fastest layout) and NCHW ("torch_nchw", chorus's layout).
 The models are written here (no torchvision or transformers needed) with chorus's architectures:
-torchvision's ResNet-50 v1.5, and BERT post-norm with explicit attention (as chorus's
-examples/models/bert), the masked-LM head on the labelled positions only.
+torchvision's ResNet-50 v1.5, BERT post-norm with explicit attention (as chorus's
+examples/models/bert), the masked-LM head on the labelled positions only, and GPT-2 (as chorus's
+examples/models/gpt: pre-LayerNorm, causal F.scaled_dot_product_attention (explicit attention where
+this torch has none), tanh GELU, LM head tied to the token embedding).
 """
 import argparse
 import json
@@ -25,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-SECTIONS = ("resnet50", "bert", "gemm", "memory", "conv", "layers")
+SECTIONS = ("resnet50", "bert", "gpt2", "gemm", "memory", "conv", "layers")
 MIB = 1024.0 * 1024.0
 
 
@@ -133,7 +135,7 @@ class BertForPreTraining(nn.Module):
             else:
                 nn.init.normal_(p, 0.0, 0.02)
 
-    def masked_lm_loss(self, ids, attention_mask, labels):
+    def encode(self, ids, attention_mask):
         b, t = ids.shape
         positions = torch.arange(t, device=ids.device).unsqueeze(0)
         h = self.word(ids) + self.position(positions) + self.token_type(torch.zeros_like(ids))
@@ -141,12 +143,82 @@ class BertForPreTraining(nn.Module):
         additive = ((1.0 - attention_mask.to(h.dtype)) * -1e9).reshape(b, 1, 1, t)
         for layer in self.layers:
             h = layer(h, additive)
+        return h
+
+    def pretraining_logits(self, ids):
+        """chorus's BertForPreTraining::forward: the vocabulary's logits at every position and the
+        next-sentence logits from the pooled first token (tools/gpu/peer.py's DDP step)."""
+        h = self.encode(ids, torch.ones_like(ids))
+        x = self.transform_norm(F.gelu(self.transform(h)))
+        logits = torch.matmul(x, self.word.weight.t()) + self.decoder_bias
+        return logits, self.seq_relationship(torch.tanh(self.pooler(h[:, 0])))
+
+    def masked_lm_loss(self, ids, attention_mask, labels):
+        h = self.encode(ids, attention_mask)
         flat = labels.reshape(-1)
         picked_positions = (flat != -100).nonzero().squeeze(1)  # a host sync, as chorus's label read
         picked = h.reshape(-1, h.shape[-1]).index_select(0, picked_positions)
         x = self.transform_norm(F.gelu(self.transform(picked)))
         logits = torch.matmul(x, self.word.weight.t()) + self.decoder_bias
         return F.cross_entropy(logits, flat.index_select(0, picked_positions))
+
+
+# layers, width, heads, vocabulary, positions, dropout: examples/models/gpt's presets.
+GPT_CONFIGS = {"tiny": (2, 64, 4, 256, 128, 0.0), "mini": (4, 256, 4, 256, 256, 0.0),
+               "gpt2": (12, 768, 12, 50257, 1024, 0.1)}
+
+
+def causal_attention(q, k, v, p, training):
+    if hasattr(F, "scaled_dot_product_attention"):
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p if training else 0.0, is_causal=True)
+    t = q.shape[-2]
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+    scores = scores.masked_fill(torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.matmul(F.dropout(torch.softmax(scores, -1), p, training), v)
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, width, heads, p):
+        super().__init__()
+        self.heads, self.p = heads, p
+        self.ln_1, self.ln_2 = LayerNorm(width, eps=1e-5), LayerNorm(width, eps=1e-5)
+        self.c_attn, self.c_proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.c_fc, self.mlp_proj = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        qkv = self.c_attn(self.ln_1(x)).reshape(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        y = causal_attention(qkv[0], qkv[1], qkv[2], self.p, self.training)
+        x = x + F.dropout(self.c_proj(y.permute(0, 2, 1, 3).reshape(b, t, c)), self.p, self.training)
+        h = self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+        return x + F.dropout(h, self.p, self.training)
+
+
+class GPT2LMHeadModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        layers, width, heads, vocab, positions, p = GPT_CONFIGS[config]
+        self.p, self.vocab, self.positions = p, vocab, positions
+        self.wte, self.wpe = nn.Embedding(vocab, width), nn.Embedding(positions, width)
+        self.h = nn.ModuleList(GPTBlock(width, heads, p) for _ in range(layers))
+        self.ln_f = LayerNorm(width, eps=1e-5)
+        for name, param in self.named_parameters():
+            if ".ln_" in name or name.startswith("ln_"):
+                nn.init.ones_(param) if name.endswith("weight") else nn.init.zeros_(param)
+            elif name.endswith("bias"):
+                nn.init.zeros_(param)
+            else:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith("c_proj.weight") or "mlp_proj" in name else 0.02
+                nn.init.normal_(param, 0.0, std)
+
+    def loss(self, ids, targets):
+        t = ids.shape[1]
+        x = self.wte(ids) + self.wpe(torch.arange(t, device=ids.device).unsqueeze(0))
+        x = F.dropout(x, self.p, self.training)
+        for block in self.h:
+            x = block(x)
+        logits = torch.matmul(self.ln_f(x), self.wte.weight.t())  # the tied LM head
+        return F.cross_entropy(logits.reshape(-1, self.vocab), targets.reshape(-1))
 
 
 # ---- timing and rows ---------------------------------------------------------------------------
@@ -162,12 +234,14 @@ class Bench:
             self.conv_warmup, self.conv_iters = 1, 2
             self.resnet_batch, self.resnet_image = 2, 32
             self.bert_config, self.bert_batch, self.bert_seq = "tiny", 2, 16
+            self.gpt_config, self.gpt_batch, self.gpt_seq = "tiny", 2, 16
             self.conv_batch = 2
         else:
             self.warmup, self.iters, self.step_warmup, self.step_iters = 10, 50, 5, 20
             self.conv_warmup, self.conv_iters = 5, 20
             self.resnet_batch, self.resnet_image = 128, 224
             self.bert_config, self.bert_batch, self.bert_seq = "base", 32, 128
+            self.gpt_config, self.gpt_batch, self.gpt_seq = "gpt2", 8, 1024
             self.conv_batch = 128
         if args.warmup is not None:
             self.warmup = self.conv_warmup = args.warmup
@@ -320,6 +394,31 @@ def bert(b):
     ms = b.median_ms(step, b.step_warmup, b.step_iters)
     b.row("bert", "torch", f"BERT-{b.bert_config} batch {n_batch} x seq {t} bf16", ms, n_batch / (ms / 1e3),
           "sequences/s", peaks=True, activations=held[-1])
+
+
+def gpt2(b):
+    set_tf32(True)
+    b.fresh_peak()
+    torch.manual_seed(3)
+    model = GPT2LMHeadModel(b.gpt_config).to(b.device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    n_batch, t = b.gpt_batch, min(b.gpt_seq, model.positions)
+    ids = torch.randint(0, model.vocab, (n_batch, t), device=b.device)
+    targets = torch.randint(0, model.vocab, (n_batch, t), device=b.device)
+    held = []
+
+    def step():
+        opt.zero_grad()
+        before = b.allocated()
+        with b.autocast(True):
+            loss = model.loss(ids, targets)
+        held.append(b.allocated() - before)
+        loss.backward()
+        opt.step()
+
+    ms = b.median_ms(step, b.step_warmup, b.step_iters)
+    b.row("gpt2", "torch", f"GPT-2 {b.gpt_config} batch {n_batch} x seq {t} bf16", ms, n_batch * t / (ms / 1e3),
+          "tokens/s", peaks=True, activations=held[-1])
 
 
 def gemm_shapes(b):
@@ -488,6 +587,7 @@ def layers(b):
 TITLES = {
     "resnet50": ("ResNet-50 training step (SGD momentum; TF32 / bf16 autocast; channels-last and NCHW)", resnet50),
     "bert": ("BERT masked-LM training step (AdamW, bf16 autocast)", bert),
+    "gpt2": ("GPT-2 language-model training step (AdamW, bf16 autocast)", gpt2),
     "gemm": ("GEMM (torch.matmul)", gemm),
     "memory": ("memory-bound kernels, and a device-to-device copy of the output's size", memory),
     "conv": ("conv2d forward + backward (input and weight gradients)", conv),

@@ -4,6 +4,8 @@
 //             autocast, channels-last ("chorus") and NCHW ("chorus_nchw"); images/s and peak memory
 //   bert      BERT-base masked-LM training steps (seq 128, batch 32, AdamW, bf16 autocast);
 //             sequences/s and peak memory
+//   gpt2      GPT-2 124M (examples/gpt's preset gpt2, dropout 0.1) language-model training steps
+//             (seq 1024, batch 8, AdamW, bf16 autocast); tokens/s and peak memory
 //   gemm      matmul TFLOP/s (4096³ and BERT-base's shapes; float32, TF32, bf16) against cublasGemmEx
 //   memory    layer norm, softmax, add GB/s against a device-to-device cudaMemcpyAsync of the same size
 //   conv      conv2d forward + backward on ResNet-50's layer shapes against raw cuDNN
@@ -17,7 +19,7 @@
 // --device sim runs every section with tiny shapes on the simulated device (tests/bench:
 // gpu_bench_sim_test), which keeps the program working without a GPU; its figures say nothing about
 // a GPU. The raw cuBLAS/cuDNN rows need a CUDA device and are left out there.
-//   gpu_bench [--device cuda|sim] [--only resnet50,bert,gemm,memory,conv,layers] [--tiny] [--iters N] ...
+//   gpu_bench [--device cuda|sim] [--only resnet50,bert,gpt2,gemm,memory,conv,layers] [--tiny] [--iters N] ...
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -36,6 +38,7 @@
 #include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "examples/models/bert.h"
+#include "examples/models/gpt.h"
 #include "examples/models/resnet.h"
 #include "kernels/cuda/cudnn_plan.h"
 #include "kernels/layout_conversions.h"
@@ -66,6 +69,8 @@ struct Setup {
   int64_t resnet_batch = 128, resnet_image = 224;
   std::string bert_config = "base";
   int64_t bert_batch = 32, bert_seq = 128;
+  std::string gpt_config = "gpt2";
+  int64_t gpt_batch = 8, gpt_seq = 1024;
   int64_t conv_batch = 128;
 };
 
@@ -281,6 +286,43 @@ void bert(const Setup& s, Section& out) {
   });
   Row r = make_row("chorus", fmt::format("BERT-{} batch {} x seq {} bf16", s.bert_config, b, t), ms, b / (ms / 1e3),
                    "sequences/s");
+  set_peaks(s, r);
+  r.activations_mib = held;
+  out.add(r);
+}
+
+// ---- gpt2 --------------------------------------------------------------------------------------
+
+// Next-token training of examples/gpt's GPT-2 (tools/torch_peer.py writes the same model): random
+// tokens and random targets over the whole vocabulary, every position predicted, the LM head tied to
+// the token embedding, dropout as the preset has it (0.1 for gpt2).
+void gpt2(const Setup& s, Section& out) {
+  fresh_peak(s);
+  raw::set_chorus_tf32(true);
+  manual_seed(3);
+  const models::GPTConfig config = models::GPTConfig::named(s.gpt_config);
+  auto model = std::make_shared<models::GPT2LMHeadModel>(config);
+  model->to(s.device);
+  model->train();
+  optim::AdamW opt(model->parameters(), optim::AdamOptions{.lr = 3e-4, .weight_decay = 0.1});
+  const int64_t b = s.gpt_batch, t = std::min(s.gpt_seq, config.n_positions);
+  Tensor ids = randint(0, config.vocab_size, {b, t}, {.dtype = kInt64, .device = s.device});
+  Tensor targets = randint(0, config.vocab_size, {b, t}, {.dtype = kInt64, .device = s.device});
+  double held = 0;
+  const double ms = median_ms(s, s.step_warmup, s.step_iters, [&] {
+    opt.zero_grad();
+    const size_t before = allocated_now(s);
+    Tensor loss;
+    {
+      autocast::AutocastGuard amp(s.device.type, kBFloat16);
+      loss = model->loss(ids, targets);
+    }
+    held = static_cast<double>(allocated_now(s) - before) / kMiB;
+    loss.backward();
+    opt.step();
+  });
+  Row r = make_row("chorus", fmt::format("GPT-2 {} batch {} x seq {} bf16", s.gpt_config, b, t), ms,
+                   static_cast<double>(b * t) / (ms / 1e3), "tokens/s");
   set_peaks(s, r);
   r.activations_mib = held;
   out.add(r);
@@ -565,18 +607,19 @@ void layers(const Setup& s, Section& out) {
 
 int main(int argc, char** argv) {
   CLI::App app{"chorus GPU benchmark: models, GEMM, memory-bound kernels and convolutions against raw libraries"};
-  std::string device = "cuda", only = "resnet50,bert,gemm,memory,conv,layers", json_path;
+  std::string device = "cuda", only = "resnet50,bert,gpt2,gemm,memory,conv,layers", json_path;
   bool tiny = false;
   std::optional<int> warmup, iters, step_warmup, step_iters;
   std::optional<int64_t> resnet_batch, resnet_image, bert_batch, bert_seq;
-  std::optional<std::string> bert_config;
+  std::optional<std::string> bert_config, gpt_config;
+  std::optional<int64_t> gpt_batch, gpt_seq;
   app.add_option("--device", device, "cuda or sim (sim: tiny shapes, few iterations)")->check(CLI::IsMember({"cuda", "sim"}));
-  app.add_option("--only", only, "comma-separated sections: resnet50,bert,gemm,memory,conv,layers");
+  app.add_option("--only", only, "comma-separated sections: resnet50,bert,gpt2,gemm,memory,conv,layers");
   app.add_flag("--tiny", tiny, "tiny shapes and few iterations (always on for sim)");
   app.add_option("--warmup", warmup, "untimed runs before each timed op or convolution");
   app.add_option("--iters", iters, "timed runs of each op or convolution (the median is reported)");
-  app.add_option("--step-warmup", step_warmup, "untimed training steps (resnet50, bert)");
-  app.add_option("--step-iters", step_iters, "timed training steps (resnet50, bert)");
+  app.add_option("--step-warmup", step_warmup, "untimed training steps (resnet50, bert, gpt2)");
+  app.add_option("--step-iters", step_iters, "timed training steps (resnet50, bert, gpt2)");
   app.add_option("--json", json_path, "also append the JSON lines to this file");
   // Model shapes (after --tiny): e.g. the real ResNet-50 at a small batch on sim, whose caching
   // allocator counts every byte as a GPU's would (docs/gpu.md, "Memory on sim").
@@ -585,6 +628,9 @@ int main(int argc, char** argv) {
   app.add_option("--bert-batch", bert_batch, "bert sequences per batch (default 32; tiny: 2)")->check(CLI::PositiveNumber);
   app.add_option("--bert-seq", bert_seq, "bert tokens per sequence (default 128; tiny: 16)")->check(CLI::Range(2, 512));
   app.add_option("--bert-config", bert_config, "bert size: tiny, mini, small or base (default base; tiny: tiny)");
+  app.add_option("--gpt-batch", gpt_batch, "gpt2 sequences per batch (default 8; tiny: 2)")->check(CLI::PositiveNumber);
+  app.add_option("--gpt-seq", gpt_seq, "gpt2 tokens per sequence (default 1024; tiny: 16)")->check(CLI::Range(2, 1024));
+  app.add_option("--gpt-config", gpt_config, "gpt2 preset of examples/gpt: tiny, mini, gpt2, ... (default gpt2; tiny: tiny)");
   chorus::cli::refuse_non_finite(app);
   CLI11_PARSE(app, argc, argv);
 
@@ -598,6 +644,7 @@ int main(int argc, char** argv) {
   const std::vector<Entry> entries = {
       {"resnet50", "ResNet-50 training step (SGD momentum; TF32 / bf16 autocast)", "torch", resnet50},
       {"bert", "BERT masked-LM training step (AdamW, bf16 autocast)", "torch", bert},
+      {"gpt2", "GPT-2 language-model training step (AdamW, bf16 autocast)", "torch", gpt2},
       {"gemm", "GEMM (matmul) against cublasGemmEx", "cublas", gemm},
       {"memory", "memory-bound kernels against a device-to-device copy of the output's size", "copy", memory},
       {"conv", "conv2d forward + backward (input and weight gradients) against raw cuDNN", "cudnn", conv},
@@ -623,6 +670,7 @@ int main(int argc, char** argv) {
     s.warmup = 1, s.iters = 3, s.step_warmup = 1, s.step_iters = 2, s.conv_warmup = 1, s.conv_iters = 2;
     s.resnet_batch = 2, s.resnet_image = 32;
     s.bert_config = "tiny", s.bert_batch = 2, s.bert_seq = 16;
+    s.gpt_config = "tiny", s.gpt_batch = 2, s.gpt_seq = 16;
     s.conv_batch = 2;
   }
   if (warmup) s.warmup = s.conv_warmup = *warmup;
@@ -634,6 +682,9 @@ int main(int argc, char** argv) {
   if (bert_batch) s.bert_batch = *bert_batch;
   if (bert_seq) s.bert_seq = *bert_seq;
   if (bert_config) s.bert_config = *bert_config;
+  if (gpt_config) s.gpt_config = *gpt_config;
+  if (gpt_batch) s.gpt_batch = *gpt_batch;
+  if (gpt_seq) s.gpt_seq = *gpt_seq;
   s.raw = s.device.type == DeviceType::CUDA && raw::available();
   if (!json_path.empty()) std::ofstream(json_path, std::ios::trunc);
 

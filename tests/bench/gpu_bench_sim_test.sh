@@ -13,18 +13,19 @@ if ! "$bench" --device sim --json "$tmp/rows.jsonl" >"$tmp/out.txt" 2>&1; then
   fail "gpu_bench --device sim exited non-zero"
 fi
 cat "$tmp/out.txt"
-for section in resnet50 bert gemm memory conv layers; do
+for section in resnet50 bert gpt2 gemm memory conv layers; do
   grep -q "^## $section: " "$tmp/out.txt" || fail "no '## $section' heading"
   rows=$(grep -c "\"impl\":\"chorus\".*\"section\":\"$section\"" "$tmp/rows.jsonl" || true)
   ((rows > 0)) || fail "no chorus row for section $section in the JSON lines"
 done
-# Counts of the cases each section has at any size: 2 ResNet-50 modes in channels-last and in NCHW, 1 BERT, 7 shapes x 3 modes,
+# Counts of the cases each section has at any size: 2 ResNet-50 modes in channels-last and in NCHW, 1 BERT, 1 GPT-2, 7 shapes x 3 modes,
 # 5 memory-bound ops (each with its copy row), 23 convolution shapes x 2 modes, 8 layers x 2 modes in
 # channels-last and in NCHW.
 count() { grep -c "\"impl\":\"$1\".*\"section\":\"$2\"" "$tmp/rows.jsonl" || true; }
 [[ $(count chorus resnet50) == 2 ]] || fail "resnet50: $(count chorus resnet50) rows, expected 2"
 [[ $(count chorus_nchw resnet50) == 2 ]] || fail "resnet50: $(count chorus_nchw resnet50) NCHW rows, expected 2"
 [[ $(count chorus bert) == 1 ]] || fail "bert: $(count chorus bert) rows, expected 1"
+[[ $(count chorus gpt2) == 1 ]] || fail "gpt2: $(count chorus gpt2) rows, expected 1"
 [[ $(count chorus gemm) == 21 ]] || fail "gemm: $(count chorus gemm) rows, expected 21"
 [[ $(count chorus memory) == 5 && $(count copy memory) == 5 ]] || fail "memory: expected 5 chorus and 5 copy rows"
 [[ $(count chorus conv) == 46 ]] || fail "conv: $(count chorus conv) rows, expected 46"

@@ -1,6 +1,7 @@
 """Puts chorus's gpu_bench rows beside PyTorch's (tools/torch_peer.py) and the raw libraries', with the
 goals of issue 17 marked:
-  resnet50, bert  chorus / PyTorch throughput >= 1 (PyTorch's channels-last rows for ResNet-50; its
+  resnet50, bert, gpt2
+                  chorus / PyTorch throughput >= 1 (PyTorch's channels-last rows for ResNet-50; its
                   NCHW rows shown beside) at chorus / PyTorch peak allocated memory <= 1
   gemm, conv      chorus / raw library (cuBLAS, cuDNN) >= 0.95; chorus / PyTorch shown beside
   memory          chorus GB/s / device-to-device copy GB/s >= 0.80 (PyTorch's kernel / its copy beside)
@@ -152,7 +153,7 @@ def main(argv):
         out.append("\nNot a GPU comparison (rows from " + ", ".join(devices) + "): the ratios and goal marks "
                    "below only show that the rows pair up; they say nothing about chorus on a GPU.")
     sections = {s for (s, _, _) in rows}
-    for section in ("resnet50", "bert"):
+    for section in ("resnet50", "bert", "gpt2"):
         if section in sections:
             models(rows, section, tally, out)
     if "gemm" in sections:
