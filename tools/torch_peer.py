@@ -3,7 +3,7 @@ same way (median of CUDA-event-timed runs after warm-up, peak memory from torch.
 allocator statistics reset before each case), printed as a Markdown table per section and one JSON
 line per row in gpu_bench's format, for tools/gpu/compare_bench.py.
 
-    python3 tools/torch_peer.py [--only resnet50,bert,gpt2,gemm,memory,conv,layers] [--json FILE]
+    python3 tools/torch_peer.py [--only resnet50,bert,gpt2,gemm,memory,conv,layers,blocks] [--json FILE]
     python3 tools/torch_peer.py --device cpu --tiny      # checks the script's logic without a GPU
 
 Settings (the same as gpu_bench gives chorus, which always searches cuDNN's algorithms):
@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-SECTIONS = ("resnet50", "bert", "gpt2", "gemm", "memory", "conv", "layers")
+SECTIONS = ("resnet50", "bert", "gpt2", "gemm", "memory", "conv", "layers", "blocks")
 MIB = 1024.0 * 1024.0
 
 
@@ -363,6 +363,80 @@ def resnet50(b):
             del model, opt, images, labels
 
 
+def blocks(b):
+    """gpu_bench's blocks section: the resnet50 section's step cut into its 18 blocks (stem, the 16
+    bottlenecks, head with the loss), each block's forward + backward between marks on the stream
+    (CUDA events; wall clock on the CPU): before each block's forward and after the last, in gradient
+    hooks on the blocks' outputs, and after backward() returns."""
+    set_tf32(True)
+    for mode in ("tf32", "bf16"):
+        for impl, layout in (("torch", torch.channels_last), ("torch_nchw", torch.contiguous_format)):
+            b.fresh_peak()
+            torch.manual_seed(1)
+            model = ResNet50().to(b.device).to(memory_format=layout).train()
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+            images = b.randn(b.resnet_batch, 3, b.resnet_image, b.resnet_image).contiguous(memory_format=layout)
+            labels = torch.randint(0, 1000, (b.resnet_batch,), device=b.device)
+            bottlenecks, names = [], ["stem"]
+            for stage in ("layer1", "layer2", "layer3", "layer4"):
+                for i, block in enumerate(getattr(model, stage)):
+                    bottlenecks.append(block)
+                    names.append(f"{stage}.{i}")
+            names.append("head")
+            n = len(names)
+            times = [[] for _ in range(n)]
+
+            def mark():
+                if b.cuda:
+                    e = torch.cuda.Event(enable_timing=True)
+                    e.record()
+                    return e
+                return time.perf_counter()
+
+            def span(a, z):
+                return a.elapsed_time(z) if b.cuda else (z - a) * 1e3
+
+            def step(timed):
+                fwd, bwd = [None] * (n + 1), [None] * (n + 1)
+                opt.zero_grad()
+
+                def hook(k):
+                    def record(_):
+                        bwd[k] = mark()
+                    return record
+
+                with b.autocast(mode == "bf16"):
+                    fwd[0] = mark()
+                    h = model.maxpool(F.relu(model.bn1(model.conv1(images))))
+                    h.register_hook(hook(1))
+                    fwd[1] = mark()
+                    for k, block in enumerate(bottlenecks):
+                        h = block(h)
+                        h.register_hook(hook(k + 2))
+                        fwd[k + 2] = mark()
+                    loss = F.cross_entropy(model.fc(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1)), labels)
+                    fwd[n] = mark()
+                bwd[n] = mark()
+                loss.backward()
+                bwd[0] = mark()
+                opt.step()
+                if timed:
+                    b.sync()
+                    for k in range(n):
+                        times[k].append(span(fwd[k], fwd[k + 1]) + span(bwd[k + 1], bwd[k]))
+
+            for _ in range(b.step_warmup):
+                step(False)
+            b.sync()
+            for _ in range(b.step_iters):
+                step(True)
+            note = "channels-last" if layout is torch.channels_last else "nchw"
+            for k in range(n):
+                ms = statistics.median(times[k])
+                b.row("blocks", impl, f"{mode} {names[k]}", ms, 1e3 / ms, "runs/s", note=note)
+            del model, opt, images, labels
+
+
 def bert(b):
     set_tf32(True)
     b.fresh_peak()
@@ -592,6 +666,7 @@ TITLES = {
     "memory": ("memory-bound kernels, and a device-to-device copy of the output's size", memory),
     "conv": ("conv2d forward + backward (input and weight gradients)", conv),
     "layers": ("ResNet-50's layers forward + backward, channels-last and NCHW", layers),
+    "blocks": ("ResNet-50's training step block by block, forward + backward, channels-last and NCHW", blocks),
 }
 
 

@@ -11,6 +11,10 @@
 //   conv      conv2d forward + backward on ResNet-50's layer shapes against raw cuDNN
 //   layers    ResNet-50's ops one by one (convs, batch norm, relu, add, pools), forward + backward,
 //             channels-last against NCHW: which op makes channels-last training slow
+//   blocks    ResNet-50's training step (the resnet50 section's) cut into its 18 blocks (the stem,
+//             the 16 bottlenecks, the head with the loss), each block's forward + backward device
+//             time (events between the blocks' forward calls and in gradient hooks on their
+//             outputs): where a whole step loses time against PyTorch's
 // Each timed figure is the median of --iters runs after --warmup, between two timing events on the
 // device's stream. Peak memory comes from the caching allocator (max allocated / reserved), reset
 // before each case. Output: a Markdown table per section and one JSON line per row
@@ -19,7 +23,7 @@
 // --device sim runs every section with tiny shapes on the simulated device (tests/bench:
 // gpu_bench_sim_test), which keeps the program working without a GPU; its figures say nothing about
 // a GPU. The raw cuBLAS/cuDNN rows need a CUDA device and are left out there.
-//   gpu_bench [--device cuda|sim] [--only resnet50,bert,gpt2,gemm,memory,conv,layers] [--tiny] [--iters N] ...
+//   gpu_bench [--device cuda|sim] [--only resnet50,bert,gpt2,gemm,memory,conv,layers,blocks] [--tiny] [--iters N] ...
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -243,6 +247,98 @@ void resnet50(const Setup& s, Section& out) {
       set_peaks(s, r);
       r.activations_mib = held;
       out.add(r);
+    }
+  }
+}
+
+// ---- blocks ------------------------------------------------------------------------------------
+
+// The step of the resnet50 section with an event on the device's stream between blocks: before each
+// block's forward and after the last; in backward, one in a gradient hook on each block's output
+// (it runs once that output's gradient is complete: after the next block's backward) and one after
+// backward() returns (the stem's backward). A block's time is its forward's span plus its
+// backward's; the optimizer step is left out. tools/torch_peer.py cuts PyTorch's step the same way.
+void blocks(const Setup& s, Section& out) {
+  for (const bool channels_last : {true, false}) {
+    for (const std::string mode : {"tf32", "bf16"}) {
+      fresh_peak(s);
+      raw::set_chorus_tf32(true);
+      raw::set_chorus_cudnn_tf32(true);
+      manual_seed(1);
+      auto model = models::resnet50();
+      model->to(s.device);
+      if (channels_last) model->to(MemoryFormat::ChannelsLast);
+      model->train();
+      optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4});
+      Tensor images = random(s, {s.resnet_batch, 3, s.resnet_image, s.resnet_image});
+      if (channels_last) images = images.contiguous(MemoryFormat::ChannelsLast);
+      Tensor labels = randint(0, 1000, {s.resnet_batch}, {.dtype = kInt64, .device = s.device});
+      std::vector<std::string> names{"stem"};
+      std::vector<std::shared_ptr<nn::Module>> bottlenecks;
+      const std::vector<std::pair<std::string, std::shared_ptr<nn::Sequential>>> stages = {
+          {"layer1", model->layer1}, {"layer2", model->layer2}, {"layer3", model->layer3}, {"layer4", model->layer4}};
+      for (const auto& [stage, seq] : stages) {
+        for (size_t i = 0; i < seq->size(); ++i) {
+          names.push_back(fmt::format("{}.{}", stage, i));
+          bottlenecks.push_back((*seq)[i]);
+        }
+      }
+      names.push_back("head");
+      const size_t n = names.size();
+      // ms[block][step]
+      std::vector<std::vector<double>> ms(n);
+      const Stream stream = current_stream(s.device);
+      auto step = [&](bool timed) {
+        std::vector<Event> fwd(n + 1, Event(true)), bwd(n + 1, Event(true));
+        std::vector<HookHandle> hooks;
+        opt.zero_grad();
+        Tensor loss;
+        {
+          std::optional<autocast::AutocastGuard> amp;
+          if (mode == "bf16") amp.emplace(s.device.type, kBFloat16);
+          fwd[0].record(stream);
+          Tensor h = F::relu(model->bn1->forward(model->conv1->forward(images)));
+          h = model->maxpool->forward(h);
+          // bwd[k + 1]: the gradient of block k's output is complete (block k + 1's backward ran).
+          hooks.push_back(h.register_hook([&bwd, &stream](const Tensor&) {
+            bwd[1].record(current_stream(stream.device()));
+            return Tensor();
+          }));
+          fwd[1].record(stream);
+          for (size_t k = 0; k < bottlenecks.size(); ++k) {
+            h = bottlenecks[k]->forward(h);
+            hooks.push_back(h.register_hook([&bwd, &stream, k](const Tensor&) {
+              bwd[k + 2].record(current_stream(stream.device()));
+              return Tensor();
+            }));
+            fwd[k + 2].record(stream);
+          }
+          loss = F::cross_entropy(model->fc->forward(model->avgpool->forward(h).flatten(1)), labels);
+          fwd[n].record(stream);
+        }
+        bwd[n].record(stream);  // backward starts: the head's runs first
+        loss.backward();
+        bwd[0].record(stream);  // after the stem's backward
+        opt.step();
+        for (HookHandle& hook : hooks) hook.remove();
+        if (!timed) return;
+        bwd[0].synchronize();
+        // Block k: forward fwd[k] -> fwd[k + 1]; backward bwd[k + 1] -> bwd[k].
+        for (size_t k = 0; k < n; ++k) {
+          ms[k].push_back(fwd[k].elapsed_time(fwd[k + 1]) + bwd[k + 1].elapsed_time(bwd[k]));
+        }
+      };
+      for (int i = 0; i < s.step_warmup; ++i) step(false);
+      synchronize(s.device);
+      for (int i = 0; i < s.step_iters; ++i) step(true);
+      for (size_t k = 0; k < n; ++k) {
+        std::sort(ms[k].begin(), ms[k].end());
+        const double median = ms[k][ms[k].size() / 2];
+        Row r = make_row(channels_last ? "chorus" : "chorus_nchw", fmt::format("{} {}", mode, names[k]), median,
+                         1e3 / median, "runs/s", channels_last ? "channels-last" : "nchw");
+        set_peaks(s, r);  // the whole step's
+        out.add(r);
+      }
     }
   }
 }
@@ -607,14 +703,14 @@ void layers(const Setup& s, Section& out) {
 
 int main(int argc, char** argv) {
   CLI::App app{"chorus GPU benchmark: models, GEMM, memory-bound kernels and convolutions against raw libraries"};
-  std::string device = "cuda", only = "resnet50,bert,gpt2,gemm,memory,conv,layers", json_path;
+  std::string device = "cuda", only = "resnet50,bert,gpt2,gemm,memory,conv,layers,blocks", json_path;
   bool tiny = false;
   std::optional<int> warmup, iters, step_warmup, step_iters;
   std::optional<int64_t> resnet_batch, resnet_image, bert_batch, bert_seq;
   std::optional<std::string> bert_config, gpt_config;
   std::optional<int64_t> gpt_batch, gpt_seq;
   app.add_option("--device", device, "cuda or sim (sim: tiny shapes, few iterations)")->check(CLI::IsMember({"cuda", "sim"}));
-  app.add_option("--only", only, "comma-separated sections: resnet50,bert,gpt2,gemm,memory,conv,layers");
+  app.add_option("--only", only, "comma-separated sections: resnet50,bert,gpt2,gemm,memory,conv,layers,blocks");
   app.add_flag("--tiny", tiny, "tiny shapes and few iterations (always on for sim)");
   app.add_option("--warmup", warmup, "untimed runs before each timed op or convolution");
   app.add_option("--iters", iters, "timed runs of each op or convolution (the median is reported)");
@@ -649,6 +745,8 @@ int main(int argc, char** argv) {
       {"memory", "memory-bound kernels against a device-to-device copy of the output's size", "copy", memory},
       {"conv", "conv2d forward + backward (input and weight gradients) against raw cuDNN", "cudnn", conv},
       {"layers", "ResNet-50's layers forward + backward, channels-last against NCHW", "chorus_nchw", layers},
+      {"blocks", "ResNet-50's training step block by block, forward + backward, channels-last and NCHW", "chorus_nchw",
+       blocks},
   };
   std::set<std::string> sections;
   std::stringstream list(only);

@@ -13,7 +13,7 @@ if ! "$bench" --device sim --json "$tmp/rows.jsonl" >"$tmp/out.txt" 2>&1; then
   fail "gpu_bench --device sim exited non-zero"
 fi
 cat "$tmp/out.txt"
-for section in resnet50 bert gpt2 gemm memory conv layers; do
+for section in resnet50 bert gpt2 gemm memory conv layers blocks; do
   grep -q "^## $section: " "$tmp/out.txt" || fail "no '## $section' heading"
   rows=$(grep -c "\"impl\":\"chorus\".*\"section\":\"$section\"" "$tmp/rows.jsonl" || true)
   ((rows > 0)) || fail "no chorus row for section $section in the JSON lines"
@@ -31,6 +31,9 @@ count() { grep -c "\"impl\":\"$1\".*\"section\":\"$2\"" "$tmp/rows.jsonl" || tru
 [[ $(count chorus conv) == 46 ]] || fail "conv: $(count chorus conv) rows, expected 46"
 [[ $(count chorus layers) == 16 && $(count chorus_nchw layers) == 16 ]] ||
   fail "layers: $(count chorus layers) channels-last and $(count chorus_nchw layers) NCHW rows, expected 16 each"
+# blocks: the stem, 16 bottlenecks and the head, in tf32 and bf16, channels-last and NCHW.
+[[ $(count chorus blocks) == 36 && $(count chorus_nchw blocks) == 36 ]] ||
+  fail "blocks: $(count chorus blocks) channels-last and $(count chorus_nchw blocks) NCHW rows, expected 36 each"
 # No raw library on sim, and the output says so.
 [[ $(count cublas gemm) == 0 && $(count cudnn conv) == 0 ]] || fail "raw library rows on sim"
 grep -q "Raw cuBLAS/cuDNN baselines need a CUDA device" "$tmp/out.txt" || fail "no note on the missing raw rows"

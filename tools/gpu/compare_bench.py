@@ -5,6 +5,7 @@ goals of issue 17 marked:
                   NCHW rows shown beside) at chorus / PyTorch peak allocated memory <= 1
   gemm, conv      chorus / raw library (cuBLAS, cuDNN) >= 0.95; chorus / PyTorch shown beside
   memory          chorus GB/s / device-to-device copy GB/s >= 0.80 (PyTorch's kernel / its copy beside)
+  layers, blocks  no goal: channels-last against NCHW per op (per block of the ResNet-50 step), both sides
 
     python3 tools/gpu/compare_bench.py gpu_bench.log torch_peer.log [...]
 
@@ -126,9 +127,10 @@ def bandwidth(rows, section, tally, out):
 
 
 
-def layers(rows, section, out):
-    """A diagnosis, no goals: each op channels-last against NCHW, chorus's and PyTorch's side by side."""
-    out.append(f"\n## {section}: channels-last / NCHW of each op (no goal: where channels-last loses time)\n")
+def layers(rows, section, out, what="op"):
+    """A diagnosis, no goals: each op (or block) channels-last against NCHW, chorus's and PyTorch's side
+    by side."""
+    out.append(f"\n## {section}: channels-last / NCHW of each {what} (no goal: where channels-last loses time)\n")
     out.append("| case | chorus | chorus NCHW | chorus CL / NCHW | PyTorch | PyTorch NCHW | PyTorch CL / NCHW "
                "| chorus / PyTorch (CL) |")
     out.append("|---|---|---|---|---|---|---|---|")
@@ -164,6 +166,8 @@ def main(argv):
         library(rows, "conv", "cudnn", tally, out)
     if "layers" in sections:
         layers(rows, "layers", out)
+    if "blocks" in sections:
+        layers(rows, "blocks", out, what="block of the ResNet-50 step")
     out.append(f"\ngoals met: {tally.met}, missed: {tally.missed}, without the row to compare with: {tally.unpaired}")
     print("\n".join(out))
     return 0

@@ -12,7 +12,7 @@
 #   GPU_STEPS=a,b,...     run only these steps: tests, bench, examples, peer, sanitize (default all).
 #   GPU_TESTS=x,y         run only these gpu tests (names of binaries; default all).
 #   GPU_TEST_LIMIT_S=N    seconds each gpu test may take (default 180).
-#   GPU_BENCH_ONLY=...    gpu_bench and torch_peer.py sections (default resnet50,bert,gpt2,gemm,memory,conv,layers).
+#   GPU_BENCH_ONLY=...    gpu_bench and torch_peer.py sections (default resnet50,bert,gpt2,gemm,memory,conv,layers,blocks).
 #   GPU_BENCH_ARGS=...    extra gpu_bench / torch_peer.py arguments (--iters N --step-iters N ...).
 #   GPU_SANITIZERS=...    compute-sanitizer tools (default memcheck,racecheck,synccheck).
 # summary.txt is written as the run goes, and logs.tar.gz is refreshed every 10 s, so a run cut off by
@@ -123,7 +123,7 @@ fi
 
 # chorus and PyTorch on the same sections and shapes in this one call, then the ratios with issue
 # 17's goals marked; the JSON rows and the table go into the summary.
-only="${GPU_BENCH_ONLY:-resnet50,bert,gpt2,gemm,memory,conv,layers}"
+only="${GPU_BENCH_ONLY:-resnet50,bert,gpt2,gemm,memory,conv,layers,blocks}"
 read -r -a bench_args <<<"${GPU_BENCH_ARGS:-}"
 if [[ "$steps" == *,bench,* && -x "$here/bin/gpu_bench" ]]; then
   run_one "gpu_bench" 300 "$here/bin/gpu_bench" --only "$only" --json "$logs/gpu_bench.jsonl" "${bench_args[@]}"
