@@ -15,6 +15,8 @@
 #   GPU_BENCH_ONLY=...    gpu_bench and torch_peer.py sections (default resnet50,bert,gpt2,gemm,memory,conv,layers,blocks).
 #   GPU_BENCH_ARGS=...    extra gpu_bench / torch_peer.py arguments (--iters N --step-iters N ...).
 #   GPU_SANITIZERS=...    compute-sanitizer tools (default memcheck,racecheck,synccheck).
+#   GPU_SANITIZER_LIMIT_S=N  seconds each sanitized test may take (default 300; racecheck of the
+#                         multi-process and NCCL tests needs more).
 # summary.txt is written as the run goes, and logs.tar.gz is refreshed every 10 s, so a run cut off by
 # the device tool's limit still returns what it did.
 set -uo pipefail
@@ -179,7 +181,10 @@ if [[ "$steps" == *,sanitize,* ]]; then
       for name in "${ordered[@]}"; do
         # API errors are left out: a failing CUDA call of chorus's raises and fails the test anyway, and
         # NCCL probes kernels for other architectures (cudaErrorNoKernelImageForDevice) by design.
-        run_one "$name under $tool" 300 "$sanitizer" --tool "$tool" --report-api-errors no --error-exitcode 99 \
+        # Every report printed (the default stops at 100: on 2026-11-30 synccheck's 512 reports in
+        # multiprocess_gpu_test printed 100, all in NCCL's kernels, the other 412 unseen).
+        run_one "$name under $tool" "${GPU_SANITIZER_LIMIT_S:-300}" "$sanitizer" --tool "$tool" --report-api-errors no \
+          --print-limit 100000 --error-exitcode 99 \
           "$here/bin/$name"
       done
     done
