@@ -11,7 +11,9 @@
 
 #include "autograd/gradcheck.h"
 #include "nn/nn.h"
+#include "tensor/caching_allocator.h"
 #include "tensor/ops.h"
+#include "tensor/runtime.h"
 #include "tests/nn/reference.h"
 
 namespace chorus {
@@ -398,6 +400,41 @@ TEST_CASE("dropout is the identity in eval and at p = 0, zero at p = 1; its grad
   }
   CHECK_THAT(error_message([] { nn::Dropout(1.5); }), Catch::Contains("between 0 and 1, but got 1.5"));
   CHECK_THAT(error_message([&] { F::dropout(x, -0.1); }), Catch::Contains("between 0 and 1"));
+}
+
+// [Dropout's saved mask] On a device the graph keeps one byte per element between forward and
+// backward (which elements were kept), not a mask in the input's dtype; the gradient is the same bits
+// as the CPU's (the mask's own value, rounded to the dtype, times g where kept). The sim device's
+// caching allocator counts every byte a GPU's would.
+TEST_CASE("dropout on a device holds a 1-byte mask for backward; gradients equal the CPU's bit for bit",
+          "[nn][dropout]") {
+  const Device sim = Device::sim(0);
+  for (DType dt : {kFloat32, kBFloat16, kFloat64}) {
+    INFO(dtype_name(dt));
+    const int64_t n = 1 << 16;  // a multiple of the allocator's 512-byte rounding in every dtype
+    const Tensor x_cpu = randn({n}, {.dtype = dt}), g_cpu = randn({n}, {.dtype = dt});
+    auto run = [&](Device device, size_t* held) {
+      Tensor x = x_cpu.to(device).detach().requires_grad_();
+      Generator gen(11);
+      synchronize(device);
+      const size_t before = device.is_cpu() ? 0 : memory_allocated(device);
+      Tensor y = F::dropout(x, 0.1, true, &gen);
+      if (held != nullptr) {
+        synchronize(device);
+        *held = memory_allocated(device) - before;
+      }
+      y.backward(g_cpu.to(device));
+      return std::pair{y.to(kCPU), x.grad().to(kCPU)};
+    };
+    size_t held = 0;
+    const auto [y_sim, gx_sim] = run(sim, &held);
+    const auto [y_cpu, gx_cpu] = run(kCPU, nullptr);
+    CHECK(equal(y_sim, y_cpu));
+    CHECK(equal(gx_sim, gx_cpu));
+    // The output, one byte per element for backward (a mask in the dtype would be element_size), and
+    // the mask's value as a 0-d tensor (one 512-byte block of the caching allocator).
+    CHECK(held == static_cast<size_t>(n) * (element_size(dt) + 1) + 512);
+  }
 }
 
 // ------------------------------------------------------------------ activations
