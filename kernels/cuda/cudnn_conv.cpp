@@ -2,12 +2,13 @@
 // API, following the plan of kernels/cuda/cudnn_plan.h (descriptors from the tensors' sizes and
 // strides, NCHW or channels-last). The algorithm of each (direction, shapes, layout, dtype, device,
 // determinism) is chosen once by cuDNN's search (cudnnFind*AlgorithmEx on the call's own buffers,
-// with a workspace of at most chorus::cuda::cudnn_workspace_limit() bytes from the caching
-// allocator) and cached; later calls only allocate the chosen algorithm's workspace. One cuDNN
+// with a workspace from the caching allocator as large as the most demanding algorithm asks for, at
+// most chorus::cuda::cudnn_workspace_limit() bytes: [Search workspace]) and cached; later calls only allocate the chosen algorithm's workspace. One cuDNN
 // handle per device and thread, set to the thread's current stream before every call.
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -61,9 +62,30 @@ struct ConvolutionDescriptor {
 // other tensor); an empty tensor for 0.
 Tensor workspace(Device device, int64_t bytes) { return make_tensor({std::max<int64_t>(bytes, 0)}, kUInt8, device); }
 
-// The largest workspace up to the limit the allocator gives now (search only): halves on failure.
+// [Search workspace] The search's workspace: as much as the most demanding of the direction's
+// algorithms asks for (cudnnGet*WorkspaceSize with the descriptors as they are, each algorithm that
+// cuDNN can run here and that stays within the limit), as PyTorch's getMaxWorkspaceSize sizes its
+// benchmark's; the whole limit when no size could be asked. Until 2026-12-01 the search always took
+// the whole limit (1 GiB), and a backward search runs while nearly all of the forward's activations
+// are held: ResNet-50's first step peaked at the activations plus ~1.2 GiB on the H200 (tf32 and
+// bf16 alike), where the chosen algorithms need far less.
+template <typename Size>
+int64_t search_bytes(int count, Size size) {
+  const int64_t limit = ::chorus::cuda::cudnn_workspace_limit();
+  int64_t most = 0;
+  bool asked = false;
+  for (int algo = 0; algo < count; ++algo) {
+    size_t bytes = 0;
+    if (size(algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;  // not supported for these descriptors
+    asked = true;
+    if (static_cast<int64_t>(bytes) <= limit) most = std::max(most, static_cast<int64_t>(bytes));
+  }
+  return asked ? most : limit;
+}
+
+// A workspace of `bytes`, or the largest the allocator gives now below it (search only): halves on
+// failure.
 Tensor search_workspace(Device device, int64_t& bytes) {
-  bytes = ::chorus::cuda::cudnn_workspace_limit();
   while (bytes > 0) {
     try {
       return workspace(device, bytes);
@@ -94,10 +116,10 @@ cp::AlgoChoice pick(const std::vector<Perf>& results, int returned, int64_t limi
 
 // The cached choice for `key`, or cuDNN's search (`find` runs cudnnFind*AlgorithmEx with the
 // workspace, its size, the result capacity and the output slots) picked and cached.
-template <typename Perf, typename Find>
-cp::AlgoChoice choose(Device device, bool deterministic, const cp::ConvKey& key, int count, Find find) {
+template <typename Perf, typename Size, typename Find>
+cp::AlgoChoice choose(Device device, bool deterministic, const cp::ConvKey& key, int count, Size size, Find find) {
   if (std::optional<cp::AlgoChoice> cached = cp::AlgoCache::global().find(key)) return *cached;
-  int64_t limit = 0;
+  int64_t limit = search_bytes(count, size);
   Tensor ws = search_workspace(device, limit);
   std::vector<Perf> results(count);
   int returned = 0;
@@ -157,6 +179,10 @@ void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
   const cp::ConvKey key = call.key(cp::Direction::Forward);
   const auto choice = choose<cudnnConvolutionFwdAlgoPerf_t>(
       call.device, call.deterministic, key, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+      [&](int algo, size_t* bytes) {
+        return cudnnGetConvolutionForwardWorkspaceSize(call.handle, xd.d, wd.d, cd.d, yd.d,
+                                                       static_cast<cudnnConvolutionFwdAlgo_t>(algo), bytes);
+      },
       [&](void* ws, int64_t limit, int count, int* returned, cudnnConvolutionFwdAlgoPerf_t* results) {
         check_cudnn(cudnnFindConvolutionForwardAlgorithmEx(call.handle, xd.d, x.raw_data_ptr(), wd.d,
                                                            weight.raw_data_ptr(), cd.d, yd.d, out.raw_data_ptr(), count,
@@ -221,6 +247,10 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     const cp::ConvKey key = call.key(cp::Direction::BackwardData);
     const auto choice = choose<cudnnConvolutionBwdDataAlgoPerf_t>(
         call.device, call.deterministic, key, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+        [&](int algo, size_t* bytes) {
+          return cudnnGetConvolutionBackwardDataWorkspaceSize(call.handle, wd.d, yd.d, cd.d, xd.d,
+                                                              static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), bytes);
+        },
         [&](void* ws, int64_t limit, int count, int* returned, cudnnConvolutionBwdDataAlgoPerf_t* results) {
           check_cudnn(cudnnFindConvolutionBackwardDataAlgorithmEx(call.handle, wd.d, weight.raw_data_ptr(), yd.d,
                                                                   grad_out.raw_data_ptr(), cd.d, xd.d,
@@ -241,6 +271,11 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     const cp::ConvKey key = call.key(cp::Direction::BackwardFilter);
     const auto choice = choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
         call.device, call.deterministic, key, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+        [&](int algo, size_t* bytes) {
+          return cudnnGetConvolutionBackwardFilterWorkspaceSize(call.handle, xd.d, yd.d, cd.d, wd.d,
+                                                                static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),
+                                                                bytes);
+        },
         [&](void* ws, int64_t limit, int count, int* returned, cudnnConvolutionBwdFilterAlgoPerf_t* results) {
           check_cudnn(cudnnFindConvolutionBackwardFilterAlgorithmEx(call.handle, xd.d, x.raw_data_ptr(), yd.d,
                                                                     grad_out.raw_data_ptr(), cd.d, wd.d,
