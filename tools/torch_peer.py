@@ -333,16 +333,23 @@ def set_tf32(matmul, cudnn=True):
 
 # ---- sections ----------------------------------------------------------------------------------
 
+def resnet_step(b, layout):
+    """The resnet50 and blocks sections' step: ResNet-50, SGD with momentum, one batch of random images
+    in `layout`, after a fresh peak."""
+    b.fresh_peak()
+    torch.manual_seed(1)
+    model = ResNet50().to(b.device).to(memory_format=layout).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    images = b.randn(b.resnet_batch, 3, b.resnet_image, b.resnet_image).contiguous(memory_format=layout)
+    labels = torch.randint(0, 1000, (b.resnet_batch,), device=b.device)
+    return model, opt, images, labels
+
+
 def resnet50(b):
     set_tf32(True)
     for mode in ("tf32", "bf16"):
         for impl, layout in (("torch", torch.channels_last), ("torch_nchw", torch.contiguous_format)):
-            b.fresh_peak()
-            torch.manual_seed(1)
-            model = ResNet50().to(b.device).to(memory_format=layout).train()
-            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-            images = b.randn(b.resnet_batch, 3, b.resnet_image, b.resnet_image).contiguous(memory_format=layout)
-            labels = torch.randint(0, 1000, (b.resnet_batch,), device=b.device)
+            model, opt, images, labels = resnet_step(b, layout)
 
             held = []
 
@@ -371,12 +378,7 @@ def blocks(b):
     set_tf32(True)
     for mode in ("tf32", "bf16"):
         for impl, layout in (("torch", torch.channels_last), ("torch_nchw", torch.contiguous_format)):
-            b.fresh_peak()
-            torch.manual_seed(1)
-            model = ResNet50().to(b.device).to(memory_format=layout).train()
-            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-            images = b.randn(b.resnet_batch, 3, b.resnet_image, b.resnet_image).contiguous(memory_format=layout)
-            labels = torch.randint(0, 1000, (b.resnet_batch,), device=b.device)
+            model, opt, images, labels = resnet_step(b, layout)
             bottlenecks, names = [], ["stem"]
             for stage in ("layer1", "layer2", "layer3", "layer4"):
                 for i, block in enumerate(getattr(model, stage)):
@@ -437,12 +439,30 @@ def blocks(b):
             del model, opt, images, labels
 
 
+def language_model_row(b, section, model, lr, weight_decay, loss_of, case, items, unit):
+    """The bert and gpt2 sections' step: AdamW under bf16 autocast, timed, with the peaks and what
+    forward left allocated."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    held = []
+
+    def step():
+        opt.zero_grad()
+        before = b.allocated()
+        with b.autocast(True):
+            loss = loss_of()
+        held.append(b.allocated() - before)
+        loss.backward()
+        opt.step()
+
+    ms = b.median_ms(step, b.step_warmup, b.step_iters)
+    b.row(section, "torch", case, ms, items / (ms / 1e3), unit, peaks=True, activations=held[-1])
+
+
 def bert(b):
     set_tf32(True)
     b.fresh_peak()
     torch.manual_seed(2)
     model = BertForPreTraining(b.bert_config).to(b.device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     n_batch, t = b.bert_batch, b.bert_seq
     n = n_batch * t
     ids = torch.randint(999, 30522, (n_batch, t))
@@ -453,21 +473,8 @@ def bert(b):
         flat_labels[j * n // masked] = flat_ids[j * n // masked]
     ids, labels = ids.to(b.device), labels.to(b.device)
     attention = torch.ones(n_batch, t, dtype=torch.int64, device=b.device)
-
-    held = []
-
-    def step():
-        opt.zero_grad()
-        before = b.allocated()
-        with b.autocast(True):
-            loss = model.masked_lm_loss(ids, attention, labels)
-        held.append(b.allocated() - before)
-        loss.backward()
-        opt.step()
-
-    ms = b.median_ms(step, b.step_warmup, b.step_iters)
-    b.row("bert", "torch", f"BERT-{b.bert_config} batch {n_batch} x seq {t} bf16", ms, n_batch / (ms / 1e3),
-          "sequences/s", peaks=True, activations=held[-1])
+    language_model_row(b, "bert", model, 1e-4, 0.01, lambda: model.masked_lm_loss(ids, attention, labels),
+                       f"BERT-{b.bert_config} batch {n_batch} x seq {t} bf16", n_batch, "sequences/s")
 
 
 def gpt2(b):
@@ -475,24 +482,11 @@ def gpt2(b):
     b.fresh_peak()
     torch.manual_seed(3)
     model = GPT2LMHeadModel(b.gpt_config).to(b.device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
     n_batch, t = b.gpt_batch, min(b.gpt_seq, model.positions)
     ids = torch.randint(0, model.vocab, (n_batch, t), device=b.device)
     targets = torch.randint(0, model.vocab, (n_batch, t), device=b.device)
-    held = []
-
-    def step():
-        opt.zero_grad()
-        before = b.allocated()
-        with b.autocast(True):
-            loss = model.loss(ids, targets)
-        held.append(b.allocated() - before)
-        loss.backward()
-        opt.step()
-
-    ms = b.median_ms(step, b.step_warmup, b.step_iters)
-    b.row("gpt2", "torch", f"GPT-2 {b.gpt_config} batch {n_batch} x seq {t} bf16", ms, n_batch * t / (ms / 1e3),
-          "tokens/s", peaks=True, activations=held[-1])
+    language_model_row(b, "gpt2", model, 3e-4, 0.1, lambda: model.loss(ids, targets),
+                       f"GPT-2 {b.gpt_config} batch {n_batch} x seq {t} bf16", n_batch * t, "tokens/s")
 
 
 def gemm_shapes(b):

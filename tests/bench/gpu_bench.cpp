@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -201,23 +202,38 @@ Tensor random(const Setup& s, const Shape& shape, DType dtype = kFloat32) {
 
 // ---- resnet50 ----------------------------------------------------------------------------------
 
+// The resnet50 and blocks sections' training step: ResNet-50 (TF32 allowed), SGD with momentum, one
+// batch of random images in the layout asked for, after a fresh peak.
+struct ResNetStep {
+  std::shared_ptr<models::ResNet> model;
+  std::unique_ptr<optim::SGD> opt;
+  Tensor images, labels;
+  ResNetStep(const Setup& s, bool channels_last) {
+    fresh_peak(s);
+    raw::set_chorus_tf32(true);
+    raw::set_chorus_cudnn_tf32(true);
+    manual_seed(1);
+    model = models::resnet50();
+    model->to(s.device);
+    if (channels_last) model->to(MemoryFormat::ChannelsLast);
+    model->train();
+    opt = std::make_unique<optim::SGD>(model->parameters(),
+                                       optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4});
+    images = random(s, {s.resnet_batch, 3, s.resnet_image, s.resnet_image});
+    if (channels_last) images = images.contiguous(MemoryFormat::ChannelsLast);
+    labels = randint(0, 1000, {s.resnet_batch}, {.dtype = kInt64, .device = s.device});
+  }
+};
+
 void resnet50(const Setup& s, Section& out) {
   // Channels-last (model->to(ChannelsLast), NHWC images) is the "chorus" row, beside PyTorch's
   // channels-last "torch" row; NCHW runs too ("chorus_nchw", beside "torch_nchw").
   for (const bool channels_last : {true, false}) {
     for (const std::string mode : {"tf32", "bf16"}) {
-      fresh_peak(s);
-      raw::set_chorus_tf32(true);
-      raw::set_chorus_cudnn_tf32(true);
-      manual_seed(1);
-      auto model = models::resnet50();
-      model->to(s.device);
-      if (channels_last) model->to(MemoryFormat::ChannelsLast);
-      model->train();
-      optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4});
-      Tensor images = random(s, {s.resnet_batch, 3, s.resnet_image, s.resnet_image});
-      if (channels_last) images = images.contiguous(MemoryFormat::ChannelsLast);
-      Tensor labels = randint(0, 1000, {s.resnet_batch}, {.dtype = kInt64, .device = s.device});
+      ResNetStep r50(s, channels_last);
+      auto& model = r50.model;
+      optim::SGD& opt = *r50.opt;
+      const Tensor &images = r50.images, &labels = r50.labels;
       double held = 0;
       auto step = [&] {
         opt.zero_grad();
@@ -261,22 +277,14 @@ void resnet50(const Setup& s, Section& out) {
 void blocks(const Setup& s, Section& out) {
   for (const bool channels_last : {true, false}) {
     for (const std::string mode : {"tf32", "bf16"}) {
-      fresh_peak(s);
-      raw::set_chorus_tf32(true);
-      raw::set_chorus_cudnn_tf32(true);
-      manual_seed(1);
-      auto model = models::resnet50();
-      model->to(s.device);
-      if (channels_last) model->to(MemoryFormat::ChannelsLast);
-      model->train();
-      optim::SGD opt(model->parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4});
-      Tensor images = random(s, {s.resnet_batch, 3, s.resnet_image, s.resnet_image});
-      if (channels_last) images = images.contiguous(MemoryFormat::ChannelsLast);
-      Tensor labels = randint(0, 1000, {s.resnet_batch}, {.dtype = kInt64, .device = s.device});
+      ResNetStep r50(s, channels_last);
       std::vector<std::string> names{"stem"};
       std::vector<std::shared_ptr<nn::Module>> bottlenecks;
       const std::vector<std::pair<std::string, std::shared_ptr<nn::Sequential>>> stages = {
-          {"layer1", model->layer1}, {"layer2", model->layer2}, {"layer3", model->layer3}, {"layer4", model->layer4}};
+          {"layer1", r50.model->layer1},
+          {"layer2", r50.model->layer2},
+          {"layer3", r50.model->layer3},
+          {"layer4", r50.model->layer4}};
       for (const auto& [stage, seq] : stages) {
         for (size_t i = 0; i < seq->size(); ++i) {
           names.push_back(fmt::format("{}.{}", stage, i));
@@ -291,14 +299,14 @@ void blocks(const Setup& s, Section& out) {
       auto step = [&](bool timed) {
         std::vector<Event> fwd(n + 1, Event(true)), bwd(n + 1, Event(true));
         std::vector<HookHandle> hooks;
-        opt.zero_grad();
+        r50.opt->zero_grad();
         Tensor loss;
         {
           std::optional<autocast::AutocastGuard> amp;
           if (mode == "bf16") amp.emplace(s.device.type, kBFloat16);
           fwd[0].record(stream);
-          Tensor h = F::relu(model->bn1->forward(model->conv1->forward(images)));
-          h = model->maxpool->forward(h);
+          Tensor h = F::relu(r50.model->bn1->forward(r50.model->conv1->forward(r50.images)));
+          h = r50.model->maxpool->forward(h);
           // bwd[k + 1]: the gradient of block k's output is complete (block k + 1's backward ran).
           hooks.push_back(h.register_hook([&bwd, &stream](const Tensor&) {
             bwd[1].record(current_stream(stream.device()));
@@ -313,13 +321,14 @@ void blocks(const Setup& s, Section& out) {
             }));
             fwd[k + 2].record(stream);
           }
-          loss = F::cross_entropy(model->fc->forward(model->avgpool->forward(h).flatten(1)), labels);
+          const Tensor logits = r50.model->fc->forward(r50.model->avgpool->forward(h).flatten(1));
+          loss = F::cross_entropy(logits, r50.labels);
           fwd[n].record(stream);
         }
         bwd[n].record(stream);  // backward starts: the head's runs first
         loss.backward();
         bwd[0].record(stream);  // after the stem's backward
-        opt.step();
+        r50.opt->step();
         for (HookHandle& hook : hooks) hook.remove();
         if (!timed) return;
         bwd[0].synchronize();
@@ -343,17 +352,47 @@ void blocks(const Setup& s, Section& out) {
   }
 }
 
-// ---- bert --------------------------------------------------------------------------------------
+// ---- bert, gpt2 --------------------------------------------------------------------------------
 
-void bert(const Setup& s, Section& out) {
+// A language model's training step under bf16 autocast with AdamW (the bert and gpt2 sections),
+// timed: `items` sequences or tokens a step, the peaks, and what forward left allocated.
+Row language_model_row(const Setup& s, nn::Module& model, optim::AdamOptions adam, const std::function<Tensor()>& loss_of,
+                       std::string name, double items, std::string unit) {
+  optim::AdamW opt(model.parameters(), adam);
+  double held = 0;
+  const double ms = median_ms(s, s.step_warmup, s.step_iters, [&] {
+    opt.zero_grad();
+    const size_t before = allocated_now(s);
+    Tensor loss;
+    {
+      autocast::AutocastGuard amp(s.device.type, kBFloat16);
+      loss = loss_of();
+    }
+    held = static_cast<double>(allocated_now(s) - before) / kMiB;
+    loss.backward();
+    opt.step();
+  });
+  Row r = make_row("chorus", std::move(name), ms, items / (ms / 1e3), std::move(unit));
+  set_peaks(s, r);
+  r.activations_mib = held;
+  return r;
+}
+
+// A model of `config` on the device in training mode, seeded, after a fresh peak (TF32 allowed).
+template <typename Model, typename Config>
+std::shared_ptr<Model> fresh_model(const Setup& s, uint64_t seed, const Config& config) {
   fresh_peak(s);
   raw::set_chorus_tf32(true);
-  manual_seed(2);
-  const models::BertConfig config = models::BertConfig::named(s.bert_config);
-  auto model = std::make_shared<models::BertForPreTraining>(config);
+  manual_seed(seed);
+  auto model = std::make_shared<Model>(config);
   model->to(s.device);
   model->train();
-  optim::AdamW opt(model->parameters(), optim::AdamOptions{.lr = 1e-4, .weight_decay = 0.01});
+  return model;
+}
+
+void bert(const Setup& s, Section& out) {
+  const models::BertConfig config = models::BertConfig::named(s.bert_config);
+  auto model = fresh_model<models::BertForPreTraining>(s, 2, config);
   // Random word pieces; 15% of the positions, evenly spread, carry a label (the masked-LM head and
   // the vocabulary-wide decoder run on those only, as examples/bert and tools/torch_peer.py do).
   const int64_t b = s.bert_batch, t = s.bert_seq, n = b * t;
@@ -367,61 +406,23 @@ void bert(const Setup& s, Section& out) {
   }
   Tensor ids = ids_host.to(s.device), labels = labels_host.to(s.device);
   Tensor attention = ones({b, t}, {.dtype = kInt64, .device = s.device});
-  double held = 0;
-  const double ms = median_ms(s, s.step_warmup, s.step_iters, [&] {
-    opt.zero_grad();
-    const size_t before = allocated_now(s);
-    Tensor loss;
-    {
-      autocast::AutocastGuard amp(s.device.type, kBFloat16);
-      loss = model->masked_lm_loss(ids, attention, labels);
-    }
-    held = static_cast<double>(allocated_now(s) - before) / kMiB;
-    loss.backward();
-    opt.step();
-  });
-  Row r = make_row("chorus", fmt::format("BERT-{} batch {} x seq {} bf16", s.bert_config, b, t), ms, b / (ms / 1e3),
-                   "sequences/s");
-  set_peaks(s, r);
-  r.activations_mib = held;
-  out.add(r);
+  out.add(language_model_row(
+      s, *model, {.lr = 1e-4, .weight_decay = 0.01}, [&] { return model->masked_lm_loss(ids, attention, labels); },
+      fmt::format("BERT-{} batch {} x seq {} bf16", s.bert_config, b, t), static_cast<double>(b), "sequences/s"));
 }
-
-// ---- gpt2 --------------------------------------------------------------------------------------
 
 // Next-token training of examples/gpt's GPT-2 (tools/torch_peer.py writes the same model): random
 // tokens and random targets over the whole vocabulary, every position predicted, the LM head tied to
 // the token embedding, dropout as the preset has it (0.1 for gpt2).
 void gpt2(const Setup& s, Section& out) {
-  fresh_peak(s);
-  raw::set_chorus_tf32(true);
-  manual_seed(3);
   const models::GPTConfig config = models::GPTConfig::named(s.gpt_config);
-  auto model = std::make_shared<models::GPT2LMHeadModel>(config);
-  model->to(s.device);
-  model->train();
-  optim::AdamW opt(model->parameters(), optim::AdamOptions{.lr = 3e-4, .weight_decay = 0.1});
+  auto model = fresh_model<models::GPT2LMHeadModel>(s, 3, config);
   const int64_t b = s.gpt_batch, t = std::min(s.gpt_seq, config.n_positions);
   Tensor ids = randint(0, config.vocab_size, {b, t}, {.dtype = kInt64, .device = s.device});
   Tensor targets = randint(0, config.vocab_size, {b, t}, {.dtype = kInt64, .device = s.device});
-  double held = 0;
-  const double ms = median_ms(s, s.step_warmup, s.step_iters, [&] {
-    opt.zero_grad();
-    const size_t before = allocated_now(s);
-    Tensor loss;
-    {
-      autocast::AutocastGuard amp(s.device.type, kBFloat16);
-      loss = model->loss(ids, targets);
-    }
-    held = static_cast<double>(allocated_now(s) - before) / kMiB;
-    loss.backward();
-    opt.step();
-  });
-  Row r = make_row("chorus", fmt::format("GPT-2 {} batch {} x seq {} bf16", s.gpt_config, b, t), ms,
-                   static_cast<double>(b * t) / (ms / 1e3), "tokens/s");
-  set_peaks(s, r);
-  r.activations_mib = held;
-  out.add(r);
+  out.add(language_model_row(s, *model, {.lr = 3e-4, .weight_decay = 0.1}, [&] { return model->loss(ids, targets); },
+                             fmt::format("GPT-2 {} batch {} x seq {} bf16", s.gpt_config, b, t),
+                             static_cast<double>(b * t), "tokens/s"));
 }
 
 // ---- gemm --------------------------------------------------------------------------------------
