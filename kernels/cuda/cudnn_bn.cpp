@@ -91,16 +91,13 @@ Tensor output_or_scratch(const Tensor& t, int64_t numel, DType dtype, Device dev
 
 void* ptr(const Tensor& t) { return t.defined() ? t.raw_data_ptr() : nullptr; }
 
-// How many images the channels-last rows of x are (nn/functional/batch_norm.cpp passes a
-// channels-last [N, C, H, W] as n = N*H*W rows with s = 1): N; 0 (one row per image) otherwise.
-int64_t images_of(const Tensor& x, int64_t s) { return s == 1 && x.dim() >= 3 ? x.size(0) : 0; }
 
 bool cudnn_forward(const Tensor& out, const Tensor& save_mean, const Tensor& save_rstd, const Tensor& x,
                    const Tensor& weight, const Tensor& bias, const Tensor& running_mean, const Tensor& running_var,
                    bool training, double momentum, double eps, int64_t n, int64_t c, int64_t s) {
   const Device device = x.device();
   DeviceGuard guard(device);
-  const cp::BatchNormPlan plan = cp::plan_batch_norm(n, c, s, x.dtype(), save_mean.dtype(), training, images_of(x, s));
+  const cp::BatchNormPlan plan = cp::plan_batch_norm(n, c, s, x.dtype(), save_mean.dtype(), training);
   Descriptors desc(plan);
   const Scalars k(plan.x.type);
   cudnnHandle_t h = handle_on_current_stream(device);
@@ -129,7 +126,7 @@ bool cudnn_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tenso
                     int64_t c, int64_t s) {
   const Device device = x.device();
   DeviceGuard guard(device);
-  const cp::BatchNormPlan plan = cp::plan_batch_norm(n, c, s, x.dtype(), save_mean.dtype(), true, images_of(x, s));
+  const cp::BatchNormPlan plan = cp::plan_batch_norm(n, c, s, x.dtype(), save_mean.dtype(), true);
   Descriptors desc(plan);
   const Scalars k(plan.x.type);
   cudnnHandle_t h = handle_on_current_stream(device);

@@ -63,8 +63,7 @@ std::optional<std::string> batch_norm_fallback_reason(const BatchNormCall& call)
   return std::nullopt;
 }
 
-BatchNormPlan plan_batch_norm(int64_t n, int64_t c, int64_t s, DType x_dtype, DType param_dtype, bool training,
-                              int64_t images) {
+BatchNormPlan plan_batch_norm(int64_t n, int64_t c, int64_t s, DType x_dtype, DType param_dtype, bool training) {
   const DataType type = bn_data_type(x_dtype);
   const DType want_param = is_half(x_dtype) ? DType::Float32 : x_dtype;
   if (param_dtype != want_param) {
@@ -79,14 +78,9 @@ BatchNormPlan plan_batch_norm(int64_t n, int64_t c, int64_t s, DType x_dtype, DT
   p.x.type = type;
   if (s == 1) {
     // Rows of c channels: identical memory in both formats; NHWC picks cuDNN's channels-last kernels.
-    // Rows of `images` channels-last images: [images, c, pixels, 1] NHWC (see the header).
-    if (images < 0 || (images > 0 && n % images != 0)) {
-      fail("cudnn batch_norm: {} channels-last rows are not a whole number of images (images = {})", n, images);
-    }
-    const int img = images > 0 ? static_cast<int>(images) : in, pixels = in / img;
     p.x.format = TensorFormat::NHWC;
-    p.x.dims = {img, ic, pixels, 1};
-    p.x.strides = {ic * pixels, 1, ic, ic};
+    p.x.dims = {in, ic, 1, 1};
+    p.x.strides = {ic, 1, ic, ic};
   } else {
     p.x.format = TensorFormat::NCHW;
     p.x.dims = {in, ic, is, 1};

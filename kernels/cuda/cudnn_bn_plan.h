@@ -66,13 +66,9 @@ std::optional<std::string> batch_norm_fallback_reason(const BatchNormCall& call)
 // NHWC data other than float64 uses CUDNN_BATCHNORM_SPATIAL_PERSISTENT (as PyTorch does for
 // channels-last); everything else CUDNN_BATCHNORM_SPATIAL. chorus::Error for a dtype cuDNN has no type for,
 // parameters of the wrong dtype, or sizes that are empty or beyond cuDNN's int.
-// `images`, for channels-last rows (s == 1): how many images the n rows are (n / images pixels each;
-// 0 = n, as for BatchNorm1d's [N, C]). x is then described as it is, NHWC [images, c, n / images, 1]
-// as PyTorch describes a channels-last [N, C, H, W], not as n images of one pixel: the same memory,
-// but cuDNN picks its kernels by the image count, and [N*H*W, C, 1, 1] ran 17x slower than NCHW on
-// an H200 (ResNet-50's [128, 256, 56, 56], 2026-11-29, docs/data/gpu_run_2026-11-29_h200_call1_summary.txt).
-BatchNormPlan plan_batch_norm(int64_t n, int64_t c, int64_t s, DType x_dtype, DType param_dtype, bool training,
-                              int64_t images = 0);
+// (batch_norm_fallback_reason sends rows to chorus's kernels: cuDNN's legacy API ran them 20x
+// slower than NCHW as one-pixel images, and slower still described as whole NHWC images.)
+BatchNormPlan plan_batch_norm(int64_t n, int64_t c, int64_t s, DType x_dtype, DType param_dtype, bool training);
 
 // "training float16 NHWC x[8192,64,1,1] params float32 spatial-persistent" (logs, errors).
 std::string describe(const BatchNormPlan& plan, bool training);

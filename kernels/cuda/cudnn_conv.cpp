@@ -3,8 +3,9 @@
 // strides, NCHW or channels-last). The algorithm of each (direction, shapes, layout, dtype, device,
 // determinism) is chosen once by cuDNN's search (cudnnFind*AlgorithmEx on the call's own buffers,
 // with a workspace from the caching allocator as large as the most demanding algorithm asks for, at
-// most chorus::cuda::cudnn_workspace_limit() bytes: [Search workspace]) and cached; later calls only allocate the chosen algorithm's workspace. One cuDNN
-// handle per device and thread, set to the thread's current stream before every call.
+// most chorus::cuda::cudnn_workspace_limit() bytes: [Search workspace]) and cached; later calls only
+// allocate the chosen algorithm's workspace. One cuDNN handle per device and thread, set to the
+// thread's current stream before every call.
 #include <cuda_runtime.h>
 #include <cudnn.h>
 

@@ -67,13 +67,10 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* generato
   // when its uniform draw u satisfies u >= p, compared in the draw's dtype (as ge(u, p) would).
   const double scale = 1.0 / (1.0 - p);
   Tensor mask;
-  // The mask's one nonzero value, in the mask's dtype (the bits the forward multiplies by).
-  Tensor scale_value;
   if (input.dtype() == kFloat64) {
     NoGradGuard no_grad;
     const Tensor u = rand(input.sizes(), {.dtype = kFloat64, .device = input.device()}, generator);
     mask = mul(ge(u, p).to(kFloat64), scale);
-    scale_value = ops::scalar_to_tensor(scale, kFloat64, input.device());
   } else {
     // [Dropout mask in one pass] The float32 draws are lo + span * u, u on a grid in [0, 1). Drawn
     // with lo = -q and span = 1, q the float just below float(p), each value is u - q rounded once,
@@ -83,13 +80,8 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* generato
     const double q = std::nextafter(static_cast<float>(p), -std::numeric_limits<float>::infinity());
     mask = empty(input.sizes(), {.dtype = kFloat32, .device = input.device()});
     ops::random_fill(kernels::RandomKind::Uniform, mask, -q, 1.0 - q, generator ? *generator : default_generator());
-    scale_value = ops::scalar_to_tensor(scale, kFloat32, input.device());
-    kernels::binary(kernels::BinaryOp::ReluBackward, mask, scale_value, mask);
-    if (input.dtype() != kFloat32) {
-      NoGradGuard no_grad;
-      mask = mask.to(input.dtype());
-      scale_value = scale_value.to(input.dtype());
-    }
+    kernels::binary(kernels::BinaryOp::ReluBackward, mask, ops::scalar_to_tensor(scale, kFloat32, input.device()), mask);
+    if (input.dtype() != kFloat32) mask = mask.to(input.dtype());
   }
   // [Dropout's saved mask] On the CPU the backward keeps the mask itself, in the input's dtype, as
   // libtorch's CPU dropout keeps its noise tensor. On a device (cuda, and sim, which stands in for
@@ -98,13 +90,15 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* generato
   // (BERT-base in bf16: 12 layers of an attention-probability mask and two hidden-state masks). The
   // gradient is the same bits: g * kept is exact, then one multiply by the mask's own value.
   if (input.device().is_cpu() || !autograd::any_requires_grad({&input})) return mul(input, mask);
-  Tensor out, kept;
+  Tensor out, kept, scale_value;  // scale_value: the mask's one nonzero value, in its dtype (its bits)
   {
     NoGradGuard no_grad;
     out = mul(input, mask);
     kept = ne(mask, 0.0);
+    scale_value = input.dtype() == kFloat64
+                      ? ops::scalar_to_tensor(scale, kFloat64, input.device())
+                      : ops::scalar_to_tensor(scale, kFloat32, input.device()).to(input.dtype());
   }
-  mask = Tensor();  // freed here, not held by the graph
   autograd::record("NativeDropoutBackward", {input}, {out}, [kept, scale_value](const TensorList& g) -> TensorList {
     return {mul(mul(g[0], kept), scale_value)};
   });

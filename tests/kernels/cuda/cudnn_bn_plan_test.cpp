@@ -52,24 +52,6 @@ TEST_CASE("cudnn bn plan: channels-last rows (s == 1) are [n, c, 1, 1] NHWC", "[
   CHECK(cp::plan_batch_norm(32, 10, 1, kFloat64, kFloat64, false).x.format == cp::TensorFormat::NHWC);
 }
 
-TEST_CASE("cudnn bn plan: channels-last rows of whole images are described as the images, NHWC", "[cuda][cudnn]") {
-  // ResNet-50's [128, 256, 56, 56] channels-last: 128 * 56 * 56 rows of 256 channels given to cuDNN as
-  // NHWC [128, 256, 3136, 1], as PyTorch describes it, not as 401,408 one-pixel images.
-  const int n = 128 * 56 * 56;
-  const cp::BatchNormPlan p = cp::plan_batch_norm(n, 256, 1, kFloat32, kFloat32, true, 128);
-  CHECK(p.x.format == cp::TensorFormat::NHWC);
-  CHECK(p.x.dims == Arr{128, 256, 3136, 1});
-  // The same memory as the rows: channels adjacent, c between pixels, c * pixels between images.
-  CHECK(p.x.strides == Arr{256 * 3136, 1, 256, 256});
-  CHECK(p.mode == cp::BatchNormMode::SpatialPersistent);
-  CHECK(cp::describe(p, true) == "training float32 NHWC x[128,256,3136,1] params float32 spatial-persistent");
-  // images = 0 (or n) keeps one row per image.
-  CHECK(cp::plan_batch_norm(n, 256, 1, kFloat32, kFloat32, true, 0).x.dims == Arr{n, 256, 1, 1});
-  CHECK(cp::plan_batch_norm(n, 256, 1, kFloat32, kFloat32, true, n).x.dims == Arr{n, 256, 1, 1});
-  CHECK_THROWS_WITH(cp::plan_batch_norm(10, 4, 1, kFloat32, kFloat32, true, 3),
-                    Catch::Contains("10 channels-last rows are not a whole number of images (images = 3)"));
-}
-
 TEST_CASE("cudnn bn plan: 16-bit data takes float32 parameters, persistent mode for NHWC training", "[cuda][cudnn]") {
   for (DType d : {kFloat16, kBFloat16}) {
     const cp::BatchNormPlan rows = cp::plan_batch_norm(4096, 256, 1, d, kFloat32, true);
