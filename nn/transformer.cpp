@@ -71,11 +71,13 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
          shape_str(key.sizes()), shape_str(value.sizes()));
   }
   const int64_t E = embed_dim, H = num_heads, D = head_dim;
+  // One split of the packed weight (one node, whose backward cats the three gradients), not three
+  // narrows (three whole-size zero gradients summed).
+  const TensorList in_w = chunk(in_proj_weight, 3, 0);
+  const TensorList in_b = in_proj_bias.defined() ? chunk(in_proj_bias, 3, 0) : TensorList(3);
   auto proj = [&](const Tensor& x, int64_t i) {
-    Tensor w = in_proj_weight.narrow(0, i * E, E);
-    Tensor b = in_proj_bias.defined() ? in_proj_bias.narrow(0, i * E, E) : Tensor();
     // [N, T, E] -> [N, H, T, D]
-    return F::linear(x, w, b).reshape({N, x.size(1), H, D}).permute({0, 2, 1, 3});
+    return F::linear(x, in_w[i], in_b[i]).reshape({N, x.size(1), H, D}).permute({0, 2, 1, 3});
   };
   Tensor q = proj(q_in, 0), k = proj(k_in, 1), v = proj(v_in, 2);
 

@@ -61,6 +61,30 @@ void check_gather_shapes(const char* name, const Tensor& self, int64_t dim, cons
   }
 }
 
+// [One node for a split]
+// The pieces of `t` along `d`, views with one history between them, as PyTorch's SplitBackward.
+// Were each piece a narrow() of its own, each would have its own SliceBackward, which makes a
+// zero tensor of t's whole shape to put its gradient in, and the engine would then add those
+// whole-size tensors: k pieces, k whole-size fills and adds. An LSTM splits its input projection
+// into one piece per time step, so its backward grew with the square of the sequence length. Here
+// the one node cats the pieces' gradients (the engine gives a piece nothing used zeros of its own
+// shape). An in-place op on a piece rebases it onto t's history as on any view.
+TensorList split_pieces(const Tensor& t, int64_t d, const std::vector<int64_t>& sizes) {
+  TensorList out;
+  out.reserve(sizes.size());
+  int64_t start = 0;
+  for (int64_t s : sizes) {
+    Shape shape = t.sizes();
+    shape[d] = s;
+    out.push_back(make_view(t, shape, t.strides(), t.storage_offset() + start * t.stride(d)));
+    start += s;
+  }
+  if (autograd::any_requires_grad({&t})) {
+    autograd::record("SplitBackward", {t}, out, [d](const TensorList& g) -> TensorList { return {cat(g, d)}; });
+  }
+  return out;
+}
+
 }  // namespace
 
 Tensor cat(const TensorList& tensors, int64_t dim) {
@@ -134,12 +158,10 @@ TensorList split(const Tensor& t, int64_t split_size, int64_t dim) {
   const int64_t d = wrap_dim("split", dim, t.dim());
   const int64_t size = t.size(d);
   if (split_size <= 0 && size > 0) fail("split: split_size must be positive, got {}", split_size);
-  TensorList out;
   if (size == 0) return {t};
-  for (int64_t start = 0; start < size; start += split_size) {
-    out.push_back(narrow(t, d, start, std::min(split_size, size - start)));
-  }
-  return out;
+  std::vector<int64_t> sizes;
+  for (int64_t start = 0; start < size; start += split_size) sizes.push_back(std::min(split_size, size - start));
+  return split_pieces(t, d, sizes);
 }
 
 TensorList split(const Tensor& t, const std::vector<int64_t>& split_sizes, int64_t dim) {
@@ -154,13 +176,7 @@ TensorList split(const Tensor& t, const std::vector<int64_t>& split_sizes, int64
   if (total != t.size(d)) {
     fail("split: split sizes [{}] sum to {}, but dim {} has size {}", fmt::join(split_sizes, ", "), total, d, t.size(d));
   }
-  TensorList out;
-  int64_t start = 0;
-  for (int64_t s : split_sizes) {
-    out.push_back(narrow(t, d, start, s));
-    start += s;
-  }
-  return out;
+  return split_pieces(t, d, split_sizes);
 }
 
 TensorList chunk(const Tensor& t, int64_t chunks, int64_t dim) {

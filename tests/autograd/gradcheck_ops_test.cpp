@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "autograd/gradcheck.h"
+#include "autograd/node.h"
 #include "tensor/sim/sim.h"
 #include "tests/autograd/autograd_testing.h"
 
@@ -422,6 +423,12 @@ void join_index_rows(Table& t) {
                  return cat({p[1] * -1.5, p[0] * p[0]}, 1);
                }});
   t.push_back({"split, one piece used", {any({4, 3})}, [](L x) { return split(x[0], 2, 0)[1] * 3.0; }});
+  t.push_back({"split sizes {2,0,3}: an empty piece", {any({5, 2})}, [](L x) {
+                 TensorList p = split(x[0], std::vector<int64_t>{2, 0, 3}, 0);
+                 REQUIRE(p.size() == 3);
+                 REQUIRE(p[1].numel() == 0);
+                 return cat({p[2] * 2.0, p[1], p[0] * p[0]}, 0);
+               }});
   t.push_back({"chunk 3 of 5", {any({3, 5})}, [](L x) {
                  TensorList p = chunk(x[0], 3, 1);
                  REQUIRE(p.size() == 3);
@@ -665,6 +672,32 @@ TEST_CASE("gradcheck refuses float32 inputs that require grad", "[autograd][grad
   x.requires_grad_();
   REQUIRE_THROWS_MATCHES(gradcheck([](L in) { return in[0] * 2.0; }, {x}), Error,
                          testing::error_containing({"gradcheck", "float64"}));
+}
+
+TEST_CASE("split's pieces share one SplitBackward, whose gradient joins theirs", "[autograd][split]") {
+  // One node for every piece ([One node for a split], autograd/ops/index.cpp). With a SliceBackward
+  // per piece, an LSTM's backward made a whole-size zero gradient per time step (quadratic in the
+  // sequence length); the values are gradcheck's business above.
+  Tensor x = arange(24.0).reshape({6, 4});
+  x.requires_grad_();
+  const Tensor y = x * 1.0;
+  const TensorList p = split(y, std::vector<int64_t>{1, 2, 3}, 0);
+  REQUIRE(p.size() == 3);
+  for (const Tensor& piece : p) {
+    REQUIRE(piece.grad_fn() != nullptr);
+    CHECK(piece.grad_fn().get() == p[0].grad_fn().get());
+    CHECK(piece.grad_fn()->name() == "SplitBackward");
+    CHECK(piece.storage().get() == y.storage().get());  // views, not copies
+  }
+  const TensorList c = chunk(y, 2, 1);
+  CHECK(c[0].grad_fn().get() == c[1].grad_fn().get());
+  // Only the last piece used: the others' rows get zeros, the used rows the weights.
+  (p[2] * 3.0).sum().backward();
+  const Tensor expected = cat({zeros({3, 4}), full({3, 4}, 3.0)}, 0);
+  CHECK(testing::same_values(x.grad(), expected));
+  // Without grad, plain views.
+  const TensorList q = split(arange(6.0), 2, 0);
+  CHECK(q[0].grad_fn() == nullptr);
 }
 
 }  // namespace chorus

@@ -148,6 +148,23 @@ TEST_CASE("in-place ops on views of non-leaves pass gradcheck", "[autograd][inpl
          v.div_(x[1]);
          return base_and_view(y, v);
        }},
+      // split's pieces share one SplitBackward: a write to one piece rebases it (and, through the
+      // version counter, the pieces read afterwards) onto the base's history.
+      {"chunk: mul_ on one piece, the others read after", {leaf({6, 3}, gen), leaf({2, 3}, gen)},
+       [](L x) {
+         Tensor y = x[0] * 2.0;
+         TensorList p = chunk(y, 3, 0);
+         p[1].mul_(x[1]);
+         return cat({(p[0] * p[1]).reshape({-1}), p[2].exp().reshape({-1}), y.reshape({-1})});
+       }},
+      {"split sizes {1,3}: a piece used before the write and after it", {leaf({3, 4}, gen), leaf({3, 1}, gen)},
+       [](L x) {
+         Tensor y = x[0].sin();
+         TensorList p = split(y, std::vector<int64_t>{1, 3}, 1);
+         Tensor before = p[0] + p[1];  // add saves neither operand: the write is allowed
+         p[0].add_(x[1]);
+         return cat({before.reshape({-1}), (p[0] * p[1]).reshape({-1})});
+       }},
   };
   for (const Row& row : rows) {
     INFO(row.name);
