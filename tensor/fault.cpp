@@ -18,6 +18,7 @@ const char* name(Point p) {
     case Point::kTiedGradientSum: return "tied_gradient_sum";
     case Point::kFsdpGatherWait: return "fsdp_gather_wait";
     case Point::kFsdpPreBackwardGather: return "fsdp_pre_backward_gather";
+    case Point::kHostFunctionThread: return "host_function_thread";
     case Point::kCount: break;
   }
   return "?";

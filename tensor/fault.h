@@ -16,6 +16,7 @@ enum class Point : int {
   kTiedGradientSum,         // a pipeline sums tied parameters' gradients over their stages (pipeline)
   kFsdpGatherWait,          // FSDP waits for a unit's all-gather before copying it out (fsdp)
   kFsdpPreBackwardGather,   // FSDP full_shard gathers a unit again before its backward (fsdp)
+  kHostFunctionThread,      // sim runs every stream's host functions on one thread, as CUDA may (sim)
   kCount
 };
 const char* name(Point p);

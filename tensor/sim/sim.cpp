@@ -343,8 +343,15 @@ class SimStream {
 // ---- Host functions ----------------------------------------------------------------------------
 // As in a CUDA host function (cudaLaunchHostFunc), a device call made inside one fails
 // (cudaErrorNotPermitted), and so does one made while destroying what the function captured.
-// Unlike CUDA, which may run the host functions of all streams on one thread, sim runs each on its
-// own stream's thread (a host function waiting for another stream's would deadlock on CUDA: don't).
+//
+// [One host-function thread] CUDA runs host functions of independent streams "in undefined order"
+// and "may serialize" them (the cudaLaunchHostFunc documentation): one driver thread may run those of
+// every stream, so a host function that waits for another stream's host function, or for host work
+// that waits for one, deadlocks there. sim runs them all on one process-wide thread, each while its
+// stream waits for it, so such a wait hangs on sim too instead of passing by luck. (Until
+// 2026-12-01 each ran on its own stream's thread, more forgiving than CUDA.) The negative control:
+// fault::Point::kHostFunctionThread removed runs each on its stream's thread again
+// (sim_runtime_test shows two host functions of two streams overlapping then, never with it).
 
 thread_local bool t_in_host_function = false;
 
@@ -383,6 +390,55 @@ void run_host_function(std::function<void()>& fn) noexcept {
   fn = nullptr;
   t_in_host_function = false;
 }
+
+// The one thread (started on first use, living as long as the process, as the streams' threads).
+class HostFunctionThread {
+ public:
+  static HostFunctionThread& get() {
+    static HostFunctionThread* instance = new HostFunctionThread();  // never destroyed: streams may still call it at exit
+    return *instance;
+  }
+  // Runs fn there and returns when it has run (the calling stream waits, as a CUDA stream does for
+  // its host function).
+  void run(std::function<void()>& fn) {
+    Call call{&fn};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(&call);
+    }
+    cv_.notify_all();
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [&] { return call.done; });
+  }
+
+ private:
+  struct Call {
+    std::function<void()>* fn;
+    bool done = false;
+  };
+  HostFunctionThread() : worker_([this] { loop(); }) { worker_.detach(); }
+  void loop() {
+    for (;;) {
+      Call* call;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return !queue_.empty(); });
+        call = queue_.front();
+        queue_.pop_front();
+      }
+      run_host_function(*call->fn);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        call->done = true;
+      }
+      done_cv_.notify_all();
+    }
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_, done_cv_;
+  std::deque<Call*> queue_;
+  std::thread worker_;
+};
 
 // ---- The runtime -------------------------------------------------------------------------------
 
@@ -558,7 +614,11 @@ class SimRuntime final : public DeviceRuntime {
     check_healthy(as_stream(s)->device(), "launch_host_task");
     const auto shared = host_call();
     auto held = std::make_shared<std::function<void()>>(std::move(fn));
-    as_stream(s)->submit(Task{[held] { run_host_function(*held); }, std::move(buffers)});
+    as_stream(s)->submit(Task{[held] {
+                                if (fault::removed(fault::Point::kHostFunctionThread)) run_host_function(*held);
+                                else HostFunctionThread::get().run(*held);
+                              },
+                              std::move(buffers)});
   }
   void stream_write_value(StreamHandle s, uint32_t* word, uint32_t value) override {
     refuse_in_host_function("stream_write_value");

@@ -18,9 +18,10 @@
 //   passed the call (cudaFree synchronizes the device), without blocking the host.
 // - Host functions (launch_host_task) follow CUDA's cudaLaunchHostFunc rule: a device call inside
 //   one (an allocation, a free, a copy, an event, a launch), also from a destructor of what it
-//   captured, fails as cudaErrorNotPermitted does. They run on their stream's thread; CUDA may run
-//   those of all streams on one thread, which sim does not model. Kernels (launch_kernel) run on
-//   their stream's own thread without the rule.
+//   captured, fails as cudaErrorNotPermitted does. As CUDA may, sim runs the host functions of all
+//   streams on one thread, each while its stream waits ([One host-function thread], sim.cpp): a
+//   host function that waits for another's hangs here as it can on a GPU. Kernels (launch_kernel)
+//   run on their stream's own thread without the rule.
 // - Page-locked host allocation and free (host_malloc, host_free) are implicit synchronizations, as
 //   on CUDA: work issued after them on any stream waits for everything issued before on every stream.
 // - Delay injection: CHORUS_SIM_DELAY_US=N (or set_delay_us) sleeps a random 0..N us before every

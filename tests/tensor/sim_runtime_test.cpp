@@ -8,12 +8,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +23,7 @@
 #include "tensor/error.h"
 #include "tensor/runtime.h"
 #include "tensor/sim/sim.h"
+#include "tensor/test_faults.h"
 #include "tests/tensor/vm_flags.h"
 
 using namespace chorus;
@@ -348,6 +351,54 @@ TEST_CASE("sim: with delay injection, many tasks on many streams keep stream ord
   CHECK(ms > 5.0);
   a.synchronize();
   rt.free(0, buf);
+}
+
+TEST_CASE("sim: host functions of different streams run one at a time, as CUDA may run them; removed, they overlap") {
+  // [One host-function thread] (tensor/sim/sim.cpp). Host function A (stream a) starts, then B is
+  // launched on stream b, and A waits for B to start. On one host-function thread B cannot start
+  // while A runs, whatever the timing, so A's wait ends by its bound and sees no B; with the rule
+  // removed B runs on b's own thread and A sees it start (a wake-up, well within the bound).
+  DeviceRuntime& rt = sim_runtime();
+  Stream a = stream_from_pool(Device::sim(0));
+  Stream b = stream_from_pool(Device::sim(0));
+  REQUIRE(a.handle() != b.handle());
+  auto b_started_during_a = [&](std::chrono::milliseconds bound) {
+    std::mutex m;
+    std::condition_variable cv;
+    bool a_started = false, b_started = false, seen = false;
+    rt.launch_host_task(
+        a.handle(),
+        [&] {
+          std::unique_lock<std::mutex> lock(m);
+          a_started = true;
+          cv.notify_all();
+          seen = cv.wait_for(lock, bound, [&] { return b_started; });
+        },
+        {});
+    {
+      std::unique_lock<std::mutex> lock(m);
+      cv.wait(lock, [&] { return a_started; });  // B is launched only once A runs
+    }
+    rt.launch_host_task(
+        b.handle(),
+        [&] {
+          std::lock_guard<std::mutex> lock(m);
+          b_started = true;
+          cv.notify_all();
+        },
+        {});
+    a.synchronize();
+    b.synchronize();
+    std::lock_guard<std::mutex> lock(m);
+    REQUIRE(b_started);  // both ran
+    return seen;
+  };
+  CHECK_FALSE(b_started_during_a(300ms));
+  {
+    fault::RemovedScope per_stream(fault::Point::kHostFunctionThread);
+    CHECK(b_started_during_a(20s));
+  }
+  CHECK_FALSE(b_started_during_a(300ms));
 }
 
 TEST_CASE("sim: a device call inside a host function fails as cudaErrorNotPermitted") {
