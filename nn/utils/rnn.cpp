@@ -76,16 +76,20 @@ PackedSequence pack_padded_sequence(const Tensor& input, const std::vector<int64
     sorted_input = index_select(time_major, 1, packed.sorted_indices);
   }
 
-  // Step t keeps the first batch_sizes[t] rows: those (longest first) whose length exceeds t.
+  // Step t keeps the first batch_sizes[t] rows: those (longest first) whose length exceeds t. The
+  // steps are one split of the input ([One node for a split], autograd/ops/index.cpp): a select per
+  // step gave each step's gradient a zero tensor of the whole input, quadratic in the length when
+  // the input requires grad (an embedding's output, say).
+  const TensorList per_step = split(sorted_input, 1, 0);  // [1, B, *] each
   std::vector<int64_t> batch_sizes;
   TensorList pieces;
   for (int64_t t = 0; t < lengths[order[0]]; ++t) {
     int64_t running = 0;
     while (running < batch && lengths[order[running]] > t) ++running;
     batch_sizes.push_back(running);
-    pieces.push_back(narrow(select(sorted_input, 0, t), 0, 0, running));
+    pieces.push_back(narrow(per_step[t], 1, 0, running));
   }
-  packed.data = cat(pieces, 0);
+  packed.data = select(cat(pieces, 1), 0, 0);
   packed.batch_sizes = tensor(batch_sizes);
   return packed;
 }

@@ -1,8 +1,9 @@
-// An LSTM's training step (forward, the loss, backward; no optimizer) at growing sequence lengths,
-// chorus against libtorch 1.13 in the same process: ms a step (bench::paired_median_times) and how
+// An LSTM's training step (forward, the loss, backward; no optimizer) at growing sequence lengths, on
+// a padded batch and on a packed one from an input that requires grad, chorus against libtorch 1.13
+// in the same process: ms a step (bench::paired_median_times) and how
 // the time grows with the length. A step whose time grows faster than the length has work that is
-// quadratic in it (split's pieces each had a whole-size gradient until [One node for a split],
-// autograd/ops/index.cpp).
+// quadratic in it (split's pieces, and pack_padded_sequence's steps, each had a whole-size gradient
+// until [One node for a split], autograd/ops/index.cpp).
 //
 //   bazel run -c opt //tests/bench:rnn_bench -- [--threads T] [--steps N] [--lengths 16,64,256]
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "nn/rnn.h"
+#include "nn/utils/rnn.h"
 #include "tensor/ops.h"
 #include "tests/bench/bench_util.h"
 #include "tests/bench/libtorch_peer.h"
@@ -48,7 +50,8 @@ int main(int argc, char** argv) {
               "(no optimizer); median of %d steps a side after warm-up (bench::paired_median_times)\n\n",
               static_cast<long long>(input), static_cast<long long>(hidden), static_cast<long long>(batch), threads,
               steps);
-  std::printf("| length | chorus ms | libtorch ms | chorus / libtorch | chorus ms per time step |\n|---|---|---|---|---|\n");
+  std::printf("| input | length | chorus ms | libtorch ms | chorus / libtorch | chorus ms per time step |\n"
+              "|---|---|---|---|---|---|\n");
   for (int64_t length : lengths) {
     const Tensor x = randn({length, batch, input});
     const torch::Tensor tx = torch::randn({length, batch, input});
@@ -60,10 +63,34 @@ int main(int argc, char** argv) {
       peer->zero_grad();
       std::get<0>(peer->forward(tx)).mean().backward();
     };
-    const bench::PairedTimes t = bench::paired_median_times(chorus_step, torch_step, 2, steps);
-    std::printf("| %lld | %.2f | %.2f | %.2f | %.3f |\n", static_cast<long long>(length), t.a * 1e3, t.b * 1e3, t.ratio,
-                t.a * 1e3 / static_cast<double>(length));
-    std::fflush(stdout);
+    // Packed, from an input that requires grad (an embedding's output, say): pack_padded_sequence's
+    // steps are on the gradient's path too. Lengths from `length` down to half of it.
+    Tensor xg = x.clone();
+    xg.requires_grad_();
+    torch::Tensor txg = tx.clone().requires_grad_();
+    std::vector<int64_t> lens(batch);
+    for (int64_t i = 0; i < batch; ++i) lens[i] = length - (length / 2) * i / batch;
+    const torch::Tensor tlens = torch::tensor(lens);
+    auto chorus_packed = [&] {
+      lstm.zero_grad();
+      xg.mutable_grad() = Tensor();
+      std::get<0>(lstm.forward(nn::utils::rnn::pack_padded_sequence(xg, lens), std::nullopt)).data.mean().backward();
+    };
+    auto torch_packed = [&] {
+      peer->zero_grad();
+      if (txg.grad().defined()) txg.grad().zero_();
+      std::get<0>(peer->forward_with_packed_input(torch::nn::utils::rnn::pack_padded_sequence(txg, tlens)))
+          .data()
+          .mean()
+          .backward();
+    };
+    for (bool packed : {false, true}) {
+      const bench::PairedTimes t = packed ? bench::paired_median_times(chorus_packed, torch_packed, 2, steps)
+                                          : bench::paired_median_times(chorus_step, torch_step, 2, steps);
+      std::printf("| %s | %lld | %.2f | %.2f | %.2f | %.3f |\n", packed ? "packed, requires grad" : "padded",
+                  static_cast<long long>(length), t.a * 1e3, t.b * 1e3, t.ratio, t.a * 1e3 / static_cast<double>(length));
+      std::fflush(stdout);
+    }
   }
   return 0;
 }
