@@ -89,7 +89,10 @@ PackedSequence pack_padded_sequence(const Tensor& input, const std::vector<int64
     batch_sizes.push_back(running);
     pieces.push_back(narrow(per_step[t], 1, 0, running));
   }
-  packed.data = select(cat(pieces, 1), 0, 0);
+  Shape rows = sorted_input.sizes();  // [1, sum(batch_sizes), *] -> [sum(batch_sizes), *]: a view
+  rows.erase(rows.begin());
+  rows[0] = std::accumulate(batch_sizes.begin(), batch_sizes.end(), int64_t{0});
+  packed.data = cat(pieces, 1).reshape(rows);
   packed.batch_sizes = tensor(batch_sizes);
   return packed;
 }
