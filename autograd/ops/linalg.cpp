@@ -1,5 +1,10 @@
 // Matrix products with PyTorch semantics: mm, bmm, addmm as kernels with backward formulas, and
 // matmul composed from them (1-D promotion, batch broadcasting) so its gradient follows for free.
+#include <algorithm>
+#include <array>
+#include <optional>
+#include <vector>
+
 #include "autograd/ops/common.h"
 
 namespace chorus {
@@ -128,6 +133,123 @@ Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b, const Scalar&
   return out;
 }
 
+namespace {
+
+// [Batched products of strided views] On the CPU, matmul multiplies batches whose batch dims no
+// single stride describes (attention's heads: q [B, T, H, d] permuted to [B, H, T, d] has batch
+// strides T*H*d and d) in place, instead of copying them into [B*H, T, d] as PyTorch's matmul does:
+// the batch dims split into an outer part looped over here and the longest inner run one stride
+// describes for a, b and the output, which kernels::bmm takes as strided 3-D views (the CPU GEMM
+// reads any matrix with a unit stride in place). Gradients come out laid out like their inputs, so
+// the gradient of a permuted projection permutes back to a contiguous one and the reshape before
+// the projection's backward is a view. sim does the same: its kernels are the CPU's, and its tests
+// hold it to the CPU's bits. On CUDA one strided-batched call over copies costs less than a launch
+// per outer index (BERT-base b32: 32 launches a product), so CUDA keeps matmul's reshape and bmm,
+// whose pieces sim tests on their own.
+
+Tensor restrided(const Tensor& t, const Shape& sizes, const Strides& strides, int64_t offset) {
+  return Tensor(std::make_shared<TensorImpl>(t.storage(), t.storage_offset() + offset, sizes, strides, t.dtype()));
+}
+
+// c[batch..., n, p] = a[batch..., n, m] @ b[batch..., m, p], all three with one batch shape.
+void batched_product_kernel(const Tensor& c, const Tensor& a, const Tensor& b) {
+  if (c.numel() == 0) return;
+  const int64_t nd = c.dim() - 2;
+  const std::array<const Tensor*, 3> ts = {&c, &a, &b};
+  // Merge batch dims from the innermost outwards while each tensor's stride steps over the run
+  // merged so far; size-1 dims merge with anything.
+  int64_t split = nd, inner = 1;
+  std::array<int64_t, 3> inner_stride = {0, 0, 0};
+  for (int64_t d = nd - 1; d >= 0; --d) {
+    const int64_t size = c.size(d);
+    if (size != 1) {
+      if (inner == 1) {
+        for (int i = 0; i < 3; ++i) inner_stride[i] = ts[i]->stride(d);
+      } else {
+        bool merges = true;
+        for (int i = 0; i < 3; ++i) merges = merges && ts[i]->stride(d) == inner_stride[i] * inner;
+        if (!merges) break;
+      }
+      inner *= size;
+    }
+    split = d;
+  }
+  auto view3 = [&](int i, int64_t offset) {
+    const Tensor& t = *ts[i];
+    return restrided(t, {inner, t.size(-2), t.size(-1)}, {inner_stride[i], t.stride(-2), t.stride(-1)}, offset);
+  };
+  // The outer dims [0, split), walked as a counter.
+  std::vector<int64_t> index(static_cast<size_t>(split), 0);
+  std::array<int64_t, 3> offsets = {0, 0, 0};
+  while (true) {
+    kernels::bmm(view3(0, offsets[0]), view3(1, offsets[1]), view3(2, offsets[2]));
+    int64_t d = split - 1;
+    for (; d >= 0; --d) {
+      for (int i = 0; i < 3; ++i) offsets[i] += ts[i]->stride(d);
+      if (++index[d] < c.size(d)) break;
+      for (int i = 0; i < 3; ++i) offsets[i] -= ts[i]->stride(d) * c.size(d);
+      index[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+// A tensor's sizes and strides, without its storage (the layout a gradient takes).
+struct Geometry {
+  Shape sizes;
+  Strides strides;
+};
+
+// A new tensor of geom's shape in geom's memory order when that geometry is dense and does not
+// overlap (a permutation of a contiguous tensor's), else contiguous.
+Tensor new_output_like(const Geometry& geom, DType dtype, Device device) {
+  const size_t n = geom.sizes.size();
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  // Outermost first; ties (and size-1 dims, whose stride means nothing) keep their order.
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    const int64_t sx = geom.sizes[x] == 1 ? 0 : geom.strides[x], sy = geom.sizes[y] == 1 ? 0 : geom.strides[y];
+    return sx > sy;
+  });
+  Strides strides(n);
+  int64_t expected = 1;
+  bool dense = true;
+  for (size_t i = n; i-- > 0;) {
+    const size_t d = order[i];
+    if (geom.sizes[d] != 1 && geom.strides[d] != expected) dense = false;
+    strides[d] = expected;
+    expected *= geom.sizes[d];
+  }
+  if (!dense || is_contiguous_strides(geom.sizes, strides)) return new_output(geom.sizes, dtype, device);
+  const Tensor flat = new_output({numel_of(geom.sizes)}, dtype, device);
+  return restrided(flat, geom.sizes, strides, 0);
+}
+
+// a [batch..., n, m] @ b [batch..., m, p] with one batch shape (expanded already), not on CUDA; the
+// result is laid out like `layout` when given (a gradient like its input), else contiguous.
+Tensor strided_batched_matmul(const Tensor& a, const Tensor& b, const std::optional<Geometry>& layout) {
+  const DType cd = product_dtype(a);
+  Shape out_shape(a.sizes().begin(), a.sizes().end() - 1);
+  out_shape.push_back(b.size(-1));
+  Tensor out = layout ? new_output_like(*layout, cd, a.device()) : new_output(out_shape, cd, a.device());
+  CHORUS_CHECK(out.sizes() == out_shape, "matmul: a gradient's layout has shape {}, expected {}",
+               shape_str(out.sizes()), shape_str(out_shape));
+  batched_product_kernel(out, cast(a, cd), cast(b, cd));
+  out = cast(out, a.dtype());
+  if (autograd::any_requires_grad({&a, &b})) {
+    SavedTensor sa(b.requires_grad() ? a : Tensor()), sb(a.requires_grad() ? b : Tensor());
+    const bool need_a = a.requires_grad(), need_b = b.requires_grad();
+    Geometry ga{a.sizes(), a.strides()}, gb{b.sizes(), b.strides()};
+    autograd::record("MatmulBackward", {a, b}, {out}, [sa, sb, need_a, need_b, ga, gb](const TensorList& g) -> TensorList {
+      return {need_a ? strided_batched_matmul(g[0], sb.unpack("matmul").transpose(-2, -1), ga) : Tensor(),
+              need_b ? strided_batched_matmul(sa.unpack("matmul").transpose(-2, -1), g[0], gb) : Tensor()};
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
 Tensor matmul(const Tensor& a, const Tensor& b) {
   if (auto low = autocast::lower_precision({&a, &b})) return matmul(autocast::cast(a, *low), autocast::cast(b, *low));
   check_matmul_args("matmul", a, b);
@@ -172,10 +294,13 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   Shape ea = batch, eb = batch;
   ea.insert(ea.end(), {n, m});
   eb.insert(eb.end(), {m, p});
-  Tensor out = bmm(reshape(expand(aa, ea), {nb, n, m}), reshape(expand(b, eb), {nb, m, p}));
   Shape out_shape = batch;
   if (da > 1) out_shape.push_back(n);
   out_shape.push_back(p);
+  if (!a.device().is_cuda()) {  // [Batched products of strided views]
+    return reshape(strided_batched_matmul(expand(aa, ea), expand(b, eb), std::nullopt), out_shape);
+  }
+  Tensor out = bmm(reshape(expand(aa, ea), {nb, n, m}), reshape(expand(b, eb), {nb, m, p}));
   return reshape(out, out_shape);
 }
 

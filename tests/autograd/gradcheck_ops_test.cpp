@@ -308,6 +308,15 @@ void linalg_rows(Table& t) {
   t.push_back({"matmul N-D @ 2-D", {any({2, 3, 4}), any({4, 2})}, mat});
   t.push_back({"matmul N-D @ 1-D", {any({2, 3, 4}), any({4})}, mat});
   t.push_back({"matmul 1-D @ N-D", {any({4}), any({2, 4, 3})}, mat});
+  // Batch dims no single stride describes ([Batched products of strided views], autograd/ops/linalg.cpp):
+  // attention's heads (q [B, T, H, d] permuted to [B, H, T, d], k to [B, H, d, T]), a broadcast
+  // operand beside a permuted one, and five dims whose batch merges only in its innermost dim.
+  t.push_back({"matmul permuted heads", {any({2, 3, 2, 4}), any({2, 3, 2, 4})},
+               [](L x) { return matmul(permute(x[0], {0, 2, 1, 3}), permute(x[1], {0, 2, 3, 1})); }});
+  t.push_back({"matmul permuted @ broadcast", {any({2, 3, 2, 4}), any({2, 1, 4, 3})},
+               [](L x) { return matmul(permute(x[0], {0, 2, 1, 3}), x[1]); }});
+  t.push_back({"matmul 5-D, batch merged in its last dim only", {any({3, 2, 2, 2, 4}), any({2, 3, 2, 4, 3})},
+               [](L x) { return matmul(permute(x[0], {1, 0, 2, 3, 4}), x[1]); }});
   t.push_back({"matmul [transposed, transposed]", {any({3, 4}).transposed(), any({4, 2}).transposed()}, mat});
   t.push_back({"matmul 1-D @ 1-D [step-sliced]", {any({4}).step_sliced(), any({4}).step_sliced()}, mat});
   t.push_back({"matmul N-D @ 2-D [step-sliced, transposed]", {any({2, 3, 4}).step_sliced(), any({4, 2}).transposed()},

@@ -6,6 +6,7 @@
 //
 //   bazel run -c opt //tests/bench:transformer_ops_bench
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -80,6 +81,9 @@ int main(int argc, char** argv) {
   torch::Tensor tout;
   Tensor xg = x.detach().requires_grad_(true), x4g = x4.detach().requires_grad_(true);
   torch::Tensor txg = tx.detach().requires_grad_(true), tx4g = tx4.detach().requires_grad_(true);
+  Tensor qkvg = qkv.detach().requires_grad_(true);
+  torch::Tensor tqkvg = tqkv.detach().requires_grad_(true);
+  auto [dctx, tdctx] = both({b, t, h});
   Tensor lg = logits.detach().requires_grad_(true);
   torch::Tensor tlg = tlogits.detach().requires_grad_(true);
   NoGradGuard no_grad_outside;  // rows that time a backward turn grad mode on themselves
@@ -118,6 +122,23 @@ int main(int argc, char** argv) {
        [&] {
          for (int i = 0; i < 3; ++i)
            tout = tqkv.narrow(2, i * h, h).reshape({b, t, heads, h / heads}).transpose(1, 2).contiguous();
+       }},
+      // The whole attention between the projections and the output projection, as BERT runs it:
+      // the heads of q, k, v (views of [8, 128, 256] projections), scores, softmax, dropout, the
+      // context back to [8, 128, 256], and the backward of all of it to the projections.
+      {"attention forward + backward, heads of [8, 128, 3 x 256]",
+       [&] {
+         EnableGradGuard on;
+         auto split = [&](int i) { return qkvg.narrow(2, i * h, h).reshape({b, t, heads, h / heads}).permute({0, 2, 1, 3}); };
+         Tensor ctx = F::scaled_dot_product_attention(split(0), split(1), split(2), {.dropout_p = 0.1});
+         ctx.permute({0, 2, 1, 3}).reshape({b, t, h}).backward(dctx);
+       },
+       [&] {
+         torch::AutoGradMode on(true);
+         auto split = [&](int i) { return tqkvg.narrow(2, i * h, h).view({b, t, heads, h / heads}).transpose(1, 2); };
+         torch::Tensor scores = torch::matmul(split(0), split(1).transpose(-1, -2)) / std::sqrt(64.0);
+         torch::Tensor probs = torch::dropout(scores.softmax(-1), 0.1, true);
+         torch::matmul(probs, split(2)).transpose(1, 2).reshape({b, t, h}).backward(tdctx);
        }},
       {"transpose copy [1024, 768] -> [768, 1024]", [&] { out = dy768.t().contiguous(); },
        [&] { tout = tdy768.t().contiguous(); }},

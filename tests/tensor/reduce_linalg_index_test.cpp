@@ -215,6 +215,59 @@ TEST_CASE("mm, addmm, bmm and matmul (1-D, 2-D, batched, broadcast) match loops 
   CHECK_THROWS_WITH(bmm(zeros({2, 3}), zeros({2, 3})), Catch::Contains("3-D"));
 }
 
+TEST_CASE("matmul over attention's permuted heads matches loops, and its gradients keep the inputs' layout",
+          "[tensor][linalg]") {
+  // q and k as projections give them: [B, T, H, d] permuted to [B, H, T, d] and [B, H, d, T], whose
+  // batch dims (B, H) no single stride describes; on the CPU the product reads them in place
+  // ([Batched products of strided views], autograd/ops/linalg.cpp).
+  Generator gen(103);
+  const int64_t B = 3, T = 5, H = 2, d = 4;
+  for (DType dt : {kFloat32, kFloat64}) {
+    INFO(dtype_name(dt));
+    Tensor xq = testing::random_tensor({B, T, H, d}, dt, gen).requires_grad_();
+    Tensor xk = testing::random_tensor({B, T, H, d}, dt, gen).requires_grad_();
+    Tensor q = xq.permute({0, 2, 1, 3}), kt = xk.permute({0, 2, 3, 1});
+    Tensor s = matmul(q, kt);
+    REQUIRE(s.sizes() == Shape{B, H, T, T});
+    const auto qv = values(q.contiguous()), kv = values(kt.contiguous());
+    std::vector<double> expect;
+    for (int64_t i = 0; i < B * H; ++i) {
+      auto r = matmul_ref({qv.begin() + i * T * d, qv.begin() + (i + 1) * T * d},
+                          {kv.begin() + i * d * T, kv.begin() + (i + 1) * d * T}, T, d, T);
+      expect.insert(expect.end(), r.begin(), r.end());
+    }
+    const double tol = dt == kFloat32 ? 1e-6 : 1e-15;
+    CHECK(testing::matches(s, {B, H, T, T}, expect, tol, tol));
+    // The gradients that reach q and kt are laid out like them, so the ones that reach the
+    // projections' outputs are contiguous (the reshape before a projection's backward is a view).
+    Tensor seen_q, seen_k;
+    q.register_hook([&](const Tensor& g) { seen_q = g; return Tensor(); });
+    kt.register_hook([&](const Tensor& g) { seen_k = g; return Tensor(); });
+    Tensor up = testing::random_tensor({B, H, T, T}, dt, gen);
+    (s * up).sum().backward();
+    REQUIRE(seen_q.defined());
+    REQUIRE(seen_k.defined());
+    CHECK(seen_q.strides() == q.strides());
+    CHECK(seen_k.strides() == kt.strides());
+    CHECK(xq.grad().is_contiguous());
+    // dL/dq = up @ kt^T, dL/dkt = q^T @ up, per batch.
+    const auto uv = values(up);
+    std::vector<double> gq, gk;
+    for (int64_t i = 0; i < B * H; ++i) {
+      std::vector<double> ui(uv.begin() + i * T * T, uv.begin() + (i + 1) * T * T), ki(kv.begin() + i * d * T, kv.begin() + (i + 1) * d * T),
+          qi(qv.begin() + i * T * d, qv.begin() + (i + 1) * T * d);
+      std::vector<double> kit(d * T), qit(T * d);
+      for (int64_t r = 0; r < d; ++r)
+        for (int64_t c = 0; c < T; ++c) kit[c * d + r] = ki[r * T + c], qit[r * T + c] = qi[c * d + r];
+      auto a = matmul_ref(ui, kit, T, T, d), b = matmul_ref(qit, ui, d, T, T);
+      gq.insert(gq.end(), a.begin(), a.end());
+      gk.insert(gk.end(), b.begin(), b.end());
+    }
+    CHECK(testing::matches(xq.grad().permute({0, 2, 1, 3}).contiguous(), {B, H, T, d}, gq, tol, tol));
+    CHECK(testing::matches(xk.grad().permute({0, 2, 3, 1}).contiguous(), {B, H, d, T}, gk, tol, tol));
+  }
+}
+
 // ------------------------------------------------------------------ joining, splitting, indexing
 TEST_CASE("cat, stack, split and chunk place every element where PyTorch does", "[tensor][join]") {
   Generator gen(103);
