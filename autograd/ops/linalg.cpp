@@ -5,6 +5,8 @@
 #include <optional>
 #include <vector>
 
+#include "autograd/ops/linalg.h"
+
 #include "autograd/ops/common.h"
 
 namespace chorus {
@@ -302,6 +304,18 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   }
   Tensor out = bmm(reshape(expand(aa, ea), {nb, n, m}), reshape(expand(b, eb), {nb, m, p}));
   return reshape(out, out_shape);
+}
+
+Tensor matmul_laid_out_like(const Tensor& a, const Tensor& b, const Tensor& like) {
+  const bool plain = a.device().is_cuda() || a.dim() < 3 || b.dim() < 3 || a.dim() != b.dim() || !like.defined() ||
+                     autocast::lower_precision({&a, &b}).has_value();
+  if (plain) return matmul(a, b);
+  check_matmul_args("matmul", a, b);
+  Shape out_shape(a.sizes().begin(), a.sizes().end() - 1);
+  out_shape.push_back(b.size(-1));
+  const bool same_batch = std::equal(a.sizes().begin(), a.sizes().end() - 2, b.sizes().begin());
+  if (!same_batch || a.size(-1) != b.size(-2) || like.sizes() != out_shape) return matmul(a, b);
+  return strided_batched_matmul(a, b, Geometry{like.sizes(), like.strides()});
 }
 
 }  // namespace chorus

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "autograd/ops/common.h"
+#include "autograd/ops/linalg.h"
 #include "nn/functional/basic.h"
 #include "tensor/ops.h"
 
@@ -130,7 +131,10 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   }
   Tensor weights = chorus::softmax(scores, -1);
   if (options.dropout_p > 0.0) weights = dropout(weights, options.dropout_p, true, options.generator);
-  Tensor out = matmul(weights, value);
+  // Laid out like the query (PyTorch's fused kernels do the same): a query of heads permuted out of
+  // [B, T, H, d] gets its output back in that order, and the caller's permute and reshape to
+  // [B, T, H * d] are views, not a copy.
+  Tensor out = matmul_laid_out_like(weights, value, query);
   if (excluded_rows.defined()) out = masked_fill(out, excluded_rows, 0.0);
   return out;
 }

@@ -181,6 +181,32 @@ TEST_CASE("scaled_dot_product_attention gradients pass gradcheck in float64", "[
   }
 }
 
+TEST_CASE("scaled_dot_product_attention lays its output out like the query, as PyTorch's fused kernels do",
+          "[nn][sdpa]") {
+  // Heads permuted out of [B, T, H, d] projections, as BERT and MultiheadAttention make them: the
+  // output comes back in that order, so permuting it to [B, T, H, d] and reshaping are views.
+  Generator g(13);
+  const int64_t B = 2, T = 5, H = 3, d = 4;
+  const TensorOptions o{.dtype = kFloat64};
+  Tensor xq = randn({B, T, H, d}, o, &g), xk = randn({B, T, H, d}, o, &g), xv = randn({B, T, H, d}, o, &g);
+  Tensor mask = randn({B, 1, 1, T}, o, &g);
+  auto heads = [](const Tensor& x) { return x.permute({0, 2, 1, 3}); };
+  Tensor out = F::scaled_dot_product_attention(heads(xq), heads(xk), heads(xv), {.attn_mask = mask});
+  CHECK(out.sizes() == Shape{B, H, T, d});
+  CHECK(out.strides() == heads(xq).strides());
+  CHECK(out.permute({0, 2, 1, 3}).is_contiguous());
+  check_close(out, doubles(reference(heads(xq), heads(xk), heads(xv), mask, 0.5)), tolerance(kFloat64));
+  // A contiguous query keeps a contiguous output; gradients through the permuted output pass gradcheck.
+  CHECK(F::scaled_dot_product_attention(heads(xq).contiguous(), heads(xk), heads(xv)).is_contiguous());
+  auto leaf = [&](const Shape& s) { return randn(s, o, &g).requires_grad_(); };
+  CHECK(autograd::gradcheck(
+      [](const TensorList& x) {
+        auto h = [](const Tensor& t) { return t.permute({0, 2, 1, 3}); };
+        return F::scaled_dot_product_attention(h(x[0]), h(x[1]), h(x[2])).permute({0, 2, 1, 3}).reshape({2, 3, 4});
+      },
+      {leaf({2, 3, 2, 2}), leaf({2, 3, 2, 2}), leaf({2, 3, 2, 2})}));
+}
+
 TEST_CASE("scaled_dot_product_attention dropout: seeded, unbiased, p = 1 gives zeros", "[nn][sdpa][dropout]") {
   Generator g(13);
   const int64_t L = 3, S = 4, E = 2;
