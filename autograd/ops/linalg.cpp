@@ -1,5 +1,7 @@
 // Matrix products with PyTorch semantics: mm, bmm, addmm as kernels with backward formulas, and
-// matmul composed from them (1-D promotion, batch broadcasting) so its gradient follows for free.
+// matmul composed from them (1-D promotion, batch broadcasting) so its gradient follows for free;
+// off CUDA, matmul's batched case has a node of its own that reads strided batches in place
+// ([Batched products of strided views] below).
 #include <algorithm>
 #include <array>
 #include <optional>
@@ -292,7 +294,6 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   const int64_t n = aa.size(-2), m = aa.size(-1), p = b.size(-1);
   Shape batch_a(aa.sizes().begin(), aa.sizes().end() - 2), batch_b(b.sizes().begin(), b.sizes().end() - 2);
   Shape batch = broadcast_shapes("matmul", batch_a, batch_b);
-  const int64_t nb = numel_of(batch);
   Shape ea = batch, eb = batch;
   ea.insert(ea.end(), {n, m});
   eb.insert(eb.end(), {m, p});
@@ -302,6 +303,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (!a.device().is_cuda()) {  // [Batched products of strided views]
     return reshape(strided_batched_matmul(expand(aa, ea), expand(b, eb), std::nullopt), out_shape);
   }
+  const int64_t nb = numel_of(batch);
   Tensor out = bmm(reshape(expand(aa, ea), {nb, n, m}), reshape(expand(b, eb), {nb, m, p}));
   return reshape(out, out_shape);
 }

@@ -250,16 +250,13 @@ TEST_CASE("matmul over attention's permuted heads matches loops, and its gradien
     CHECK(seen_q.strides() == q.strides());
     CHECK(seen_k.strides() == kt.strides());
     CHECK(xq.grad().is_contiguous());
-    // dL/dq = up @ kt^T, dL/dkt = q^T @ up, per batch.
-    const auto uv = values(up);
+    // dL/dq = up @ kt^T, dL/dkt = q^T @ up, per batch (the transposes as the earlier case takes them).
+    const auto uv = values(up), ktv = values(kt.transpose(-2, -1).contiguous()), qtv = values(q.transpose(-2, -1).contiguous());
     std::vector<double> gq, gk;
     for (int64_t i = 0; i < B * H; ++i) {
-      std::vector<double> ui(uv.begin() + i * T * T, uv.begin() + (i + 1) * T * T), ki(kv.begin() + i * d * T, kv.begin() + (i + 1) * d * T),
-          qi(qv.begin() + i * T * d, qv.begin() + (i + 1) * T * d);
-      std::vector<double> kit(d * T), qit(T * d);
-      for (int64_t r = 0; r < d; ++r)
-        for (int64_t c = 0; c < T; ++c) kit[c * d + r] = ki[r * T + c], qit[r * T + c] = qi[c * d + r];
-      auto a = matmul_ref(ui, kit, T, T, d), b = matmul_ref(qit, ui, d, T, T);
+      const std::vector<double> ui(uv.begin() + i * T * T, uv.begin() + (i + 1) * T * T);
+      auto a = matmul_ref(ui, {ktv.begin() + i * T * d, ktv.begin() + (i + 1) * T * d}, T, T, d);
+      auto b = matmul_ref({qtv.begin() + i * d * T, qtv.begin() + (i + 1) * d * T}, ui, d, T, T);
       gq.insert(gq.end(), a.begin(), a.end());
       gk.insert(gk.end(), b.begin(), b.end());
     }
