@@ -71,11 +71,19 @@ void name_buffer(std::vector<const void*>& buffers, const A& a) {
   }
 }
 
-template <auto Kernel>
+// Each entry's name for the runtime's errors ("the kernel add ..." when it names memory a GPU would
+// fault on).
+namespace names {
+#define CHORUS_SIM_NAME(name, params, args) constexpr char name[] = "the kernel " #name;
+CHORUS_KERNEL_LIST(CHORUS_SIM_NAME)
+#undef CHORUS_SIM_NAME
+}  // namespace names
+
+template <auto Kernel, const char* Name>
 struct OnStream;
 
-template <typename... A, void (*Kernel)(A...)>
-struct OnStream<Kernel> {
+template <typename... A, void (*Kernel)(A...), const char* Name>
+struct OnStream<Kernel, Name> {
   static void run(A... args) {
     const Device device = detail::device_of(args...);
     std::vector<const void*> buffers;
@@ -85,7 +93,7 @@ struct OnStream<Kernel> {
     ::chorus::sim::launch_kernel(
         stream.handle(),
         [held = std::move(held)]() { std::apply([](const auto&... h) { Kernel(Held<A>::pass(h)...); }, held); },
-        std::move(buffers));
+        std::move(buffers), Name);
   }
 };
 
@@ -93,7 +101,7 @@ const KernelTable& sim_table() {
   static const KernelTable table = [] {
     KernelTable t;
     t.device_name = "sim";
-#define CHORUS_SIM_ENTRY(name, params, args) t.name = &OnStream<&cpu::name>::run;
+#define CHORUS_SIM_ENTRY(name, params, args) t.name = &OnStream<&cpu::name, names::name>::run;
     CHORUS_KERNEL_LIST(CHORUS_SIM_ENTRY)
 #undef CHORUS_SIM_ENTRY
     return t;

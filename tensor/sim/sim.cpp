@@ -70,6 +70,7 @@ class Memory {
     void* p = map(bytes);
     if (p == nullptr) return nullptr;
     segments_[reinterpret_cast<uintptr_t>(p)] = Segment{bytes, device, 0, false};
+    forget_unmapped(reinterpret_cast<uintptr_t>(p), bytes);
     in_use_[device] += bytes;
     return p;
   }
@@ -88,6 +89,7 @@ class Memory {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = segments_.find(reinterpret_cast<uintptr_t>(ptr));
     ::munmap(ptr, it->second.bytes);
+    remember_unmapped(it->first, it->second);
     segments_.erase(it);
   }
 
@@ -120,7 +122,112 @@ class Memory {
 
   bool protect() const { return protect_; }
 
+  // [Illegal addresses] What a GPU refuses that sim's guard alone would let through: device
+  // memory named by a kernel of another device (chorus enables no peer access, so a GPU kernel
+  // faults there: cudaErrorIllegalAddress, sticky), or freed before the launch (cudaFree has
+  // unmapped it on a GPU; here it stays mapped until the streams pass the free, so without this
+  // check the kernel would run on it; once unmapped, it would crash the process instead of failing
+  // the device). Pointers in no segment, live or freed, are host memory and not judged. Returns
+  // why the kernel is illegal, or nothing.
+  std::optional<std::string> illegal_kernel_access(int device, const std::vector<const void*>& buffers) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const void* b : buffers) {
+      const std::optional<Found> f = find(reinterpret_cast<uintptr_t>(b));
+      if (!f) continue;
+      if (f->freed()) {
+        return fmt::format("named memory freed before the launch ({} in the segment of {} bytes at {:#x} that free() "
+                           "released{}; a GPU has unmapped it: cudaErrorIllegalAddress, \"an illegal memory access was "
+                           "encountered\")",
+                           b, f->segment.bytes, f->base, f->unmapped ? ", since unmapped" : "");
+      }
+      if (f->segment.device != device) {
+        return fmt::format("named memory of sim:{} ({} in its segment of {} bytes at {:#x}); chorus enables no peer "
+                           "access, so a GPU kernel faults there (cudaErrorIllegalAddress, \"an illegal memory access was "
+                           "encountered\"): copy the tensor to sim:{} first (Tensor::to)",
+                           f->segment.device, b, f->segment.bytes, f->base, device);
+      }
+    }
+    return std::nullopt;
+  }
+  // A copy's sides ([Illegal addresses]), as cudaMemcpyAsync checks them against its allocations
+  // (cudaErrorInvalidValue at the call): a device side must lie, [p, p + nbytes), in one live
+  // segment; a host side in none (the kind the caller gave must be the kind of the memory). A copy
+  // between two devices is legal (CUDA copies across devices without peer access, staged).
+  void check_copy_side(const void* p, size_t nbytes, const char* side, bool device_side, const char* kind) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto addr = reinterpret_cast<uintptr_t>(p);
+    const std::optional<Found> f = find(addr);
+    if (!device_side) {
+      if (f) {
+        fail("sim: memcpy_async ({}): the {} {} is sim:{}'s device memory (in its segment of {} bytes at {:#x}{}), "
+             "not host memory: on a GPU the copy is refused (cudaErrorInvalidValue)",
+             kind, side, p, f->segment.device, f->segment.bytes, f->base, f->freed() ? ", freed" : "");
+      }
+      return;
+    }
+    if (!f) {
+      fail("sim: memcpy_async ({}): the {} {} is not sim device memory (no segment holds it): on a GPU the copy is "
+           "refused (cudaErrorInvalidValue)",
+           kind, side, p);
+    }
+    if (f->freed()) {
+      fail("sim: memcpy_async ({}): the {} {} is in the segment of {} bytes at {:#x} that free() released{}: on a GPU "
+           "the copy is refused (cudaErrorInvalidValue)",
+           kind, side, p, f->segment.bytes, f->base, f->unmapped ? " (since unmapped)" : "");
+    }
+    const size_t after = f->base + f->segment.bytes - addr;
+    if (nbytes > after) {
+      fail("sim: memcpy_async ({}) of {} bytes: the {} {} has only {} bytes of its segment (of {} bytes at {:#x}) "
+           "after it: on a GPU the copy is refused (cudaErrorInvalidValue)",
+           kind, nbytes, side, p, after, f->segment.bytes, f->base);
+    }
+  }
+
  private:
+  // Where an address lies: a live or retired segment, or one already unmapped whose range no
+  // mapping has taken since. Called with mutex_ held.
+  struct Found {
+    uintptr_t base;
+    Segment segment;
+    bool unmapped;
+    bool freed() const { return unmapped || segment.retired; }
+  };
+  static std::optional<std::pair<uintptr_t, Segment>> holding(const std::map<uintptr_t, Segment>& m, uintptr_t addr) {
+    auto it = m.upper_bound(addr);
+    if (it == m.begin()) return std::nullopt;
+    --it;
+    if (addr >= it->first + it->second.bytes) return std::nullopt;
+    return *it;
+  }
+  std::optional<Found> find(uintptr_t addr) const {
+    if (auto live = holding(segments_, addr)) return Found{live->first, live->second, false};
+    if (auto gone = holding(unmapped_, addr)) return Found{gone->first, gone->second, true};
+    return std::nullopt;
+  }
+  // The last kUnmappedKept unmapped segments are remembered, so that a use of one is reported as
+  // freed memory rather than crashing the process, until a new mapping takes its addresses.
+  static constexpr size_t kUnmappedKept = 4096;
+  void remember_unmapped(uintptr_t base, const Segment& s) {
+    if (unmapped_order_.size() == kUnmappedKept) {
+      unmapped_.erase(unmapped_order_.front());
+      unmapped_order_.pop_front();
+    }
+    unmapped_[base] = s;
+    unmapped_order_.push_back(base);
+  }
+  void forget_unmapped(uintptr_t base, size_t bytes) {
+    auto it = unmapped_.upper_bound(base);
+    if (it != unmapped_.begin()) --it;
+    while (it != unmapped_.end() && it->first < base + bytes) {
+      if (it->first + it->second.bytes > base) {
+        unmapped_order_.erase(std::find(unmapped_order_.begin(), unmapped_order_.end(), it->first));
+        it = unmapped_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
   // [Huge segments] A segment of 2 MiB or more is mapped at a 2 MiB boundary and marked for
   // transparent huge pages (MADV_HUGEPAGE; the kernel's default "madvise" mode then backs it with
   // 2 MiB pages when touched). Opening and closing a segment is an mprotect over all of it, and
@@ -144,6 +251,8 @@ class Memory {
   const bool protect_;
   std::mutex mutex_;
   std::map<uintptr_t, Segment> segments_;
+  std::map<uintptr_t, Segment> unmapped_;   // freed and unmapped, addresses not yet mapped again
+  std::deque<uintptr_t> unmapped_order_;    // unmapped_'s keys, oldest first
   std::map<int, size_t> in_use_;
 };
 
@@ -220,7 +329,8 @@ struct Task {
   std::function<void()> fn;
   std::vector<const void*> buffers;
   bool is_wait = false;  // a stream-waits-event task (runs no user code, takes no delay)
-  bool fails = false;    // an injected fault: the task fails on the device instead of running
+  std::string failure{};  // non-empty: the task fails its device with this instead of running
+                          // (an injected fault, or an illegal address found at the launch)
   bool opened = false;   // its segments were opened as the task before it ended ([Segment hand-over])
 };
 
@@ -235,7 +345,12 @@ class SimStream {
 
   void submit(Task task) {
     // A test may have armed this stream: its next piece of device work fails (tensor/fault.h).
-    if (!task.is_wait && fault::take_stream_failure(this)) task.fails = true;
+    if (!task.is_wait && fault::take_stream_failure(this) && task.failure.empty()) {
+      task.failure = fmt::format(
+          "a task on stream {} of sim:{} failed (an injected stream failure, fault::fail_next_stream_task; as a CUDA "
+          "kernel fault, cudaErrorLaunchFailure \"unspecified launch failure\")",
+          static_cast<const void*>(this), device_);
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       queue_.push_back(std::move(task));
@@ -280,11 +395,8 @@ class SimStream {
       if (delay > 0 && !task.is_wait) {
         std::this_thread::sleep_for(std::chrono::microseconds(rng() % (delay + 1)));
       }
-      if (task.fails) {
-        health_->fail(fmt::format(
-            "a task on stream {} of sim:{} failed (an injected stream failure, fault::fail_next_stream_task; as a "
-            "CUDA kernel fault, cudaErrorLaunchFailure \"unspecified launch failure\")",
-            static_cast<const void*>(this), device_));
+      if (!task.failure.empty()) {
+        health_->fail(task.failure);
       } else if (task.is_wait || !health_->failed.load(std::memory_order_acquire)) {
         if (!task.opened) memory_->access(task.buffers, +1);
         task.opened = true;
@@ -323,7 +435,7 @@ class SimStream {
       std::lock_guard<std::mutex> lock(mutex_);
       if (queue_.empty()) return;
       Task& t = queue_.front();
-      if (t.fails || t.opened || t.buffers.empty() || health_->failed.load(std::memory_order_acquire)) return;
+      if (!t.failure.empty() || t.opened || t.buffers.empty() || health_->failed.load(std::memory_order_acquire)) return;
       t.opened = true;
       next = t.buffers;
     }
@@ -587,6 +699,11 @@ class SimRuntime final : public DeviceRuntime {
     refuse_in_host_function("memcpy_async");
     check_healthy(as_stream(s)->device(), "memcpy_async");
     if (nbytes == 0) return;
+    const char* kind_name = kind == CopyKind::HostToDevice   ? "host to device"
+                            : kind == CopyKind::DeviceToHost ? "device to host"
+                                                             : "device to device";
+    memory_.check_copy_side(dst, nbytes, "destination", kind != CopyKind::DeviceToHost, kind_name);
+    memory_.check_copy_side(src, nbytes, "source", kind != CopyKind::HostToDevice, kind_name);
     if (kind == CopyKind::DeviceToHost && !is_pinned(dst)) {
       // As CUDA with pageable memory: the copy is synchronous, and the driver lock is held while
       // it waits for the stream (see driver_lock_).
@@ -647,11 +764,19 @@ class SimRuntime final : public DeviceRuntime {
                               {}, true});
   }
   // A kernel: runs on the stream's own thread, concurrently with other streams' (sim.h).
-  void launch_kernel(StreamHandle s, std::function<void()> fn, std::vector<const void*> buffers) {
+  // A kernel that names memory a GPU would fault on ([Illegal addresses]) is launched, as on a GPU,
+  // and fails its device when the stream gets to it (the error is sticky; the next synchronization
+  // raises it), without running.
+  void launch_kernel(StreamHandle s, std::function<void()> fn, std::vector<const void*> buffers, const char* what) {
     refuse_in_host_function("a kernel launch");
-    check_healthy(as_stream(s)->device(), "a kernel launch");
+    const int device = as_stream(s)->device();
+    check_healthy(device, "a kernel launch");
     const auto shared = host_call();
-    as_stream(s)->submit(Task{std::move(fn), std::move(buffers)});
+    Task task{std::move(fn), std::move(buffers)};
+    if (std::optional<std::string> why = memory_.illegal_kernel_access(device, task.buffers)) {
+      task.failure = fmt::format("{} on stream {} of sim:{} {}", what, s, device, *why);
+    }
+    as_stream(s)->submit(std::move(task));
   }
 
   // An EventHandle is a heap-held shared_ptr: tasks that record or wait take their own reference,
@@ -672,6 +797,11 @@ class SimRuntime final : public DeviceRuntime {
     check_healthy(as_stream(s)->device(), "record_event");
     const auto shared = host_call();
     std::shared_ptr<SimEvent> ev = shared_event(e);
+    if (ev->device != as_stream(s)->device()) {
+      fail("sim: record_event: the event was created on sim:{} and the stream is on sim:{}; CUDA records an event "
+           "only on a stream of its own device (cudaErrorInvalidResourceHandle)",
+           ev->device, as_stream(s)->device());
+    }
     uint64_t generation;
     {
       std::lock_guard<std::mutex> lock(ev->mutex);
@@ -711,16 +841,31 @@ class SimRuntime final : public DeviceRuntime {
     ev->wait_for(target);
     check_healthy(ev->device, "synchronize_event");
   }
+  // As cudaEventElapsedTime: both events made with timing and recorded (else
+  // cudaErrorInvalidResourceHandle), their latest records completed (else cudaErrorNotReady).
   double elapsed_ms(EventHandle start, EventHandle end) override {
+    check_loaded("elapsed_ms");
     auto* a = as_event(start);
     auto* b = as_event(end);
-    if (a == b) return 0.0;  // one mutex cannot be locked twice
-    std::scoped_lock lock(a->mutex, b->mutex);
+    check_healthy(a->device, "elapsed_ms");
+    check_healthy(b->device, "elapsed_ms");
+    if (!a->timing || !b->timing) {
+      fail("sim: elapsed_ms: the {} event was created without timing (create_event(device, enable_timing=false), "
+           "cudaEventDisableTiming): cudaErrorInvalidResourceHandle",
+           !a->timing ? "start" : "end");
+    }
+    std::unique_lock<std::mutex> lock_a(a->mutex, std::defer_lock), lock_b(b->mutex, std::defer_lock);
+    if (a == b) lock_a.lock();
+    else std::lock(lock_a, lock_b);  // one mutex cannot be locked twice
+    if (a->recorded == 0 || b->recorded == 0) {
+      fail("sim: elapsed_ms: the {} event was never recorded (cudaErrorInvalidResourceHandle)",
+           a->recorded == 0 ? "start" : "end");
+    }
     if (!a->done(a->recorded) || !b->done(b->recorded) || a->when_generation != a->recorded ||
         b->when_generation != b->recorded) {
       fail("sim: elapsed_time of an event whose latest record has not completed (cudaErrorNotReady)");
     }
-    return std::chrono::duration<double, std::milli>(b->when - a->when).count();
+    return a == b ? 0.0 : std::chrono::duration<double, std::milli>(b->when - a->when).count();
   }
 
   // CUDA's driver holds a lock while a copy to pageable host memory waits for its stream, and the
@@ -827,8 +972,8 @@ size_t memory_in_use(int device) { return runtime().in_use(device); }
 bool protection_enabled() { return runtime().protect(); }
 std::optional<std::string> device_error(int device) { return runtime().error(device); }
 uint64_t tasks_run() { return g_tasks.load(); }
-void launch_kernel(void* stream, std::function<void()> fn, std::vector<const void*> buffers) {
-  runtime().launch_kernel(stream, std::move(fn), std::move(buffers));
+void launch_kernel(void* stream, std::function<void()> fn, std::vector<const void*> buffers, const char* what) {
+  runtime().launch_kernel(stream, std::move(fn), std::move(buffers), what);
 }
 
 }  // namespace chorus::sim

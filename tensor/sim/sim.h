@@ -36,8 +36,15 @@
 // - CHORUS_SIM_DEVICES (default 2) devices, each with a settable capacity (default 16 GiB;
 //   CHORUS_SIM_MEMORY_MB sets every device's at start, set_memory_capacity one's in process):
 //   segments beyond it are refused, and the caching allocator reports out of memory.
-// - Device errors are sticky, as CUDA's: a task that fails (only a test can make one, with
-//   fault::fail_next_stream_task, tensor/test_faults.h) marks its device failed; from then on every
+// - Illegal addresses, as a GPU sees them ([Illegal addresses], sim.cpp): a kernel that names memory
+//   of another sim device (chorus enables no peer access) or memory freed before its launch fails
+//   its device without running (sticky, below); a copy whose device side is freed memory, host
+//   memory or runs past the end of its segment, or whose host side is device memory, is refused at
+//   the call (cudaErrorInvalidValue).
+// - Events as cudaEvent*: recorded only on a stream of their own device; elapsed_ms only between
+//   recorded timing events whose records have completed.
+// - Device errors are sticky, as CUDA's: a task that fails (a kernel on an illegal address, or one a
+//   test makes fail with fault::fail_next_stream_task, tensor/test_faults.h) marks its device failed; from then on every
 //   call on that device throws a chorus::Error naming the call and the first error, and the device's
 //   streams drop their queued kernels, copies and host functions (event records and waits still
 //   complete, so a host synchronization returns the error instead of hanging). free and
@@ -79,7 +86,11 @@ bool protection_enabled();
 uint64_t tasks_run();
 // Queues a kernel on a sim stream (a StreamHandle): fn runs on the stream's own thread, with the
 // device memory of `buffers` open, concurrently with other streams' kernels. The sim kernel table
-// launches this way; tests use it for device work of their own.
-void launch_kernel(void* stream, std::function<void()> fn, std::vector<const void*> buffers);
+// launches this way (`what` names the kernel in errors); tests use it for device work of their
+// own. A kernel naming memory of another sim device, or memory freed before the launch, fails its
+// device when its stream gets to it, without running, as a GPU kernel faults on an illegal address
+// ([Illegal addresses], sim.cpp).
+void launch_kernel(void* stream, std::function<void()> fn, std::vector<const void*> buffers,
+                   const char* what = "a kernel");
 
 }  // namespace chorus::sim

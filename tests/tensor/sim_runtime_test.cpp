@@ -241,6 +241,39 @@ TEST_CASE("sim: elapsed_time between timing events measures the work between the
   CHECK_THROWS_AS(start.elapsed_time(untimed), Error);
 }
 
+// The runtime itself, below Event's own checks (code in kernels/ and distributed/ calls it directly):
+// what cudaEventRecord and cudaEventElapsedTime refuse, sim refuses.
+TEST_CASE("sim: the runtime refuses what CUDA's event calls refuse: a record on another device's stream, elapsed time of untimed or unrecorded events") {
+  DeviceRuntime& rt = sim_runtime();
+  const StreamHandle s0 = rt.default_stream(0);
+  const StreamHandle s1 = rt.default_stream(1);
+  EventHandle timed = rt.create_event(0, /*enable_timing=*/true);
+  EventHandle timed_end = rt.create_event(0, /*enable_timing=*/true);
+  EventHandle untimed = rt.create_event(0, /*enable_timing=*/false);
+  EventHandle never = rt.create_event(0, /*enable_timing=*/true);
+
+  CHECK_THROWS_WITH(rt.record_event(timed, s1), Catch::Contains("created on sim:0 and the stream is on sim:1") &&
+                                                    Catch::Contains("cudaErrorInvalidResourceHandle"));
+  rt.record_event(timed, s0);
+  rt.record_event(untimed, s0);
+  sim::launch_kernel(s0, [] { std::this_thread::sleep_for(2ms); }, {});
+  rt.record_event(timed_end, s0);
+  rt.synchronize_stream(s0);
+  // The one legal pair first: it is what the refusals below differ from.
+  CHECK(rt.elapsed_ms(timed, timed_end) >= 1.0);
+  CHECK(rt.elapsed_ms(timed, timed) == 0.0);
+  CHECK_THROWS_WITH(rt.elapsed_ms(timed, untimed), Catch::Contains("end event was created without timing") &&
+                                                       Catch::Contains("cudaErrorInvalidResourceHandle"));
+  CHECK_THROWS_WITH(rt.elapsed_ms(untimed, timed), Catch::Contains("start event was created without timing"));
+  CHECK_THROWS_WITH(rt.elapsed_ms(untimed, untimed), Catch::Contains("created without timing"));
+  CHECK_THROWS_WITH(rt.elapsed_ms(timed, never), Catch::Contains("end event was never recorded") &&
+                                                     Catch::Contains("cudaErrorInvalidResourceHandle"));
+  CHECK_THROWS_WITH(rt.elapsed_ms(never, never), Catch::Contains("start event was never recorded"));
+  // A refused record changed nothing: the event still measures from its one record on sim:0.
+  CHECK(rt.elapsed_ms(timed, timed_end) >= 1.0);
+  for (EventHandle e : {timed, timed_end, untimed, never}) rt.destroy_event(e);
+}
+
 TEST_CASE("sim: device memory is readable by a task that names it, and a host read crashes") {
   REQUIRE(sim::protection_enabled());
   DeviceRuntime& rt = sim_runtime();

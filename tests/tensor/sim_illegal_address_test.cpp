@@ -1,0 +1,168 @@
+// Illegal addresses on sim (tensor/sim/sim.h, [Illegal addresses] in sim.cpp): what a GPU faults
+// on, sim refuses too, instead of running on memory that happens to be mapped. A kernel naming
+// memory of another device (chorus enables no peer access) or memory freed before its launch fails
+// its device, sticky, without running; a copy from or into freed memory, or past the end of a
+// segment, is refused at the call. Four sim devices (the BUILD sets CHORUS_SIM_DEVICES): each case
+// that fails a device fails its own, and sim:0 stays healthy for the others.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/dispatch.h"
+#include "tensor/error.h"
+#include "tensor/ops.h"
+#include "tensor/runtime.h"
+#include "tensor/sim/sim.h"
+
+using namespace chorus;
+using namespace std::chrono_literals;
+
+namespace {
+
+// The message a synchronization of the stream raises, or "" if it raises none.
+std::string sync_error(const Stream& s) {
+  try {
+    s.synchronize();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("sim: a kernel naming another device's memory fails its device, as a GPU kernel without peer access faults") {
+  REQUIRE(runtime_for(Device::sim(0), "test").device_count() == 4);
+  const Device here = Device::sim(1), there = Device::sim(2);
+  Tensor src = full({256}, 3.0, {.device = there});
+  Tensor dst = zeros({256}, {.device = here});
+  Stream s = current_stream(here);
+  s.synchronize();
+  REQUIRE_FALSE(sim::device_error(1).has_value());
+
+  // The kernel table's wrappers refuse tensors of two devices before launching anything.
+  CHECK_THROWS_WITH(kernels::kernel_table(here, "copy").copy(dst, src),
+                    Catch::Contains("a kernel got tensors on sim:1 and sim:2"));
+  s.synchronize();
+  REQUIRE_FALSE(sim::device_error(1).has_value());
+
+  // A kernel launched with raw pointers, as a hand-written one would be: its source on sim:2.
+  std::atomic<bool> ran{false};
+  const auto* from = static_cast<const float*>(src.raw_data_ptr());
+  auto* to = static_cast<float*>(dst.raw_data_ptr());
+  sim::launch_kernel(s.handle(), [&, from, to] { std::memcpy(to, from, 256 * sizeof(float)); ran = true; }, {to, from},
+                     "a copy kernel");
+  const std::string message = sync_error(s);
+  INFO(message);
+  CHECK_THAT(message, Catch::Contains("sim: synchronize_stream on sim:1 failed"));
+  CHECK_THAT(message, Catch::Contains("a copy kernel on stream") && Catch::Contains("of sim:1 named memory of sim:2"));
+  CHECK_THAT(message, Catch::Contains("cudaErrorIllegalAddress"));
+  CHECK_FALSE(ran.load());
+  REQUIRE(sim::device_error(1).has_value());
+  // Sticky, as on a GPU: every later call on sim:1 fails.
+  CHECK_THROWS_WITH(dst.to(kCPU), Catch::Contains("on sim:1 failed") && Catch::Contains("named memory of sim:2"));
+  CHECK_THROWS_WITH(ones({4}, {.device = here}), Catch::Contains("on sim:1 failed"));
+  // The memory's own device is not affected.
+  CHECK_FALSE(sim::device_error(2).has_value());
+  CHECK(src.sum().item<double>() == 768.0);
+  CHECK_FALSE(sim::device_error(0).has_value());
+}
+
+TEST_CASE("sim: a kernel naming memory freed before its launch fails its device; one launched before the free runs") {
+  DeviceRuntime& rt = runtime_for(Device::sim(0), "test");
+
+  // Launched before the free (and still queued when it comes): legal, as cudaFree waits for it.
+  {
+    Stream s = current_stream(Device::sim(0));
+    auto* seg = static_cast<unsigned char*>(rt.malloc(0, 4096));
+    REQUIRE(seg != nullptr);
+    std::atomic<bool> release{false}, ran{false};
+    sim::launch_kernel(s.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
+    sim::launch_kernel(s.handle(), [&, seg] { std::memset(seg, 1, 4096); ran = true; }, {seg});
+    rt.free(0, seg);
+    release = true;
+    CHECK(sync_error(s).empty());
+    CHECK(ran.load());
+    CHECK_FALSE(sim::device_error(0).has_value());
+  }
+
+  // Launched after the free, while the segment is still mapped (the stream has not passed the free
+  // yet): refused, as on a GPU, where cudaFree has unmapped it.
+  const Device dev = Device::sim(3);
+  Stream s = current_stream(dev);
+  auto* seg = static_cast<unsigned char*>(rt.malloc(3, 4096));
+  REQUIRE(seg != nullptr);
+  std::atomic<bool> release{false}, ran{false};
+  sim::launch_kernel(s.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
+  rt.free(3, seg);
+  sim::launch_kernel(s.handle(), [&, seg] { std::memset(seg, 1, 4096); ran = true; }, {seg + 64}, "a test kernel");
+  release = true;
+  const std::string message = sync_error(s);
+  INFO(message);
+  CHECK_THAT(message, Catch::Contains("a test kernel on stream") && Catch::Contains("of sim:3 named memory freed before the launch"));
+  CHECK_THAT(message, Catch::Contains("cudaErrorIllegalAddress"));
+  CHECK_FALSE(ran.load());
+  CHECK(sim::device_error(3).has_value());
+  CHECK_FALSE(sim::device_error(0).has_value());
+}
+
+TEST_CASE("sim: copies are refused at the call from or into freed memory and past a segment's end; across devices they run") {
+  DeviceRuntime& rt = runtime_for(Device::sim(0), "test");
+  const StreamHandle s0 = current_stream(Device::sim(0)).handle();
+  auto* a = static_cast<unsigned char*>(rt.malloc(0, 8192));
+  auto* b = static_cast<unsigned char*>(rt.malloc(2, 8192));
+  REQUIRE(a != nullptr);
+  REQUIRE(b != nullptr);
+  const size_t seg = 8192;  // both are whole pages: the segments are exactly this long
+  std::vector<unsigned char> in(seg), out(seg, 0);
+  for (size_t i = 0; i < seg; ++i) in[i] = static_cast<unsigned char>(i * 7);
+
+  // Legal: host to sim:0, sim:0 to sim:2 (another device), sim:2 back to the host, up to the end.
+  rt.memcpy_async(a, in.data(), seg, CopyKind::HostToDevice, s0);
+  rt.memcpy_async(b, a, seg, CopyKind::DeviceToDevice, s0);
+  rt.memcpy_async(out.data(), b + 4096, 4096, CopyKind::DeviceToHost, s0);
+  rt.synchronize_stream(s0);
+  CHECK(std::memcmp(out.data(), in.data() + 4096, 4096) == 0);
+
+  // Past the end of the segment: one byte too many, on either side.
+  CHECK_THROWS_WITH(rt.memcpy_async(out.data(), a + 4096, 4097, CopyKind::DeviceToHost, s0),
+                    Catch::Contains("(device to host) of 4097 bytes: the source") && Catch::Contains("has only 4096 bytes") &&
+                        Catch::Contains("cudaErrorInvalidValue"));
+  CHECK_THROWS_WITH(rt.memcpy_async(b + 1, in.data(), seg, CopyKind::HostToDevice, s0),
+                    Catch::Contains("the destination") && Catch::Contains("has only 8191 bytes"));
+
+  // The kind must be the memory's: host memory where it says device, device memory where it says host.
+  std::vector<unsigned char> host(16);
+  CHECK_THROWS_WITH(rt.memcpy_async(host.data(), in.data(), 16, CopyKind::HostToDevice, s0),
+                    Catch::Contains("(host to device): the destination") && Catch::Contains("is not sim device memory") &&
+                        Catch::Contains("cudaErrorInvalidValue"));
+  CHECK_THROWS_WITH(rt.memcpy_async(out.data(), host.data(), 16, CopyKind::DeviceToHost, s0),
+                    Catch::Contains("(device to host): the source") && Catch::Contains("is not sim device memory"));
+  CHECK_THROWS_WITH(rt.memcpy_async(a, host.data(), 16, CopyKind::DeviceToDevice, s0),
+                    Catch::Contains("(device to device): the source") && Catch::Contains("is not sim device memory"));
+  CHECK_THROWS_WITH(rt.memcpy_async(a, b, 16, CopyKind::HostToDevice, s0),
+                    Catch::Contains("(host to device): the source") && Catch::Contains("is sim:2's device memory") &&
+                        Catch::Contains("not host memory"));
+  CHECK_THROWS_WITH(rt.memcpy_async(a, out.data(), 16, CopyKind::DeviceToHost, s0),
+                    Catch::Contains("(device to host): the destination") && Catch::Contains("is sim:0's device memory"));
+
+  // From and into memory already freed (still mapped, or unmapped once sim:2's streams have
+  // passed the free: either is freed memory).
+  rt.free(2, b);
+  CHECK_THROWS_WITH(rt.memcpy_async(out.data(), b, 16, CopyKind::DeviceToHost, s0),
+                    Catch::Contains("the source") && Catch::Contains("that free() released") &&
+                        Catch::Contains("cudaErrorInvalidValue"));
+  CHECK_THROWS_WITH(rt.memcpy_async(b, a, 16, CopyKind::DeviceToDevice, s0), Catch::Contains("the destination") &&
+                                                                                 Catch::Contains("that free() released"));
+  // Refused at the call, not sticky: the devices go on.
+  rt.memcpy_async(out.data(), a, seg, CopyKind::DeviceToHost, s0);
+  CHECK(std::memcmp(out.data(), in.data(), seg) == 0);
+  CHECK_FALSE(sim::device_error(0).has_value());
+  CHECK_FALSE(sim::device_error(2).has_value());
+  rt.free(0, a);
+}
