@@ -704,6 +704,13 @@ class SimRuntime final : public DeviceRuntime {
                                                              : "device to device";
     memory_.check_copy_side(dst, nbytes, "destination", kind != CopyKind::DeviceToHost, kind_name);
     memory_.check_copy_side(src, nbytes, "source", kind != CopyKind::HostToDevice, kind_name);
+    const auto d = reinterpret_cast<uintptr_t>(dst), r = reinterpret_cast<uintptr_t>(src);
+    if (kind == CopyKind::DeviceToDevice && d < r + nbytes && r < d + nbytes) {
+      // cudaMemcpy*'s areas "may not overlap": undefined there; refused here.
+      fail("sim: memcpy_async (device to device) of {} bytes from {} to {}: the two areas overlap, which CUDA's copies "
+           "leave undefined",
+           nbytes, src, dst);
+    }
     if (kind == CopyKind::DeviceToHost && !is_pinned(dst)) {
       // As CUDA with pageable memory: the copy is synchronous, and the driver lock is held while
       // it waits for the stream (see driver_lock_).
@@ -841,7 +848,7 @@ class SimRuntime final : public DeviceRuntime {
     ev->wait_for(target);
     check_healthy(ev->device, "synchronize_event");
   }
-  // As cudaEventElapsedTime: both events made with timing and recorded (else
+  // As cudaEventElapsedTime: both events of one device, made with timing and recorded (else
   // cudaErrorInvalidResourceHandle), their latest records completed (else cudaErrorNotReady).
   double elapsed_ms(EventHandle start, EventHandle end) override {
     check_loaded("elapsed_ms");
@@ -849,6 +856,11 @@ class SimRuntime final : public DeviceRuntime {
     auto* b = as_event(end);
     check_healthy(a->device, "elapsed_ms");
     check_healthy(b->device, "elapsed_ms");
+    if (a->device != b->device) {
+      fail("sim: elapsed_ms: the start event is on sim:{} and the end event on sim:{}; CUDA times only events of one "
+           "device (cudaErrorInvalidResourceHandle)",
+           a->device, b->device);
+    }
     if (!a->timing || !b->timing) {
       fail("sim: elapsed_ms: the {} event was created without timing (create_event(device, enable_timing=false), "
            "cudaEventDisableTiming): cudaErrorInvalidResourceHandle",

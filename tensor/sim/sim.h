@@ -39,10 +39,10 @@
 // - Illegal addresses, as a GPU sees them ([Illegal addresses], sim.cpp): a kernel that names memory
 //   of another sim device (chorus enables no peer access) or memory freed before its launch fails
 //   its device without running (sticky, below); a copy whose device side is freed memory, host
-//   memory or runs past the end of its segment, or whose host side is device memory, is refused at
-//   the call (cudaErrorInvalidValue).
+//   memory or runs past the end of its segment, or whose host side is device memory, or a device
+//   copy between overlapping areas, is refused at the call (cudaErrorInvalidValue).
 // - Events as cudaEvent*: recorded only on a stream of their own device; elapsed_ms only between
-//   recorded timing events whose records have completed.
+//   recorded timing events of one device whose records have completed.
 // - Device errors are sticky, as CUDA's: a task that fails (a kernel on an illegal address, or one a
 //   test makes fail with fault::fail_next_stream_task, tensor/test_faults.h) marks its device failed; from then on every
 //   call on that device throws a chorus::Error naming the call and the first error, and the device's

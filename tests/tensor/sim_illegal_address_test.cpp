@@ -111,7 +111,7 @@ TEST_CASE("sim: a kernel naming memory freed before its launch fails its device;
   CHECK_FALSE(sim::device_error(0).has_value());
 }
 
-TEST_CASE("sim: copies are refused at the call from or into freed memory and past a segment's end; across devices they run") {
+TEST_CASE("sim: copies are refused at the call from or into freed memory, past a segment's end, of the wrong kind or overlapping; across devices they run") {
   DeviceRuntime& rt = runtime_for(Device::sim(0), "test");
   const StreamHandle s0 = current_stream(Device::sim(0)).handle();
   auto* a = static_cast<unsigned char*>(rt.malloc(0, 8192));
@@ -135,6 +135,14 @@ TEST_CASE("sim: copies are refused at the call from or into freed memory and pas
                         Catch::Contains("cudaErrorInvalidValue"));
   CHECK_THROWS_WITH(rt.memcpy_async(b + 1, in.data(), seg, CopyKind::HostToDevice, s0),
                     Catch::Contains("the destination") && Catch::Contains("has only 8191 bytes"));
+
+  // Overlapping areas of one device (undefined in CUDA's copies); adjacent ones are fine.
+  CHECK_THROWS_WITH(rt.memcpy_async(a + 1, a, 16, CopyKind::DeviceToDevice, s0),
+                    Catch::Contains("the two areas overlap"));
+  rt.memcpy_async(a + 16, a, 16, CopyKind::DeviceToDevice, s0);
+  rt.memcpy_async(out.data(), a + 16, 16, CopyKind::DeviceToHost, s0);
+  CHECK(std::memcmp(out.data(), in.data(), 16) == 0);
+  rt.memcpy_async(a + 16, in.data() + 16, 16, CopyKind::HostToDevice, s0);  // a is as it was
 
   // The kind must be the memory's: host memory where it says device, device memory where it says host.
   std::vector<unsigned char> host(16);

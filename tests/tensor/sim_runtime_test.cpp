@@ -243,7 +243,7 @@ TEST_CASE("sim: elapsed_time between timing events measures the work between the
 
 // The runtime itself, below Event's own checks (code in kernels/ and distributed/ calls it directly):
 // what cudaEventRecord and cudaEventElapsedTime refuse, sim refuses.
-TEST_CASE("sim: the runtime refuses what CUDA's event calls refuse: a record on another device's stream, elapsed time of untimed or unrecorded events") {
+TEST_CASE("sim: the runtime refuses what CUDA's event calls refuse: a record on another device's stream, elapsed time of untimed, unrecorded or two devices' events") {
   DeviceRuntime& rt = sim_runtime();
   const StreamHandle s0 = rt.default_stream(0);
   const StreamHandle s1 = rt.default_stream(1);
@@ -269,6 +269,12 @@ TEST_CASE("sim: the runtime refuses what CUDA's event calls refuse: a record on 
   CHECK_THROWS_WITH(rt.elapsed_ms(timed, never), Catch::Contains("end event was never recorded") &&
                                                      Catch::Contains("cudaErrorInvalidResourceHandle"));
   CHECK_THROWS_WITH(rt.elapsed_ms(never, never), Catch::Contains("start event was never recorded"));
+  EventHandle other = rt.create_event(1, /*enable_timing=*/true);
+  rt.record_event(other, s1);
+  rt.synchronize_stream(s1);
+  CHECK_THROWS_WITH(rt.elapsed_ms(timed, other), Catch::Contains("start event is on sim:0 and the end event on sim:1") &&
+                                                     Catch::Contains("cudaErrorInvalidResourceHandle"));
+  rt.destroy_event(other);
   // A refused record changed nothing: the event still measures from its one record on sim:0.
   CHECK(rt.elapsed_ms(timed, timed_end) >= 1.0);
   for (EventHandle e : {timed, timed_end, untimed, never}) rt.destroy_event(e);
