@@ -127,8 +127,9 @@ class Memory {
   // faults there: cudaErrorIllegalAddress, sticky), or freed before the launch (cudaFree has
   // unmapped it on a GPU; here it stays mapped until the streams pass the free, so without this
   // check the kernel would run on it; once unmapped, it would crash the process instead of failing
-  // the device). Pointers in no segment, live or freed, are host memory and not judged. Returns
-  // why the kernel is illegal, or nothing.
+  // the device). Pointers in no segment, live or freed, are host memory: the runtime judges those
+  // (launch_kernel: page-locked is legal, pageable is not). Returns why the kernel is illegal, or
+  // nothing.
   std::optional<std::string> illegal_kernel_access(int device, const std::vector<const void*>& buffers) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const void* b : buffers) {
@@ -148,6 +149,11 @@ class Memory {
       }
     }
     return std::nullopt;
+  }
+  // Whether addr lies in a segment, live, retired or remembered as unmapped: sim device memory.
+  bool device_memory(const void* addr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return find(reinterpret_cast<uintptr_t>(addr)).has_value();
   }
   // A copy's sides ([Illegal addresses]), as cudaMemcpyAsync checks them against its allocations
   // (cudaErrorInvalidValue at the call): a device side must lie, [p, p + nbytes), in one live
@@ -780,9 +786,18 @@ class SimRuntime final : public DeviceRuntime {
     check_healthy(device, "a kernel launch");
     const auto shared = host_call();
     Task task{std::move(fn), std::move(buffers)};
-    if (std::optional<std::string> why = memory_.illegal_kernel_access(device, task.buffers)) {
-      task.failure = fmt::format("{} on stream {} of sim:{} {}", what, s, device, *why);
+    std::optional<std::string> why = memory_.illegal_kernel_access(device, task.buffers);
+    for (const void* b : task.buffers) {
+      if (why) break;
+      // Host memory a GPU kernel can read is page-locked and mapped (host_malloc); not pageable.
+      if (b != nullptr && !memory_.device_memory(b) && !is_pinned(b)) {
+        why = fmt::format("named pageable host memory ({}: neither sim device memory nor page-locked host memory from "
+                          "host_malloc); a GPU kernel cannot read it (cudaErrorIllegalAddress, \"an illegal memory "
+                          "access was encountered\")",
+                          b);
+      }
     }
+    if (why) task.failure = fmt::format("{} on stream {} of sim:{} {}", what, s, device, *why);
     as_stream(s)->submit(std::move(task));
   }
 

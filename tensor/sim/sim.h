@@ -37,8 +37,9 @@
 //   CHORUS_SIM_MEMORY_MB sets every device's at start, set_memory_capacity one's in process):
 //   segments beyond it are refused, and the caching allocator reports out of memory.
 // - Illegal addresses, as a GPU sees them ([Illegal addresses], sim.cpp): a kernel that names memory
-//   of another sim device (chorus enables no peer access) or memory freed before its launch fails
-//   its device without running (sticky, below); a copy whose device side is freed memory, host
+//   of another sim device (chorus enables no peer access), memory freed before its launch, or
+//   pageable host memory (a GPU kernel reads only page-locked host memory) fails its device
+//   without running (sticky, below); a copy whose device side is freed memory, host
 //   memory or runs past the end of its segment, or whose host side is device memory, or a device
 //   copy between overlapping areas, is refused at the call (cudaErrorInvalidValue).
 // - Events as cudaEvent*: recorded only on a stream of their own device; elapsed_ms only between
@@ -87,9 +88,9 @@ uint64_t tasks_run();
 // Queues a kernel on a sim stream (a StreamHandle): fn runs on the stream's own thread, with the
 // device memory of `buffers` open, concurrently with other streams' kernels. The sim kernel table
 // launches this way (`what` names the kernel in errors); tests use it for device work of their
-// own. A kernel naming memory of another sim device, or memory freed before the launch, fails its
-// device when its stream gets to it, without running, as a GPU kernel faults on an illegal address
-// ([Illegal addresses], sim.cpp).
+// own. A kernel naming memory of another sim device, memory freed before the launch or pageable
+// host memory fails its device when its stream gets to it, without running, as a GPU kernel faults
+// on an illegal address ([Illegal addresses], sim.cpp).
 void launch_kernel(void* stream, std::function<void()> fn, std::vector<const void*> buffers,
                    const char* what = "a kernel");
 

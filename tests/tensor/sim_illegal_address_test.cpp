@@ -1,9 +1,10 @@
 // Illegal addresses on sim (tensor/sim/sim.h, [Illegal addresses] in sim.cpp): what a GPU faults
 // on, sim refuses too, instead of running on memory that happens to be mapped. A kernel naming
-// memory of another device (chorus enables no peer access) or memory freed before its launch fails
-// its device, sticky, without running; a copy from or into freed memory, or past the end of a
-// segment, is refused at the call. Four sim devices (the BUILD sets CHORUS_SIM_DEVICES): each case
-// that fails a device fails its own, and sim:0 stays healthy for the others.
+// memory of another device (chorus enables no peer access), memory freed before its launch or
+// pageable host memory fails its device, sticky, without running; a copy from or into freed memory,
+// past the end of a segment, of the wrong kind or between overlapping areas is refused at the call.
+// Five sim devices (the BUILD sets CHORUS_SIM_DEVICES): each case that fails a device fails its
+// own, and sim:0 stays healthy for the others.
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -37,7 +38,7 @@ std::string sync_error(const Stream& s) {
 }  // namespace
 
 TEST_CASE("sim: a kernel naming another device's memory fails its device, as a GPU kernel without peer access faults") {
-  REQUIRE(runtime_for(Device::sim(0), "test").device_count() == 4);
+  REQUIRE(runtime_for(Device::sim(0), "test").device_count() == 5);
   const Device here = Device::sim(1), there = Device::sim(2);
   Tensor src = full({256}, 3.0, {.device = there});
   Tensor dst = zeros({256}, {.device = here});
@@ -173,4 +174,38 @@ TEST_CASE("sim: copies are refused at the call from or into freed memory, past a
   CHECK_FALSE(sim::device_error(0).has_value());
   CHECK_FALSE(sim::device_error(2).has_value());
   rt.free(0, a);
+}
+
+TEST_CASE("sim: a kernel naming pageable host memory fails its device; page-locked host memory it may read") {
+  DeviceRuntime& rt = runtime_for(Device::sim(0), "test");
+
+  // Page-locked (host_malloc): a GPU kernel reads it through its mapping. Legal.
+  {
+    Stream s = current_stream(Device::sim(0));
+    auto* pinned = static_cast<int*>(rt.host_malloc(64 * sizeof(int)));
+    REQUIRE(pinned != nullptr);
+    std::atomic<bool> ran{false};
+    sim::launch_kernel(s.handle(), [&, pinned] { pinned[3] = 7; ran = true; }, {pinned}, "a pinned kernel");
+    CHECK(sync_error(s).empty());
+    CHECK(ran.load());
+    CHECK(pinned[3] == 7);
+    rt.host_free(pinned);
+    CHECK_FALSE(sim::device_error(0).has_value());
+  }
+
+  // Pageable (a std::vector's): refused, sticky.
+  const Device dev = Device::sim(4);
+  Stream s = current_stream(dev);
+  std::vector<int> pageable(64, 0);
+  std::atomic<bool> ran{false};
+  int* p = pageable.data();
+  sim::launch_kernel(s.handle(), [&, p] { p[3] = 7; ran = true; }, {p}, "a pageable kernel");
+  const std::string message = sync_error(s);
+  INFO(message);
+  CHECK_THAT(message, Catch::Contains("a pageable kernel on stream") && Catch::Contains("of sim:4 named pageable host memory"));
+  CHECK_THAT(message, Catch::Contains("cudaErrorIllegalAddress"));
+  CHECK_FALSE(ran.load());
+  CHECK(pageable[3] == 0);
+  CHECK(sim::device_error(4).has_value());
+  CHECK_FALSE(sim::device_error(0).has_value());
 }
