@@ -3,7 +3,7 @@
 // memory of another device (chorus enables no peer access), memory freed before its launch or
 // pageable host memory fails its device, sticky, without running; a copy from or into freed memory,
 // past the end of a segment, of the wrong kind or between overlapping areas is refused at the call.
-// Five sim devices (the BUILD sets CHORUS_SIM_DEVICES): each case that fails a device fails its
+// Six sim devices (the BUILD sets CHORUS_SIM_DEVICES): each case that fails a device fails its
 // own, and sim:0 stays healthy for the others.
 #include <catch2/catch.hpp>
 
@@ -38,7 +38,7 @@ std::string sync_error(const Stream& s) {
 }  // namespace
 
 TEST_CASE("sim: a kernel naming another device's memory fails its device, as a GPU kernel without peer access faults") {
-  REQUIRE(runtime_for(Device::sim(0), "test").device_count() == 5);
+  REQUIRE(runtime_for(Device::sim(0), "test").device_count() == 6);
   const Device here = Device::sim(1), there = Device::sim(2);
   Tensor src = full({256}, 3.0, {.device = there});
   Tensor dst = zeros({256}, {.device = here});
@@ -207,5 +207,23 @@ TEST_CASE("sim: a kernel naming pageable host memory fails its device; page-lock
   CHECK_FALSE(ran.load());
   CHECK(pageable[3] == 0);
   CHECK(sim::device_error(4).has_value());
+  CHECK_FALSE(sim::device_error(0).has_value());
+}
+
+TEST_CASE("sim: an op on a from_blob tensor over device memory freed under it fails its device, naming the op's kernel") {
+  const Device dev = Device::sim(5);
+  DeviceRuntime& rt = runtime_for(dev, "test");
+  void* seg = rt.malloc(5, 1024 * sizeof(float));
+  REQUIRE(seg != nullptr);
+  Tensor t = from_blob(seg, {1024}, {.device = dev});
+  t.fill_(1.0);  // legal while the memory is live
+  Stream s = current_stream(dev);
+  CHECK(sync_error(s).empty());
+  rt.free(5, seg);  // the user's memory goes; the tensor does not own it
+  t.fill_(2.0);
+  const std::string message = sync_error(s);
+  INFO(message);
+  CHECK_THAT(message, Catch::Contains("the kernel fill on stream") && Catch::Contains("of sim:5 named memory freed before the launch"));
+  CHECK(sim::device_error(5).has_value());
   CHECK_FALSE(sim::device_error(0).has_value());
 }
