@@ -70,7 +70,6 @@ class Memory {
     void* p = map(bytes);
     if (p == nullptr) return nullptr;
     segments_[reinterpret_cast<uintptr_t>(p)] = Segment{bytes, device, 0, false};
-    forget_unmapped(reinterpret_cast<uintptr_t>(p), bytes);
     in_use_[device] += bytes;
     return p;
   }
@@ -89,7 +88,6 @@ class Memory {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = segments_.find(reinterpret_cast<uintptr_t>(ptr));
     ::munmap(ptr, it->second.bytes);
-    remember_unmapped(it->first, it->second);
     segments_.erase(it);
   }
 
@@ -126,20 +124,23 @@ class Memory {
   // memory named by a kernel of another device (chorus enables no peer access, so a GPU kernel
   // faults there: cudaErrorIllegalAddress, sticky), or freed before the launch (cudaFree has
   // unmapped it on a GPU; here it stays mapped until the streams pass the free, so without this
-  // check the kernel would run on it; once unmapped, it would crash the process instead of failing
-  // the device). Pointers in no segment, live or freed, are host memory: the runtime judges those
-  // (launch_kernel: page-locked is legal, pageable is not). Returns why the kernel is illegal, or
-  // nothing.
-  std::optional<std::string> illegal_kernel_access(int device, const std::vector<const void*>& buffers) {
+  // check the kernel would run on it). Pointers in no segment, live or freed, are host memory: they are appended to
+  // `host` for the runtime, which knows which host memory is page-locked (launch_kernel). Returns
+  // why the kernel is illegal, or nothing.
+  std::optional<std::string> illegal_kernel_access(int device, const std::vector<const void*>& buffers,
+                                                   std::vector<const void*>& host) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const void* b : buffers) {
       const std::optional<Found> f = find(reinterpret_cast<uintptr_t>(b));
-      if (!f) continue;
+      if (!f) {
+        if (b != nullptr) host.push_back(b);
+        continue;
+      }
       if (f->freed()) {
         return fmt::format("named memory freed before the launch ({} in the segment of {} bytes at {:#x} that free() "
-                           "released{}; a GPU has unmapped it: cudaErrorIllegalAddress, \"an illegal memory access was "
+                           "released; a GPU has unmapped it: cudaErrorIllegalAddress, \"an illegal memory access was "
                            "encountered\")",
-                           b, f->segment.bytes, f->base, f->unmapped ? ", since unmapped" : "");
+                           b, f->segment.bytes, f->base);
       }
       if (f->segment.device != device) {
         return fmt::format("named memory of sim:{} ({} in its segment of {} bytes at {:#x}); chorus enables no peer "
@@ -149,11 +150,6 @@ class Memory {
       }
     }
     return std::nullopt;
-  }
-  // Whether addr lies in a segment, live, retired or remembered as unmapped: sim device memory.
-  bool device_memory(const void* addr) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return find(reinterpret_cast<uintptr_t>(addr)).has_value();
   }
   // A copy's sides ([Illegal addresses]), as cudaMemcpyAsync checks them against its allocations
   // (cudaErrorInvalidValue at the call): a device side must lie, [p, p + nbytes), in one live
@@ -172,14 +168,14 @@ class Memory {
       return;
     }
     if (!f) {
-      fail("sim: memcpy_async ({}): the {} {} is not sim device memory (no segment holds it): on a GPU the copy is "
-           "refused (cudaErrorInvalidValue)",
+      fail("sim: memcpy_async ({}): the {} {} is not sim device memory (no segment holds it: host memory, or device "
+           "memory freed and unmapped): on a GPU the copy is refused (cudaErrorInvalidValue)",
            kind, side, p);
     }
     if (f->freed()) {
-      fail("sim: memcpy_async ({}): the {} {} is in the segment of {} bytes at {:#x} that free() released{}: on a GPU "
+      fail("sim: memcpy_async ({}): the {} {} is in the segment of {} bytes at {:#x} that free() released: on a GPU "
            "the copy is refused (cudaErrorInvalidValue)",
-           kind, side, p, f->segment.bytes, f->base, f->unmapped ? " (since unmapped)" : "");
+           kind, side, p, f->segment.bytes, f->base);
     }
     const size_t after = f->base + f->segment.bytes - addr;
     if (nbytes > after) {
@@ -190,13 +186,13 @@ class Memory {
   }
 
  private:
-  // Where an address lies: a live or retired segment, or one already unmapped whose range no
-  // mapping has taken since. Called with mutex_ held.
+  // Where an address lies: a live or a retired (freed, not yet unmapped) segment. An unmapped
+  // segment is not remembered: the process's other mappings (host allocations) may take its
+  // addresses at once. Called with mutex_ held.
   struct Found {
     uintptr_t base;
     Segment segment;
-    bool unmapped;
-    bool freed() const { return unmapped || segment.retired; }
+    bool freed() const { return segment.retired; }
   };
   static std::optional<std::pair<uintptr_t, Segment>> holding(const std::map<uintptr_t, Segment>& m, uintptr_t addr) {
     auto it = m.upper_bound(addr);
@@ -206,32 +202,8 @@ class Memory {
     return *it;
   }
   std::optional<Found> find(uintptr_t addr) const {
-    if (auto live = holding(segments_, addr)) return Found{live->first, live->second, false};
-    if (auto gone = holding(unmapped_, addr)) return Found{gone->first, gone->second, true};
+    if (auto seg = holding(segments_, addr)) return Found{seg->first, seg->second};
     return std::nullopt;
-  }
-  // The last kUnmappedKept unmapped segments are remembered, so that a use of one is reported as
-  // freed memory rather than crashing the process, until a new mapping takes its addresses.
-  static constexpr size_t kUnmappedKept = 4096;
-  void remember_unmapped(uintptr_t base, const Segment& s) {
-    if (unmapped_order_.size() == kUnmappedKept) {
-      unmapped_.erase(unmapped_order_.front());
-      unmapped_order_.pop_front();
-    }
-    unmapped_[base] = s;
-    unmapped_order_.push_back(base);
-  }
-  void forget_unmapped(uintptr_t base, size_t bytes) {
-    auto it = unmapped_.upper_bound(base);
-    if (it != unmapped_.begin()) --it;
-    while (it != unmapped_.end() && it->first < base + bytes) {
-      if (it->first + it->second.bytes > base) {
-        unmapped_order_.erase(std::find(unmapped_order_.begin(), unmapped_order_.end(), it->first));
-        it = unmapped_.erase(it);
-      } else {
-        ++it;
-      }
-    }
   }
 
   // [Huge segments] A segment of 2 MiB or more is mapped at a 2 MiB boundary and marked for
@@ -257,8 +229,6 @@ class Memory {
   const bool protect_;
   std::mutex mutex_;
   std::map<uintptr_t, Segment> segments_;
-  std::map<uintptr_t, Segment> unmapped_;   // freed and unmapped, addresses not yet mapped again
-  std::deque<uintptr_t> unmapped_order_;    // unmapped_'s keys, oldest first
   std::map<int, size_t> in_use_;
 };
 
@@ -786,15 +756,17 @@ class SimRuntime final : public DeviceRuntime {
     check_healthy(device, "a kernel launch");
     const auto shared = host_call();
     Task task{std::move(fn), std::move(buffers)};
-    std::optional<std::string> why = memory_.illegal_kernel_access(device, task.buffers);
-    for (const void* b : task.buffers) {
+    std::vector<const void*> host;
+    std::optional<std::string> why = memory_.illegal_kernel_access(device, task.buffers, host);
+    for (const void* h : host) {
       if (why) break;
       // Host memory a GPU kernel can read is page-locked and mapped (host_malloc); not pageable.
-      if (b != nullptr && !memory_.device_memory(b) && !is_pinned(b)) {
-        why = fmt::format("named pageable host memory ({}: neither sim device memory nor page-locked host memory from "
-                          "host_malloc); a GPU kernel cannot read it (cudaErrorIllegalAddress, \"an illegal memory "
-                          "access was encountered\")",
-                          b);
+      if (!is_pinned(h)) {
+        why = fmt::format("named pageable host memory ({}: neither sim device memory, live or freed but still mapped, "
+                          "nor page-locked host memory from host_malloc; device memory freed and unmapped looks the "
+                          "same); a GPU kernel cannot read it (cudaErrorIllegalAddress, \"an illegal memory access was "
+                          "encountered\")",
+                          h);
       }
     }
     if (why) task.failure = fmt::format("{} on stream {} of sim:{} {}", what, s, device, *why);

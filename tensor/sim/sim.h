@@ -39,17 +39,18 @@
 // - Illegal addresses, as a GPU sees them ([Illegal addresses], sim.cpp): a kernel that names memory
 //   of another sim device (chorus enables no peer access), memory freed before its launch, or
 //   pageable host memory (a GPU kernel reads only page-locked host memory) fails its device
-//   without running (sticky, below); a copy whose device side is freed memory, host
-//   memory or runs past the end of its segment, or whose host side is device memory, or a device
-//   copy between overlapping areas, is refused at the call (cudaErrorInvalidValue).
+//   without running (sticky, below); a copy whose device side is freed memory, host memory or runs
+//   past the end of its segment, or whose host side is device memory, or a device copy between
+//   overlapping areas, is refused at the call (cudaErrorInvalidValue).
 // - Events as cudaEvent*: recorded only on a stream of their own device; elapsed_ms only between
 //   recorded timing events of one device whose records have completed.
 // - Device errors are sticky, as CUDA's: a task that fails (a kernel on an illegal address, or one a
-//   test makes fail with fault::fail_next_stream_task, tensor/test_faults.h) marks its device failed; from then on every
-//   call on that device throws a chorus::Error naming the call and the first error, and the device's
-//   streams drop their queued kernels, copies and host functions (event records and waits still
-//   complete, so a host synchronization returns the error instead of hanging). free and
-//   destroy_event still work (they run in destructors; cudaFree's error is ignored there too).
+//   test makes fail with fault::fail_next_stream_task, tensor/test_faults.h) marks its device
+//   failed; from then on every call on that device throws a chorus::Error naming the call and the
+//   first error, and the device's streams drop their queued kernels, copies and host functions
+//   (event records and waits still complete, so a host synchronization returns the error instead
+//   of hanging). free and destroy_event still work (they run in destructors; cudaFree's error is
+//   ignored there too).
 #pragma once
 
 #include <cstddef>

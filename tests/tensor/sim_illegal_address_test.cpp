@@ -160,14 +160,22 @@ TEST_CASE("sim: copies are refused at the call from or into freed memory, past a
   CHECK_THROWS_WITH(rt.memcpy_async(a, out.data(), 16, CopyKind::DeviceToHost, s0),
                     Catch::Contains("(device to host): the destination") && Catch::Contains("is sim:0's device memory"));
 
-  // From and into memory already freed (still mapped, or unmapped once sim:2's streams have
-  // passed the free: either is freed memory).
+  // From and into memory already freed: still mapped while a sim:2 stream holds the free back
+  // (cudaFree waits for the device), then unmapped, no segment at all.
+  const Stream s2 = current_stream(Device::sim(2));
+  std::atomic<bool> release{false};
+  sim::launch_kernel(s2.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
   rt.free(2, b);
   CHECK_THROWS_WITH(rt.memcpy_async(out.data(), b, 16, CopyKind::DeviceToHost, s0),
                     Catch::Contains("the source") && Catch::Contains("that free() released") &&
                         Catch::Contains("cudaErrorInvalidValue"));
   CHECK_THROWS_WITH(rt.memcpy_async(b, a, 16, CopyKind::DeviceToDevice, s0), Catch::Contains("the destination") &&
                                                                                  Catch::Contains("that free() released"));
+  release = true;
+  rt.synchronize_device(2);  // the streams have passed the free: b is unmapped
+  CHECK_THROWS_WITH(rt.memcpy_async(out.data(), b, 16, CopyKind::DeviceToHost, s0),
+                    Catch::Contains("the source") && Catch::Contains("is not sim device memory") &&
+                        Catch::Contains("freed and unmapped") && Catch::Contains("cudaErrorInvalidValue"));
   // Refused at the call, not sticky: the devices go on.
   rt.memcpy_async(out.data(), a, seg, CopyKind::DeviceToHost, s0);
   CHECK(std::memcmp(out.data(), in.data(), seg) == 0);
@@ -219,8 +227,13 @@ TEST_CASE("sim: an op on a from_blob tensor over device memory freed under it fa
   t.fill_(1.0);  // legal while the memory is live
   Stream s = current_stream(dev);
   CHECK(sync_error(s).empty());
-  rt.free(5, seg);  // the user's memory goes; the tensor does not own it
+  // The user's memory goes (the tensor does not own it) while earlier work still holds the stream,
+  // so the segment is freed but not yet unmapped when the op launches.
+  std::atomic<bool> release{false};
+  sim::launch_kernel(s.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
+  rt.free(5, seg);
   t.fill_(2.0);
+  release = true;
   const std::string message = sync_error(s);
   INFO(message);
   CHECK_THAT(message, Catch::Contains("the kernel fill on stream") && Catch::Contains("of sim:5 named memory freed before the launch"));
