@@ -23,8 +23,9 @@
 #include "autograd/grad_mode.h"
 #include "distributed/flight_recorder.h"
 #include "tensor/ops.h"
+#include "tensor/sanitizers.h"
 
-#if defined(__SANITIZE_THREAD__)
+#if CHORUS_TSAN
 // [TSan and libgloo] ThreadSanitizer reads its suppressions from this function in every program that
 // links the Gloo process group (the tests and their worker processes), so no test needs a file or an
 // environment variable for them. Each entry says why it is not a race; a race in chorus's own code

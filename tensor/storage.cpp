@@ -13,6 +13,7 @@
 
 #include "tensor/cpu_memory.h"
 #include "tensor/error.h"
+#include "tensor/sanitizers.h"
 
 namespace chorus {
 
@@ -116,7 +117,7 @@ class CpuAllocator final : public Allocator {
   // they stay malloc's memory, so that ASan keeps its redzones around them. Where THP is off
   // ("never"), madvise changes nothing.
   static bool mapped(size_t bytes) {
-#if defined(__SANITIZE_ADDRESS__)
+#if CHORUS_ASAN
     (void)bytes;
     return false;
 #else

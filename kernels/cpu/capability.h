@@ -52,8 +52,16 @@ inline CpuCapability cpu_capability_fast() {
 }  // namespace chorus::kernels::cpu
 
 // The region whose functions get AVX-512 code ([ISA variants]). prefer-vector-width=512: GCC
-// otherwise keeps 256-bit vectors even where AVX-512 is enabled.
+// otherwise keeps 256-bit vectors even where AVX-512 is enabled. clang ignores GCC's target pragma
+// (the region would silently get no AVX-512 code: isa_guard_test says so); it takes the target
+// attribute over a region instead, and uses 512-bit vectors there without being asked.
+#if defined(__clang__)
+#define CHORUS_AVX512_BEGIN                                                                          \
+  _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c\"))), apply_to = function)")
+#define CHORUS_AVX512_END _Pragma("clang attribute pop")
+#else
 #define CHORUS_AVX512_BEGIN                \
   _Pragma("GCC push_options")              \
   _Pragma("GCC target(\"avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,prefer-vector-width=512\")")
 #define CHORUS_AVX512_END _Pragma("GCC pop_options")
+#endif

@@ -21,6 +21,20 @@
 // call per element would not vectorize), including into the AVX-512 variant.
 #define CHORUS_ELEMENT __attribute__((always_inline))
 
+// The first statement of a lambda given to simd_for_uncontracted (and of any function whose a * b + c
+// must round twice). g++ decides contraction where the code ends up, so simd_for_uncontracted's own
+// `optimize("fp-contract=off")` covers the lambda inlined into it; clang decides it where the
+// expression is written (the lambda), so the lambda must say it itself.
+#if defined(__clang__)
+#define CHORUS_UNCONTRACTED _Pragma("clang fp contract(off)")
+#define CHORUS_UNCONTRACTED_BEGIN
+#define CHORUS_UNCONTRACTED_END
+#else
+#define CHORUS_UNCONTRACTED
+#define CHORUS_UNCONTRACTED_BEGIN _Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\")")
+#define CHORUS_UNCONTRACTED_END _Pragma("GCC pop_options")
+#endif
+
 namespace chorus::kernels::cpu {
 
 // [ISA variants] (capability.h): the vector loops every contiguous run goes through, written once
@@ -38,7 +52,9 @@ namespace chorus::kernels::cpu {
 //   simd_for_uncontracted(begin, end, body)    simd_for with floating-point contraction off (no
 //                                              a * b + c fused into one multiply-add), for updates
 //                                              that must equal their written arithmetic in every
-//                                              variant: the optimizer steps (optim_math_test)
+//                                              variant: the optimizer steps (optim_math_test).
+//                                              For clang, body begins with CHORUS_UNCONTRACTED
+//                                              (or its file turns contraction off: optim.cpp)
 #define CHORUS_ISA_LOOPS                                                                      \
   template <typename Body>                                                                    \
   void simd_for(int64_t begin, int64_t end, const Body& body) {                               \
@@ -77,12 +93,12 @@ namespace chorus::kernels::cpu {
     for (int j = 0; j < kLanes; ++j) m = lanes[j] > m ? lanes[j] : m;                         \
     return m;                                                                                 \
   }                                                                                           \
-  _Pragma("GCC push_options") _Pragma("GCC optimize(\"fp-contract=off\")")                     \
+  CHORUS_UNCONTRACTED_BEGIN                                                                   \
   template <typename Body>                                                                    \
   void simd_for_uncontracted(int64_t begin, int64_t end, const Body& body) {                  \
     _Pragma("omp simd") for (int64_t i = begin; i < end; ++i) body(i);                        \
   }                                                                                           \
-  _Pragma("GCC pop_options")
+  CHORUS_UNCONTRACTED_END
 
 namespace isa_avx2 {
 inline constexpr int kVectorBytes = 32;

@@ -114,6 +114,7 @@ void layer_norm_backward(const Tensor& grad_x, const Tensor& grad_weight, const 
             // terms cancel exactly (one column) gives exactly 0, as the CUDA kernel (nn.cu,
             // mul_rounded) does. Seen as a float64 CPU/GPU mismatch on an H200, 2026-11-30.
             simd_for_uncontracted(0, cols, [&](int64_t c) CHORUS_ELEMENT {
+              CHORUS_UNCONTRACTED
               const double xhat = (xr[c] - m) * iv;
               out[c] = static_cast<P>(iv * (gr[c] * wv[c] - a - xhat * b));
             });

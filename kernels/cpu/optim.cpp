@@ -12,7 +12,12 @@
 
 // kernels/cpu builds with -mfma; without this the compiler would fuse w -= lr * d into one
 // multiply-add and the updates would no longer equal optim's arithmetic (optim_math_test pins it).
+// (clang decides contraction where an expression is written, so optim_math.h says it too.)
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#else
 #pragma GCC optimize("fp-contract=off")
+#endif
 
 namespace chorus::kernels::cpu {
 namespace {

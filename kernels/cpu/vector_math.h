@@ -6,9 +6,13 @@
 // GELU's erf, softmax's and cross-entropy's exp, ... become vector code. The vector versions are
 // accurate to a few ULP (glibc's documented bounds), as the scalar ones are to one.
 // Link with -lmvec (kernels/cpu/BUILD does). CPU only: CUDA code has its own math library.
+// GCC's attribute only: clang (the sanitizer builds, docs/build.md) does not know it, and its loops
+// call the scalar functions.
 #pragma once
 
 #include <cmath>
+
+#if !defined(__clang__)
 
 #define CHORUS_SIMD_DECL(name) __attribute__((simd("notinbranch"))) float name##f(float); \
   __attribute__((simd("notinbranch"))) double name(double);
@@ -34,3 +38,5 @@ CHORUS_SIMD_DECL(cosh)
 }
 
 #undef CHORUS_SIMD_DECL
+
+#endif  // !defined(__clang__)

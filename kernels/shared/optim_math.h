@@ -9,6 +9,14 @@
 
 #include "kernels/shared/hd.h"
 
+// Each update rounds as written (no a * b + c fused into one multiply-add). g++ decides contraction
+// where the code is inlined to (kernels/cpu/optim.cpp turns it off there; nvcc gets --fmad=false);
+// clang decides it where the expression is written: here.
+#if defined(__clang__)
+#pragma float_control(push)
+#pragma clang fp contract(off)
+#endif
+
 namespace chorus::kernels::shared {
 
 // SGD (PyTorch's formulation): d = g + wd * w; with momentum, v = first ? d : m * v + (1 - damp) * d
@@ -112,3 +120,7 @@ CHORUS_HD AdamUpdate<T> make_adam_update(double lr, double beta1, double beta2, 
 }
 
 }  // namespace chorus::kernels::shared
+
+#if defined(__clang__)
+#pragma float_control(pop)
+#endif

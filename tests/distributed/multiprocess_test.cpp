@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/sanitizers.h"
 #include "tests/distributed/worker_launcher.h"
 
 using chorus::testing::require_all_ok;
@@ -103,7 +104,7 @@ TEST_CASE("DDP with an ordering point removed is stopped by the stream-order san
 TEST_CASE("without the communication stream's event waits DDP on sim goes wrong", "[distributed][ddp][sim]") {
   // The same job with the waits of [Sync Streams] removed (test-only) and the stream-order sanitizer
   // off must not match: the numbers themselves show the ordering test above can fail.
-#if defined(__SANITIZE_THREAD__)
+#if CHORUS_TSAN
   // Under ThreadSanitizer the missing waits are a data race: either it reports the race (a worker
   // stops there, between a compute stream's kernel and the communication that overwrites its
   // buffer), or, where the racing accesses fell outside what it tracks (libgloo's reads are not

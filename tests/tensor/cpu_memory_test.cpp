@@ -10,9 +10,10 @@
 
 #include "tensor/cpu_memory.h"
 #include "tensor/ops.h"
+#include "tensor/sanitizers.h"
 #include "tests/tensor/vm_flags.h"
 
-#if defined(__SANITIZE_ADDRESS__)
+#if CHORUS_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
 
@@ -65,7 +66,7 @@ TEST_CASE("CPU tensors of 2 MiB or more start on a 2 MiB boundary and are advise
   CHECK(p[0] == 0.0f);
   CHECK(p[kHuge / 4 + 12345] == static_cast<float>(kHuge / 4 + 12345));
   CHECK(p[n - 1] == static_cast<float>(n - 1));
-#if defined(__SANITIZE_ADDRESS__)
+#if CHORUS_ASAN
   // Under ASan such blocks stay malloc's, with ASan's redzones around them.
   std::printf("CHORUS-SKIP: an ASan build keeps large CPU blocks in malloc (redzones); the 2 MiB mapping was not checked\n");
   return;
@@ -95,7 +96,7 @@ TEST_CASE("CPU tensors of 2 MiB or more start on a 2 MiB boundary and are advise
 // into the rest of its block are reported like malloc's. Checked where ASan runs (the asan phase of
 // tools/test.sh --full); elsewhere there is no shadow memory to read.
 TEST_CASE("under ASan, a cached large CPU block is poisoned, and so is a block past what its tensor asked for", "[tensor][memory]") {
-#if !defined(__SANITIZE_ADDRESS__)
+#if !CHORUS_ASAN
   std::printf("CHORUS-SKIP: not an AddressSanitizer build; the poisoning of cached blocks is checked in the ASan build\n");
 #else
   const auto poisoned = [](const void* p) { return __asan_address_is_poisoned(p) != 0; };

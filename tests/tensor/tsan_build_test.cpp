@@ -2,8 +2,10 @@
 // ThreadSanitizer (bazel test --config=tsan), so that target cannot pass without checking anything.
 #include <catch2/catch.hpp>
 
+#include "tensor/sanitizers.h"
+
 TEST_CASE("device_runtime_tsan_test is built with ThreadSanitizer (--config=tsan)") {
-#if defined(__SANITIZE_THREAD__)
+#if CHORUS_TSAN
   SUCCEED("built with -fsanitize=thread");
 #else
   FAIL("run this target with `bazel test -c opt --config=tsan`");

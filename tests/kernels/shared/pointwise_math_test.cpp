@@ -12,6 +12,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
@@ -26,6 +27,19 @@ namespace K = chorus::kernels::cpu;
 template <typename T>
 bool same_bits(T a, T b) {
   return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+// A kernel's result against its functor's: the same bits, except that a NaN matches any NaN. Which
+// NaN an arithmetic operation returns (sign, payload) IEEE 754 leaves open, and it follows how the
+// compiler arranged the instructions: in the clang-14 ASan build, TanhBackward of (-5.9, NaN) gave
+// NaN in the kernel and -NaN in the functor (g++ 12 gave the same NaN in both). Whether the result
+// is a NaN still has to agree. The conversions' tests keep same_bits: a NaN's bits are what they move.
+template <typename T>
+bool same_value(T a, T b) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(a) && std::isnan(b)) return true;
+  }
+  return same_bits(a, b);
 }
 
 // Every float with each upper half (sign, exponent, 7 mantissa bits) combined with the lower
@@ -255,7 +269,7 @@ void check_unary(K::UnaryOp op, F f, const Tensor& in) {
   const T* o = out.data_ptr<T>();
   for (int64_t i = 0; i < out.numel(); ++i) {
     const T expected = f(x[i]);
-    if (!same_bits(o[i], expected)) {
+    if (!same_value(o[i], expected)) {
       FAIL(fmt::format("unary op {} element {} of {}: kernel {}, functor {}", static_cast<int>(op), i, x[i], o[i],
                        expected));
     }
@@ -272,7 +286,7 @@ void check_binary(K::BinaryOp op, F f, const Tensor& a, const Tensor& b, const S
   const Out* o = out.data_ptr<Out>();
   for (int64_t i = 0; i < out.numel(); ++i) {
     const Out expected = f(x[i], y[i]);
-    if (!same_bits(o[i], expected)) {
+    if (!same_value(o[i], expected)) {
       FAIL(fmt::format("binary op {} element {} of ({}, {}): kernel {}, functor {}", static_cast<int>(op), i, x[i],
                        y[i], o[i], expected));
     }
