@@ -12,7 +12,8 @@
 #                            have no CUDA), the benchmarks' tests, and those tagged "also_opt" (what
 #                            they check differs in an ASan build); then the kernel tests in -c opt
 #                            under each instruction set of this CPU, and ThreadSanitizer on the
-#                            concurrent code.
+#                            concurrent code. The two sanitizer builds compile with clang-14, the
+#                            -c opt one with g++ 12 (docs/build.md).
 #   tools/test.sh --full --fuzz   that, then each libFuzzer target for CHORUS_FUZZ_SECONDS (20 by
 #                            default) in a clang build of its own (docs/build.md says what each adds
 #                            and why CI leaves the fuzzing out).
