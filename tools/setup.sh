@@ -31,8 +31,10 @@ packages=(
   dataset-fashion-mnist
   # `ip netns` / `tc` for the multi-host tests (tests/distributed:hosts_test).
   iproute2
-  # clang with libFuzzer and the sanitizer runtimes for the fuzz targets (tools/fuzz.sh).
-  clang-14 libclang-rt-14-dev
+  # clang with libFuzzer and the sanitizer runtimes: the tsan and asan builds of tools/test.sh --full
+  # and the fuzz targets (tools/fuzz.sh) compile with clang-14. libomp-14-dev is clang's OpenMP
+  # (omp.h and libomp, for -fopenmp): clang-14 does not depend on it, so a fresh machine lacks it.
+  clang-14 libclang-rt-14-dev libomp-14-dev
   # TensorBoard event files (tests/utils): the independent reader decodes them with Google's protobuf
   # and a schema protoc compiles at test time; numpy is the histogram oracle; tools/plot.py draws
   # with matplotlib.
