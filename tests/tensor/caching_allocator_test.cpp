@@ -34,16 +34,18 @@ using State = MemoryBlockInfo::State;
 
 DeviceRuntime& sim_runtime() { return runtime_for(Device::sim(0), "caching_allocator_test"); }
 
-// The byte fills of the record_stream test's kernels. Its negative control races on purpose (stream
-// b's late write lands in a block reused without record_stream: the corruption it shows), so
-// ThreadSanitizer (device_runtime_tsan_test runs these cases) must not see these two writes, or it
-// halts the test on the very race the case demonstrates; the allocator's own bookkeeping stays
-// instrumented. A volatile loop, so the compiler cannot turn it back into a call to memset, which
-// ThreadSanitizer intercepts. (g++ 12's TSan build never reported this race; clang-14's does.)
+// The byte fills of the record_stream test's kernels. Its negative control (no record_stream) races
+// on purpose: stream b's late write lands in a block already reused, the corruption it shows. Under
+// ThreadSanitizer (device_runtime_tsan_test runs these cases) that race would halt the test, so the
+// negative control fills without being seen (clang-14's TSan reports it; g++ 12's never did); the
+// case with record_stream keeps plain memset, so TSan still checks that its writes and reads are
+// ordered, and the allocator is instrumented in both. A volatile loop, so the compiler cannot turn
+// it back into a call to memset, which ThreadSanitizer intercepts.
 __attribute__((no_sanitize("thread"))) void fill_unobserved(void* p, unsigned char value, size_t n) {
   volatile unsigned char* bytes = static_cast<volatile unsigned char*>(p);
   for (size_t i = 0; i < n; ++i) bytes[i] = value;
 }
+void fill_observed(void* p, unsigned char value, size_t n) { std::memset(p, value, n); }
 
 // Sets a sim device's capacity for a scope (the default is 16 GiB).
 struct CapacityScope {
@@ -244,19 +246,26 @@ TEST_CASE("caching allocator: record_stream keeps a block from reuse until the o
   REQUIRE(a != b);
   StreamGuard guard(a);
   const size_t n = 4096;
+  const bool record = GENERATE(true, false);
+  void (*const fill)(void*, unsigned char, size_t) = record ? fill_observed : fill_unobserved;
 
   void* p = alloc.allocate(n, dev);
+  // The block is a's (the allocator poisons it on a): b may use it only after a's work so far, as a
+  // CUDA program orders a tensor's first use on another stream. Without this wait b's write races
+  // with the poisoning (clang's TSan reported it once the record_stream case's fills were visible).
+  Event allocated;
+  allocated.record(a);
+  b.wait(allocated);
   // A slow consumer on b writes its pattern into the block long after the host dropped it.
   std::atomic<bool> b_done{false};
   sim::launch_kernel(
       b.handle(),
-      [p, n, &b_done] {
+      [p, n, fill, &b_done] {
         std::this_thread::sleep_for(300ms);
-        fill_unobserved(p, 0xBB, n);
+        fill(p, 0xBB, n);
         b_done = true;
       },
       {p});
-  const bool record = GENERATE(true, false);
   if (record) alloc.record_stream(p, b);
   const uint64_t syncs = host_sync_count();
   alloc.deallocate(p, dev);
@@ -272,7 +281,7 @@ TEST_CASE("caching allocator: record_stream keeps a block from reuse until the o
     CHECK(q == p);  // without record_stream the block is reused at once...
   }
   // a's new tensor is written on a, before b's late write.
-  sim::launch_kernel(a.handle(), [q, n] { fill_unobserved(q, 0xAA, n); }, {q});
+  sim::launch_kernel(a.handle(), [q, n, fill] { fill(q, 0xAA, n); }, {q});
   b.synchronize();
   const auto q_data = read_device(rt, a, q, n);
   if (record) {
