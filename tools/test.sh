@@ -251,9 +251,10 @@ if [[ "$mode" == full ]]; then
   # 4. Every test under AddressSanitizer + UndefinedBehaviorSanitizer (no recovery, leaks
   #    reported) but the "no_asan" ones (examples_asan_test runs a subset of examples_test's cases
   #    instead); the benchmarks are left out, and so are the few tests that exist only in a CUDA
-  #    build (they ran in phase 1).
+  #    build (they ran in phase 1). --build_tests_only: what it does not run (the "no_asan" and
+  #    "gpu" tests, tests/'s stand-alone programs) is not built here either; phase 1 built it.
   config=(-c opt --config=asan)
-  phase asan "$nocuda_base" --symlink_prefix=/ "${common[@]}" "$(skip_tags no_asan)" \
+  phase asan "$nocuda_base" --symlink_prefix=/ "${common[@]}" "$(skip_tags no_asan)" --build_tests_only \
     -- //tests/... -//tests/bench/...
   bazel --output_base="$nocuda_base" shutdown >/dev/null 2>&1 || true
 

@@ -17,7 +17,10 @@ int resolve_capability() {
     const std::string want = requested_capability();
     if (want == "avx512" && !cpu_has_avx512())
       fail("CHORUS_CPU_CAPABILITY=avx512, but this CPU has no AVX-512 (F, BW, VL and DQ); expected avx2 or default here");
-    const bool avx512 = want.empty() ? cpu_has_avx512() : want == "avx512";
+    if (want == "avx512" && !CHORUS_AVX512_VARIANT)
+      fail("CHORUS_CPU_CAPABILITY=avx512, but this is a sanitizer build, which compiles only the AVX2 variant of the "
+           "loops (kernels/cpu/capability.h); expected avx2 or default here");
+    const bool avx512 = want.empty() ? avx512_variant_available() : want == "avx512";
     return static_cast<int>(avx512 ? CpuCapability::kAvx512 : CpuCapability::kAvx2);
   }();
   int expected = -1;
@@ -51,6 +54,9 @@ CpuCapability cpu_capability() { return cpu_capability_fast(); }
 void set_cpu_capability(CpuCapability capability) {
   if (capability == CpuCapability::kAvx512 && !cpu_has_avx512())
     fail("set_cpu_capability(avx512): this CPU has no AVX-512 (F, BW, VL and DQ); expected avx2");
+  if (capability == CpuCapability::kAvx512 && !CHORUS_AVX512_VARIANT)
+    fail("set_cpu_capability(avx512): this is a sanitizer build, which compiles only the AVX2 variant of the loops "
+         "(kernels/cpu/capability.h); expected avx2");
   detail::resolve_capability();  // the environment is validated once either way
   detail::current_capability.store(static_cast<int>(capability), std::memory_order_relaxed);
 }

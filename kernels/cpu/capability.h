@@ -10,9 +10,24 @@
 //
 // CHORUS_CPU_CAPABILITY=avx512|avx2|default caps it (default: the floor, AVX2, for these loops; oneDNN
 // is capped at SSE4.1 then, onednn_conv.h). Asking for AVX-512 on a CPU without it is a chorus::Error.
+//
+// The sanitizer builds (tools/test.sh --full's tsan and asan phases, clang-14) compile the floor's
+// variant only (CHORUS_AVX512_VARIANT 0): at -O1 clang vectorizes no loop, so an AVX-512 copy would
+// be the same scalar code compiled twice (kernels/cpu/pointwise.cpp under ASan: 145.5 s with it,
+// 117.7 s without, 2026-12-01), and the variants are compared where they differ, in the -c opt
+// build (capability_test, the isa phases). There the loops run AVX2 on every CPU, cpu_capability()
+// says so, and asking for AVX-512 is a chorus::Error naming the build.
 #pragma once
 
 #include <atomic>
+
+#include "tensor/sanitizers.h"
+
+#if CHORUS_ASAN || CHORUS_TSAN
+#define CHORUS_AVX512_VARIANT 0
+#else
+#define CHORUS_AVX512_VARIANT 1
+#endif
 
 namespace chorus::kernels::cpu {
 
@@ -20,6 +35,8 @@ enum class CpuCapability : int { kAvx2 = 0, kAvx512 = 1 };
 
 // AVX-512 as the loops use it: F, BW, VL and DQ.
 bool cpu_has_avx512();
+// Whether the loops can run AVX-512 here: the CPU has it and this build compiled that variant.
+inline bool avx512_variant_available() { return CHORUS_AVX512_VARIANT && cpu_has_avx512(); }
 // The variant the loops run now (after the first call: one relaxed atomic load).
 CpuCapability cpu_capability();
 // Switches the variant at run time (tests and benchmarks compare them in one process); chorus::Error

@@ -38,7 +38,8 @@
 namespace chorus::kernels::cpu {
 
 // [ISA variants] (capability.h): the vector loops every contiguous run goes through, written once
-// here and expanded twice: for the build's floor (AVX2 + FMA) and inside an AVX-512 region. `body(i)`
+// here and expanded twice: for the build's floor (AVX2 + FMA) and inside an AVX-512 region (once, the
+// floor's, in the sanitizer builds: CHORUS_AVX512_VARIANT in capability.h). `body(i)`
 // is inlined into whichever runs; it must have no dependence between iterations (as `#pragma omp
 // simd` says).
 //   simd_for(begin, end, body)                 body(i) for every i
@@ -104,12 +105,16 @@ namespace isa_avx2 {
 inline constexpr int kVectorBytes = 32;
 CHORUS_ISA_LOOPS
 }  // namespace isa_avx2
+#if CHORUS_AVX512_VARIANT
 CHORUS_AVX512_BEGIN
 namespace isa_avx512 {
 inline constexpr int kVectorBytes = 64;
 CHORUS_ISA_LOOPS
 }  // namespace isa_avx512
 CHORUS_AVX512_END
+#else
+namespace isa_avx512 = isa_avx2;  // a sanitizer build: the floor's loops only (capability.h)
+#endif
 #undef CHORUS_ISA_LOOPS
 
 // The dispatch: one relaxed atomic load per call (per run of elements, not per element).

@@ -1,4 +1,5 @@
-// What the tests of the CPU loops' instruction-set variants share: the variants this CPU can run,
+// What the tests of the CPU loops' instruction-set variants share: the variants this CPU can run
+// (and this build has: a sanitizer build compiles only AVX2's, kernels/cpu/capability.h),
 // and a guard that restores the variant in use when a test started.
 #pragma once
 
@@ -10,7 +11,7 @@ namespace chorus::testing {
 
 inline std::vector<kernels::cpu::CpuCapability> available_capabilities() {
   std::vector<kernels::cpu::CpuCapability> caps = {kernels::cpu::CpuCapability::kAvx2};
-  if (kernels::cpu::cpu_has_avx512()) caps.push_back(kernels::cpu::CpuCapability::kAvx512);
+  if (kernels::cpu::avx512_variant_available()) caps.push_back(kernels::cpu::CpuCapability::kAvx512);
   return caps;
 }
 
