@@ -8,7 +8,8 @@
 #                            run it. ASan+UBSan runs every test but the "no_asan" ones (the fuzz
 #                            corpora replayed among them); -c opt (with CUDA where a toolkit is)
 #                            builds everything but the other tests, and runs those ASan cannot: the
-#                            "no_asan" end-to-end runs, the tests tagged "cuda" (the sanitizer builds
+#                            "no_asan" end-to-end runs (and isa_guard_test, which checks the
+#                            -c opt build itself), the tests tagged "cuda" (the sanitizer builds
 #                            have no CUDA), the benchmarks' tests, and those tagged "also_opt" (what
 #                            they check differs in an ASan build); then the kernel tests in -c opt
 #                            under each instruction set of this CPU, and ThreadSanitizer on the
