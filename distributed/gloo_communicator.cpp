@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "distributed/stream_group.h"
+#include "tensor/fault.h"
 #include "tensor/ops.h"
 
 namespace chorus::distributed {
@@ -156,10 +157,12 @@ class GlooStreamCommunicator::LaneWorker {
         jobs_.pop_front();
       }
       // The stream reaches its `ready` write after the caller's work and the copies: poll for it
-      // (spinning briefly, then sleeping 20 us at a time).
+      // (spinning briefly, then sleeping 20 us at a time). fault::Point::kGlooReadyFlag removed (a
+      // negative control, multiprocess_test): the group runs at once, on host copies not yet made.
       std::atomic_ref<uint32_t> ready(*ready_word());
       bool stopped = false;
-      for (int spins = 0; static_cast<int32_t>(ready.load(std::memory_order_acquire) - job.sequence) < 0; ++spins) {
+      const bool wait_for_ready = !fault::removed(fault::Point::kGlooReadyFlag);
+      for (int spins = 0; wait_for_ready && static_cast<int32_t>(ready.load(std::memory_order_acquire) - job.sequence) < 0; ++spins) {
         if (spins < 256) {
           std::this_thread::yield();
           continue;
@@ -374,7 +377,9 @@ void GlooStreamCommunicator::group_end() {
     ++state->submitted;  // (here: a group that failed before reaching its worker is not waited for)
   }
   worker.push(sequence, std::move(run));
-  rt.stream_wait_value(stream.handle(), worker.done_word(), sequence);
+  // fault::Point::kGlooDoneFlag removed (a negative control, multiprocess_test): the stream copies
+  // the host copies back without waiting for the collectives to have written them.
+  if (!fault::removed(fault::Point::kGlooDoneFlag)) rt.stream_wait_value(stream.handle(), worker.done_word(), sequence);
   for (const StagedTensor& t : staged_tensors) {
     if (!t.written) continue;
     rt.memcpy_async(t.device.raw_data_ptr(), t.host.raw_data_ptr(), static_cast<size_t>(t.device.nbytes()),

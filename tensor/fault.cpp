@@ -19,6 +19,8 @@ const char* name(Point p) {
     case Point::kFsdpGatherWait: return "fsdp_gather_wait";
     case Point::kFsdpPreBackwardGather: return "fsdp_pre_backward_gather";
     case Point::kHostFunctionThread: return "host_function_thread";
+    case Point::kGlooReadyFlag: return "gloo_ready_flag";
+    case Point::kGlooDoneFlag: return "gloo_done_flag";
     case Point::kCount: break;
   }
   return "?";

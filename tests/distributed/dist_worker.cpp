@@ -10,11 +10,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <future>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 #include <thread>
 
 #include "distributed/ddp.h"
@@ -244,11 +247,15 @@ void sgd_momentum(const std::vector<Tensor>& params, std::vector<Tensor>& bufs, 
 }
 
 // device: where the DDP replica trains (the reference always trains on the CPU). On a device,
-// "unordered" removes the stream-event waits of the communication stream (a test-only switch) and
-// holds the compute stream back 30 ms before every backward: the allreduce then reads buckets the
-// compute stream has not filled yet, and the result must come out wrong; with the waits, right.
+// `removed` (non-empty: "unordered") are ordering points a test removes (tensor/test_faults.h), and
+// the compute stream is held back 30 ms before every backward: without the stream-event waits of
+// the communication stream the allreduce then reads buckets the compute stream has not filled yet;
+// without the Gloo lane's `ready` flag its worker reduces host copies the stream has not made yet;
+// without its `done` flag the stream copies back results the worker has not written yet. The
+// result must come out wrong; with the points in place, right.
 void scenario_ddp_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string& kind, DType dt, double cap_mb,
-                              bool as_view, Device device = kCPU, bool unordered = false) {
+                              bool as_view, Device device = kCPU, std::vector<fault::Point> removed = {}) {
+  const bool unordered = !removed.empty();
   const int rank = pg->rank(), world = pg->size();
   const int64_t per_rank = 3, total = per_rank * world;
   Tensor x = make_inputs(kind, total, dt);
@@ -269,12 +276,9 @@ void scenario_ddp_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std
     ref_body->register_module("head", ref_head);
   }
   body->to(device);
-  // "unordered": both waits of [Sync Streams] removed (a negative control, tensor/test_faults.h).
-  std::optional<fault::RemovedScope> no_ready, no_end;
-  if (unordered) {
-    no_ready.emplace(fault::Point::kReadyWait);
-    no_end.emplace(fault::Point::kEndWait);
-  }
+  // "unordered": the ordering points removed (a negative control, tensor/test_faults.h).
+  std::vector<std::unique_ptr<fault::RemovedScope>> removed_scopes;
+  for (fault::Point p : removed) removed_scopes.push_back(std::make_unique<fault::RemovedScope>(p));
   DDPOptions opts;
   opts.bucket_cap_mb = cap_mb;
   opts.first_bucket_cap_mb = std::min(cap_mb, 1.0);
@@ -357,10 +361,11 @@ void scenario_ddp_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std
     ddp.write_chrome_trace(fmt::format("{}/ddp_trace_rank{}.json", tmp ? tmp : "/tmp", rank));
   }
   if (unordered) {
-    no_ready.reset();
-    no_end.reset();
-    check(worst > 1e-3, fmt::format("without the stream waits DDP on {} still matched (worst {:.3g}): the ordering "
-                                    "test cannot tell", device.str(), worst));
+    std::string names;
+    for (fault::Point p : removed) names += std::string(names.empty() ? "" : ", ") + fault::name(p);
+    removed_scopes.clear();
+    check(worst > 1e-3, fmt::format("without {} DDP on {} still matched (worst {:.3g}): the ordering test cannot tell",
+                                    names, device.str(), worst));
   }
   std::printf("rank %d: ddp %s %s on %s cap %.4g MiB view %d%s: %zu buckets, worst relative difference %.3g\n", rank,
               kind.c_str(), dtype_name(dt), device.str().c_str(), cap_mb, as_view, unordered ? " (unordered)" : "",
@@ -1400,8 +1405,21 @@ int main(int argc, char** argv) {
       const std::string kind = argv[2];
       const DType dt = std::string(argv[3]) == "float64" ? kFloat64 : kFloat32;
       const Device device = argc > 6 ? Device(argv[6]) : kCPU;
-      const bool unordered = argc > 7 && std::string(argv[7]) == "unordered";
-      scenario_ddp_equivalence(pg, kind, dt, std::atof(argv[4]), std::string(argv[5]) == "1", device, unordered);
+      // argv[7]: "unordered" (both stream-event waits of [Sync Streams] removed) or "unordered:<point>"
+      // (that ordering point, by its tensor/fault.h name, e.g. gloo_ready_flag).
+      std::vector<fault::Point> removed;
+      const std::string order = argc > 7 ? argv[7] : "";
+      if (order == "unordered") {
+        removed = {fault::Point::kReadyWait, fault::Point::kEndWait};
+      } else if (order.rfind("unordered:", 0) == 0) {
+        const std::string point = order.substr(std::strlen("unordered:"));
+        for (int i = 0; i < static_cast<int>(fault::Point::kCount); ++i)
+          if (point == fault::name(static_cast<fault::Point>(i))) removed.push_back(static_cast<fault::Point>(i));
+        check(!removed.empty(), fmt::format("ddp: no ordering point named '{}' (tensor/fault.h)", point));
+      } else if (!order.empty()) {
+        check(false, fmt::format("ddp: argument 7 is '{}'; expected unordered or unordered:<point>", order));
+      }
+      scenario_ddp_equivalence(pg, kind, dt, std::atof(argv[4]), std::string(argv[5]) == "1", device, removed);
     } else if (scenario == "no_sync") {
       scenario_no_sync(pg, argc > 2 ? Device(argv[2]) : kCPU, argc > 3 ? argv[3] : "");
     }

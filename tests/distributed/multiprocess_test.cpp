@@ -101,19 +101,20 @@ TEST_CASE("DDP with an ordering point removed is stopped by the stream-order san
                            "caller_stream");
 }
 
-TEST_CASE("without the communication stream's event waits DDP on sim goes wrong", "[distributed][ddp][sim]") {
-  // The same job with the waits of [Sync Streams] removed (test-only) and the stream-order sanitizer
-  // off must not match: the numbers themselves show the ordering test above can fail.
+// A negative control run without the stream-order sanitizer's verdict to rely on: DDP on sim with
+// ordering points removed must come out wrong on every rank (the worker checks "still matched").
+static void require_goes_wrong(const std::string& order, const std::vector<std::string>& env) {
+  const std::vector<std::string> args{"ddp", "mlp", "float64", "0.0005", "0", "sim:0", order};
 #if CHORUS_TSAN
   // Under ThreadSanitizer the missing waits are a data race: either it reports the race (a worker
   // stops there, between a compute stream's kernel and the communication that overwrites its
-  // buffer), or, where the racing accesses fell outside what it tracks (libgloo's reads are not
-  // instrumented), every worker finds the result wrong, as without TSan.
+  // buffer, or between the lane worker and a stream's copy of the same host memory), or, where the
+  // racing accesses fell outside what it tracks (libgloo's reads are not instrumented), every
+  // worker finds the result wrong, as without TSan.
   // Either outcome is specific: a worker that stopped did so on TSan's report (exit code 66, the
   // report in its own log), no worker found the result right ("still matched"), no hang; or, with
   // no report anywhere, every worker found the result wrong (exit 0, as without TSan).
-  const Result r = run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0", "unordered"},
-                                    {"CHORUS_STREAM_SANITIZER=0"});
+  const Result r = run_dist_workers(2, args, env);
   INFO(r.output);
   if (r.output.find("WARNING: ThreadSanitizer: data race") != std::string::npos) {
     int reported = 0;
@@ -129,9 +130,27 @@ TEST_CASE("without the communication stream's event waits DDP on sim goes wrong"
     require_all_ok(r);
   }
 #else
-  require_all_ok(run_dist_workers(2, {"ddp", "mlp", "float64", "0.0005", "0", "sim:0", "unordered"},
-                                  {"CHORUS_STREAM_SANITIZER=0"}));
+  require_all_ok(run_dist_workers(2, args, env));
 #endif
+}
+
+TEST_CASE("without the communication stream's event waits DDP on sim goes wrong", "[distributed][ddp][sim]") {
+  // The same job with the waits of [Sync Streams] removed (test-only) and the stream-order sanitizer
+  // off must not match: the numbers themselves show the ordering test above can fail.
+  require_goes_wrong("unordered", {"CHORUS_STREAM_SANITIZER=0"});
+}
+
+// The Gloo lane's two flag words (distributed/gloo_communicator.cpp) order host threads against
+// a stream through page-locked memory, which the stream-order sanitizer does not see (it checks
+// device accesses): removing either is caught by the numbers, with the sanitizer on. Without
+// `ready` the lane worker reduces host copies the stream has not made yet (the compute stream is
+// held back 30 ms before each backward); without `done` the stream copies back host copies the
+// collectives have not written yet.
+TEST_CASE("without the Gloo lane's ready or done flag DDP on sim goes wrong", "[distributed][ddp][sim]") {
+  for (const std::string point : {"gloo_ready_flag", "gloo_done_flag"}) {
+    INFO(point << " removed");
+    require_goes_wrong("unordered:" + point, {"CHORUS_SIM_DRIVER_LOCK=1"});
+  }
 }
 
 TEST_CASE("a stuck peer's collective on a communication stream raises on the next call, not a hang", "[distributed][faults][sim]") {
