@@ -18,9 +18,7 @@ grep -qw avx512f /proc/cpuinfo && isa=avx512
 key="$cpu family $family model $model $isa"
 
 cache="${CHORUS_CACHE_DIR:-$HOME/.cache/chorus}"
-archs=()  # as tools/test.sh: the CUDA architectures this run's other bazel commands compiled for
-[[ -n "${CHORUS_CUDA_ARCHS:-}" ]] && archs=(--define=chorus_cuda_archs="$CHORUS_CUDA_ARCHS")
-if ! bazel build -c opt --disk_cache="$cache/bazel-disk" "${archs[@]}" //tests/bench:train_step_bench >/tmp/bench_check_build.log 2>&1; then
+if ! bazel build -c opt --disk_cache="$cache/bazel-disk" //tests/bench:train_step_bench >/tmp/bench_check_build.log 2>&1; then
   echo "bench_check: could not build //tests/bench:train_step_bench (see /tmp/bench_check_build.log); nothing compared"
   exit 0
 fi

@@ -13,7 +13,7 @@
 #
 #   bash tools/install.sh PREFIX            e.g. bash tools/install.sh /usr/local
 # CHORUS_CUDA_ARCHS (e.g. 86,90): the GPUs the CUDA kernels are compiled for (default sm_80 and
-# sm_90, tools/build_defs/cuda.bzl); CI sets it, and this build then reuses what tools/test.sh built.
+# sm_90, third_party/cuda/cuda_configure.bzl); CI sets it for every bazel command it runs.
 set -euo pipefail
 prefix="${1:?usage: bash tools/install.sh PREFIX}"
 mkdir -p "$prefix/lib/cmake/chorus" "$prefix/include/chorus"
@@ -21,10 +21,8 @@ prefix="$(cd "$prefix" && pwd)"  # absolute, before leaving the caller's folder
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 version="0.1.0"
 cd "$repo"
-archs=()
-[[ -n "${CHORUS_CUDA_ARCHS:-}" ]] && archs=(--define=chorus_cuda_archs="$CHORUS_CUDA_ARCHS")
-bazel build -c opt --disk_cache="${CHORUS_CACHE_DIR:-$HOME/.cache/chorus}/bazel-disk" "${archs[@]}" //tools/install:libchorus
-install -m 0755 "$(bazel info -c opt "${archs[@]}" bazel-bin 2>/dev/null)/tools/install/libchorus.so" "$prefix/lib/libchorus.so"
+bazel build -c opt --disk_cache="${CHORUS_CACHE_DIR:-$HOME/.cache/chorus}/bazel-disk" //tools/install:libchorus
+install -m 0755 "$(bazel info -c opt bazel-bin 2>/dev/null)/tools/install/libchorus.so" "$prefix/lib/libchorus.so"
 # The library's headers: every .h of the library's folders (not tests, tools, third_party or the
 # example programs; not kernels/cuda, which only CUDA sources include).
 rm -rf "$prefix/include/chorus"

@@ -63,12 +63,8 @@ if (( used_kb > max_kb )); then
 fi
 common=(--disk_cache="$cache/bazel-disk" --keep_going
   --test_env=CHORUS_DATA_DIR="${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}")
-# CHORUS_CUDA_ARCHS (e.g. 90): the GPUs nvcc compiles for (tools/build_defs/cuda.bzl; default sm_80
-# and sm_90). .ci/run sets 90 on a machine without a GPU: no CUDA code can run there, and one
-# architecture checks that every kernel compiles and links in a third less nvcc time. Every bazel
-# command of a run must pass the same value (tools/bench_check.sh reads it too), or nvcc compiles
-# every kernel again.
-[[ -n "${CHORUS_CUDA_ARCHS:-}" ]] && common+=(--define=chorus_cuda_archs="$CHORUS_CUDA_ARCHS")
+# CHORUS_CUDA_ARCHS (e.g. 90), read by @local_cuda's rule (third_party/cuda/cuda_configure.bzl):
+# the GPUs nvcc compiles for, default sm_80 and sm_90. .ci/run sets 90 on a machine without a GPU.
 
 # Tests tagged "gpu" need a device; without one they are still built (linking included), not run.
 # Each phase runs the tests whose tags it does not skip: "asan_only" ones (a subset of another

@@ -10,27 +10,28 @@ at top level, so the condition lives in the macros: cuda_library here, chorus_te
 test.bzl, and @local_cuda//:defs.bzl's if_cuda() for anything else.
 """
 
-load("@local_cuda//:defs.bzl", "CUDA_ENABLED", "NVCC")
+load("@local_cuda//:defs.bzl", "CUDA_ARCHS", "CUDA_ENABLED", "NVCC")
 
 # The GPUs nvcc compiles for, as compute capabilities without the dot: by default sm_80 (A100) and
 # sm_90 (H100/H200) machine code, plus PTX of the newest, which later GPUs can JIT.
-# `--define=chorus_cuda_archs=90` (a comma-separated list, as PyTorch's TORCH_CUDA_ARCH_LIST) picks
-# others: CI (.ci/run, on a machine without a GPU) compiles sm_90 alone through CHORUS_CUDA_ARCHS,
-# which checks that every kernel compiles and links in a third less nvcc time
-# (kernels/cuda/reduce.cu: 65 s for the default, 39 s for sm_90 + PTX; 2026-12-01, Zen 3). No
-# kernel's code depends on the architecture (no __CUDA_ARCH__ version tests).
-_DEFAULT_ARCHS = "80,90"
-
+# `CHORUS_CUDA_ARCHS=90` in the environment of bazel (a comma-separated list, as PyTorch's
+# TORCH_CUDA_ARCH_LIST; read by @local_cuda's rule, third_party/cuda/cuda_configure.bzl) picks others:
+# CI (.ci/run, on a machine without a GPU) compiles sm_90 alone, which checks that every kernel
+# compiles and links in a third less nvcc time (kernels/cuda/reduce.cu: 65 s for the default, 39 s
+# for sm_90 + PTX; 2026-12-01, Zen 3). No kernel's code depends on the architecture (no
+# __CUDA_ARCH__ version tests).
 def _gencode_flags(archs):
     numbers = [a.strip() for a in archs.split(",") if a.strip()]
     if not numbers:
-        fail("--define=chorus_cuda_archs: expected compute capabilities such as 80,90; got '%s'" % archs)
+        fail("CHORUS_CUDA_ARCHS: expected compute capabilities such as 80,90; got '%s'" % archs)
     for n in numbers:
         if not n.isdigit() or len(n) < 2:
-            fail("--define=chorus_cuda_archs: '%s' is not a compute capability without its dot (80, 86, 90)" % n)
+            fail("CHORUS_CUDA_ARCHS: '%s' is not a compute capability without its dot (80, 86, 90)" % n)
     flags = ["-gencode=arch=compute_{0},code=sm_{0}".format(n) for n in numbers]
     newest = sorted([int(n) for n in numbers])[-1]
     return flags + ["-gencode=arch=compute_{0},code=compute_{0}".format(newest)]
+
+_GENCODE = _gencode_flags(CUDA_ARCHS) if CUDA_ENABLED else []
 
 # fmt 9 turns its `constexpr` off when it sees __NVCC__, but keeps `consteval` format-string checks
 # and C++20 `constexpr` members that call those functions. The result does not compile: nvcc's
@@ -61,8 +62,7 @@ def _nvcc_objects_impl(ctx):
             "_objs/{}/{}.pic.o".format(ctx.label.name, stem[:-len(".cu")]),
         )
         args = ctx.actions.args()
-        gencode = _gencode_flags(ctx.var.get("chorus_cuda_archs", _DEFAULT_ARCHS))
-        args.add_all(["-std=c++20", "-O3", "-Xcompiler", "-fPIC"] + gencode + _FMT_WORKAROUND)
+        args.add_all(["-std=c++20", "-O3", "-Xcompiler", "-fPIC"] + _GENCODE + _FMT_WORKAROUND)
 
         # The same warnings as .bazelrc gives g++; -lineinfo maps SASS to source lines for Nsight
         # Compute and compute-sanitizer at no run-time cost.
@@ -98,7 +98,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
     Args:
       name: the cc_library's name.
       srcs: .cu files, each compiled by nvcc into one object (C++20, -O3, sm_80/sm_90 + PTX, or
-        --define=chorus_cuda_archs);
+        $CHORUS_CUDA_ARCHS);
         other files (.cpp wrappers over cuBLAS, cuDNN, NCCL) go to the cc_library and gcc.
       hdrs: headers of this library; also inputs of every nvcc action.
       deps: cc_library targets whose headers the sources include and whose code they call;
