@@ -1,6 +1,7 @@
 // Matrix products: float32 through oneDNN's dnnl_sgemm (its own run-time ISA dispatch: AVX-512 where
 // the CPU has it, about twice Eigen's AVX2 rate there; gemm_bench), except the products that read A
-// transposed on a CPU where oneDNN runs its AVX2 code, which go to OpenBLAS (see use_openblas);
+// transposed on a CPU where oneDNN runs its AVX2 code, and those whose B that code would read at
+// colliding addresses, which go to OpenBLAS (see use_openblas and plain_b_collides);
 // everything else through Eigen. A strided 2-D view whose columns are contiguous maps as a
 // row-major matrix, one whose rows are contiguous (a transposed view) maps as column-major: either
 // way Eigen's packed GEMM reads it in place, so t() and transpose() never cost a copy. Only views
@@ -11,6 +12,7 @@
 #include <immintrin.h>
 
 #include <atomic>
+#include <cstdint>
 #include <limits>
 #include <mutex>
 #include <string>
@@ -183,6 +185,20 @@ bool use_openblas(int64_t m, int64_t n, int64_t k, bool a_transposed, bool c_row
          !omp_in_parallel() && auto_choice() && onednn_runs_avx2();
 }
 
+// oneDNN 2.6's AVX2 sgemm is slow on a plain (not transposed) B whose address is a multiple of 32
+// bytes and whose rows are a multiple of 512 floats (2 KiB) apart, where C has 32 to 512 rows: its
+// time / OpenBLAS's, median of 11 interleaved rounds (Zen 3, 1 thread; gemm_bench --aligned-b,
+// docs/data/gemm_aligned_b_zen3_2026-12-01.txt): m=128 n=512 k=256 1.31, m=146 n=512 k=30522 1.43,
+// m=512 n=512 k=512 1.38, m=256 n=1024 k=512 1.86, m=32 n=2048 k=512 1.57. The same B 16 bytes off
+// that boundary ran at 0.94-1.06 of OpenBLAS's time, and so did rows 768 floats apart, m >= 640; m =
+// 16 and k = 10 were as fast or faster in oneDNN (the cause inside oneDNN is not traced). Those
+// products are the MLP's second input gradient (128 x 256 times the 256 x 512 weight) and
+// BERT-small's masked-LM decoder's (146 x 30522 times the 30522 x 512 word embeddings).
+bool plain_b_collides(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row_major, int64_t ldb,
+                      bool b_aligned) {
+  return !a_transposed && b_row_major && b_aligned && ldb % 512 == 0 && m >= 32 && m <= 512 && n >= 256 && k >= 64;
+}
+
 // Whether a transposed A may be copied row-major first, or C computed as (B^T A)^T: workarounds for
 // oneDNN's AVX2 sgemm (above). oneDNN's AVX-512 code reads a transposed A at its full rate, where
 // both lost to the plain call (Zen 5, 1 thread, GFLOP/s, workaround / plain dnnl_sgemm:
@@ -196,17 +212,22 @@ bool onednn_workarounds() { return !auto_choice() || onednn_runs_avx2(); }
 // The way a float32 product C[m,n] = A B goes, named so that tests can check the choice: OpenBLAS,
 // oneDNN's sgemm as it is, A copied row-major before it, or C computed as (B^T A)^T. With kAuto the
 // weight gradients (A transposed, C row-major, m, n >= 128, and k >= 256 or C at least twice as wide
-// as tall) go to OpenBLAS where oneDNN runs AVX2 code (never inside an OpenMP parallel region), and
-// every product to oneDNN as it is where oneDNN runs AVX-512 code; kOneDnn takes the two workarounds
-// for oneDNN's AVX2 code on every CPU. [No header] gemm_test declares these two itself: a header
-// added to //kernels/cpu (or a change to one) is an input of every compile action that depends on
-// the library, so it would recompile the whole project in every configuration (docs/build.md); move
-// them into capability.h with the next change that has to touch it.
+// as tall) go to OpenBLAS where oneDNN runs AVX2 code (never inside an OpenMP parallel region), and so
+// do the products whose plain B oneDNN would read in place at colliding addresses (plain_b_collides:
+// ldb and b_aligned say where B's rows lie); every product goes to oneDNN as it is where oneDNN runs
+// AVX-512 code; kOneDnn takes the two workarounds for oneDNN's AVX2 code on every CPU. [No header]
+// gemm_test declares these two itself: a header added to //kernels/cpu (or a change to one) is an
+// input of every compile action that depends on the library, so it would recompile the whole project
+// in every configuration (docs/build.md); move them into capability.h with the next change that has
+// to touch it.
 enum class GemmRoute : int { kOpenBlas, kOneDnn, kCopyA, kTransposeC };
 
 GemmRoute sgemm_route(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row_major, bool c_row_major,
-                      bool beta_zero) {
+                      bool beta_zero, int64_t ldb, bool b_aligned) {
   if (use_openblas(m, n, k, a_transposed, c_row_major)) return GemmRoute::kOpenBlas;
+  if (c_row_major && plain_b_collides(m, n, k, a_transposed, b_row_major, ldb, b_aligned) && !omp_in_parallel() &&
+      auto_choice() && onednn_runs_avx2())
+    return GemmRoute::kOpenBlas;
   if (!a_transposed || !c_row_major || !onednn_workarounds()) return GemmRoute::kOneDnn;
   // A transposed and C much wider than tall (m=256 n=1024 k=1024: 30 GF/s read either way): the
   // transposed product C^T = B^T A has the tall shape the copy serves; C is then its transpose.
@@ -226,8 +247,10 @@ bool sgemm(const Tensor& c, const Tensor& a_in, const Tensor& b, float alpha, fl
   strides_2d(c, crs, ccs);
   const bool c_row_major = ccs == 1 || n == 1;
   const int64_t ldc = std::max<int64_t>(crs, n);
-  const GemmRoute route =
-      sgemm_route(m, n, k, !(acs == 1 || k == 1), bcs == 1 || n == 1, c_row_major, beta == 0.f);
+  const bool b_row_major = bcs == 1 || n == 1;
+  const GemmRoute route = sgemm_route(m, n, k, !(acs == 1 || k == 1), b_row_major, c_row_major, beta == 0.f,
+                                      b_row_major ? std::max<int64_t>(brs, n) : std::max<int64_t>(bcs, k),
+                                      reinterpret_cast<uintptr_t>(b.raw_data_ptr()) % 32 == 0);
   if (route == GemmRoute::kOpenBlas &&
       std::max({m, n, k, ars, acs, brs, bcs, ldc}) <= std::numeric_limits<blasint>::max()) {
     // One product in OpenBLAS at a time: its OpenMP build (the one chorus links) shares its work

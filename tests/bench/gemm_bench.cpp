@@ -5,11 +5,16 @@
 // on 16M floats against memcpy (the memory-bandwidth ceiling).
 //
 //   bazel run -c opt //tests/bench:gemm_bench
+//   bazel run -c opt //tests/bench:gemm_bench -- --aligned-b   (only oneDNN against OpenBLAS with B
+//                                                               aligned and not: aligned_b_table)
 #include <cblas.h>
 #include <dnnl.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "tensor/ops.h"
@@ -66,7 +71,75 @@ void step_products(const char* title, const Product (&step)[N]) {
   std::printf("| all | | | | | | | | %.2f | %.2f |\n", chorus_ms, openblas_ms);
 }
 
-int main() {
+// oneDNN 2.6's AVX2 sgemm against OpenBLAS on products C = A B with A and B plain (not transposed),
+// with B at a 64-byte-aligned address (as chorus's CPU tensors are) and 16 bytes off it, 1 thread:
+// the case kernels/cpu/gemm.cpp's plain_b_collides sends to OpenBLAS. Each round times both libraries
+// back to back (median of 5 calls each); the table gives each rate's median over the rounds and the
+// median, smallest and largest of the rounds' time ratios. Buffers from aligned_alloc, uniform values.
+void aligned_b_table() {
+  struct Shape {
+    int64_t m, n, k;
+  };
+  const Shape shapes[] = {{128, 512, 256}, {146, 512, 30522}, {512, 512, 512}, {128, 512, 784}, {256, 1024, 512},
+                          {32, 2048, 512},  {128, 3072, 256},   {128, 768, 256}, {146, 256, 30522}, {640, 512, 512},
+                          {1024, 512, 512}, {16, 512, 512},     {128, 512, 10}};
+  set_num_threads(1);
+  openblas_set_num_threads(1);
+  std::printf("\noneDNN's sgemm against OpenBLAS, C[m,n] = A[m,k] B[k,n], all row-major and dense, 1 thread, "
+              "oneDNN capability %s: GFLOP/s and oneDNN's time / OpenBLAS's\n\n",
+              (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core ? "AVX-512"
+                                                                                                     : "AVX2 or less");
+  std::printf("| m | n | k | B's address | oneDNN | OpenBLAS | oneDNN / OpenBLAS time (min, max) |\n"
+              "|---|---|---|---|---|---|---|\n");
+  const int rounds = 11;
+  for (const Shape& s : shapes) {
+    for (int64_t offset : {0, 4}) {  // in floats: 0 or 16 bytes past a 64-byte boundary
+      auto buffer = [](int64_t count) {
+        float* p = static_cast<float*>(std::aligned_alloc(64, static_cast<size_t>((count + 16) * 4 + 63) / 64 * 64));
+        for (int64_t i = 0; i < count + 16; ++i) p[i] = static_cast<float>(i % 97) / 97.0f - 0.5f;
+        return p;
+      };
+      float *a = buffer(s.m * s.k), *b = buffer(s.k * s.n), *c = buffer(s.m * s.n);
+      const float* bb = b + offset;
+      std::vector<double> onednn, openblas, ratio;
+      for (int r = 0; r < rounds; ++r) {
+        const double td = bench::median_time(
+            [&] { dnnl_sgemm('N', 'N', s.m, s.n, s.k, 1.0f, a, s.k, bb, s.n, 0.0f, c, s.n); }, 1, 5);
+        const double to = bench::median_time(
+            [&] {
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s.m, s.n, s.k, 1.0f, a, s.k, bb, s.n, 0.0f, c, s.n);
+            },
+            1, 5);
+        const double flop = 2.0 * s.m * s.n * s.k;
+        onednn.push_back(flop / td / 1e9);
+        openblas.push_back(flop / to / 1e9);
+        ratio.push_back(td / to);
+      }
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      std::printf("| %lld | %lld | %lld | %s | %.1f | %.1f | %.2f (%.2f, %.2f) |\n", (long long)s.m, (long long)s.n,
+                  (long long)s.k, offset == 0 ? "64-byte aligned" : "16 bytes off", median(onednn), median(openblas),
+                  median(ratio), *std::min_element(ratio.begin(), ratio.end()),
+                  *std::max_element(ratio.begin(), ratio.end()));
+      std::fflush(stdout);
+      std::free(a);
+      std::free(b);
+      std::free(c);
+    }
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--aligned-b") {
+    aligned_b_table();
+    return 0;
+  }
+  if (argc > 1) {
+    std::fprintf(stderr, "gemm_bench: expected no argument or --aligned-b, got '%s'\n", argv[1]);
+    return 2;
+  }
   struct Size {
     int64_t m, k, n;
   };

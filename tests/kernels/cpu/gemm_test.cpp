@@ -11,6 +11,7 @@
 #include <dnnl.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -24,7 +25,7 @@
 namespace chorus::kernels::cpu {
 enum class GemmRoute : int { kOpenBlas, kOneDnn, kCopyA, kTransposeC };
 GemmRoute sgemm_route(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row_major, bool c_row_major,
-                      bool beta_zero);
+                      bool beta_zero, int64_t ldb, bool b_aligned);
 }  // namespace chorus::kernels::cpu
 
 namespace kc = chorus::kernels::cpu;
@@ -136,7 +137,7 @@ TEST_CASE("kAuto: OpenBLAS for weight gradients under AVX2, oneDNN's plain call 
   for (const Case& s : cases) {
     INFO(s.m << " x " << s.k << " x " << s.n << (onednn_avx2 ? ", oneDNN runs AVX2 code" : ", oneDNN runs AVX-512 code"));
     const R want = onednn_avx2 ? R::kOpenBlas : R::kOneDnn;
-    CHECK(kc::sgemm_route(s.m, s.n, s.k, true, true, true, true) == want);
+    CHECK(kc::sgemm_route(s.m, s.n, s.k, true, true, true, true, s.n, true) == want);
     // The result is that library's own, bit for bit (the 1024-wide case: the route only, to keep the
     // test quick).
     if (s.k < 1024) {
@@ -145,7 +146,7 @@ TEST_CASE("kAuto: OpenBLAS for weight gradients under AVX2, oneDNN's plain call 
       CHECK(differ_from(mm(a, b), a, b, /*openblas=*/onednn_avx2) == 0);
     }
     kc::set_transposed_gemm(kc::TransposedGemm::kOneDnn);
-    CHECK(kc::sgemm_route(s.m, s.n, s.k, true, true, true, true) == s.workaround);
+    CHECK(kc::sgemm_route(s.m, s.n, s.k, true, true, true, true, s.n, true) == s.workaround);
     // And kOneDnn leaves OpenBLAS: a different library's rounding shows in some element.
     if (onednn_avx2 && s.workaround == R::kCopyA) {
       Tensor a = transposed_slice(s.m, s.k);
@@ -153,14 +154,78 @@ TEST_CASE("kAuto: OpenBLAS for weight gradients under AVX2, oneDNN's plain call 
       CHECK(differ_from(mm(a, b), a, b, /*openblas=*/true) > 0);
     }
     // With beta != 0 (C^T would overwrite C), the wide C stays with oneDNN.
-    if (s.workaround == R::kTransposeC) CHECK(kc::sgemm_route(s.m, s.n, s.k, true, true, true, false) == R::kOneDnn);
+    if (s.workaround == R::kTransposeC)
+      CHECK(kc::sgemm_route(s.m, s.n, s.k, true, true, true, false, s.n, true) == R::kOneDnn);
     kc::set_transposed_gemm(kc::TransposedGemm::kAuto);
   }
   // Not a weight gradient: A read as it is, or a small product.
-  CHECK(kc::sgemm_route(600, 130, 260, false, true, true, true) == R::kOneDnn);
-  CHECK(kc::sgemm_route(64, 512, 128, true, true, true, true) == R::kOneDnn);
+  CHECK(kc::sgemm_route(600, 130, 260, false, true, true, true, 130, true) == R::kOneDnn);
+  CHECK(kc::sgemm_route(64, 512, 128, true, true, true, true, 512, true) == R::kOneDnn);
   // A tall C with k < 256 (the masked-LM decoder's gradient, 30522 x 146 x 256) stays with oneDNN.
-  CHECK(kc::sgemm_route(30522, 256, 146, true, true, true, true) == R::kOneDnn);
+  CHECK(kc::sgemm_route(30522, 256, 146, true, true, true, true, 256, true) == R::kOneDnn);
+}
+
+// Bit for bit the result of one library's own call for A B (both row-major, dense).
+int64_t plain_differ_from(const Tensor& got, const Tensor& a, const Tensor& b, bool openblas) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  std::vector<float> want(static_cast<size_t>(m * n));
+  if (openblas) {
+    openblas_set_num_threads(1);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
+                static_cast<blasint>(k), 1.0f, a.data_ptr<float>(), static_cast<blasint>(k), b.data_ptr<float>(),
+                static_cast<blasint>(n), 0.0f, want.data(), static_cast<blasint>(n));
+  } else {
+    REQUIRE(dnnl_sgemm('N', 'N', m, n, k, 1.0f, a.data_ptr<float>(), k, b.data_ptr<float>(), n, 0.0f, want.data(),
+                       n) == dnnl_success);
+  }
+  const float* g = got.data_ptr<float>();
+  int64_t differ = 0;
+  for (int64_t i = 0; i < m * n; ++i) differ += g[i] != want[static_cast<size_t>(i)];
+  return differ;
+}
+
+TEST_CASE("kAuto: OpenBLAS under AVX2 for plain products whose aligned B has rows 512 floats apart", "[cpu][gemm]") {
+  GemmGuard guard;
+  manual_seed(15);
+  set_num_threads(1);
+  const bool onednn_avx2 = !kc::cpu_has_avx512() || std::string(kc::requested_capability()) == "avx2";
+  using R = kc::GemmRoute;
+  const R want = onednn_avx2 ? R::kOpenBlas : R::kOneDnn;
+  INFO((onednn_avx2 ? "oneDNN runs AVX2 code" : "oneDNN runs AVX-512 code"));
+  // The MLP's second input gradient (m=128 n=512 k=256), BERT-small's decoder's (146 x 512 x 30522),
+  // rows 1024 and 2048 floats apart.
+  CHECK(kc::sgemm_route(128, 512, 256, false, true, true, true, 512, true) == want);
+  CHECK(kc::sgemm_route(146, 512, 30522, false, true, true, false, 512, true) == want);
+  CHECK(kc::sgemm_route(256, 1024, 512, false, true, true, true, 1024, true) == want);
+  CHECK(kc::sgemm_route(32, 2048, 512, false, true, true, true, 2048, true) == want);
+  // Where oneDNN's plain call ran as fast or faster (docs/data/gemm_aligned_b_zen3_2026-12-01.txt): B
+  // 16 bytes off a 32-byte boundary, rows 768 floats apart, C with 640 or 16 rows, k = 10; and B read
+  // transposed.
+  CHECK(kc::sgemm_route(128, 512, 256, false, true, true, true, 512, false) == R::kOneDnn);
+  CHECK(kc::sgemm_route(128, 768, 256, false, true, true, true, 768, true) == R::kOneDnn);
+  CHECK(kc::sgemm_route(640, 512, 512, false, true, true, true, 512, true) == R::kOneDnn);
+  CHECK(kc::sgemm_route(16, 512, 512, false, true, true, true, 512, true) == R::kOneDnn);
+  CHECK(kc::sgemm_route(128, 512, 10, false, true, true, true, 512, true) == R::kOneDnn);
+  CHECK(kc::sgemm_route(128, 512, 256, false, false, true, true, 256, true) == R::kOneDnn);
+  // kOneDnn keeps oneDNN's own call on every CPU.
+  kc::set_transposed_gemm(kc::TransposedGemm::kOneDnn);
+  CHECK(kc::sgemm_route(128, 512, 256, false, true, true, true, 512, true) == R::kOneDnn);
+  kc::set_transposed_gemm(kc::TransposedGemm::kAuto);
+
+  // mm takes the route: CPU tensors start 64-byte aligned, so B = randn({256, 512}) is such a B. The
+  // result is that library's own, bit for bit, and within float32 rounding of the float64 product.
+  Tensor a = randn({128, 256}), b = randn({256, 512});
+  REQUIRE(reinterpret_cast<uintptr_t>(b.data_ptr<float>()) % 32 == 0);
+  const Tensor c = mm(a, b);
+  CHECK(plain_differ_from(c, a, b, /*openblas=*/onednn_avx2) == 0);
+  check_close(c, mm(a.to(kFloat64), b.to(kFloat64)), 256, "128 x 256 x 512, kAuto");
+  // Under AVX2, kOneDnn's result is oneDNN's: a different library's rounding shows in some element.
+  if (onednn_avx2) {
+    kc::set_transposed_gemm(kc::TransposedGemm::kOneDnn);
+    const Tensor c1 = mm(a, b);
+    CHECK(plain_differ_from(c1, a, b, /*openblas=*/false) == 0);
+    CHECK(plain_differ_from(c1, a, b, /*openblas=*/true) > 0);
+  }
 }
 
 TEST_CASE("Transposed-A products from several threads at once give each thread the serial result", "[cpu][gemm]") {
