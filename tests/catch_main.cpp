@@ -12,6 +12,11 @@
 // - Bazel's test sharding (shard_count on a target; Catch2 v2 has none of its own): with
 //   TEST_TOTAL_SHARDS = n and TEST_SHARD_INDEX = k, this binary runs the k-th, (k+n)-th, ... of the
 //   cases it would otherwise run, in declaration order, so the shards run each case exactly once.
+// - TMPDIR: Bazel gives a test its own scratch folder (TEST_TMPDIR, removed after the test) but sets
+//   TMPDIR=/tmp, so what chorus writes under $TMPDIR (the flight recorder's dumps, chorusrun's token
+//   folder), from the test and from the worker processes it starts, went to /tmp and stayed there
+//   (194 flight-recorder dumps after a day of runs). Where TEST_TMPDIR is set, TMPDIR is set to it
+//   before any case runs; the workers inherit it.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
@@ -64,6 +69,8 @@ std::string exact_spec(const std::string& name) {
 CATCH_REGISTER_LISTENER(CaseLines)
 
 int main(int argc, char* argv[]) {
+  if (const char* scratch = std::getenv("TEST_TMPDIR"); scratch != nullptr && *scratch != '\0')
+    ::setenv("TMPDIR", scratch, 1);
   Catch::Session session;
   if (const int rc = session.applyCommandLine(argc, argv); rc != 0) return rc;
   const char* total_env = std::getenv("TEST_TOTAL_SHARDS");

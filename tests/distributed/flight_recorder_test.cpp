@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -237,6 +239,28 @@ TEST_CASE("timed-out ranks exchange records over the store; a rank stuck elsewhe
   CHECK(std::chrono::steady_clock::now() - start < 10s);
   CHECK_THAT(alone, Catch::Contains("rank(s) 1 sent no record") && Catch::Contains("no flight record within 0."));
   ::unsetenv("CHORUS_FLIGHT_RECORDER_FILE");
+}
+
+// Without CHORUS_FLIGHT_RECORDER_FILE a dump goes under $TMPDIR. Bazel sets TMPDIR=/tmp for a test;
+// the tests' main() (tests/catch_main.cpp) points it at the test's own scratch folder, so that dumps
+// of the tests and of the workers they start do not pile up in /tmp.
+TEST_CASE("a dump without CHORUS_FLIGHT_RECORDER_FILE goes to the test's scratch folder", "[distributed][flight]") {
+  const char* scratch = std::getenv("TEST_TMPDIR");
+  if (scratch == nullptr) {
+    std::printf("CHORUS-SKIP: not run by Bazel (no TEST_TMPDIR), so TMPDIR is the caller's\n");
+    return;
+  }
+  REQUIRE(std::getenv("TMPDIR") != nullptr);
+  CHECK(std::string(std::getenv("TMPDIR")) == scratch);
+  ::unsetenv("CHORUS_FLIGHT_RECORDER_FILE");
+  ::unsetenv("MASTER_PORT");
+  FlightRecorder recorder(4);
+  recorder.start(recorder.issue("default_pg", 0, false, "barrier", ""));
+  const std::string path = recorder.write_dump("scratch folder test", 5);
+  CHECK(path == std::string(scratch) + "/chorus_flight_rank_5.json");
+  std::ifstream in(path);
+  CHECK(in.good());
+  std::remove(path.c_str());
 }
 
 TEST_CASE("timeouts and connections closed by a peer are told apart", "[distributed][flight]") {
