@@ -2,9 +2,9 @@
 // the CPU has it, about twice Eigen's AVX2 rate there; gemm_bench), except the products that read A
 // transposed on a CPU where oneDNN runs its AVX2 code, and those whose B that code would read at
 // colliding addresses, which go to OpenBLAS (see use_openblas and plain_b_collides);
-// everything else through Eigen. A strided 2-D view whose columns are contiguous maps as a
-// row-major matrix, one whose rows are contiguous (a transposed view) maps as column-major: either
-// way Eigen's packed GEMM reads it in place, so t() and transpose() never cost a copy. Only views
+// everything else through Eigen. The libraries read a strided 2-D view in place when its columns are
+// contiguous (row-major) or its rows are (a transposed view, column-major), so t() and transpose()
+// cost float32 no copy; Eigen gets row-major operands only ([One Eigen product per dtype]). Views
 // contiguous in neither dim are copied first.
 #include <Eigen/Core>
 #include <cblas.h>
@@ -16,6 +16,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cpu/capability.h"
 #include "kernels/cpu/kernels.h"
@@ -25,21 +26,14 @@
 namespace chorus::kernels::cpu {
 namespace {
 
-template <typename T, int Order>
-using MatMap = Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, Eigen::Unaligned,
-                          Eigen::OuterStride<>>;
-
-// Calls f(map) with an Eigen map of the 2-D view at `ptr` (rows x cols, strides rs, cs).
-template <typename T, typename P, typename F>
-void with_map(P* ptr, int64_t rows, int64_t cols, int64_t rs, int64_t cs, const F& f) {
-  using Q = std::remove_const_t<P>;
-  if (cs == 1 || cols == 1) {
-    MatMap<Q, Eigen::RowMajor> m(const_cast<Q*>(ptr), rows, cols, Eigen::OuterStride<>(std::max<int64_t>(rs, cols)));
-    f(m);
-  } else {  // rs == 1 (checked by the caller)
-    MatMap<Q, Eigen::ColMajor> m(const_cast<Q*>(ptr), rows, cols, Eigen::OuterStride<>(std::max<int64_t>(cs, rows)));
-    f(m);
-  }
+// A row-major Eigen map of the rows x cols view at `ptr` whose columns are contiguous (row stride rs);
+// read-only for a const T.
+template <typename T>
+auto row_major_map(T* ptr, int64_t rows, int64_t cols, int64_t rs) {
+  using Matrix = Eigen::Matrix<std::remove_const_t<T>, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using Mapped = std::conditional_t<std::is_const_v<T>, const Matrix, Matrix>;
+  return Eigen::Map<Mapped, Eigen::Unaligned, Eigen::OuterStride<>>(ptr, rows, cols,
+                                                                    Eigen::OuterStride<>(std::max<int64_t>(rs, cols)));
 }
 
 Tensor dense(const Tensor& t) {
@@ -55,7 +49,7 @@ void strides_2d(const Tensor& t, int64_t& rs, int64_t& cs) {
   if (t.size(1) == 1 && t.size(0) != 1) { cs = 1; }
 }
 
-// with_map reads a view in place only when one dim is unit-stride and the other steps over whole
+// The libraries read a view in place only when one dim is unit-stride and the other steps over whole
 // rows (columns). An expanded (stride-0) or overlapping view is not such a matrix: mapping it with
 // the widened outer stride would read the wrong elements (e.g. the stride-0 gradient that
 // sum(dim=0) sends into mm's backward), so it is copied first.
@@ -305,28 +299,42 @@ void gemm_typed(const Tensor& c, const Tensor& a, const Tensor& b, T alpha, T be
       if (sgemm(c, a, b, alpha, beta)) return;
     }
   }
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  // [One Eigen product per dtype] Eigen compiles a product for each storage order of A, B and C, and
+  // each comes with its matrix-vector and packing variants: mapping every view in its own order (8
+  // combinations) made this file the second slowest of the library to compile in every build (-c opt
+  // 50 s, TSan 33 s, ASan 84 s; docs/build.md). So the operands are row-major here: a view whose rows
+  // are contiguous (a transposed one) is copied first, and a C that is not row-major gets the product
+  // through a row-major copy. The copies cost m*k, k*n or m*n moves against the product's 2*m*n*k
+  // flops; float32, the dtype models train in, goes to oneDNN or OpenBLAS above and reads its views in
+  // place.
+  auto row_major = [](const Tensor& t) {
+    int64_t rs, cs;
+    strides_2d(t, rs, cs);
+    return cs == 1 ? t : dense(t);
+  };
+  const Tensor ra = row_major(a), rb = row_major(b);
+  int64_t rs, cs;
+  strides_2d(c, rs, cs);
+  const bool c_row_major = cs == 1;
+  const Tensor rc = c_row_major ? c : (beta == T(0) ? make_tensor(c.sizes(), c.dtype(), kCPU) : dense(c));
+  const int64_t m = ra.size(0), k = ra.size(1), n = rb.size(1);
   int64_t ars, acs, brs, bcs, crs, ccs;
-  strides_2d(a, ars, acs);
-  strides_2d(b, brs, bcs);
-  strides_2d(c, crs, ccs);
-  with_map<T>(static_cast<const T*>(a.raw_data_ptr()), m, k, ars, acs, [&](const auto& A) {
-    with_map<T>(static_cast<const T*>(b.raw_data_ptr()), k, n, brs, bcs, [&](const auto& B) {
-      with_map<T>(static_cast<T*>(c.raw_data_ptr()), m, n, crs, ccs, [&](auto& C) {
-        if (k == 0) {
-          if (beta == T(0)) C.setZero();
-          else C *= beta;
-          return;
-        }
-        if (beta == T(0)) {
-          C.noalias() = alpha * (A * B);
-        } else {
-          if (beta != T(1)) C *= beta;
-          C.noalias() += alpha * (A * B);
-        }
-      });
-    });
-  });
+  strides_2d(ra, ars, acs);
+  strides_2d(rb, brs, bcs);
+  strides_2d(rc, crs, ccs);
+  const auto A = row_major_map(static_cast<const T*>(ra.raw_data_ptr()), m, k, ars);
+  const auto B = row_major_map(static_cast<const T*>(rb.raw_data_ptr()), k, n, brs);
+  auto C = row_major_map(static_cast<T*>(rc.raw_data_ptr()), m, n, crs);
+  if (k == 0) {
+    if (beta == T(0)) C.setZero();
+    else C *= beta;
+  } else if (beta == T(0)) {
+    C.noalias() = alpha * (A * B);
+  } else {
+    if (beta != T(1)) C *= beta;
+    C.noalias() += alpha * (A * B);
+  }
+  if (!c_row_major) copy(c, rc);
 }
 
 }  // namespace

@@ -215,6 +215,47 @@ TEST_CASE("mm, addmm, bmm and matmul (1-D, 2-D, batched, broadcast) match loops 
   CHECK_THROWS_WITH(bmm(zeros({2, 3}), zeros({2, 3})), Catch::Contains("3-D"));
 }
 
+// Every dtype but float32 goes through Eigen with row-major operands only (kernels/cpu/gemm.cpp, [One
+// Eigen product per dtype]): a transposed or step-sliced operand is copied first. Integer products
+// are exact; addmm's integer alpha and beta too; an empty inner dimension gives beta * bias.
+TEST_CASE("integer and float64 products in every operand layout match loops exactly (int) or to rounding",
+          "[tensor][linalg]") {
+  Generator gen(103);
+  for (DType dt : {kUInt8, kInt32, kInt64, kFloat64}) {
+    const auto layouts = {testing::Layout::Contiguous, testing::Layout::Transposed, testing::Layout::StepSliced};
+    // uint8 wraps on overflow: values 0..2 keep the 7-term sums (at most 28) in range.
+    auto make = [&](const Shape& shape, testing::Layout layout) {
+      return testing::make_in_layout(shape, layout, [&](const Shape& s) {
+        return dt == kUInt8 ? randint(0, 3, s, {.dtype = kUInt8}, &gen) : testing::random_tensor(s, dt, gen);
+      });
+    };
+    const double tol = dt == kFloat64 ? 1e-12 : 0.0;
+    for (testing::Layout la : layouts)
+      for (testing::Layout lb : layouts) {
+        INFO(dtype_name(dt) << " " << testing::layout_name(la) << " @ " << testing::layout_name(lb));
+        Tensor a = make({5, 7}, la), b = make({7, 3}, lb);
+        const auto ref = matmul_ref(values(a), values(b), 5, 7, 3);
+        CHECK(mm(a, b).dtype() == dt);
+        CHECK(testing::matches(mm(a, b), {5, 3}, ref, tol, tol));
+        Tensor bias = make({3}, testing::Layout::Contiguous);
+        std::vector<double> expect = ref, bv = values(bias);
+        for (int64_t i = 0; i < 15; ++i) expect[i] = 3.0 * bv[i % 3] + 2.0 * ref[i];
+        if (dt == kUInt8) {
+          for (double& e : expect) e = std::fmod(e, 256.0);  // uint8 arithmetic wraps
+        }
+        CHECK(testing::matches(addmm(bias, a, b, 3, 2), {5, 3}, expect, tol, tol));
+      }
+    // k = 0: the product is empty, addmm gives beta * bias.
+    Tensor bias = make({4}, testing::Layout::Contiguous);
+    std::vector<double> expect;
+    for (int64_t i = 0; i < 12; ++i) expect.push_back(3.0 * values(bias)[i % 4]);
+    CHECK(testing::matches_exactly(mm(zeros({3, 0}, {.dtype = dt}), zeros({0, 4}, {.dtype = dt})), {3, 4},
+                                   std::vector<double>(12, 0.0)));
+    CHECK(testing::matches(addmm(bias, zeros({3, 0}, {.dtype = dt}), zeros({0, 4}, {.dtype = dt}), 3, 2), {3, 4},
+                           expect, tol, tol));
+  }
+}
+
 TEST_CASE("matmul over attention's permuted heads matches loops, and its gradients keep the inputs' layout",
           "[tensor][linalg]") {
   // q and k as projections give them: [B, T, H, d] permuted to [B, H, T, d] and [B, H, d, T], whose
