@@ -102,18 +102,21 @@ TEST_CASE("Transposed-A float32 products match the float64 product through every
   }
 }
 
-// Bit for bit the result of one library's own call for A^T B (a: the m x k transposed slice, b: k x n).
+// Bit for bit the result of one library's own call for A B (b: k x n dense; a: m x k, either the
+// transposed slice of transposed_slice, read as A^T, or dense row-major).
 int64_t differ_from(const Tensor& got, const Tensor& a, const Tensor& b, bool openblas) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  const bool a_transposed = a.stride(0) == 1;
+  const int64_t lda = a_transposed ? a.stride(1) : a.stride(0);
   std::vector<float> want(static_cast<size_t>(m * n));
   if (openblas) {
     openblas_set_num_threads(1);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-                static_cast<blasint>(k), 1.0f, a.data_ptr<float>(), static_cast<blasint>(a.stride(1)),
+    cblas_sgemm(CblasRowMajor, a_transposed ? CblasTrans : CblasNoTrans, CblasNoTrans, static_cast<blasint>(m),
+                static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a.data_ptr<float>(), static_cast<blasint>(lda),
                 b.data_ptr<float>(), static_cast<blasint>(n), 0.0f, want.data(), static_cast<blasint>(n));
   } else {
-    REQUIRE(dnnl_sgemm('T', 'N', m, n, k, 1.0f, a.data_ptr<float>(), a.stride(1), b.data_ptr<float>(), n, 0.0f,
-                       want.data(), n) == dnnl_success);
+    REQUIRE(dnnl_sgemm(a_transposed ? 'T' : 'N', 'N', m, n, k, 1.0f, a.data_ptr<float>(), lda, b.data_ptr<float>(), n,
+                       0.0f, want.data(), n) == dnnl_success);
   }
   const float* g = got.data_ptr<float>();
   int64_t differ = 0;
@@ -165,25 +168,6 @@ TEST_CASE("kAuto: OpenBLAS for weight gradients under AVX2, oneDNN's plain call 
   CHECK(kc::sgemm_route(30522, 256, 146, true, true, true, true, 256, true) == R::kOneDnn);
 }
 
-// Bit for bit the result of one library's own call for A B (both row-major, dense).
-int64_t plain_differ_from(const Tensor& got, const Tensor& a, const Tensor& b, bool openblas) {
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  std::vector<float> want(static_cast<size_t>(m * n));
-  if (openblas) {
-    openblas_set_num_threads(1);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-                static_cast<blasint>(k), 1.0f, a.data_ptr<float>(), static_cast<blasint>(k), b.data_ptr<float>(),
-                static_cast<blasint>(n), 0.0f, want.data(), static_cast<blasint>(n));
-  } else {
-    REQUIRE(dnnl_sgemm('N', 'N', m, n, k, 1.0f, a.data_ptr<float>(), k, b.data_ptr<float>(), n, 0.0f, want.data(),
-                       n) == dnnl_success);
-  }
-  const float* g = got.data_ptr<float>();
-  int64_t differ = 0;
-  for (int64_t i = 0; i < m * n; ++i) differ += g[i] != want[static_cast<size_t>(i)];
-  return differ;
-}
-
 TEST_CASE("kAuto: OpenBLAS under AVX2 for plain products whose aligned B has rows 512 floats apart", "[cpu][gemm]") {
   GemmGuard guard;
   manual_seed(15);
@@ -217,14 +201,14 @@ TEST_CASE("kAuto: OpenBLAS under AVX2 for plain products whose aligned B has row
   Tensor a = randn({128, 256}), b = randn({256, 512});
   REQUIRE(reinterpret_cast<uintptr_t>(b.data_ptr<float>()) % 32 == 0);
   const Tensor c = mm(a, b);
-  CHECK(plain_differ_from(c, a, b, /*openblas=*/onednn_avx2) == 0);
+  CHECK(differ_from(c, a, b, /*openblas=*/onednn_avx2) == 0);
   check_close(c, mm(a.to(kFloat64), b.to(kFloat64)), 256, "128 x 256 x 512, kAuto");
   // Under AVX2, kOneDnn's result is oneDNN's: a different library's rounding shows in some element.
   if (onednn_avx2) {
     kc::set_transposed_gemm(kc::TransposedGemm::kOneDnn);
     const Tensor c1 = mm(a, b);
-    CHECK(plain_differ_from(c1, a, b, /*openblas=*/false) == 0);
-    CHECK(plain_differ_from(c1, a, b, /*openblas=*/true) > 0);
+    CHECK(differ_from(c1, a, b, /*openblas=*/false) == 0);
+    CHECK(differ_from(c1, a, b, /*openblas=*/true) > 0);
   }
 }
 
