@@ -2,7 +2,8 @@
 // on the same random inputs in float32 and float64, and compares the forward values and the
 // gradients of sum(out * g) for a random g. Float64 must agree to round-off (1e-10 relative to the
 // largest value); float32 to 2e-5 (different summation orders).
-#include "tests/libtorch_testing.h"
+#include <torch/nn.h>
+#include "tests/libtorch_testing.h"  // after the torch headers ([Narrow torch headers])
 
 #include <algorithm>
 #include <functional>

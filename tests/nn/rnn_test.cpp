@@ -3,7 +3,8 @@
 // (unsorted, variable-length) batches, dropout in eval and at p = 1 — and on their own: gradcheck
 // of every cell and layer form, PyTorch's parameter names and init, padding that never reaches h_n,
 // unbatched inputs, and the errors bad arguments get.
-#include "tests/libtorch_testing.h"
+#include <torch/nn/modules/rnn.h>
+#include "tests/libtorch_testing.h"  // after the torch headers ([Narrow torch headers])
 
 #include <array>
 #include <fstream>

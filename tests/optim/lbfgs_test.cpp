@@ -2,7 +2,8 @@
 // with an L2 term, float64, random data): the parameters after each step() and the number of
 // closure evaluations, with the fixed step and with the strong-Wolfe line search; convergence on
 // the Rosenbrock function; the state through state_dict into a fresh optimizer; the errors.
-#include "tests/libtorch_testing.h"
+#include <torch/optim/lbfgs.h>
+#include "tests/libtorch_testing.h"  // after the torch headers ([Narrow torch headers])
 
 #include <cmath>
 

@@ -2,7 +2,9 @@
 // (8 steps, every option on); Adamax against its update written out; their state through
 // state_dict; the new schedulers' learning rates at chosen steps; ReduceLROnPlateau's patience,
 // cooldown and state.
-#include "tests/libtorch_testing.h"
+#include <torch/optim/adagrad.h>
+#include <torch/optim/rmsprop.h>
+#include "tests/libtorch_testing.h"  // after the torch headers ([Narrow torch headers])
 
 #include <cmath>
 
