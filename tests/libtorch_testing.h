@@ -4,8 +4,7 @@
 // torch/optim/...): glog (through torch's headers) defines a CHECK that aborts, and Catch2's CHECK
 // must replace it, so the order matters. [Narrow torch headers] Not <torch/torch.h>: it parses
 // everything libtorch's C++ API has in 18 s (clang-14, -fsyntax-only), <torch/types.h> and
-// <torch/utils.h> (tensors, their ops, set_num_threads, NoGradGuard) in 9 s, and each test file is
-// compiled in three builds (docs/build.md).
+// <torch/utils.h> (tensors, their ops, set_num_threads, NoGradGuard) in 9 s (docs/build.md).
 #pragma once
 
 #include <torch/types.h>

@@ -174,11 +174,6 @@ bool auto_choice() {
   return g_transposed_gemm.load(std::memory_order_relaxed) == static_cast<int>(TransposedGemm::kAuto);
 }
 
-bool use_openblas(int64_t m, int64_t n, int64_t k, bool a_transposed, bool c_row_major) {
-  return a_transposed && c_row_major && m >= 128 && n >= 128 && (k >= 256 || (n >= 2 * m && k >= 64)) &&
-         !omp_in_parallel() && auto_choice() && onednn_runs_avx2();
-}
-
 // oneDNN 2.6's AVX2 sgemm is slow on a plain (not transposed) B whose address is a multiple of 32
 // bytes and whose rows are a multiple of 512 floats (2 KiB) apart, where C has 32 to 512 rows: its
 // time / OpenBLAS's, median of 11 interleaved rounds (Zen 3, 1 thread; gemm_bench --aligned-b,
@@ -191,6 +186,14 @@ bool use_openblas(int64_t m, int64_t n, int64_t k, bool a_transposed, bool c_row
 bool plain_b_collides(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row_major, int64_t ldb,
                       bool b_aligned) {
   return !a_transposed && b_row_major && b_aligned && ldb % 512 == 0 && m >= 32 && m <= 512 && n >= 256 && k >= 64;
+}
+
+// The weight gradients above and the colliding plain products, where oneDNN runs AVX2 code.
+bool use_openblas(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row_major, bool c_row_major, int64_t ldb,
+                  bool b_aligned) {
+  const bool weight_gradient = a_transposed && m >= 128 && n >= 128 && (k >= 256 || (n >= 2 * m && k >= 64));
+  return c_row_major && (weight_gradient || plain_b_collides(m, n, k, a_transposed, b_row_major, ldb, b_aligned)) &&
+         !omp_in_parallel() && auto_choice() && onednn_runs_avx2();
 }
 
 // Whether a transposed A may be copied row-major first, or C computed as (B^T A)^T: workarounds for
@@ -218,10 +221,7 @@ enum class GemmRoute : int { kOpenBlas, kOneDnn, kCopyA, kTransposeC };
 
 GemmRoute sgemm_route(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row_major, bool c_row_major,
                       bool beta_zero, int64_t ldb, bool b_aligned) {
-  if (use_openblas(m, n, k, a_transposed, c_row_major)) return GemmRoute::kOpenBlas;
-  if (c_row_major && plain_b_collides(m, n, k, a_transposed, b_row_major, ldb, b_aligned) && !omp_in_parallel() &&
-      auto_choice() && onednn_runs_avx2())
-    return GemmRoute::kOpenBlas;
+  if (use_openblas(m, n, k, a_transposed, b_row_major, c_row_major, ldb, b_aligned)) return GemmRoute::kOpenBlas;
   if (!a_transposed || !c_row_major || !onednn_workarounds()) return GemmRoute::kOneDnn;
   // A transposed and C much wider than tall (m=256 n=1024 k=1024: 30 GF/s read either way): the
   // transposed product C^T = B^T A has the tall shape the copy serves; C is then its transpose.
