@@ -21,6 +21,8 @@ const char* name(Point p) {
     case Point::kHostFunctionThread: return "host_function_thread";
     case Point::kGlooReadyFlag: return "gloo_ready_flag";
     case Point::kGlooDoneFlag: return "gloo_done_flag";
+    case Point::kSimFreeWaits: return "sim_free_waits";
+    case Point::kSimStreamNoDeviceCalls: return "sim_stream_no_device_calls";
     case Point::kCount: break;
   }
   return "?";

@@ -123,10 +123,11 @@ class Memory {
   // [Illegal addresses] What a GPU refuses that sim's guard alone would let through: device
   // memory named by a kernel of another device (chorus enables no peer access, so a GPU kernel
   // faults there: cudaErrorIllegalAddress, sticky), or freed before the launch (cudaFree has
-  // unmapped it on a GPU; here it stays mapped until the streams pass the free, so without this
-  // check the kernel would run on it). Pointers in no segment, live or freed, are host memory: they are appended to
-  // `host` for the runtime, which knows which host memory is page-locked (launch_kernel). Returns
-  // why the kernel is illegal, or nothing.
+  // unmapped it on a GPU; here it stays mapped while free waits for the streams to pass it, and a
+  // kernel another thread launches meanwhile would run on it without this check). Pointers in no
+  // segment, live or freed, are host memory: they are appended to `host` for the runtime, which
+  // knows which host memory is page-locked (launch_kernel). Returns why the kernel is illegal, or
+  // nothing.
   std::optional<std::string> illegal_kernel_access(int device, const std::vector<const void*>& buffers,
                                                    std::vector<const void*>& host) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -301,6 +302,20 @@ struct DeviceHealth {
 
 thread_local bool t_stream_thread = false;  // set on every SimStream's worker thread
 
+// [No device calls on a stream] A CUDA kernel cannot call the runtime or the caching allocator (it is
+// device code), so every stream task here (a cpu kernel, a copy) runs where runtime_for and the
+// caching allocator throw (NoDeviceCallsGuard), and a task that threw fails its device, naming the
+// call: a kernel that allocated or freed device memory on the stream would otherwise pass on sim and
+// have no counterpart on a GPU. It also keeps `free` safe to block as cudaFree does
+// (SimRuntime::free): no stream task waits for the allocator's lock, which `free` is called under.
+// What a task captured is destroyed after the guard's scope (its tensors are non-owning aliases,
+// kernels/sim/sim_kernels.cpp; a task that owned a device tensor would free it on the stream, which
+// only a test's hand-made task could do). Host functions run on their own thread, under CUDA's rule
+// for them ([One host-function thread]). Negative control: fault::Point::kSimStreamNoDeviceCalls
+// (sim_fault_test).
+constexpr const char* kStreamWorker =
+    "a sim stream's worker thread (device work, as a CUDA kernel, calls no runtime and no allocator)";
+
 struct Task {
   std::function<void()> fn;
   std::vector<const void*> buffers;
@@ -376,7 +391,16 @@ class SimStream {
       } else if (task.is_wait || !health_->failed.load(std::memory_order_acquire)) {
         if (!task.opened) memory_->access(task.buffers, +1);
         task.opened = true;
-        task.fn();  // kernels never throw on the stream (the op layer checked their arguments)
+        try {
+          std::optional<NoDeviceCallsGuard> no_device_calls;
+          if (!fault::removed(fault::Point::kSimStreamNoDeviceCalls)) no_device_calls.emplace(kStreamWorker);
+          task.fn();  // kernels do not throw on the stream (the op layer checked their arguments)
+        } catch (const std::exception& e) {
+          // A kernel that did (one that called the runtime or the caching allocator: [No device
+          // calls on a stream]) faults its device, as a CUDA kernel's trap does: sticky, and named.
+          health_->fail(fmt::format("a task on stream {} of sim:{} failed: {}", static_cast<const void*>(this), device_,
+                                    e.what()));
+        }
         hand_over();
       }  // else: the device has failed; its queued work is dropped (see DeviceHealth)
       if (task.opened) memory_->access(task.buffers, -1);
@@ -559,17 +583,25 @@ class SimRuntime final : public DeviceRuntime {
     }
     return memory_.allocate(device, nbytes, cap);
   }
-  // As cudaFree, which synchronizes the device first, the memory goes only after the work queued
-  // so far on every stream of the device (which holds raw pointers, as CUDA kernels do): it counts
-  // as free at once, and is unmapped by whichever stream passes that point last. (Without blocking
-  // the host: the caching allocator frees segments under its lock, which a task on a stream may be
-  // waiting for to free a tensor; CUDA kernels never call the allocator, sim tasks may.)
+  // As cudaFree, which synchronizes the device first: the host waits until every stream of the
+  // device has run the work queued on it so far (which holds raw pointers, as CUDA kernels do), then
+  // the segment is unmapped. The caching allocator calls this under its lock (as PyTorch's calls
+  // cudaFree), so a host function or another thread that the device's queued work waits for, and that
+  // itself waits for the allocator, deadlocks here as on a GPU. Stream tasks never wait for the
+  // allocator ([No device calls on a stream]). With fault::Point::kSimFreeWaits removed, it returns at
+  // once and the streams unmap the segment when the last passes the free (sim's behaviour until
+  // 2026-12-01, more forgiving than CUDA).
   void free(int device, void* ptr) override {
     refuse_in_host_function("free");
     const auto shared = host_call();
     memory_.retire(device, ptr);
     const std::vector<SimStream*> streams = streams_of(device);
     if (streams.empty()) {
+      memory_.unmap(ptr);
+      return;
+    }
+    if (!fault::removed(fault::Point::kSimFreeWaits)) {
+      for (SimStream* s : streams) s->synchronize();
       memory_.unmap(ptr);
       return;
     }

@@ -14,14 +14,15 @@
 // - CUDA's lifetimes: a kernel holds raw pointers (kernels/sim), not references, so only stream
 //   order, record_stream and the caching allocator keep memory from early reuse. A block the
 //   allocator hands out is poisoned first, on its stream, with a NaN pattern (poison();
-//   CHORUS_SIM_POISON=0 turns it off). free() unmaps a segment once every stream of the device has
-//   passed the call (cudaFree synchronizes the device), without blocking the host.
+//   CHORUS_SIM_POISON=0 turns it off). free() blocks the host until every stream of the device has
+//   run what was queued before it, then unmaps the segment, as cudaFree synchronizes the device.
 // - Host functions (launch_host_task) follow CUDA's cudaLaunchHostFunc rule: a device call inside
 //   one (an allocation, a free, a copy, an event, a launch), also from a destructor of what it
 //   captured, fails as cudaErrorNotPermitted does. As CUDA may, sim runs the host functions of all
 //   streams on one thread, each while its stream waits ([One host-function thread], sim.cpp): a
 //   host function that waits for another's hangs here as it can on a GPU. Kernels (launch_kernel)
-//   run on their stream's own thread without the rule.
+//   run on their stream's own thread, where the runtime and the caching allocator refuse every call
+//   (a CUDA kernel cannot make one); a kernel that makes one fails its device, naming the call.
 // - Page-locked host allocation and free (host_malloc, host_free) are implicit synchronizations, as
 //   on CUDA: work issued after them on any stream waits for everything issued before on every stream.
 // - Delay injection: CHORUS_SIM_DELAY_US=N (or set_delay_us) sleeps a random 0..N us before every

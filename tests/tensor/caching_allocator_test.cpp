@@ -714,11 +714,13 @@ TEST_CASE("caching allocator: random allocate/free on three streams keeps every 
 }
 
 // Host threads allocating on their own streams, tasks using the blocks on two streams (ordered by
-// events, record_stream on the second), the last reference dropped on whichever stream's worker
-// thread finishes last, and empty_cache / stats from another thread meanwhile. Checks that no two
-// live blocks overlap (each task finds the tag it wrote) and that the books balance at the end;
-// under --config=tsan, also that there is no data race.
-TEST_CASE("caching allocator: concurrent allocate/free from host threads and stream worker threads") {
+// events, record_stream on the second), each block freed by its host thread right after its tasks
+// were launched (as on CUDA, where a kernel cannot free memory, and sim's tasks may not either:
+// [No device calls on a stream], tensor/sim/sim.cpp), and empty_cache / stats from another thread
+// meanwhile, whose frees wait for the device's streams as cudaFree does. Checks that no block is
+// handed out again while a task may still use it (each task finds the tag it wrote) and that the
+// books balance at the end; under --config=tsan, also that there is no data race.
+TEST_CASE("caching allocator: concurrent allocate/free from host threads while tasks on two streams use the blocks") {
   Device dev = Device::sim(1);
   DeviceRuntime& rt = sim_runtime();
   CachingAllocator alloc(rt);
@@ -726,17 +728,6 @@ TEST_CASE("caching allocator: concurrent allocate/free from host threads and str
   const int iterations = 150;
   std::atomic<int> bad_tags{0};
   std::atomic<bool> stop{false};
-
-  // Frees its block when the last task holding it is destroyed (on a stream worker thread).
-  struct Owned {
-    Owned(CachingAllocator* a, Device d, uint64_t* p, size_t n) : alloc(a), dev(d), ptr(p), words(n) {}
-    Owned(const Owned&) = delete;
-    ~Owned() { alloc->deallocate(ptr, dev); }
-    CachingAllocator* alloc;
-    Device dev;
-    uint64_t* ptr;
-    size_t words;
-  };
 
   std::thread housekeeper([&] {
     while (!stop) {
@@ -756,15 +747,14 @@ TEST_CASE("caching allocator: concurrent allocate/free from host threads and str
       for (int i = 0; i < iterations; ++i) {
         const size_t words = 1 + rng() % (rng() % 8 == 0 ? 300000 : 4000);
         auto* p = static_cast<uint64_t*>(alloc.allocate(words * sizeof(uint64_t), dev));
-        auto owned = std::make_shared<Owned>(&alloc, dev, p, words);
         const uint64_t tag = (uint64_t(t) << 32) | uint64_t(i);
         sim::launch_kernel(
             own.handle(),
-            [owned, tag, &bad_tags] {
-              owned->ptr[0] = tag;
-              owned->ptr[owned->words - 1] = tag;
+            [p, words, tag, &bad_tags] {
+              p[0] = tag;
+              p[words - 1] = tag;
               std::this_thread::yield();
-              if (owned->ptr[0] != tag || owned->ptr[owned->words - 1] != tag) bad_tags.fetch_add(1);
+              if (p[0] != tag || p[words - 1] != tag) bad_tags.fetch_add(1);
             },
             {p});
         if (i % 3 == 0) {
@@ -776,12 +766,13 @@ TEST_CASE("caching allocator: concurrent allocate/free from host threads and str
           alloc.record_stream(p, other);
           sim::launch_kernel(
               other.handle(),
-              [owned, tag, &bad_tags] {
-                if (owned->ptr[0] != tag || owned->ptr[owned->words - 1] != tag) bad_tags.fetch_add(1);
+              [p, words, tag, &bad_tags] {
+                std::this_thread::yield();
+                if (p[0] != tag || p[words - 1] != tag) bad_tags.fetch_add(1);
               },
               {p});
         }
-        owned.reset();  // the tasks hold the last references
+        alloc.deallocate(p, dev);  // the tasks may still be queued: stream order and record_stream guard it
       }
       own.synchronize();
       other.synchronize();

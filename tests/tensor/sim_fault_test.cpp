@@ -85,3 +85,43 @@ TEST_CASE("without a test arming it, no task fails (release binaries cannot arm 
   CHECK(y.sum().item<double>() == 5100.0);
   CHECK_FALSE(sim::device_error(0).has_value());
 }
+
+// [No device calls on a stream] (tensor/sim/sim.cpp): a CUDA kernel is device code and cannot
+// allocate or free device memory or call the runtime; a sim task that does fails its device, naming
+// the call, instead of passing on sim with no counterpart on a GPU.
+TEST_CASE("a stream task that allocates device memory fails its device, naming the call, as no CUDA kernel can; removed, it runs") {
+  const Device dev = Device::sim(2);
+  Stream s = current_stream(dev);
+  std::atomic<bool> allocated{false};
+  sim::launch_kernel(s.handle(), [&] {
+    Tensor t = empty({16}, {.device = dev});
+    allocated = true;
+  }, {});
+  std::string message;
+  try {
+    s.synchronize();
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK_THAT(message, Catch::Contains("sim: synchronize_stream on sim:2 failed"));
+  CHECK_THAT(message, Catch::Contains("CachingAllocator::allocate") && Catch::Contains("a sim stream's worker thread"));
+  CHECK_FALSE(allocated.load());
+  REQUIRE(sim::device_error(2).has_value());
+  CHECK_THROWS_WITH(ones({4}, {.device = dev}).to(kCPU), Catch::Contains("on sim:2 failed"));  // sticky
+
+  // The negative control: without the rule the same task allocates on the stream and passes, on a
+  // healthy device.
+  const Device healthy = Device::sim(0);
+  {
+    fault::RemovedScope allowed(fault::Point::kSimStreamNoDeviceCalls);
+    Stream h = current_stream(healthy);
+    sim::launch_kernel(h.handle(), [&] {
+      Tensor t = empty({16}, {.device = healthy});
+      allocated = true;
+    }, {});
+    h.synchronize();
+  }
+  CHECK(allocated.load());
+  CHECK_FALSE(sim::device_error(0).has_value());
+}

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,20 @@ std::string sync_error(const Stream& s) {
     return e.what();
   }
   return "";
+}
+
+// Calls rt.free(device, ptr) on a thread of its own and returns that thread once free has counted
+// the segment as freed; free then waits for the device's streams, as cudaFree does, so the caller
+// joins the thread after releasing what holds them.
+std::thread free_while_streams_busy(DeviceRuntime& rt, int device, void* ptr) {
+  const size_t before = sim::memory_in_use(device);
+  std::thread freer([&rt, device, ptr] { rt.free(device, ptr); });
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (sim::memory_in_use(device) == before && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  CHECK(sim::memory_in_use(device) < before);
+  return freer;
 }
 
 }  // namespace
@@ -77,32 +92,38 @@ TEST_CASE("sim: a kernel naming another device's memory fails its device, as a G
 TEST_CASE("sim: a kernel naming memory freed before its launch fails its device; one launched before the free runs") {
   DeviceRuntime& rt = runtime_for(Device::sim(0), "test");
 
-  // Launched before the free (and still queued when it comes): legal, as cudaFree waits for it.
+  // Launched before the free: legal, and free returns only once it has run, as cudaFree waits for
+  // the device (sim_runtime_test checks the wait itself).
   {
     Stream s = current_stream(Device::sim(0));
     auto* seg = static_cast<unsigned char*>(rt.malloc(0, 4096));
     REQUIRE(seg != nullptr);
-    std::atomic<bool> release{false}, ran{false};
-    sim::launch_kernel(s.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
+    std::atomic<bool> ran{false};
     sim::launch_kernel(s.handle(), [&, seg] { std::memset(seg, 1, 4096); ran = true; }, {seg});
     rt.free(0, seg);
-    release = true;
-    CHECK(sync_error(s).empty());
     CHECK(ran.load());
+    CHECK(sync_error(s).empty());
     CHECK_FALSE(sim::device_error(0).has_value());
   }
 
-  // Launched after the free, while the segment is still mapped (the stream has not passed the free
-  // yet): refused, as on a GPU, where cudaFree has unmapped it.
+  // Launched by another thread after the free was called, while free still waits for the stream
+  // (the segment is still mapped): refused, as on a GPU, where the memory is no longer the
+  // program's once cudaFree has begun.
   const Device dev = Device::sim(3);
   Stream s = current_stream(dev);
   auto* seg = static_cast<unsigned char*>(rt.malloc(3, 4096));
   REQUIRE(seg != nullptr);
   std::atomic<bool> release{false}, ran{false};
-  sim::launch_kernel(s.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
-  rt.free(3, seg);
+  std::promise<void> busy;
+  sim::launch_kernel(s.handle(), [&] {
+    busy.set_value();
+    while (!release) std::this_thread::sleep_for(1ms);
+  }, {});
+  busy.get_future().wait();
+  std::thread freer = free_while_streams_busy(rt, 3, seg);
   sim::launch_kernel(s.handle(), [&, seg] { std::memset(seg, 1, 4096); ran = true; }, {seg + 64}, "a test kernel");
   release = true;
+  freer.join();
   const std::string message = sync_error(s);
   INFO(message);
   CHECK_THAT(message, Catch::Contains("a test kernel on stream") && Catch::Contains("of sim:3 named memory freed before the launch"));
@@ -165,14 +186,14 @@ TEST_CASE("sim: copies are refused at the call from or into freed memory, past a
   const Stream s2 = current_stream(Device::sim(2));
   std::atomic<bool> release{false};
   sim::launch_kernel(s2.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
-  rt.free(2, b);
+  std::thread freer = free_while_streams_busy(rt, 2, b);
   CHECK_THROWS_WITH(rt.memcpy_async(out.data(), b, 16, CopyKind::DeviceToHost, s0),
                     Catch::Contains("the source") && Catch::Contains("that free() released") &&
                         Catch::Contains("cudaErrorInvalidValue"));
   CHECK_THROWS_WITH(rt.memcpy_async(b, a, 16, CopyKind::DeviceToDevice, s0), Catch::Contains("the destination") &&
                                                                                  Catch::Contains("that free() released"));
   release = true;
-  rt.synchronize_device(2);  // the streams have passed the free: b is unmapped
+  freer.join();  // free has returned: the streams have passed it and b is unmapped
   CHECK_THROWS_WITH(rt.memcpy_async(out.data(), b, 16, CopyKind::DeviceToHost, s0),
                     Catch::Contains("the source") && Catch::Contains("is not sim device memory") &&
                         Catch::Contains("freed and unmapped") && Catch::Contains("cudaErrorInvalidValue"));
@@ -227,13 +248,14 @@ TEST_CASE("sim: an op on a from_blob tensor over device memory freed under it fa
   t.fill_(1.0);  // legal while the memory is live
   Stream s = current_stream(dev);
   CHECK(sync_error(s).empty());
-  // The user's memory goes (the tensor does not own it) while earlier work still holds the stream,
-  // so the segment is freed but not yet unmapped when the op launches.
+  // The user's memory goes (the tensor does not own it; another thread frees it) while earlier work
+  // still holds the stream, so the segment is freed but not yet unmapped when the op launches.
   std::atomic<bool> release{false};
   sim::launch_kernel(s.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
-  rt.free(5, seg);
+  std::thread freer = free_while_streams_busy(rt, 5, seg);
   t.fill_(2.0);
   release = true;
+  freer.join();
   const std::string message = sync_error(s);
   INFO(message);
   CHECK_THAT(message, Catch::Contains("the kernel fill on stream") && Catch::Contains("of sim:5 named memory freed before the launch"));

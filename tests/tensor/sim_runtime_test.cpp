@@ -440,6 +440,45 @@ TEST_CASE("sim: host functions of different streams run one at a time, as CUDA m
   CHECK_FALSE(b_started_during_a(300ms));
 }
 
+// As cudaFree, which synchronizes the device: the host waits in free until every stream of the
+// device has run what was queued before it, on any stream (here one that never used the segment).
+// Removed (sim until 2026-12-01), free returned at once and the streams unmapped the segment later,
+// so a host-side deadlock through cudaFree's wait could not show on sim.
+TEST_CASE("sim: free waits until every stream of its device has run what was queued before it, as cudaFree; removed, it does not") {
+  DeviceRuntime& rt = sim_runtime();
+  const Device dev = Device::sim(1);
+  Stream other = stream_from_pool(dev);
+  // Whether free returned within `patience` while a task queued before it on `other` was held.
+  auto returned_while_held = [&](std::chrono::milliseconds patience) {
+    void* seg = rt.malloc(1, 4096);
+    REQUIRE(seg != nullptr);
+    std::atomic<bool> release{false}, returned{false};
+    std::promise<void> busy;
+    sim::launch_kernel(other.handle(), [&] {
+      busy.set_value();
+      while (!release) std::this_thread::sleep_for(1ms);
+    }, {});
+    busy.get_future().wait();
+    std::thread freer([&] {
+      rt.free(1, seg);
+      returned = true;
+    });
+    const auto until = std::chrono::steady_clock::now() + patience;
+    while (!returned && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    const bool early = returned.load();
+    release = true;
+    freer.join();
+    other.synchronize();
+    return early;
+  };
+  CHECK_FALSE(returned_while_held(300ms));
+  {
+    fault::RemovedScope at_once(fault::Point::kSimFreeWaits);
+    CHECK(returned_while_held(20s));
+  }
+  CHECK_FALSE(returned_while_held(300ms));
+}
+
 TEST_CASE("sim: a device call inside a host function fails as cudaErrorNotPermitted") {
   DeviceRuntime& rt = sim_runtime();
   Stream s = stream_from_pool(Device::sim(0));
