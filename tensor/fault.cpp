@@ -23,6 +23,7 @@ const char* name(Point p) {
     case Point::kGlooDoneFlag: return "gloo_done_flag";
     case Point::kSimFreeWaits: return "sim_free_waits";
     case Point::kSimStreamNoDeviceCalls: return "sim_stream_no_device_calls";
+    case Point::kSimMallocBarrier: return "sim_malloc_barrier";
     case Point::kCount: break;
   }
   return "?";

@@ -21,6 +21,7 @@ enum class Point : int {
   kGlooDoneFlag,            // the stream waits for the lane worker's `done` word before copying back (gloo_communicator)
   kSimFreeWaits,            // sim's free blocks the host until the device's streams have passed it, as cudaFree (sim)
   kSimStreamNoDeviceCalls,  // sim's stream tasks run where the runtime and the caching allocator refuse (sim)
+  kSimMallocBarrier,        // sim's device allocation orders later work after earlier work, as cudaMalloc (sim)
   kCount
 };
 const char* name(Point p);

@@ -572,6 +572,13 @@ class SimRuntime final : public DeviceRuntime {
   int device_count() override { return count_; }
   void set_device(int) override {}
 
+  // A device allocation is one of CUDA's implicit synchronizations (the programming guide,
+  // "Implicit Synchronization": two commands of different streams cannot run concurrently if a
+  // device memory allocation is issued between them), as page-locked allocation is: work issued
+  // after it on any stream of the device starts only once everything issued before on every stream
+  // of the device has finished (the host does not wait). A design that allocates while a stream
+  // waits for work issued later (a collective whose peer is held behind this process's next
+  // kernels) hangs here as on a GPU. fault::Point::kSimMallocBarrier removes it (sim_runtime_test).
   void* malloc(int device, size_t nbytes) override {
     refuse_in_host_function("malloc");
     check_healthy(device, "malloc");
@@ -581,7 +588,9 @@ class SimRuntime final : public DeviceRuntime {
       std::lock_guard<std::mutex> lock(mutex_);
       cap = capacity_[device];
     }
-    return memory_.allocate(device, nbytes, cap);
+    void* p = memory_.allocate(device, nbytes, cap);
+    if (p != nullptr && !fault::removed(fault::Point::kSimMallocBarrier)) barrier_streams(device);
+    return p;
   }
   // As cudaFree, which synchronizes the device first: the host waits until every stream of the
   // device has run the work queued on it so far (which holds raw pointers, as CUDA kernels do), then
@@ -944,11 +953,14 @@ class SimRuntime final : public DeviceRuntime {
   // them on any stream starts only once everything issued before, on every stream, has finished
   // (the host does not wait). A stream-ordered design that allocates pinned memory while another
   // stream waits for it deadlocks here as it would on a GPU.
-  void barrier_all_streams() {
+  void barrier_all_streams() { barrier_streams(-1); }
+  // The same over one device's streams (device >= 0) or every stream (-1).
+  void barrier_streams(int device) {
     std::vector<std::pair<SimStream*, uint64_t>> tails;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& st : streams_) tails.emplace_back(st.get(), st->submitted());
+      for (auto& st : streams_)
+        if (device < 0 || st->device() == device) tails.emplace_back(st.get(), st->submitted());
     }
     for (auto& [stream, tail] : tails) {
       SimStream* self = stream;

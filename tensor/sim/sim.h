@@ -25,6 +25,7 @@
 //   (a CUDA kernel cannot make one); a kernel that makes one fails its device, naming the call.
 // - Page-locked host allocation and free (host_malloc, host_free) are implicit synchronizations, as
 //   on CUDA: work issued after them on any stream waits for everything issued before on every stream.
+//   So is a device allocation (malloc) for the streams of its device.
 // - Delay injection: CHORUS_SIM_DELAY_US=N (or set_delay_us) sleeps a random 0..N us before every
 //   task, so a missing synchronization shows up as a wrong result in tests.
 // - The driver lock (opt-in: CHORUS_SIM_DRIVER_LOCK=1 or set_driver_lock): as CUDA's driver, a copy

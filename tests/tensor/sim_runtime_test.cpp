@@ -515,17 +515,21 @@ TEST_CASE("sim: a device call inside a host function fails as cudaErrorNotPermit
   rt.free(0, p);  // outside, the same call is fine
 }
 
-TEST_CASE("sim: page-locked allocation and free order later work after all earlier work, as on CUDA") {
+TEST_CASE("sim: page-locked allocation and free, and device allocation, order later work after all earlier work, as on CUDA") {
   // Stream a's kernel is held at a gate the host opens only after the allocation or free returned:
   // had the call waited for a, it would not return (caught by the 60 s bound on a helper thread,
-  // not by timing the call); b's kernel, issued after it, must still see a's kernel done.
+  // not by timing the call); b's kernel, issued after it, must still see a's kernel done. Device
+  // allocation is such a barrier for the device's streams (CUDA's programming guide, "Implicit
+  // Synchronization"); device free blocks the host until the streams are done (the free case above).
   DeviceRuntime& rt = sim_runtime();
   Stream a = stream_from_pool(Device::sim(0));
   Stream b = stream_from_pool(Device::sim(0));
   REQUIRE(a != b);
-  for (const bool free_it : {false, true}) {
-    INFO((free_it ? "host_free" : "host_malloc"));
-    void* pinned = free_it ? rt.host_malloc(64) : nullptr;
+  enum class Call { kHostMalloc, kHostFree, kMalloc };
+  for (const Call what : {Call::kHostMalloc, Call::kHostFree, Call::kMalloc}) {
+    INFO((what == Call::kHostMalloc ? "host_malloc" : what == Call::kHostFree ? "host_free" : "malloc"));
+    void* pinned = what == Call::kHostFree ? rt.host_malloc(64) : nullptr;
+    void* device_memory = nullptr;
     a.synchronize();
     b.synchronize();
     std::atomic<int> gate{0}, flag{0}, seen{-1};
@@ -534,8 +538,9 @@ TEST_CASE("sim: page-locked allocation and free order later work after all earli
       flag = 1;
     }, {});
     std::future<void> call = std::async(std::launch::async, [&] {
-      if (free_it) rt.host_free(pinned);
-      else pinned = rt.host_malloc(64);
+      if (what == Call::kHostFree) rt.host_free(pinned);
+      else if (what == Call::kHostMalloc) pinned = rt.host_malloc(64);
+      else device_memory = rt.malloc(0, 4096);
     });
     const bool returned = call.wait_for(60s) == std::future_status::ready;
     CHECK(returned);  // the host does not wait for a's kernel
@@ -546,19 +551,27 @@ TEST_CASE("sim: page-locked allocation and free order later work after all earli
     b.synchronize();
     CHECK(seen.load() == 1);  // b's kernel ran after a's, issued before the barrier
     a.synchronize();
-    if (!free_it) rt.host_free(pinned);
+    if (what == Call::kHostMalloc) rt.host_free(pinned);
+    if (device_memory != nullptr) rt.free(0, device_memory);
   }
-  // Without a barrier b's kernel overtakes a's (the check above can fail).
-  std::atomic<int> gate{0}, flag{0}, seen{-1};
-  sim::launch_kernel(a.handle(), [&] {
-    while (gate.load() == 0) std::this_thread::sleep_for(1ms);
-    flag = 1;
-  }, {});
-  sim::launch_kernel(b.handle(), [&] { seen = flag.load(); }, {});
-  b.synchronize();
-  gate = 1;
-  CHECK(seen.load() == 0);
-  a.synchronize();
+  // Without a barrier b's kernel overtakes a's (the check above can fail): with none issued, and
+  // with a device allocation once the rule is removed (the negative control).
+  for (const bool allocate : {false, true}) {
+    INFO((allocate ? "malloc with sim_malloc_barrier removed" : "no call between"));
+    fault::RemovedScope no_barrier(fault::Point::kSimMallocBarrier);
+    std::atomic<int> gate{0}, flag{0}, seen{-1};
+    sim::launch_kernel(a.handle(), [&] {
+      while (gate.load() == 0) std::this_thread::sleep_for(1ms);
+      flag = 1;
+    }, {});
+    void* device_memory = allocate ? rt.malloc(0, 4096) : nullptr;
+    sim::launch_kernel(b.handle(), [&] { seen = flag.load(); }, {});
+    b.synchronize();
+    gate = 1;
+    CHECK(seen.load() == 0);
+    a.synchronize();
+    if (device_memory != nullptr) rt.free(0, device_memory);
+  }
 }
 
 
