@@ -23,25 +23,6 @@
 #include "autograd/grad_mode.h"
 #include "distributed/flight_recorder.h"
 #include "tensor/ops.h"
-#include "tensor/sanitizers.h"
-
-#if CHORUS_TSAN
-// [TSan and libgloo] ThreadSanitizer reads its suppressions from this function in every program that
-// links the Gloo process group (the tests and their worker processes), so no test needs a file or an
-// environment variable for them. Each entry says why it is not a race; a race in chorus's own code
-// is never suppressed.
-// - Debian's libgloo is not TSan-instrumented. A gloo::transport::tcp::UnboundBuffer's destructor
-//   first destroys its last member, a gloo::ShareableNonOwningPtr, which spins until every
-//   NonOwningPtr taken from it is released (gloo/common/memory.h); the pair thread holds one while
-//   it calls signalException (lock, broadcast on the buffer's condition variables), and only after
-//   that are the condition variables destroyed. The hand-off is a shared_ptr's atomic count inside
-//   libgloo, which TSan does not see, so it reported the broadcast and the destroy as a race
-//   (multiprocess_test's killed-rank case, a rank dying during an allreduce: once, in the full run
-//   of 2026-11-30 at a3d59a3).
-extern "C" const char* __tsan_default_suppressions() {
-  return "race:gloo::transport::tcp::UnboundBuffer::signalException\n";
-}
-#endif
 
 namespace chorus::distributed {
 namespace {

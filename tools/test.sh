@@ -242,7 +242,7 @@ if [[ "$mode" == full ]]; then
   # 3. ThreadSanitizer on the concurrent code: the device runtime, the sim device, the caching
   #    allocator, the stream-ordered process group and DDP's reducer on a device, the store (server
   #    and client threads), the data loader's workers, the autograd engine and hooks
-  #    (OMP_NUM_THREADS=1: libgomp is not instrumented, so its thread pool would report false races),
+  #    (OMP_NUM_THREADS=1: libomp, clang's OpenMP runtime, is not instrumented, so its thread pool would report false races),
   #    and the multi-process tests (every worker a TSan build: collectives, DDP and pipelines on sim
   #    devices over real sockets).
   config=(-c opt --config=tsan)
