@@ -157,11 +157,17 @@ TEST_CASE("kAuto: OpenBLAS for weight gradients under AVX2, oneDNN's plain call 
     }
     kc::set_transposed_gemm(kc::TransposedGemm::kOneDnn);
     CHECK(kc::sgemm_route(s.m, s.n, s.k, true, true, true, true, s.n, true) == s.workaround);
-    // And kOneDnn leaves OpenBLAS: a different library's rounding shows in some element.
+    // And kOneDnn leaves OpenBLAS (it copies A and calls oneDNN): seen where the two libraries round
+    // the product differently, as in the plain-B case below.
     if (onednn_avx2 && s.workaround == R::kCopyA) {
       Tensor a = transposed_slice(s.m, s.k);
       Tensor b = randn({s.k, s.n});
-      CHECK(differ_from(mm(a, b), a, b, /*openblas=*/true) > 0);
+      if (library_product(a, b, true) != library_product(a.contiguous(), b, false))
+        CHECK(differ_from(mm(a, b), a, b, /*openblas=*/true) > 0);
+      else
+        std::printf("CHORUS-SKIP: oneDNN and OpenBLAS gave the same bits for %lld x %lld x %lld, so the result cannot "
+                    "show which library kOneDnn ran (the route was checked)\n",
+                    static_cast<long long>(s.m), static_cast<long long>(s.k), static_cast<long long>(s.n));
     }
     // With beta != 0 (C^T would overwrite C), the wide C stays with oneDNN.
     if (s.workaround == R::kTransposeC)
