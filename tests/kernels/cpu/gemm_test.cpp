@@ -102,9 +102,8 @@ TEST_CASE("Transposed-A float32 products match the float64 product through every
   }
 }
 
-// Bit for bit the result of one library's own call for A B (b: k x n dense; a: m x k, either the
-// transposed slice of transposed_slice, read as A^T, or dense row-major).
-// The product a b (b row-major) as OpenBLAS or oneDNN computes it, called directly.
+// A B as one library's own call computes it, OpenBLAS's or oneDNN's (b: k x n dense; a: m x k,
+// either the transposed slice of transposed_slice, read as A^T, or dense row-major).
 std::vector<float> library_product(const Tensor& a, const Tensor& b, bool openblas) {
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   const bool a_transposed = a.stride(0) == 1;
@@ -122,7 +121,7 @@ std::vector<float> library_product(const Tensor& a, const Tensor& b, bool openbl
   return c;
 }
 
-// How many elements of `got` differ from that library's product.
+// How many elements of `got` differ, bit for bit, from that library's product.
 int64_t differ_from(const Tensor& got, const Tensor& a, const Tensor& b, bool openblas) {
   const std::vector<float> want = library_product(a, b, openblas);
   const float* g = got.data_ptr<float>();
