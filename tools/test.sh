@@ -120,8 +120,15 @@ read_log() {
 # Reads the test targets of one bazel invocation (its output in $output; its test logs under
 # $testlogs) into $results.
 read_run() {
-  local phase="$1" testlogs="$2" line label status dir log logs found failed_before
+  local phase="$1" testlogs="$2" line label status dir log logs found failed_before n m rel part
   local status_re='^(//[^ ]+:[^ ]+) +(\(cached\) )?(PASSED|FLAKY|FAILED TO BUILD|FAILED|TIMEOUT|NO STATUS|INCOMPLETE|REMOTE FAILURE)'
+  # How many logs each target has in this invocation: N from the "Stats over N runs" line under
+  # its status line (shards x runs per test), 1 when there is none.
+  local -A runs=()
+  while read -r label n; do runs["$label"]="$n"; done < <(awk '
+    /^\/\/[^ ]+:[^ ]+ / { label = $1; next }
+    /^  Stats over [0-9]+ runs/ { if (label != "") print label, $3 }
+    { label = "" }' "$output")
   while IFS= read -r line; do
     [[ "$line" =~ $status_re ]] || continue
     label="${BASH_REMATCH[1]}"
@@ -132,14 +139,24 @@ read_run() {
     failed_before="$(count_failed)"
     # Not built or not run: a log there (if any) is from an earlier build; do not read it.
     if [[ "$status" != "NO STATUS" && "$status" != "FAILED TO BUILD" ]]; then
-      # One log per target, or one per shard / run. Shard and run folders stay behind after a
-      # later plain run, so they count only when not older than the target's own test.log.
+      # One log per target, or one per shard / run: shard_i_of_S/, run_j_of_R/ or both nested,
+      # S x R of them. Folders of another count stay behind from earlier invocations (a
+      # --runs_per_test=24 hunt for a flake, a shard count since changed) and are not read: a cached
+      # result leaves the target's own test.log as old as it was, so their age does not tell them
+      # apart (on 2026-12-02 a cached tsan phase counted session 37's 84 runs of data_test).
+      n="${runs[$label]:-1}"
       logs=()
-      for log in "$dir"/shard_*_of_*/test.log "$dir"/run_*_of_*/test.log "$dir"/shard_*_of_*/run_*_of_*/test.log; do
-        [[ -f "$log" ]] || continue
-        [[ -f "$dir/test.log" && "$log" -ot "$dir/test.log" ]] && continue
-        logs+=("$log")
-      done
+      if ((n > 1)); then
+        for log in "$dir"/shard_*_of_*/test.log "$dir"/run_*_of_*/test.log "$dir"/shard_*_of_*/run_*_of_*/test.log; do
+          [[ -f "$log" ]] || continue
+          m=1
+          rel="${log#"$dir"/}"
+          for part in ${rel//\// }; do
+            [[ "$part" =~ _of_([0-9]+)$ ]] && m=$((m * BASH_REMATCH[1]))
+          done
+          ((m == n)) && logs+=("$log")
+        done
+      fi
       ((${#logs[@]})) || logs=("$dir/test.log")
       for log in "${logs[@]}"; do
         [[ -f "$log" ]] && read_log "$phase" "${label%%:*}" "$log" && found=1
