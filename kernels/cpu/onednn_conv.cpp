@@ -51,6 +51,22 @@ void configure() {
   (void)done;
 }
 
+// [oneDNN's cap at load] oneDNN accepts a cap only before its first use anywhere in the process,
+// and chorus is not always its first user: libtorch 1.13 (tests/bench's peers) calls the same
+// libdnnl, so a benchmark whose libtorch rows ran before chorus's first product failed there with
+// "oneDNN was already in use" (transformer_ops_bench under CHORUS_CPU_CAPABILITY=avx2). So the cap
+// is applied when this library is loaded, before any program code runs. An invalid value is not
+// thrown here (that would end the program before main); configure() throws it at the first call.
+namespace {
+[[maybe_unused]] const bool kCappedAtLoad = [] {
+  try {
+    configure();
+  } catch (const Error&) {
+  }
+  return true;
+}();
+}  // namespace
+
 std::string capability() {
   configure();
   switch (dnnl_get_effective_cpu_isa()) {

@@ -8,6 +8,7 @@
 //   bazel run -c opt //tests/bench:gemm_bench -- --aligned-b   (only oneDNN against OpenBLAS with B
 //                                                               aligned and not: aligned_b_table)
 //   bazel run -c opt //tests/bench:gemm_bench -- --steps       (only the training steps' products)
+//   bazel run -c opt //tests/bench:gemm_bench -- --attention   (only BERT-mini's per-head attention products)
 #include <cblas.h>
 #include <dnnl.h>
 
@@ -141,6 +142,16 @@ void aligned_b_table() {
   }
 }
 
+// BERT-mini's attention products, one head at a time (32 heads of 128 tokens x 64 a layer, 4 layers:
+// 128 calls of each), dense here (in the step they are views of the heads' projections): forward
+// S = Q K^T and O = P V; backward dP = dO V^T, dV = P^T dO, dQ = dS K, dK = dS^T Q.
+void attention_table() {
+  const Product attention[] = {{'N', 'T', 128, 128, 64, 128}, {'N', 'N', 128, 64, 128, 128},
+                               {'N', 'T', 128, 128, 64, 128}, {'T', 'N', 128, 64, 128, 128},
+                               {'N', 'N', 128, 64, 128, 128}, {'T', 'N', 128, 64, 128, 128}};
+  step_products("BERT-mini's attention products, one head a call", attention);
+}
+
 // The products of the training steps of train_step_bench's BERT-mini, BERT-small and MLP.
 void step_tables() {
   // The products of one BERT-mini masked-LM training step (train_step_bench's, batch 8 x 128 tokens,
@@ -150,6 +161,7 @@ void step_tables() {
                                {'N', 'N', 1024, 256, 1024, 4}, {'N', 'N', 146, 256, 30522, 1},  {'N', 'T', 1024, 256, 256, 16},
                                {'N', 'N', 1024, 256, 256, 16}, {'N', 'T', 1024, 1024, 256, 4},  {'N', 'N', 1024, 1024, 256, 4}};
   step_products("BERT-mini's training-step products", bert_step);
+  attention_table();
   // BERT-small (4 layers, hidden 512, feed-forward 2048), the same batch: forward x W^T, the input
   // gradients g W, the weight gradients g^T x.
   const Product bert_small_step[] = {
@@ -172,12 +184,16 @@ int main(int argc, char** argv) {
     aligned_b_table();
     return 0;
   }
+  if (argc > 1 && std::string(argv[1]) == "--attention") {
+    attention_table();
+    return 0;
+  }
   if (argc > 1 && std::string(argv[1]) == "--steps") {
     step_tables();
     return 0;
   }
   if (argc > 1) {
-    std::fprintf(stderr, "gemm_bench: expected no argument, --aligned-b or --steps, got '%s'\n", argv[1]);
+    std::fprintf(stderr, "gemm_bench: expected no argument, --aligned-b, --steps or --attention, got '%s'\n", argv[1]);
     return 2;
   }
   struct Size {

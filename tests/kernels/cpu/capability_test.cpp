@@ -4,6 +4,7 @@
 // AVX-512 versions), the variant in use follows CHORUS_CPU_CAPABILITY, and asking for a variant the
 // CPU lacks is an error. tools/test.sh also runs this under each capability the machine has.
 #include <catch2/catch.hpp>
+#include <dnnl.h>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "kernels/cpu/capability.h"
+#include "kernels/cpu/onednn_conv.h"
 #include "tests/kernels/cpu/capabilities.h"
 #include "optim/optim.h"
 #include "tensor/error.h"
@@ -29,6 +31,32 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
 }
 
 }  // namespace
+
+// [oneDNN's cap at load] (kernels/cpu/onednn_conv.cpp). This case must stay the file's first: it
+// stands for another user of oneDNN in the process (libtorch's, in the benchmarks) that reaches the
+// library before chorus's first product, and asks oneDNN for its instruction set, which fixes it.
+TEST_CASE("CHORUS_CPU_CAPABILITY caps oneDNN even when something else used oneDNN first", "[kernels][isa]") {
+  const char* env = std::getenv("CHORUS_CPU_CAPABILITY");
+  const std::string want = env ? env : "";
+  const dnnl_cpu_isa_t first = dnnl_get_effective_cpu_isa();  // oneDNN's ISA is now fixed for good
+  // A product large enough for oneDNN (float32 goes to dnnl_sgemm or OpenBLAS by shape; either way it
+  // must not throw), then the instruction set oneDNN reports.
+  Tensor a = ones({64, 512}), b = ones({512, 256});
+  Tensor c;
+  REQUIRE_NOTHROW(c = matmul(a, b));
+  CHECK(c[0][0].item<float>() == 512.0f);
+  const std::string isa = kc::onednn::capability();
+  INFO("CHORUS_CPU_CAPABILITY=" << want << ", oneDNN's ISA at the first query: " << static_cast<int>(first)
+                                << ", now " << isa);
+  if (want.empty()) {
+    std::printf("CHORUS-SKIP: CHORUS_CPU_CAPABILITY is not set, so there is no cap to check (tools/test.sh --full's "
+                "isa phases set it)\n");
+    return;
+  }
+  if (want == "avx2") REQUIRE(isa == "avx2");
+  else if (want == "default") REQUIRE(isa == "sse41");
+  else REQUIRE(isa.rfind("avx512", 0) == 0);
+}
 
 TEST_CASE("the loops run the variant CHORUS_CPU_CAPABILITY asks for, or the best the CPU has", "[kernels][isa]") {
   const char* env = std::getenv("CHORUS_CPU_CAPABILITY");
