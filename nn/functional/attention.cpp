@@ -3,16 +3,33 @@
 // sim, cuda) runs it without kernels of its own.
 #include "nn/functional/attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
+#include <vector>
 
+#include "autograd/autocast.h"
+#include "autograd/node.h"
 #include "autograd/ops/common.h"
 #include "autograd/ops/linalg.h"
 #include "nn/functional/basic.h"
 #include "tensor/ops.h"
 
+// [No header] (kernels/cpu/gemm.cpp): declared where they are used. kernels/cpu/attention.cpp.
+namespace chorus::kernels::cpu {
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool causal,
+                       double scale, const Tensor& drop, const Tensor& out, const Tensor& probs);
+void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& probs, const Tensor& drop, bool causal, double scale, const Tensor& grad_q,
+                        const Tensor& grad_k, const Tensor& grad_v);
+}  // namespace chorus::kernels::cpu
+
 namespace chorus::nn::functional {
+// nn/functional/basic.cpp: [Dropout mask in one pass].
+Tensor dropout_multipliers(const Shape& shape, double p, Generator* generator, Device device);
+
 namespace {
 
 constexpr const char* kOp = "scaled_dot_product_attention";
@@ -34,6 +51,86 @@ bool broadcast_batch(const Shape& a, const Shape& b, Shape& out) {
 
 std::string shapes_given(const Tensor& q, const Tensor& k, const Tensor& v) {
   return fmt::format("query {}, key {}, value {}", shape_str(q.sizes()), shape_str(k.sizes()), shape_str(v.sizes()));
+}
+
+// A new tensor of t's shape laid out as t is when t is a dense permutation of its dims (the heads
+// of a [B, T, H, d] projection viewed as [B, H, T, d]), else contiguous: then the permute and
+// reshape back to [B, T, H * d] after the attention are views, and so are the gradients' before it.
+Tensor new_like(const Tensor& t) {
+  const int64_t n = t.dim();
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t d = 0; d < n; ++d) order[static_cast<size_t>(d)] = d;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+    const int64_t sx = t.size(x) == 1 ? 0 : t.stride(x), sy = t.size(y) == 1 ? 0 : t.stride(y);
+    return sx > sy;
+  });
+  int64_t expected = 1;
+  for (int64_t i = n; i-- > 0;) {
+    const int64_t d = order[static_cast<size_t>(i)];
+    if (t.size(d) != 1 && t.stride(d) != expected) return empty(t.sizes(), {.dtype = t.dtype(), .device = t.device()});
+    expected *= t.size(d);
+  }
+  Shape permuted_sizes(static_cast<size_t>(n));
+  std::vector<int64_t> back(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    permuted_sizes[static_cast<size_t>(i)] = t.size(order[static_cast<size_t>(i)]);
+    back[static_cast<size_t>(order[static_cast<size_t>(i)])] = i;
+  }
+  return empty(permuted_sizes, {.dtype = t.dtype(), .device = t.device()}).permute(back);
+}
+
+// [Fused CPU attention] On the CPU, for float32 query, key and value with one batch shape (no
+// broadcasting between them) and unit last strides, an additive mask that needs no gradient (a
+// boolean one becomes 0 / -inf, which adds exactly as where() selects), or is_causal, and dropout
+// below 1: each head in one pass (kernels/cpu/attention.cpp) instead of the composite's ops over the
+// whole [..., L, S] scores (scale, product, mask add, softmax, dropout draw and multiply, product;
+// and their backward). The same arithmetic in the same order but for the scale, which multiplies
+// the product (its alpha) instead of the query (the same bits when it is a power of two, as at head
+// dims 4, 16, 64 and 256): the products through chorus's CPU GEMM, reduce.cpp's softmax and softmax
+// backward, the dropout multipliers from the same generator draws (dropout_multipliers). So the
+// same values as the composite up to the products' rounding (attention_test compares the two).
+// Saved for the backward: q, k, v, the softmax weights and the dropout multipliers ([..., L, S]
+// each; the composite keeps the scores' product operands, the weights, the mask and the weights
+// after dropout). Where it runs by default: is_causal where a head's scores are more than one
+// block (L * S > 64 K floats, kernels/cpu/attention.cpp), that is long causal sequences, whose
+// blocks skip the keys they may not attend to (GPT-2's attention at 2 x 1024 tokens 1.8x faster
+// than the composite). Elsewhere it measured no faster: the same attention without the causal mask
+// (224 ms against 201-226), whole BERT-mini and BERT-small steps at 128 tokens at 1 thread (1.00),
+// and 3-8% slower at 2 (docs/data/fused_attention_2026-12-02.txt); so the composite stays there.
+// CHORUS_FUSED_ATTENTION (read at each call): unset, that rule; 1, the fused path wherever it
+// applies (tests compare both paths at small sizes); 0, never.
+bool fused_attention_wanted(int64_t L, int64_t S, bool causal) {
+  const char* v = std::getenv("CHORUS_FUSED_ATTENTION");
+  if (v != nullptr && std::string(v) == "0") return false;
+  if (v != nullptr && std::string(v) == "1") return true;
+  return causal && L * S > 65536;
+}
+
+Tensor fused_cpu_attention(const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& additive_mask,
+                           bool causal, double scale, double dropout_p, Generator* generator) {
+  const int64_t L = query.size(-2), S = key.size(-2);
+  Shape score_shape(query.sizes().begin(), query.sizes().end() - 2);
+  score_shape.push_back(L);
+  score_shape.push_back(S);
+  const Tensor mask = additive_mask.defined() ? additive_mask.expand(score_shape) : Tensor();
+  const Tensor drop = dropout_p > 0.0 ? dropout_multipliers(score_shape, dropout_p, generator, kCPU) : Tensor();
+  const bool grad = autograd::any_requires_grad({&query, &key, &value});
+  const Tensor probs = grad ? empty(score_shape, {.dtype = kFloat32}) : Tensor();
+  Shape out_shape = query.sizes();
+  out_shape.back() = value.size(-1);
+  const Tensor out = value.size(-1) == query.size(-1) ? new_like(query) : empty(out_shape, {.dtype = kFloat32});
+  kernels::cpu::attention_forward(query, key, value, mask, causal, scale, drop, out, probs);
+  if (grad) {
+    autograd::SavedTensor sq(query), sk(key), sv(value);
+    autograd::record("ScaledDotProductAttentionBackward", {query, key, value}, {out},
+                     [sq, sk, sv, probs, drop, causal, scale](const TensorList& g) -> TensorList {
+                       const Tensor q = sq.unpack(kOp), k = sk.unpack(kOp), v = sv.unpack(kOp);
+                       Tensor dq = new_like(q), dk = new_like(k), dv = new_like(v);
+                       kernels::cpu::attention_backward(g[0], q, k, v, probs, drop, causal, scale, dq, dk, dv);
+                       return {dq, dk, dv};
+                     });
+  }
+  return out;
 }
 
 }  // namespace
@@ -94,6 +191,19 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
 
   const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(E)));
   const double neg_inf = -std::numeric_limits<double>::infinity();
+  auto unit_rows = [](const Tensor& t) { return t.size(-1) <= 1 || t.stride(-1) == 1; };
+  if (query.device().is_cpu() && query.dtype() == kFloat32 && fused_attention_wanted(L, S, options.is_causal) &&
+      !autocast::lower_precision({&query, &key, &value}).has_value() && leading(query) == leading(key) &&
+      leading(query) == leading(value) && unit_rows(query) && unit_rows(key) && unit_rows(value) &&
+      options.dropout_p < 1.0 && !(mask.defined() && autograd::any_requires_grad({&mask}))) {
+    Tensor additive;
+    if (mask.defined()) {
+      NoGradGuard no_grad;
+      additive = mask.dtype() == kBool ? where(mask, zeros({}, {.dtype = kFloat32}), neg_inf) : mask;
+    }
+    return fused_cpu_attention(query, key, value, additive, options.is_causal, scale, options.dropout_p,
+                               options.generator);
+  }
   // Scaling the query instead of the scores touches L*E elements instead of L*S (PyTorch's math
   // backend scales both q and k by sqrt(scale)); the two differ only by rounding, and not at all
   // when the scale is a power of two (head dims 4, 16, 64, 256).

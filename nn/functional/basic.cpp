@@ -57,6 +57,20 @@ Tensor sigmoid(const Tensor& input) { return chorus::sigmoid(input); }
 Tensor softmax(const Tensor& input, int64_t dim) { return chorus::softmax(input, dim); }
 Tensor log_softmax(const Tensor& input, int64_t dim) { return chorus::log_softmax(input, dim); }
 
+// [Dropout mask in one pass] The float32 draws are lo + span * u, u on a grid in [0, 1). Drawn with
+// lo = -q and span = 1, q the float just below float(p), each value is u - q rounded once, which is
+// positive exactly when u > q, that is u >= float(p): the same draws and the same mask as ge(u, p),
+// but one pass (ReluBackward: 1/(1-p) where the draw is positive, else 0) instead of a compare, a
+// cast from bool and a multiply. 0 < p < 1. The fused CPU attention draws its weights' dropout here
+// too (nn/functional/attention.cpp, [No header]), so it takes the composite's draws.
+Tensor dropout_multipliers(const Shape& shape, double p, Generator* generator, Device device) {
+  const double q = std::nextafter(static_cast<float>(p), -std::numeric_limits<float>::infinity());
+  Tensor mask = empty(shape, {.dtype = kFloat32, .device = device});
+  ops::random_fill(kernels::RandomKind::Uniform, mask, -q, 1.0 - q, generator ? *generator : default_generator());
+  kernels::binary(kernels::BinaryOp::ReluBackward, mask, ops::scalar_to_tensor(1.0 / (1.0 - p), kFloat32, device), mask);
+  return mask;
+}
+
 Tensor dropout(const Tensor& input, double p, bool training, Generator* generator) {
   ops::check_defined(input, "dropout", "input");
   if (p < 0.0 || p > 1.0) fail("dropout: probability has to be between 0 and 1, but got {}", p);
@@ -72,15 +86,7 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* generato
     const Tensor u = rand(input.sizes(), {.dtype = kFloat64, .device = input.device()}, generator);
     mask = mul(ge(u, p).to(kFloat64), scale);
   } else {
-    // [Dropout mask in one pass] The float32 draws are lo + span * u, u on a grid in [0, 1). Drawn
-    // with lo = -q and span = 1, q the float just below float(p), each value is u - q rounded once,
-    // which is positive exactly when u > q, that is u >= float(p): the same draws and the same mask
-    // as ge(u, p), but one pass (ReluBackward: scale where the draw is positive, else 0) instead of a
-    // compare, a cast from bool and a multiply.
-    const double q = std::nextafter(static_cast<float>(p), -std::numeric_limits<float>::infinity());
-    mask = empty(input.sizes(), {.dtype = kFloat32, .device = input.device()});
-    ops::random_fill(kernels::RandomKind::Uniform, mask, -q, 1.0 - q, generator ? *generator : default_generator());
-    kernels::binary(kernels::BinaryOp::ReluBackward, mask, ops::scalar_to_tensor(scale, kFloat32, input.device()), mask);
+    mask = dropout_multipliers(input.sizes(), p, generator, input.device());
     if (input.dtype() != kFloat32) mask = mask.to(input.dtype());
   }
   // [Dropout's saved mask] On the CPU the backward keeps the mask itself, in the input's dtype, as

@@ -11,6 +11,7 @@
 //   bazel run -c opt //tests/bench:train_step_bench -- [--steps 20] [--warmup 5]
 //   ... -- --channels-last: ResNet-18 in NCHW and channels-last, chorus and libtorch (only that table)
 //   ... -- --check: ResNet-18 batch 8 and BERT-mini batch 8 at 1 thread only (tools/bench_check.sh)
+//   ... -- --fused-attention-ab: chorus's BERT steps with the fused CPU attention against the composite
 //   ... -- --resnet-only: the ResNet-18 rows only (batch 8, 16, 32 at 1 and 2 threads); with
 //   CHORUS_ONEDNN_WINOGRAD=0 chorus's convolutions stay direct ([Winograd convolutions])
 #include <algorithm>
@@ -268,6 +269,38 @@ void bert_step(const std::string& size, int64_t b, int threads, int steps, int w
   std::fflush(stdout);
 }
 
+// --fused-attention-ab: chorus's BERT-mini and BERT-small steps (batch 8, 1 and 2 threads) with the
+// fused CPU attention ([Fused CPU attention], nn/functional/attention.cpp) against the same model
+// with the composite (CHORUS_FUSED_ATTENTION=0, read at each call), in alternation: one model, one
+// process, so the ratio is the fusion's alone.
+void fused_attention_ab(int steps, int warmup) {
+  std::printf("| model | threads | fused ms | composite ms | fused / composite |\n|---|---|---|---|---|\n");
+  for (int threads : {1, 2}) {
+    chorus::set_num_threads(threads);
+    for (const char* size : {"mini", "small"}) {
+      const int64_t b = 8, t = 128, vocab = 30522;
+      chorus::manual_seed(2);
+      chorus::Tensor ids = chorus::randint(999, vocab, {b, t});
+      chorus::Tensor labels = chorus::full({b, t}, int64_t{-100}, chorus::TensorOptions{.dtype = chorus::kInt64});
+      for (int64_t i = 3; i < b * t; i += 7) labels.reshape({-1})[i].fill_(ids.reshape({-1})[i].item<int64_t>());
+      chorus::models::BertForPreTraining model(chorus::models::BertConfig::named(size));
+      chorus::optim::AdamW opt(model.parameters());
+      auto step = [&](const char* fused) {
+        setenv("CHORUS_FUSED_ATTENTION", fused, 1);
+        opt.zero_grad();
+        model.masked_lm_loss(ids, chorus::Tensor(), labels).backward();
+        opt.step();
+      };
+      const chorus::bench::PairedTimes tp =
+          chorus::bench::paired_median_times([&] { step("1"); }, [&] { step("0"); }, warmup, steps);
+      std::printf("| BERT-%s masked LM, batch 8 x 128 tokens | %d | %.2f | %.2f | %.3f |\n", size, threads, tp.a * 1e3,
+                  tp.b * 1e3, tp.ratio);
+      std::fflush(stdout);
+    }
+  }
+  unsetenv("CHORUS_FUSED_ATTENTION");
+}
+
 // --channels-last: ResNet-18 (torchvision's, 1000 classes) training steps at batch 16 of 3x64x64 in
 // NCHW and in channels-last (model and images), chorus beside libtorch, at 1 and 2 threads.
 void resnet18_layouts(int steps, int warmup) {
@@ -475,6 +508,7 @@ int usage(const char* bad) {
   std::fprintf(bad ? stderr : stdout,
                "usage: train_step_bench [--steps N] [--warmup N] [--threads T] [--cpu-loops avx2|avx512]\n"
                "                        [--profile MODEL | --channels-last | --check | --resnet-only |\n"
+               "                         --fused-attention-ab |\n"
                "                         --only mlp|small-resnet|resnet18|bert]\n");
   return bad ? 2 : 0;
 }
@@ -489,7 +523,9 @@ int main(int argc, char** argv) {
       ++i;
       continue;
     }
-    if (a != "--channels-last" && a != "--check" && a != "--resnet-only") return usage(argv[i]);
+    if (a != "--channels-last" && a != "--check" && a != "--resnet-only" && a != "--fused-attention-ab") {
+      return usage(argv[i]);
+    }
   }
   int steps = 20, warmup = 5;
   for (int i = 1; i + 1 < argc; ++i) {
@@ -527,6 +563,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--channels-last")) {
       resnet18_layouts(steps, warmup);
+      return 0;
+    }
+    if (!std::strcmp(argv[i], "--fused-attention-ab")) {
+      fused_attention_ab(steps, warmup);
       return 0;
     }
     // --check: the two rows tools/bench_check.sh compares with docs/benchmarks.md (1 thread).

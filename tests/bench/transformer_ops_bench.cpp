@@ -2,7 +2,9 @@
 // masked-LM head over 146 positions of a 30522-word vocabulary) that is not a matrix product, op by
 // op, chorus against libtorch 1.13 in the same process at 1 thread: ms per call (median of 21
 // after 5 warm-up calls) and the ratio. The whole-step benchmark (train_step_bench) moves by 10-30%
-// between runs on a shared VM; op against op in one process says which op to work on.
+// between runs on a shared VM; op against op in one process says which op to work on. One row is
+// not BERT's: GPT-2 small's causal attention at 2 x 1024 tokens (the fused CPU attention's case,
+// nn/functional/attention.cpp; libtorch's side takes seconds a call).
 //
 //   bazel run -c opt //tests/bench:transformer_ops_bench
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -86,6 +89,12 @@ int main(int argc, char** argv) {
   auto [dctx, tdctx] = both({b, t, h});
   Tensor lg = logits.detach().requires_grad_(true);
   torch::Tensor tlg = tlogits.detach().requires_grad_(true);
+  const Shape gpt_heads{2, 12, 1024, 64};
+  Tensor gq = randn(gpt_heads).requires_grad_(true), gk = randn(gpt_heads).requires_grad_(true),
+         gv = randn(gpt_heads).requires_grad_(true), gctx = randn(gpt_heads);
+  auto torch_heads = [] { return torch::randn({2, 12, 1024, 64}).requires_grad_(true); };
+  torch::Tensor tgq = torch_heads(), tgk = torch_heads(), tgv = torch_heads(), tgctx = torch::randn({2, 12, 1024, 64});
+  torch::Tensor tcausal = torch::ones({1024, 1024}, torch::kBool).triu(1);
   NoGradGuard no_grad_outside;  // rows that time a backward turn grad mode on themselves
   std::printf("BERT-mini's non-GEMM work, float32, 1 thread, ms per call (median of %d after 5)\n\n", reps);
   const std::vector<Row> rows = {
@@ -139,6 +148,20 @@ int main(int argc, char** argv) {
          torch::Tensor scores = torch::matmul(split(0), split(1).transpose(-1, -2)) / std::sqrt(64.0);
          torch::Tensor probs = torch::dropout(scores.softmax(-1), 0.1, true);
          torch::matmul(probs, split(2)).transpose(1, 2).reshape({b, t, h}).backward(tdctx);
+       }},
+      // GPT-2 small's causal attention at 2 x 1024 tokens (12 heads of 64): the scores are 24 x 4 MiB.
+      {"causal attention forward + backward, [2, 12, 1024, 64], dropout 0.1",
+       [&] {
+         EnableGradGuard on;
+         Tensor ctx = F::scaled_dot_product_attention(gq, gk, gv, {.dropout_p = 0.1, .is_causal = true});
+         ctx.backward(gctx);
+       },
+       [&] {
+         torch::AutoGradMode on(true);
+         torch::Tensor scores = torch::matmul(tgq, tgk.transpose(-1, -2)) / 8.0;
+         scores = scores.masked_fill(tcausal, -std::numeric_limits<float>::infinity());
+         torch::Tensor weights = torch::dropout(scores.softmax(-1), 0.1, true);
+         torch::matmul(weights, tgv).backward(tgctx);
        }},
       {"transpose copy [1024, 768] -> [768, 1024]", [&] { out = dy768.t().contiguous(); },
        [&] { tout = tdy768.t().contiguous(); }},

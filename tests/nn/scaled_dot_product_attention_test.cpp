@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "autograd/gradcheck.h"
+#include "autograd/node.h"
 #include "nn/nn.h"
 #include "tensor/ops.h"
 #include "tests/nn/reference.h"
@@ -319,6 +320,149 @@ TEST_CASE("MultiheadAttention without weights (through scaled_dot_product_attent
     check_close(mha.forward(x, x, x, {}, false, {}, true, true).output,
                 doubles(mha.forward(x, x, x, {}, true, {}, true, true).output), 1e-12);
   }
+}
+
+// [Fused CPU attention] (nn/functional/attention.cpp): float32 on the CPU runs each block of query
+// rows in one pass (kernels/cpu/attention.cpp); CHORUS_FUSED_ATTENTION=0 keeps the composite of
+// basic ops, whose draws, softmax and products it repeats. Both against each other and against the
+// composite in float64 (which never fuses), values and every gradient, over the cases the fused
+// path takes: heads permuted out of [B, T, H, d], additive, boolean and broadcast masks, a fully
+// masked row, is_causal with L < S and L > S, several row blocks (S = 5000: 16 rows a block),
+// dropout from one seeded generator, a scale that is not a power of two, 2-D inputs, 2 threads.
+namespace {
+
+struct FusedCase {
+  const char* name;
+  Shape q, k, v;
+  int mask = 0;  // 0 none, 1 additive [B, 1, 1, S] with -1e9 entries, 2 bool [L, S], 3 -inf row, 4 additive [1, S]
+  bool causal = false, permuted = false;
+  double dropout = 0.0;
+  int threads = 1;
+  bool key_grad = true;
+};
+
+struct FusedRun {
+  TensorList values;  // output, then the gradients of q, k (when it needs one) and v
+  std::string node;
+};
+
+FusedRun run_attention(const FusedCase& c, bool fused, DType dtype) {
+  const char* old = std::getenv("CHORUS_FUSED_ATTENTION");
+  const std::string saved = old ? old : "";
+  setenv("CHORUS_FUSED_ATTENTION", fused ? "1" : "0", 1);
+  const int threads_before = get_num_threads();
+  set_num_threads(c.threads);
+  Generator g(5);
+  auto input = [&](const Shape& s, bool grad) {
+    Tensor t;
+    if (c.permuted) {  // [B, H, T, d] viewed out of a [B, T, H, d] tensor
+      t = randn({s[0], s[2], s[1], s[3]}, {.dtype = kFloat64}, &g).to(dtype).permute({0, 2, 1, 3});
+    } else {
+      t = randn(s, {.dtype = kFloat64}, &g).to(dtype);
+    }
+    return grad ? t.detach().requires_grad_(true) : t.detach();
+  };
+  Tensor q = input(c.q, true), k = input(c.k, c.key_grad), v = input(c.v, true);
+  const int64_t L = c.q[c.q.size() - 2], S = c.k[c.k.size() - 2];
+  Tensor mask;
+  if (c.mask == 1) {
+    mask = mul(lt(rand({c.q[0], 1, 1, S}, {}, &g), 0.3).to(dtype), -1e9);
+  } else if (c.mask == 2) {
+    mask = random_bool_mask({L, S}, g);
+  } else if (c.mask == 3) {
+    Tensor m = randn({c.q[0], c.q[1], L, S}, {.dtype = kFloat64}, &g).to(dtype);
+    m.select(2, 1).fill_(-kInf);  // query row 1 of every head may attend to no key
+    mask = m;
+  } else if (c.mask == 4) {
+    mask = randn({1, S}, {.dtype = kFloat64}, &g).to(dtype);
+  }
+  Generator drop(123);
+  Tensor out = F::scaled_dot_product_attention(q, k, v, {.attn_mask = mask, .dropout_p = c.dropout,
+                                                         .is_causal = c.causal, .generator = &drop});
+  Shape out_shape = out.sizes();
+  Tensor weight = randn(out_shape, {.dtype = kFloat64}, &g).to(dtype);
+  FusedRun r;
+  r.node = out.grad_fn() ? out.grad_fn()->name() : "";
+  mul(out, weight).sum().backward();
+  r.values = {out.detach(), q.grad()};
+  if (c.key_grad) r.values.push_back(k.grad());
+  else CHECK_FALSE(k.grad().defined());
+  r.values.push_back(v.grad());
+  set_num_threads(threads_before);
+  if (old) setenv("CHORUS_FUSED_ATTENTION", saved.c_str(), 1);
+  else unsetenv("CHORUS_FUSED_ATTENTION");
+  return r;
+}
+
+double max_abs_of(const Tensor& t) { return t.numel() == 0 ? 0.0 : abs(t.to(kFloat64)).max().item<double>(); }
+
+}  // namespace
+
+TEST_CASE("the fused CPU attention equals the composite: values and gradients, masks, causal blocks, dropout",
+          "[nn][sdpa][fused]") {
+  const FusedCase cases[] = {
+      {"BERT-like: permuted heads, additive [B,1,1,S] mask, dropout 0.2", {2, 3, 10, 8}, {2, 3, 10, 8}, {2, 3, 10, 8}, 1,
+       false, true, 0.2},
+      {"bool [L,S] mask, E = 5 (scale 1/sqrt(5)), Ev = 3", {2, 2, 7, 5}, {2, 2, 9, 5}, {2, 2, 9, 3}, 2},
+      {"a fully masked query row", {1, 2, 4, 4}, {1, 2, 6, 4}, {1, 2, 6, 4}, 3},
+      {"causal, L < S, 3 row blocks of 16", {1, 2, 40, 4}, {1, 2, 5000, 4}, {1, 2, 5000, 4}, 0, true, false, 0.1},
+      {"causal, L > S", {1, 2, 50, 4}, {1, 2, 30, 4}, {1, 2, 30, 4}, 0, true},
+      {"row blocks without causal, a broadcast [1,S] mask, dropout 0.1", {1, 1, 40, 4}, {1, 1, 5000, 4}, {1, 1, 5000, 4}, 4,
+       false, false, 0.1},
+      {"16 heads on 2 threads, causal, dropout 0.3", {4, 4, 16, 8}, {4, 4, 16, 8}, {4, 4, 16, 8}, 0, true, false, 0.3, 2},
+      {"2-D inputs, the key needing no gradient", {6, 4}, {9, 4}, {9, 4}, 0, false, false, 0.0, 1, false},
+  };
+  for (const FusedCase& c : cases) {
+    INFO(c.name);
+    const FusedRun fused = run_attention(c, true, kFloat32), composite = run_attention(c, false, kFloat32),
+                   exact = run_attention(c, false, kFloat64);
+    // The fused path ran (its own backward node), the composite did not.
+    CHECK(fused.node == "ScaledDotProductAttentionBackward");
+    CHECK(composite.node != "ScaledDotProductAttentionBackward");
+    REQUIRE(fused.values.size() == composite.values.size());
+    for (size_t i = 0; i < fused.values.size(); ++i) {
+      INFO("tensor " << i << " (output, then the gradients)");
+      REQUIRE(fused.values[i].sizes() == composite.values[i].sizes());
+      // float32: the products round differently when a block is a part of the scores; sums over
+      // up to 5000 keys of softmax weights stay within a few units of float32's last place.
+      const double scale = std::max(1.0, max_abs_of(exact.values[i]));
+      const double vs_composite = max_abs_of(sub(fused.values[i].to(kFloat64), composite.values[i].to(kFloat64)));
+      const double vs_exact = max_abs_of(sub(fused.values[i].to(kFloat64), exact.values[i]));
+      const double composite_vs_exact = max_abs_of(sub(composite.values[i].to(kFloat64), exact.values[i]));
+      CHECK(vs_composite <= 2e-5 * scale);
+      // (float64's dropout draws other numbers than float32's: no exact reference with dropout.)
+      if (c.dropout == 0.0) {
+        CHECK(vs_exact <= 2e-5 * scale);
+        CHECK(composite_vs_exact <= 2e-5 * scale);
+      }
+    }
+    // The fully masked row: zeros in the output and in the query's gradient.
+    if (c.mask == 3) {
+      CHECK(max_abs_of(fused.values[0].select(2, 1)) == 0.0);
+      CHECK(max_abs_of(fused.values[1].select(2, 1)) == 0.0);
+    }
+  }
+}
+
+// Without CHORUS_FUSED_ATTENTION the fused path runs for is_causal where a head's scores exceed one
+// block of 64 K floats (long causal sequences, whose blocks skip keys), and nowhere else: it
+// measured no faster at BERT's 128 tokens nor without the causal mask.
+TEST_CASE("the fused CPU attention runs by default only for long causal sequences", "[nn][sdpa][fused]") {
+  const char* old = std::getenv("CHORUS_FUSED_ATTENTION");
+  const std::string saved = old ? old : "";
+  unsetenv("CHORUS_FUSED_ATTENTION");
+  auto node = [](int64_t L, int64_t S, DType dtype, bool causal = true) {
+    Tensor q = randn({1, 2, L, 8}, {.dtype = dtype}).requires_grad_(true);
+    Tensor kv = randn({1, 2, S, 8}, {.dtype = dtype});
+    return F::scaled_dot_product_attention(q, kv, kv, {.is_causal = causal}).grad_fn()->name();
+  };
+  CHECK(node(128, 128, kFloat32) != "ScaledDotProductAttentionBackward");
+  CHECK(node(256, 256, kFloat32) != "ScaledDotProductAttentionBackward");  // exactly one block
+  CHECK(node(257, 256, kFloat32) == "ScaledDotProductAttentionBackward");
+  CHECK(node(1024, 1024, kFloat32) == "ScaledDotProductAttentionBackward");
+  CHECK(node(1024, 1024, kFloat64) != "ScaledDotProductAttentionBackward");  // float32 only
+  CHECK(node(1024, 1024, kFloat32, false) != "ScaledDotProductAttentionBackward");  // causal only
+  if (old) setenv("CHORUS_FUSED_ATTENTION", saved.c_str(), 1);
 }
 
 }  // namespace chorus
