@@ -71,11 +71,13 @@ int64_t block_rows(int64_t L, int64_t S) { return std::min(L, std::max<int64_t>(
 // attends to keys 0..r, top-left aligned as PyTorch's is_causal).
 int64_t block_keys(bool causal, int64_t r1, int64_t S) { return causal ? std::min(r1, S) : S; }
 
-// Heads one per thread when there are enough of them and each is small (as bmm does), else in
-// turn with every thread inside the products.
+// Heads one per thread when there are enough of them and each is small (as bmm does), or when
+// there are at least 4 per thread (GPT-2's 24 heads of 1024 x 1024 scores on 2 threads: 84-86 ms
+// against 131-147 with the heads in turn, docs/data/fused_attention_2026-12-02.txt), else in turn
+// with every thread inside the products (the row passes then run on one).
 template <typename F>
 void for_each_head(int64_t heads, int64_t flops_per_head, int64_t rows, int64_t S, const F& f) {
-  if (heads >= num_threads() && flops_per_head < (int64_t{1} << 22)) {
+  if ((heads >= num_threads() && flops_per_head < (int64_t{1} << 22)) || heads >= 4 * num_threads()) {
     parallel_for(0, heads, 1, [&](int64_t lo, int64_t hi) {
       Scratch scratch(rows, S);
       for (int64_t i = lo; i < hi; ++i) f(i, scratch);
