@@ -178,9 +178,29 @@ count_failed() { awk -F'\t' '$3 == "failed"' "$results" | wc -l; }
 # Runs one phase: `bazel [--output_base=BASE] test CONFIG... ARGS...`, its output to the console
 # and $output, then counts. BASE "" is the workspace's own output base; CONFIG (the global array
 # $config) are the flags that pick the output tree, which `bazel info` needs too.
+# [Stale libomp registrations] clang's OpenMP runtime (libomp, in the sanitizer builds) registers
+# each process in /dev/shm/__KMP_REGISTERED_LIB_<pid>_<uid> and removes the file at exit; a process
+# killed by a signal (the tests' stopped ranks and launchers) leaves it. With pid_max 32768 a later
+# process gets that pid, finds the file naming a library it has not loaded, and aborts with "OMP:
+# Error #15: Initializing libomp.so.5, but found unknown library already initialized": on
+# 2026-12-02 199 such files had built up on this machine over a day of runs, and an ASan phase
+# failed 4 multi-process tests that way. So every phase starts by removing the files of pids that
+# are not running.
+clear_stale_omp_registrations() {
+  local f pid
+  for f in /dev/shm/__KMP_REGISTERED_LIB_*; do
+    [[ -e "$f" ]] || continue
+    pid="${f#/dev/shm/__KMP_REGISTERED_LIB_}"
+    pid="${pid%%_*}"
+    [[ "$pid" =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null && rm -f "$f"
+  done
+  return 0
+}
+
 phase() {
   local name="$1" base="$2" start testlogs code
   shift 2
+  clear_stale_omp_registrations
   local startup=()
   [[ -n "$base" ]] && startup=(--output_base="$base")
   start=$SECONDS
