@@ -287,6 +287,63 @@ double bf16_ratio(const Tensor& actual, const Tensor& expected, const Tensor& in
   return max_abs(actual.cpu() - expected.cpu()) / (0.05 * moved);
 }
 
+// Clipping at a norm below the gradients' (about 1-3 here), so that it scales every step.
+constexpr double kMaxNorm = 0.25;
+
+// [One reference per model] What single-process training of a workload gives, step by step: the
+// losses, the gradient norms (with clipping), the evaluation loss after training, and the initial
+// and trained parameters. It depends on the model, autocast and clipping only, not on the plan,
+// the micro-batches, the schedule, recomputation or the stages' device, so each worker trains it
+// once per (model, bf16, clip) and every config of its job that shares those compares with the
+// same one. (Each rank trains the whole model on the whole batch, so recomputing it per config made
+// the reference most of a job's work: 6 configs on 4 ranks trained it 24 times.)
+struct Reference {
+  std::vector<double> losses, grad_norms;
+  double eval_loss = 0;
+  std::map<std::string, Tensor> initial;
+  nn::NamedTensors trained;
+};
+
+const Reference& reference_of(const std::string& kind, bool bf16, bool clip, int64_t global, int steps) {
+  static std::map<std::string, Reference> memo;
+  const std::string key = fmt::format("{}/bf16={}/clip={}/{}x{}", kind, bf16, clip, global, steps);
+  if (auto it = memo.find(key); it != memo.end()) return it->second;
+  Reference r;
+  Workload ref = make_workload(kind, 42, bf16 ? kFloat32 : kFloat64);
+  for (auto& [n, t] : ref.root->state_dict()) r.initial[n] = t.clone();
+  optim::SGD ref_opt(ref.root->parameters(), sgd_options());
+  for (int step = 0; step < steps; ++step) {
+    TensorList x, y;
+    ref.data(global, 100 + step, x, y);
+    ref_opt.zero_grad();
+    Tensor loss;
+    {
+      std::optional<autocast::AutocastGuard> amp;
+      if (bf16) amp.emplace(DeviceType::CPU, kBFloat16);
+      loss = ref.reference_loss(x, y);
+    }
+    loss.backward();
+    if (clip) {
+      const double norm = optim::clip_grad_norm_(ref.root->parameters(), kMaxNorm);
+      check(norm > kMaxNorm, fmt::format("{} step {}: the gradient norm {} does not exceed the clipping norm", key, step, norm));
+      r.grad_norms.push_back(norm);
+    }
+    ref_opt.step();
+    r.losses.push_back(loss.item<double>());
+  }
+  {
+    TensorList x, y;
+    ref.data(global, 999, x, y);
+    ref.root->eval();
+    NoGradGuard no_grad;
+    std::optional<autocast::AutocastGuard> amp;
+    if (bf16) amp.emplace(DeviceType::CPU, kBFloat16);
+    r.eval_loss = ref.reference_loss(x, y).item<double>();
+  }
+  for (auto& [n, t] : ref.root->state_dict()) r.trained.emplace_back(n, t.clone());
+  return memo.emplace(key, std::move(r)).first->second;
+}
+
 void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string& config) {
   // model/replicas/M/schedule
   std::vector<std::string> parts;
@@ -312,12 +369,9 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   // bf16: float32 models, every stage's forward and the reference's under bfloat16 autocast.
   const DType dtype = bf16 ? kFloat32 : kFloat64;
   Workload work = make_workload(kind, 42, dtype);
-  Workload ref = make_workload(kind, 42, dtype);
-  Workload plain = make_workload(kind, 42, dtype);  // bf16: the same without autocast, to see it took effect
-  std::map<std::string, Tensor> initial;
-  for (auto& [n, t] : ref.root->state_dict()) initial[n] = t.clone();
+  const Reference& ref = reference_of(kind, bf16, clip, global, steps);
   auto compare = [&](const std::string& name, const Tensor& p, const Tensor& r) {
-    return bf16 ? bf16_ratio(p, r, initial.at(name)) : param_ratio(p, r);
+    return bf16 ? bf16_ratio(p, r, ref.initial.at(name)) : param_ratio(p, r);
   };
   const int L = static_cast<int>(work.model.size());
   work.root->to(device);  // the stages train there; the reference on the CPU
@@ -325,13 +379,10 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   PipelineOptions options;
   options.recompute = recompute;
   if (bf16) options.autocast = kBFloat16;
-  // Clipping at a norm below the gradients' (about 1-3 here), so that it scales every step.
-  constexpr double kMaxNorm = 0.25;
   if (clip) options.max_grad_norm = kMaxNorm;
   PipelineStage stage(std::move(work.model), plan, pg, options);
   work.root.reset();  // the stage holds its own blocks only
   optim::SGD opt(stage.parameters(), sgd_options());
-  optim::SGD ref_opt(ref.root->parameters(), sgd_options());
   const std::string tag = fmt::format("[{} stage {} replica {}]", config, stage.stage(), stage.replica());
   // Tied parameters: on the first and last stages of a language model, nowhere else.
   const std::string tied = tied_name(kind);
@@ -345,28 +396,19 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
     work.data(global, 100 + step, x, y);
     // Only the ranks that need them get the tensors (the others pass empty lists).
     StepStats st = stage.train_step(stage.is_first() ? x : TensorList{}, stage.is_last() ? y : TensorList{}, work.loss, opt);
-    ref_opt.zero_grad();
-    Tensor ref_loss;
-    {
-      std::optional<autocast::AutocastGuard> amp;
-      if (bf16) amp.emplace(DeviceType::CPU, kBFloat16);
-      ref_loss = ref.reference_loss(x, y);
-    }
     if (bf16 && step == 0) {
+      // The same model without autocast, to see it took effect.
       NoGradGuard no_grad;
-      const double f32 = plain.reference_loss(x, y).item<double>();
+      const double f32 = make_workload(kind, 42, dtype).reference_loss(x, y).item<double>();
       check(std::abs(f32 - st.loss) > 1e-6 * std::abs(f32),
             fmt::format("{}: the pipeline's loss {:.9g} equals float32's {:.9g}: autocast did not take effect", tag, st.loss, f32));
     }
-    ref_loss.backward();
     if (clip) {
-      const double norm = optim::clip_grad_norm_(ref.root->parameters(), kMaxNorm);
-      check(norm > kMaxNorm, fmt::format("{} step {}: the gradient norm {} does not exceed the clipping norm", tag, step, norm));
+      const double norm = ref.grad_norms.at(step);
       check(std::abs(st.grad_norm - norm) <= 1e-10 * norm,
             fmt::format("{} step {}: gradient norm {:.17g}, single-process {:.17g}", tag, step, st.grad_norm, norm));
     }
-    ref_opt.step();
-    const double want = ref_loss.item<double>();
+    const double want = ref.losses.at(step);
     // bf16: the micro-batches' GEMMs round in bfloat16 with other shapes than the whole batch's.
     check(std::abs(st.loss - want) <= (bf16 ? 1e-2 : 1e-9) * std::abs(want),
           fmt::format("{} step {}: loss {:.17g}, single-process {:.17g}", tag, step, st.loss, want));
@@ -383,15 +425,7 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
     nn::NamedTensors before_eval = stage.state_dict();  // copies (state_dict shares storage)
     for (auto& [name, t] : before_eval) t = t.cpu().clone();
     EvalStats ev = stage.eval_step(stage.is_first() ? x : TensorList{}, stage.is_last() ? y : TensorList{}, work.loss);
-    ref.root->eval();
-    double want = 0;
-    {
-      NoGradGuard no_grad;
-      std::optional<autocast::AutocastGuard> amp;
-      if (bf16) amp.emplace(DeviceType::CPU, kBFloat16);
-      want = ref.reference_loss(x, y).item<double>();
-    }
-    ref.root->train();
+    const double want = ref.eval_loss;
     check(std::abs(ev.loss - want) <= (bf16 ? 1e-2 : 1e-10) * std::abs(want),
           fmt::format("{} eval: loss {:.17g}, single-process {:.17g}", tag, ev.loss, want));
     check(ev.outputs.size() == (stage.is_last() ? static_cast<size_t>(M) : 0u),
@@ -404,7 +438,7 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
     }
   }
   // This rank's parameters against the reference's of the same name.
-  nn::NamedTensors want_state = ref.root->state_dict();
+  const nn::NamedTensors& want_state = ref.trained;
   auto find = [&](const std::string& name) {
     for (auto& [n, t] : want_state) if (n == name) return t;
     fail("pipeline_worker: the reference has no '{}'", name);
