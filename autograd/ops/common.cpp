@@ -1,5 +1,9 @@
 #include "autograd/ops/common.h"
 
+#include <algorithm>
+#include <memory>
+#include <vector>
+
 namespace chorus::ops {
 
 void check_defined(const Tensor& t, const char* op, const char* arg) {
@@ -80,6 +84,29 @@ MemoryFormat output_format(const Shape& shape, std::initializer_list<const Tenso
 
 Tensor new_output(const Shape& shape, DType dtype, Device device, std::initializer_list<const Tensor*> inputs) {
   return make_tensor(shape, dtype, device, output_format(shape, inputs));
+}
+
+Tensor new_output_like(const Shape& shape, const Strides& strides, DType dtype, Device device) {
+  const size_t n = shape.size();
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  // Outermost first; ties (and size-1 dims, whose stride means nothing) keep their order.
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    const int64_t sx = shape[x] == 1 ? 0 : strides[x], sy = shape[y] == 1 ? 0 : strides[y];
+    return sx > sy;
+  });
+  Strides dense_strides(n);
+  int64_t expected = 1;
+  bool dense = true;
+  for (size_t i = n; i-- > 0;) {
+    const size_t d = order[i];
+    if (shape[d] != 1 && strides[d] != expected) dense = false;
+    dense_strides[d] = expected;
+    expected *= shape[d];
+  }
+  if (!dense || is_contiguous_strides(shape, dense_strides)) return new_output(shape, dtype, device);
+  const Tensor flat = new_output({numel_of(shape)}, dtype, device);
+  return Tensor(std::make_shared<TensorImpl>(flat.storage(), 0, shape, dense_strides, dtype));
 }
 
 std::string dtypes_str(const Tensor& a, const Tensor& b) {

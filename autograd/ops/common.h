@@ -52,6 +52,11 @@ Tensor new_output(const Shape& shape, DType dtype, Device device);
 Tensor new_output(const Shape& shape, DType dtype, Device device, std::initializer_list<const Tensor*> inputs);
 // The layout that rule picks.
 MemoryFormat output_format(const Shape& shape, std::initializer_list<const Tensor*> inputs);
+// Allocates an output of `shape` in the memory order `strides` give it when they are dense and do
+// not overlap (a permutation of a contiguous tensor's: the heads of a [B, T, H, d] projection viewed
+// as [B, H, T, d]), else contiguous: a result or gradient laid out like the tensor it mirrors, so
+// that the permute and reshape around it stay views (PyTorch's empty_like keeps such a layout too).
+Tensor new_output_like(const Shape& shape, const Strides& strides, DType dtype, Device device);
 
 std::string dtypes_str(const Tensor& a, const Tensor& b);
 

@@ -204,38 +204,13 @@ struct Geometry {
   Strides strides;
 };
 
-// A new tensor of geom's shape in geom's memory order when that geometry is dense and does not
-// overlap (a permutation of a contiguous tensor's), else contiguous.
-Tensor new_output_like(const Geometry& geom, DType dtype, Device device) {
-  const size_t n = geom.sizes.size();
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; ++i) order[i] = i;
-  // Outermost first; ties (and size-1 dims, whose stride means nothing) keep their order.
-  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    const int64_t sx = geom.sizes[x] == 1 ? 0 : geom.strides[x], sy = geom.sizes[y] == 1 ? 0 : geom.strides[y];
-    return sx > sy;
-  });
-  Strides strides(n);
-  int64_t expected = 1;
-  bool dense = true;
-  for (size_t i = n; i-- > 0;) {
-    const size_t d = order[i];
-    if (geom.sizes[d] != 1 && geom.strides[d] != expected) dense = false;
-    strides[d] = expected;
-    expected *= geom.sizes[d];
-  }
-  if (!dense || is_contiguous_strides(geom.sizes, strides)) return new_output(geom.sizes, dtype, device);
-  const Tensor flat = new_output({numel_of(geom.sizes)}, dtype, device);
-  return restrided(flat, geom.sizes, strides, 0);
-}
-
 // a [batch..., n, m] @ b [batch..., m, p] with one batch shape (expanded already), not on CUDA; the
 // result is laid out like `layout` when given (a gradient like its input), else contiguous.
 Tensor strided_batched_matmul(const Tensor& a, const Tensor& b, const std::optional<Geometry>& layout) {
   const DType cd = product_dtype(a);
   Shape out_shape(a.sizes().begin(), a.sizes().end() - 1);
   out_shape.push_back(b.size(-1));
-  Tensor out = layout ? new_output_like(*layout, cd, a.device()) : new_output(out_shape, cd, a.device());
+  Tensor out = layout ? new_output_like(layout->sizes, layout->strides, cd, a.device()) : new_output(out_shape, cd, a.device());
   CHORUS_CHECK(out.sizes() == out_shape, "matmul: a gradient's layout has shape {}, expected {}",
                shape_str(out.sizes()), shape_str(out_shape));
   batched_product_kernel(out, cast(a, cd), cast(b, cd));

@@ -53,32 +53,6 @@ std::string shapes_given(const Tensor& q, const Tensor& k, const Tensor& v) {
   return fmt::format("query {}, key {}, value {}", shape_str(q.sizes()), shape_str(k.sizes()), shape_str(v.sizes()));
 }
 
-// A new tensor of t's shape laid out as t is when t is a dense permutation of its dims (the heads
-// of a [B, T, H, d] projection viewed as [B, H, T, d]), else contiguous: then the permute and
-// reshape back to [B, T, H * d] after the attention are views, and so are the gradients' before it.
-Tensor new_like(const Tensor& t) {
-  const int64_t n = t.dim();
-  std::vector<int64_t> order(static_cast<size_t>(n));
-  for (int64_t d = 0; d < n; ++d) order[static_cast<size_t>(d)] = d;
-  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
-    const int64_t sx = t.size(x) == 1 ? 0 : t.stride(x), sy = t.size(y) == 1 ? 0 : t.stride(y);
-    return sx > sy;
-  });
-  int64_t expected = 1;
-  for (int64_t i = n; i-- > 0;) {
-    const int64_t d = order[static_cast<size_t>(i)];
-    if (t.size(d) != 1 && t.stride(d) != expected) return empty(t.sizes(), {.dtype = t.dtype(), .device = t.device()});
-    expected *= t.size(d);
-  }
-  Shape permuted_sizes(static_cast<size_t>(n));
-  std::vector<int64_t> back(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    permuted_sizes[static_cast<size_t>(i)] = t.size(order[static_cast<size_t>(i)]);
-    back[static_cast<size_t>(order[static_cast<size_t>(i)])] = i;
-  }
-  return empty(permuted_sizes, {.dtype = t.dtype(), .device = t.device()}).permute(back);
-}
-
 // [Fused CPU attention] On the CPU, for float32 query, key and value with one batch shape (no
 // broadcasting between them) and unit last strides, an additive mask that needs no gradient (a
 // boolean one becomes 0 / -inf, which adds exactly as where() selects), or is_causal, and dropout
@@ -118,14 +92,17 @@ Tensor fused_cpu_attention(const Tensor& query, const Tensor& key, const Tensor&
   const Tensor probs = grad ? empty(score_shape, {.dtype = kFloat32}) : Tensor();
   Shape out_shape = query.sizes();
   out_shape.back() = value.size(-1);
-  const Tensor out = value.size(-1) == query.size(-1) ? new_like(query) : empty(out_shape, {.dtype = kFloat32});
+  // The output and the gradients laid out as the query and the inputs are (a permuted projection's
+  // heads), so that the permute and reshape around the attention stay views.
+  auto like = [](const Tensor& t) { return ops::new_output_like(t.sizes(), t.strides(), t.dtype(), t.device()); };
+  const Tensor out = value.size(-1) == query.size(-1) ? like(query) : empty(out_shape, {.dtype = kFloat32});
   kernels::cpu::attention_forward(query, key, value, mask, causal, scale, drop, out, probs);
   if (grad) {
     autograd::SavedTensor sq(query), sk(key), sv(value);
     autograd::record("ScaledDotProductAttentionBackward", {query, key, value}, {out},
-                     [sq, sk, sv, probs, drop, causal, scale](const TensorList& g) -> TensorList {
+                     [sq, sk, sv, probs, drop, causal, scale, like](const TensorList& g) -> TensorList {
                        const Tensor q = sq.unpack(kOp), k = sk.unpack(kOp), v = sv.unpack(kOp);
-                       Tensor dq = new_like(q), dk = new_like(k), dv = new_like(v);
+                       Tensor dq = like(q), dk = like(k), dv = like(v);
                        kernels::cpu::attention_backward(g[0], q, k, v, probs, drop, causal, scale, dq, dk, dv);
                        return {dq, dk, dv};
                      });
