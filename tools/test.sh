@@ -97,19 +97,22 @@ source tools/test_count.sh
 # $config) are the flags that pick the output tree, which `bazel info` needs too.
 # [Stale libomp registrations] clang's OpenMP runtime (libomp, in the sanitizer builds) registers
 # each process in /dev/shm/__KMP_REGISTERED_LIB_<pid>_<uid> and removes the file at exit; a process
-# killed by a signal (the tests' stopped ranks and launchers) leaves it. With pid_max 32768 a later
-# process gets that pid, finds the file naming a library it has not loaded, and aborts with "OMP:
-# Error #15: Initializing libomp.so.5, but found unknown library already initialized": on
-# 2026-12-02 199 such files had built up on this machine over a day of runs, and an ASan phase
-# failed 4 multi-process tests that way. So every phase starts by removing the files of pids that
-# are not running.
+# killed by a signal (the tests' stopped ranks and launchers) leaves it, and one killed between
+# creating the file and writing it leaves it empty, which makes every later process of that pid
+# abort with "OMP: Error #15: ... found unknown library already initialized". Sandboxed tests have a
+# /dev/shm of their own ([A /dev/shm per test], .bazelrc); the tests that run outside the sandbox
+# ("no-sandbox") and programs run by hand still write here, so every phase starts by removing the
+# files of pids that are not running and the empty ones (nothing else runs at that moment).
 clear_stale_omp_registrations() {
   local f pid
   for f in /dev/shm/__KMP_REGISTERED_LIB_*; do
     [[ -e "$f" ]] || continue
     pid="${f#/dev/shm/__KMP_REGISTERED_LIB_}"
     pid="${pid%%_*}"
-    [[ "$pid" =~ ^[0-9]+$ ]] && ! kill -0 "$pid" 2>/dev/null && rm -f "$f"
+    [[ "$pid" =~ ^[0-9]+$ ]] || continue
+    if ! kill -0 "$pid" 2>/dev/null || [[ -z "$(tr -d '\0' <"$f" 2>/dev/null)" ]]; then
+      rm -f "$f"
+    fi
   done
   return 0
 }
