@@ -51,10 +51,16 @@ struct Run {
   double seconds;
 };
 
-// `env` ("NAME=VALUE ..."): chorusrun's own environment.
+// `env` ("NAME=VALUE ..."): chorusrun's own environment. A single-node job without --master-port gets
+// a free one: chorusrun's default, 29500, is every such job's, so two of them at once (this test run
+// beside itself: --runs_per_test, tools/flake_check.sh) met at one store, one failing "cannot bind
+// port 29500" and the other's workers refused by a store of another job's token.
 Run run_env(const std::string& env, const std::string& args) {
   const auto start = std::chrono::steady_clock::now();
-  const std::string cmd = (env.empty() ? std::string() : "env " + env + " ") + launcher() + " " + args + " 2>&1";
+  const bool own_port = args.find("--master-port") == std::string::npos && args.find("--nnodes") == std::string::npos;
+  const std::string port = own_port ? "--master-port " + std::to_string(chorus::testing::free_port()) + " " : "";
+  const std::string cmd =
+      (env.empty() ? std::string() : "env " + env + " ") + launcher() + " " + port + args + " 2>&1";
   FILE* p = ::popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
   std::string out;
