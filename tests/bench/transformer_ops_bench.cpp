@@ -84,8 +84,15 @@ int main(int argc, char** argv) {
   torch::Tensor tout;
   Tensor xg = x.detach().requires_grad_(true), x4g = x4.detach().requires_grad_(true);
   torch::Tensor txg = tx.detach().requires_grad_(true), tx4g = tx4.detach().requires_grad_(true);
-  Tensor qkvg = qkv.detach().requires_grad_(true);
-  torch::Tensor tqkvg = tqkv.detach().requires_grad_(true);
+  // The attention row's q, k, v: three [8, 128, 256] leaves, as BERT's three Linear projections give
+  // (narrowing one [8, 128, 768] tensor would add three zero-filled full-size gradients to the
+  // backward that the model never makes).
+  std::vector<Tensor> qkv_g;
+  std::vector<torch::Tensor> tqkv_g;
+  for (int i = 0; i < 3; ++i) {
+    qkv_g.push_back(qkv.narrow(2, i * h, h).contiguous().detach().requires_grad_(true));
+    tqkv_g.push_back(tqkv.narrow(2, i * h, h).contiguous().detach().requires_grad_(true));
+  }
   auto [dctx, tdctx] = both({b, t, h});
   Tensor lg = logits.detach().requires_grad_(true);
   torch::Tensor tlg = tlogits.detach().requires_grad_(true);
@@ -133,18 +140,18 @@ int main(int argc, char** argv) {
            tout = tqkv.narrow(2, i * h, h).reshape({b, t, heads, h / heads}).transpose(1, 2).contiguous();
        }},
       // The whole attention between the projections and the output projection, as BERT runs it:
-      // the heads of q, k, v (views of [8, 128, 256] projections), scores, softmax, dropout, the
+      // the heads of q, k, v (views of three [8, 128, 256] projections), scores, softmax, dropout, the
       // context back to [8, 128, 256], and the backward of all of it to the projections.
       {"attention forward + backward, heads of [8, 128, 3 x 256]",
        [&] {
          EnableGradGuard on;
-         auto split = [&](int i) { return qkvg.narrow(2, i * h, h).reshape({b, t, heads, h / heads}).permute({0, 2, 1, 3}); };
+         auto split = [&](int i) { return qkv_g[i].reshape({b, t, heads, h / heads}).permute({0, 2, 1, 3}); };
          Tensor ctx = F::scaled_dot_product_attention(split(0), split(1), split(2), {.dropout_p = 0.1});
          ctx.permute({0, 2, 1, 3}).reshape({b, t, h}).backward(dctx);
        },
        [&] {
          torch::AutoGradMode on(true);
-         auto split = [&](int i) { return tqkvg.narrow(2, i * h, h).view({b, t, heads, h / heads}).transpose(1, 2); };
+         auto split = [&](int i) { return tqkv_g[i].view({b, t, heads, h / heads}).transpose(1, 2); };
          torch::Tensor scores = torch::matmul(split(0), split(1).transpose(-1, -2)) / std::sqrt(64.0);
          torch::Tensor probs = torch::dropout(scores.softmax(-1), 0.1, true);
          torch::matmul(probs, split(2)).transpose(1, 2).reshape({b, t, h}).backward(tdctx);
