@@ -58,20 +58,23 @@ read_run() {
     failed_before="$(count_failed)"
     # Not built or not run: a log there (if any) is from an earlier build; do not read it.
     if [[ "$status" != "NO STATUS" && "$status" != "FAILED TO BUILD" ]]; then
-      # One log per target, or one per shard / run: shard_i_of_S/, run_j_of_R/ or both nested,
-      # S x R of them. Folders of another count stay behind from earlier invocations (a
-      # --runs_per_test=24 hunt for a flake, a shard count since changed) and are not read: a cached
-      # result leaves the target's own test.log as old as it was, so their age does not tell them
-      # apart (on 2026-12-02 a cached tsan phase counted session 37's 84 runs of data_test).
+      # One log per target, or one per shard / run: shard_i_of_S/, run_j_of_R/, or
+      # shard_i_of_S_run_j_of_R/ (Bazel's name for both), S x R of them. Folders of another count stay
+      # behind from earlier invocations (a --runs_per_test=24 hunt for a flake, a shard count since
+      # changed) and are not read: a cached result leaves the target's own test.log as old as it
+      # was, so their age does not tell them apart (on 2026-12-02 a cached tsan phase counted session
+      # 37's 84 runs of data_test; later that day an ASan phase read a sharded target's
+      # shard_i_of_3_run_j_of_3 folders, left by a flake check, as 3 shards: its cases 4 times each).
       n="${runs[$label]:-1}"
       logs=()
       if ((n > 1)); then
         for log in "$dir"/shard_*_of_*/test.log "$dir"/run_*_of_*/test.log "$dir"/shard_*_of_*/run_*_of_*/test.log; do
           [[ -f "$log" ]] || continue
-          m=1
+          m=1  # the product of every _of_N in the log's path below $dir
           rel="${log#"$dir"/}"
-          for part in ${rel//\// }; do
-            [[ "$part" =~ _of_([0-9]+)$ ]] && m=$((m * BASH_REMATCH[1]))
+          while [[ "$rel" =~ _of_([0-9]+)(.*)$ ]]; do
+            m=$((m * BASH_REMATCH[1]))
+            rel="${BASH_REMATCH[2]}"
           done
           ((m == n)) && logs+=("$log")
         done

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # tools/test.sh's count (tools/test_count.sh) on a Bazel output and test logs made up here: every
 # status-line form Bazel prints (plain, "(cached)", "(2/3 cached)" for a sharded target whose
-# shards were partly reused, FAILED, FAILED TO BUILD), shard logs, a log left by an earlier
-# --runs_per_test beside a cached result (not read), a case that never ended, a CHORUS-SKIP, and a
+# shards were partly reused, FAILED, FAILED TO BUILD), shard logs, shard-and-run logs
+# (shard_i_of_S_run_j_of_R), logs left by an earlier --runs_per_test beside a cached result (not
+# read, sharded or not), a case that never ended, a CHORUS-SKIP, and a
 # passing test that is not a Catch2 binary. Each made-up case is counted once, as what it is. (A
 # FLAKY target, which only a --flaky_test_attempts run can give, counts its failed attempt as a
 # failure: tools/test.sh treats a flake as a defect.)
@@ -43,6 +44,10 @@ INFO: Build completed, 1 test FAILED, 9 total actions
 //tests/c:broken_test                                  FAILED TO BUILD
 //tests/c:flaky_test                                   FLAKY, failed in 1 out of 2 in 2.0s
   Stats over 2 runs: max = 2.0s, min = 1.0s, avg = 1.5s, dev = 0.5s
+//tests/d:sharded_stale_test                           (cached) PASSED in 2.0s
+  Stats over 2 runs: max = 2.0s, min = 1.0s, avg = 1.5s, dev = 0.5s
+//tests/d:shards_runs_test                                      PASSED in 2.0s
+  Stats over 4 runs: max = 2.0s, min = 1.0s, avg = 1.5s, dev = 0.5s
 OUT
 for s in 1 2 3; do
   write_log "tests/a/sharded_test/shard_${s}_of_3" "$(case_lines passed "s$s one")" "$(case_lines passed "s$s two")"
@@ -59,6 +64,18 @@ write_log tests/c/part_test/shard_2_of_2 "$(case_lines failed "p two")"
 write_log tests/c/broken_test "$(case_lines passed "from an earlier build")"
 write_log tests/c/flaky_test/run_1_of_2 "$(case_lines failed "sometimes")"
 write_log tests/c/flaky_test/run_2_of_2 "$(case_lines passed "sometimes")"
+# Two shards now; beside them shard_i_of_2_run_j_of_2 folders of an earlier --runs_per_test=2 (as
+# many runs as shards: only the product of the two counts tells them apart).
+write_log tests/d/sharded_stale_test/shard_1_of_2 "$(case_lines passed "d one")"
+write_log tests/d/sharded_stale_test/shard_2_of_2 "$(case_lines passed "d two")"
+write_log tests/d/sharded_stale_test/shard_1_of_2_run_1_of_2 "$(case_lines failed "d one")"
+write_log tests/d/sharded_stale_test/shard_2_of_2_run_2_of_2 "$(case_lines failed "d gone since")"
+# Two shards x two runs now: Bazel's folders shard_i_of_2_run_j_of_2, each read.
+for sh in 1 2; do
+  for run in 1 2; do
+    write_log "tests/d/shards_runs_test/shard_${sh}_of_2_run_${run}_of_2" "$(case_lines passed "sr $sh")"
+  done
+done
 
 read_run x "$logs" >"$work/printed"
 
@@ -82,6 +99,12 @@ x	//tests/c: p two	failed
 x	//tests/c:broken_test (FAILED TO BUILD)	failed
 x	//tests/c: sometimes	failed
 x	//tests/c: sometimes	passed
+x	//tests/d: d one	passed
+x	//tests/d: d two	passed
+x	//tests/d: sr 1	passed
+x	//tests/d: sr 1	passed
+x	//tests/d: sr 2	passed
+x	//tests/d: sr 2	passed
 EXP
 status=0
 if ! diff <(sort "$expected") <(sort "$results"); then
@@ -89,8 +112,8 @@ if ! diff <(sort "$expected") <(sort "$results"); then
   status=1
 fi
 summary="$(summarize_phase x)"
-if [[ "$summary" != "x: 12 passed, 5 failed, 1 skipped" ]]; then
-  echo "FAILED: summarize_phase gave '$summary', expected 'x: 12 passed, 5 failed, 1 skipped'"
+if [[ "$summary" != "x: 18 passed, 5 failed, 1 skipped" ]]; then
+  echo "FAILED: summarize_phase gave '$summary', expected 'x: 18 passed, 5 failed, 1 skipped'"
   status=1
 fi
 grep -q "needs a GPU: CHORUS-SKIP: no GPU here" "$work/printed" || { echo "FAILED: the skip reason was not printed"; status=1; }
