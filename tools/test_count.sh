@@ -68,7 +68,7 @@ read_run() {
       n="${runs[$label]:-1}"
       logs=()
       if ((n > 1)); then
-        for log in "$dir"/shard_*_of_*/test.log "$dir"/run_*_of_*/test.log "$dir"/shard_*_of_*/run_*_of_*/test.log; do
+        for log in "$dir"/shard_*_of_*/test.log "$dir"/run_*_of_*/test.log; do
           [[ -f "$log" ]] || continue
           m=1  # the product of every _of_N in the log's path below $dir
           rel="${log#"$dir"/}"
