@@ -367,6 +367,7 @@ void GlooStreamCommunicator::group_end() {
   // - allocating page-locked memory is an implicit device synchronization: the pool allocates
   //   rarely (PinnedPool), never per collective.
   const uint32_t sequence = worker.next_sequence();
+  const StreamDeviceGuard on_device(stream);
   for (const StagedTensor& t : staged_tensors) {
     rt.memcpy_async(t.host.raw_data_ptr(), t.device.raw_data_ptr(), static_cast<size_t>(t.device.nbytes()),
                     CopyKind::DeviceToHost, stream.handle());

@@ -24,6 +24,7 @@ const char* name(Point p) {
     case Point::kSimFreeWaits: return "sim_free_waits";
     case Point::kSimStreamNoDeviceCalls: return "sim_stream_no_device_calls";
     case Point::kSimMallocBarrier: return "sim_malloc_barrier";
+    case Point::kStreamDeviceGuard: return "stream_device_guard";
     case Point::kCount: break;
   }
   return "?";

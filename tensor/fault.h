@@ -22,6 +22,7 @@ enum class Point : int {
   kSimFreeWaits,            // sim's free blocks the host until the device's streams have passed it, as cudaFree (sim)
   kSimStreamNoDeviceCalls,  // sim's stream tasks run where the runtime and the caching allocator refuse (sim)
   kSimMallocBarrier,        // sim's device allocation orders later work after earlier work, as cudaMalloc (sim)
+  kStreamDeviceGuard,       // a call on a stream makes the stream's device current first (runtime, copies)
   kCount
 };
 const char* name(Point p);

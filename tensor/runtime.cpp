@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "tensor/error.h"
+#include "tensor/fault.h"
 #include "tensor/stream_sanitizer.h"
 
 namespace chorus {
@@ -132,15 +133,17 @@ void note_host_sync() { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
 // ---- Stream ------------------------------------------------------------------------------------
 
 bool Stream::query() const {
+  const StreamDeviceGuard on_device(*this);
   const bool done = runtime_for(device_, "Stream::query").query_stream(handle_);
-  if (done && stream_sanitizer::active(device_.type)) stream_sanitizer::on_stream_done(handle_);
+  if (done && stream_sanitizer::active(device_.type)) stream_sanitizer::on_stream_done(handle_, device_);
   return done;
 }
 
 void Stream::synchronize() const {
   note_host_sync();
+  const StreamDeviceGuard on_device(*this);
   runtime_for(device_, "Stream::synchronize").synchronize_stream(handle_);
-  if (stream_sanitizer::active(device_.type)) stream_sanitizer::on_stream_done(handle_);
+  if (stream_sanitizer::active(device_.type)) stream_sanitizer::on_stream_done(handle_, device_);
 }
 
 void Stream::wait(const Event& event) const { event.block(*this); }
@@ -219,6 +222,7 @@ void Event::record(const Stream& stream) {
   if (!state_) {
     state_ = std::make_shared<State>(stream.device(), &rt, rt.create_event(stream.device().index, enable_timing_));
   }
+  const StreamDeviceGuard on_device(stream);
   rt.record_event(state_->handle, stream.handle());
   if (stream_sanitizer::active(stream.device().type)) {
     stream_sanitizer::on_record(state_->handle, stream.device(), stream.handle());
@@ -235,6 +239,7 @@ void Event::block(const Stream& stream) const {
   if (state_->device.type != stream.device().type) {
     fail("Event::block: event of {} cannot order a stream of {}", state_->device.str(), stream.device().str());
   }
+  const StreamDeviceGuard on_device(stream);
   runtime_for(stream.device(), "Stream::wait").stream_wait_event(stream.handle(), state_->handle);
   if (stream_sanitizer::active(stream.device().type)) {
     stream_sanitizer::on_wait(stream.handle(), stream.device(), state_->handle);
@@ -300,6 +305,11 @@ DeviceGuard::~DeviceGuard() {
   if (previous_ < 0) return;
   t_state.device[static_cast<int>(type_)] = previous_;
   if (DeviceRuntime* rt = registered_runtime(type_)) rt->set_device(previous_);
+}
+
+StreamDeviceGuard::StreamDeviceGuard(const Stream& stream) {
+  if (stream.device().is_cpu() || fault::removed(fault::Point::kStreamDeviceGuard)) return;
+  guard_.emplace(stream.device());
 }
 
 }  // namespace chorus

@@ -17,6 +17,8 @@
 #include <memory>
 #include <vector>
 
+#include <optional>
+
 #include "tensor/device.h"
 
 namespace chorus {
@@ -203,6 +205,24 @@ class DeviceGuard {
  private:
   DeviceType type_;
   int previous_ = -1;
+};
+
+// [A stream's device is current] Makes `stream`'s device current while in scope, for a runtime call
+// on the stream: on CUDA every device's default stream is the null stream, which names the current
+// device's (a copy or wait given cuda:1's default stream while cuda:0 is current goes to cuda:0's; an
+// event of cuda:1 recorded there is refused), and a kernel launches only on a stream of the current
+// device. PyTorch's CUDAGuard in its event record and copies does the same. Stream, Event and the
+// cross-device copies use it; the sim device refuses the call otherwise (tensor/sim/sim.cpp, [The
+// default stream is the current device's]). fault::Point::kStreamDeviceGuard removes it (the negative
+// control, sim_runtime_test).
+class StreamDeviceGuard {
+ public:
+  explicit StreamDeviceGuard(const Stream& stream);
+  StreamDeviceGuard(const StreamDeviceGuard&) = delete;
+  StreamDeviceGuard& operator=(const StreamDeviceGuard&) = delete;
+
+ private:
+  std::optional<DeviceGuard> guard_;
 };
 
 }  // namespace chorus

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 
 #include "tensor/error.h"
@@ -147,9 +148,9 @@ class Sanitizer {
     std::lock_guard<std::mutex> lock(mutex_);
     events_.erase(event);
   }
-  void stream_done(StreamHandle handle) {
+  void stream_done(StreamHandle handle, Device device) {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = numbers_.find(handle);
+    auto it = numbers_.find(StreamKey{device.type, device.index, handle});
     if (it != numbers_.end()) merge(host(), streams_[it->second].clock);
   }
   void device_done(Device device) {
@@ -213,10 +214,11 @@ class Sanitizer {
 
  private:
   int stream_number(StreamHandle handle, Device device) {
-    auto it = numbers_.find(handle);
+    const StreamKey key{device.type, device.index, handle};
+    auto it = numbers_.find(key);
     if (it != numbers_.end()) return it->second;
     const int n = static_cast<int>(streams_.size());
-    numbers_.emplace(handle, n);
+    numbers_.emplace(key, n);
     StreamInfo info;
     info.device = device;
     info.is_default = default_stream(device).handle() == handle;
@@ -252,7 +254,9 @@ class Sanitizer {
   std::mutex mutex_;
   std::unordered_map<std::thread::id, Clock> hosts_;
   std::vector<StreamInfo> streams_;
-  std::unordered_map<StreamHandle, int> numbers_;
+  // A stream is its device and handle: on CUDA every device's default stream is handle 0.
+  using StreamKey = std::tuple<DeviceType, int, StreamHandle>;
+  std::map<StreamKey, int> numbers_;
   std::unordered_map<EventHandle, Clock> events_;
   std::map<uintptr_t, Block> live_, freed_;
   uint64_t serial_ = 0;
@@ -295,7 +299,7 @@ void on_record(EventHandle event, Device device, StreamHandle stream) { sanitize
 void on_wait(StreamHandle stream, Device device, EventHandle event) { sanitizer().wait(stream, device, event); }
 void on_event_done(EventHandle event) { sanitizer().event_done(event); }
 void on_event_destroyed(EventHandle event) { sanitizer().event_destroyed(event); }
-void on_stream_done(StreamHandle stream) { sanitizer().stream_done(stream); }
+void on_stream_done(StreamHandle stream, Device device) { sanitizer().stream_done(stream, device); }
 void on_device_done(Device device) { sanitizer().device_done(device); }
 void on_allocate(Device device, const void* ptr, size_t bytes, StreamHandle stream) {
   sanitizer().allocate(device, ptr, bytes, stream);

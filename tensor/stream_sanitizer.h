@@ -66,8 +66,9 @@ void on_wait(StreamHandle stream, Device device, EventHandle event);
 // The host saw the event's latest record complete (a query that returned true, a synchronize).
 void on_event_done(EventHandle event);
 void on_event_destroyed(EventHandle event);
-// The host saw all work submitted to the stream so far complete.
-void on_stream_done(StreamHandle stream);
+// The host saw all work submitted to the stream so far complete. Streams are known by device and
+// handle: on CUDA every device's default stream is the one handle 0.
+void on_stream_done(StreamHandle stream, Device device);
 void on_device_done(Device device);
 // The caching allocator handed `bytes` at `ptr` out on `stream`, or took the block at `ptr` back.
 void on_allocate(Device device, const void* ptr, size_t bytes, StreamHandle stream);

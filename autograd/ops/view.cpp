@@ -322,6 +322,7 @@ void copy_across_devices(const Tensor& dst, const Tensor& src) {
     if (stream_sanitizer::active(to.type)) {
       stream_sanitizer::on_launch("copy from the host", to, stream.handle(), {stream_sanitizer::access_of(dst, true)});
     }
+    const StreamDeviceGuard on_device(stream);
     rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), nbytes, CopyKind::HostToDevice, stream.handle());
   } else if (to.is_cpu()) {
     DeviceRuntime& rt = runtime_for(from, "to");
@@ -329,7 +330,10 @@ void copy_across_devices(const Tensor& dst, const Tensor& src) {
     if (stream_sanitizer::active(from.type)) {
       stream_sanitizer::on_launch("copy to the host", from, stream.handle(), {stream_sanitizer::access_of(src, false)});
     }
-    rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), nbytes, CopyKind::DeviceToHost, stream.handle());
+    {
+      const StreamDeviceGuard on_device(stream);
+      rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), nbytes, CopyKind::DeviceToHost, stream.handle());
+    }
     stream.synchronize();
   } else if (from.type != to.type) {
     copy_across_devices(dst, to_device(src, kCPU));  // no direct path between device types
@@ -346,7 +350,10 @@ void copy_across_devices(const Tensor& dst, const Tensor& src) {
       stream_sanitizer::on_launch("copy between devices", to, stream.handle(),
                                   {stream_sanitizer::access_of(src, false), stream_sanitizer::access_of(dst, true)});
     }
-    rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), nbytes, CopyKind::DeviceToDevice, stream.handle());
+    {
+      const StreamDeviceGuard on_device(stream);
+      rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), nbytes, CopyKind::DeviceToDevice, stream.handle());
+    }
     stream.synchronize();
   }
 }

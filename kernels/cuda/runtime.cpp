@@ -65,6 +65,29 @@ CUdeviceptr device_pointer(const void* host) {
   return reinterpret_cast<CUdeviceptr>(d);
 }
 
+// Makes `device` current for one call that works on the current device (cudaMalloc, cudaFree,
+// cudaStreamCreate, cudaEventCreate, cudaDeviceSynchronize, cudaMemGetInfo) and gives the previous
+// one back: these calls name their device explicitly, and leaving it current would part CUDA's
+// current device from chorus's (tensor/runtime.cpp's per-thread record), so that a later call on a
+// default stream, the null stream, would go to this device's (as sim checks: [The default stream
+// is the current device's], tensor/sim/sim.cpp).
+class OnDevice {
+ public:
+  explicit OnDevice(int device) {
+    CHORUS_CUDA(cudaGetDevice(&previous_));
+    if (previous_ != device) CHORUS_CUDA(cudaSetDevice(device));
+    else previous_ = -1;
+  }
+  ~OnDevice() {
+    if (previous_ >= 0) cudaSetDevice(previous_);  // cannot fail for a device that was current
+  }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
 class CudaRuntime final : public DeviceRuntime {
  public:
   DeviceType type() const override { return DeviceType::CUDA; }
@@ -89,7 +112,7 @@ class CudaRuntime final : public DeviceRuntime {
   void set_device(int device) override { CHORUS_CUDA(cudaSetDevice(device)); }
 
   void* malloc(int device, size_t nbytes) override {
-    CHORUS_CUDA(cudaSetDevice(device));
+    const OnDevice on_device(device);
     void* p = nullptr;
     const cudaError_t status = cudaMalloc(&p, nbytes);
     if (status == cudaErrorMemoryAllocation) {
@@ -100,11 +123,11 @@ class CudaRuntime final : public DeviceRuntime {
     return p;
   }
   void free(int device, void* ptr) override {
-    CHORUS_CUDA(cudaSetDevice(device));
+    const OnDevice on_device(device);
     CHORUS_CUDA(cudaFree(ptr));
   }
   size_t total_memory(int device) override {
-    CHORUS_CUDA(cudaSetDevice(device));
+    const OnDevice on_device(device);
     size_t free_bytes = 0, total = 0;
     CHORUS_CUDA(cudaMemGetInfo(&free_bytes, &total));
     return total;
@@ -118,7 +141,7 @@ class CudaRuntime final : public DeviceRuntime {
   void host_free(void* ptr) override { CHORUS_CUDA(cudaFreeHost(ptr)); }
 
   StreamHandle create_stream(int device, bool high_priority) override {
-    CHORUS_CUDA(cudaSetDevice(device));
+    const OnDevice on_device(device);
     int least = 0, greatest = 0;
     CHORUS_CUDA(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     cudaStream_t s = nullptr;
@@ -139,7 +162,7 @@ class CudaRuntime final : public DeviceRuntime {
   }
   void synchronize_stream(StreamHandle s) override { CHORUS_CUDA(cudaStreamSynchronize(static_cast<cudaStream_t>(s))); }
   void synchronize_device(int device) override {
-    CHORUS_CUDA(cudaSetDevice(device));
+    const OnDevice on_device(device);
     CHORUS_CUDA(cudaDeviceSynchronize());
   }
 
@@ -176,7 +199,7 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   EventHandle create_event(int device, bool enable_timing) override {
-    CHORUS_CUDA(cudaSetDevice(device));
+    const OnDevice on_device(device);
     cudaEvent_t e = nullptr;
     CHORUS_CUDA(cudaEventCreateWithFlags(&e, enable_timing ? cudaEventDefault : cudaEventDisableTiming));
     return e;

@@ -89,6 +89,9 @@ struct OnStream<Kernel, Name> {
     std::vector<const void*> buffers;
     (name_buffer(buffers, args), ...);
     auto held = std::make_tuple(Held<A>::hold(args)...);
+    // The tensors' device is current while the kernel is launched, as CUDA's LaunchContext makes it
+    // (a CUDA kernel launch on a stream of another device fails; sim refuses it the same way).
+    const DeviceGuard guard(device);
     const Stream stream = current_stream(device);
     ::chorus::sim::launch_kernel(
         stream.handle(),

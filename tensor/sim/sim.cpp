@@ -466,6 +466,9 @@ class SimStream {
 // (sim_runtime_test shows two host functions of two streams overlapping then, never with it).
 
 thread_local bool t_in_host_function = false;
+// This host thread's current sim device, as CUDA's per-thread current device ([The default stream is
+// the current device's]).
+thread_local int t_current_device = 0;
 
 // As CUDA's runtime, which registers its teardown with atexit at its first call and unloads there
 // (every later call fails with cudaErrorCudartUnloading, "driver shutting down"): sim's first device
@@ -570,7 +573,17 @@ class SimRuntime final : public DeviceRuntime {
 
   DeviceType type() const override { return DeviceType::Sim; }
   int device_count() override { return count_; }
-  void set_device(int) override {}
+  // [The default stream is the current device's] CUDA keeps a current device per host thread (0 on a
+  // new thread; cudaSetDevice changes it) and every device's default stream is one handle, the null
+  // stream, which names the current device's: a copy, event record or wait, kernel or query given the
+  // default stream of device d while device c is current goes to (or is refused on) c's. sim's
+  // default streams are distinct objects, so before this rule a call on sim:1's default stream from a
+  // thread where sim:0 is current ran on sim:1 and passed, where a GPU would order the copy on
+  // cuda:0's stream or refuse the event record. Now such a call is refused, naming the call and both
+  // devices (stricter than CUDA, which misorders the copy without a word). The shared layer makes
+  // the stream's device current for each such call (tensor/runtime.cpp, [A stream's device is
+  // current]); fault::Point::kStreamDeviceGuard removes that, and sim_runtime_test sees this refusal.
+  void set_device(int device) override { t_current_device = device; }
 
   // A device allocation is one of CUDA's implicit synchronizations (the programming guide,
   // "Implicit Synchronization": two commands of different streams cannot run concurrently if a
@@ -688,6 +701,7 @@ class SimRuntime final : public DeviceRuntime {
   bool query_stream(StreamHandle s) override {
     check_loaded("query_stream");
     check_healthy(as_stream(s)->device(), "query_stream");
+    check_default_stream_current(s, "query_stream");
     return as_stream(s)->idle();
   }
   // A failure while the host waits is reported when the wait ends (the failed device drops the
@@ -695,6 +709,7 @@ class SimRuntime final : public DeviceRuntime {
   void synchronize_stream(StreamHandle s) override {
     refuse_in_host_function("synchronize_stream");
     check_healthy(as_stream(s)->device(), "synchronize_stream");
+    check_default_stream_current(s, "synchronize_stream");
     as_stream(s)->synchronize();
     check_healthy(as_stream(s)->device(), "synchronize_stream");
   }
@@ -715,6 +730,7 @@ class SimRuntime final : public DeviceRuntime {
   void memcpy_async(void* dst, const void* src, size_t nbytes, CopyKind kind, StreamHandle s) override {
     refuse_in_host_function("memcpy_async");
     check_healthy(as_stream(s)->device(), "memcpy_async");
+    check_default_stream_current(s, "memcpy_async");
     if (nbytes == 0) return;
     const char* kind_name = kind == CopyKind::HostToDevice   ? "host to device"
                             : kind == CopyKind::DeviceToHost ? "device to host"
@@ -753,6 +769,7 @@ class SimRuntime final : public DeviceRuntime {
   void launch_host_task(StreamHandle s, std::function<void()> fn, std::vector<const void*> buffers) override {
     refuse_in_host_function("launch_host_task");
     check_healthy(as_stream(s)->device(), "launch_host_task");
+    check_default_stream_current(s, "launch_host_task");
     const auto shared = host_call();
     auto held = std::make_shared<std::function<void()>>(std::move(fn));
     as_stream(s)->submit(Task{[held] {
@@ -764,6 +781,7 @@ class SimRuntime final : public DeviceRuntime {
   void stream_write_value(StreamHandle s, uint32_t* word, uint32_t value) override {
     refuse_in_host_function("stream_write_value");
     check_healthy(as_stream(s)->device(), "stream_write_value");
+    check_default_stream_current(s, "stream_write_value");
     const auto shared = host_call();
     check_pinned(word, "stream_write_value");
     as_stream(s)->submit(Task{[word, value] { std::atomic_ref<uint32_t>(*word).store(value, std::memory_order_release); },
@@ -772,6 +790,7 @@ class SimRuntime final : public DeviceRuntime {
   void stream_wait_value(StreamHandle s, const uint32_t* word, uint32_t value) override {
     refuse_in_host_function("stream_wait_value");
     check_healthy(as_stream(s)->device(), "stream_wait_value");
+    check_default_stream_current(s, "stream_wait_value");
     const auto shared = host_call();
     check_pinned(word, "stream_wait_value");
     auto* w = const_cast<uint32_t*>(word);  // atomic_ref needs a non-const object; only loaded
@@ -795,6 +814,15 @@ class SimRuntime final : public DeviceRuntime {
     refuse_in_host_function("a kernel launch");
     const int device = as_stream(s)->device();
     check_healthy(device, "a kernel launch");
+    if (device != t_current_device) {
+      // The CUDA programming guide ("Stream and Event Behavior"): a kernel launch fails if it is issued
+      // to a stream not associated with the current device. (chorus's CUDA kernels make the tensors'
+      // device current first, kernels/cuda/cuda_common.h's LaunchContext; sim's do the same.)
+      fail("sim: {} on a stream of sim:{} from a thread whose current device is sim:{}: CUDA fails a kernel launch "
+           "on a stream of a device that is not current (cudaErrorInvalidResourceHandle); make sim:{} current first "
+           "(DeviceGuard)",
+           what, device, t_current_device, device);
+    }
     const auto shared = host_call();
     Task task{std::move(fn), std::move(buffers)};
     std::vector<const void*> host;
@@ -830,6 +858,7 @@ class SimRuntime final : public DeviceRuntime {
   void record_event(EventHandle e, StreamHandle s) override {
     refuse_in_host_function("record_event");
     check_healthy(as_stream(s)->device(), "record_event");
+    check_default_stream_current(s, "record_event");
     const auto shared = host_call();
     std::shared_ptr<SimEvent> ev = shared_event(e);
     if (ev->device != as_stream(s)->device()) {
@@ -847,6 +876,7 @@ class SimRuntime final : public DeviceRuntime {
   void stream_wait_event(StreamHandle s, EventHandle e) override {
     refuse_in_host_function("stream_wait_event");
     check_healthy(as_stream(s)->device(), "stream_wait_event");
+    check_default_stream_current(s, "stream_wait_event");
     const auto shared = host_call();
     std::shared_ptr<SimEvent> ev = shared_event(e);
     uint64_t generation;
@@ -940,6 +970,22 @@ class SimRuntime final : public DeviceRuntime {
          "kernel fault: every later call on the device fails; the process must exit, e.g. to be started again by "
          "chorusrun --max-restarts): {}",
          call, device, h.reason());
+  }
+  // [The default stream is the current device's] (set_device).
+  void check_default_stream_current(StreamHandle s, const char* call) {
+    const int device = as_stream(s)->device();
+    if (device == t_current_device) return;
+    bool is_default;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      is_default = default_streams_[device] == s;
+    }
+    if (!is_default) return;
+    fail("sim: {} on sim:{}'s default stream from a thread whose current device is sim:{}: on CUDA every device's "
+         "default stream is the null stream, which names the current device's, so on a GPU this would go to "
+         "cuda:{}'s default stream (a copy or wait ordered on the wrong device, an event record refused with "
+         "cudaErrorInvalidResourceHandle); make sim:{} current first (DeviceGuard, StreamGuard or set_device)",
+         call, device, t_current_device, t_current_device, device);
   }
   std::optional<std::string> error(int device) {
     check_device(device, "device_error");

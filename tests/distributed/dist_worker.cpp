@@ -292,6 +292,7 @@ void scenario_ddp_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std
     Tensor out = ddp.forward([&] { return run_model(*body, kind, xs, head.get()); });
     Tensor loss = F::cross_entropy(out, ys);
     if (unordered) {
+      const DeviceGuard current(device);  // the raw call names the stream's device's default stream
       runtime_for(device, "test").launch_host_task(
           current_stream(device).handle(), [] { std::this_thread::sleep_for(std::chrono::milliseconds(30)); }, {});
     }
@@ -1116,7 +1117,10 @@ void scenario_stream_fault(const std::shared_ptr<ProcessGroup>& pg, int faulty, 
     // the failure happens on the device, after every call that puts the collective on the stream.
     const Stream comm = group.comm_stream(sim);
     std::atomic<bool> release{false};
-    sim::launch_kernel(comm.handle(), [&release] { while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1)); }, {});
+    {
+      const DeviceGuard current(sim);  // a kernel launches on a stream of the current device
+      sim::launch_kernel(comm.handle(), [&release] { while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1)); }, {});
+    }
     fault::fail_next_stream_task(comm);
     auto work = pg->allreduce({t});  // #2: its first task on the communication stream (a copy) fails
     release = true;

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -91,6 +92,7 @@ TEST_CASE("without a test arming it, no task fails (release binaries cannot arm 
 // the call, instead of passing on sim with no counterpart on a GPU.
 TEST_CASE("a stream task that allocates device memory fails its device, naming the call, as no CUDA kernel can; removed, it runs") {
   const Device dev = Device::sim(2);
+  std::optional<DeviceGuard> current(dev);  // a kernel launches on a stream of the current device
   Stream s = current_stream(dev);
   std::atomic<bool> allocated{false};
   sim::launch_kernel(s.handle(), [&] {
@@ -115,6 +117,8 @@ TEST_CASE("a stream task that allocates device memory fails its device, naming t
   const Device healthy = Device::sim(0);
   {
     fault::RemovedScope allowed(fault::Point::kSimStreamNoDeviceCalls);
+    current.reset();
+    const DeviceGuard now(healthy);
     Stream h = current_stream(healthy);
     sim::launch_kernel(h.handle(), [&] {
       Tensor t = empty({16}, {.device = healthy});

@@ -55,6 +55,7 @@ std::thread free_while_streams_busy(DeviceRuntime& rt, int device, void* ptr) {
 TEST_CASE("sim: a kernel naming another device's memory fails its device, as a GPU kernel without peer access faults") {
   REQUIRE(runtime_for(Device::sim(0), "test").device_count() == 6);
   const Device here = Device::sim(1), there = Device::sim(2);
+  const DeviceGuard current(here);  // a kernel launches on a stream of the current device, as on CUDA
   Tensor src = full({256}, 3.0, {.device = there});
   Tensor dst = zeros({256}, {.device = here});
   Stream s = current_stream(here);
@@ -110,6 +111,7 @@ TEST_CASE("sim: a kernel naming memory freed before its launch fails its device;
   // (the segment is still mapped): refused, as on a GPU, where the memory is no longer the
   // program's once cudaFree has begun.
   const Device dev = Device::sim(3);
+  const DeviceGuard current(dev);
   Stream s = current_stream(dev);
   auto* seg = static_cast<unsigned char*>(rt.malloc(3, 4096));
   REQUIRE(seg != nullptr);
@@ -185,7 +187,10 @@ TEST_CASE("sim: copies are refused at the call from or into freed memory, past a
   // (cudaFree waits for the device), then unmapped, no segment at all.
   const Stream s2 = current_stream(Device::sim(2));
   std::atomic<bool> release{false};
-  sim::launch_kernel(s2.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
+  {
+    const DeviceGuard current(Device::sim(2));
+    sim::launch_kernel(s2.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
+  }
   std::thread freer = free_while_streams_busy(rt, 2, b);
   CHECK_THROWS_WITH(rt.memcpy_async(out.data(), b, 16, CopyKind::DeviceToHost, s0),
                     Catch::Contains("the source") && Catch::Contains("that free() released") &&
@@ -224,6 +229,7 @@ TEST_CASE("sim: a kernel naming pageable host memory fails its device; page-lock
 
   // Pageable (a std::vector's): refused, sticky.
   const Device dev = Device::sim(4);
+  const DeviceGuard current(dev);
   Stream s = current_stream(dev);
   std::vector<int> pageable(64, 0);
   std::atomic<bool> ran{false};
@@ -241,6 +247,7 @@ TEST_CASE("sim: a kernel naming pageable host memory fails its device; page-lock
 
 TEST_CASE("sim: an op on a from_blob tensor over device memory freed under it fails its device, naming the op's kernel") {
   const Device dev = Device::sim(5);
+  const DeviceGuard current(dev);
   DeviceRuntime& rt = runtime_for(dev, "test");
   void* seg = rt.malloc(5, 1024 * sizeof(float));
   REQUIRE(seg != nullptr);

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tensor/error.h"
+#include "tensor/ops.h"
 #include "tensor/runtime.h"
 #include "tensor/sim/sim.h"
 #include "tensor/test_faults.h"
@@ -252,8 +253,11 @@ TEST_CASE("sim: the runtime refuses what CUDA's event calls refuse: a record on 
   EventHandle untimed = rt.create_event(0, /*enable_timing=*/false);
   EventHandle never = rt.create_event(0, /*enable_timing=*/true);
 
-  CHECK_THROWS_WITH(rt.record_event(timed, s1), Catch::Contains("created on sim:0 and the stream is on sim:1") &&
-                                                    Catch::Contains("cudaErrorInvalidResourceHandle"));
+  {
+    const DeviceGuard current(Device::sim(1));  // s1, a default stream, names sim:1's only there
+    CHECK_THROWS_WITH(rt.record_event(timed, s1), Catch::Contains("created on sim:0 and the stream is on sim:1") &&
+                                                      Catch::Contains("cudaErrorInvalidResourceHandle"));
+  }
   rt.record_event(timed, s0);
   rt.record_event(untimed, s0);
   sim::launch_kernel(s0, [] { std::this_thread::sleep_for(2ms); }, {});
@@ -270,8 +274,11 @@ TEST_CASE("sim: the runtime refuses what CUDA's event calls refuse: a record on 
                                                      Catch::Contains("cudaErrorInvalidResourceHandle"));
   CHECK_THROWS_WITH(rt.elapsed_ms(never, never), Catch::Contains("start event was never recorded"));
   EventHandle other = rt.create_event(1, /*enable_timing=*/true);
-  rt.record_event(other, s1);
-  rt.synchronize_stream(s1);
+  {
+    const DeviceGuard current(Device::sim(1));
+    rt.record_event(other, s1);
+    rt.synchronize_stream(s1);
+  }
   CHECK_THROWS_WITH(rt.elapsed_ms(timed, other), Catch::Contains("start event is on sim:0 and the end event on sim:1") &&
                                                      Catch::Contains("cudaErrorInvalidResourceHandle"));
   rt.destroy_event(other);
@@ -440,6 +447,83 @@ TEST_CASE("sim: host functions of different streams run one at a time, as CUDA m
   CHECK_FALSE(b_started_during_a(300ms));
 }
 
+// [The default stream is the current device's] (tensor/sim/sim.cpp): on CUDA every device's default
+// stream is the null stream, which names the current device's, so a call given sim:1's default stream
+// from a thread where sim:0 is current is refused (a GPU would order the copy or wait on cuda:0's
+// stream, or refuse the event record); so is a kernel on any stream of a device that is not current,
+// as CUDA refuses it. A copy on another device's own stream is legal there, and here. Stream, Event
+// and the copies between devices make the stream's device current for their calls ([A stream's
+// device is current], tensor/runtime.h); the negative control removes that and sim refuses them.
+TEST_CASE("sim: a call on another device's default stream, or a kernel on another device's stream, is refused as on CUDA; Stream, Event and copies make the stream's device current (removed, refused)") {
+  DeviceRuntime& rt = sim_runtime();
+  REQUIRE(current_device_index(DeviceType::Sim) == 0);
+  const Device zero = Device::sim(0), one = Device::sim(1);
+  const StreamHandle d1 = rt.default_stream(1);
+  const Stream pool1 = stream_from_pool(one);
+  EventHandle e1 = rt.create_event(1, /*enable_timing=*/false);
+  void* seg = rt.malloc(1, 256);
+  REQUIRE(seg != nullptr);
+  std::vector<float> host(64, 1.0f), back(64, 0.0f);
+
+  // The raw runtime with sim:0 current.
+  // (A matcher, not a combination of two: Catch 2's && keeps references to its operands.)
+  auto names = [](const char* call) {
+    return Catch::Contains(std::string(call) + " on sim:1's default stream from a thread whose current device is sim:0: "
+                                               "on CUDA every device's default stream is the null stream");
+  };
+  CHECK_THROWS_WITH(rt.record_event(e1, d1), names("record_event"));
+  CHECK_THROWS_WITH(rt.stream_wait_event(d1, e1), names("stream_wait_event"));
+  CHECK_THROWS_WITH(rt.memcpy_async(seg, host.data(), 256, CopyKind::HostToDevice, d1), names("memcpy_async"));
+  CHECK_THROWS_WITH(rt.launch_host_task(d1, [] {}, {}), names("launch_host_task"));
+  CHECK_THROWS_WITH(rt.synchronize_stream(d1), names("synchronize_stream"));
+  CHECK_THROWS_WITH(rt.query_stream(d1), names("query_stream"));
+  CHECK_THROWS_WITH(sim::launch_kernel(pool1.handle(), [] {}, {}, "a test kernel"),
+                    Catch::Contains("a test kernel on a stream of sim:1 from a thread whose current device is sim:0") &&
+                        Catch::Contains("not current"));
+  rt.memcpy_async(seg, host.data(), 256, CopyKind::HostToDevice, pool1.handle());  // legal: not the null stream
+  // With sim:1 current, each is accepted.
+  {
+    const DeviceGuard current(one);
+    rt.record_event(e1, d1);
+    rt.stream_wait_event(d1, e1);
+    rt.memcpy_async(seg, host.data(), 256, CopyKind::HostToDevice, d1);
+    sim::launch_kernel(pool1.handle(), [] {}, {}, "a test kernel");
+    rt.synchronize_stream(d1);
+    CHECK(rt.query_stream(d1));
+  }
+  CHECK(current_device_index(DeviceType::Sim) == 0);
+  pool1.synchronize();  // Stream makes sim:1 current for the call
+  rt.free(1, seg);
+  rt.destroy_event(e1);
+
+  // The shared layer, sim:0 current: an event on sim:1's default stream, a wait, copies from the
+  // host, from sim:0 and back to the host, all ordered on sim:1's default stream.
+  {
+    Event ev;
+    ev.record(default_stream(one));
+    default_stream(one).wait(ev);
+    Tensor up = full({64}, 3.0).to(one);
+    Tensor across = full({64}, 5.0, {.device = zero}).to(one);
+    const Tensor sum = (up + across).to(kCPU);
+    CHECK(sum.sum().item<double>() == 64 * 8.0);
+    default_stream(one).synchronize();
+    CHECK(default_stream(one).query());
+    CHECK(current_device_index(DeviceType::Sim) == 0);
+  }
+  // The negative control: without the guard each of them is refused on sim (on a GPU they would
+  // have gone to cuda:0's null stream).
+  {
+    fault::RemovedScope unguarded(fault::Point::kStreamDeviceGuard);
+    Event ev;
+    CHECK_THROWS_WITH(ev.record(default_stream(one)), names("record_event"));
+    CHECK_THROWS_WITH(default_stream(one).synchronize(), names("synchronize_stream"));
+    CHECK_THROWS_WITH(default_stream(one).query(), names("query_stream"));
+    CHECK_THROWS_WITH(full({64}, 3.0).to(one), names("memcpy_async"));
+    CHECK_THROWS_WITH(full({64}, 5.0, {.device = zero}).to(one), names("stream_wait_event"));
+  }
+  synchronize(one);
+}
+
 // As cudaFree, which synchronizes the device: the host waits in free until every stream of the
 // device has run what was queued before it, on any stream (here one that never used the segment).
 // Removed (sim until 2026-12-01), free returned at once and the streams unmapped the segment later,
@@ -447,6 +531,7 @@ TEST_CASE("sim: host functions of different streams run one at a time, as CUDA m
 TEST_CASE("sim: free waits until every stream of its device has run what was queued before it, as cudaFree; removed, it does not") {
   DeviceRuntime& rt = sim_runtime();
   const Device dev = Device::sim(1);
+  const DeviceGuard current(dev);  // a kernel launches on a stream of the current device
   Stream other = stream_from_pool(dev);
   // Whether free returned within `patience` while a task queued before it on `other` was held.
   auto returned_while_held = [&](std::chrono::milliseconds patience) {
