@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <utility>
@@ -295,7 +296,13 @@ void CachingAllocator::deallocate(void* ptr, Device device) {
   lock.unlock();
   std::vector<EventHandle> made;
   try {
+    // A record on the device's default stream (on CUDA the null stream, which names the current
+    // device's) needs the device current ([A stream's device is current], tensor/runtime.h); the
+    // pool streams do not. Inside the try: a failed device's error lands in the catch below.
+    std::optional<StreamDeviceGuard> on_device;
+    const StreamHandle default_handle = runtime_.default_stream(device.index);
     for (auto& [stream, event] : records) {
+      if (stream == default_handle && !on_device) on_device.emplace(Stream(device, stream));
       if (event == nullptr) {
         event = runtime_.create_event(device.index, /*enable_timing=*/false);
         made.push_back(event);

@@ -133,16 +133,18 @@ void note_host_sync() { g_host_syncs.fetch_add(1, std::memory_order_relaxed); }
 // ---- Stream ------------------------------------------------------------------------------------
 
 bool Stream::query() const {
+  DeviceRuntime& rt = runtime_for(device_, "Stream::query");
   const StreamDeviceGuard on_device(*this);
-  const bool done = runtime_for(device_, "Stream::query").query_stream(handle_);
+  const bool done = rt.query_stream(handle_);
   if (done && stream_sanitizer::active(device_.type)) stream_sanitizer::on_stream_done(handle_, device_);
   return done;
 }
 
 void Stream::synchronize() const {
   note_host_sync();
+  DeviceRuntime& rt = runtime_for(device_, "Stream::synchronize");
   const StreamDeviceGuard on_device(*this);
-  runtime_for(device_, "Stream::synchronize").synchronize_stream(handle_);
+  rt.synchronize_stream(handle_);
   if (stream_sanitizer::active(device_.type)) stream_sanitizer::on_stream_done(handle_, device_);
 }
 
@@ -239,8 +241,9 @@ void Event::block(const Stream& stream) const {
   if (state_->device.type != stream.device().type) {
     fail("Event::block: event of {} cannot order a stream of {}", state_->device.str(), stream.device().str());
   }
+  DeviceRuntime& rt = runtime_for(stream.device(), "Stream::wait");
   const StreamDeviceGuard on_device(stream);
-  runtime_for(stream.device(), "Stream::wait").stream_wait_event(stream.handle(), state_->handle);
+  rt.stream_wait_event(stream.handle(), state_->handle);
   if (stream_sanitizer::active(stream.device().type)) {
     stream_sanitizer::on_wait(stream.handle(), stream.device(), state_->handle);
   }
@@ -278,20 +281,35 @@ EventHandle Event::handle() const { return state_ ? state_->handle : nullptr; }
 
 // ---- Guards ------------------------------------------------------------------------------------
 
+namespace {
+// A guard's destructor gives the previous device back without throwing (a destructor that throws
+// ends the process): cudaSetDevice may return the sticky error of an earlier kernel fault, and a
+// process exiting (sim and CUDA unloaded) refuses it; that error surfaces at the next device call
+// instead, as PyTorch's uncheckedSetDevice leaves it.
+void restore_device(DeviceType type, int device) noexcept {
+  DeviceRuntime* rt = registered_runtime(type);
+  if (rt == nullptr) return;
+  try {
+    rt->set_device(device);
+  } catch (const std::exception&) {
+  }
+}
+}  // namespace
+
+
 StreamGuard::StreamGuard(const Stream& stream)
     : previous_(current_stream(stream.device())),
       previous_device_(current_device_index(stream.device().type)) {
-  t_state.device[static_cast<int>(stream.device().type)] = stream.device().index;
+  // The runtime first: if it refuses, no destructor runs, and the record must still match it.
   runtime_for(stream.device(), "StreamGuard").set_device(stream.device().index);
+  t_state.device[static_cast<int>(stream.device().type)] = stream.device().index;
   set_current_stream(stream);
 }
 
 StreamGuard::~StreamGuard() {
   t_state.current[static_cast<int>(previous_.device().type)][previous_.device().index] = previous_.handle();
   t_state.device[static_cast<int>(previous_.device().type)] = previous_device_;
-  if (DeviceRuntime* rt = registered_runtime(previous_.device().type)) {
-    rt->set_device(previous_device_);
-  }
+  restore_device(previous_.device().type, previous_device_);
 }
 
 DeviceGuard::DeviceGuard(Device device) : type_(device.type) {
@@ -304,7 +322,7 @@ DeviceGuard::DeviceGuard(Device device) : type_(device.type) {
 DeviceGuard::~DeviceGuard() {
   if (previous_ < 0) return;
   t_state.device[static_cast<int>(type_)] = previous_;
-  if (DeviceRuntime* rt = registered_runtime(type_)) rt->set_device(previous_);
+  restore_device(type_, previous_);
 }
 
 StreamDeviceGuard::StreamDeviceGuard(const Stream& stream) {

@@ -79,7 +79,9 @@ class OnDevice {
     else previous_ = -1;
   }
   ~OnDevice() {
-    if (previous_ >= 0) cudaSetDevice(previous_);  // cannot fail for a device that was current
+    // Not thrown (a destructor); a failure (a sticky error) is cleared from the last-error slot so that
+    // no later launch check blames its own kernel, and the next call that returns it reports it.
+    if (previous_ >= 0 && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
   }
   OnDevice(const OnDevice&) = delete;
   OnDevice& operator=(const OnDevice&) = delete;

@@ -583,7 +583,10 @@ class SimRuntime final : public DeviceRuntime {
   // devices (stricter than CUDA, which misorders the copy without a word). The shared layer makes
   // the stream's device current for each such call (tensor/runtime.cpp, [A stream's device is
   // current]); fault::Point::kStreamDeviceGuard removes that, and sim_runtime_test sees this refusal.
-  void set_device(int device) override { t_current_device = device; }
+  void set_device(int device) override {
+    refuse_in_host_function("set_device");  // cudaSetDevice is a CUDA call: refused there, and after the unload
+    t_current_device = device;
+  }
 
   // A device allocation is one of CUDA's implicit synchronizations (the programming guide,
   // "Implicit Synchronization": two commands of different streams cannot run concurrently if a

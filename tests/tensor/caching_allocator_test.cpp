@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -22,6 +23,7 @@
 #include "tensor/runtime.h"
 #include "tensor/sim/sim.h"
 #include "tensor/storage.h"
+#include "tensor/test_faults.h"
 
 using namespace chorus;
 using namespace std::chrono_literals;
@@ -331,6 +333,45 @@ TEST_CASE("caching allocator: record_stream on the owning stream or on several s
   CHECK(r == p);
   alloc.deallocate(q, dev);
   alloc.deallocate(r, dev);
+}
+
+// A free records an event on each stream the block was used on. On the block's device's default
+// stream (CUDA's null stream, which names the current device's) that needs the device current, and
+// a free may run on a thread where another device is: here sim:0, for a block of sim:1. Without the
+// allocator making the device current ([A stream's device is current]; fault point
+// stream_device_guard), sim refuses the record as CUDA refuses an event of cuda:1 on cuda:0's null
+// stream, and the allocator, which cannot throw from a free, keeps the block out of its pools for good.
+TEST_CASE("caching allocator: a free where another device is current records on the block's device's default stream; without the guard the block is lost") {
+  const Device dev = Device::sim(1);
+  DeviceRuntime& rt = sim_runtime();
+  REQUIRE(current_device_index(DeviceType::Sim) == 0);
+  const Stream pool = stream_from_pool(dev);
+  const bool guarded = GENERATE(true, false);
+  INFO((guarded ? "with the guard" : "stream_device_guard removed"));
+  uintptr_t segment = 0;
+  {
+    CachingAllocator alloc(rt);
+    auto allocate_on_pool = [&] {
+      StreamGuard on_pool(pool);
+      return alloc.allocate(1000, dev);
+    };
+    void* p = allocate_on_pool();
+    segment = find_block(alloc.snapshot(dev), p).segment.address;
+    alloc.record_stream(p, default_stream(dev));
+    {
+      std::optional<fault::RemovedScope> removed;
+      if (!guarded) removed.emplace(fault::Point::kStreamDeviceGuard);
+      alloc.deallocate(p, dev);  // sim:0 current
+    }
+    default_stream(dev).synchronize();
+    void* q = allocate_on_pool();
+    if (guarded) CHECK(q == p);  // its event was recorded and has completed: reused
+    else CHECK(q != p);          // the record was refused: the block is out of the pools for good
+    alloc.deallocate(q, dev);
+  }
+  // The lost block's segment stayed with the runtime when the allocator went: handed back here, so
+  // that the later cases find sim:1 as they expect.
+  if (!guarded) rt.free(dev.index, reinterpret_cast<void*>(segment));
 }
 
 TEST_CASE("caching allocator: out of memory frees the cache and retries, then throws a message with the sizes") {
