@@ -76,6 +76,7 @@ struct CachingAllocator::DeviceState {
   std::map<StreamHandle, std::deque<std::pair<EventHandle, Block*>>> pending;
   std::vector<EventHandle> spare_events;     // completed events, for reuse
   std::vector<EventHandle> all_events;       // every event created (destroyed with the allocator)
+  std::vector<Block*> lost;                  // blocks whose free met a failed device (their memory is gone)
   MemoryStats stats;
 };
 
@@ -93,6 +94,7 @@ CachingAllocator::~CachingAllocator() {
     for (BlockPool* pool : {&st->small, &st->large})
       for (Block* b : pool->blocks) delete b;
     for (auto& [ptr, b] : st->live) delete b;
+    for (Block* b : st->lost) delete b;
   }
 }
 
@@ -317,6 +319,7 @@ void CachingAllocator::deallocate(void* ptr, Device device) {
     // the caller's next device call instead.
     lock.lock();
     st.all_events.insert(st.all_events.end(), made.begin(), made.end());
+    st.lost.push_back(block);  // its record goes with the allocator
     return;
   }
   lock.lock();

@@ -651,6 +651,7 @@ class SimRuntime final : public DeviceRuntime {
                               {ptr}});
   }
   size_t total_memory(int device) override {
+    refuse_in_host_function("total_memory");  // cudaMemGetInfo
     std::lock_guard<std::mutex> lock(mutex_);
     return capacity_[device];
   }
@@ -687,7 +688,7 @@ class SimRuntime final : public DeviceRuntime {
   }
 
   StreamHandle create_stream(int device, bool /*high_priority*/) override {
-    check_loaded("create_stream");
+    refuse_in_host_function("create_stream");
     std::lock_guard<std::mutex> lock(mutex_);
     streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get()));
     return streams_.back().get();
@@ -702,7 +703,7 @@ class SimRuntime final : public DeviceRuntime {
     return default_streams_[device];
   }
   bool query_stream(StreamHandle s) override {
-    check_loaded("query_stream");
+    refuse_in_host_function("query_stream");
     check_healthy(as_stream(s)->device(), "query_stream");
     check_default_stream_current(s, "query_stream");
     return as_stream(s)->idle();
@@ -857,7 +858,15 @@ class SimRuntime final : public DeviceRuntime {
   }
   // No error after the unload either (cudaEventDestroy's result is ignored); the host-side handle is
   // freed all the same, or LeakSanitizer would report every event a static outlived the unload with.
-  void destroy_event(EventHandle e) override { delete static_cast<std::shared_ptr<SimEvent>*>(e); }
+  // In a host function it is refused all the same (cudaEventDestroy is a CUDA call, which may fail
+  // or hang there): dropping an Event's last reference inside one ends the process, naming the call.
+  void destroy_event(EventHandle e) override {
+    if (t_in_host_function) {
+      fail("sim: destroy_event called inside a host function (launch_host_task): CUDA refuses every CUDA call there "
+           "(cudaErrorNotPermitted); drop the event on a thread of your own");
+    }
+    delete static_cast<std::shared_ptr<SimEvent>*>(e);
+  }
   void record_event(EventHandle e, StreamHandle s) override {
     refuse_in_host_function("record_event");
     check_healthy(as_stream(s)->device(), "record_event");
@@ -891,7 +900,7 @@ class SimRuntime final : public DeviceRuntime {
     as_stream(s)->submit(Task{[ev, generation] { ev->wait_for(generation); }, {}, true});
   }
   bool query_event(EventHandle e) override {
-    check_loaded("query_event");
+    refuse_in_host_function("query_event");
     auto* ev = as_event(e);
     check_healthy(ev->device, "query_event");
     std::lock_guard<std::mutex> lock(ev->mutex);
@@ -912,7 +921,7 @@ class SimRuntime final : public DeviceRuntime {
   // As cudaEventElapsedTime: both events of one device, made with timing and recorded (else
   // cudaErrorInvalidResourceHandle), their latest records completed (else cudaErrorNotReady).
   double elapsed_ms(EventHandle start, EventHandle end) override {
-    check_loaded("elapsed_ms");
+    refuse_in_host_function("elapsed_ms");
     auto* a = as_event(start);
     auto* b = as_event(end);
     check_healthy(a->device, "elapsed_ms");

@@ -568,6 +568,8 @@ TEST_CASE("sim: a device call inside a host function fails as cudaErrorNotPermit
   DeviceRuntime& rt = sim_runtime();
   Stream s = stream_from_pool(Device::sim(0));
   void* p = rt.malloc(0, 256);
+  EventHandle outside = rt.create_event(0, /*enable_timing=*/true);
+  rt.record_event(outside, s.handle());
   std::vector<std::string> refused;
   rt.launch_host_task(
       s.handle(),
@@ -588,16 +590,27 @@ TEST_CASE("sim: a device call inside a host function fails as cudaErrorNotPermit
         attempt([&] { rt.synchronize_stream(s.handle()); });
         attempt([&] { rt.launch_host_task(s.handle(), [] {}, {}); });
         attempt([&] { sim::launch_kernel(s.handle(), [] {}, {}); });
+        // Queries, timing, stream creation, memory info, an event's destruction and cudaSetDevice are
+        // CUDA calls too (session 42; before, sim let them through).
+        attempt([&] { rt.query_stream(s.handle()); });
+        attempt([&] { rt.query_event(outside); });
+        attempt([&] { rt.elapsed_ms(outside, outside); });
+        attempt([&] { rt.create_stream(0, false); });
+        attempt([&] { rt.total_memory(0); });
+        attempt([&] { rt.destroy_event(outside); });
+        attempt([&] { rt.set_device(0); });
       },
       {});
   s.synchronize();
-  REQUIRE(refused.size() == 6);
+  REQUIRE(refused.size() == 13);
   for (const std::string& m : refused) {
     INFO(m);
     CHECK(m.find("inside a host function") != std::string::npos);
     CHECK(m.find("cudaErrorNotPermitted") != std::string::npos);
   }
-  rt.free(0, p);  // outside, the same call is fine
+  rt.free(0, p);  // outside, the same calls are fine
+  CHECK(rt.elapsed_ms(outside, outside) == 0.0);
+  rt.destroy_event(outside);
 }
 
 TEST_CASE("sim: page-locked allocation and free, and device allocation, order later work after all earlier work, as on CUDA") {
