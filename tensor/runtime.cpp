@@ -296,7 +296,6 @@ void restore_device(DeviceType type, int device) noexcept {
 }
 }  // namespace
 
-
 StreamGuard::StreamGuard(const Stream& stream)
     : previous_(current_stream(stream.device())),
       previous_device_(current_device_index(stream.device().type)) {

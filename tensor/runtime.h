@@ -15,9 +15,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <vector>
-
 #include <optional>
+#include <vector>
 
 #include "tensor/device.h"
 

@@ -704,16 +704,14 @@ class SimRuntime final : public DeviceRuntime {
   }
   bool query_stream(StreamHandle s) override {
     refuse_in_host_function("query_stream");
-    check_healthy(as_stream(s)->device(), "query_stream");
-    check_default_stream_current(s, "query_stream");
+    check_stream(s, "query_stream");
     return as_stream(s)->idle();
   }
   // A failure while the host waits is reported when the wait ends (the failed device drops the
   // rest of the queue, so the wait ends soon), as cudaStreamSynchronize returns it.
   void synchronize_stream(StreamHandle s) override {
     refuse_in_host_function("synchronize_stream");
-    check_healthy(as_stream(s)->device(), "synchronize_stream");
-    check_default_stream_current(s, "synchronize_stream");
+    check_stream(s, "synchronize_stream");
     as_stream(s)->synchronize();
     check_healthy(as_stream(s)->device(), "synchronize_stream");
   }
@@ -733,8 +731,7 @@ class SimRuntime final : public DeviceRuntime {
 
   void memcpy_async(void* dst, const void* src, size_t nbytes, CopyKind kind, StreamHandle s) override {
     refuse_in_host_function("memcpy_async");
-    check_healthy(as_stream(s)->device(), "memcpy_async");
-    check_default_stream_current(s, "memcpy_async");
+    check_stream(s, "memcpy_async");
     if (nbytes == 0) return;
     const char* kind_name = kind == CopyKind::HostToDevice   ? "host to device"
                             : kind == CopyKind::DeviceToHost ? "device to host"
@@ -772,8 +769,7 @@ class SimRuntime final : public DeviceRuntime {
 
   void launch_host_task(StreamHandle s, std::function<void()> fn, std::vector<const void*> buffers) override {
     refuse_in_host_function("launch_host_task");
-    check_healthy(as_stream(s)->device(), "launch_host_task");
-    check_default_stream_current(s, "launch_host_task");
+    check_stream(s, "launch_host_task");
     const auto shared = host_call();
     auto held = std::make_shared<std::function<void()>>(std::move(fn));
     as_stream(s)->submit(Task{[held] {
@@ -784,8 +780,7 @@ class SimRuntime final : public DeviceRuntime {
   }
   void stream_write_value(StreamHandle s, uint32_t* word, uint32_t value) override {
     refuse_in_host_function("stream_write_value");
-    check_healthy(as_stream(s)->device(), "stream_write_value");
-    check_default_stream_current(s, "stream_write_value");
+    check_stream(s, "stream_write_value");
     const auto shared = host_call();
     check_pinned(word, "stream_write_value");
     as_stream(s)->submit(Task{[word, value] { std::atomic_ref<uint32_t>(*word).store(value, std::memory_order_release); },
@@ -793,8 +788,7 @@ class SimRuntime final : public DeviceRuntime {
   }
   void stream_wait_value(StreamHandle s, const uint32_t* word, uint32_t value) override {
     refuse_in_host_function("stream_wait_value");
-    check_healthy(as_stream(s)->device(), "stream_wait_value");
-    check_default_stream_current(s, "stream_wait_value");
+    check_stream(s, "stream_wait_value");
     const auto shared = host_call();
     check_pinned(word, "stream_wait_value");
     auto* w = const_cast<uint32_t*>(word);  // atomic_ref needs a non-const object; only loaded
@@ -869,8 +863,7 @@ class SimRuntime final : public DeviceRuntime {
   }
   void record_event(EventHandle e, StreamHandle s) override {
     refuse_in_host_function("record_event");
-    check_healthy(as_stream(s)->device(), "record_event");
-    check_default_stream_current(s, "record_event");
+    check_stream(s, "record_event");
     const auto shared = host_call();
     std::shared_ptr<SimEvent> ev = shared_event(e);
     if (ev->device != as_stream(s)->device()) {
@@ -887,8 +880,7 @@ class SimRuntime final : public DeviceRuntime {
   }
   void stream_wait_event(StreamHandle s, EventHandle e) override {
     refuse_in_host_function("stream_wait_event");
-    check_healthy(as_stream(s)->device(), "stream_wait_event");
-    check_default_stream_current(s, "stream_wait_event");
+    check_stream(s, "stream_wait_event");
     const auto shared = host_call();
     std::shared_ptr<SimEvent> ev = shared_event(e);
     uint64_t generation;
@@ -983,9 +975,11 @@ class SimRuntime final : public DeviceRuntime {
          "chorusrun --max-restarts): {}",
          call, device, h.reason());
   }
-  // [The default stream is the current device's] (set_device).
-  void check_default_stream_current(StreamHandle s, const char* call) {
+  // A call on stream `s`: its device's sticky error, then [The default stream is the current
+  // device's] (set_device).
+  void check_stream(StreamHandle s, const char* call) {
     const int device = as_stream(s)->device();
+    check_healthy(device, call);
     if (device == t_current_device) return;
     bool is_default;
     {
