@@ -84,10 +84,15 @@ CachingAllocator::CachingAllocator(DeviceRuntime& runtime) : runtime_(runtime) {
 
 CachingAllocator::~CachingAllocator() {
   for (auto& [index, st] : states_) {
-    synchronize_events(*st);
+    try {
+      synchronize_events(*st);
+      std::lock_guard<std::mutex> lock(st->mutex);
+      process_events(*st);
+      release_cached_segments(*st);
+    } catch (const Error&) {
+      // A failed device (its sticky error): what it held is lost with it. Not thrown (a destructor).
+    }
     std::lock_guard<std::mutex> lock(st->mutex);
-    process_events(*st);
-    release_cached_segments(*st);
     for (EventHandle e : st->all_events) runtime_.destroy_event(e);
     // Segments with live blocks stay with the runtime (their tensors still use them); their Block
     // records are dropped with the pools.
@@ -413,7 +418,14 @@ void CachingAllocator::release_cached_segments(DeviceState& st) {
       }
       it = pool->blocks.erase(it);
       st.segments.erase(b);
-      runtime_.free(st.device.index, b->ptr);
+      try {
+        runtime_.free(st.device.index, b->ptr);
+      } catch (const Error&) {
+        // A failed device refuses the free (CUDA returns its sticky error from cudaFree): the
+        // segment is lost with the device; its record is kept, deleted with the allocator.
+        st.lost.push_back(b);
+        throw;
+      }
       st.stats.reserved_bytes -= b->size;
       ++st.stats.num_device_frees;
       delete b;

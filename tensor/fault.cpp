@@ -25,6 +25,7 @@ const char* name(Point p) {
     case Point::kSimStreamNoDeviceCalls: return "sim_stream_no_device_calls";
     case Point::kSimMallocBarrier: return "sim_malloc_barrier";
     case Point::kStreamDeviceGuard: return "stream_device_guard";
+    case Point::kSimPageableCopyWaits: return "sim_pageable_copy_waits";
     case Point::kCount: break;
   }
   return "?";

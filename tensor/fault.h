@@ -23,6 +23,7 @@ enum class Point : int {
   kSimStreamNoDeviceCalls,  // sim's stream tasks run where the runtime and the caching allocator refuse (sim)
   kSimMallocBarrier,        // sim's device allocation orders later work after earlier work, as cudaMalloc (sim)
   kStreamDeviceGuard,       // a call on a stream makes the stream's device current first (runtime, copies)
+  kSimPageableCopyWaits,    // sim's copy from pageable host memory waits for its stream first, as CUDA's may (sim)
   kCount
 };
 const char* name(Point p);

@@ -251,6 +251,7 @@ void Event::block(const Stream& stream) const {
 
 bool Event::query() const {
   if (!state_) return true;
+  check_device_calls_allowed("Event::query");
   const bool done = state_->runtime->query_event(state_->handle);
   if (done && stream_sanitizer::active(state_->device.type)) stream_sanitizer::on_event_done(state_->handle);
   return done;
@@ -258,6 +259,7 @@ bool Event::query() const {
 
 void Event::synchronize() const {
   if (!state_) return;
+  check_device_calls_allowed("Event::synchronize");
   note_host_sync();
   state_->runtime->synchronize_event(state_->handle);
   if (stream_sanitizer::active(state_->device.type)) stream_sanitizer::on_event_done(state_->handle);

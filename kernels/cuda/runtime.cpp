@@ -111,7 +111,13 @@ class CudaRuntime final : public DeviceRuntime {
     return fmt::format("{} ({})", cudaGetErrorString(count_status_), cudaGetErrorName(count_status_));
   }
 
-  void set_device(int device) override { CHORUS_CUDA(cudaSetDevice(device)); }
+  // As PyTorch's MaybeSetDevice: cudaSetDevice only when another device is current (a guard around
+  // every event record, wait and copy would otherwise make two calls for nothing).
+  void set_device(int device) override {
+    int current = -1;
+    CHORUS_CUDA(cudaGetDevice(&current));
+    if (current != device) CHORUS_CUDA(cudaSetDevice(device));
+  }
 
   void* malloc(int device, size_t nbytes) override {
     const OnDevice on_device(device);

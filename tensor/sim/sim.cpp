@@ -585,6 +585,9 @@ class SimRuntime final : public DeviceRuntime {
   // current]); fault::Point::kStreamDeviceGuard removes that, and sim_runtime_test sees this refusal.
   void set_device(int device) override {
     refuse_in_host_function("set_device");  // cudaSetDevice is a CUDA call: refused there, and after the unload
+    // Switching to a device with a sticky error fails, as cudaSetDevice returns it (the shared layer
+    // and the cuda backend switch only when the device differs, as PyTorch's MaybeSetDevice).
+    if (device != t_current_device) check_healthy(device, "set_device");
     t_current_device = device;
   }
 
@@ -618,6 +621,7 @@ class SimRuntime final : public DeviceRuntime {
   // 2026-12-01, more forgiving than CUDA).
   void free(int device, void* ptr) override {
     refuse_in_host_function("free");
+    check_healthy(device, "free");  // cudaFree returns a sticky error (the cuda backend throws it)
     const auto shared = host_call();
     memory_.retire(device, ptr);
     const std::vector<SimStream*> streams = streams_of(device);
@@ -652,13 +656,19 @@ class SimRuntime final : public DeviceRuntime {
   }
   size_t total_memory(int device) override {
     refuse_in_host_function("total_memory");  // cudaMemGetInfo
+    check_healthy(device, "total_memory");
+    const auto shared = host_call();
     std::lock_guard<std::mutex> lock(mutex_);
     return capacity_[device];
   }
   // Pinned host memory is remembered: an asynchronous copy from it reads it when the stream gets
   // there (as CUDA's does), while one from any other host memory reads it at the call (staged).
+  // Both are calls in the current device's context: its sticky error fails them, as cudaHostAlloc
+  // and cudaFreeHost return it.
   void* host_malloc(size_t nbytes) override {
     refuse_in_host_function("host_malloc");
+    check_healthy(t_current_device, "host_malloc");
+    const auto shared = host_call();
     barrier_all_streams();
     void* p = std::aligned_alloc(64, std::max<size_t>(64, (nbytes + 63) / 64 * 64));
     if (p == nullptr) fail("sim: out of host memory allocating {} pinned bytes", nbytes);
@@ -668,6 +678,8 @@ class SimRuntime final : public DeviceRuntime {
   }
   void host_free(void* ptr) override {
     refuse_in_host_function("host_free");
+    check_healthy(t_current_device, "host_free");
+    const auto shared = host_call();
     barrier_all_streams();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -689,6 +701,8 @@ class SimRuntime final : public DeviceRuntime {
 
   StreamHandle create_stream(int device, bool /*high_priority*/) override {
     refuse_in_host_function("create_stream");
+    check_healthy(device, "create_stream");
+    const auto shared = host_call();
     std::lock_guard<std::mutex> lock(mutex_);
     streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get()));
     return streams_.back().get();
@@ -705,6 +719,7 @@ class SimRuntime final : public DeviceRuntime {
   bool query_stream(StreamHandle s) override {
     refuse_in_host_function("query_stream");
     check_stream(s, "query_stream");
+    const auto shared = host_call();
     return as_stream(s)->idle();
   }
   // A failure while the host waits is reported when the wait ends (the failed device drops the
@@ -712,12 +727,14 @@ class SimRuntime final : public DeviceRuntime {
   void synchronize_stream(StreamHandle s) override {
     refuse_in_host_function("synchronize_stream");
     check_stream(s, "synchronize_stream");
+    enter_driver();
     as_stream(s)->synchronize();
     check_healthy(as_stream(s)->device(), "synchronize_stream");
   }
   void synchronize_device(int device) override {
     refuse_in_host_function("synchronize_device");
     check_healthy(device, "synchronize_device");
+    enter_driver();
     for (SimStream* s : streams_of(device)) s->synchronize();
     check_healthy(device, "synchronize_device");
   }
@@ -755,15 +772,30 @@ class SimRuntime final : public DeviceRuntime {
       check_healthy(as_stream(s)->device(), "memcpy_async (a copy to pageable host memory, synchronous)");
       return;
     }
-    const auto shared = host_call();
     if (kind == CopyKind::HostToDevice && !is_pinned(src)) {
-      // As CUDA with pageable memory: the source is read before the call returns (staged), so the
-      // caller may reuse it at once.
+      // [A pageable copy waits for its stream]. CUDA stages pageable memory through pinned buffers
+      // of its own, and "may synchronize with the stream" to do so (the runtime API's "API
+      // synchronization behavior"): the host waits until the stream has run what was queued before
+      // the copy, holding the driver lock as a copy to pageable memory does. A host that issues one
+      // while the stream waits for something the same host (or a thread that needs the driver) does
+      // later hangs on a GPU; here too, where before this rule the call returned at once. The
+      // source is read before the call returns (staged), so the caller may reuse it at once.
+      // fault::Point::kSimPageableCopyWaits removes the wait (sim_runtime_test).
+      std::unique_lock<std::shared_mutex> exclusive(driver_lock_, std::defer_lock);
+      std::shared_lock<std::shared_mutex> shared;
+      if (fault::removed(fault::Point::kSimPageableCopyWaits)) {
+        shared = host_call();
+      } else {
+        if (g_driver_lock.load(std::memory_order_relaxed)) exclusive.lock();
+        as_stream(s)->synchronize();
+        check_healthy(as_stream(s)->device(), "memcpy_async (a copy from pageable host memory, which waits for its stream)");
+      }
       auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                         static_cast<const char*>(src) + nbytes);
       as_stream(s)->submit(Task{[=] { std::memcpy(dst, staged->data(), nbytes); }, {dst}});
       return;
     }
+    const auto shared = host_call();
     as_stream(s)->submit(Task{[=] { std::memcpy(dst, src, nbytes); }, {dst, src}});
   }
 
@@ -845,6 +877,7 @@ class SimRuntime final : public DeviceRuntime {
   EventHandle create_event(int device, bool enable_timing) override {
     refuse_in_host_function("create_event");
     check_healthy(device, "create_event");
+    const auto shared = host_call();
     auto ev = std::make_shared<SimEvent>();
     ev->device = device;
     ev->timing = enable_timing;
@@ -859,6 +892,7 @@ class SimRuntime final : public DeviceRuntime {
       fail("sim: destroy_event called inside a host function (launch_host_task): CUDA refuses every CUDA call there "
            "(cudaErrorNotPermitted); drop the event on a thread of your own");
     }
+    const auto shared = host_call();
     delete static_cast<std::shared_ptr<SimEvent>*>(e);
   }
   void record_event(EventHandle e, StreamHandle s) override {
@@ -895,6 +929,7 @@ class SimRuntime final : public DeviceRuntime {
     refuse_in_host_function("query_event");
     auto* ev = as_event(e);
     check_healthy(ev->device, "query_event");
+    const auto shared = host_call();
     std::lock_guard<std::mutex> lock(ev->mutex);
     return ev->done(ev->recorded);
   }
@@ -902,6 +937,7 @@ class SimRuntime final : public DeviceRuntime {
     refuse_in_host_function("synchronize_event");
     auto* ev = as_event(e);
     check_healthy(ev->device, "synchronize_event");
+    enter_driver();
     uint64_t target;
     {
       std::lock_guard<std::mutex> lock(ev->mutex);
@@ -918,6 +954,7 @@ class SimRuntime final : public DeviceRuntime {
     auto* b = as_event(end);
     check_healthy(a->device, "elapsed_ms");
     check_healthy(b->device, "elapsed_ms");
+    const auto shared = host_call();
     if (a->device != b->device) {
       fail("sim: elapsed_ms: the start event is on sim:{} and the end event on sim:{}; CUDA times only events of one "
            "device (cudaErrorInvalidResourceHandle)",
@@ -954,6 +991,9 @@ class SimRuntime final : public DeviceRuntime {
     if (t_stream_thread || !g_driver_lock.load(std::memory_order_relaxed)) return {};
     return std::shared_lock<std::shared_mutex>(driver_lock_);
   }
+  // A call that then waits for the device (a stream, event or device synchronization) enters the
+  // driver as every call does, and waits without holding the lock.
+  void enter_driver() { const auto shared = host_call(); }
 
   void set_capacity(int device, size_t bytes) {
     check_device(device, "set_memory_capacity");

@@ -28,10 +28,13 @@
 //   So is a device allocation (malloc) for the streams of its device.
 // - Delay injection: CHORUS_SIM_DELAY_US=N (or set_delay_us) sleeps a random 0..N us before every
 //   task, so a missing synchronization shows up as a wrong result in tests.
+// - A copy from pageable host memory to the device waits for its stream's earlier work before it
+//   returns, as CUDA's may to stage it ([A pageable copy waits for its stream], sim.cpp); the
+//   source is read by then. A copy from page-locked memory (host_malloc) returns at once.
 // - The driver lock (opt-in: CHORUS_SIM_DRIVER_LOCK=1 or set_driver_lock): as CUDA's driver, a copy
-//   to pageable host memory is synchronous and holds a lock while it waits for its stream, and the
-//   device calls of the process's other host threads (copies, launches, event records and waits,
-//   stream memory operations, allocations) wait for it. Host work that device work waits for must
+//   to or from pageable host memory holds a lock while it waits for its stream, and every device
+//   call of the process's other host threads (copies, launches, events, queries, synchronizations,
+//   stream creation, stream memory operations, allocations) waits for it. Host work that device work waits for must
 //   then make no device call (the Gloo staging deadlock of an H100 run, 2026-11-26). Opt-in; the
 //   multi-process DDP, SyncBatchNorm and pipeline tests on sim turn it on. Calls from a stream's own
 //   thread (sim's device side) never take it.
@@ -51,8 +54,10 @@
 //   failed; from then on every call on that device throws a chorus::Error naming the call and the
 //   first error, and the device's streams drop their queued kernels, copies and host functions
 //   (event records and waits still complete, so a host synchronization returns the error instead
-//   of hanging). free and destroy_event still work (they run in destructors; cudaFree's error is
-//   ignored there too).
+//   of hanging): free, create_stream, total_memory, set_device to it from another device, and
+//   host_malloc/host_free while it is current fail too, as their CUDA calls return the error.
+//   destroy_event still works (it runs in destructors; cudaEventDestroy's error is ignored), and the
+//   caching allocator's frees in tensor destructors never reach the device (they cache).
 #pragma once
 
 #include <cstddef>

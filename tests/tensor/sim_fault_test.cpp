@@ -30,6 +30,13 @@ TEST_CASE("an injected stream failure is raised at the next synchronization and 
   Tensor x = ones({1000}, {.device = dev});
   CHECK(x.sum().item<double>() == 1000.0);  // a healthy device first
   record_stream(x.storage(), other);         // so that its free must record an event on `other`
+  {
+    Tensor cached = ones({1 << 20}, {.device = dev});  // a segment of its own, cached once freed
+  }
+  s.synchronize();
+  void* raw = rt.malloc(1, 4096);  // for the raw free after the failure
+  REQUIRE(raw != nullptr);
+  void* pinned = rt.host_malloc(64);
   REQUIRE_FALSE(sim::device_error(1).has_value());
 
   // A kernel holds the stream while the next ones are queued behind it: the armed one (fails), one
@@ -68,6 +75,22 @@ TEST_CASE("an injected stream failure is raised at the next synchronization and 
   CHECK_THROWS_WITH(rt.malloc(1, 4096), Catch::Contains("malloc on sim:1"));
   CHECK_THROWS_WITH(ones({4}, {.device = dev}).to(kCPU), Catch::Contains("on sim:1 failed"));
   CHECK_THROWS_WITH(synchronize(dev), Catch::Contains("synchronize_device on sim:1"));
+  // The calls that name no stream fail too, as their CUDA counterparts return the sticky error:
+  // cudaFree, cudaStreamCreate, cudaMemGetInfo, and cudaHostAlloc/cudaFreeHost in the failed
+  // device's context (sim:1 is current here, StreamGuard); cudaSetDevice from another device.
+  CHECK_THROWS_WITH(rt.free(1, raw), Catch::Contains("free on sim:1 failed") && Catch::Contains("sticky"));
+  CHECK_THROWS_WITH(rt.create_stream(1, false), Catch::Contains("create_stream on sim:1"));
+  CHECK_THROWS_WITH(rt.total_memory(1), Catch::Contains("total_memory on sim:1"));
+  CHECK_THROWS_WITH(rt.host_malloc(64), Catch::Contains("host_malloc on sim:1"));
+  CHECK_THROWS_WITH(rt.host_free(pinned), Catch::Contains("host_free on sim:1"));
+  {
+    const DeviceGuard elsewhere(Device::sim(0));
+    CHECK_THROWS_WITH(DeviceGuard(dev), Catch::Contains("set_device on sim:1 failed"));
+    CHECK_NOTHROW(rt.host_free(pinned));  // sim:0's context is healthy
+  }
+  // The allocator's cached segment: empty_cache's free is refused, and the error reaches the caller
+  // (the segment's record is kept with the lost blocks; LeakSanitizer checks it is not leaked).
+  CHECK_THROWS_WITH(empty_cache(dev), Catch::Contains("free on sim:1 failed"));
   // A free in a destructor does not throw (its event record on `other` fails; the block is kept
   // out of the pools for good), and the error is still there afterwards.
   CHECK_NOTHROW(x = Tensor());

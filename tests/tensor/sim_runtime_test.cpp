@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -59,7 +60,6 @@ bool host_read_crashes(const unsigned char* p) {
 }  // namespace
 
 TEST_CASE("sim: tasks on one stream run in submission order, one at a time") {
-  DeviceRuntime& rt = sim_runtime();
   Stream s = stream_from_pool(Device::sim(0));
   std::vector<int> order;  // written only by s's tasks: they never overlap
   std::atomic<int> running{0};
@@ -107,7 +107,6 @@ TEST_CASE("sim: what a task captured is destroyed before synchronize returns") {
 }
 
 TEST_CASE("sim: streams run concurrently") {
-  DeviceRuntime& rt = sim_runtime();
   Stream a = stream_from_pool(Device::sim(0));
   Stream b = stream_from_pool(Device::sim(0));
   REQUIRE(a != b);
@@ -128,7 +127,6 @@ TEST_CASE("sim: streams run concurrently") {
 }
 
 TEST_CASE("sim: a stream waiting on an event runs after the work the event captured") {
-  DeviceRuntime& rt = sim_runtime();
   Stream a = stream_from_pool(Device::sim(0));
   Stream b = stream_from_pool(Device::sim(0));
   REQUIRE(a != b);
@@ -157,7 +155,6 @@ TEST_CASE("sim: a stream waiting on an event runs after the work the event captu
 }
 
 TEST_CASE("sim: a wait captures the event's generation at the call; a later record does not move it") {
-  DeviceRuntime& rt = sim_runtime();
   Stream a = stream_from_pool(Device::sim(0));
   Stream b = stream_from_pool(Device::sim(0));
   std::atomic<int> first{0}, second{0};
@@ -205,7 +202,6 @@ TEST_CASE("sim: a wait on one event recorded on two streams waits for the record
 }
 
 TEST_CASE("sim: query reports pending and completed work; a never-recorded event is complete") {
-  DeviceRuntime& rt = sim_runtime();
   Stream s = stream_from_pool(Device::sim(0));
   Event never;
   CHECK(never.query());
@@ -225,7 +221,6 @@ TEST_CASE("sim: query reports pending and completed work; a never-recorded event
 }
 
 TEST_CASE("sim: elapsed_time between timing events measures the work between them") {
-  DeviceRuntime& rt = sim_runtime();
   Stream s = stream_from_pool(Device::sim(0));
   Event start(/*enable_timing=*/true), end(/*enable_timing=*/true);
   start.record(s);
@@ -564,6 +559,59 @@ TEST_CASE("sim: free waits until every stream of its device has run what was que
   CHECK_FALSE(returned_while_held(300ms));
 }
 
+// [A pageable copy waits for its stream] (tensor/sim/sim.cpp): CUDA "may synchronize with the
+// stream" to stage a copy from pageable host memory, so the host waits in the call until the stream
+// has run what was queued before it; a copy from page-locked memory (host_malloc) returns at once.
+// Removed (sim until 2026-12-02), the pageable copy returned at once too, so a host that the stream
+// waits for could issue one and pass on sim, and hang on a GPU.
+TEST_CASE("sim: a copy from pageable host memory waits for its stream's earlier work, one from pinned memory does not; removed, neither waits") {
+  DeviceRuntime& rt = sim_runtime();
+  const Device dev = Device::sim(1);
+  const DeviceGuard current(dev);  // a kernel launches on a stream of the current device
+  Stream s = stream_from_pool(dev);
+  void* dst = rt.malloc(1, 256);
+  REQUIRE(dst != nullptr);
+  std::vector<float> pageable(64, 2.0f);
+  auto* pinned = static_cast<float*>(rt.host_malloc(256));
+  std::fill(pinned, pinned + 64, 3.0f);
+  // Whether the copy returned within `patience` while a kernel queued before it on `s` was held.
+  auto returned_while_held = [&](const void* src, std::chrono::milliseconds patience) {
+    std::atomic<bool> release{false}, returned{false};
+    std::promise<void> busy;
+    sim::launch_kernel(s.handle(), [&] {
+      busy.set_value();
+      while (!release) std::this_thread::sleep_for(1ms);
+    }, {});
+    busy.get_future().wait();
+    std::thread copier([&] {
+      const DeviceGuard on_thread(dev);
+      rt.memcpy_async(dst, src, 256, CopyKind::HostToDevice, s.handle());
+      returned = true;
+    });
+    const auto until = std::chrono::steady_clock::now() + patience;
+    while (!returned && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    const bool early = returned.load();
+    release = true;
+    copier.join();
+    s.synchronize();
+    return early;
+  };
+  CHECK_FALSE(returned_while_held(pageable.data(), 300ms));
+  CHECK(returned_while_held(pinned, 20s));
+  std::vector<float> back(64);
+  rt.memcpy_async(back.data(), dst, 256, CopyKind::DeviceToHost, s.handle());
+  CHECK(back == std::vector<float>(64, 3.0f));
+  {
+    fault::RemovedScope at_once(fault::Point::kSimPageableCopyWaits);
+    CHECK(returned_while_held(pageable.data(), 20s));
+  }
+  CHECK_FALSE(returned_while_held(pageable.data(), 300ms));
+  rt.memcpy_async(back.data(), dst, 256, CopyKind::DeviceToHost, s.handle());
+  CHECK(back == std::vector<float>(64, 2.0f));  // staged: the values of the call's time
+  rt.host_free(pinned);
+  rt.free(1, dst);
+}
+
 TEST_CASE("sim: a device call inside a host function fails as cudaErrorNotPermitted") {
   DeviceRuntime& rt = sim_runtime();
   Stream s = stream_from_pool(Device::sim(0));
@@ -710,10 +758,12 @@ TEST_CASE("sim: stream_write_value follows earlier work, stream_wait_value holds
   rt.host_free(words);
 }
 
-// As CUDA's driver: while a copy to pageable memory waits for its stream, other host threads'
-// device calls wait too (the lock that deadlocked Gloo's staging on an H100 when its thread made
-// CUDA calls the stream waited for).
-TEST_CASE("sim: a blocking copy to pageable memory holds other threads' device calls") {
+// As CUDA's driver: while a copy to or from pageable memory waits for its stream, other host
+// threads' device calls wait too (the lock that deadlocked Gloo's staging on an H100 when its
+// thread made CUDA calls the stream waited for). Every call sim models enters the driver: before
+// 2026-12-02 the queries, synchronizations, event and stream creation, pinned allocation and memory
+// info went past a held lock, so a thread the device waits for could make them on sim and hang on a GPU.
+TEST_CASE("sim: a blocking copy to or from pageable memory holds other threads' device calls") {
   struct LockScope {
     bool previous = sim::driver_lock();
     LockScope() { sim::set_driver_lock(true); }
@@ -722,24 +772,48 @@ TEST_CASE("sim: a blocking copy to pageable memory holds other threads' device c
   DeviceRuntime& rt = sim_runtime();
   Stream s = stream_from_pool(Device::sim(0)), other = stream_from_pool(Device::sim(0));
   auto* words = static_cast<uint32_t*>(rt.host_malloc(64));
-  words[0] = 0;
   auto* buf = static_cast<int*>(rt.malloc(0, sizeof(int)));
-  int host = 0;
-  rt.stream_wait_value(s.handle(), &words[0], 1);
-  std::thread copier([&] { rt.memcpy_async(&host, buf, sizeof(int), CopyKind::DeviceToHost, s.handle()); });
-  std::this_thread::sleep_for(20ms);  // the copier now waits for s, holding the lock
-  std::atomic<bool> recorded{false};
-  std::thread caller([&] {
-    Event e;
-    e.record(other);
-    recorded.store(true);
-  });
-  std::this_thread::sleep_for(30ms);
-  CHECK_FALSE(recorded.load());
-  std::atomic_ref<uint32_t>(words[0]).store(1, std::memory_order_release);
-  copier.join();
-  caller.join();
-  CHECK(recorded.load());
+  Event done;
+  done.record(other);
+  done.synchronize();
+  const std::vector<std::pair<const char*, std::function<void()>>> calls{
+      {"record_event", [&] { Event e; e.record(other); }},
+      {"query_event", [&] { (void)rt.query_event(done.handle()); }},
+      {"synchronize_event", [&] { rt.synchronize_event(done.handle()); }},
+      {"query_stream", [&] { (void)rt.query_stream(other.handle()); }},
+      {"synchronize_stream", [&] { rt.synchronize_stream(other.handle()); }},
+      {"create_event", [&] { rt.destroy_event(rt.create_event(0, false)); }},
+      {"create_stream", [&] { (void)rt.create_stream(0, false); }},
+      {"host_malloc", [&] { rt.host_free(rt.host_malloc(64)); }},
+      {"total_memory", [&] { (void)rt.total_memory(0); }},
+  };
+  for (const CopyKind kind : {CopyKind::DeviceToHost, CopyKind::HostToDevice}) {
+    for (const auto& entry : calls) {  // (clang 14 cannot capture a structured binding)
+      const std::function<void()>& call = entry.second;
+      INFO((kind == CopyKind::DeviceToHost ? "a copy to pageable memory holds " : "a copy from pageable memory holds ")
+           << entry.first);
+      words[0] = 0;
+      int host = 7;
+      rt.stream_wait_value(s.handle(), &words[0], 1);
+      std::thread copier([&] {
+        if (kind == CopyKind::DeviceToHost) rt.memcpy_async(&host, buf, sizeof(int), kind, s.handle());
+        else rt.memcpy_async(buf, &host, sizeof(int), kind, s.handle());
+      });
+      std::this_thread::sleep_for(20ms);  // the copier now waits for s, holding the lock
+      std::atomic<bool> returned{false};
+      std::thread caller([&] {
+        call();
+        returned.store(true);
+      });
+      std::this_thread::sleep_for(30ms);
+      CHECK_FALSE(returned.load());
+      std::atomic_ref<uint32_t>(words[0]).store(1, std::memory_order_release);
+      copier.join();
+      caller.join();
+      CHECK(returned.load());
+      s.synchronize();
+    }
+  }
   rt.free(0, buf);
   rt.host_free(words);
 }
