@@ -89,10 +89,15 @@ CachingAllocator::~CachingAllocator() {
       std::lock_guard<std::mutex> lock(st->mutex);
       process_events(*st);
       release_cached_segments(*st);
-    } catch (const Error&) {
+    } catch (const std::exception&) {
       // A failed device (its sticky error): what it held is lost with it. Not thrown (a destructor).
     }
     std::lock_guard<std::mutex> lock(st->mutex);
+    // Blocks still waiting for events (none unless the device failed above), each once.
+    std::set<Block*> waiting;
+    for (auto& [stream, queue] : st->pending)
+      for (auto& entry : queue) waiting.insert(entry.second);
+    for (Block* b : waiting) delete b;
     for (EventHandle e : st->all_events) runtime_.destroy_event(e);
     // Segments with live blocks stay with the runtime (their tensors still use them); their Block
     // records are dropped with the pools.

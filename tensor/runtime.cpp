@@ -287,13 +287,16 @@ namespace {
 // A guard's destructor gives the previous device back without throwing (a destructor that throws
 // ends the process): cudaSetDevice may return the sticky error of an earlier kernel fault, and a
 // process exiting (sim and CUDA unloaded) refuses it; that error surfaces at the next device call
-// instead, as PyTorch's uncheckedSetDevice leaves it.
-void restore_device(DeviceType type, int device) noexcept {
+// instead, as PyTorch's uncheckedSetDevice leaves it. False when refused: the thread stays on the
+// device it is on (sim's refused set_device changes nothing), and the caller's record must say so.
+bool restore_device(DeviceType type, int device) noexcept {
   DeviceRuntime* rt = registered_runtime(type);
-  if (rt == nullptr) return;
+  if (rt == nullptr) return true;
   try {
     rt->set_device(device);
+    return true;
   } catch (const std::exception&) {
+    return false;
   }
 }
 }  // namespace
@@ -309,8 +312,9 @@ StreamGuard::StreamGuard(const Stream& stream)
 
 StreamGuard::~StreamGuard() {
   t_state.current[static_cast<int>(previous_.device().type)][previous_.device().index] = previous_.handle();
-  t_state.device[static_cast<int>(previous_.device().type)] = previous_device_;
-  restore_device(previous_.device().type, previous_device_);
+  if (restore_device(previous_.device().type, previous_device_)) {
+    t_state.device[static_cast<int>(previous_.device().type)] = previous_device_;
+  }
 }
 
 DeviceGuard::DeviceGuard(Device device) : type_(device.type) {
@@ -322,8 +326,7 @@ DeviceGuard::DeviceGuard(Device device) : type_(device.type) {
 
 DeviceGuard::~DeviceGuard() {
   if (previous_ < 0) return;
-  t_state.device[static_cast<int>(type_)] = previous_;
-  restore_device(type_, previous_);
+  if (restore_device(type_, previous_)) t_state.device[static_cast<int>(type_)] = previous_;
 }
 
 StreamDeviceGuard::StreamDeviceGuard(const Stream& stream) {

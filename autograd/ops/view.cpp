@@ -309,9 +309,9 @@ Tensor to_dtype(const Tensor& t, DType dtype) {
 namespace {
 
 // Copies contiguous `src` into contiguous `dst` (same dtype and numel) on another device, ordered
-// on the current streams. Host-to-device returns at once (the runtime has read the host memory by
-// then: CUDA stages pageable memory, sim snapshots it); device-to-host blocks until the data is
-// there, as PyTorch's blocking copies do.
+// on the current streams. Host-to-device returns once the runtime has read the host memory (CUDA
+// stages pageable memory and may first wait for the stream's earlier work, as sim always does);
+// device-to-host blocks until the data is there, as PyTorch's blocking copies do.
 void copy_across_devices(const Tensor& dst, const Tensor& src) {
   const size_t nbytes = static_cast<size_t>(src.numel()) * src.element_size();
   if (nbytes == 0) return;

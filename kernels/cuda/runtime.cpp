@@ -111,7 +111,7 @@ class CudaRuntime final : public DeviceRuntime {
     return fmt::format("{} ({})", cudaGetErrorString(count_status_), cudaGetErrorName(count_status_));
   }
 
-  // As PyTorch's MaybeSetDevice: cudaSetDevice only when another device is current (a guard around
+  // As PyTorch's c10::cuda::SetDevice: cudaSetDevice only when another device is current (a guard around
   // every event record, wait and copy would otherwise make two calls for nothing).
   void set_device(int device) override {
     int current = -1;

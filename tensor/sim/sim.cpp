@@ -466,6 +466,25 @@ class SimStream {
 // (sim_runtime_test shows two host functions of two streams overlapping then, never with it).
 
 thread_local bool t_in_host_function = false;
+std::atomic<int> g_driver_lock_holders{0};  // threads holding the driver lock exclusively (driver_lock_held)
+
+// The driver lock held exclusively by a blocking copy (when the lock is on), counted for tests.
+class ExclusiveDriver {
+ public:
+  explicit ExclusiveDriver(std::shared_mutex& m) : lock_(m, std::defer_lock) {
+    if (!g_driver_lock.load(std::memory_order_relaxed)) return;
+    lock_.lock();
+    g_driver_lock_holders.fetch_add(1);
+  }
+  ~ExclusiveDriver() {
+    if (lock_.owns_lock()) g_driver_lock_holders.fetch_sub(1);
+  }
+  ExclusiveDriver(const ExclusiveDriver&) = delete;
+  ExclusiveDriver& operator=(const ExclusiveDriver&) = delete;
+
+ private:
+  std::unique_lock<std::shared_mutex> lock_;
+};
 // This host thread's current sim device, as CUDA's per-thread current device ([The default stream is
 // the current device's]).
 thread_local int t_current_device = 0;
@@ -561,7 +580,7 @@ class SimRuntime final : public DeviceRuntime {
  public:
   SimRuntime() : count_(static_cast<int>(env_u32("CHORUS_SIM_DEVICES", 2))), poison_(env_u32("CHORUS_SIM_POISON", 1) != 0) {
     g_delay_us.store(env_u32("CHORUS_SIM_DELAY_US", 0));
-    g_driver_lock.store(env_u32("CHORUS_SIM_DRIVER_LOCK", 0) != 0);
+    g_driver_lock.store(env_u32("CHORUS_SIM_DRIVER_LOCK", 1) != 0);  // on unless =0
     // CHORUS_SIM_MEMORY_MB: every device's capacity in MiB (a test or an example run sets it to
     // make a job run out of device memory; set_memory_capacity changes it in process).
     const uint32_t capacity_mb = env_u32("CHORUS_SIM_MEMORY_MB", 16 << 10);
@@ -585,8 +604,10 @@ class SimRuntime final : public DeviceRuntime {
   // current]); fault::Point::kStreamDeviceGuard removes that, and sim_runtime_test sees this refusal.
   void set_device(int device) override {
     refuse_in_host_function("set_device");  // cudaSetDevice is a CUDA call: refused there, and after the unload
-    // Switching to a device with a sticky error fails, as cudaSetDevice returns it (the shared layer
-    // and the cuda backend switch only when the device differs, as PyTorch's MaybeSetDevice).
+    check_device(device, "set_device");
+    // Switching to a device with a sticky error fails, as cudaSetDevice returns it (the cuda backend
+    // switches only when the device differs, as PyTorch's c10::cuda::SetDevice); the thread stays on
+    // its device, as the shared layer's record does (restore_device, tensor/runtime.cpp).
     if (device != t_current_device) check_healthy(device, "set_device");
     t_current_device = device;
   }
@@ -656,8 +677,7 @@ class SimRuntime final : public DeviceRuntime {
   }
   size_t total_memory(int device) override {
     refuse_in_host_function("total_memory");  // cudaMemGetInfo
-    check_healthy(device, "total_memory");
-    const auto shared = host_call();
+    check_healthy(device, "total_memory");  // (no driver lock: the allocator asks under its mutex, below)
     std::lock_guard<std::mutex> lock(mutex_);
     return capacity_[device];
   }
@@ -765,8 +785,7 @@ class SimRuntime final : public DeviceRuntime {
     if (kind == CopyKind::DeviceToHost && !is_pinned(dst)) {
       // As CUDA with pageable memory: the copy is synchronous, and the driver lock is held while
       // it waits for the stream (see driver_lock_).
-      std::unique_lock<std::shared_mutex> exclusive(driver_lock_, std::defer_lock);
-      if (g_driver_lock.load(std::memory_order_relaxed)) exclusive.lock();
+      ExclusiveDriver exclusive(driver_lock_);
       as_stream(s)->submit(Task{[=] { std::memcpy(dst, src, nbytes); }, {dst, src}});
       as_stream(s)->synchronize();
       check_healthy(as_stream(s)->device(), "memcpy_async (a copy to pageable host memory, synchronous)");
@@ -781,12 +800,12 @@ class SimRuntime final : public DeviceRuntime {
       // later hangs on a GPU; here too, where before this rule the call returned at once. The
       // source is read before the call returns (staged), so the caller may reuse it at once.
       // fault::Point::kSimPageableCopyWaits removes the wait (sim_runtime_test).
-      std::unique_lock<std::shared_mutex> exclusive(driver_lock_, std::defer_lock);
+      std::optional<ExclusiveDriver> exclusive;
       std::shared_lock<std::shared_mutex> shared;
       if (fault::removed(fault::Point::kSimPageableCopyWaits)) {
         shared = host_call();
       } else {
-        if (g_driver_lock.load(std::memory_order_relaxed)) exclusive.lock();
+        exclusive.emplace(driver_lock_);
         as_stream(s)->synchronize();
         check_healthy(as_stream(s)->device(), "memcpy_async (a copy from pageable host memory, which waits for its stream)");
       }
@@ -929,7 +948,9 @@ class SimRuntime final : public DeviceRuntime {
     refuse_in_host_function("query_event");
     auto* ev = as_event(e);
     check_healthy(ev->device, "query_event");
-    const auto shared = host_call();
+    // No driver lock: the caching allocator polls its events under its mutex (as PyTorch's does), and
+    // a stream thread here may free a tensor its task captured (sim's artefact), which needs that
+    // mutex while a blocking copy holding the lock waits for the stream: a deadlock no GPU has.
     std::lock_guard<std::mutex> lock(ev->mutex);
     return ev->done(ev->recorded);
   }
@@ -1101,6 +1122,7 @@ DeviceRuntime& device_runtime() { return runtime(); }
 void set_delay_us(uint32_t max_delay_us) { g_delay_us.store(max_delay_us); }
 void set_driver_lock(bool on) { g_driver_lock.store(on); }
 bool driver_lock() { return g_driver_lock.load(); }
+bool driver_lock_held() { return g_driver_lock_holders.load() > 0; }
 uint32_t delay_us() { return g_delay_us.load(); }
 void set_memory_capacity(int device, size_t bytes) { runtime().set_capacity(device, bytes); }
 size_t memory_in_use(int device) { return runtime().in_use(device); }

@@ -31,13 +31,15 @@
 // - A copy from pageable host memory to the device waits for its stream's earlier work before it
 //   returns, as CUDA's may to stage it ([A pageable copy waits for its stream], sim.cpp); the
 //   source is read by then. A copy from page-locked memory (host_malloc) returns at once.
-// - The driver lock (opt-in: CHORUS_SIM_DRIVER_LOCK=1 or set_driver_lock): as CUDA's driver, a copy
-//   to or from pageable host memory holds a lock while it waits for its stream, and every device
-//   call of the process's other host threads (copies, launches, events, queries, synchronizations,
-//   stream creation, stream memory operations, allocations) waits for it. Host work that device work waits for must
-//   then make no device call (the Gloo staging deadlock of an H100 run, 2026-11-26). Opt-in; the
-//   multi-process DDP, SyncBatchNorm and pipeline tests on sim turn it on. Calls from a stream's own
-//   thread (sim's device side) never take it.
+// - The driver lock (on unless CHORUS_SIM_DRIVER_LOCK=0; set_driver_lock): as CUDA's driver, a copy
+//   to or from pageable host memory holds a lock while it waits for its stream, and the device calls
+//   of the process's other host threads (copies, launches, event records and waits, synchronizations
+//   on entry, event and stream creation, stream memory operations, allocations, pinned allocation)
+//   wait for it. Host work that device work waits for must then make no device call (the Gloo
+//   staging deadlock of an H100 run, 2026-11-26). Event queries and memory info do not take it (the
+//   caching allocator makes them under its mutex, which a stream thread freeing a tensor its task
+//   captured, sim's artefact, may need). Calls from a stream's own thread (sim's device side) never
+//   take it. Opt-in until 2026-12-02.
 // - CHORUS_SIM_DEVICES (default 2) devices, each with a settable capacity (default 16 GiB;
 //   CHORUS_SIM_MEMORY_MB sets every device's at start, set_memory_capacity one's in process):
 //   segments beyond it are refused, and the caching allocator reports out of memory.
@@ -56,8 +58,9 @@
 //   (event records and waits still complete, so a host synchronization returns the error instead
 //   of hanging): free, create_stream, total_memory, set_device to it from another device, and
 //   host_malloc/host_free while it is current fail too, as their CUDA calls return the error.
-//   destroy_event still works (it runs in destructors; cudaEventDestroy's error is ignored), and the
-//   caching allocator's frees in tensor destructors never reach the device (they cache).
+//   destroy_event still works (it runs in destructors; cudaEventDestroy's error is ignored). The
+//   caching allocator's free in a tensor destructor does not throw: the event records it makes for a
+//   block used on other streams are refused, and the block is kept out of its pools for good.
 #pragma once
 
 #include <cstddef>
@@ -78,9 +81,11 @@ namespace chorus::sim {
 // registry entry might not be there yet (initialization order across files is unspecified).
 DeviceRuntime& device_runtime();
 
-// The driver lock above, on or off (default: CHORUS_SIM_DRIVER_LOCK=1 turns it on).
+// The driver lock above, on or off (default on; CHORUS_SIM_DRIVER_LOCK=0 turns it off).
 void set_driver_lock(bool on);
 bool driver_lock();
+// Whether a blocking copy holds the driver lock now (for tests that need a call to meet it).
+bool driver_lock_held();
 // Maximum random delay before each task, in microseconds (0: none).
 void set_delay_us(uint32_t max_delay_us);
 uint32_t delay_us();

@@ -760,9 +760,10 @@ TEST_CASE("sim: stream_write_value follows earlier work, stream_wait_value holds
 
 // As CUDA's driver: while a copy to or from pageable memory waits for its stream, other host
 // threads' device calls wait too (the lock that deadlocked Gloo's staging on an H100 when its
-// thread made CUDA calls the stream waited for). Every call sim models enters the driver: before
-// 2026-12-02 the queries, synchronizations, event and stream creation, pinned allocation and memory
-// info went past a held lock, so a thread the device waits for could make them on sim and hang on a GPU.
+// thread made CUDA calls the stream waited for). Before 2026-12-02 a stream query, the
+// synchronizations, event and stream creation and pinned allocation went past a held lock, so a
+// thread the device waits for could make them on sim and hang on a GPU. (Event queries and memory
+// info do not take it: tensor/sim/sim.h.)
 TEST_CASE("sim: a blocking copy to or from pageable memory holds other threads' device calls") {
   struct LockScope {
     bool previous = sim::driver_lock();
@@ -778,14 +779,12 @@ TEST_CASE("sim: a blocking copy to or from pageable memory holds other threads' 
   done.synchronize();
   const std::vector<std::pair<const char*, std::function<void()>>> calls{
       {"record_event", [&] { Event e; e.record(other); }},
-      {"query_event", [&] { (void)rt.query_event(done.handle()); }},
       {"synchronize_event", [&] { rt.synchronize_event(done.handle()); }},
       {"query_stream", [&] { (void)rt.query_stream(other.handle()); }},
       {"synchronize_stream", [&] { rt.synchronize_stream(other.handle()); }},
       {"create_event", [&] { rt.destroy_event(rt.create_event(0, false)); }},
       {"create_stream", [&] { (void)rt.create_stream(0, false); }},
       {"host_malloc", [&] { rt.host_free(rt.host_malloc(64)); }},
-      {"total_memory", [&] { (void)rt.total_memory(0); }},
   };
   for (const CopyKind kind : {CopyKind::DeviceToHost, CopyKind::HostToDevice}) {
     for (const auto& entry : calls) {  // (clang 14 cannot capture a structured binding)
@@ -799,7 +798,16 @@ TEST_CASE("sim: a blocking copy to or from pageable memory holds other threads' 
         if (kind == CopyKind::DeviceToHost) rt.memcpy_async(&host, buf, sizeof(int), kind, s.handle());
         else rt.memcpy_async(buf, &host, sizeof(int), kind, s.handle());
       });
-      std::this_thread::sleep_for(20ms);  // the copier now waits for s, holding the lock
+      const auto patience = std::chrono::steady_clock::now() + 20s;
+      while (!sim::driver_lock_held() && std::chrono::steady_clock::now() < patience) std::this_thread::sleep_for(1ms);
+      const bool held = sim::driver_lock_held();  // the copier waits for s, holding the lock
+      CHECK(held);
+      if (!held) {
+        std::atomic_ref<uint32_t>(words[0]).store(1, std::memory_order_release);
+        copier.join();
+        s.synchronize();
+        break;  // this kind of copy takes no lock: the other calls cannot meet one either
+      }
       std::atomic<bool> returned{false};
       std::thread caller([&] {
         call();
