@@ -26,6 +26,7 @@ const char* name(Point p) {
     case Point::kSimMallocBarrier: return "sim_malloc_barrier";
     case Point::kStreamDeviceGuard: return "stream_device_guard";
     case Point::kSimPageableCopyWaits: return "sim_pageable_copy_waits";
+    case Point::kSimSharedQueues: return "sim_shared_queues";
     case Point::kCount: break;
   }
   return "?";

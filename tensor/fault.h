@@ -24,6 +24,7 @@ enum class Point : int {
   kSimMallocBarrier,        // sim's device allocation orders later work after earlier work, as cudaMalloc (sim)
   kStreamDeviceGuard,       // a call on a stream makes the stream's device current first (runtime, copies)
   kSimPageableCopyWaits,    // sim's copy from pageable host memory waits for its stream first, as CUDA's may (sim)
+  kSimSharedQueues,         // sim's streams share hardware queues, where a wait holds up later work, as a GPU's (sim)
   kCount
 };
 const char* name(Point p);

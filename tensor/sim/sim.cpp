@@ -323,12 +323,61 @@ struct Task {
   std::string failure{};  // non-empty: the task fails its device with this instead of running
                           // (an injected fault, or an illegal address found at the launch)
   bool opened = false;   // its segments were opened as the task before it ended ([Segment hand-over])
+  bool blocks_queue = false;  // a wait that stalls its hardware queue until it ends ([Shared hardware queues])
+  uint64_t issue = 0;         // its place in its hardware queue (SimStream::submit)
+};
+
+// [Shared hardware queues] A GPU feeds its streams through a few hardware queues (connections:
+// CUDA_DEVICE_MAX_CONNECTIONS, 8 by default; Megatron-LM sets 1), streams assigned to them in turn
+// as they are created. A queue hands out its work in issue order: a kernel or copy is launched and
+// the next item follows at once, but a wait (cuStreamWaitValue32, cudaStreamWaitEvent, a host
+// function's completion) stalls the whole queue until it is satisfied, so work of *another* stream
+// issued after it on the same queue does not start either. The driver API warns that stream memory
+// operations "may deadlock" when the scheduler serializes them in an improper order. sim keeps one
+// such queue per connection: a task starts only once every waiting task issued before it on its
+// queue has ended (stricter in one respect: a wait here ends only after its own stream's earlier
+// work, where a GPU may satisfy it sooner). Opt-in: CHORUS_SIM_CONNECTIONS (else
+// CUDA_DEVICE_MAX_CONNECTIONS) sets the count; unset, every stream has a queue of its own, as sim's
+// streams had before 2026-12-02. 1 is the strictest (every wait stalls every later task of the
+// device). Not on by default: CUDA does not document how it assigns streams to queues, and with 8
+// queues in turn DDP's communication lanes shared the compute stream's queue (multiprocess_test
+// 175 s against ~60) and a stream_group_test case, whose gate kernel holds the communication stream
+// while the compute stream must finish, hung; with 1, a Gloo send/receive ring hangs (docs/gpu.md).
+// fault::Point::kSimSharedQueues removes it (sim_runtime_test).
+class HardwareQueue {
+ public:
+  // The next issue number; a blocking task is pending from here until resolved().
+  uint64_t issue(bool blocking) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const uint64_t n = ++issued_;
+    if (blocking) pending_.insert(n);
+    return n;
+  }
+  // Waits until no blocking task issued before `n` is pending.
+  void admit(uint64_t n) {
+    if (fault::removed(fault::Point::kSimSharedQueues)) return;
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return pending_.empty() || *pending_.begin() >= n; });
+  }
+  void resolved(uint64_t n) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pending_.erase(n);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  uint64_t issued_ = 0;
+  std::set<uint64_t> pending_;
 };
 
 class SimStream {
  public:
-  SimStream(int device, Memory* memory, DeviceHealth* health)
-      : device_(device), memory_(memory), health_(health), worker_([this] { run(); }) {
+  SimStream(int device, Memory* memory, DeviceHealth* health, HardwareQueue* queue)
+      : device_(device), memory_(memory), health_(health), hardware_(queue), worker_([this] { run(); }) {
     worker_.detach();  // streams live as long as the process, as CUDA's
   }
 
@@ -343,7 +392,10 @@ class SimStream {
           static_cast<const void*>(this), device_);
     }
     {
+      // One lock order (the stream's submission, then its queue's numbering), so that a stream's
+      // tasks are numbered in the order they are queued.
       std::lock_guard<std::mutex> lock(mutex_);
+      task.issue = hardware_->issue(task.blocks_queue);
       queue_.push_back(std::move(task));
       ++submitted_;
     }
@@ -382,6 +434,7 @@ class SimStream {
         task = std::move(queue_.front());
         queue_.pop_front();
       }
+      hardware_->admit(task.issue);
       const uint32_t delay = g_delay_us.load(std::memory_order_relaxed);
       if (delay > 0 && !task.is_wait) {
         std::this_thread::sleep_for(std::chrono::microseconds(rng() % (delay + 1)));
@@ -404,6 +457,7 @@ class SimStream {
         hand_over();
       }  // else: the device has failed; its queued work is dropped (see DeviceHealth)
       if (task.opened) memory_->access(task.buffers, -1);
+      if (task.blocks_queue) hardware_->resolved(task.issue);
       // Destroy what the task captured (tensors kept alive for it) before it counts as done: a
       // host that synchronized the stream must see those tensors freed.
       task = Task{};
@@ -445,6 +499,7 @@ class SimStream {
   const int device_;
   Memory* memory_;
   DeviceHealth* health_;
+  HardwareQueue* hardware_;
   std::mutex mutex_;
   std::condition_variable cv_, done_cv_;
   std::deque<Task> queue_;
@@ -588,6 +643,11 @@ class SimRuntime final : public DeviceRuntime {
     capacity_.assign(count_, size_t(capacity_mb) << 20);
     default_streams_.resize(count_, nullptr);
     for (int d = 0; d < count_; ++d) health_.push_back(std::make_unique<DeviceHealth>());
+    // Opt-in ([Shared hardware queues]): unset, every stream has a queue of its own.
+    const uint32_t cuda_connections = env_u32("CUDA_DEVICE_MAX_CONNECTIONS", 0);
+    connections_ = static_cast<int>(env_u32("CHORUS_SIM_CONNECTIONS", cuda_connections));
+    hardware_.resize(count_);
+    created_.assign(count_, 0);
   }
 
   DeviceType type() const override { return DeviceType::Sim; }
@@ -724,14 +784,14 @@ class SimRuntime final : public DeviceRuntime {
     check_healthy(device, "create_stream");
     const auto shared = host_call();
     std::lock_guard<std::mutex> lock(mutex_);
-    streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get()));
+    streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get(), next_queue(device)));
     return streams_.back().get();
   }
   StreamHandle default_stream(int device) override {
     check_loaded("default_stream");
     std::lock_guard<std::mutex> lock(mutex_);
     if (default_streams_[device] == nullptr) {
-      streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get()));
+      streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get(), next_queue(device)));
       default_streams_[device] = streams_.back().get();
     }
     return default_streams_[device];
@@ -823,11 +883,13 @@ class SimRuntime final : public DeviceRuntime {
     check_stream(s, "launch_host_task");
     const auto shared = host_call();
     auto held = std::make_shared<std::function<void()>>(std::move(fn));
-    as_stream(s)->submit(Task{[held] {
-                                if (fault::removed(fault::Point::kHostFunctionThread)) run_host_function(*held);
-                                else HostFunctionThread::get().run(*held);
-                              },
-                              std::move(buffers)});
+    Task task{[held] {
+                if (fault::removed(fault::Point::kHostFunctionThread)) run_host_function(*held);
+                else HostFunctionThread::get().run(*held);
+              },
+              std::move(buffers)};
+    task.blocks_queue = true;  // the queue waits for the host to finish it
+    as_stream(s)->submit(std::move(task));
   }
   void stream_write_value(StreamHandle s, uint32_t* word, uint32_t value) override {
     refuse_in_host_function("stream_write_value");
@@ -846,14 +908,16 @@ class SimRuntime final : public DeviceRuntime {
     DeviceHealth* health = health_[as_stream(s)->device()].get();
     // A failed device waits for nothing (its work is dropped), or the host thread that would store
     // the word, waiting for this stream's earlier work, would wait forever.
-    as_stream(s)->submit(Task{[w, value, health] {
-                                while (static_cast<int32_t>(std::atomic_ref<uint32_t>(*w).load(std::memory_order_acquire) -
-                                                            value) < 0 &&
-                                       !health->failed.load(std::memory_order_acquire)) {
-                                  std::this_thread::sleep_for(std::chrono::microseconds(20));
-                                }
-                              },
-                              {}, true});
+    Task task{[w, value, health] {
+                 while (static_cast<int32_t>(std::atomic_ref<uint32_t>(*w).load(std::memory_order_acquire) - value) < 0 &&
+                        !health->failed.load(std::memory_order_acquire)) {
+                   std::this_thread::sleep_for(std::chrono::microseconds(20));
+                 }
+               },
+               {},
+               true};
+    task.blocks_queue = true;
+    as_stream(s)->submit(std::move(task));
   }
   // A kernel: runs on the stream's own thread, concurrently with other streams' (sim.h).
   // A kernel that names memory a GPU would fault on ([Illegal addresses]) is launched, as on a GPU,
@@ -942,7 +1006,9 @@ class SimRuntime final : public DeviceRuntime {
       generation = ev->recorded;  // captured now: a later record() does not move this wait
     }
     if (generation == 0) return;
-    as_stream(s)->submit(Task{[ev, generation] { ev->wait_for(generation); }, {}, true});
+    Task task{[ev, generation] { ev->wait_for(generation); }, {}, true};
+    task.blocks_queue = true;
+    as_stream(s)->submit(std::move(task));
   }
   bool query_event(EventHandle e) override {
     refuse_in_host_function("query_event");
@@ -1085,6 +1151,23 @@ class SimRuntime final : public DeviceRuntime {
                           true});
     }
   }
+  // The hardware queue of the device's next stream, in turn (called with mutex_ held).
+  HardwareQueue* next_queue(int device) {
+    auto& queues = hardware_[device];
+    const int k = set_connections_ > 0 ? set_connections_ : connections_;
+    const uint64_t n = created_[device]++;
+    // k == 0: a queue of its own for each stream.
+    const int i = k > 0 ? static_cast<int>(n % static_cast<uint64_t>(k)) : static_cast<int>(queues.size());
+    while (static_cast<int>(queues.size()) <= i) queues.push_back(std::make_unique<HardwareQueue>());
+    return queues[i].get();
+  }
+ public:
+  void set_connections(int k) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    set_connections_ = k;
+  }
+
+ private:
   static SimStream* as_stream(StreamHandle s) { return static_cast<SimStream*>(s); }
   static SimEvent* as_event(EventHandle e) { return static_cast<std::shared_ptr<SimEvent>*>(e)->get(); }
   static std::shared_ptr<SimEvent> shared_event(EventHandle e) { return *static_cast<std::shared_ptr<SimEvent>*>(e); }
@@ -1101,6 +1184,10 @@ class SimRuntime final : public DeviceRuntime {
   std::vector<std::unique_ptr<SimStream>> streams_;
   std::vector<SimStream*> default_streams_;
   std::map<uintptr_t, size_t> pinned_;  // pinned host allocations: address -> bytes
+  int connections_ = 0;                                      // hardware queues per device (0: one per stream)
+  int set_connections_ = 0;                                  // a test's count for streams made from now on (0: none)
+  std::vector<std::vector<std::unique_ptr<HardwareQueue>>> hardware_;  // per device, made as streams need them
+  std::vector<uint64_t> created_;                            // streams made per device
 };
 
 // Created and registered on first use, so that any static initializer may call it.
@@ -1123,6 +1210,7 @@ void set_delay_us(uint32_t max_delay_us) { g_delay_us.store(max_delay_us); }
 void set_driver_lock(bool on) { g_driver_lock.store(on); }
 bool driver_lock() { return g_driver_lock.load(); }
 bool driver_lock_held() { return g_driver_lock_holders.load() > 0; }
+void set_connections(int k) { runtime().set_connections(k); }
 uint32_t delay_us() { return g_delay_us.load(); }
 void set_memory_capacity(int device, size_t bytes) { runtime().set_capacity(device, bytes); }
 size_t memory_in_use(int device) { return runtime().in_use(device); }

@@ -826,6 +826,78 @@ TEST_CASE("sim: a blocking copy to or from pageable memory holds other threads' 
   rt.host_free(words);
 }
 
+// [Shared hardware queues] (tensor/sim/sim.cpp): streams that share a hardware queue start their
+// work in issue order past a wait: a stream_wait_value on one holds up the other's kernel issued
+// after it, not one issued before it; streams on two queues do not meet. Removed (sim until
+// 2026-12-02), every stream ran on its own.
+TEST_CASE("sim: a wait holds up later work of every stream on its hardware queue, as on a GPU; removed, it does not") {
+  struct ConnectionsScope {
+    explicit ConnectionsScope(int k) { sim::set_connections(k); }
+    ~ConnectionsScope() { sim::set_connections(0); }
+  };
+  DeviceRuntime& rt = sim_runtime();
+  const Device dev = Device::sim(1);
+  const DeviceGuard current(dev);  // a kernel launches on a stream of the current device
+  auto* word = static_cast<uint32_t*>(rt.host_malloc(64));
+  // Streams a and b made in a row with k queues; a waits for the word, then b's kernel is issued
+  // (and, first, one issued on b before the wait). Returns whether b's later kernel ran before the
+  // word was stored (b synchronized with the word still 0: it never can if the queue is shared).
+  auto later_ran_during_wait = [&](int k, std::chrono::milliseconds patience) {
+    const ConnectionsScope scope(k);
+    const Stream a(dev, rt.create_stream(1, false)), b(dev, rt.create_stream(1, false));
+    std::atomic_ref<uint32_t>(*word).store(0);
+    std::atomic<bool> before{false}, later{false};
+    sim::launch_kernel(b.handle(), [&] { before = true; }, {});
+    rt.stream_wait_value(a.handle(), word, 1);
+    sim::launch_kernel(b.handle(), [&] { later = true; }, {});
+    const auto until = std::chrono::steady_clock::now() + patience;
+    while (!later && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    const bool early = later.load();
+    CHECK(before.load());  // issued before the wait: never held up
+    std::atomic_ref<uint32_t>(*word).store(1, std::memory_order_release);
+    a.synchronize();
+    b.synchronize();
+    CHECK(later.load());
+    return early;
+  };
+  CHECK_FALSE(later_ran_during_wait(1, 300ms));  // one queue: b's kernel waits behind a's wait
+  CHECK(later_ran_during_wait(2, 20s));          // two queues, a and b on different ones
+  {
+    fault::RemovedScope own_queues(fault::Point::kSimSharedQueues);
+    CHECK(later_ran_during_wait(1, 20s));
+  }
+  // An event wait holds its queue the same way (here for a kernel of a third stream held by the
+  // test), and so does a host function while it runs.
+  {
+    const ConnectionsScope scope(1);
+    const Stream a(dev, rt.create_stream(1, false)), b(dev, rt.create_stream(1, false)),
+        c(dev, rt.create_stream(1, false));
+    std::atomic<bool> release{false}, later{false};
+    sim::launch_kernel(c.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
+    Event on_c;
+    on_c.record(c);
+    a.wait(on_c);
+    sim::launch_kernel(b.handle(), [&] { later = true; }, {});
+    std::this_thread::sleep_for(300ms);
+    CHECK_FALSE(later.load());  // behind a's event wait, itself behind c's held kernel
+    release = true;
+    b.synchronize();
+    CHECK(later.load());
+
+    std::atomic<bool> release_host{false}, after_host{false};
+    rt.launch_host_task(a.handle(), [&] { while (!release_host) std::this_thread::sleep_for(1ms); }, {});
+    sim::launch_kernel(b.handle(), [&] { after_host = true; }, {});
+    std::this_thread::sleep_for(300ms);
+    CHECK_FALSE(after_host.load());  // behind a's host function
+    release_host = true;
+    b.synchronize();
+    CHECK(after_host.load());
+    a.synchronize();
+    c.synchronize();
+  }
+  rt.host_free(word);
+}
+
 // The process that the next test starts (hidden: run only by name). Its holder is made before the
 // process's first device call, as a process group made by init_process_group before any tensor
 // reaches the device, so it is destroyed after the runtime's unload at exit.
