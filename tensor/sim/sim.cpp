@@ -328,18 +328,19 @@ struct Task {
 };
 
 // [Shared hardware queues] A GPU feeds its streams through a few hardware queues (connections:
-// CUDA_DEVICE_MAX_CONNECTIONS, 8 by default; Megatron-LM sets 1), streams assigned to them in turn
-// as they are created. A queue hands out its work in issue order: a kernel or copy is launched and
-// the next item follows at once, but a wait (cuStreamWaitValue32, cudaStreamWaitEvent, a host
-// function's completion) stalls the whole queue until it is satisfied, so work of *another* stream
-// issued after it on the same queue does not start either. The driver API warns that stream memory
-// operations "may deadlock" when the scheduler serializes them in an improper order. sim keeps one
-// such queue per connection: a task starts only once every waiting task issued before it on its
-// queue has ended (stricter in one respect: a wait here ends only after its own stream's earlier
-// work, where a GPU may satisfy it sooner). Opt-in: CHORUS_SIM_CONNECTIONS (else
-// CUDA_DEVICE_MAX_CONNECTIONS) sets the count; unset, every stream has a queue of its own, as sim's
-// streams had before 2026-12-02. 1 is the strictest (every wait stalls every later task of the
-// device). Not on by default: CUDA does not document how it assigns streams to queues, and with 8
+// CUDA_DEVICE_MAX_CONNECTIONS, 8 by default; Megatron-LM sets 1); sim gives them to streams in turn
+// as they are made (sim's choice: CUDA does not document its assignment). A queue hands out its work
+// in issue order: an independent kernel or copy is launched and the next item follows at once, but
+// a wait (cuStreamWaitValue32, cudaStreamWaitEvent, a host function's completion) stalls the whole
+// queue until it is satisfied, so work of *another* stream issued after it on the same queue does
+// not start either. The driver API warns that stream memory operations "may deadlock" when the
+// scheduler serializes them in an improper order. sim keeps one such queue per connection: a task
+// starts only once every waiting task issued before it on its queue has ended (stricter in one
+// respect: a wait here ends only after its own stream's earlier work, where a GPU may satisfy it
+// sooner; more forgiving in another: a kernel that depends on its own stream's earlier kernel holds
+// a GPU's shared queue too, and not sim's). Opt-in: CHORUS_SIM_CONNECTIONS (1-32, as CUDA's) sets
+// the count; unset, every stream has a queue of its own, as sim's streams had before 2026-12-02.
+// 1 is the strictest (every wait stalls every later task of the device). Not on by default: with 8
 // queues in turn DDP's communication lanes shared the compute stream's queue (multiprocess_test
 // 175 s against ~60) and a stream_group_test case, whose gate kernel holds the communication stream
 // while the compute stream must finish, hung; with 1, a Gloo send/receive ring hangs (docs/gpu.md).
@@ -352,6 +353,12 @@ class HardwareQueue {
     const uint64_t n = ++issued_;
     if (blocking) pending_.insert(n);
     return n;
+  }
+  // Whether a task issued as `n` may start now.
+  bool admissible(uint64_t n) {
+    if (fault::removed(fault::Point::kSimSharedQueues)) return true;
+    std::lock_guard<std::mutex> lock(mutex_);
+    return pending_.empty() || *pending_.begin() >= n;
   }
   // Waits until no blocking task issued before `n` is pending.
   void admit(uint64_t n) {
@@ -490,6 +497,8 @@ class SimStream {
       if (queue_.empty()) return;
       Task& t = queue_.front();
       if (!t.failure.empty() || t.opened || t.buffers.empty() || health_->failed.load(std::memory_order_acquire)) return;
+      // One held up behind another stream's wait on a shared queue opens its segments when it starts.
+      if (!hardware_->admissible(t.issue)) return;
       t.opened = true;
       next = t.buffers;
     }
@@ -643,11 +652,11 @@ class SimRuntime final : public DeviceRuntime {
     capacity_.assign(count_, size_t(capacity_mb) << 20);
     default_streams_.resize(count_, nullptr);
     for (int d = 0; d < count_; ++d) health_.push_back(std::make_unique<DeviceHealth>());
-    // Opt-in ([Shared hardware queues]): unset, every stream has a queue of its own.
-    const uint32_t cuda_connections = env_u32("CUDA_DEVICE_MAX_CONNECTIONS", 0);
-    connections_ = static_cast<int>(env_u32("CHORUS_SIM_CONNECTIONS", cuda_connections));
+    // Opt-in ([Shared hardware queues]): unset, every stream has a queue of its own. (Not read from
+    // CUDA_DEVICE_MAX_CONNECTIONS, which training set-ups export for their GPUs.)
+    connections_ = static_cast<int>(std::min<uint32_t>(env_u32("CHORUS_SIM_CONNECTIONS", 0), 32));  // CUDA: 1-32
     hardware_.resize(count_);
-    created_.assign(count_, 0);
+    created_.resize(count_);
   }
 
   DeviceType type() const override { return DeviceType::Sim; }
@@ -988,11 +997,12 @@ class SimRuntime final : public DeviceRuntime {
            "only on a stream of its own device (cudaErrorInvalidResourceHandle)",
            ev->device, as_stream(s)->device());
     }
-    uint64_t generation;
-    {
-      std::lock_guard<std::mutex> lock(ev->mutex);
-      generation = ++ev->recorded;
-    }
+    // Queued under the event's lock: a wait on another thread that sees this generation is issued
+    // after the record ([Shared hardware queues]: a wait issued first on a shared queue would hold
+    // up the record it waits for, which a GPU, where the record is queued before anyone sees it,
+    // does not).
+    std::lock_guard<std::mutex> lock(ev->mutex);
+    const uint64_t generation = ++ev->recorded;
     as_stream(s)->submit(Task{[ev, generation] { ev->complete(generation); }, {}, true});
   }
   void stream_wait_event(StreamHandle s, EventHandle e) override {
@@ -1153,12 +1163,13 @@ class SimRuntime final : public DeviceRuntime {
   }
   // The hardware queue of the device's next stream, in turn (called with mutex_ held).
   HardwareQueue* next_queue(int device) {
-    auto& queues = hardware_[device];
     const int k = set_connections_ > 0 ? set_connections_ : connections_;
-    const uint64_t n = created_[device]++;
-    // k == 0: a queue of its own for each stream.
-    const int i = k > 0 ? static_cast<int>(n % static_cast<uint64_t>(k)) : static_cast<int>(queues.size());
-    while (static_cast<int>(queues.size()) <= i) queues.push_back(std::make_unique<HardwareQueue>());
+    // Each count k has queues of its own (k == 0: a new one for each stream), so a count a test sets
+    // puts only the streams made under it on shared queues.
+    auto& queues = hardware_[device][k];
+    const uint64_t n = created_[device][k]++;
+    const size_t i = k > 0 ? static_cast<size_t>(n % static_cast<uint64_t>(k)) : queues.size();
+    while (queues.size() <= i) queues.push_back(std::make_unique<HardwareQueue>());
     return queues[i].get();
   }
  public:
@@ -1186,8 +1197,8 @@ class SimRuntime final : public DeviceRuntime {
   std::map<uintptr_t, size_t> pinned_;  // pinned host allocations: address -> bytes
   int connections_ = 0;                                      // hardware queues per device (0: one per stream)
   int set_connections_ = 0;                                  // a test's count for streams made from now on (0: none)
-  std::vector<std::vector<std::unique_ptr<HardwareQueue>>> hardware_;  // per device, made as streams need them
-  std::vector<uint64_t> created_;                            // streams made per device
+  std::vector<std::map<int, std::vector<std::unique_ptr<HardwareQueue>>>> hardware_;  // per device and count
+  std::vector<std::map<int, uint64_t>> created_;             // streams made per device and count
 };
 
 // Created and registered on first use, so that any static initializer may call it.

@@ -26,7 +26,7 @@
 // - Page-locked host allocation and free (host_malloc, host_free) are implicit synchronizations, as
 //   on CUDA: work issued after them on any stream waits for everything issued before on every stream.
 //   So is a device allocation (malloc) for the streams of its device.
-// - Opt-in (CHORUS_SIM_CONNECTIONS=k, else CUDA_DEVICE_MAX_CONNECTIONS=k): streams share k hardware
+// - Opt-in (CHORUS_SIM_CONNECTIONS=k, 1-32): streams share k hardware
 //   queues per device, as a GPU's, taking them in turn as they are made; a wait (stream_wait_value,
 //   an event wait, a host function) holds up the work of every stream of its queue issued after it,
 //   until it ends ([Shared hardware queues], sim.cpp). Unset, every stream has a queue of its own.
@@ -90,8 +90,8 @@ void set_driver_lock(bool on);
 bool driver_lock();
 // Whether a blocking copy holds the driver lock now (for tests that need a call to meet it).
 bool driver_lock_held();
-// The hardware queues per device for streams made from now on (0: CHORUS_SIM_CONNECTIONS, else
-// CUDA_DEVICE_MAX_CONNECTIONS, else one per stream; [Shared hardware queues], sim.cpp).
+// The hardware queues per device for streams made from now on (0: CHORUS_SIM_CONNECTIONS, else one
+// per stream; [Shared hardware queues], sim.cpp); earlier streams keep theirs.
 void set_connections(int k);
 // Maximum random delay before each task, in microseconds (0: none).
 void set_delay_us(uint32_t max_delay_us);

@@ -853,7 +853,9 @@ TEST_CASE("sim: a wait holds up later work of every stream on its hardware queue
     const auto until = std::chrono::steady_clock::now() + patience;
     while (!later && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
     const bool early = later.load();
-    CHECK(before.load());  // issued before the wait: never held up
+    const auto at_most = std::chrono::steady_clock::now() + 20s;  // issued before the wait: never held up
+    while (!before && std::chrono::steady_clock::now() < at_most) std::this_thread::sleep_for(1ms);
+    CHECK(before.load());
     std::atomic_ref<uint32_t>(*word).store(1, std::memory_order_release);
     a.synchronize();
     b.synchronize();
