@@ -354,17 +354,15 @@ class HardwareQueue {
     if (blocking) pending_.insert(n);
     return n;
   }
-  // Whether a task issued as `n` may start now.
+  // Whether a task issued as `n` may start now: no blocking task issued before it is pending.
   bool admissible(uint64_t n) {
-    if (fault::removed(fault::Point::kSimSharedQueues)) return true;
     std::lock_guard<std::mutex> lock(mutex_);
-    return pending_.empty() || *pending_.begin() >= n;
+    return admissible_locked(n);
   }
-  // Waits until no blocking task issued before `n` is pending.
+  // Waits until it may.
   void admit(uint64_t n) {
-    if (fault::removed(fault::Point::kSimSharedQueues)) return;
     std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return pending_.empty() || *pending_.begin() >= n; });
+    cv_.wait(lock, [&] { return admissible_locked(n); });
   }
   void resolved(uint64_t n) {
     {
@@ -375,6 +373,9 @@ class HardwareQueue {
   }
 
  private:
+  bool admissible_locked(uint64_t n) const {
+    return fault::removed(fault::Point::kSimSharedQueues) || pending_.empty() || *pending_.begin() >= n;
+  }
   std::mutex mutex_;
   std::condition_variable cv_;
   uint64_t issued_ = 0;

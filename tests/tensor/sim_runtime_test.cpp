@@ -57,6 +57,31 @@ bool host_read_crashes(const unsigned char* p) {
   return WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV;
 }
 
+// Whether `call`, made on a thread of its own with `device` current, returned within `patience`
+// while a kernel queued before it on `held` was held (the kernel is released and `held`
+// synchronized before this returns).
+bool returned_while_held(const Stream& held, const std::function<void()>& call, std::chrono::milliseconds patience) {
+  std::atomic<bool> release{false}, returned{false};
+  std::promise<void> busy;
+  sim::launch_kernel(held.handle(), [&] {
+    busy.set_value();
+    while (!release) std::this_thread::sleep_for(1ms);
+  }, {});
+  busy.get_future().wait();
+  std::thread caller([&] {
+    const DeviceGuard on_thread(held.device());
+    call();
+    returned = true;
+  });
+  const auto until = std::chrono::steady_clock::now() + patience;
+  while (!returned && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  const bool early = returned.load();
+  release = true;
+  caller.join();
+  held.synchronize();
+  return early;
+}
+
 }  // namespace
 
 TEST_CASE("sim: tasks on one stream run in submission order, one at a time") {
@@ -529,34 +554,18 @@ TEST_CASE("sim: free waits until every stream of its device has run what was que
   const DeviceGuard current(dev);  // a kernel launches on a stream of the current device
   Stream other = stream_from_pool(dev);
   // Whether free returned within `patience` while a task queued before it on `other` was held.
-  auto returned_while_held = [&](std::chrono::milliseconds patience) {
+  // Whether free returned within `patience` while a task queued before it on `other` was held.
+  auto free_returned_while_held = [&](std::chrono::milliseconds patience) {
     void* seg = rt.malloc(1, 4096);
     REQUIRE(seg != nullptr);
-    std::atomic<bool> release{false}, returned{false};
-    std::promise<void> busy;
-    sim::launch_kernel(other.handle(), [&] {
-      busy.set_value();
-      while (!release) std::this_thread::sleep_for(1ms);
-    }, {});
-    busy.get_future().wait();
-    std::thread freer([&] {
-      rt.free(1, seg);
-      returned = true;
-    });
-    const auto until = std::chrono::steady_clock::now() + patience;
-    while (!returned && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
-    const bool early = returned.load();
-    release = true;
-    freer.join();
-    other.synchronize();
-    return early;
+    return returned_while_held(other, [&] { rt.free(1, seg); }, patience);
   };
-  CHECK_FALSE(returned_while_held(300ms));
+  CHECK_FALSE(free_returned_while_held(300ms));
   {
     fault::RemovedScope at_once(fault::Point::kSimFreeWaits);
-    CHECK(returned_while_held(20s));
+    CHECK(free_returned_while_held(20s));
   }
-  CHECK_FALSE(returned_while_held(300ms));
+  CHECK_FALSE(free_returned_while_held(300ms));
 }
 
 // [A pageable copy waits for its stream] (tensor/sim/sim.cpp): CUDA "may synchronize with the
@@ -575,37 +584,19 @@ TEST_CASE("sim: a copy from pageable host memory waits for its stream's earlier 
   auto* pinned = static_cast<float*>(rt.host_malloc(256));
   std::fill(pinned, pinned + 64, 3.0f);
   // Whether the copy returned within `patience` while a kernel queued before it on `s` was held.
-  auto returned_while_held = [&](const void* src, std::chrono::milliseconds patience) {
-    std::atomic<bool> release{false}, returned{false};
-    std::promise<void> busy;
-    sim::launch_kernel(s.handle(), [&] {
-      busy.set_value();
-      while (!release) std::this_thread::sleep_for(1ms);
-    }, {});
-    busy.get_future().wait();
-    std::thread copier([&] {
-      const DeviceGuard on_thread(dev);
-      rt.memcpy_async(dst, src, 256, CopyKind::HostToDevice, s.handle());
-      returned = true;
-    });
-    const auto until = std::chrono::steady_clock::now() + patience;
-    while (!returned && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
-    const bool early = returned.load();
-    release = true;
-    copier.join();
-    s.synchronize();
-    return early;
+  auto copy_returned_while_held = [&](const void* src, std::chrono::milliseconds patience) {
+    return returned_while_held(s, [&] { rt.memcpy_async(dst, src, 256, CopyKind::HostToDevice, s.handle()); }, patience);
   };
-  CHECK_FALSE(returned_while_held(pageable.data(), 300ms));
-  CHECK(returned_while_held(pinned, 20s));
+  CHECK_FALSE(copy_returned_while_held(pageable.data(), 300ms));
+  CHECK(copy_returned_while_held(pinned, 20s));
   std::vector<float> back(64);
   rt.memcpy_async(back.data(), dst, 256, CopyKind::DeviceToHost, s.handle());
   CHECK(back == std::vector<float>(64, 3.0f));
   {
     fault::RemovedScope at_once(fault::Point::kSimPageableCopyWaits);
-    CHECK(returned_while_held(pageable.data(), 20s));
+    CHECK(copy_returned_while_held(pageable.data(), 20s));
   }
-  CHECK_FALSE(returned_while_held(pageable.data(), 300ms));
+  CHECK_FALSE(copy_returned_while_held(pageable.data(), 300ms));
   rt.memcpy_async(back.data(), dst, 256, CopyKind::DeviceToHost, s.handle());
   CHECK(back == std::vector<float>(64, 2.0f));  // staged: the values of the call's time
   rt.host_free(pinned);
