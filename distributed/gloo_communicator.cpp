@@ -127,10 +127,12 @@ class GlooStreamCommunicator::LaneWorker {
   uint32_t* ready_word() const { return reinterpret_cast<uint32_t*>(flags_.ptr); }
   uint32_t* done_word() const { return reinterpret_cast<uint32_t*>(flags_.ptr) + 1; }
   uint32_t next_sequence() { return ++sequence_; }  // the issuing thread only
-  void push(uint32_t sequence, std::function<void()> job) {
+  // `after_ready`: whether the job waits for the stream's `ready` word (a group that reads nothing
+  // from the device does not: see group_end).
+  void push(uint32_t sequence, bool after_ready, std::function<void()> job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      jobs_.push_back({sequence, std::move(job)});
+      jobs_.push_back({sequence, after_ready, std::move(job)});
     }
     cv_.notify_all();
   }
@@ -143,6 +145,7 @@ class GlooStreamCommunicator::LaneWorker {
  private:
   struct Job {
     uint32_t sequence;
+    bool after_ready;
     std::function<void()> run;
   };
   void loop() {
@@ -161,7 +164,7 @@ class GlooStreamCommunicator::LaneWorker {
       // negative control, multiprocess_test): the group runs at once, on host copies not yet made.
       std::atomic_ref<uint32_t> ready(*ready_word());
       bool stopped = false;
-      const bool wait_for_ready = !fault::removed(fault::Point::kGlooReadyFlag);
+      const bool wait_for_ready = job.after_ready && !fault::removed(fault::Point::kGlooReadyFlag);
       for (int spins = 0; wait_for_ready && static_cast<int32_t>(ready.load(std::memory_order_acquire) - job.sequence) < 0; ++spins) {
         if (spins < 256) {
           std::this_thread::yield();
@@ -265,8 +268,9 @@ void GlooStreamCommunicator::group_start() {
   release_staging(/*all=*/false);
 }
 
-void GlooStreamCommunicator::add(const char* op, const TensorList& tensors, const TensorList& written,
-                                 const Stream& stream, const std::shared_ptr<StreamWork>& work, Issue issue) {
+void GlooStreamCommunicator::add(const char* op, const TensorList& tensors, const TensorList& read,
+                                 const TensorList& written, const Stream& stream,
+                                 const std::shared_ptr<StreamWork>& work, Issue issue) {
   const bool implicit = depth_ == 0;
   if (implicit) group_start();
   if (stream_ && !(*stream_ == stream)) fail("gloo {}: every op of a coalesced group must use one stream", op);
@@ -280,9 +284,10 @@ void GlooStreamCommunicator::add(const char* op, const TensorList& tensors, cons
            op, device.str(), shape_str(t.strides()), shape_str(t.sizes()));
     }
     // Gloo works on a host copy in page-locked memory (made, filled and copied back in group_end).
-    bool writes = false;
+    bool reads = false, writes = false;
+    for (const Tensor& r : read) reads = reads || r.is_same(t);
     for (const Tensor& w : written) writes = writes || w.is_same(t);
-    staged_.push_back({alias_without_history(t), Tensor(), writes});
+    staged_.push_back({alias_without_history(t), Tensor(), reads, writes});
   }
   jobs_.push_back({std::move(issue), first, tensors.size(), work});
   if (implicit) group_end();
@@ -366,18 +371,31 @@ void GlooStreamCommunicator::group_end() {
   //   (docs/data/gloo_cuda_hang_stacks_rank0_2026-11-26.txt);
   // - allocating page-locked memory is an implicit device synchronization: the pool allocates
   //   rarely (PinnedPool), never per collective.
+  //
+  // Only what the collectives read goes to the host: an output they only write (a receive's tensor,
+  // allgather's, reduce_scatter's and all_to_all's outputs, a broadcast's away from its root) is
+  // written whole by Gloo and copied back, so copying it out first would only cost bandwidth. A
+  // group that reads nothing (receives) has nothing to wait for: its worker posts it at once,
+  // without a `ready` word. That matters where streams share a hardware queue (sim's
+  // CHORUS_SIM_CONNECTIONS; CUDA_DEVICE_MAX_CONNECTIONS on a GPU): the send lane's wait for its
+  // `done` word stalls the queue, and a receive waiting for its lane's `ready` behind it would never
+  // be posted, so a send/receive ring deadlocked with one queue. (A receive whose collective fails
+  // leaves its tensor undefined, as a failed NCCL receive does.)
   const uint32_t sequence = worker.next_sequence();
   const StreamDeviceGuard on_device(stream);
+  bool reads = false;
   for (const StagedTensor& t : staged_tensors) {
+    if (!t.read) continue;
+    reads = true;
     rt.memcpy_async(t.host.raw_data_ptr(), t.device.raw_data_ptr(), static_cast<size_t>(t.device.nbytes()),
                     CopyKind::DeviceToHost, stream.handle());
   }
-  rt.stream_write_value(stream.handle(), worker.ready_word(), sequence);
+  if (reads) rt.stream_write_value(stream.handle(), worker.ready_word(), sequence);
   {
     std::lock_guard<std::mutex> lock(state->mutex);
     ++state->submitted;  // (here: a group that failed before reaching its worker is not waited for)
   }
-  worker.push(sequence, std::move(run));
+  worker.push(sequence, /*after_ready=*/reads, std::move(run));
   // fault::Point::kGlooDoneFlag removed (a negative control, multiprocess_test): the stream copies
   // the host copies back without waiting for the collectives to have written them.
   if (!fault::removed(fault::Point::kGlooDoneFlag)) rt.stream_wait_value(stream.handle(), worker.done_word(), sequence);
@@ -411,13 +429,15 @@ void GlooStreamCommunicator::wait_until_issued() {
 
 void GlooStreamCommunicator::allreduce(const TensorList& tensors, ReduceOp op, const Stream& stream,
                                        const std::shared_ptr<StreamWork>& work) {
-  add("allreduce", tensors, tensors, stream, work,
+  add("allreduce", tensors, tensors, tensors, stream, work,
       [op](ProcessGroup& g, const TensorList& t) { return g.allreduce(t, op); });
 }
 
 void GlooStreamCommunicator::broadcast(const TensorList& tensors, int root, const Stream& stream,
                                        const std::shared_ptr<StreamWork>& work) {
-  add("broadcast", tensors, tensors, stream, work,
+  // The root's tensors are only read, the others' only written.
+  const bool root_here = host_->rank() == root;
+  add("broadcast", tensors, root_here ? tensors : TensorList{}, root_here ? TensorList{} : tensors, stream, work,
       [root](ProcessGroup& g, const TensorList& t) { return g.broadcast(t, root); });
 }
 
@@ -426,7 +446,7 @@ void GlooStreamCommunicator::allgather(const TensorList& outputs, const Tensor& 
   TensorList all = outputs;
   all.push_back(input);
   const size_t n = outputs.size();
-  add("allgather", all, outputs, stream, work, [n](ProcessGroup& g, const TensorList& t) {
+  add("allgather", all, {input}, outputs, stream, work, [n](ProcessGroup& g, const TensorList& t) {
     return g.allgather(TensorList(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(n)), t[n]);
   });
 }
@@ -435,7 +455,7 @@ void GlooStreamCommunicator::reduce_scatter(const Tensor& output, const TensorLi
                                             const Stream& stream, const std::shared_ptr<StreamWork>& work) {
   TensorList all{output};
   all.insert(all.end(), inputs.begin(), inputs.end());
-  add("reduce_scatter", all, {output}, stream, work, [op](ProcessGroup& g, const TensorList& t) {
+  add("reduce_scatter", all, inputs, {output}, stream, work, [op](ProcessGroup& g, const TensorList& t) {
     return g.reduce_scatter(t[0], TensorList(t.begin() + 1, t.end()), op);
   });
 }
@@ -445,7 +465,7 @@ void GlooStreamCommunicator::all_to_all(const TensorList& outputs, const TensorL
   TensorList all = outputs;
   all.insert(all.end(), inputs.begin(), inputs.end());
   const size_t n = outputs.size();
-  add("all_to_all", all, outputs, stream, work, [n](ProcessGroup& g, const TensorList& t) {
+  add("all_to_all", all, inputs, outputs, stream, work, [n](ProcessGroup& g, const TensorList& t) {
     const auto mid = t.begin() + static_cast<std::ptrdiff_t>(n);
     return g.all_to_all(TensorList(t.begin(), mid), TensorList(mid, t.end()));
   });
@@ -453,13 +473,13 @@ void GlooStreamCommunicator::all_to_all(const TensorList& outputs, const TensorL
 
 void GlooStreamCommunicator::send(const Tensor& tensor, int dst, int tag, const Stream& stream,
                                   const std::shared_ptr<StreamWork>& work) {
-  add("send", {tensor}, {}, stream, work,
+  add("send", {tensor}, {tensor}, {}, stream, work,
       [dst, tag](ProcessGroup& g, const TensorList& t) { return g.send(t[0], dst, tag); });
 }
 
 void GlooStreamCommunicator::recv(const Tensor& tensor, int src, int tag, const Stream& stream,
                                   const std::shared_ptr<StreamWork>& work) {
-  add("recv", {tensor}, {tensor}, stream, work,
+  add("recv", {tensor}, {}, {tensor}, stream, work,
       [src, tag](ProcessGroup& g, const TensorList& t) { return g.recv(t[0], src, tag); });
 }
 

@@ -4,9 +4,10 @@
 // tensors use where NCCL is not linked): real processes, real sockets, the real ordering code.
 //
 // Gloo reads host memory, so device tensors are staged through page-locked host copies, all on the
-// stream: it copies the tensors out, writes a flag word (a stream memory operation), waits for a
-// second one, and copies the results back. A thread of the stream's own (its lane worker) polls
-// the first word, runs the collectives on the host copies and stores the second. The host side
+// stream: it copies out the tensors the collectives read, writes a flag word (a stream memory
+// operation), waits for a second one, and copies the results back. A thread of the stream's own (its
+// lane worker) polls the first word (a group that reads nothing, a receive, has none and is posted
+// at once), runs the collectives on the host copies and stores the second. The host side
 // makes no CUDA call and the stream waits in no host function: the two designs before this one
 // deadlocked on a GPU (group_end says how). The sim device implements the flag words as CUDA does
 // (stream tasks), so CI runs exactly this path.
@@ -54,8 +55,10 @@ class GlooStreamCommunicator final : public Communicator {
   // Issues one collective over host tensors (aliases or staged copies of the device tensors).
   using Issue = std::function<std::shared_ptr<Work>(ProcessGroup&, const TensorList&)>;
   // Adds one collective to the open group: `tensors` are all it touches, `written` those it writes.
-  void add(const char* op, const TensorList& tensors, const TensorList& written, const Stream& stream,
-           const std::shared_ptr<StreamWork>& work, Issue issue);
+  // `tensors` are the operands; those in `read` are copied to the host before the collective, those
+  // in `written` back after it (an output only written is not copied out: see group_end).
+  void add(const char* op, const TensorList& tensors, const TensorList& read, const TensorList& written,
+           const Stream& stream, const std::shared_ptr<StreamWork>& work, Issue issue);
   void release_staging(bool all);
   // A block of page-locked host memory from a PinnedPool.
   struct Block {
@@ -85,6 +88,7 @@ class GlooStreamCommunicator final : public Communicator {
   std::vector<Job> jobs_;
   struct StagedTensor {
     Tensor device, host;  // the device tensor and its host copy (Gloo's operand)
+    bool read;            // whether the collective reads it (then it is copied to the host first)
     bool written;         // whether the collective writes it (then it is copied back)
   };
   std::vector<StagedTensor> staged_;

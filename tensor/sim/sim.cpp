@@ -338,12 +338,15 @@ struct Task {
 // starts only once every waiting task issued before it on its queue has ended (stricter in one
 // respect: a wait here ends only after its own stream's earlier work, where a GPU may satisfy it
 // sooner; more forgiving in another: a kernel that depends on its own stream's earlier kernel holds
-// a GPU's shared queue too, and not sim's). Opt-in: CHORUS_SIM_CONNECTIONS (1-32, as CUDA's) sets
-// the count; unset, every stream has a queue of its own, as sim's streams had before 2026-12-02.
-// 1 is the strictest (every wait stalls every later task of the device). Not on by default: with 8
-// queues in turn DDP's communication lanes shared the compute stream's queue (multiprocess_test
-// 175 s against ~60) and a stream_group_test case, whose gate kernel holds the communication stream
-// while the compute stream must finish, hung; with 1, a Gloo send/receive ring hangs (docs/gpu.md).
+// a GPU's shared queue too, and not sim's). By default each device has ONE queue, the strictest
+// count: every wait then stalls every task of the device issued after it, so the hold-ups of any
+// count and any assignment of streams to queues are among those of one (a GPU's default is 8,
+// assigned in a way CUDA does not document; Megatron-LM sets 1). CHORUS_SIM_CONNECTIONS=k (1-32)
+// gives k queues in turn, 0 a queue of its own to every stream (sim's default until session 44);
+// sim::set_connections does the same for streams a test makes. Found with one queue (2026-12-02): a Gloo send/receive ring
+// hung (a receive's lane waited for a `ready` word behind the send lane's wait; a receive now needs
+// none, distributed/gloo_communicator.cpp), and tests whose gate kernel holds one stream while
+// another must get past a wait (they now make their streams with queues of their own).
 // fault::Point::kSimSharedQueues removes it (sim_runtime_test).
 class HardwareQueue {
  public:
@@ -653,9 +656,15 @@ class SimRuntime final : public DeviceRuntime {
     capacity_.assign(count_, size_t(capacity_mb) << 20);
     default_streams_.resize(count_, nullptr);
     for (int d = 0; d < count_; ++d) health_.push_back(std::make_unique<DeviceHealth>());
-    // Opt-in ([Shared hardware queues]): unset, every stream has a queue of its own. (Not read from
-    // CUDA_DEVICE_MAX_CONNECTIONS, which training set-ups export for their GPUs.)
-    connections_ = static_cast<int>(std::min<uint32_t>(env_u32("CHORUS_SIM_CONNECTIONS", 0), 32));  // CUDA: 1-32
+    // [Shared hardware queues]: one per device unless CHORUS_SIM_CONNECTIONS says otherwise (not read
+    // from CUDA_DEVICE_MAX_CONNECTIONS, which training set-ups export for their GPUs).
+    const uint32_t connections = env_u32("CHORUS_SIM_CONNECTIONS", 1);
+    if (connections > 32) {
+      fail("CHORUS_SIM_CONNECTIONS={}: expected 1-32 hardware queues per device (as CUDA_DEVICE_MAX_CONNECTIONS), or 0 "
+           "for a queue of its own per stream",
+           connections);
+    }
+    connections_ = static_cast<int>(connections);
     hardware_.resize(count_);
     created_.resize(count_);
   }
@@ -1164,7 +1173,7 @@ class SimRuntime final : public DeviceRuntime {
   }
   // The hardware queue of the device's next stream, in turn (called with mutex_ held).
   HardwareQueue* next_queue(int device) {
-    const int k = set_connections_ > 0 ? set_connections_ : connections_;
+    const int k = set_connections_ >= 0 ? set_connections_ : connections_;
     // Each count k has queues of its own (k == 0: a new one for each stream), so a count a test sets
     // puts only the streams made under it on shared queues.
     auto& queues = hardware_[device][k];
@@ -1197,7 +1206,7 @@ class SimRuntime final : public DeviceRuntime {
   std::vector<SimStream*> default_streams_;
   std::map<uintptr_t, size_t> pinned_;  // pinned host allocations: address -> bytes
   int connections_ = 0;                                      // hardware queues per device (0: one per stream)
-  int set_connections_ = 0;                                  // a test's count for streams made from now on (0: none)
+  int set_connections_ = -1;                                 // a test's count for streams made from now on (-1: none)
   std::vector<std::map<int, std::vector<std::unique_ptr<HardwareQueue>>>> hardware_;  // per device and count
   std::vector<std::map<int, uint64_t>> created_;             // streams made per device and count
 };

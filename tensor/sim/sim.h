@@ -26,10 +26,10 @@
 // - Page-locked host allocation and free (host_malloc, host_free) are implicit synchronizations, as
 //   on CUDA: work issued after them on any stream waits for everything issued before on every stream.
 //   So is a device allocation (malloc) for the streams of its device.
-// - Opt-in (CHORUS_SIM_CONNECTIONS=k, 1-32): streams share k hardware
-//   queues per device, as a GPU's, taking them in turn as they are made; a wait (stream_wait_value,
-//   an event wait, a host function) holds up the work of every stream of its queue issued after it,
-//   until it ends ([Shared hardware queues], sim.cpp). Unset, every stream has a queue of its own.
+// - Streams share hardware queues, as a GPU's: a wait (stream_wait_value, an event wait, a host
+//   function) holds up the work of every stream of its queue issued after it, until it ends
+//   ([Shared hardware queues], sim.cpp). One queue per device by default (the strictest);
+//   CHORUS_SIM_CONNECTIONS=k (1-32) gives k, taken in turn as streams are made, 0 one per stream.
 // - Delay injection: CHORUS_SIM_DELAY_US=N (or set_delay_us) sleeps a random 0..N us before every
 //   task, so a missing synchronization shows up as a wrong result in tests.
 // - A copy from pageable host memory to the device waits for its stream's earlier work before it
@@ -90,8 +90,10 @@ void set_driver_lock(bool on);
 bool driver_lock();
 // Whether a blocking copy holds the driver lock now (for tests that need a call to meet it).
 bool driver_lock_held();
-// The hardware queues per device for streams made from now on (0: CHORUS_SIM_CONNECTIONS, else one
-// per stream; [Shared hardware queues], sim.cpp); earlier streams keep theirs.
+// The hardware queues per device for streams made from now on ([Shared hardware queues], sim.cpp):
+// k >= 1 queues shared in turn, 0 a queue of its own for each stream, kDefaultConnections back to
+// the process's count (CHORUS_SIM_CONNECTIONS). Earlier streams keep theirs.
+inline constexpr int kDefaultConnections = -1;
 void set_connections(int k);
 // Maximum random delay before each task, in microseconds (0: none).
 void set_delay_us(uint32_t max_delay_us);

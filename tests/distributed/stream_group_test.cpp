@@ -196,6 +196,15 @@ Tensor dropped_collective_then_reuse(const std::string& name) {
   const Device dev = Device::sim(0);
   auto host = std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 0, 2);
   auto group = std::make_shared<StreamOrderedGroup>(host);
+  // The gate holds the communication stream while the compute stream must finish, so the two need
+  // hardware queues of their own: on one queue (sim's CHORUS_SIM_CONNECTIONS=1, a GPU's
+  // CUDA_DEVICE_MAX_CONNECTIONS=1) the compute stream's fill would wait behind the gated stream's
+  // next item ([Shared hardware queues], tensor/sim/sim.cpp). The group makes its stream at its
+  // first collective, below, on a queue of its own.
+  struct OwnQueues {
+    OwnQueues() { sim::set_connections(0); }
+    ~OwnQueues() { sim::set_connections(sim::kDefaultConnections); }
+  } own_queues;
   // One allreduce of the size first: the group's page-locked staging memory is allocated now, not
   // behind the gate (allocating it is an implicit device synchronization, on sim as on CUDA, which
   // would hold the compute stream behind the gated communication stream).

@@ -42,6 +42,13 @@ struct DelayScope {
   uint32_t previous;
 };
 
+// Streams made in its scope get k hardware queues per device ([Shared hardware queues], sim.cpp;
+// 0: a queue of their own each).
+struct ConnectionsScope {
+  explicit ConnectionsScope(int k) { sim::set_connections(k); }
+  ~ConnectionsScope() { sim::set_connections(sim::kDefaultConnections); }
+};
+
 // Reads one byte at `p` in a child process; true when the child died of SIGSEGV.
 bool host_read_crashes(const unsigned char* p) {
   const pid_t pid = ::fork();
@@ -203,9 +210,12 @@ TEST_CASE("sim: a wait on one event recorded on two streams waits for the record
   // CUDA: cudaStreamWaitEvent captures the event's latest record at the call. Here generation 1 is
   // on stream a (held at a gate), generation 2 on stream b (free). c's wait captured generation 1, so
   // c must not run before a's gate opens, though generation 2 completes at once (a running maximum
-  // of completed generations, as sim had, let c run early).
-  Stream a = stream_from_pool(Device::sim(0)), b = stream_from_pool(Device::sim(0)), c = stream_from_pool(Device::sim(0));
-  REQUIRE((a != b && b != c && a != c));
+  // of completed generations, as sim had, let c run early). The three streams need hardware queues of
+  // their own: on a shared one, c's wait would hold up b's record behind a's gate, as on a GPU.
+  const ConnectionsScope own_queues(0);
+  DeviceRuntime& rt = sim_runtime();
+  const Device dev = Device::sim(0);
+  const Stream a(dev, rt.create_stream(0, false)), b(dev, rt.create_stream(0, false)), c(dev, rt.create_stream(0, false));
   std::atomic<int> gate{0}, done_a{0}, saw{-1};
   Event e;
   sim::launch_kernel(a.handle(), [&] { while (gate.load() == 0) std::this_thread::sleep_for(1ms); done_a = 1; }, {});
@@ -423,11 +433,12 @@ TEST_CASE("sim: host functions of different streams run one at a time, as CUDA m
   // [One host-function thread] (tensor/sim/sim.cpp). Host function A (stream a) starts, then B is
   // launched on stream b, and A waits for B to start. On one host-function thread B cannot start
   // while A runs, whatever the timing, so A's wait ends by its bound and sees no B; with the rule
-  // removed B runs on b's own thread and A sees it start (a wake-up, well within the bound).
+  // removed B runs on b's own thread and A sees it start (a wake-up, well within the bound). The two
+  // streams have hardware queues of their own: on a shared one, A (a wait for the queue) would hold
+  // B up with the rule removed too ([Shared hardware queues]).
   DeviceRuntime& rt = sim_runtime();
-  Stream a = stream_from_pool(Device::sim(0));
-  Stream b = stream_from_pool(Device::sim(0));
-  REQUIRE(a.handle() != b.handle());
+  const ConnectionsScope own_queues(0);
+  const Stream a(Device::sim(0), rt.create_stream(0, false)), b(Device::sim(0), rt.create_stream(0, false));
   auto b_started_during_a = [&](std::chrono::milliseconds bound) {
     std::mutex m;
     std::condition_variable cv;
@@ -822,10 +833,6 @@ TEST_CASE("sim: a blocking copy to or from pageable memory holds other threads' 
 // after it, not one issued before it; streams on two queues do not meet. Removed (sim until
 // 2026-12-02), every stream ran on its own.
 TEST_CASE("sim: a wait holds up later work of every stream on its hardware queue, as on a GPU; removed, it does not") {
-  struct ConnectionsScope {
-    explicit ConnectionsScope(int k) { sim::set_connections(k); }
-    ~ConnectionsScope() { sim::set_connections(0); }
-  };
   DeviceRuntime& rt = sim_runtime();
   const Device dev = Device::sim(1);
   const DeviceGuard current(dev);  // a kernel launches on a stream of the current device
