@@ -1,6 +1,7 @@
 // chorusrun: starts the worker processes of a data-parallel job, with torchrun's conventions.
 //
 //   chorusrun --nproc-per-node 2 bazel-bin/examples/mnist/mnist --epochs 3
+//   chorusrun --standalone --nproc-per-node 2 ...   # a one-node job on a free port: several at once
 //   chorusrun --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --nproc-per-node 8 train ...   # on each node
 //
 // Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and
@@ -10,6 +11,13 @@
 // flight-recorder dump, distributed/flight_recorder.h). When a worker fails, the others are stopped (SIGTERM, then
 // SIGKILL after a grace period) and chorusrun exits with the failed worker's code (128 + signal
 // when it was killed by a signal).
+//
+// [Standalone] MASTER_PORT is 29500 unless given (torchrun's default), so two one-node jobs started
+// at once on one machine meet at one port: the second's rank 0 cannot bind it ("is another job using
+// MASTER_PORT=29500?"). --standalone (torchrun's flag) puts the job's store on 127.0.0.1 at a port
+// the kernel picks as free (bind to port 0), so such jobs do not meet. As torchrun's, the port is
+// free when chorusrun picks it and taken by rank 0's store a moment later: a program that binds it
+// in between makes rank 0 fail with the message above. A restart (--max-restarts) keeps the port.
 //
 // With --nnodes > 1 and --max-restarts > 0 the launchers of all nodes meet in a rendezvous (a TCP
 // store hosted by node 0's chorusrun at --rdzv-port): every round starts only when all nodes have
@@ -26,7 +34,9 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -255,6 +265,27 @@ class PrivateTokenFile {
   std::string dir_, path_;
 };
 
+// [Standalone] A TCP port of 127.0.0.1 that is free now (the kernel's pick for port 0); -1 with
+// errno set when none can be had.
+int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  const int saved = errno;
+  ::close(fd);
+  errno = saved;
+  return port;
+}
+
 int code_of(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -272,8 +303,14 @@ int main(int argc, char** argv) {
   app.add_option("--nproc-per-node,--nproc_per_node", nproc, "worker processes on this node")->check(CLI::PositiveNumber);
   app.add_option("--nnodes", nnodes, "number of nodes")->check(CLI::PositiveNumber);
   app.add_option("--node-rank,--node_rank", node_rank, "this node's index in [0, nnodes)")->check(CLI::NonNegativeNumber);
-  app.add_option("--master-addr,--master_addr", master_addr, "address of the node running rank 0");
-  app.add_option("--master-port,--master_port", master_port, "port of rank 0's store")->check(CLI::Range(1, 65535));
+  CLI::Option* addr_option =
+      app.add_option("--master-addr,--master_addr", master_addr, "address of the node running rank 0");
+  CLI::Option* port_option = app.add_option("--master-port,--master_port", master_port, "port of rank 0's store (default 29500)")
+                                 ->check(CLI::Range(1, 65535));
+  bool standalone = false;
+  app.add_flag("--standalone", standalone,
+               "a one-node job whose store is on 127.0.0.1 at a port chosen free (torchrun's flag): several such jobs "
+               "can run on one machine at once");
   app.add_option("--grace-period", grace_s, "seconds between SIGTERM and SIGKILL when stopping workers")
       ->check(CLI::NonNegativeNumber);
   int max_restarts = 0;
@@ -311,6 +348,25 @@ int main(int argc, char** argv) {
   if (node_rank >= nnodes) {
     std::fprintf(stderr, "chorusrun: --node-rank %d must be less than --nnodes %d\n", node_rank, nnodes);
     return 2;
+  }
+  if (standalone) {  // [Standalone]
+    if (nnodes != 1) {
+      std::fprintf(stderr, "chorusrun: --standalone is a job on this machine alone; it cannot go with --nnodes %d\n",
+                   nnodes);
+      return 2;
+    }
+    if (port_option->count() > 0 || addr_option->count() > 0) {
+      std::fprintf(stderr, "chorusrun: --standalone chooses the store's address and port itself (127.0.0.1, a free "
+                           "port); leave out --master-addr and --master-port\n");
+      return 2;
+    }
+    master_addr = "127.0.0.1";
+    master_port = free_loopback_port();
+    if (master_port < 0) {
+      std::fprintf(stderr, "chorusrun: --standalone: no free port on 127.0.0.1: %s\n", std::strerror(errno));
+      return 1;
+    }
+    std::fprintf(stderr, "chorusrun: --standalone: the job's store is 127.0.0.1:%d\n", master_port);
   }
   // [Job token] (the top of this file): which secret this job's stores ask for.
   std::string job_token, token_file_for_workers;

@@ -57,7 +57,8 @@ struct Run {
 // port 29500" and the other's workers refused by a store of another job's token.
 Run run_env(const std::string& env, const std::string& args) {
   const auto start = std::chrono::steady_clock::now();
-  const bool own_port = args.find("--master-port") == std::string::npos && args.find("--nnodes") == std::string::npos;
+  const bool own_port = args.find("--master-port") == std::string::npos && args.find("--nnodes") == std::string::npos &&
+                        args.find("--standalone") == std::string::npos;
   const std::string port = own_port ? "--master-port " + std::to_string(chorus::testing::free_port()) + " " : "";
   const std::string cmd =
       (env.empty() ? std::string() : "env " + env + " ") + launcher() + " " + port + args + " 2>&1";
@@ -683,6 +684,53 @@ TEST_CASE("the launchers of several nodes meet only with the same token", "[dist
   CHECK_THAT(none.outputs[0], Catch::Contains("no job token") && Catch::Contains("lets in any process"));
 }
 
+// [Standalone] (chorusrun.cpp): two one-node jobs started at once, neither given a port. With
+// --standalone each gets a store of its own and both pass their collectives; without it both take
+// 29500 and one fails to bind it (the control: what --standalone is for).
+TEST_CASE("--standalone: one-node jobs started at once each get a free port, where without it they meet at 29500",
+          "[distributed][chorusrun]") {
+  // Every worker of both jobs waits at a barrier of files (bounded: 60 s, in case the other job
+  // never starts) before its collectives, so the two jobs' stores are up at the same time.
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  auto two_at_once = [&](const std::string& flags, const std::string& name) {
+    const std::string dir = std::string(tmp ? tmp : "/tmp") + "/standalone_" + name + "_" + std::to_string(::getpid());
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    auto job = [&](const std::string& id) {
+      return run_env("", flags + "--nproc-per-node 2 bash -c 'echo \"port $MASTER_PORT addr $MASTER_ADDR\"; touch " + dir +
+                             "/" + id + "$RANK; for i in $(seq 6000); do [ $(ls " + dir +
+                             " | wc -l) -ge 4 ] && break; sleep 0.01; done; exec " + dist_worker() + " collectives'");
+    };
+    std::array<Run, 2> runs;
+    std::thread other([&] { runs[1] = job("b"); });
+    runs[0] = job("a");
+    other.join();
+    std::filesystem::remove_all(dir);
+    return runs;
+  };
+  const std::array<Run, 2> alone = two_at_once("--standalone ", "alone");
+  std::array<std::string, 2> ports;
+  for (int j = 0; j < 2; ++j) {
+    INFO(alone[j].output);
+    CHECK(alone[j].code == 0);
+    const size_t at = alone[j].output.find("the job's store is 127.0.0.1:");
+    REQUIRE(at != std::string::npos);
+    ports[j] = alone[j].output.substr(at + 29, alone[j].output.find('\n', at) - at - 29);
+    for (int rank = 0; rank < 2; ++rank) {
+      CHECK_THAT(alone[j].output, Catch::Contains("[" + std::to_string(rank) + "]: port " + ports[j] + " addr 127.0.0.1"));
+    }
+  }
+  CHECK(ports[0] != ports[1]);
+  // The control, what --standalone is for: two jobs on chorusrun's default port meet there, and
+  // one of them fails (its rank 0 cannot bind the port, or its ranks reach the other job's store,
+  // which refuses their token).
+  const std::array<Run, 2> shared = two_at_once("--master-port 29500 ", "shared");
+  INFO(shared[0].output << "\n----\n" << shared[1].output);
+  CHECK((shared[0].code != 0 || shared[1].code != 0));
+  CHECK_THAT(shared[0].output + shared[1].output,
+             Catch::Contains("(is another job using MASTER_PORT=29500?)") || Catch::Contains("refused this process"));
+}
+
 TEST_CASE("chorusrun refuses bad usage", "[distributed][chorusrun]") {
   {
     const Run neg = run("--grace-period -1 true");
@@ -695,6 +743,12 @@ TEST_CASE("chorusrun refuses bad usage", "[distributed][chorusrun]") {
   Run rank = run("--nnodes 2 --node-rank 2 true");
   CHECK(rank.code == 2);
   CHECK_THAT(rank.output, Catch::Contains("--node-rank 2 must be less than --nnodes 2"));
+  Run standalone_nodes = run("--standalone --nnodes 2 true");
+  CHECK(standalone_nodes.code == 2);
+  CHECK_THAT(standalone_nodes.output, Catch::Contains("--standalone is a job on this machine alone; it cannot go with --nnodes 2"));
+  Run standalone_port = run("--standalone --master-port 31000 true");
+  CHECK(standalone_port.code == 2);
+  CHECK_THAT(standalone_port.output, Catch::Contains("leave out --master-addr and --master-port"));
   Run missing = run("--nproc-per-node 1 /nonexistent/program");
   CHECK(missing.code == 127);
   CHECK_THAT(missing.output, Catch::Contains("cannot run /nonexistent/program"));
