@@ -257,6 +257,11 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const TensorList& tensors, Red
       gloo::AllreduceOptions opts(ctx);
       opts.setTag(tag);
       opts.setTimeout(timeout);
+      // Refused before any traffic, alike on every rank (an average of integers, once only after the
+      // sum, left the sum in the tensor).
+      if (op == ReduceOp::Avg && !s.buffer.is_floating_point()) {
+        fail("allreduce: avg needs a floating-point tensor, got {}", dtype_name(s.buffer.dtype()));
+      }
       CHORUS_DISPATCH_ALL(s.buffer.dtype(), "allreduce", [&]<typename T>() {
         if constexpr (std::is_same_v<T, bool>) {
           fail("allreduce: bool tensors are not supported");
@@ -268,9 +273,6 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const TensorList& tensors, Red
       gloo::allreduce(opts);
       if (op == ReduceOp::Avg) {
         NoGradGuard no_grad;
-        if (!s.buffer.is_floating_point()) {
-          fail("allreduce: avg needs a floating-point tensor, got {}", dtype_name(s.buffer.dtype()));
-        }
         s.buffer.div_(static_cast<double>(size));
       }
       s.write_back();

@@ -102,7 +102,8 @@ class GlooStreamCommunicator::PinnedPool {
 // flag words in page-locked memory connect it to the stream: the stream writes `ready` = the
 // group's number once its copies to host memory are done; the worker waits for that, runs the
 // collectives and stores `done` = the number; the stream waits for it before copying the results
-// back. The worker makes no device call at all (see group_end), and releases nothing that owns
+// back. A group that reads nothing from the device (receives, a broadcast away from its root) has
+// no `ready`: the worker runs it when it comes to it (see group_end). The worker makes no device call at all (see group_end), and releases nothing that owns
 // device memory: a finished job (its works hold device tensors) goes back to the issuing thread,
 // which lets it go in release_staging. Freeing device memory may record events, and on this thread
 // that could deadlock (seen on sim with its driver lock under load: the worker's free waited for
@@ -158,6 +159,13 @@ class GlooStreamCommunicator::LaneWorker {
         if (jobs_.empty()) return;  // stopped, and nothing left
         job = std::move(jobs_.front());
         jobs_.pop_front();
+        // The communicator is going away with jobs its stream never finished (a failed device): hand
+        // them back unrun, as the poll below does (a job without a `ready` word would otherwise be
+        // posted to Gloo now, and the destructor wait in it up to Gloo's timeout).
+        if (stop_) {
+          finished_.push_back(std::move(job.run));
+          return;
+        }
       }
       // The stream reaches its `ready` write after the caller's work and the copies: poll for it
       // (spinning briefly, then sleeping 20 us at a time). fault::Point::kGlooReadyFlag removed (a
@@ -268,28 +276,25 @@ void GlooStreamCommunicator::group_start() {
   release_staging(/*all=*/false);
 }
 
-void GlooStreamCommunicator::add(const char* op, const TensorList& tensors, const TensorList& read,
-                                 const TensorList& written, const Stream& stream,
+void GlooStreamCommunicator::add(const char* op, const std::vector<Operand>& operands, const Stream& stream,
                                  const std::shared_ptr<StreamWork>& work, Issue issue) {
-  const bool implicit = depth_ == 0;
-  if (implicit) group_start();
   if (stream_ && !(*stream_ == stream)) fail("gloo {}: every op of a coalesced group must use one stream", op);
-  stream_ = stream;
-  const Device device = stream.device();
-  const size_t first = staged_.size();
-  for (const Tensor& t : tensors) {
-    if (!t.is_contiguous()) {
+  // Every operand is checked before any is staged: a refused op leaves nothing in the group (an
+  // operand staged for it would be copied back at the next group, from a block nobody filled).
+  for (const Operand& o : operands) {
+    if (!o.tensor.is_contiguous()) {
       fail("ProcessGroup gloo {}: a {} tensor goes to Gloo through host memory and must be contiguous (got strides "
            "{} for shape {}); call .contiguous() first",
-           op, device.str(), shape_str(t.strides()), shape_str(t.sizes()));
+           op, stream.device().str(), shape_str(o.tensor.strides()), shape_str(o.tensor.sizes()));
     }
-    // Gloo works on a host copy in page-locked memory (made, filled and copied back in group_end).
-    bool reads = false, writes = false;
-    for (const Tensor& r : read) reads = reads || r.is_same(t);
-    for (const Tensor& w : written) writes = writes || w.is_same(t);
-    staged_.push_back({alias_without_history(t), Tensor(), reads, writes});
   }
-  jobs_.push_back({std::move(issue), first, tensors.size(), work});
+  const bool implicit = depth_ == 0;
+  if (implicit) group_start();
+  stream_ = stream;
+  const size_t first = staged_.size();
+  // Gloo works on a host copy in page-locked memory (made, filled and copied back in group_end).
+  for (const Operand& o : operands) staged_.push_back({alias_without_history(o.tensor), Tensor(), o.read, o.written});
+  jobs_.push_back({std::move(issue), first, operands.size(), work});
   if (implicit) group_end();
 }
 
@@ -298,6 +303,7 @@ void GlooStreamCommunicator::group_end() {
   if (--depth_ > 0) return;
   if (jobs_.empty()) {
     stream_.reset();
+    staged_.clear();
     return;
   }
   const Stream stream = *stream_;
@@ -323,8 +329,13 @@ void GlooStreamCommunicator::group_end() {
   // The works stay with the staging record until the stream has passed the group (see Staging).
   std::vector<std::shared_ptr<StreamWork>> works;
   for (const Job& job : jobs) works.push_back(job.work);
+  // The host copies each job writes: a job that fails (or is aborted) leaves them all bits set (NaN
+  // in every floating dtype, -1 in the signed integer ones; bool true) before they are copied back, so that its
+  // outputs read as undefined rather than as some earlier group's numbers in a reused block.
+  std::vector<bool> written;
+  for (const StagedTensor& t : staged_tensors) written.push_back(t.written);
   // The collectives of the group, issued on the host copies and waited for.
-  auto run = [jobs, host, aliases, state] {
+  auto run = [jobs, host, aliases, written, state] {
     std::string aborted;
     {
       std::lock_guard<std::mutex> lock(state->mutex);
@@ -333,9 +344,11 @@ void GlooStreamCommunicator::group_end() {
     // Issue every collective of the group before waiting for any (a send and a receive of one
     // group must both be posted), then wait for each.
     std::vector<std::shared_ptr<Work>> inner(jobs.size());
+    std::vector<bool> failed(jobs.size(), false);
     for (size_t j = 0; j < jobs.size(); ++j) {
       if (!aborted.empty()) {
         jobs[j].work->note_error(std::make_exception_ptr(Error(fmt::format("the communicator was aborted: {}", aborted))));
+        failed[j] = true;
         continue;
       }
       try {
@@ -343,6 +356,7 @@ void GlooStreamCommunicator::group_end() {
         inner[j] = jobs[j].issue(*host, TensorList(b, b + static_cast<std::ptrdiff_t>(jobs[j].count)));
       } catch (...) {
         jobs[j].work->note_error(std::current_exception());
+        failed[j] = true;
       }
     }
     {
@@ -356,11 +370,20 @@ void GlooStreamCommunicator::group_end() {
         inner[j]->wait();
       } catch (...) {
         jobs[j].work->note_error(std::current_exception());
+        failed[j] = true;
       }
     }
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      if (!failed[j]) continue;
+      for (size_t i = jobs[j].first; i < jobs[j].first + jobs[j].count; ++i)
+        if (written[i]) {  // (bool: true, the one value of all bits that a bool may hold)
+          std::memset(aliases[i].raw_data_ptr(), aliases[i].dtype() == kBool ? 0x01 : 0xFF,
+                      static_cast<size_t>(aliases[i].nbytes()));
+        }
+    }
   };
-  // On the stream, after the caller's work: copy the tensors into their page-locked host copies,
-  // write the lane's `ready` word; the lane worker, polling it, runs the collectives and stores
+  // On the stream, after the caller's work: copy the tensors the collectives read into their
+  // page-locked host copies, write the lane's `ready` word; the lane worker, polling it, runs the collectives and stores
   // `done`; the stream waits for that and copies the results back. Nothing on the host side calls
   // CUDA, and the stream waits with no host function. What the GPU runs taught (2026-11-26):
   // - a host function may make no CUDA call (cudaErrorNotPermitted), and CUDA may run the host
@@ -374,13 +397,13 @@ void GlooStreamCommunicator::group_end() {
   //
   // Only what the collectives read goes to the host: an output they only write (a receive's tensor,
   // allgather's, reduce_scatter's and all_to_all's outputs, a broadcast's away from its root) is
-  // written whole by Gloo and copied back, so copying it out first would only cost bandwidth. A
-  // group that reads nothing (receives) has nothing to wait for: its worker posts it at once,
-  // without a `ready` word. That matters where streams share a hardware queue (sim's
-  // CHORUS_SIM_CONNECTIONS; CUDA_DEVICE_MAX_CONNECTIONS on a GPU): the send lane's wait for its
+  // written whole by Gloo and copied back, so copying it out first would only cost bandwidth (a
+  // job that fails leaves its outputs all bits set: `run` above). A group that reads nothing
+  // (receives, a broadcast away from its root) has nothing to wait for: its worker posts it as soon
+  // as it comes to it, without a `ready` word. That matters where streams share a hardware queue
+  // (sim's default of one; CUDA_DEVICE_MAX_CONNECTIONS on a GPU): the send lane's wait for its
   // `done` word stalls the queue, and a receive waiting for its lane's `ready` behind it would never
-  // be posted, so a send/receive ring deadlocked with one queue. (A receive whose collective fails
-  // leaves its tensor undefined, as a failed NCCL receive does.)
+  // be posted, so a send/receive ring deadlocked with one queue.
   const uint32_t sequence = worker.next_sequence();
   const StreamDeviceGuard on_device(stream);
   bool reads = false;
@@ -429,7 +452,9 @@ void GlooStreamCommunicator::wait_until_issued() {
 
 void GlooStreamCommunicator::allreduce(const TensorList& tensors, ReduceOp op, const Stream& stream,
                                        const std::shared_ptr<StreamWork>& work) {
-  add("allreduce", tensors, tensors, tensors, stream, work,
+  std::vector<Operand> operands;
+  for (const Tensor& t : tensors) operands.push_back({t, true, true});
+  add("allreduce", operands, stream, work,
       [op](ProcessGroup& g, const TensorList& t) { return g.allreduce(t, op); });
 }
 
@@ -437,35 +462,39 @@ void GlooStreamCommunicator::broadcast(const TensorList& tensors, int root, cons
                                        const std::shared_ptr<StreamWork>& work) {
   // The root's tensors are only read, the others' only written.
   const bool root_here = host_->rank() == root;
-  add("broadcast", tensors, root_here ? tensors : TensorList{}, root_here ? TensorList{} : tensors, stream, work,
+  std::vector<Operand> operands;
+  for (const Tensor& t : tensors) operands.push_back({t, root_here, !root_here});
+  add("broadcast", operands, stream, work,
       [root](ProcessGroup& g, const TensorList& t) { return g.broadcast(t, root); });
 }
 
 void GlooStreamCommunicator::allgather(const TensorList& outputs, const Tensor& input, const Stream& stream,
                                        const std::shared_ptr<StreamWork>& work) {
-  TensorList all = outputs;
-  all.push_back(input);
+  std::vector<Operand> operands;
+  for (const Tensor& o : outputs) operands.push_back({o, false, true});
+  operands.push_back({input, true, false});
   const size_t n = outputs.size();
-  add("allgather", all, {input}, outputs, stream, work, [n](ProcessGroup& g, const TensorList& t) {
+  add("allgather", operands, stream, work, [n](ProcessGroup& g, const TensorList& t) {
     return g.allgather(TensorList(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(n)), t[n]);
   });
 }
 
 void GlooStreamCommunicator::reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp op,
                                             const Stream& stream, const std::shared_ptr<StreamWork>& work) {
-  TensorList all{output};
-  all.insert(all.end(), inputs.begin(), inputs.end());
-  add("reduce_scatter", all, inputs, {output}, stream, work, [op](ProcessGroup& g, const TensorList& t) {
+  std::vector<Operand> operands{{output, false, true}};
+  for (const Tensor& i : inputs) operands.push_back({i, true, false});
+  add("reduce_scatter", operands, stream, work, [op](ProcessGroup& g, const TensorList& t) {
     return g.reduce_scatter(t[0], TensorList(t.begin() + 1, t.end()), op);
   });
 }
 
 void GlooStreamCommunicator::all_to_all(const TensorList& outputs, const TensorList& inputs, const Stream& stream,
                                         const std::shared_ptr<StreamWork>& work) {
-  TensorList all = outputs;
-  all.insert(all.end(), inputs.begin(), inputs.end());
+  std::vector<Operand> operands;
+  for (const Tensor& o : outputs) operands.push_back({o, false, true});
+  for (const Tensor& i : inputs) operands.push_back({i, true, false});
   const size_t n = outputs.size();
-  add("all_to_all", all, inputs, outputs, stream, work, [n](ProcessGroup& g, const TensorList& t) {
+  add("all_to_all", operands, stream, work, [n](ProcessGroup& g, const TensorList& t) {
     const auto mid = t.begin() + static_cast<std::ptrdiff_t>(n);
     return g.all_to_all(TensorList(t.begin(), mid), TensorList(mid, t.end()));
   });
@@ -473,13 +502,13 @@ void GlooStreamCommunicator::all_to_all(const TensorList& outputs, const TensorL
 
 void GlooStreamCommunicator::send(const Tensor& tensor, int dst, int tag, const Stream& stream,
                                   const std::shared_ptr<StreamWork>& work) {
-  add("send", {tensor}, {tensor}, {}, stream, work,
+  add("send", {{tensor, true, false}}, stream, work,
       [dst, tag](ProcessGroup& g, const TensorList& t) { return g.send(t[0], dst, tag); });
 }
 
 void GlooStreamCommunicator::recv(const Tensor& tensor, int src, int tag, const Stream& stream,
                                   const std::shared_ptr<StreamWork>& work) {
-  add("recv", {tensor}, {}, {tensor}, stream, work,
+  add("recv", {{tensor, false, true}}, stream, work,
       [src, tag](ProcessGroup& g, const TensorList& t) { return g.recv(t[0], src, tag); });
 }
 

@@ -6,8 +6,8 @@
 // Gloo reads host memory, so device tensors are staged through page-locked host copies, all on the
 // stream: it copies out the tensors the collectives read, writes a flag word (a stream memory
 // operation), waits for a second one, and copies the results back. A thread of the stream's own (its
-// lane worker) polls the first word (a group that reads nothing, a receive, has none and is posted
-// at once), runs the collectives on the host copies and stores the second. The host side
+// lane worker) polls the first word (a group that reads nothing, a receive or a broadcast away from
+// its root, has none and is posted at once), runs the collectives on the host copies and stores the second. The host side
 // makes no CUDA call and the stream waits in no host function: the two designs before this one
 // deadlocked on a GPU (group_end says how). The sim device implements the flag words as CUDA does
 // (stream tasks), so CI runs exactly this path.
@@ -54,11 +54,17 @@ class GlooStreamCommunicator final : public Communicator {
  private:
   // Issues one collective over host tensors (aliases or staged copies of the device tensors).
   using Issue = std::function<std::shared_ptr<Work>(ProcessGroup&, const TensorList&)>;
-  // Adds one collective to the open group: `tensors` are all it touches, `written` those it writes.
-  // `tensors` are the operands; those in `read` are copied to the host before the collective, those
-  // in `written` back after it (an output only written is not copied out: see group_end).
-  void add(const char* op, const TensorList& tensors, const TensorList& read, const TensorList& written,
-           const Stream& stream, const std::shared_ptr<StreamWork>& work, Issue issue);
+  // One operand of a collective, in the order `issue` takes them, and its role there: read (copied
+  // to the host before the collective), written (copied back after it), or both. By role, not by
+  // identity: an in-place reduce_scatter's output that is also one of its inputs is two operands,
+  // the input only read and the output only written, so its result is what is copied back.
+  struct Operand {
+    Tensor tensor;
+    bool read, written;
+  };
+  // Adds one collective to the open group (all of it, or nothing when an operand is refused).
+  void add(const char* op, const std::vector<Operand>& operands, const Stream& stream,
+           const std::shared_ptr<StreamWork>& work, Issue issue);
   void release_staging(bool all);
   // A block of page-locked host memory from a PinnedPool.
   struct Block {

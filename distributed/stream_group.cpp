@@ -396,6 +396,12 @@ std::shared_ptr<Work> StreamOrderedGroup::broadcast(const TensorList& tensors, i
     before_cpu_op();
     return cpu_->broadcast(tensors, root);
   }
+  // Checked here, not first on the lane worker: there every rank would take itself for a non-root
+  // and its tensors for outputs only (gloo_communicator.cpp), and the refusal would leave them
+  // undefined.
+  if (root < 0 || root >= size_) {
+    fail("ProcessGroup {} broadcast: root {} is not a rank of a group of size {}", name_, root, size_);
+  }
   return device_op("broadcast", tensors, tensors, Lane::Collective,
                    [tensors, root](Communicator& c, const Stream& s, const std::shared_ptr<StreamWork>& w) {
                      c.broadcast(tensors, root, s, w);

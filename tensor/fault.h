@@ -17,7 +17,7 @@ enum class Point : int {
   kFsdpGatherWait,          // FSDP waits for a unit's all-gather before copying it out (fsdp)
   kFsdpPreBackwardGather,   // FSDP full_shard gathers a unit again before its backward (fsdp)
   kHostFunctionThread,      // sim runs every stream's host functions on one thread, as CUDA may (sim)
-  kGlooReadyFlag,           // the Gloo lane worker waits for its stream's `ready` word before a group (gloo_communicator)
+  kGlooReadyFlag,           // the Gloo lane worker waits for its stream's `ready` word before a group that reads (gloo_communicator)
   kGlooDoneFlag,            // the stream waits for the lane worker's `done` word before copying back (gloo_communicator)
   kSimFreeWaits,            // sim's free blocks the host until the device's streams have passed it, as cudaFree (sim)
   kSimStreamNoDeviceCalls,  // sim's stream tasks run where the runtime and the caching allocator refuse (sim)

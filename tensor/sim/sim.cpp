@@ -9,7 +9,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cerrno>
 #include <cstdlib>
+#include <limits>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -44,8 +46,11 @@ uint32_t env_u32(const char* name, uint32_t fallback) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return fallback;
   char* end = nullptr;
+  errno = 0;
   unsigned long x = std::strtoul(v, &end, 10);
-  if (*end != '\0') fail("{}={}: expected a non-negative integer", name, v);
+  if (*end != '\0' || *v == '-' || errno == ERANGE || x > std::numeric_limits<uint32_t>::max()) {
+    fail("{}={}: expected a non-negative integer below 2^32", name, v);
+  }
   return static_cast<uint32_t>(x);
 }
 
@@ -338,7 +343,11 @@ struct Task {
 // starts only once every waiting task issued before it on its queue has ended (stricter in one
 // respect: a wait here ends only after its own stream's earlier work, where a GPU may satisfy it
 // sooner; more forgiving in another: a kernel that depends on its own stream's earlier kernel holds
-// a GPU's shared queue too, and not sim's). By default each device has ONE queue, the strictest
+// a GPU's shared queue too, and not sim's; for chorus's kernels that costs only time, not a hang:
+// they wait for neither the host nor later work, so such a kernel starts once the waits issued
+// before it have ended, and those already hold what follows it (a test's gate kernel, which waits
+// for the host, could hang there; those tests give their streams queues of their own; a GPU kernel
+// that spins on its peers, NCCL's, could too, and sim runs none). By default each device has ONE queue, the strictest
 // count: every wait then stalls every task of the device issued after it, so the hold-ups of any
 // count and any assignment of streams to queues are among those of one (a GPU's default is 8,
 // assigned in a way CUDA does not document; Megatron-LM sets 1). CHORUS_SIM_CONNECTIONS=k (1-32)
@@ -1174,8 +1183,9 @@ class SimRuntime final : public DeviceRuntime {
   // The hardware queue of the device's next stream, in turn (called with mutex_ held).
   HardwareQueue* next_queue(int device) {
     const int k = set_connections_ >= 0 ? set_connections_ : connections_;
-    // Each count k has queues of its own (k == 0: a new one for each stream), so a count a test sets
-    // puts only the streams made under it on shared queues.
+    // Each count k has a set of queues of its own (k == 0: a new queue for each stream): a stream
+    // made under count k joins the streams made under the same k, the process's default count's
+    // included when a test sets that same count, and no others.
     auto& queues = hardware_[device][k];
     const uint64_t n = created_[device][k]++;
     const size_t i = k > 0 ? static_cast<size_t>(n % static_cast<uint64_t>(k)) : queues.size();
@@ -1184,6 +1194,9 @@ class SimRuntime final : public DeviceRuntime {
   }
  public:
   void set_connections(int k) {
+    if (k < kDefaultConnections || k > 32) {
+      fail("sim::set_connections({}): expected 1-32 hardware queues, 0 (a queue per stream) or kDefaultConnections", k);
+    }
     std::lock_guard<std::mutex> lock(mutex_);
     set_connections_ = k;
   }
@@ -1205,7 +1218,7 @@ class SimRuntime final : public DeviceRuntime {
   std::vector<std::unique_ptr<SimStream>> streams_;
   std::vector<SimStream*> default_streams_;
   std::map<uintptr_t, size_t> pinned_;  // pinned host allocations: address -> bytes
-  int connections_ = 0;                                      // hardware queues per device (0: one per stream)
+  int connections_ = 1;                                      // hardware queues per device (0: one per stream)
   int set_connections_ = -1;                                 // a test's count for streams made from now on (-1: none)
   std::vector<std::map<int, std::vector<std::unique_ptr<HardwareQueue>>>> hardware_;  // per device and count
   std::vector<std::map<int, uint64_t>> created_;             // streams made per device and count

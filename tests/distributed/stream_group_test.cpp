@@ -318,6 +318,54 @@ TEST_CASE("the watchdog fails a collective past the group's timeout and aborts t
   std::filesystem::remove(path);
 }
 
+// Device tensors reach Gloo through host copies, copied out and back by role (gloo_communicator.cpp):
+// rank 0 on sim:0, rank 1 a thread of this process on the CPU. An in-place reduce_scatter (its
+// output one of its own inputs, as with PyTorch's reduce_scatter_tensor on a chunk of the input)
+// returns the sum: copied back by identity, the unchanged input's copy had landed on it after the
+// result. A collective that fails (an integer average, refused inside Gloo's body) leaves its
+// tensor all bits set, and a broadcast from a root outside the group is refused at the call.
+TEST_CASE("Gloo on sim: an in-place reduce_scatter returns its sum, a failed collective leaves its output all bits set", "[distributed][sim]") {
+  const std::string path = store_path("chorus_stream_group_roles");
+  std::filesystem::remove(path);
+  std::promise<void> rank0_done;
+  std::thread rank1([&] {
+    auto g = std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 1, 2);
+    Tensor out = empty({4});
+    g->reduce_scatter(out, {full({4}, 10.0f), full({4}, 20.0f)})->wait();
+    rank0_done.get_future().wait();  // joins nothing more
+  });
+  struct Joiner {
+    std::thread& t;
+    std::promise<void>& done;
+    ~Joiner() {
+      try {
+        done.set_value();
+      } catch (const std::future_error&) {  // already set
+      }
+      t.join();
+    }
+  } joiner{rank1, rank0_done};
+  const Device dev = Device::sim(0);
+  auto host = std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 0, 2);
+  auto group = std::make_shared<StreamOrderedGroup>(host);
+  Tensor a0 = full({4}, 1.0f).to(dev), a1 = full({4}, 2.0f).to(dev);
+  group->reduce_scatter(a0, {a0, a1})->wait();
+  CHECK(equal(a0.cpu(), full({4}, 11.0f)));  // 1 + 10; by identity it had come back as 1
+  CHECK(equal(a1.cpu(), full({4}, 2.0f)));   // an input only: untouched
+
+  Tensor n = full({8}, 7, {.dtype = kInt32}).to(dev);
+  auto failed = group->allreduce({n}, ReduceOp::Avg);
+  failed->wait();           // orders the current stream after it (the copy below reads n)
+  failed->wait_finished();  // and the host after its end, so that its error is there
+  CHECK_THROWS_WITH(std::rethrow_exception(failed->exception()), Catch::Contains("avg needs a floating-point tensor"));
+  CHECK(equal(n.cpu(), full({8}, -1, {.dtype = kInt32})));  // all bits set, not 7 nor a reused block's bytes
+
+  Tensor b = full({4}, 3.0f).to(dev);
+  CHECK_THROWS_WITH(group->broadcast({b}, 2), Catch::Contains("broadcast: root 2 is not a rank of a group of size 2"));
+  CHECK(equal(b.cpu(), full({4}, 3.0f)));
+  std::filesystem::remove(path);
+}
+
 // DDP destroyed while its allreduces are still queued on the communication stream (slow sim
 // streams): a device work's wait() only orders the current stream, so the reducer must wait on the
 // host for the works before freeing its buckets, and must not hand a completion callback a pointer
