@@ -246,7 +246,14 @@ void ProcessGroupGloo::check_tensor(const Tensor& t, const char* op) const {
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::allreduce(const TensorList& tensors, ReduceOp op) {
-  for (const Tensor& t : tensors) check_tensor(t, "allreduce");
+  for (const Tensor& t : tensors) {
+    check_tensor(t, "allreduce");
+    // Refused at the call, before any traffic, alike on every rank (an average of integers was
+    // refused only after the sum, and after the tensors before it in the list were reduced).
+    if (op == ReduceOp::Avg && !t.is_floating_point()) {
+      fail("allreduce: avg needs a floating-point tensor, got {}", dtype_name(t.dtype()));
+    }
+  }
   auto ctx = context_;
   auto timeout = options_.timeout;
   const int size = size_;
@@ -257,11 +264,6 @@ std::shared_ptr<Work> ProcessGroupGloo::allreduce(const TensorList& tensors, Red
       gloo::AllreduceOptions opts(ctx);
       opts.setTag(tag);
       opts.setTimeout(timeout);
-      // Refused before any traffic, alike on every rank (an average of integers, once only after the
-      // sum, left the sum in the tensor).
-      if (op == ReduceOp::Avg && !s.buffer.is_floating_point()) {
-        fail("allreduce: avg needs a floating-point tensor, got {}", dtype_name(s.buffer.dtype()));
-      }
       CHORUS_DISPATCH_ALL(s.buffer.dtype(), "allreduce", [&]<typename T>() {
         if constexpr (std::is_same_v<T, bool>) {
           fail("allreduce: bool tensors are not supported");

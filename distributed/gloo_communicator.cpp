@@ -111,8 +111,9 @@ class GlooStreamCommunicator::PinnedPool {
 //
 // A stream that never gets to its `ready` write (its device failed: CUDA's sticky error, sim's
 // injected stream failure) must not hold the worker forever: the watchdog then aborts the
-// communicator, and the worker stops polling and runs the job, which, aborted, only notes the
-// error on its works and counts itself issued (so wait_until_issued returns). Destroying the
+// communicator, and the worker stops polling and runs the job, which, aborted, notes the error on
+// its works, fills the host copies of what it only writes (see `run` in group_end) and counts
+// itself issued (so wait_until_issued returns). Destroying the
 // communicator stops the polling too.
 class GlooStreamCommunicator::LaneWorker {
  public:
@@ -130,7 +131,9 @@ class GlooStreamCommunicator::LaneWorker {
   uint32_t next_sequence() { return ++sequence_; }  // the issuing thread only
   // `after_ready`: whether the job waits for the stream's `ready` word (a group that reads nothing
   // from the device does not: see group_end).
-  void push(uint32_t sequence, bool after_ready, std::function<void()> job) {
+  // The job is called with whether the stream's copies to the host are done (its `ready` was seen,
+  // or it has none): only then may it write over the host copies of what it reads.
+  void push(uint32_t sequence, bool after_ready, std::function<void(bool)> job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       jobs_.push_back({sequence, after_ready, std::move(job)});
@@ -138,7 +141,7 @@ class GlooStreamCommunicator::LaneWorker {
     cv_.notify_all();
   }
   // The jobs run so far, to be destroyed by the caller (a thread that may make device calls).
-  std::vector<std::function<void()>> take_finished() {
+  std::vector<std::function<void(bool)>> take_finished() {
     std::lock_guard<std::mutex> lock(mutex_);
     return std::exchange(finished_, {});
   }
@@ -147,7 +150,7 @@ class GlooStreamCommunicator::LaneWorker {
   struct Job {
     uint32_t sequence;
     bool after_ready;
-    std::function<void()> run;
+    std::function<void(bool)> run;
   };
   void loop() {
     const NoDeviceCallsGuard no_device_calls("the Gloo lane worker");
@@ -192,7 +195,10 @@ class GlooStreamCommunicator::LaneWorker {
         finished_.push_back(std::move(job.run));
         return;
       }
-      job.run();
+      // An abort (or the removed flag) ends the poll early: the stream may still be copying into the
+      // host copies of what the group reads.
+      const bool copies_done = !wait_for_ready || static_cast<int32_t>(ready.load(std::memory_order_acquire) - job.sequence) >= 0;
+      job.run(copies_done);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         finished_.push_back(std::move(job.run));
@@ -210,7 +216,7 @@ class GlooStreamCommunicator::LaneWorker {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Job> jobs_;
-  std::vector<std::function<void()>> finished_;
+  std::vector<std::function<void(bool)>> finished_;
   bool stop_ = false;
   std::thread thread_;
 };
@@ -242,7 +248,7 @@ void GlooStreamCommunicator::release_staging(bool all) {
     if (all) st.done.synchronize();
     for (const Block& b : st.blocks) st.pool->give(b);
   }
-  std::vector<std::function<void()>> finished;
+  std::vector<std::function<void(bool)>> finished;
   {
     std::lock_guard<std::mutex> lock(workers_mutex_);
     for (auto& [stream, worker] : workers_) {
@@ -280,9 +286,12 @@ void GlooStreamCommunicator::add(const char* op, const std::vector<Operand>& ope
                                  const std::shared_ptr<StreamWork>& work, Issue issue) {
   if (stream_ && !(*stream_ == stream)) fail("gloo {}: every op of a coalesced group must use one stream", op);
   // Every operand is checked before any is staged: a refused op leaves nothing in the group (an
-  // operand staged for it would be copied back at the next group, from a block nobody filled).
+  // operand staged for it would be copied back at the next group, from a block nobody filled), and
+  // the ops added before it in a coalesced group are dropped with it at group_end (the caller gets
+  // the error, not a work for half a group).
   for (const Operand& o : operands) {
     if (!o.tensor.is_contiguous()) {
+      if (depth_ > 0) discard_ = true;
       fail("ProcessGroup gloo {}: a {} tensor goes to Gloo through host memory and must be contiguous (got strides "
            "{} for shape {}); call .contiguous() first",
            op, stream.device().str(), shape_str(o.tensor.strides()), shape_str(o.tensor.sizes()));
@@ -301,7 +310,9 @@ void GlooStreamCommunicator::add(const char* op, const std::vector<Operand>& ope
 void GlooStreamCommunicator::group_end() {
   if (depth_ == 0) fail("GlooStreamCommunicator: group_end() without group_start()");
   if (--depth_ > 0) return;
-  if (jobs_.empty()) {
+  if (jobs_.empty() || discard_) {
+    discard_ = false;
+    jobs_.clear();
     stream_.reset();
     staged_.clear();
     return;
@@ -330,12 +341,17 @@ void GlooStreamCommunicator::group_end() {
   std::vector<std::shared_ptr<StreamWork>> works;
   for (const Job& job : jobs) works.push_back(job.work);
   // The host copies each job writes: a job that fails (or is aborted) leaves them all bits set (NaN
-  // in every floating dtype, -1 in the signed integer ones; bool true) before they are copied back, so that its
-  // outputs read as undefined rather than as some earlier group's numbers in a reused block.
-  std::vector<bool> written;
-  for (const StagedTensor& t : staged_tensors) written.push_back(t.written);
+  // in every floating dtype, -1 in the signed integer ones; bool true) before they are copied
+  // back, so that its outputs read as undefined rather than as some earlier group's numbers in a
+  // reused block; one it also reads only once the stream has copied it out (else it comes back
+  // unchanged). A work the watchdog failed whose Gloo op later ends well gets the op's results.
+  std::vector<bool> read, written;
+  for (const StagedTensor& t : staged_tensors) {
+    read.push_back(t.read);
+    written.push_back(t.written);
+  }
   // The collectives of the group, issued on the host copies and waited for.
-  auto run = [jobs, host, aliases, written, state] {
+  auto run = [jobs, host, aliases, read, written, state](bool copies_done) {
     std::string aborted;
     {
       std::lock_guard<std::mutex> lock(state->mutex);
@@ -376,7 +392,9 @@ void GlooStreamCommunicator::group_end() {
     for (size_t j = 0; j < jobs.size(); ++j) {
       if (!failed[j]) continue;
       for (size_t i = jobs[j].first; i < jobs[j].first + jobs[j].count; ++i)
-        if (written[i]) {  // (bool: true, the one value of all bits that a bool may hold)
+        // (A tensor it also reads, before the stream has copied it out (an abort), is left alone:
+        // the stream's copy could land on either side of the fill; it comes back unchanged.)
+        if (written[i] && (!read[i] || copies_done)) {  // (bool: true, the one value of all bits that a bool may hold)
           std::memset(aliases[i].raw_data_ptr(), aliases[i].dtype() == kBool ? 0x01 : 0xFF,
                       static_cast<size_t>(aliases[i].nbytes()));
         }

@@ -90,6 +90,7 @@ class GlooStreamCommunicator final : public Communicator {
     std::shared_ptr<StreamWork> work;
   };
   int depth_ = 0;
+  bool discard_ = false;  // an op of the open group was refused: group_end submits none of it
   std::optional<Stream> stream_;
   std::vector<Job> jobs_;
   struct StagedTensor {

@@ -17,7 +17,8 @@
 // MASTER_PORT=29500?"). --standalone (torchrun's flag) puts the job's store on 127.0.0.1 at a port
 // the kernel picks as free (bind to port 0), so such jobs do not meet. As torchrun's, the port is
 // free when chorusrun picks it and taken by rank 0's store a moment later: a program that binds it
-// in between makes rank 0 fail with the message above. A restart (--max-restarts) keeps the port.
+// in between (rank 0 binds it when the program calls init_process_group) makes rank 0 fail with the
+// message above. Each restart (--max-restarts) picks a port again.
 //
 // With --nnodes > 1 and --max-restarts > 0 the launchers of all nodes meet in a rendezvous (a TCP
 // store hosted by node 0's chorusrun at --rdzv-port): every round starts only when all nodes have
@@ -452,6 +453,13 @@ int main(int argc, char** argv) {
 
   auto run_round = [&](int restart) -> Round {
     g_dump_signal = 0;  // a SIGUSR1 between rounds was for workers that are gone
+    if (standalone && restart > 0) {  // [Standalone] a port free now, not the one the last round had
+      const int port = free_loopback_port();
+      if (port > 0) {
+        master_port = port;
+        std::fprintf(stderr, "chorusrun: --standalone: restart %d's store is 127.0.0.1:%d\n", restart, master_port);
+      }
+    }
     FailureWatch watch(rdzv.get(), restart);
     std::vector<Worker> workers(nproc);
     const pid_t launcher = ::getpid();
