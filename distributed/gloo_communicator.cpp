@@ -103,8 +103,8 @@ class GlooStreamCommunicator::PinnedPool {
 // group's number once its copies to host memory are done; the worker waits for that, runs the
 // collectives and stores `done` = the number; the stream waits for it before copying the results
 // back. A group that reads nothing from the device (receives, a broadcast away from its root) has
-// no `ready`: the worker runs it when it comes to it (see group_end). The worker makes no device call at all (see group_end), and releases nothing that owns
-// device memory: a finished job (its works hold device tensors) goes back to the issuing thread,
+// no `ready`: the worker runs it when it comes to it (see group_end). The worker makes no device
+// call at all (see group_end), and releases nothing that owns device memory: a finished job (its works hold device tensors) goes back to the issuing thread,
 // which lets it go in release_staging. Freeing device memory may record events, and on this thread
 // that could deadlock (seen on sim with its driver lock under load: the worker's free waited for
 // the lock of the main thread's blocking copy, whose stream waited for the worker's next `done`).
@@ -130,9 +130,9 @@ class GlooStreamCommunicator::LaneWorker {
   uint32_t* done_word() const { return reinterpret_cast<uint32_t*>(flags_.ptr) + 1; }
   uint32_t next_sequence() { return ++sequence_; }  // the issuing thread only
   // `after_ready`: whether the job waits for the stream's `ready` word (a group that reads nothing
-  // from the device does not: see group_end).
-  // The job is called with whether the stream's copies to the host are done (its `ready` was seen,
-  // or it has none): only then may it write over the host copies of what it reads.
+  // from the device does not: see group_end). The job is called with whether the stream's copies
+  // to the host are done (its `ready` was seen, or it has none): only then may it write over the
+  // host copies of what it reads.
   void push(uint32_t sequence, bool after_ready, std::function<void(bool)> job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -174,9 +174,10 @@ class GlooStreamCommunicator::LaneWorker {
       // (spinning briefly, then sleeping 20 us at a time). fault::Point::kGlooReadyFlag removed (a
       // negative control, multiprocess_test): the group runs at once, on host copies not yet made.
       std::atomic_ref<uint32_t> ready(*ready_word());
+      auto ready_seen = [&] { return static_cast<int32_t>(ready.load(std::memory_order_acquire) - job.sequence) >= 0; };
       bool stopped = false;
       const bool wait_for_ready = job.after_ready && !fault::removed(fault::Point::kGlooReadyFlag);
-      for (int spins = 0; wait_for_ready && static_cast<int32_t>(ready.load(std::memory_order_acquire) - job.sequence) < 0; ++spins) {
+      for (int spins = 0; wait_for_ready && !ready_seen(); ++spins) {
         if (spins < 256) {
           std::this_thread::yield();
           continue;
@@ -197,8 +198,7 @@ class GlooStreamCommunicator::LaneWorker {
       }
       // An abort (or the removed flag) ends the poll early: the stream may still be copying into the
       // host copies of what the group reads.
-      const bool copies_done = !wait_for_ready || static_cast<int32_t>(ready.load(std::memory_order_acquire) - job.sequence) >= 0;
-      job.run(copies_done);
+      job.run(/*copies_done=*/!wait_for_ready || ready_seen());
       {
         std::lock_guard<std::mutex> lock(mutex_);
         finished_.push_back(std::move(job.run));

@@ -737,19 +737,16 @@ TEST_CASE("chorusrun refuses bad usage", "[distributed][chorusrun]") {
     CHECK(neg.code != 0);
     CHECK_THAT(neg.output, Catch::Contains("--grace-period"));
   }
-  Run none = run("--nproc-per-node 2");
-  CHECK(none.code == 2);
-  CHECK_THAT(none.output, Catch::Contains("no program given"));
-  Run rank = run("--nnodes 2 --node-rank 2 true");
-  CHECK(rank.code == 2);
-  CHECK_THAT(rank.output, Catch::Contains("--node-rank 2 must be less than --nnodes 2"));
-  Run standalone_nodes = run("--standalone --nnodes 2 true");
-  CHECK(standalone_nodes.code == 2);
-  CHECK_THAT(standalone_nodes.output, Catch::Contains("--standalone is a job on this machine alone; it cannot go with --nnodes 2"));
-  Run standalone_port = run("--standalone --master-port 31000 true");
-  CHECK(standalone_port.code == 2);
-  CHECK_THAT(standalone_port.output, Catch::Contains("leave out --master-addr and --master-port"));
-  Run missing = run("--nproc-per-node 1 /nonexistent/program");
-  CHECK(missing.code == 127);
-  CHECK_THAT(missing.output, Catch::Contains("cannot run /nonexistent/program"));
+  // Each: chorusrun's exit code and what it says.
+  auto refused = [](const std::string& args, int code, const std::string& says) {
+    const Run r = run(args);
+    INFO(args);
+    CHECK(r.code == code);
+    CHECK_THAT(r.output, Catch::Contains(says));
+  };
+  refused("--nproc-per-node 2", 2, "no program given");
+  refused("--nnodes 2 --node-rank 2 true", 2, "--node-rank 2 must be less than --nnodes 2");
+  refused("--standalone --nnodes 2 true", 2, "--standalone is a job on this machine alone; it cannot go with --nnodes 2");
+  refused("--standalone --master-port 31000 true", 2, "leave out --master-addr and --master-port");
+  refused("--nproc-per-node 1 /nonexistent/program", 127, "cannot run /nonexistent/program");
 }
