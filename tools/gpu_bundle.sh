@@ -11,6 +11,12 @@ out="${1:-.gpu_bundle}"
 limit_bytes=$((64 * 1024 * 1024))
 
 bash tools/setup.sh >/dev/null
+# What runs on the GPU machine gets its host code optimized: a CHORUS_CUDA_HOST_OPT left in this
+# shell (.ci/run's 0 for machines without a GPU) would slow every kernel launch's host side.
+if [[ -n "${CHORUS_CUDA_HOST_OPT:-}" && "${CHORUS_CUDA_HOST_OPT}" != 3 ]]; then
+  echo "gpu_bundle.sh: ignoring CHORUS_CUDA_HOST_OPT=${CHORUS_CUDA_HOST_OPT} (the bundle's .cu host code is compiled at -O3)" >&2
+fi
+unset CHORUS_CUDA_HOST_OPT
 if ! bazel query '@local_cuda//:cudart' >/dev/null 2>&1; then
   echo "gpu_bundle.sh: no CUDA toolkit found (/usr/local/cuda or \$CUDA_HOME): nothing to bundle" >&2
   exit 1

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdlib>
 #include <cstdint>
 #include <vector>
@@ -142,11 +143,51 @@ void simd_for_uncontracted(int64_t begin, int64_t end, const Body& body) {
   else isa_avx2::simd_for_uncontracted(begin, end, body);
 }
 
+// Per-dim numbers (sizes, byte strides, indices) of an iteration: held inline up to kInline dims,
+// on the heap beyond. make_iter and for_each_run run once per op (and per parallel chunk); with
+// std::vectors they allocated about fifteen times for a binary op (the strides, their growth, the
+// sort's buffer, the index), and in an ASan build, where each allocation records its stack,
+// make_iter was a tenth of a small-op gradcheck's time (tests/nn:rnn_test, perf, 2026-12-03).
+class IterDims {
+ public:
+  static constexpr size_t kInline = 8;
+  IterDims() = default;
+  explicit IterDims(size_t n, int64_t value = 0) { resize(n, value); }
+  void resize(size_t n, int64_t value = 0) {
+    if (n > kInline) {
+      if (size_ <= kInline) heap_.assign(inline_.begin(), inline_.begin() + static_cast<std::ptrdiff_t>(size_));
+      heap_.resize(n, value);
+    } else if (size_ > kInline) {
+      std::copy(heap_.begin(), heap_.begin() + static_cast<std::ptrdiff_t>(n), inline_.begin());
+      heap_.clear();
+    } else {
+      for (size_t i = size_; i < n; ++i) inline_[i] = value;
+    }
+    size_ = n;
+  }
+  void push_back(int64_t value) {
+    resize(size_ + 1);
+    back() = value;
+  }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  int64_t* data() { return size_ > kInline ? heap_.data() : inline_.data(); }
+  const int64_t* data() const { return size_ > kInline ? heap_.data() : inline_.data(); }
+  int64_t& operator[](size_t i) { return data()[i]; }
+  int64_t operator[](size_t i) const { return data()[i]; }
+  int64_t& back() { return data()[size_ - 1]; }
+
+ private:
+  size_t size_ = 0;
+  std::array<int64_t, kInline> inline_{};
+  std::vector<int64_t> heap_;  // the numbers when size_ > kInline
+};
+
 template <int N>
 struct StridedIter {
-  Shape shape;                                 // merged dims, innermost last
-  std::array<char*, N> base{};                 // operand 0 is the output
-  std::array<std::vector<int64_t>, N> stride;  // byte strides per operand per dim
+  IterDims shape;                    // merged dims, innermost last
+  std::array<char*, N> base{};       // operand 0 is the output
+  std::array<IterDims, N> stride;    // byte strides per operand per dim
   int64_t numel = 0;
 };
 
@@ -157,11 +198,11 @@ StridedIter<N> make_iter(const Shape& shape, const std::array<const Tensor*, N>&
   it.numel = numel_of(shape);
   const size_t nd = shape.size();
   // Broadcast strides in bytes, trailing-aligned.
-  std::array<std::vector<int64_t>, N> strides;
+  std::array<IterDims, N> strides;
   for (int k = 0; k < N; ++k) {
     const Tensor& t = *operands[k];
     it.base[k] = static_cast<char*>(t.raw_data_ptr());
-    strides[k].assign(nd, 0);
+    strides[k].resize(nd, 0);
     const size_t off = nd - t.sizes().size();
     const int64_t es = static_cast<int64_t>(t.element_size());
     for (size_t d = 0; d < t.sizes().size(); ++d) {
@@ -170,16 +211,22 @@ StridedIter<N> make_iter(const Shape& shape, const std::array<const Tensor*, N>&
   }
   // Walk the dims in the output's memory order (outermost first), as PyTorch's TensorIterator: a
   // channels-last output then runs along C innermost and merges into long dense runs, instead of
-  // stepping through W with stride C. A row-major output keeps the logical order (a stable sort).
-  std::vector<size_t> order(nd);
-  for (size_t d = 0; d < nd; ++d) order[d] = d;
-  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) {
-    return std::abs(strides[0][x]) > std::abs(strides[0][y]);
-  });
+  // stepping through W with stride C. A row-major output keeps the logical order: a stable sort by
+  // decreasing |stride| (insertion, as std::stable_sort would allocate its buffer; nd is small).
+  IterDims order(nd);
+  for (size_t d = 0; d < nd; ++d) {
+    size_t j = d;
+    while (j > 0 && std::abs(strides[0][static_cast<size_t>(order[j - 1])]) < std::abs(strides[0][d])) {
+      order[j] = order[j - 1];
+      --j;
+    }
+    order[j] = static_cast<int64_t>(d);
+  }
   // Merge adjacent dims when every operand steps through them as one; drop size-1 dims.
-  Shape merged;
-  std::array<std::vector<int64_t>, N> mstride;
-  for (size_t d : order) {
+  IterDims& merged = it.shape;
+  std::array<IterDims, N>& mstride = it.stride;
+  for (size_t i = 0; i < nd; ++i) {
+    const auto d = static_cast<size_t>(order[i]);
     if (shape[d] == 1) continue;
     bool can_merge = !merged.empty();
     for (int k = 0; k < N && can_merge; ++k) {
@@ -197,8 +244,6 @@ StridedIter<N> make_iter(const Shape& shape, const std::array<const Tensor*, N>&
     merged.push_back(1);
     for (int k = 0; k < N; ++k) mstride[k].push_back(0);
   }
-  it.shape = std::move(merged);
-  it.stride = std::move(mstride);
   return it;
 }
 
@@ -211,7 +256,7 @@ void for_each_run(const StridedIter<N>& it, int64_t begin, int64_t end, const Lo
   std::array<int64_t, N> inner_stride;
   for (int k = 0; k < N; ++k) inner_stride[k] = it.stride[k][nd - 1];
   // Multi-index of `begin` over the outer dims.
-  std::vector<int64_t> idx(nd, 0);
+  IterDims idx(nd, 0);
   int64_t rem = begin;
   for (int d = nd - 1; d >= 0; --d) {
     idx[d] = rem % it.shape[d];

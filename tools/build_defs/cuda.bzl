@@ -10,7 +10,7 @@ at top level, so the condition lives in the macros: cuda_library here, chorus_te
 test.bzl, and @local_cuda//:defs.bzl's if_cuda() for anything else.
 """
 
-load("@local_cuda//:defs.bzl", "CUDA_ARCHS", "CUDA_ENABLED", "NVCC")
+load("@local_cuda//:defs.bzl", "CUDA_ARCHS", "CUDA_ENABLED", "CUDA_HOST_OPT", "NVCC")
 
 # The GPUs nvcc compiles for, as compute capabilities without the dot: by default sm_80 (A100) and
 # sm_90 (H100/H200) machine code, plus PTX of the newest, which later GPUs can JIT.
@@ -62,7 +62,9 @@ def _nvcc_objects_impl(ctx):
             "_objs/{}/{}.pic.o".format(ctx.label.name, stem[:-len(".cu")]),
         )
         args = ctx.actions.args()
-        args.add_all(["-std=c++20", "-O3", "-Xcompiler", "-fPIC"] + _GENCODE + _FMT_WORKAROUND)
+        # -O: the host code's optimization only (CUDA_HOST_OPT, 3 unless CHORUS_CUDA_HOST_OPT says
+        # otherwise: .ci/run on a machine without a GPU compiles it at 0, third_party/cuda/cuda_configure.bzl).
+        args.add_all(["-std=c++20", "-O" + CUDA_HOST_OPT, "-Xcompiler", "-fPIC"] + _GENCODE + _FMT_WORKAROUND)
 
         # The same warnings as .bazelrc gives g++; -lineinfo maps SASS to source lines for Nsight
         # Compute and compute-sanitizer at no run-time cost.

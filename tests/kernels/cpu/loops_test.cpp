@@ -10,6 +10,7 @@
 
 #include "kernels/cpu/capability.h"
 #include "kernels/cpu/loops.h"
+#include "tensor/ops.h"
 #include "tests/kernels/cpu/capabilities.h"
 
 namespace kc = chorus::kernels::cpu;
@@ -79,4 +80,97 @@ TEMPLATE_TEST_CASE("simd_max finds the largest element wherever it is, and never
     CHECK(kc::simd_max<T>(0, 40, T(2), [&](int64_t i) CHORUS_ELEMENT { return small[static_cast<size_t>(i)]; }) == T(2));
     CHECK(kc::simd_max<T>(7, 7, T(2), [&](int64_t i) CHORUS_ELEMENT { return small[static_cast<size_t>(i)]; }) == T(2));
   }
+}
+
+namespace {
+
+// The element offset (in elements) of logical multi-index `idx` in a tensor of `strides`, with the
+// trailing alignment and stride-0 broadcasting of make_iter.
+int64_t offset_of(const std::vector<int64_t>& idx, const chorus::Tensor& t) {
+  const size_t off = idx.size() - t.sizes().size();
+  int64_t at = 0;
+  for (size_t d = 0; d < t.sizes().size(); ++d) at += (t.sizes()[d] == 1 ? 0 : idx[d + off]) * t.strides()[d];
+  return at;
+}
+
+}  // namespace
+
+// make_iter + for_each_run visit every element of the broadcast shape once with the operands'
+// elements at its logical index, whatever the strides and however the range is cut into chunks,
+// for ranks from 0 to 13: past IterDims' 8 inline dims the numbers move to the heap, as the
+// iteration's dims are pushed one by one. Checked element by element against offsets computed from
+// the strides (no chorus op makes the reference).
+TEST_CASE("make_iter and for_each_run pair every element at every rank, inline and past 8 dims", "[cpu][loops]") {
+  using chorus::Tensor;
+  for (int64_t nd = 0; nd <= 13; ++nd) {
+    INFO("rank " << nd);
+    // Sizes 2, 3, 2, 1 in turn (at rank 13, 10 dims past the size-1 ones: no merge is possible
+    // with a reversed, so the iteration keeps them all); a's memory in reversed dim order (permuted),
+    // b broadcast along every other dim and one dim shorter (trailing-aligned), out either row-major
+    // or from a step-sliced block.
+    chorus::Shape shape, b_shape;
+    for (int64_t d = 0; d < nd; ++d) shape.push_back(d % 4 == 3 ? 1 : 2 + d % 2);
+    for (int64_t d = 1; d < nd; ++d) b_shape.push_back(d % 2 ? 1 : shape[static_cast<size_t>(d)]);
+    std::vector<int64_t> reversed, perm;
+    for (int64_t d = nd - 1; d >= 0; --d) reversed.push_back(shape[static_cast<size_t>(d)]);
+    for (int64_t d = nd - 1; d >= 0; --d) perm.push_back(d);
+    const int64_t numel = chorus::numel_of(shape);
+    const Tensor a = chorus::arange(numel, chorus::TensorOptions{.dtype = chorus::kInt64}).reshape(reversed).permute(perm);
+    const Tensor b = chorus::arange(chorus::numel_of(b_shape), chorus::TensorOptions{.dtype = chorus::kInt64})
+                         .mul(1000)
+                         .reshape(b_shape);
+    for (bool strided_out : {false, true}) {
+      INFO("strided output " << strided_out);
+      chorus::Shape block = shape;
+      if (strided_out && nd > 0) block.back() *= 2;
+      Tensor out = chorus::full(block, -1, chorus::TensorOptions{.dtype = chorus::kInt64});
+      if (strided_out && nd > 0) out = out.slice(nd - 1, 0, block.back(), 2);
+      REQUIRE(out.sizes() == shape);
+      const auto it = kc::make_iter<3>(shape, {&out, &a, &b});
+      std::vector<int> seen(static_cast<size_t>(chorus::numel_of(block)), 0);
+      const int64_t* out_base = static_cast<const int64_t*>(out.raw_data_ptr());
+      const std::vector<int64_t> cuts{0, numel / 3, numel / 3 + 1, numel};
+      for (size_t c = 0; c + 1 < cuts.size(); ++c) {
+        kc::for_each_run<3>(it, cuts[c], cuts[c + 1], [&](char** p, const int64_t* s, int64_t n) {
+          for (int64_t i = 0; i < n; ++i) {
+            auto* o = reinterpret_cast<int64_t*>(p[0] + i * s[0]);
+            *o = *reinterpret_cast<const int64_t*>(p[1] + i * s[1]) + *reinterpret_cast<const int64_t*>(p[2] + i * s[2]);
+            ++seen[static_cast<size_t>(o - out_base)];
+          }
+        });
+      }
+      // Every logical index: out holds a + b of that index, written once.
+      std::vector<int64_t> idx(static_cast<size_t>(nd), 0);
+      const auto* a_data = static_cast<const int64_t*>(a.raw_data_ptr());
+      const auto* b_data = static_cast<const int64_t*>(b.raw_data_ptr());
+      for (int64_t linear = 0; linear < numel; ++linear) {
+        int64_t rem = linear;
+        for (int64_t d = nd - 1; d >= 0; --d) {
+          idx[static_cast<size_t>(d)] = rem % shape[static_cast<size_t>(d)];
+          rem /= shape[static_cast<size_t>(d)];
+        }
+        const int64_t o = offset_of(idx, out);
+        REQUIRE(seen[static_cast<size_t>(o)] == 1);
+        REQUIRE(out_base[o] == a_data[offset_of(idx, a)] + b_data[offset_of(idx, b)]);
+      }
+    }
+  }
+}
+
+TEST_CASE("IterDims keeps its numbers across the inline and heap storage", "[cpu][loops]") {
+  kc::IterDims dims;
+  for (int64_t v = 0; v < 11; ++v) dims.push_back(v * 7);  // moves to the heap at the 9th
+  REQUIRE(dims.size() == 11);
+  for (size_t i = 0; i < 11; ++i) CHECK(dims[i] == static_cast<int64_t>(i) * 7);
+  dims.resize(5);  // back inline
+  REQUIRE(dims.size() == 5);
+  for (size_t i = 0; i < 5; ++i) CHECK(dims[i] == static_cast<int64_t>(i) * 7);
+  dims.resize(9, -2);  // to the heap again: the 5 kept, the rest filled
+  for (size_t i = 0; i < 9; ++i) CHECK(dims[i] == (i < 5 ? static_cast<int64_t>(i) * 7 : -2));
+  const kc::IterDims copy = dims;  // a copy reads its own storage
+  dims[0] = 99;
+  CHECK(copy[0] == 0);
+  CHECK(copy.size() == 9);
+  kc::IterDims filled(3, 4);
+  CHECK((filled.size() == 3 && filled[0] == 4 && filled[2] == 4));
 }
