@@ -345,6 +345,10 @@ std::shared_ptr<Work> ProcessGroupGloo::allgather(const TensorList& outputs, con
 
 std::shared_ptr<Work> ProcessGroupGloo::reduce_scatter(const Tensor& output, const TensorList& inputs, ReduceOp op) {
   check_tensor(output, "reduce_scatter");
+  // Refused at the call, as allreduce's: an average of integers came back as the truncated quotient.
+  if (op == ReduceOp::Avg && !output.is_floating_point()) {
+    fail("reduce_scatter: avg needs a floating-point tensor, got {}", dtype_name(output.dtype()));
+  }
   if (static_cast<int>(inputs.size()) != size_) {
     fail("ProcessGroupGloo reduce_scatter: expected {} input tensors (one per rank), got {}", size_, inputs.size());
   }

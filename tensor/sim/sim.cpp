@@ -19,6 +19,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <string>
 #include <shared_mutex>
 #include <thread>
 #include <vector>
@@ -65,7 +66,7 @@ struct Segment {
 
 class Memory {
  public:
-  Memory() : protect_(env_u32("CHORUS_SIM_PROTECT", 1) != 0) {}
+  explicit Memory(bool protect) : protect_(protect) {}
 
   void* allocate(int device, size_t nbytes, size_t capacity) {
     const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
@@ -653,18 +654,37 @@ class HostFunctionThread {
 
 // ---- The runtime -------------------------------------------------------------------------------
 
-class SimRuntime final : public DeviceRuntime {
- public:
-  SimRuntime() : count_(static_cast<int>(env_u32("CHORUS_SIM_DEVICES", 2))), poison_(env_u32("CHORUS_SIM_POISON", 1) != 0) {
-    g_delay_us.store(env_u32("CHORUS_SIM_DELAY_US", 0));
-    g_driver_lock.store(env_u32("CHORUS_SIM_DRIVER_LOCK", 1) != 0);  // on unless =0
+// The CHORUS_SIM_* settings, read once, when the runtime is made (at static initialization).
+// [A refused setting is refused at the first use] A value that is not a setting (CHORUS_SIM_DEVICES=two,
+// CHORUS_SIM_CONNECTIONS=40) used to throw from that static initializer, which ends the process
+// with std::terminate before main runs, in every program linked with chorus, sim used or not. Now
+// the refusal is kept: sim then has no device, device_count(Sim) is 0, and each use of a sim device
+// fails with a chorus::Error that names the setting (runtime_for: "no sim device: ...").
+struct Settings {
+  int devices = 2;
+  bool poison = true;        // CHORUS_SIM_POISON (on unless =0)
+  bool protect = true;       // CHORUS_SIM_PROTECT (on unless =0)
+  uint32_t delay_us = 0;     // CHORUS_SIM_DELAY_US
+  bool driver_lock = true;   // CHORUS_SIM_DRIVER_LOCK (on unless =0)
+  uint32_t memory_mb = 16 << 10;
+  int connections = 1;
+  std::string refused;       // why a setting was refused; empty when all were taken
+};
+
+Settings read_settings() {
+  Settings s;
+  try {
+    const uint32_t devices = env_u32("CHORUS_SIM_DEVICES", 2);
+    if (devices > 1024) fail("CHORUS_SIM_DEVICES={}: expected at most 1024 sim devices", devices);
+    s.devices = static_cast<int>(devices);
+    s.poison = env_u32("CHORUS_SIM_POISON", 1) != 0;
+    s.protect = env_u32("CHORUS_SIM_PROTECT", 1) != 0;
+    s.delay_us = env_u32("CHORUS_SIM_DELAY_US", 0);
+    s.driver_lock = env_u32("CHORUS_SIM_DRIVER_LOCK", 1) != 0;
     // CHORUS_SIM_MEMORY_MB: every device's capacity in MiB (a test or an example run sets it to
     // make a job run out of device memory; set_memory_capacity changes it in process).
-    const uint32_t capacity_mb = env_u32("CHORUS_SIM_MEMORY_MB", 16 << 10);
-    if (capacity_mb == 0) fail("CHORUS_SIM_MEMORY_MB=0: a sim device needs some memory (the value is in MiB)");
-    capacity_.assign(count_, size_t(capacity_mb) << 20);
-    default_streams_.resize(count_, nullptr);
-    for (int d = 0; d < count_; ++d) health_.push_back(std::make_unique<DeviceHealth>());
+    s.memory_mb = env_u32("CHORUS_SIM_MEMORY_MB", 16 << 10);
+    if (s.memory_mb == 0) fail("CHORUS_SIM_MEMORY_MB=0: a sim device needs some memory (the value is in MiB)");
     // [Shared hardware queues]: one per device unless CHORUS_SIM_CONNECTIONS says otherwise (not read
     // from CUDA_DEVICE_MAX_CONNECTIONS, which training set-ups export for their GPUs).
     const uint32_t connections = env_u32("CHORUS_SIM_CONNECTIONS", 1);
@@ -673,13 +693,35 @@ class SimRuntime final : public DeviceRuntime {
            "for a queue of its own per stream",
            connections);
     }
-    connections_ = static_cast<int>(connections);
+    s.connections = static_cast<int>(connections);
+  } catch (const Error& e) {
+    s = Settings{};
+    s.devices = 0;
+    s.refused = e.what();
+  }
+  return s;
+}
+
+class SimRuntime final : public DeviceRuntime {
+ public:
+  explicit SimRuntime(const Settings& settings)
+      : count_(settings.devices), poison_(settings.poison), memory_(settings.protect), refused_(settings.refused) {
+    g_delay_us.store(settings.delay_us);
+    g_driver_lock.store(settings.driver_lock);
+    capacity_.assign(count_, size_t(settings.memory_mb) << 20);
+    default_streams_.resize(count_, nullptr);
+    for (int d = 0; d < count_; ++d) health_.push_back(std::make_unique<DeviceHealth>());
+    connections_ = settings.connections;
     hardware_.resize(count_);
     created_.resize(count_);
   }
 
   DeviceType type() const override { return DeviceType::Sim; }
   int device_count() override { return count_; }
+  std::string unavailable_reason() override {
+    if (refused_.empty()) return "CHORUS_SIM_DEVICES=0";
+    return "a CHORUS_SIM_* setting was refused when chorus started: " + refused_;
+  }
   // [The default stream is the current device's] CUDA keeps a current device per host thread (0 on a
   // new thread; cudaSetDevice changes it) and every device's default stream is one handle, the null
   // stream, which names the current device's: a copy, event record or wait, kernel or query given the
@@ -1215,6 +1257,7 @@ class SimRuntime final : public DeviceRuntime {
   std::vector<size_t> capacity_;
   std::vector<std::unique_ptr<DeviceHealth>> health_;  // per device, fixed after construction
   Memory memory_;
+  const std::string refused_;  // the refused setting's message (read_settings); then count_ is 0
   std::vector<std::unique_ptr<SimStream>> streams_;
   std::vector<SimStream*> default_streams_;
   std::map<uintptr_t, size_t> pinned_;  // pinned host allocations: address -> bytes
@@ -1227,7 +1270,7 @@ class SimRuntime final : public DeviceRuntime {
 // Created and registered on first use, so that any static initializer may call it.
 SimRuntime& runtime() {
   static SimRuntime* rt = [] {
-    auto* r = new SimRuntime();  // leaked: worker threads run until the process exits
+    auto* r = new SimRuntime(read_settings());  // leaked: worker threads run until the process exits
     register_runtime(DeviceType::Sim, r);
     return r;
   }();

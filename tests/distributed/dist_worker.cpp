@@ -117,6 +117,28 @@ void scenario_collectives(ProcessGroup& pg, Device device = kCPU) {
     out = out.cpu();
     Tensor want = sum + static_cast<double>(rank * world);
     check(max_abs(out.to(kFloat64) - want) <= (dt == kBFloat16 ? 0.05 : 0.01) * (1 + max_abs(want)), "reduce_scatter " + name);
+    if (is_floating(dt)) {
+      Tensor avg = zeros(shape, {.dtype = dt, .device = device});
+      pg.reduce_scatter(avg, ins, ReduceOp::Avg)->wait();
+      const Tensor want_avg = want / static_cast<double>(world);
+      check(max_abs(avg.cpu().to(kFloat64) - want_avg) <= (dt == kBFloat16 ? 0.05 : 0.01) * (1 + max_abs(want_avg)),
+            "reduce_scatter avg " + name);
+    } else if (!staged) {
+      // An average of integers is refused at the call on every rank alike (no traffic: the group
+      // goes on), by allreduce and by reduce_scatter (which had truncated the quotient).
+      for (const char* collective : {"allreduce", "reduce_scatter"}) {
+        std::string message;
+        try {
+          Tensor t = rank_input(rank, dt, shape);
+          if (std::string(collective) == "allreduce") pg.allreduce({t}, ReduceOp::Avg);
+          else pg.reduce_scatter(t, ins, ReduceOp::Avg);
+        } catch (const Error& e) {
+          message = e.what();
+        }
+        check(message == std::string(collective) + ": avg needs a floating-point tensor, got " + name,
+              std::string(collective) + " avg of " + name + " refused at the call: got '" + message + "'");
+      }
+    }
     // send/recv around a ring: both posted before either is waited on (isend + irecv).
     if (world > 1) {
       const int next = (rank + 1) % world, prev = (rank + world - 1) % world;

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -19,6 +20,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "tensor/error.h"
@@ -960,4 +962,58 @@ TEST_CASE("sim: the runtime unloads at exit as CUDA's does; later calls raise De
   }
   CHECK(output.find("ran after the unload") == std::string::npos);
   CHECK(output.find("destroy_event: no error") != std::string::npos);
+}
+
+// Run by the next case in a child whose environment holds a refused CHORUS_SIM_* setting, named by
+// CHORUS_TEST_REFUSED: the process got to main, sim has no device, and a use of one fails with a
+// chorus::Error that names the setting; the CPU works.
+TEST_CASE("sim: refused setting child", "[.]") {
+  const char* name = std::getenv("CHORUS_TEST_REFUSED");
+  REQUIRE(name != nullptr);
+  const char* value = std::getenv(name);
+  REQUIRE(value != nullptr);
+  const std::string setting = std::string(name) + "=" + value;
+  CHECK(device_count(DeviceType::Sim) == 0);
+  std::string message;
+  try {
+    (void)zeros({2}, {.device = Device::sim(0)});
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  INFO(message);
+  CHECK(message.find("no sim device: a CHORUS_SIM_* setting was refused when chorus started: " + setting) !=
+        std::string::npos);
+  CHECK(add(ones({2}), ones({2})).sum().item<float>() == 4.0f);
+  std::printf("refused setting child: done\n");
+}
+
+TEST_CASE("sim: a refused CHORUS_SIM_* setting fails each use of sim with its message, not the process at start") {
+  // The settings are read when the runtime registers, at static initialization: a throw there ended
+  // every program linked with chorus in std::terminate before main (the old behaviour fails here:
+  // the child aborts).
+  char self[4096] = {};
+  REQUIRE(::readlink("/proc/self/exe", self, sizeof(self) - 1) > 0);
+  const std::vector<std::pair<std::string, std::string>> refused{
+      {"CHORUS_SIM_CONNECTIONS", "40"},     // past the 32 queues CUDA_DEVICE_MAX_CONNECTIONS allows
+      {"CHORUS_SIM_DEVICES", "two"},        // not a number
+      {"CHORUS_SIM_DEVICES", "4294967295"}, // would have been -1 devices as an int
+      {"CHORUS_SIM_MEMORY_MB", "0"},
+      {"CHORUS_SIM_DELAY_US", "-5"},
+  };
+  for (const auto& [name, value] : refused) {
+    const std::string setting = name + "=" + value;
+    INFO(setting);
+    const std::string command =
+        "env " + setting + " CHORUS_TEST_REFUSED=" + name + " " + self + " 'sim: refused setting child' 2>&1";
+    FILE* child = ::popen(command.c_str(), "r");
+    REQUIRE(child != nullptr);
+    std::string output;
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, child)) output += buf;
+    const int status = ::pclose(child);
+    INFO(output);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    CHECK(output.find("refused setting child: done") != std::string::npos);
+  }
 }
