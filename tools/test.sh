@@ -64,7 +64,8 @@ fi
 common=(--disk_cache="$cache/bazel-disk" --keep_going
   --test_env=CHORUS_DATA_DIR="${CHORUS_DATA_DIR:-$HOME/.cache/chorus/data}")
 # CHORUS_CUDA_ARCHS (e.g. 90), read by @local_cuda's rule (third_party/cuda/cuda_configure.bzl):
-# the GPUs nvcc compiles for, default sm_80 and sm_90. .ci/run sets 90 on a machine without a GPU.
+# the GPUs nvcc compiles for, default sm_80 and sm_90. .ci/run sets 90 on a machine without a GPU, and
+# CHORUS_CUDA_HOST_OPT=0 (the .cu files' host code at -O0: none of it can run there).
 
 # Tests tagged "gpu" need a device; without one they are still built (linking included), not run.
 # Each phase runs the tests whose tags it does not skip: "asan_only" ones (a subset of another

@@ -153,6 +153,23 @@ class IterDims {
   static constexpr size_t kInline = 8;
   IterDims() = default;
   explicit IterDims(size_t n, int64_t value = 0) { resize(n, value); }
+  IterDims(const IterDims&) = default;
+  IterDims& operator=(const IterDims&) = default;
+  // A moved-from IterDims is empty (the default move would keep size_ over a moved-out heap_).
+  IterDims(IterDims&& other) noexcept : size_(other.size_), inline_(other.inline_), heap_(std::move(other.heap_)) {
+    other.size_ = 0;
+    other.heap_.clear();
+  }
+  IterDims& operator=(IterDims&& other) noexcept {
+    if (this != &other) {
+      size_ = other.size_;
+      inline_ = other.inline_;
+      heap_ = std::move(other.heap_);
+      other.size_ = 0;
+      other.heap_.clear();
+    }
+    return *this;
+  }
   void resize(size_t n, int64_t value = 0) {
     if (n > kInline) {
       if (size_ <= kInline) heap_.assign(inline_.begin(), inline_.begin() + static_cast<std::ptrdiff_t>(size_));

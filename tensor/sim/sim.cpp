@@ -1166,6 +1166,7 @@ class SimRuntime final : public DeviceRuntime {
 
   // Throws the device's sticky error, if it has one, naming the call that met it.
   void check_healthy(int device, const char* call) {
+    check_device(device, call);
     DeviceHealth& h = *health_[device];
     if (!h.failed.load(std::memory_order_acquire)) return;
     fail("sim: {} on sim:{} failed: the device had an error earlier, and a device error is sticky (as CUDA's after a "
@@ -1248,6 +1249,7 @@ class SimRuntime final : public DeviceRuntime {
   static SimEvent* as_event(EventHandle e) { return static_cast<std::shared_ptr<SimEvent>*>(e)->get(); }
   static std::shared_ptr<SimEvent> shared_event(EventHandle e) { return *static_cast<std::shared_ptr<SimEvent>*>(e); }
   void check_device(int device, const char* what) {
+    if (count_ == 0) fail("sim::{}: no sim device: {}", what, unavailable_reason());
     if (device < 0 || device >= count_) fail("sim::{}: no device sim:{} (there are {})", what, device, count_);
   }
 

@@ -944,7 +944,9 @@ TEST_CASE("sim: the runtime unloads at exit as CUDA's does; later calls raise De
   // down" from cudaFreeHost. sim must not be more forgiving: the child's holder meets the same.
   char self[4096] = {};
   REQUIRE(::readlink("/proc/self/exe", self, sizeof(self) - 1) > 0);
-  const std::string command = std::string(self) + " 'sim: unload child' 2>&1";
+  // (Without Bazel's sharding variables, which would make the child's catch_main run another shard's cases.)
+  const std::string command =
+      "env -u TEST_TOTAL_SHARDS -u TEST_SHARD_INDEX -u TEST_SHARD_STATUS_FILE " + std::string(self) + " 'sim: unload child' 2>&1";
   FILE* child = ::popen(command.c_str(), "r");
   REQUIRE(child != nullptr);
   std::string output;
@@ -1004,7 +1006,8 @@ TEST_CASE("sim: a refused CHORUS_SIM_* setting fails each use of sim with its me
     const std::string setting = name + "=" + value;
     INFO(setting);
     const std::string command =
-        "env " + setting + " CHORUS_TEST_REFUSED=" + name + " " + self + " 'sim: refused setting child' 2>&1";
+        "env -u TEST_TOTAL_SHARDS -u TEST_SHARD_INDEX -u TEST_SHARD_STATUS_FILE " + setting +
+        " CHORUS_TEST_REFUSED=" + name + " " + self + " 'sim: refused setting child' 2>&1";
     FILE* child = ::popen(command.c_str(), "r");
     REQUIRE(child != nullptr);
     std::string output;

@@ -99,8 +99,8 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
 
     Args:
       name: the cc_library's name.
-      srcs: .cu files, each compiled by nvcc into one object (C++20, -O3, sm_80/sm_90 + PTX, or
-        $CHORUS_CUDA_ARCHS);
+      srcs: .cu files, each compiled by nvcc into one object (C++20, host code at -O3 or
+        $CHORUS_CUDA_HOST_OPT, sm_80/sm_90 + PTX or $CHORUS_CUDA_ARCHS);
         other files (.cpp wrappers over cuBLAS, cuDNN, NCCL) go to the cc_library and gcc.
       hdrs: headers of this library; also inputs of every nvcc action.
       deps: cc_library targets whose headers the sources include and whose code they call;

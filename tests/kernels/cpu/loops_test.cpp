@@ -4,6 +4,7 @@
 // `v > m ? v : m` it replaced). The values are small integers and quarters, so every order of
 // summation gives the exact sum and the reference is exact.
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -127,6 +128,11 @@ TEST_CASE("make_iter and for_each_run pair every element at every rank, inline a
       if (strided_out && nd > 0) out = out.slice(nd - 1, 0, block.back(), 2);
       REQUIRE(out.sizes() == shape);
       const auto it = kc::make_iter<3>(shape, {&out, &a, &b});
+      // a's reversed strides allow no merge: every dim of size > 1 is kept (10 of rank 13's 13).
+      int64_t kept = 0;
+      for (int64_t size : shape) kept += size > 1 ? 1 : 0;
+      REQUIRE(static_cast<int64_t>(it.shape.size()) == std::max<int64_t>(kept, 1));
+      if (nd >= 11) REQUIRE(it.shape.size() > kc::IterDims::kInline);
       std::vector<int> seen(static_cast<size_t>(chorus::numel_of(block)), 0);
       const int64_t* out_base = static_cast<const int64_t*>(out.raw_data_ptr());
       const std::vector<int64_t> cuts{0, numel / 3, numel / 3 + 1, numel};
@@ -173,4 +179,25 @@ TEST_CASE("IterDims keeps its numbers across the inline and heap storage", "[cpu
   CHECK(copy.size() == 9);
   kc::IterDims filled(3, 4);
   CHECK((filled.size() == 3 && filled[0] == 4 && filled[2] == 4));
+}
+
+// The iteration's dims: operands dense alike merge into one run; a transposed output is walked in its
+// memory order (its smallest stride innermost), the input then stepping across, as PyTorch's
+// TensorIterator orders by the output; an unstable or ascending sort, or no merging, changes these.
+TEST_CASE("make_iter merges dense operands and walks the output's memory order", "[cpu][loops]") {
+  using chorus::Tensor;
+  const Tensor a = chorus::ones({2, 3, 4}), b = chorus::ones({2, 3, 4});
+  Tensor out = chorus::empty({2, 3, 4});
+  const auto dense = kc::make_iter<3>(out.sizes(), {&out, &a, &b});
+  REQUIRE(dense.shape.size() == 1);
+  CHECK(dense.shape[0] == 24);
+  for (int k = 0; k < 3; ++k) CHECK(dense.stride[static_cast<size_t>(k)][0] == 4);
+  // out: [2, 3] over a [3, 2] block (strides 1, 2 elements); in: row-major [2, 3] (3, 1).
+  Tensor t_out = chorus::empty({3, 2}).t();
+  const Tensor in = chorus::ones({2, 3});
+  const auto walked = kc::make_iter<2>(t_out.sizes(), {&t_out, &in});
+  REQUIRE(walked.shape.size() == 2);
+  CHECK((walked.shape[0] == 3 && walked.shape[1] == 2));                            // dim 1 outer, dim 0 inner
+  CHECK((walked.stride[0][0] == 8 && walked.stride[0][1] == 4));                    // the output's bytes
+  CHECK((walked.stride[1][0] == 4 && walked.stride[1][1] == 12));                   // the input's
 }
