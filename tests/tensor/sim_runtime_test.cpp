@@ -903,6 +903,26 @@ TEST_CASE("sim: a wait holds up later work of every stream on its hardware queue
 // The process that the next test starts (hidden: run only by name). Its holder is made before the
 // process's first device call, as a process group made by init_process_group before any tensor
 // reaches the device, so it is destroyed after the runtime's unload at exit.
+// Runs this binary's hidden case `name` in a child process with `env_assignments` ("A=1 B=2") added
+// to its environment, checks that it exited 0, and returns its output (stdout and stderr). Without
+// Bazel's sharding variables, which would make the child's catch_main run another shard's cases.
+static std::string run_child_case(const std::string& name, const std::string& env_assignments = "") {
+  char self[4096] = {};
+  REQUIRE(::readlink("/proc/self/exe", self, sizeof(self) - 1) > 0);
+  const std::string command = "env -u TEST_TOTAL_SHARDS -u TEST_SHARD_INDEX -u TEST_SHARD_STATUS_FILE " +
+                              env_assignments + " " + self + " '" + name + "' 2>&1";
+  FILE* child = ::popen(command.c_str(), "r");
+  REQUIRE(child != nullptr);
+  std::string output;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, child)) output += buf;
+  const int status = ::pclose(child);
+  INFO(output);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  return output;
+}
+
 TEST_CASE("sim: unload child", "[.sim_unload_child]") {
   struct Holder {
     void* pinned = nullptr;
@@ -942,20 +962,8 @@ TEST_CASE("sim: the runtime unloads at exit as CUDA's does; later calls raise De
   // CUDA's runtime registers its teardown at its first call; an object destroyed after it (H200,
   // 2026-11-29: the Gloo staging pool of a process group held in a static) gets "driver shutting
   // down" from cudaFreeHost. sim must not be more forgiving: the child's holder meets the same.
-  char self[4096] = {};
-  REQUIRE(::readlink("/proc/self/exe", self, sizeof(self) - 1) > 0);
-  // (Without Bazel's sharding variables, which would make the child's catch_main run another shard's cases.)
-  const std::string command =
-      "env -u TEST_TOTAL_SHARDS -u TEST_SHARD_INDEX -u TEST_SHARD_STATUS_FILE " + std::string(self) + " 'sim: unload child' 2>&1";
-  FILE* child = ::popen(command.c_str(), "r");
-  REQUIRE(child != nullptr);
-  std::string output;
-  char buf[512];
-  while (std::fgets(buf, sizeof buf, child)) output += buf;
-  const int status = ::pclose(child);
+  const std::string output = run_child_case("sim: unload child");
   INFO(output);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
   CHECK(output.find("before exit: device calls work") != std::string::npos);
   for (const char* call : {"host_free", "query_event", "malloc"}) {
     INFO(call);
@@ -993,8 +1001,6 @@ TEST_CASE("sim: a refused CHORUS_SIM_* setting fails each use of sim with its me
   // The settings are read when the runtime registers, at static initialization: a throw there ended
   // every program linked with chorus in std::terminate before main (the old behaviour fails here:
   // the child aborts).
-  char self[4096] = {};
-  REQUIRE(::readlink("/proc/self/exe", self, sizeof(self) - 1) > 0);
   const std::vector<std::pair<std::string, std::string>> refused{
       {"CHORUS_SIM_CONNECTIONS", "40"},     // past the 32 queues CUDA_DEVICE_MAX_CONNECTIONS allows
       {"CHORUS_SIM_DEVICES", "two"},        // not a number
@@ -1005,18 +1011,8 @@ TEST_CASE("sim: a refused CHORUS_SIM_* setting fails each use of sim with its me
   for (const auto& [name, value] : refused) {
     const std::string setting = name + "=" + value;
     INFO(setting);
-    const std::string command =
-        "env -u TEST_TOTAL_SHARDS -u TEST_SHARD_INDEX -u TEST_SHARD_STATUS_FILE " + setting +
-        " CHORUS_TEST_REFUSED=" + name + " " + self + " 'sim: refused setting child' 2>&1";
-    FILE* child = ::popen(command.c_str(), "r");
-    REQUIRE(child != nullptr);
-    std::string output;
-    char buf[512];
-    while (std::fgets(buf, sizeof buf, child)) output += buf;
-    const int status = ::pclose(child);
+    const std::string output = run_child_case("sim: refused setting child", setting + " CHORUS_TEST_REFUSED=" + name);
     INFO(output);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
     CHECK(output.find("refused setting child: done") != std::string::npos);
   }
 }
