@@ -1,7 +1,8 @@
 // gemm and bmm on CUDA through cuBLAS (cublasGemmEx / cublasGemmStridedBatchedEx), following the call
 // plan of kernels/cuda/gemm_plan.h (operand order, transposes, leading dims, batch strides), with
 // operands no column-major view describes first copied densely on the device, as the plan says.
-// float32 may use TF32 (cublas.h), float64 is plain. One handle per device and thread.
+// float32 may use TF32 (cublas.h), float64 is plain. One handle per device and thread. cuBLAS itself is
+// opened at the first call (cublas_api.h: not linked, so that CPU-only processes do not load it).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -10,6 +11,7 @@
 #include <memory>
 
 #include "kernels/cuda/cublas.h"
+#include "kernels/cuda/cublas_api.h"
 #include "kernels/cuda/gemm_plan.h"
 #include "kernels/cuda/kernels.h"
 #include "tensor/error.h"
@@ -28,7 +30,8 @@ namespace {
 
 void check_cublas(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) {
-    fail("cuBLAS {}: {} ({})", what, cublasGetStatusString(status), cublasGetStatusName(status));
+    const ::chorus::cuda::CublasApi& api = ::chorus::cuda::cublas();
+    fail("cuBLAS {}: {} ({})", what, api.status_string(status), api.status_name(status));
   }
 }
 
@@ -38,7 +41,7 @@ cublasHandle_t handle_for(int device) {
   constexpr int kMaxDevices = 64;
   thread_local std::array<cublasHandle_t, kMaxDevices> handles{};
   CHORUS_CHECK(device >= 0 && device < kMaxDevices, "cuBLAS: device index {} out of range", device);
-  if (handles[device] == nullptr) check_cublas(cublasCreate(&handles[device]), "cublasCreate");
+  if (handles[device] == nullptr) check_cublas(::chorus::cuda::cublas().create(&handles[device]), "cublasCreate");
   return handles[device];
 }
 
@@ -89,7 +92,8 @@ void run_gemm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, d
   const Device device = c.device();
   DeviceGuard guard(device);
   cublasHandle_t handle = handle_for(device.index);
-  check_cublas(cublasSetStream(handle, static_cast<cudaStream_t>(current_stream(device).handle())), "cublasSetStream");
+  const ::chorus::cuda::CublasApi& api = ::chorus::cuda::cublas();
+  check_cublas(api.set_stream(handle, static_cast<cudaStream_t>(current_stream(device).handle())), "cublasSetStream");
 
   // float16 / bfloat16 data: tensor cores with float32 accumulation and float32 alpha/beta (as
   // PyTorch's default, reduced-precision reductions off).
@@ -108,15 +112,15 @@ void run_gemm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, d
   const int m = static_cast<int>(plan.m), n = static_cast<int>(plan.n), k = static_cast<int>(plan.k);
   const int lda = static_cast<int>(plan.lda), ldb = static_cast<int>(plan.ldb), ldc = static_cast<int>(plan.ldc);
   if (plan.batch == 1) {
-    check_cublas(cublasGemmEx(handle, op_of(plan.transa), op_of(plan.transb), m, n, k, alpha_p, first, type, lda,
-                              second, type, ldb, beta_p, out, type, ldc, compute, CUBLAS_GEMM_DEFAULT),
+    check_cublas(api.gemm_ex(handle, op_of(plan.transa), op_of(plan.transb), m, n, k, alpha_p, first, type, lda,
+                         second, type, ldb, beta_p, out, type, ldc, compute, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   } else {
     CHORUS_CHECK(plan.batch <= 2147483647LL, "bmm on CUDA: batch above 2^31 is not supported");
-    check_cublas(cublasGemmStridedBatchedEx(handle, op_of(plan.transa), op_of(plan.transb), m, n, k, alpha_p, first,
-                                            type, lda, plan.stride_a, second, type, ldb, plan.stride_b, beta_p, out,
-                                            type, ldc, plan.stride_c, static_cast<int>(plan.batch), compute,
-                                            CUBLAS_GEMM_DEFAULT),
+    check_cublas(api.gemm_strided_batched_ex(handle, op_of(plan.transa), op_of(plan.transb), m, n, k, alpha_p,
+                                             first, type, lda, plan.stride_a, second, type, ldb, plan.stride_b,
+                                             beta_p, out, type, ldc, plan.stride_c, static_cast<int>(plan.batch),
+                                             compute, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmStridedBatchedEx");
   }
   if (!cc.is_same(c)) copy(c, cc);

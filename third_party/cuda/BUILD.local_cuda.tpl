@@ -13,6 +13,15 @@ cc_library(
     includes = ["include"],
 )
 
+# The libraries found, by SONAME and full path (lib_paths.h, generated), for those chorus opens at
+# first use instead of linking them (cuBLAS: kernels/cuda/cublas_api.cpp).
+# `#include "local_cuda/lib_paths.h"`.
+cc_library(
+    name = "lib_paths",
+    hdrs = ["lib_paths.h"],
+    include_prefix = "local_cuda",
+)
+
 # One target per library found: cudart, cublas, cublasLt, cudnn, nccl (see CUDA_LIBS in defs.bzl),
 # each with the headers. How they are linked, and why not cc_import: cuda_configure.bzl.
 # There is no driver library (libcuda.so.1) here on purpose: cudart loads it at run time, which is
