@@ -56,6 +56,19 @@ TEST_CASE("wordpiece: greedy longest match with ## continuations; [UNK] for what
   CHECK(tok().tokenize(std::string(101, 'a')) == Tokens{"[UNK]"});  // longer than 100 characters
   CHECK(tok().tokenize("\xE2\x98\x83") == Tokens{"[UNK]"});          // ☃ is not in the vocabulary
   CHECK(tok().decode(tok().encode("The unaffable snowman")) == "the unaffable snowman");
+  // encode matches a word once and copies its ids for each repeat ([UNK] words too): the ids of
+  // every token, in order, as token_to_id gives them one by one.
+  const std::string repeats = "unaffable \xE2\x98\x83 running unaffable, \xE2\x98\x83 unaffable running";
+  Ids one_by_one;
+  for (const std::string& t : tok().tokenize(repeats)) one_by_one.push_back(tok().token_to_id(t));
+  CHECK(one_by_one.size() == 3 * t.size() + 2 + 2 + 1);  // three unaffable, two snowmen, two running, a comma
+  CHECK(tok().encode(repeats) == one_by_one);
+  CHECK(tok().encode(repeats, true) == [&] {
+    Ids framed{tok().cls_id()};
+    framed.insert(framed.end(), one_by_one.begin(), one_by_one.end());
+    framed.push_back(tok().sep_id());
+    return framed;
+  }());
   CHECK_THROWS_WITH(tok().id_to_token(30522), Catch::Contains("outside the vocabulary"));
   CHECK_THROWS_WITH(data::WordPieceTokenizer("/nonexistent/vocab.txt"), Catch::Contains("tools/setup.sh"));
 }
