@@ -94,17 +94,17 @@ char32_t normalize(char32_t c) {
   return c;
 }
 
-// Greedy longest-match WordPiece of one word (valid UTF-8: basic_tokenize re-encodes what it keeps):
-// calls piece(id, text) for each piece in order ("##" before every piece but the first) and returns
-// true, or returns false when some part of the word has no piece (the whole word is then [UNK], as
-// BERT does; pieces already passed are the caller's to drop). The candidates are built in one
-// buffer and looked up in place: no string is made for a piece that is not in the vocabulary.
 // The buffers match_pieces fills, kept across the words of one text.
 struct MatchScratch {
   std::vector<size_t> offset;
   std::string candidate;
 };
 
+// Greedy longest-match WordPiece of one word (valid UTF-8: basic_tokenize re-encodes what it keeps):
+// calls piece(id, text) for each piece in order ("##" before every piece but the first) and returns
+// true, or returns false when some part of the word has no piece (the whole word is then [UNK], as
+// BERT does; pieces already passed are the caller's to drop). The candidates are built in one
+// buffer and looked up in place: no string is made for a piece that is not in the vocabulary.
 template <class Piece>
 bool match_pieces(const std::unordered_map<std::string, int64_t>& ids, const std::string& word, MatchScratch& scratch,
                   Piece&& piece) {

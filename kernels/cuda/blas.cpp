@@ -113,7 +113,7 @@ void run_gemm(const Tensor& c, const Tensor& a, const Tensor& b, double alpha, d
   const int lda = static_cast<int>(plan.lda), ldb = static_cast<int>(plan.ldb), ldc = static_cast<int>(plan.ldc);
   if (plan.batch == 1) {
     check_cublas(api.gemm_ex(handle, op_of(plan.transa), op_of(plan.transb), m, n, k, alpha_p, first, type, lda,
-                         second, type, ldb, beta_p, out, type, ldc, compute, CUBLAS_GEMM_DEFAULT),
+                             second, type, ldb, beta_p, out, type, ldc, compute, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
   } else {
     CHORUS_CHECK(plan.batch <= 2147483647LL, "bmm on CUDA: batch above 2^31 is not supported");

@@ -5,7 +5,6 @@
 
 #include <atomic>
 #include <exception>
-#include <type_traits>
 
 #include "local_cuda/lib_paths.h"
 #include "tensor/error.h"
@@ -18,11 +17,11 @@
 namespace chorus::cuda {
 namespace {
 
-// The header declares each function with these types (a static_cast in decltype picks the overload
-// and is not evaluated: nothing here refers to libcublas at link time).
-static_assert(std::is_same_v<decltype(static_cast<CublasGemmEx>(&::cublasGemmEx)), CublasGemmEx>);
-static_assert(std::is_same_v<decltype(static_cast<CublasGemmStridedBatchedEx>(&::cublasGemmStridedBatchedEx)),
-                             CublasGemmStridedBatchedEx>);
+// The exported functions have exactly these types: a static_cast of an overloaded name to a function
+// pointer type compiles only if the header declares an overload of that type. Unevaluated (inside
+// decltype): nothing here refers to libcublas at link time.
+using CheckGemmEx = decltype(static_cast<CublasGemmEx>(&::cublasGemmEx));
+using CheckGemmStridedBatchedEx = decltype(static_cast<CublasGemmStridedBatchedEx>(&::cublasGemmStridedBatchedEx));
 
 std::atomic<bool> g_loaded{false};
 
@@ -70,8 +69,11 @@ CublasApi load_cublas(const std::vector<std::string>& candidates) {
   const cublasStatus_t status = api.get_property(MAJOR_VERSION, &major);
   CHORUS_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLAS: cublasGetProperty of {} failed ({})", api.path,
                api.status_name(status));
-  CHORUS_CHECK(major == CUBLAS_VER_MAJOR, "cuBLAS: {} is version {}, but chorus was built with cuBLAS {}'s headers",
-               api.path, major, CUBLAS_VER_MAJOR);
+  CHORUS_CHECK(major == CUBLAS_VER_MAJOR,
+               "cuBLAS: {} is version {}, but chorus was built with cuBLAS {}'s headers; put the folder of "
+               "libcublas.so.{} first in LD_LIBRARY_PATH, or rebuild chorus against this toolkit (CUDA_HOME, then "
+               "`bazel sync --configure`)",
+               api.path, major, CUBLAS_VER_MAJOR, CUBLAS_VER_MAJOR);
   return api;
 }
 

@@ -4,7 +4,8 @@
 // program's start (0.42 s, 230 MB resident for `resnet --threads 5000`, which only prints a refusal;
 // perf, 2026-12-03) in every process that links the CUDA backend, CPU-only ones and every rank of a
 // multi-process job included. cuDNN 9 opens its own parts the same way (libcudnn.so.9 is a small
-// front that dlopen()s libcudnn_ops & co.). chorus calls seven cuBLAS functions, all here.
+// front that dlopen()s libcudnn_ops & co.). chorus calls six cuBLAS functions (kernels/cuda/blas.cpp),
+// and the loader a seventh (cublasGetProperty, for the version): CublasApi below lists them.
 #pragma once
 
 #include <cublas_v2.h>
@@ -15,8 +16,8 @@
 namespace chorus::cuda {
 
 // cublasGemmEx and cublasGemmStridedBatchedEx have C++ overloads in the header (wrappers taking the
-// old cudaDataType compute type); these are the exported functions' types. The static_asserts in
-// cublas_api.cpp pick the header's declaration by them, unevaluated (nothing is linked).
+// old cudaDataType compute type); these are the exported functions' types. cublas_api.cpp checks
+// that the header declares an overload of each type, unevaluated (nothing is linked).
 using CublasGemmEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
                                         const void*, const void*, cudaDataType, int, const void*, cudaDataType, int,
                                         const void*, void*, cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);

@@ -56,12 +56,17 @@ TEST_CASE("wordpiece: greedy longest match with ## continuations; [UNK] for what
   CHECK(tok().tokenize(std::string(101, 'a')) == Tokens{"[UNK]"});  // longer than 100 characters
   CHECK(tok().tokenize("\xE2\x98\x83") == Tokens{"[UNK]"});          // ☃ is not in the vocabulary
   CHECK(tok().decode(tok().encode("The unaffable snowman")) == "the unaffable snowman");
-  // encode matches a word once and copies its ids for each repeat ([UNK] words too): the ids of
-  // every token, in order, as token_to_id gives them one by one.
-  const std::string repeats = "unaffable \xE2\x98\x83 running unaffable, \xE2\x98\x83 unaffable running";
+  // A word whose first pieces match and whose rest has none is one [UNK], not its first pieces.
+  CHECK(tok().tokenize("the\xE2\x98\x83") == Tokens{"[UNK]"});
+  // encode matches a word once and copies its ids for each repeat ([UNK] words too, and "the☃",
+  // whose match fails after a piece): the ids of every token, in order, as token_to_id gives them
+  // one by one.
+  const std::string repeats =
+      "unaffable \xE2\x98\x83 running the\xE2\x98\x83 unaffable, \xE2\x98\x83 unaffable the\xE2\x98\x83 running the";
   Ids one_by_one;
-  for (const std::string& t : tok().tokenize(repeats)) one_by_one.push_back(tok().token_to_id(t));
-  CHECK(one_by_one.size() == 3 * t.size() + 2 + 2 + 1);  // three unaffable, two snowmen, two running, a comma
+  for (const std::string& token : tok().tokenize(repeats)) one_by_one.push_back(tok().token_to_id(token));
+  // three unaffable, two snowmen, two the☃, two running, a comma, a the
+  CHECK(one_by_one.size() == 3 * t.size() + 2 + 2 + 2 + 1 + 1);
   CHECK(tok().encode(repeats) == one_by_one);
   CHECK(tok().encode(repeats, true) == [&] {
     Ids framed{tok().cls_id()};

@@ -81,6 +81,10 @@ def _cuda_configure_impl(rctx):
     if nvcc.exists and not enabled:
         print("cuda_configure: {} has nvcc but no libcudart.so.N; building without CUDA".format(root))
 
+    if enabled and "cublas" not in libs:
+        fail("cuda_configure: {} has nvcc and libcudart but no libcublas.so.N in {}; chorus's CUDA backend ".format(root, ", ".join(_lib_dirs(root))) +
+             "needs cuBLAS (it opens it at the first CUDA matmul): install the toolkit's cuBLAS, or set CUDA_HOME " +
+             "to a toolkit that has it, then `bazel sync --configure`")
     if not enabled:
         rctx.file("BUILD", "# No CUDA toolkit found at {} (see cuda_configure.bzl).\n".format(root))
         rctx.file("defs.bzl", _defs(False, "", "", [], archs, host_opt))

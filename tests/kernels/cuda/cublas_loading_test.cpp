@@ -1,10 +1,11 @@
 // cuBLAS is opened at its first use, not linked (kernels/cuda/cublas_api.h): a program linking all of
 // chorus (//:chorus, the CUDA backend included) starts without libcublas/libcublasLt in its memory;
-// the first cublas() opens it and resolves every function; a library that cannot be opened, or is
-// not cuBLAS, is a chorus::Error that names what was tried. Runs without a GPU: opening cuBLAS and
-// asking its version and status names needs no device.
+// the first cublas() opens it and resolves every function; a library that cannot be opened, is not
+// cuBLAS, or is another major version of it is a chorus::Error that names what was tried. Runs
+// without a GPU: opening cuBLAS and asking its version and status names needs no device.
 #include <catch2/catch.hpp>
 
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -54,8 +55,19 @@ TEST_CASE("cublas() opens cuBLAS at first use and resolves every function", "[cu
   CHECK(major == CUBLAS_VER_MAJOR);
   CHECK(std::string(api.status_name(CUBLAS_STATUS_NOT_INITIALIZED)) == "CUBLAS_STATUS_NOT_INITIALIZED");
   CHECK(std::string(api.status_string(CUBLAS_STATUS_SUCCESS)) == "success");
-  // Now it is in memory, with libcublasLt.
-  CHECK(mapped("/libcublas.so").find(std::to_string(CUBLAS_VER_MAJOR)) != std::string::npos);
+  // Now it is in memory, the major version chorus was built with, with libcublasLt.
+  const std::string suffix = "/libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+  const std::string lines = mapped("/libcublas.so.");
+  INFO("mapped:\n" << lines);
+  bool versioned = false;
+  for (size_t start = 0, end; start < lines.size(); start = end + 1) {
+    end = lines.find('\n', start);
+    const std::string line = lines.substr(start, end - start);
+    if (line.size() >= suffix.size() && line.compare(line.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      versioned = true;
+    }
+  }
+  CHECK(versioned);
   CHECK_FALSE(mapped("/libcublasLt.so").empty());
   // Loaded once: the same functions each call.
   CHECK(&cuda::cublas() == &api);
@@ -81,6 +93,18 @@ TEST_CASE("a library that is not cuBLAS is refused by the first missing function
   CHECK_THROWS_WITH(cuda::load_cublas({"libz.so.1"}),
                     Catch::Contains("cuBLAS: libz.so.1 has no function cublasCreate_v2") &&
                         Catch::Contains("expected the cuBLAS " + std::to_string(CUBLAS_VER_MAJOR)));
+}
+
+TEST_CASE("a library of another cuBLAS major version is refused, naming both versions", "[cuda][cublas]") {
+  // libfake_cublas.so (fake_cublas.c, built beside this test) has every function's name and says
+  // it is cuBLAS 1.
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const std::string fake =
+      (srcdir ? std::string(srcdir) + "/chorus/" : std::string("bazel-bin/")) + "tests/kernels/cuda/libfake_cublas.so";
+  CHECK_THROWS_WITH(cuda::load_cublas({fake}),
+                    Catch::Contains("cuBLAS: " + fake + " is version 1, but chorus was built with cuBLAS " +
+                                    std::to_string(CUBLAS_VER_MAJOR) + "'s headers") &&
+                        Catch::Contains("LD_LIBRARY_PATH"));
 }
 
 }  // namespace
