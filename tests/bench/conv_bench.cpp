@@ -7,7 +7,8 @@
 //   without Winograd (set_winograd), each with the implementation it ran, and libtorch: where oneDNN
 //   has no Winograd kernels (AVX2; CHORUS_CPU_CAPABILITY=avx2) that is chorus's own F(2x2, 3x3)
 //   ([Own Winograd convolutions], kernels/cpu/winograd.cpp) against oneDNN's direct kernels.
-#include <torch/torch.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdio>
 #include <cstring>

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include "autograd/grad_mode.h"
 #include "examples/models/gpt.h"

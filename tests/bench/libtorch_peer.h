@@ -1,8 +1,10 @@
 // What the benchmarks that time libtorch 1.13 beside chorus share: the peer's thread count.
 #pragma once
 
+// Only ATen/Parallel.h: each benchmark includes the libtorch headers it uses (torch/torch.h alone
+// takes ~19 s of a compile).
+#include <ATen/Parallel.h>
 #include <dlfcn.h>
-#include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -13,11 +15,11 @@ namespace chorus::bench {
 
 // libtorch's thread count. Debian's libtorch runs its matrix products in the OpenBLAS that
 // libopenblas.so.0 names, and the default alternative is the pthreads build, which ignores
-// torch::set_num_threads (OpenMP's count) and uses every core: "1 thread" was two on a 2-core
+// at::set_num_threads (OpenMP's count) and uses every core: "1 thread" was two on a 2-core
 // machine, and "2 threads" two OpenMP threads each starting two OpenBLAS threads (issue 38). So the
 // loaded OpenBLAS gets the same count, through its own call, found at run time.
 inline void peer_threads(int threads) {
-  torch::set_num_threads(threads);
+  at::set_num_threads(threads);
   using SetThreads = void (*)(int);
   static const auto set_blas = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
   static const bool said = [] {

@@ -6,6 +6,11 @@
 // until [One node for a split], autograd/ops/index.cpp).
 //
 //   bazel run -c opt //tests/bench:rnn_bench -- [--threads T] [--steps N] [--lengths 16,64,256]
+#include <torch/nn/modules/rnn.h>
+#include <torch/nn/utils/rnn.h>
+#include <torch/types.h>
+#include <torch/utils.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

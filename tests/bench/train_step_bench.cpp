@@ -16,7 +16,11 @@
 //   CHORUS_ONEDNN_WINOGRAD=0 chorus's convolutions stay direct ([Winograd convolutions])
 #include <algorithm>
 #include <cmath>
-#include <torch/torch.h>
+#include <torch/nn.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <torch/types.h>
+#include <torch/utils.h>
 
 #include <cstdio>
 #include <cstdlib>

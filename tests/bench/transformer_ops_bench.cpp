@@ -7,6 +7,9 @@
 // nn/functional/attention.cpp; libtorch's side takes seconds a call).
 //
 //   bazel run -c opt //tests/bench:transformer_ops_bench
+#include <torch/types.h>
+#include <torch/utils.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -179,7 +182,7 @@ int main(int argc, char** argv) {
        },
        [&] {
          torch::AutoGradMode on(true);
-         torch::nn::functional::cross_entropy(tlg, ttarget).backward();
+         torch::cross_entropy_loss(tlg, ttarget).backward();  // what F::cross_entropy calls
        }},
   };
   run(rows, only, reps);

@@ -67,6 +67,11 @@ for bin in "$here"/bin/* "$here"/libexec/* "$here"/examples/*; do
   missing="$(ldd "$bin" 2>/dev/null | awk '/not found/ {print $1}' | tr '\n' ' ')"
   [[ -n "$missing" ]] && say "$(basename "$bin"): libraries not found: $missing"
 done
+# cuBLAS is not linked (dlopen()ed at the first CUDA matmul, kernels/cuda/cublas_api.cpp), so ldd
+# above does not see it: name the files the loader can find through LD_LIBRARY_PATH (it wants the
+# major version chorus was built with; a failure names what it tried, in the first matmul's error).
+cublas_found="$(for d in ${LD_LIBRARY_PATH//:/ }; do ls "$d"/libcublas.so.[0-9]* 2>/dev/null; done | tr '\n' ' ')"
+say "cublas on LD_LIBRARY_PATH (opened at the first matmul): ${cublas_found:-none (then the configured path, then ld.so.cache)}"
 torch_version="$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
 say "python3 torch: ${torch_version:-none}"
 
