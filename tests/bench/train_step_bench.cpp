@@ -14,14 +14,14 @@
 //   ... -- --fused-attention-ab: chorus's BERT steps with the fused CPU attention against the composite
 //   ... -- --resnet-only: the ResNet-18 rows only (batch 8, 16, 32 at 1 and 2 threads); with
 //   CHORUS_ONEDNN_WINOGRAD=0 chorus's convolutions stay direct ([Winograd convolutions])
-#include <algorithm>
-#include <cmath>
 #include <torch/nn.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
