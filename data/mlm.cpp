@@ -1,5 +1,7 @@
 #include "data/mlm.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>

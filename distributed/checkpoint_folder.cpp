@@ -1,5 +1,7 @@
 #include "distributed/checkpoint_folder.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 

@@ -1,5 +1,7 @@
 #include "distributed/flight_recorder.h"
 
+#include <fmt/format.h>
+
 #include <fcntl.h>
 #include <semaphore.h>
 #include <signal.h>

@@ -1,5 +1,7 @@
 #include "distributed/fsdp.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>

@@ -1,5 +1,7 @@
 #include "distributed/reducer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <unordered_set>

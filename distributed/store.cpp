@@ -11,6 +11,8 @@
 
 #include "distributed/process_group.h"
 
+#include <fmt/format.h>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>

@@ -1,6 +1,8 @@
 // StreamOrderedGroup: see stream_group.h for the ordering rule ([Sync Streams]) and the watchdog.
 #include "distributed/stream_group.h"
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <cstdio>
 #include <optional>

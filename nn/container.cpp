@@ -1,5 +1,7 @@
 #include "nn/container.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 namespace chorus::nn {

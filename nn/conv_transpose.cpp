@@ -1,5 +1,7 @@
 #include "nn/conv_transpose.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 
 #include "nn/init.h"

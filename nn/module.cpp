@@ -1,5 +1,7 @@
 #include "nn/module.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <set>

@@ -1,5 +1,7 @@
 #include "nn/rnn.h"
 
+#include <fmt/ranges.h>
+
 #include <cmath>
 #include <numeric>
 #include <utility>

@@ -1,5 +1,7 @@
 #include "nn/upsample.h"
 
+#include <fmt/format.h>
+
 namespace chorus::nn {
 
 // Checked here, not only at the first forward, so a misconfigured model fails where it is built.

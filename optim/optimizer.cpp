@@ -1,5 +1,7 @@
 #include "optim/optimizer.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <tuple>
 

@@ -3,8 +3,10 @@
 // call without reading chorus's source. CHORUS_CHECK builds such a message with fmt.
 #pragma once
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
+// fmt/core.h alone: every file includes this header, and fmt/format.h and fmt/ranges.h cost each
+// file 0.1-0.3 s to parse (docs/build.md). A file that formats a range (a shape, a list of dims)
+// includes <fmt/ranges.h> itself, one that calls fmt::join <fmt/format.h>.
+#include <fmt/core.h>
 
 #include <stdexcept>
 #include <string>

@@ -1,5 +1,7 @@
 #include "tensor/shape.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <initializer_list>
 #include <iterator>

@@ -5,6 +5,8 @@
 // they are made of, and they run on every device those ops run on. Where an op's result depends on
 // data (nonzero, masked_select, sort's order, multinomial) the indices are computed on the host
 // from a copy of the input, as PyTorch's nonzero synchronizes; the values then come from the device.
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>

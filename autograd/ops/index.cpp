@@ -3,6 +3,8 @@
 // index and the valid range in the message, before a kernel touches memory.
 #include "autograd/ops/common.h"
 
+#include <fmt/format.h>
+
 namespace chorus {
 namespace {
 

@@ -1,6 +1,8 @@
 // Views (no copy: the result shares storage) and the copies that go with them: contiguous, clone,
 // dtype/device conversion, copy_, fill_. A view's backward maps the gradient back to the input's
 // geometry.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <numeric>
 

@@ -4,6 +4,8 @@
 // helpers so that the three readers word their errors the same way.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdio>
 #include <fstream>

@@ -1,5 +1,7 @@
 #include "distributed/pipeline/plan.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <map>
 

@@ -1,5 +1,7 @@
 #include "distributed/pipeline/schedule.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <map>
 #include <optional>

@@ -12,6 +12,8 @@
 // (pipeline_blocks()) are cut into stages and every rank reads the same global batches.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <CLI/CLI.hpp>
 
 #include <numeric>

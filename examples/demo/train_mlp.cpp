@@ -1,6 +1,7 @@
 // A tiny MLP trained on synthetic data with plain tensors and autograd: the smallest end-to-end
 // check that chorus trains. The data is a fixed random "teacher" network's labels, so a student MLP
 // can fit it and the loss must fall.
+#include <cmath>
 #include <cstdio>
 
 #include "autograd/grad_mode.h"

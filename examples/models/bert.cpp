@@ -1,5 +1,7 @@
 #include "examples/models/bert.h"
 
+#include <fmt/ranges.h>
+
 #include <cmath>
 
 #include "autograd/grad_mode.h"

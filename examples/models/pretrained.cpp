@@ -1,5 +1,7 @@
 #include "examples/models/pretrained.h"
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>

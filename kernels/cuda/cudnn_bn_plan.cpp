@@ -1,5 +1,7 @@
 #include "kernels/cuda/cudnn_bn_plan.h"
 
+#include <fmt/format.h>
+
 #include <climits>
 
 #include "tensor/error.h"

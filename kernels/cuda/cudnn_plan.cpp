@@ -1,5 +1,7 @@
 #include "kernels/cuda/cudnn_plan.h"
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <climits>
 

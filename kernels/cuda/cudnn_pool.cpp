@@ -16,6 +16,8 @@
 // so dy stands in for y and dx for x (same shapes and layouts, so every address cuDNN could form is
 // inside an allocation).
 // None of this has run on a GPU yet (docs/gpu.md): tests/kernels/cuda:cudnn_gpu_test checks it.
+#include <fmt/format.h>
+
 #include <cuda_runtime.h>
 #include <cudnn.h>
 

@@ -1,5 +1,7 @@
 #include "kernels/cuda/cudnn_pool_plan.h"
 
+#include <fmt/format.h>
+
 #include <climits>
 
 #include "tensor/error.h"

@@ -2,6 +2,8 @@
 // kernels/cpu/loops.h: adjacent dims merge when every operand steps through them as one.
 #include "kernels/shared/launch_plan.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <limits>
 

@@ -4,6 +4,8 @@
 // host, from indices and offsets.
 #include "nn/functional/embedding_bag.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <limits>
 #include <vector>

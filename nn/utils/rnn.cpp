@@ -1,5 +1,7 @@
 #include "nn/utils/rnn.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <numeric>
 

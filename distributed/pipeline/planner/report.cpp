@@ -1,6 +1,8 @@
 // Text for plans and predictions (see report.h).
 #include "distributed/pipeline/planner/report.h"
 
+#include <fmt/format.h>
+
 #include <set>
 
 #include "tensor/error.h"
