@@ -9,8 +9,11 @@
 //                                                               aligned and not: aligned_b_table)
 //   bazel run -c opt //tests/bench:gemm_bench -- --steps       (only the training steps' products)
 //   bazel run -c opt //tests/bench:gemm_bench -- --attention   (only BERT-mini's per-head attention products)
+//   bazel run -c opt //tests/bench:gemm_bench -- --matmul-primitive  (dnnl_sgemm against oneDNN's matmul
+//                                                               primitive on the training steps' products)
 #include <cblas.h>
 #include <dnnl.h>
+#include <dnnl.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -152,31 +155,94 @@ void attention_table() {
   step_products("BERT-mini's attention products, one head a call", attention);
 }
 
+// The products of one BERT-mini masked-LM training step (train_step_bench's, batch 8 x 128 tokens,
+// 146 of them predicted).
+const Product kBertMiniStep[] = {{'T', 'N', 256, 1024, 1024, 4}, {'T', 'N', 1024, 256, 1024, 4}, {'T', 'N', 30522, 256, 146, 1},
+                                 {'N', 'T', 146, 30522, 256, 1}, {'T', 'N', 256, 256, 1024, 16}, {'N', 'T', 1024, 256, 1024, 4},
+                                 {'N', 'N', 1024, 256, 1024, 4}, {'N', 'N', 146, 256, 30522, 1},  {'N', 'T', 1024, 256, 256, 16},
+                                 {'N', 'N', 1024, 256, 256, 16}, {'N', 'T', 1024, 1024, 256, 4},  {'N', 'N', 1024, 1024, 256, 4}};
+// BERT-small (4 layers, hidden 512, feed-forward 2048), the same batch: forward x W^T, the input
+// gradients g W, the weight gradients g^T x.
+const Product kBertSmallStep[] = {
+    {'N', 'T', 1024, 512, 512, 16},  {'N', 'T', 1024, 2048, 512, 4}, {'N', 'T', 1024, 512, 2048, 4},
+    {'N', 'T', 146, 30522, 512, 1},  {'N', 'N', 1024, 512, 512, 16}, {'N', 'N', 1024, 512, 2048, 4},
+    {'N', 'N', 1024, 2048, 512, 4},  {'N', 'N', 146, 512, 30522, 1}, {'T', 'N', 512, 512, 1024, 16},
+    {'T', 'N', 2048, 512, 1024, 4},  {'T', 'N', 512, 2048, 1024, 4}, {'T', 'N', 30522, 512, 146, 1}};
+// train_step_bench's MLP (784-512-256-10, batch 128): forward x W^T, then per layer the input
+// gradient g W (not for the first) and the weight gradient g^T h.
+const Product kMlpStep[] = {{'N', 'T', 128, 512, 784, 1}, {'N', 'T', 128, 256, 512, 1}, {'N', 'T', 128, 10, 256, 1},
+                            {'N', 'N', 128, 256, 10, 1},  {'T', 'N', 10, 256, 128, 1},  {'N', 'N', 128, 512, 256, 1},
+                            {'T', 'N', 256, 512, 128, 1}, {'T', 'N', 512, 784, 128, 1}};
+
 // The products of the training steps of train_step_bench's BERT-mini, BERT-small and MLP.
 void step_tables() {
-  // The products of one BERT-mini masked-LM training step (train_step_bench's, batch 8 x 128 tokens,
-  // 146 of them predicted).
-  const Product bert_step[] = {{'T', 'N', 256, 1024, 1024, 4}, {'T', 'N', 1024, 256, 1024, 4}, {'T', 'N', 30522, 256, 146, 1},
-                               {'N', 'T', 146, 30522, 256, 1}, {'T', 'N', 256, 256, 1024, 16}, {'N', 'T', 1024, 256, 1024, 4},
-                               {'N', 'N', 1024, 256, 1024, 4}, {'N', 'N', 146, 256, 30522, 1},  {'N', 'T', 1024, 256, 256, 16},
-                               {'N', 'N', 1024, 256, 256, 16}, {'N', 'T', 1024, 1024, 256, 4},  {'N', 'N', 1024, 1024, 256, 4}};
-  step_products("BERT-mini's training-step products", bert_step);
+  step_products("BERT-mini's training-step products", kBertMiniStep);
   attention_table();
-  // BERT-small (4 layers, hidden 512, feed-forward 2048), the same batch: forward x W^T, the input
-  // gradients g W, the weight gradients g^T x.
-  const Product bert_small_step[] = {
-      {'N', 'T', 1024, 512, 512, 16},  {'N', 'T', 1024, 2048, 512, 4}, {'N', 'T', 1024, 512, 2048, 4},
-      {'N', 'T', 146, 30522, 512, 1},  {'N', 'N', 1024, 512, 512, 16}, {'N', 'N', 1024, 512, 2048, 4},
-      {'N', 'N', 1024, 2048, 512, 4},  {'N', 'N', 146, 512, 30522, 1}, {'T', 'N', 512, 512, 1024, 16},
-      {'T', 'N', 2048, 512, 1024, 4},  {'T', 'N', 512, 2048, 1024, 4}, {'T', 'N', 30522, 512, 146, 1}};
-  step_products("BERT-small's training-step products", bert_small_step);
-  // train_step_bench's MLP (784-512-256-10, batch 128): forward x W^T, then per layer the input
-  // gradient g W (not for the first) and the weight gradient g^T h.
-  const Product mlp_step[] = {{'N', 'T', 128, 512, 784, 1}, {'N', 'T', 128, 256, 512, 1}, {'N', 'T', 128, 10, 256, 1},
-                              {'N', 'N', 128, 256, 10, 1},  {'T', 'N', 10, 256, 128, 1},  {'N', 'N', 128, 512, 256, 1},
-                              {'T', 'N', 256, 512, 128, 1}, {'T', 'N', 512, 784, 128, 1}};
-  step_products("The MLP's training-step products (train_step_bench, batch 128)", mlp_step);
+  step_products("BERT-small's training-step products", kBertSmallStep);
+  step_products("The MLP's training-step products (train_step_bench, batch 128)", kMlpStep);
+}
 
+// --matmul-primitive: oneDNN 2.6's matmul primitive (on an AVX-512 CPU its brgemm implementation,
+// "brg:avx512_core"; the name is printed) against the dnnl_sgemm chorus calls, on the same
+// training-step products, 1 thread, the same operands and strides (a "T" operand is a transposed
+// view, given to the primitive as strides). The primitive is made once per shape, as a cache of
+// primitives would hold it; each round times both back to back (median of 3 calls each), 9 rounds.
+// Whether a second oneDNN path would make the products faster (docs/benchmarks.md, session 51).
+template <size_t N>
+void matmul_primitive_products(const char* title, const Product (&step)[N]) {
+  std::printf("\n%s, 1 thread: dnnl_sgemm against oneDNN's matmul primitive, GFLOP/s (medians of 9 interleaved rounds)\n\n",
+              title);
+  std::printf("| op | m | n | k | calls | dnnl_sgemm | matmul primitive | primitive / sgemm (time, median of rounds) | "
+              "max abs difference | implementation |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  set_num_threads(1);
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  double sgemm_ms = 0, primitive_ms = 0;
+  for (const Product& s : step) {
+    manual_seed(1);
+    Tensor as = s.ta == 'T' ? randn({s.k, s.m}) : randn({s.m, s.k}), bs = s.tb == 'T' ? randn({s.n, s.k}) : randn({s.k, s.n});
+    Tensor c_sgemm = empty({s.m, s.n}), c_primitive = empty({s.m, s.n});
+    const int64_t lda = s.ta == 'T' ? s.m : s.k, ldb = s.tb == 'T' ? s.k : s.n;
+    using dims = dnnl::memory::dims;
+    const auto f32 = dnnl::memory::data_type::f32;
+    const dnnl::memory::desc a_md({s.m, s.k}, f32, s.ta == 'T' ? dims{1, s.m} : dims{s.k, 1});
+    const dnnl::memory::desc b_md({s.k, s.n}, f32, s.tb == 'T' ? dims{1, s.k} : dims{s.n, 1});
+    const dnnl::memory::desc c_md({s.m, s.n}, f32, dims{s.n, 1});
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), engine);
+    const dnnl::matmul primitive(pd);
+    dnnl::memory a_mem(a_md, engine, as.data_ptr<float>()), b_mem(b_md, engine, bs.data_ptr<float>()),
+        c_mem(c_md, engine, c_primitive.data_ptr<float>());
+    const auto run_sgemm = [&] {
+      dnnl_sgemm(s.ta, s.tb, s.m, s.n, s.k, 1.0f, as.data_ptr<float>(), lda, bs.data_ptr<float>(), ldb, 0.0f,
+                 c_sgemm.data_ptr<float>(), s.n);
+    };
+    const auto run_primitive = [&] {
+      primitive.execute(stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+      stream.wait();
+    };
+    const double flop = 2.0 * s.m * s.k * s.n;
+    std::vector<double> ts, tp, ratio;
+    for (int round = 0; round < 9; ++round) {
+      ts.push_back(bench::median_time(run_sgemm, 1, 3));
+      tp.push_back(bench::median_time(run_primitive, 1, 3));
+      ratio.push_back(tp.back() / ts.back());
+    }
+    const double diff = max(abs(sub(c_sgemm, c_primitive))).item<double>();
+    const double ms = median(ts), mp = median(tp);
+    sgemm_ms += ms * s.calls * 1e3;
+    primitive_ms += mp * s.calls * 1e3;
+    std::printf("| %c%c | %lld | %lld | %lld | %lld | %.1f | %.1f | %.3f | %.2g | %s |\n", s.ta, s.tb, (long long)s.m,
+                (long long)s.n, (long long)s.k, (long long)s.calls, flop / ms / 1e9, flop / mp / 1e9, median(ratio), diff,
+                pd.impl_info_str());
+    std::fflush(stdout);
+  }
+  std::printf("| all (ms per step) | | | | | %.2f | %.2f | %.3f | | |\n", sgemm_ms, primitive_ms, primitive_ms / sgemm_ms);
+}
+
+void matmul_primitive_tables() {
+  matmul_primitive_products("The MLP's training-step products (train_step_bench, batch 128)", kMlpStep);
+  matmul_primitive_products("BERT-mini's training-step products", kBertMiniStep);
+  matmul_primitive_products("BERT-small's training-step products", kBertSmallStep);
 }
 
 int main(int argc, char** argv) {
@@ -192,8 +258,12 @@ int main(int argc, char** argv) {
     step_tables();
     return 0;
   }
+  if (argc > 1 && std::string(argv[1]) == "--matmul-primitive") {
+    matmul_primitive_tables();
+    return 0;
+  }
   if (argc > 1) {
-    std::fprintf(stderr, "gemm_bench: expected no argument, --aligned-b, --steps or --attention, got '%s'\n", argv[1]);
+    std::fprintf(stderr, "gemm_bench: expected no argument, --aligned-b, --steps, --attention or --matmul-primitive, got '%s'\n", argv[1]);
     return 2;
   }
   struct Size {
