@@ -1,7 +1,5 @@
 #include "distributed/flight_recorder.h"
 
-#include <fmt/format.h>
-
 #include <fcntl.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -9,14 +7,15 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "tensor/error.h"

@@ -1,18 +1,18 @@
 #include "distributed/fsdp.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
 #include "autograd/engine.h"
-#include "distributed/checkpoint_folder.h"
 #include "autograd/grad_mode.h"
+#include "distributed/checkpoint_folder.h"
 #include "kernels/dispatch.h"
 #include "tensor/fault.h"
 #include "tensor/ops.h"

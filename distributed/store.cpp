@@ -6,12 +6,6 @@
 // client (check, back off, retry) so the server never blocks. With a job token, each connection
 // passes the handshake of store_auth.h before the server reads a request from it.
 #include "distributed/store.h"
-#include "distributed/store_auth.h"
-#include "distributed/store_protocol.h"
-
-#include "distributed/process_group.h"
-
-#include <fmt/format.h>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -33,6 +27,11 @@
 #include <optional>
 #include <thread>
 
+#include <fmt/format.h>
+
+#include "distributed/process_group.h"
+#include "distributed/store_auth.h"
+#include "distributed/store_protocol.h"
 #include "tensor/error.h"
 
 namespace chorus::distributed {

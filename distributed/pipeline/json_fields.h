@@ -4,18 +4,18 @@
 // helpers so that the three readers word their errors the same way.
 #pragma once
 
-#include <fmt/format.h>
-
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
-#include <cstdint>
 #include <initializer_list>
 #include <limits>
-#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "tensor/error.h"
 

@@ -12,14 +12,13 @@
 // (pipeline_blocks()) are cut into stages and every rank reads the same global batches.
 #pragma once
 
-#include <fmt/format.h>
-
-#include <CLI/CLI.hpp>
-
 #include <numeric>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include "distributed/init.h"
 #include "distributed/pipeline/pipeline.h"

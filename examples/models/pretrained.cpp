@@ -1,11 +1,11 @@
 #include "examples/models/pretrained.h"
 
-#include <fmt/format.h>
-
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <map>
+
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "autograd/grad_mode.h"
