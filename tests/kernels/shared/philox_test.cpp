@@ -116,8 +116,11 @@ TEST_CASE("CPU uniform with bounds, normal with mean and std, and randint are th
     Tensor t = empty({5001}, TensorOptions{.dtype = kFloat32});
     kernels::cpu::uniform(t, -3.0, 5.0, gen);
     check_fill<float>(t, sm::UniformFloatDraw{-3.0f, 8.0f}, seed, 0);
-    // Counters that cross 2^32 inside a group of eight blocks ([Philox in AVX2 registers]: the
-    // high word of lane l is that of counter + l), and the dropout mask's draws: lo = -q, span 1.
+    // Counters that cross 2^32 inside a register's blocks ([Philox in AVX2 registers], eight
+    // blocks, four registers at a time; [Philox in AVX-512 registers], sixteen: the high word of
+    // lane l is that of its own counter), and the dropout mask's draws: lo = -q, span 1. The 203
+    // draws are 50 whole blocks: a group of 32 (AVX2) or three registers of 16 (AVX-512), then the
+    // rest one register at a time and by the loop.
     Generator late(seed);
     late.set_state(seed, 0xFFFFFFFDull);
     Tensor c = empty({203}, TensorOptions{.dtype = kFloat32});
