@@ -77,9 +77,10 @@ namespace sm = ::chorus::kernels::shared;
 // -> 64 products of the even and the odd lanes are taken separately and their halves blended back
 // into place. A round's multiply, shifts, blends and xors depend each on the last, so one group of
 // eight blocks leaves the core waiting: Groups independent groups (blocks counter .. counter + 8
-// Groups - 1) go through each round together. pointwise_bench's rand, 1 thread, Zen 5 with chorus's
-// loops capped at AVX2, ns a value: 1.12 with one group, 1.15 with two, 0.90 with three or four
-// (four are taken, then one at a time).
+// Groups - 1) go through each round together: four, then one at a time for what is left.
+// pointwise_bench's rand, 1 thread, Zen 5 with chorus's loops capped at AVX2, ns a value: 1.12 with
+// one group; in trial builds two 1.15, three 0.90, four 0.89-0.90; this form 0.94-0.96
+// (docs/benchmarks.md, session 51).
 template <int Groups>
 void philox_uniform_avx2(uint64_t key, uint64_t counter, float lo, float span, float* dst) {
   __m256i c0[Groups], c1[Groups], c2[Groups], c3[Groups];
@@ -142,12 +143,15 @@ CHORUS_AVX512_BEGIN
 // -Wuninitialized reports inside a target("avx512f") region: not a fault of this code.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+// In isa_avx512, as every function with AVX-512 instructions must be ([ISA variants],
+// capability.h; tests/kernels/cpu:isa_guard_test).
+namespace isa_avx512 {
 // [Philox in AVX-512 registers] As [Philox in AVX2 registers], sixteen blocks in one register (lane
 // l: block counter + l), the same words and the same fused draw; the 4 x 16 results go back to block
 // order through 128-bit lane shuffles. Before, the AVX-512 capability ran the compiler's
 // vectorization of the scalar function: pointwise_bench's rand, 1 thread, Zen 5, 0.77 ns a value
-// then, 0.50 with this (two or three groups of sixteen at a time, as the AVX2 code does, were
-// slower: 0.62-0.66).
+// then, 0.50-0.52 with this (two or three registers at a time, as the AVX2 code does, were slower:
+// 0.62-0.66).
 void philox_uniform_avx512(uint64_t key, uint64_t counter, float lo, float span, float* dst) {
   alignas(64) uint32_t low[16], high[16];
   for (int l = 0; l < 16; ++l) {
@@ -193,6 +197,7 @@ void philox_uniform_avx512(uint64_t key, uint64_t counter, float lo, float span,
   _mm512_storeu_ps(dst + 32, _mm512_shuffle_f32x4(u2, u3, 0x88));
   _mm512_storeu_ps(dst + 48, _mm512_shuffle_f32x4(u2, u3, 0xDD));
 }
+}  // namespace isa_avx512
 #pragma GCC diagnostic pop
 CHORUS_AVX512_END
 #endif
@@ -239,9 +244,9 @@ void philox_fill(const Tensor& out, Generator& gen, const Draw& draw) {
         }
       }
 #if CHORUS_AVX512_VARIANT
-      if (cpu_capability_fast() == CpuCapability::kAvx512) {
+      else if (cpu_capability_fast() == CpuCapability::kAvx512) {
         for (; from + 16 <= end; from += 16) {
-          philox_uniform_avx512(seed, first + static_cast<uint64_t>(from), draw.lo, draw.span, o + from * per_block);
+          isa_avx512::philox_uniform_avx512(seed, first + static_cast<uint64_t>(from), draw.lo, draw.span, o + from * per_block);
         }
       }
 #endif

@@ -119,8 +119,9 @@ TEST_CASE("CPU uniform with bounds, normal with mean and std, and randint are th
     // Counters that cross 2^32 inside a register's blocks ([Philox in AVX2 registers], eight
     // blocks, four registers at a time; [Philox in AVX-512 registers], sixteen: the high word of
     // lane l is that of its own counter), and the dropout mask's draws: lo = -q, span 1. The 203
-    // draws are 50 whole blocks: a group of 32 (AVX2) or three registers of 16 (AVX-512), then the
-    // rest one register at a time and by the loop.
+    // draws are 50 whole blocks and 3 draws of a 51st: AVX2 takes blocks 0-31 in one call of four
+    // registers and 32-47 in two calls of one, AVX-512 0-47 in three calls; then blocks 48-49 by the
+    // loop and the partial block. The crossing (block 3) is inside the first call either way.
     Generator late(seed);
     late.set_state(seed, 0xFFFFFFFDull);
     Tensor c = empty({203}, TensorOptions{.dtype = kFloat32});
