@@ -252,10 +252,15 @@ void* CachingAllocator::hand_out(DeviceState& st, Block* block, size_t size, siz
   block->allocated = true;
   block->requested = nbytes;
   st.live.emplace(block->ptr, block);
+  // [A refused hand-out writes nothing] The stream-order sanitizer first: when it refuses the
+  // hand-out (another stream may still use the block's last tenant) it throws before the poison is
+  // queued. Queued first, the poison was a write racing that other stream's pending read, with
+  // nothing ordering the two: ThreadSanitizer reported it in stream_group_tsan_test's negative
+  // control (2026-12-04: 1 CI run in many; 6 runs of 6 with CHORUS_SIM_DELAY_US=3000).
+  if (stream_sanitizer::active(runtime_.type())) stream_sanitizer::on_allocate(st.device, block->ptr, size, block->stream);
   // Poisoned (where the runtime does it: sim) in stream order, so that a reader another stream
   // still has of the block's last tenant sees garbage, as on a GPU that reused the memory.
   runtime_.poison(block->ptr, size, block->stream);
-  if (stream_sanitizer::active(runtime_.type())) stream_sanitizer::on_allocate(st.device, block->ptr, size, block->stream);
   MemoryStats& s = st.stats;
   s.allocated_bytes += block->size;
   s.requested_bytes += nbytes;
