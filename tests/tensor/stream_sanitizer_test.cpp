@@ -4,12 +4,16 @@
 // and a loaded one alike.
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "tensor/caching_allocator.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/runtime.h"
+#include "tensor/sim/sim.h"
 #include "tensor/stream_sanitizer.h"
 
 using namespace chorus;
@@ -196,6 +200,42 @@ TEST_CASE("stream sanitizer: a block freed while another stream uses it, then re
     StreamGuard guard(a);
     (void)empty({n}, {.dtype = kFloat32, .device = kSim});
   }
+  synchronize(kSim);
+}
+
+// [A refused hand-out writes nothing] (tensor/caching_allocator.cpp): b's copy of t is held by a
+// gate until after the allocator has handed t's block out again on a, which the sanitizer refuses.
+// The refusal must leave the block as it was: sim's NaN poison fill, queued on a before the check
+// until 2026-12-04, overwrote the ones that b then copied (with the check moved back after the fill,
+// this case fails: the copy holds NaN).
+TEST_CASE("stream sanitizer: a hand-out it refuses writes nothing; the other stream still reads the old tenant") {
+  Stream a = stream_from_pool(kSim), b = stream_from_pool(kSim);
+  const int64_t n = 4096;
+  {
+    // The copy's output block, made on b before the gate: no device allocation happens behind it
+    // (a device allocation orders later work on every stream after the gated one).
+    StreamGuard guard(b);
+    (void)empty({n}, {.dtype = kFloat32, .device = kSim});
+  }
+  std::atomic<bool> open{false};
+  Tensor copied;
+  {
+    Tensor t = written_on(a, n, 1);
+    Event written;
+    written.record(a);
+    b.wait(written);
+    sim::launch_kernel(b.handle(), [&open] { while (!open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1)); }, {});
+    StreamGuard guard(b);
+    copied = t.clone();  // reads t on b, behind the gate; t is then freed with no record_stream
+  }
+  {
+    StreamGuard guard(a);
+    expect_report([&] { (void)empty({n}, {.dtype = kFloat32, .device = kSim}); }, {"freed and its memory handed out again"});
+  }
+  a.synchronize();  // whatever the refused hand-out queued on a has run
+  open = true;
+  b.synchronize();
+  CHECK(equal(copied.cpu(), ones({n})));
   synchronize(kSim);
 }
 
