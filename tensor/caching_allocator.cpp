@@ -256,7 +256,8 @@ void* CachingAllocator::hand_out(DeviceState& st, Block* block, size_t size, siz
   // hand-out (another stream may still use the block's last tenant) it throws before the poison is
   // queued. Queued first, the poison was a write racing that other stream's pending read, with
   // nothing ordering the two: ThreadSanitizer reported it in stream_group_tsan_test's negative
-  // control (2026-12-04: 1 CI run in many; 6 runs of 6 with CHORUS_SIM_DELAY_US=3000).
+  // control (2026-12-04: one fresh-clone CI, after many that passed; 6 runs of 6 with
+  // CHORUS_SIM_DELAY_US=3000). stream_sanitizer_test checks the rule without timing.
   if (stream_sanitizer::active(runtime_.type())) stream_sanitizer::on_allocate(st.device, block->ptr, size, block->stream);
   // Poisoned (where the runtime does it: sim) in stream order, so that a reader another stream
   // still has of the block's last tenant sees garbage, as on a GPU that reused the memory.
