@@ -188,12 +188,26 @@ bool plain_b_collides(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b
   return !a_transposed && b_row_major && b_aligned && ldb % 512 == 0 && m >= 32 && m <= 512 && n >= 256 && k >= 64;
 }
 
+// [OpenBLAS's own threads] chorus links OpenBLAS's OpenMP build (third_party/openblas.BUILD), whose
+// threads are libgomp's: the one team that chorus's parallel loops and oneDNN use too. A program
+// that loaded another build (a copy of a binary run where libopenblas0-openmp is missing loads what
+// /etc/alternatives names, Debian's default being the pthreads build) has OpenBLAS's own workers
+// beside libgomp's: after each product they spin, calling sched_yield, while libgomp's spin for the
+// next loop, three busy threads on two cores. The MLP's training step at 2 threads (AVX2 imposed,
+// Zen 5) took 2.2x as long with that build loaded, and 1.03x with no product sent to it
+// (docs/benchmarks.md, session 52). So with any build but OpenMP's, OpenBLAS gets products only at 1
+// thread, where its workers sleep.
+bool openblas_shares_libgomp() {
+  static const bool openmp = openblas_get_parallel() == 2;  // 0: sequential, 1: pthreads, 2: OpenMP
+  return openmp;
+}
+
 // The weight gradients above and the colliding plain products, where oneDNN runs AVX2 code.
 bool use_openblas(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row_major, bool c_row_major, int64_t ldb,
                   bool b_aligned) {
   const bool weight_gradient = a_transposed && m >= 128 && n >= 128 && (k >= 256 || (n >= 2 * m && k >= 64));
   return c_row_major && (weight_gradient || plain_b_collides(m, n, k, a_transposed, b_row_major, ldb, b_aligned)) &&
-         !omp_in_parallel() && auto_choice() && onednn_runs_avx2();
+         !omp_in_parallel() && auto_choice() && onednn_runs_avx2() && (num_threads() == 1 || openblas_shares_libgomp());
 }
 
 // Whether a transposed A may be copied row-major first, or C computed as (B^T A)^T: workarounds for
@@ -209,7 +223,8 @@ bool onednn_workarounds() { return !auto_choice() || onednn_runs_avx2(); }
 // The way a float32 product C[m,n] = A B goes, named so that tests can check the choice: OpenBLAS,
 // oneDNN's sgemm as it is, A copied row-major before it, or C computed as (B^T A)^T. With kAuto the
 // weight gradients (A transposed, C row-major, m, n >= 128, and k >= 256 or C at least twice as wide
-// as tall) go to OpenBLAS where oneDNN runs AVX2 code (never inside an OpenMP parallel region), and so
+// as tall) go to OpenBLAS where oneDNN runs AVX2 code (never inside an OpenMP parallel region, nor at
+// 2+ threads with a build of OpenBLAS other than OpenMP's: [OpenBLAS's own threads]), and so
 // do the products whose plain B oneDNN would read in place at colliding addresses (plain_b_collides:
 // ldb and b_aligned say where B's rows lie); every product goes to oneDNN as it is where oneDNN runs
 // AVX-512 code; kOneDnn takes the two workarounds for oneDNN's AVX2 code on every CPU. [No header]

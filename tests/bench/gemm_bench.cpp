@@ -8,6 +8,8 @@
 //   bazel run -c opt //tests/bench:gemm_bench -- --aligned-b   (only oneDNN against OpenBLAS with B
 //                                                               aligned and not: aligned_b_table)
 //   bazel run -c opt //tests/bench:gemm_bench -- --steps       (only the training steps' products)
+//   bazel run -c opt //tests/bench:gemm_bench -- --steps --threads 2   (the same at 2 threads; BERT-mini's
+//                                                               attention table is 1 thread only)
 //   bazel run -c opt //tests/bench:gemm_bench -- --attention   (only BERT-mini's per-head attention products)
 //   bazel run -c opt //tests/bench:gemm_bench -- --matmul-primitive  (dnnl_sgemm against oneDNN's matmul
 //                                                               primitive on the training steps' products)
@@ -31,7 +33,8 @@ using namespace chorus;
 
 // The products of one training step, with the transposes autograd hands to matmul: a "T" operand is
 // the transpose of a row-major tensor (x.t()), as Linear's backward passes grad_out^T and weight^T.
-// 1 thread; calls are per step, so the last columns add up to the step's matrix-product time.
+// 1 thread (`--steps --threads T`: T); calls are per step, so the last columns add up to the step's
+// matrix-product time.
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -43,13 +46,13 @@ struct Product {
 };
 
 template <size_t N>
-void step_products(const char* title, const Product (&step)[N]) {
-  std::printf("\n%s, 1 thread: C[m,n] = op(A) op(B), GFLOP/s (medians of 9 interleaved rounds) and ms per step\n\n",
-              title);
+void step_products(const char* title, const Product (&step)[N], int threads) {
+  std::printf("\n%s, %d thread%s: C[m,n] = op(A) op(B), GFLOP/s (medians of 9 interleaved rounds) and ms per step\n\n",
+              title, threads, threads == 1 ? "" : "s");
   std::printf("| op | m | n | k | calls | chorus | OpenBLAS | oneDNN sgemm | chorus / faster library (time) | chorus ms | "
               "faster library ms |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-  set_num_threads(1);
-  openblas_set_num_threads(1);
+  set_num_threads(threads);
+  openblas_set_num_threads(threads);
   double chorus_ms = 0, best_ms = 0;
   for (const Product& s : step) {
     manual_seed(1);
@@ -152,7 +155,7 @@ void attention_table() {
   const Product attention[] = {{'N', 'T', 128, 128, 64, 128}, {'N', 'N', 128, 64, 128, 128},
                                {'N', 'T', 128, 128, 64, 128}, {'T', 'N', 128, 64, 128, 128},
                                {'N', 'N', 128, 64, 128, 128}, {'T', 'N', 128, 64, 128, 128}};
-  step_products("BERT-mini's attention products, one head a call", attention);
+  step_products("BERT-mini's attention products, one head a call", attention, 1);
 }
 
 // The products of one BERT-mini masked-LM training step (train_step_bench's, batch 8 x 128 tokens,
@@ -175,11 +178,11 @@ const Product kMlpStep[] = {{'N', 'T', 128, 512, 784, 1}, {'N', 'T', 128, 256, 5
                             {'T', 'N', 256, 512, 128, 1}, {'T', 'N', 512, 784, 128, 1}};
 
 // The products of the training steps of train_step_bench's BERT-mini, BERT-small and MLP.
-void step_tables() {
-  step_products("BERT-mini's training-step products", kBertMiniStep);
-  attention_table();
-  step_products("BERT-small's training-step products", kBertSmallStep);
-  step_products("The MLP's training-step products (train_step_bench, batch 128)", kMlpStep);
+void step_tables(int threads) {
+  step_products("BERT-mini's training-step products", kBertMiniStep, threads);
+  if (threads == 1) attention_table();
+  step_products("BERT-small's training-step products", kBertSmallStep, threads);
+  step_products("The MLP's training-step products (train_step_bench, batch 128)", kMlpStep, threads);
 }
 
 // --matmul-primitive: oneDNN 2.6's matmul primitive (on an AVX-512 CPU its brgemm implementation,
@@ -255,7 +258,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "--steps") {
-    step_tables();
+    int threads = 1;
+    if (argc == 4 && std::string(argv[2]) == "--threads") threads = std::atoi(argv[3]);
+    if ((argc != 2 && argc != 4) || threads < 1 || threads > 256) {
+      std::fprintf(stderr, "gemm_bench --steps: expected nothing more or --threads T (1-256)\n");
+      return 2;
+    }
+    step_tables(threads);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "--matmul-primitive") {
@@ -306,7 +315,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  step_tables();
+  step_tables(1);
 
   std::printf("\nElementwise add c = a + b on 16M float32 (3 x 64 MiB touched), GB/s\n\n");
   std::printf("| threads | chorus add | memcpy 64 MiB (2 x 64 MiB touched) |\n|---|---|---|\n");
