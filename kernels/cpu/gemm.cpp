@@ -194,10 +194,12 @@ bool plain_b_collides(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b
 // /etc/alternatives names, Debian's default being the pthreads build) has OpenBLAS's own workers
 // beside libgomp's: after each product they spin, calling sched_yield, while libgomp's spin for the
 // next loop, three busy threads on two cores. The MLP's training step at 2 threads (AVX2 imposed,
-// Zen 5) took 2.2x as long with that build loaded, and 1.03x with no product sent to it
+// Zen 5) took 2.1x as long with that build loaded, and 1.00x with no product sent to it
 // (docs/benchmarks.md, session 52). So with any build but OpenMP's, OpenBLAS gets products only at 1
-// thread, where its workers sleep.
-bool openblas_shares_libgomp() {
+// thread, where its workers sleep (sgemm below also calls it with 1 thread then, whatever
+// num_threads() says by the time it runs). The clang sanitizer builds link LLVM's libomp, not
+// libgomp, so there even the OpenMP build's threads are a second pool; only CI runs those.
+bool openblas_built_with_openmp() {
   static const bool openmp = openblas_get_parallel() == 2;  // 0: sequential, 1: pthreads, 2: OpenMP
   return openmp;
 }
@@ -207,7 +209,7 @@ bool use_openblas(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row
                   bool b_aligned) {
   const bool weight_gradient = a_transposed && m >= 128 && n >= 128 && (k >= 256 || (n >= 2 * m && k >= 64));
   return c_row_major && (weight_gradient || plain_b_collides(m, n, k, a_transposed, b_row_major, ldb, b_aligned)) &&
-         !omp_in_parallel() && auto_choice() && onednn_runs_avx2() && (num_threads() == 1 || openblas_shares_libgomp());
+         !omp_in_parallel() && auto_choice() && onednn_runs_avx2() && (num_threads() == 1 || openblas_built_with_openmp());
 }
 
 // Whether a transposed A may be copied row-major first, or C computed as (B^T A)^T: workarounds for
@@ -266,12 +268,11 @@ bool sgemm(const Tensor& c, const Tensor& a_in, const Tensor& b, float alpha, fl
     // buffers between concurrent callers unless built with NUM_PARALLEL (OpenBLAS issues 1736, 3921),
     // and chorus calls products from several threads (the sim device's stream workers; a user's
     // threads). Its thread count is set on each call: the OpenMP build reads the calling thread's
-    // omp_get_max_threads(), which a thread other than the one set_num_threads ran on does not share,
-    // and the pthread build (what Debian's alternatives pick for a program outside Bazel) has its
-    // own pool.
+    // omp_get_max_threads(), which a thread other than the one set_num_threads ran on does not share;
+    // any other build gets 1 ([OpenBLAS's own threads]).
     static std::mutex openblas_mutex;
     std::lock_guard<std::mutex> lock(openblas_mutex);
-    openblas_set_num_threads(num_threads());
+    openblas_set_num_threads(openblas_built_with_openmp() ? num_threads() : 1);
     const SgemmOperand A = sgemm_operand(static_cast<const float*>(a_in.raw_data_ptr()), m, k, ars, acs, false);
     const SgemmOperand B = sgemm_operand(static_cast<const float*>(b.raw_data_ptr()), k, n, brs, bcs, false);
     auto op = [](char t) { return t == 'T' ? CblasTrans : CblasNoTrans; };

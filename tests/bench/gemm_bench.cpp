@@ -259,8 +259,9 @@ int main(int argc, char** argv) {
   }
   if (argc > 1 && std::string(argv[1]) == "--steps") {
     int threads = 1;
-    if (argc == 4 && std::string(argv[2]) == "--threads") threads = std::atoi(argv[3]);
-    if ((argc != 2 && argc != 4) || threads < 1 || threads > 256) {
+    const bool with_threads = argc == 4 && std::string(argv[2]) == "--threads";
+    if (with_threads) threads = std::atoi(argv[3]);
+    if ((argc != 2 && !with_threads) || threads < 1 || threads > 256) {
       std::fprintf(stderr, "gemm_bench --steps: expected nothing more or --threads T (1-256)\n");
       return 2;
     }

@@ -3,7 +3,9 @@
 // threads], kernels/cpu/gemm.cpp). openblas_probe (a cc_binary: chorus linked in, system libraries
 // looked up at run time, as in a user's program) is run (a) as a copy in another folder, where
 // Bazel's $ORIGIN-relative RUNPATH finds nothing and the loader falls back to the absolute entry for
-// the OpenMP build (before it: /etc/alternatives, Debian's default being the pthreads build), and
+// the OpenMP build's folder (before it: /etc/alternatives, Debian's default being the pthreads
+// build; the case checks the folder the loader found the library in, so it fails without the entry
+// whatever the alternatives name), and
 // (b) in place with the pthreads build first on LD_LIBRARY_PATH and AVX2 imposed, where chorus must
 // keep OpenBLAS to 1 thread. Negative controls (by hand, 2026-12-04): without the RUNPATH entry, (a)
 // loads the pthreads build on this project's machines (parallel=1) and fails; without the thread
@@ -11,6 +13,7 @@
 #include <catch2/catch.hpp>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -24,10 +27,17 @@ namespace {
 constexpr const char* kOpenMpBuild = "/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so.0";
 constexpr const char* kPthreadsDir = "/usr/lib/x86_64-linux-gnu/openblas-pthread";
 
+// A path for the shell, in single quotes.
+std::string quoted(const std::string& path) {
+  std::string out = "'";
+  for (char c : path) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 std::string probe_path() {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const std::string rel = "tests/third_party/openblas_probe";
-  return srcdir != nullptr ? std::string(srcdir) + "/chorus/" + rel : "bazel-bin/" + rel;
+  return quoted(srcdir != nullptr ? std::string(srcdir) + "/chorus/" + rel : "bazel-bin/" + rel);
 }
 
 // Runs `command` through the shell and returns its "key=value" lines; `status` gets its exit status.
@@ -57,16 +67,20 @@ TEST_CASE("a copy of a chorus program outside Bazel's tree loads OpenBLAS's Open
     return;
   }
   const char* tmp = std::getenv("TEST_TMPDIR");
-  const fs::path dir = fs::path(tmp != nullptr ? tmp : "/tmp") / "openblas_copy";
+  REQUIRE(tmp != nullptr);
+  const fs::path dir = fs::path(tmp) / "openblas_copy";
   fs::create_directories(dir);
   const fs::path copy = dir / "openblas_probe";
-  fs::copy_file(probe_path(), copy, fs::copy_options::overwrite_existing);
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  REQUIRE(srcdir != nullptr);  // run by bazel test: the probe is in the runfiles
+  fs::copy_file(fs::path(srcdir) / "chorus/tests/third_party/openblas_probe", copy, fs::copy_options::overwrite_existing);
   fs::permissions(copy, fs::perms::owner_all);
   int status = 0;
   std::string output;
-  auto facts = run("env -u LD_LIBRARY_PATH " + copy.string(), status, output);
+  auto facts = run("env -u LD_LIBRARY_PATH " + quoted(copy.string()), status, output);
   INFO("the copy printed:\n" << output);
   REQUIRE(status == 0);
+  CHECK(facts["path"] == kOpenMpBuild);
   CHECK(facts["parallel"] == "2");
   CHECK(facts["config"].find("USE_OPENMP") != std::string::npos);
 }
@@ -83,6 +97,7 @@ TEST_CASE("with OpenBLAS's pthreads build loaded, chorus gives OpenBLAS products
                    status, output);
   INFO("the probe printed:\n" << output);
   REQUIRE(status == 0);
+  REQUIRE(facts["path"] == std::string(kPthreadsDir) + "/libopenblas.so.0");
   REQUIRE(facts["parallel"] == "1");
   CHECK(facts["route_1"] == "openblas");
   // At 2 threads oneDNN's own way for this shape under AVX2: C^T = B^T A, C its transpose.

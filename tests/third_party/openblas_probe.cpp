@@ -1,15 +1,19 @@
 // Reports what a chorus program does with the OpenBLAS the loader gave it, for openblas_build_test:
-// which build that is (openblas_get_parallel: 0 sequential, 1 pthreads, 2 OpenMP), where the MLP's
+// the path the loader found it at, which build that is (openblas_get_parallel: 0 sequential, 1
+// pthreads, 2 OpenMP), where the MLP's
 // second weight gradient (256 x 128 x 512, A transposed) goes at 1 and at 2 threads, and that
 // product's largest difference from a float64 sum at 2 threads. One "key=value" line each; exit 0.
 // A cc_binary, so that a copy of it runs outside Bazel's tree as a user's program would: chorus's
 // libraries are linked in, and only the system's shared libraries are looked up at run time.
 #include <cblas.h>
+#include <link.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <string>
 
 #include "tensor/generator.h"
 #include "tensor/ops.h"
@@ -28,11 +32,25 @@ const char* route_name(chorus::kernels::cpu::GemmRoute r) {
   return r == R::kOpenBlas ? "openblas" : r == R::kOneDnn ? "onednn" : r == R::kCopyA ? "copy_a" : "transpose_c";
 }
 
+// The name the loader gave libopenblas.so.0 (the folder it found it in, links not followed).
+std::string openblas_path() {
+  std::string path;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* out) {
+        if (info->dlpi_name != nullptr && std::strstr(info->dlpi_name, "libopenblas") != nullptr)
+          *static_cast<std::string*>(out) = info->dlpi_name;
+        return 0;
+      },
+      &path);
+  return path;
+}
+
 }  // namespace
 
 int main() {
   using namespace chorus;
   const int64_t m = 256, k = 128, n = 512;
+  std::printf("path=%s\n", openblas_path().c_str());
   std::printf("parallel=%d\n", openblas_get_parallel());
   std::printf("config=%s\n", openblas_get_config());
   for (int threads : {1, 2}) {
