@@ -27,6 +27,7 @@ const char* name(Point p) {
     case Point::kStreamDeviceGuard: return "stream_device_guard";
     case Point::kSimPageableCopyWaits: return "sim_pageable_copy_waits";
     case Point::kSimSharedQueues: return "sim_shared_queues";
+    case Point::kSimHostFreeWaits: return "sim_host_free_waits";
     case Point::kCount: break;
   }
   return "?";

@@ -25,6 +25,7 @@ enum class Point : int {
   kStreamDeviceGuard,       // a call on a stream makes the stream's device current first (runtime, copies)
   kSimPageableCopyWaits,    // sim's copy from pageable host memory waits for its stream first, as CUDA's may (sim)
   kSimSharedQueues,         // sim's streams share hardware queues, where a wait holds up later work, as a GPU's (sim)
+  kSimHostFreeWaits,        // sim's host_free blocks the host until every stream has passed it, as cudaFreeHost (sim)
   kCount
 };
 const char* name(Point p);

@@ -158,6 +158,14 @@ class Memory {
     }
     return std::nullopt;
   }
+  // Where p lies in a device segment, live or freed, said for an error; nothing for host memory.
+  std::optional<std::string> device_memory(const void* p) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const std::optional<Found> f = find(reinterpret_cast<uintptr_t>(p));
+    if (!f) return std::nullopt;
+    return fmt::format("{} is sim:{}'s device memory (in its segment of {} bytes at {:#x}{})", p, f->segment.device,
+                       f->segment.bytes, f->base, f->freed() ? ", freed" : "");
+  }
   // A copy's sides ([Illegal addresses]), as cudaMemcpyAsync checks them against its allocations
   // (cudaErrorInvalidValue at the call): a device side must lie, [p, p + nbytes), in one live
   // segment; a host side in none (the kind the caller gave must be the kind of the memory). A copy
@@ -826,11 +834,26 @@ class SimRuntime final : public DeviceRuntime {
     pinned_.emplace(reinterpret_cast<uintptr_t>(p), nbytes);
     return p;
   }
+  // [host_free waits] cudaFreeHost synchronizes the device in practice (PyTorch's caching host
+  // allocator exists to avoid it; HIP documents hipFreeHost as an implicit hipDeviceSynchronize), so
+  // the host waits here, as in free above, until every stream has run what was queued before it:
+  // a copy still queued into the block runs before the block goes, and a design that frees pinned
+  // memory while a stream waits for something this host does later hangs on sim as on a GPU. With
+  // fault::Point::kSimHostFreeWaits removed it returns at once (sim until 2026-12-04), after only
+  // ordering later work behind earlier work.
   void host_free(void* ptr) override {
     refuse_in_host_function("host_free");
     check_healthy(t_current_device, "host_free");
     const auto shared = host_call();
     barrier_all_streams();
+    if (!fault::removed(fault::Point::kSimHostFreeWaits)) {
+      std::vector<SimStream*> all;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto& s : streams_) all.push_back(s.get());
+      }
+      for (SimStream* s : all) s->synchronize();
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       pinned_.erase(reinterpret_cast<uintptr_t>(ptr));
@@ -948,16 +971,32 @@ class SimRuntime final : public DeviceRuntime {
     as_stream(s)->submit(Task{[=] { std::memcpy(dst, src, nbytes); }, {dst, src}});
   }
 
+  // [A host function reads no device memory] A CUDA host function runs on a CPU thread, where
+  // device memory cannot be read or written (tensor/runtime.h), so the buffers a host task names
+  // must be host memory: device memory is refused at the call (stricter than a GPU, which would
+  // fault only when the function touches it), and the task opens no segment. Before 2026-12-04 sim
+  // opened the named segments for the function's duration, so one that read a device buffer passed
+  // on sim (no chorus code named any; a read-only audit found it). tensor/runtime.h's comment on
+  // launch_host_task still says sim opens them: wrong since then, left for the next change to that
+  // header (every file includes it, so a comment there rebuilds the project in every configuration).
   void launch_host_task(StreamHandle s, std::function<void()> fn, std::vector<const void*> buffers) override {
     refuse_in_host_function("launch_host_task");
     check_stream(s, "launch_host_task");
+    for (const void* b : buffers) {
+      if (const std::optional<std::string> why = memory_.device_memory(b)) {
+        fail("sim: launch_host_task: a host function cannot access device memory, and the buffer {}: a CUDA host "
+             "function (cudaLaunchHostFunc) runs on a CPU thread, where reading it faults; copy it to page-locked "
+             "host memory in stream order first (memcpy_async)",
+             *why);
+      }
+    }
     const auto shared = host_call();
     auto held = std::make_shared<std::function<void()>>(std::move(fn));
     Task task{[held] {
                 if (fault::removed(fault::Point::kHostFunctionThread)) run_host_function(*held);
                 else HostFunctionThread::get().run(*held);
               },
-              std::move(buffers)};
+              {}};
     task.blocks_queue = true;  // the queue waits for the host to finish it
     as_stream(s)->submit(std::move(task));
   }

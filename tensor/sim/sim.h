@@ -16,6 +16,8 @@
 //   allocator hands out is poisoned first, on its stream, with a NaN pattern (poison();
 //   CHORUS_SIM_POISON=0 turns it off). free() blocks the host until every stream of the device has
 //   run what was queued before it, then unmaps the segment, as cudaFree synchronizes the device.
+// - Host functions (launch_host_task) name host memory only: device memory is refused at the call,
+//   as a CUDA host function cannot read it ([A host function reads no device memory], sim.cpp).
 // - Host functions (launch_host_task) follow CUDA's cudaLaunchHostFunc rule: a device call inside
 //   one (an allocation, a free, a copy, an event, a launch), also from a destructor of what it
 //   captured, fails as cudaErrorNotPermitted does. As CUDA may, sim runs the host functions of all
@@ -25,7 +27,9 @@
 //   (a CUDA kernel cannot make one); a kernel that makes one fails its device, naming the call.
 // - Page-locked host allocation and free (host_malloc, host_free) are implicit synchronizations, as
 //   on CUDA: work issued after them on any stream waits for everything issued before on every stream.
-//   So is a device allocation (malloc) for the streams of its device.
+//   So is a device allocation (malloc) for the streams of its device. free and host_free also block
+//   the host until the streams (free: of its device; host_free: all) have run what was queued before
+//   them, as cudaFree and cudaFreeHost synchronize the device.
 // - Streams share hardware queues, as a GPU's: a wait (stream_wait_value, an event wait, a host
 //   function) holds up the work of every stream of its queue issued after it, until it ends
 //   ([Shared hardware queues], sim.cpp). One queue per device by default (the strictest);

@@ -567,7 +567,6 @@ TEST_CASE("sim: free waits until every stream of its device has run what was que
   const DeviceGuard current(dev);  // a kernel launches on a stream of the current device
   Stream other = stream_from_pool(dev);
   // Whether free returned within `patience` while a task queued before it on `other` was held.
-  // Whether free returned within `patience` while a task queued before it on `other` was held.
   auto free_returned_while_held = [&](std::chrono::milliseconds patience) {
     void* seg = rt.malloc(1, 4096);
     REQUIRE(seg != nullptr);
@@ -579,6 +578,28 @@ TEST_CASE("sim: free waits until every stream of its device has run what was que
     CHECK(free_returned_while_held(20s));
   }
   CHECK_FALSE(free_returned_while_held(300ms));
+}
+
+// [host_free waits] (tensor/sim/sim.cpp): cudaFreeHost synchronizes the device, so the host waits
+// in host_free until every stream has run what was queued before it, on any device (here a stream
+// of sim:1 that never used the block). Removed (sim until 2026-12-04), host_free returned at once.
+TEST_CASE("sim: host_free waits until every stream has run what was queued before it, as cudaFreeHost; removed, it does not") {
+  DeviceRuntime& rt = sim_runtime();
+  const Device dev = Device::sim(1);
+  const DeviceGuard current(dev);  // a kernel launches on a stream of the current device
+  Stream other = stream_from_pool(dev);
+  // Whether host_free returned within `patience` while a task queued before it on `other` was held.
+  auto host_free_returned_while_held = [&](std::chrono::milliseconds patience) {
+    void* block = rt.host_malloc(4096);
+    REQUIRE(block != nullptr);
+    return returned_while_held(other, [&] { rt.host_free(block); }, patience);
+  };
+  CHECK_FALSE(host_free_returned_while_held(300ms));
+  {
+    fault::RemovedScope at_once(fault::Point::kSimHostFreeWaits);
+    CHECK(host_free_returned_while_held(20s));
+  }
+  CHECK_FALSE(host_free_returned_while_held(300ms));
 }
 
 // [A pageable copy waits for its stream] (tensor/sim/sim.cpp): CUDA "may synchronize with the
@@ -614,6 +635,33 @@ TEST_CASE("sim: a copy from pageable host memory waits for its stream's earlier 
   CHECK(back == std::vector<float>(64, 2.0f));  // staged: the values of the call's time
   rt.host_free(pinned);
   rt.free(1, dst);
+}
+
+// [A host function reads no device memory] (tensor/sim/sim.cpp): a CUDA host function runs on a
+// CPU thread and cannot read device memory, so sim refuses a host task that names some, live or
+// freed, and runs none of it; host memory may be named. Before 2026-12-04 sim opened the named
+// segment and the function's read passed.
+TEST_CASE("sim: a host function naming device memory is refused, as a CUDA host function cannot read it") {
+  DeviceRuntime& rt = sim_runtime();
+  Stream s = stream_from_pool(Device::sim(0));
+  void* device = rt.malloc(0, 256);
+  REQUIRE(device != nullptr);
+  std::atomic<int> ran{0};
+  CHECK_THROWS_WITH(rt.launch_host_task(s.handle(), [&] { ran += 1; }, {device}),
+                    Catch::Matchers::Contains("a host function cannot access device memory") &&
+                        Catch::Matchers::Contains("sim:0's device memory"));
+  const auto* inside = static_cast<const char*>(device) + 100;  // anywhere in the segment
+  CHECK_THROWS_WITH(rt.launch_host_task(s.handle(), [&] { ran += 1; }, {inside}),
+                    Catch::Matchers::Contains("cannot access device memory"));
+  s.synchronize();
+  CHECK(ran.load() == 0);
+  std::vector<char> host(64, 1);
+  void* pinned = rt.host_malloc(64);
+  rt.launch_host_task(s.handle(), [&] { ran += host[0]; }, {host.data(), pinned});
+  s.synchronize();
+  CHECK(ran.load() == 1);
+  rt.host_free(pinned);
+  rt.free(0, device);
 }
 
 TEST_CASE("sim: a device call inside a host function fails as cudaErrorNotPermitted") {
@@ -665,20 +713,21 @@ TEST_CASE("sim: a device call inside a host function fails as cudaErrorNotPermit
   rt.destroy_event(outside);
 }
 
-TEST_CASE("sim: page-locked allocation and free, and device allocation, order later work after all earlier work, as on CUDA") {
-  // Stream a's kernel is held at a gate the host opens only after the allocation or free returned:
-  // had the call waited for a, it would not return (caught by the 60 s bound on a helper thread,
-  // not by timing the call); b's kernel, issued after it, must still see a's kernel done. Device
+TEST_CASE("sim: page-locked and device allocation order later work after all earlier work, as on CUDA") {
+  // Stream a's kernel is held at a gate the host opens only after the allocation returned: had the
+  // call waited for a, it would not return (caught by the 60 s bound on a helper thread, not by
+  // timing the call); b's kernel, issued after it, must still see a's kernel done. Device
   // allocation is such a barrier for the device's streams (CUDA's programming guide, "Implicit
-  // Synchronization"); device free blocks the host until the streams are done (the free case above).
+  // Synchronization"); device and page-locked free block the host until the streams are done (the
+  // free and host_free cases above).
   DeviceRuntime& rt = sim_runtime();
   Stream a = stream_from_pool(Device::sim(0));
   Stream b = stream_from_pool(Device::sim(0));
   REQUIRE(a != b);
-  enum class Call { kHostMalloc, kHostFree, kMalloc };
-  for (const Call what : {Call::kHostMalloc, Call::kHostFree, Call::kMalloc}) {
-    INFO((what == Call::kHostMalloc ? "host_malloc" : what == Call::kHostFree ? "host_free" : "malloc"));
-    void* pinned = what == Call::kHostFree ? rt.host_malloc(64) : nullptr;
+  enum class Call { kHostMalloc, kMalloc };
+  for (const Call what : {Call::kHostMalloc, Call::kMalloc}) {
+    INFO((what == Call::kHostMalloc ? "host_malloc" : "malloc"));
+    void* pinned = nullptr;
     void* device_memory = nullptr;
     a.synchronize();
     b.synchronize();
@@ -688,8 +737,7 @@ TEST_CASE("sim: page-locked allocation and free, and device allocation, order la
       flag = 1;
     }, {});
     std::future<void> call = std::async(std::launch::async, [&] {
-      if (what == Call::kHostFree) rt.host_free(pinned);
-      else if (what == Call::kHostMalloc) pinned = rt.host_malloc(64);
+      if (what == Call::kHostMalloc) pinned = rt.host_malloc(64);
       else device_memory = rt.malloc(0, 4096);
     });
     const bool returned = call.wait_for(60s) == std::future_status::ready;
