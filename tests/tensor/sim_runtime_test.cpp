@@ -91,6 +91,21 @@ bool returned_while_held(const Stream& held, const std::function<void()>& call, 
   return early;
 }
 
+// free and host_free ([host_free waits]): each call `make_free()` returns (after allocating what it
+// frees) must not return while a task queued before it on a stream of sim:1 (one that never used
+// the memory) is held, and with `rule` removed it must return during the hold.
+void check_free_waits(fault::Point rule, const std::function<std::function<void()>()>& make_free) {
+  const Device dev = Device::sim(1);
+  const DeviceGuard current(dev);  // a kernel launches on a stream of the current device
+  Stream other = stream_from_pool(dev);
+  CHECK_FALSE(returned_while_held(other, make_free(), 300ms));
+  {
+    fault::RemovedScope at_once(rule);
+    CHECK(returned_while_held(other, make_free(), 20s));
+  }
+  CHECK_FALSE(returned_while_held(other, make_free(), 300ms));
+}
+
 }  // namespace
 
 TEST_CASE("sim: tasks on one stream run in submission order, one at a time") {
@@ -563,21 +578,11 @@ TEST_CASE("sim: a call on another device's default stream, or a kernel on anothe
 // so a host-side deadlock through cudaFree's wait could not show on sim.
 TEST_CASE("sim: free waits until every stream of its device has run what was queued before it, as cudaFree; removed, it does not") {
   DeviceRuntime& rt = sim_runtime();
-  const Device dev = Device::sim(1);
-  const DeviceGuard current(dev);  // a kernel launches on a stream of the current device
-  Stream other = stream_from_pool(dev);
-  // Whether free returned within `patience` while a task queued before it on `other` was held.
-  auto free_returned_while_held = [&](std::chrono::milliseconds patience) {
+  check_free_waits(fault::Point::kSimFreeWaits, [&] {
     void* seg = rt.malloc(1, 4096);
     REQUIRE(seg != nullptr);
-    return returned_while_held(other, [&] { rt.free(1, seg); }, patience);
-  };
-  CHECK_FALSE(free_returned_while_held(300ms));
-  {
-    fault::RemovedScope at_once(fault::Point::kSimFreeWaits);
-    CHECK(free_returned_while_held(20s));
-  }
-  CHECK_FALSE(free_returned_while_held(300ms));
+    return std::function<void()>([&rt, seg] { rt.free(1, seg); });
+  });
 }
 
 // [host_free waits] (tensor/sim/sim.cpp): cudaFreeHost synchronizes the device, so the host waits
@@ -585,21 +590,11 @@ TEST_CASE("sim: free waits until every stream of its device has run what was que
 // of sim:1 that never used the block). Removed (sim until 2026-12-04), host_free returned at once.
 TEST_CASE("sim: host_free waits until every stream has run what was queued before it, as cudaFreeHost; removed, it does not") {
   DeviceRuntime& rt = sim_runtime();
-  const Device dev = Device::sim(1);
-  const DeviceGuard current(dev);  // a kernel launches on a stream of the current device
-  Stream other = stream_from_pool(dev);
-  // Whether host_free returned within `patience` while a task queued before it on `other` was held.
-  auto host_free_returned_while_held = [&](std::chrono::milliseconds patience) {
+  check_free_waits(fault::Point::kSimHostFreeWaits, [&] {
     void* block = rt.host_malloc(4096);
     REQUIRE(block != nullptr);
-    return returned_while_held(other, [&] { rt.host_free(block); }, patience);
-  };
-  CHECK_FALSE(host_free_returned_while_held(300ms));
-  {
-    fault::RemovedScope at_once(fault::Point::kSimHostFreeWaits);
-    CHECK(host_free_returned_while_held(20s));
-  }
-  CHECK_FALSE(host_free_returned_while_held(300ms));
+    return std::function<void()>([&rt, block] { rt.host_free(block); });
+  });
 }
 
 // [A pageable copy waits for its stream] (tensor/sim/sim.cpp): CUDA "may synchronize with the
