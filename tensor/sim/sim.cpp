@@ -158,7 +158,8 @@ class Memory {
     }
     return std::nullopt;
   }
-  // Where p lies in a device segment, live or freed, said for an error; nothing for host memory.
+  // Where p lies in a device segment, live or freed (until unmapped), said for an error; nothing for
+  // host memory (and for a segment already unmapped, which is not remembered).
   std::optional<std::string> device_memory(const void* p) {
     std::lock_guard<std::mutex> lock(mutex_);
     const std::optional<Found> f = find(reinterpret_cast<uintptr_t>(p));
@@ -845,6 +846,12 @@ class SimRuntime final : public DeviceRuntime {
     refuse_in_host_function("host_free");
     check_healthy(t_current_device, "host_free");
     const auto shared = host_call();
+    {
+      // Forgotten first, as free retires its segment first: a copy another thread queues on the
+      // block during the wait is not one from page-locked memory any more.
+      std::lock_guard<std::mutex> lock(mutex_);
+      pinned_.erase(reinterpret_cast<uintptr_t>(ptr));
+    }
     barrier_all_streams();
     if (!fault::removed(fault::Point::kSimHostFreeWaits)) {
       std::vector<SimStream*> all;
@@ -853,10 +860,6 @@ class SimRuntime final : public DeviceRuntime {
         for (auto& s : streams_) all.push_back(s.get());
       }
       for (SimStream* s : all) s->synchronize();
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      pinned_.erase(reinterpret_cast<uintptr_t>(ptr));
     }
     std::free(ptr);
   }
@@ -977,8 +980,10 @@ class SimRuntime final : public DeviceRuntime {
   // fault only when the function touches it), and the task opens no segment. Before 2026-12-04 sim
   // opened the named segments for the function's duration, so one that read a device buffer passed
   // on sim (no chorus code named any; a read-only audit found it). tensor/runtime.h's comment on
-  // launch_host_task still says sim opens them: wrong since then, left for the next change to that
-  // header (every file includes it, so a comment there rebuilds the project in every configuration).
+  // launch_host_task is stale three ways: sim's kernels have not run this way since they moved to
+  // sim::launch_kernel, sim opens no buffer, and the parameter is named device_buffers where device
+  // memory is what sim refuses. Left for the next change to that header (every file includes it,
+  // so a comment there rebuilds the project in every configuration).
   void launch_host_task(StreamHandle s, std::function<void()> fn, std::vector<const void*> buffers) override {
     refuse_in_host_function("launch_host_task");
     check_stream(s, "launch_host_task");

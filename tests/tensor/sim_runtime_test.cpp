@@ -587,13 +587,20 @@ TEST_CASE("sim: free waits until every stream of its device has run what was que
 
 // [host_free waits] (tensor/sim/sim.cpp): cudaFreeHost synchronizes the device, so the host waits
 // in host_free until every stream has run what was queued before it, on any device (here a stream
-// of sim:1 that never used the block). Removed (sim until 2026-12-04), host_free returned at once.
+// of sim:1 that never used the block, with sim:0 current). Removed (sim until 2026-12-04), host_free
+// returned at once.
 TEST_CASE("sim: host_free waits until every stream has run what was queued before it, as cudaFreeHost; removed, it does not") {
   DeviceRuntime& rt = sim_runtime();
   check_free_waits(fault::Point::kSimHostFreeWaits, [&] {
     void* block = rt.host_malloc(4096);
     REQUIRE(block != nullptr);
-    return std::function<void()>([&rt, block] { rt.host_free(block); });
+    // Called with sim:0 current while a stream of sim:1 is held: the wait reaches another device's
+    // streams. (A host_free that synchronized only the current device's streams waits too, behind
+    // the barrier that orders sim:0's streams after sim:1's held task: checked by hand, 2026-12-04.)
+    return std::function<void()>([&rt, block] {
+      const DeviceGuard zero(Device::sim(0));
+      rt.host_free(block);
+    });
   });
 }
 
