@@ -854,12 +854,7 @@ class SimRuntime final : public DeviceRuntime {
     }
     barrier_all_streams();
     if (!fault::removed(fault::Point::kSimHostFreeWaits)) {
-      std::vector<SimStream*> all;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        for (auto& s : streams_) all.push_back(s.get());
-      }
-      for (SimStream* s : all) s->synchronize();
+      for (SimStream* s : streams_of(-1)) s->synchronize();
     }
     std::free(ptr);
   }
@@ -914,11 +909,12 @@ class SimRuntime final : public DeviceRuntime {
     for (SimStream* s : streams_of(device)) s->synchronize();
     check_healthy(device, "synchronize_device");
   }
+  // One device's streams (device >= 0) or every stream (-1), as barrier_streams takes them.
   std::vector<SimStream*> streams_of(int device) {
     std::vector<SimStream*> all;
     std::lock_guard<std::mutex> lock(mutex_);
     for (auto& s : streams_)
-      if (s->device() == device) all.push_back(s.get());
+      if (device < 0 || s->device() == device) all.push_back(s.get());
     return all;
   }
 

@@ -18,7 +18,7 @@
 //   run what was queued before it, then unmaps the segment, as cudaFree synchronizes the device.
 // - Host functions (launch_host_task) name host memory only: device memory is refused at the call,
 //   as a CUDA host function cannot read it ([A host function reads no device memory], sim.cpp).
-// - Host functions (launch_host_task) follow CUDA's cudaLaunchHostFunc rule: a device call inside
+//   And they follow CUDA's cudaLaunchHostFunc rule: a device call inside
 //   one (an allocation, a free, a copy, an event, a launch), also from a destructor of what it
 //   captured, fails as cudaErrorNotPermitted does. As CUDA may, sim runs the host functions of all
 //   streams on one thread, each while its stream waits ([One host-function thread], sim.cpp): a

@@ -34,10 +34,11 @@ std::string quoted(const std::string& path) {
   return out + "'";
 }
 
-std::string probe_path() {
+// The probe in the test's runfiles (the test runs under bazel test).
+fs::path probe_path() {
   const char* srcdir = std::getenv("TEST_SRCDIR");
-  const std::string rel = "tests/third_party/openblas_probe";
-  return quoted(srcdir != nullptr ? std::string(srcdir) + "/chorus/" + rel : "bazel-bin/" + rel);
+  REQUIRE(srcdir != nullptr);
+  return fs::path(srcdir) / "chorus/tests/third_party/openblas_probe";
 }
 
 // Runs `command` through the shell and returns its "key=value" lines; `status` gets its exit status.
@@ -71,9 +72,7 @@ TEST_CASE("a copy of a chorus program outside Bazel's tree loads OpenBLAS's Open
   const fs::path dir = fs::path(tmp) / "openblas_copy";
   fs::create_directories(dir);
   const fs::path copy = dir / "openblas_probe";
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  REQUIRE(srcdir != nullptr);  // run by bazel test: the probe is in the runfiles
-  fs::copy_file(fs::path(srcdir) / "chorus/tests/third_party/openblas_probe", copy, fs::copy_options::overwrite_existing);
+  fs::copy_file(probe_path(), copy, fs::copy_options::overwrite_existing);
   fs::permissions(copy, fs::perms::owner_all);
   int status = 0;
   std::string output;
@@ -93,7 +92,7 @@ TEST_CASE("with OpenBLAS's pthreads build loaded, chorus gives OpenBLAS products
   int status = 0;
   std::string output;
   // AVX2 imposed: only where oneDNN runs AVX2 code does a weight gradient go to OpenBLAS at all.
-  auto facts = run(std::string("env LD_LIBRARY_PATH=") + kPthreadsDir + " CHORUS_CPU_CAPABILITY=avx2 " + probe_path(),
+  auto facts = run(std::string("env LD_LIBRARY_PATH=") + kPthreadsDir + " CHORUS_CPU_CAPABILITY=avx2 " + quoted(probe_path().string()),
                    status, output);
   INFO("the probe printed:\n" << output);
   REQUIRE(status == 0);
@@ -110,7 +109,7 @@ TEST_CASE("with OpenBLAS's pthreads build loaded, chorus gives OpenBLAS products
   CHECK(err > 0.0);
 
   // And the OpenMP build Bazel links, in place: OpenBLAS at 2 threads too (the route is unchanged there).
-  facts = run("env -u LD_LIBRARY_PATH CHORUS_CPU_CAPABILITY=avx2 " + probe_path(), status, output);
+  facts = run("env -u LD_LIBRARY_PATH CHORUS_CPU_CAPABILITY=avx2 " + quoted(probe_path().string()), status, output);
   INFO("in place, the probe printed:\n" << output);
   REQUIRE(status == 0);
   CHECK(facts["parallel"] == "2");
