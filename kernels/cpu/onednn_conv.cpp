@@ -4,6 +4,7 @@
 #include <dnnl.hpp>
 #include <algorithm>
 #include <omp.h>
+#include <sys/mman.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -14,12 +15,18 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "kernels/cpu/capability.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/parallel.h"
 #include "tensor/error.h"
 #include "tensor/storage.h"
+
+namespace chorus {
+// tensor/storage.cpp ([Aligned huge mapping]); no header, as tensor/sim/sim.cpp.
+void* map_huge_aligned(size_t bytes, int prot);
+}  // namespace chorus
 
 namespace chorus::kernels::cpu::winograd {
 // chorus's own F(2x2, 3x3) Winograd convolutions (winograd.cpp; [No header], gemm.cpp): NCHW float32,
@@ -189,20 +196,95 @@ dnnl::primitive_attr user_scratchpad() {
   return attr;
 }
 
-// A primitive's scratchpad for one execution, from chorus's host allocator.
+// [Shared scratchpads] A primitive's scratchpad for one execution: a block taken from a process-wide
+// pool and given back after the call, so that every convolution shares the largest one. Taken from
+// chorus's host allocator, each size stayed in its cache of freed large blocks, which hands a block
+// out again only for a request within a quarter of its size (tensor/storage.cpp): oneDNN's
+// Winograd primitives ([Winograd convolutions]) want 7.2, 9.1, 11.0 and 15.5 MB at ResNet-18's
+// batch 16 of 64x64 (1 thread), and all four sizes sat idle and resident there, so ResNet-18's
+// training step peaked 30 MB higher with Winograd than without, above libtorch's peak (Zen 4: 390.5
+// against 374.6 MB; docs/benchmarks.md, session 53). The pool holds one block per convolution
+// running at once (one, outside sim streams), mapped by itself ([Aligned huge mapping],
+// tensor/storage.cpp, which defines map_huge_aligned: no header) and grown by mapping a larger one;
+// the smaller goes back to the kernel. oneDNN's own default (scratchpad_mode::library) also keeps
+// one grown buffer, per thread; chorus cannot use it (user_scratchpad above). Not counted in
+// cpu_memory_allocated, as oneDNN's own buffers are not.
+class ScratchPool {
+ public:
+  struct Block {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+
+  // A block of at least `bytes`: the largest free one if it is large enough, else a fresh mapping
+  // (the largest free one, too small, is unmapped: the pool keeps growing toward the largest call).
+  Block take(size_t bytes) {
+    Block b;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        auto largest = std::max_element(free_.begin(), free_.end(),
+                                        [](const Block& x, const Block& y) { return x.bytes < y.bytes; });
+        b = *largest;
+        free_.erase(largest);
+      }
+    }
+    if (b.ptr != nullptr && b.bytes >= bytes) return b;
+    if (b.ptr != nullptr) ::munmap(b.ptr, b.bytes);
+    // Whole 64 KiB granules (as the host allocator's large blocks), not whole 2 MiB pages.
+    constexpr size_t kGranule = size_t{64} << 10;
+    b.bytes = std::max<size_t>((bytes + kGranule - 1) / kGranule * kGranule, kGranule);
+    b.ptr = map_huge_aligned(b.bytes, PROT_READ | PROT_WRITE);
+    if (b.ptr == nullptr) fail("convolution: out of memory mapping a {}-byte oneDNN scratchpad", b.bytes);
+    return b;
+  }
+
+  void give(Block b) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(b);
+  }
+
+  // What free blocks hold (conv_scratch_test, through scratch_pool_free_bytes below).
+  size_t free_bytes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    size_t total = 0;
+    for (const Block& b : free_) total += b.bytes;
+    return total;
+  }
+  size_t free_blocks() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return free_.size();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<Block> free_;
+};
+
+// Never destroyed: a convolution may run from another static's destructor.
+ScratchPool& scratch_pool() {
+  static ScratchPool* pool = new ScratchPool;
+  return *pool;
+}
+
+// A primitive's scratchpad for one execution ([Shared scratchpads]): the caller waits for the
+// primitive before this goes out of scope.
 class Scratchpad {
  public:
   template <typename PrimitiveDesc>
   explicit Scratchpad(const PrimitiveDesc& pd) {
     const memory::desc d = pd.scratchpad_desc();
-    storage_ = std::make_shared<StorageImpl>(std::max<size_t>(d.get_size(), 1), kCPU);
-    mem_ = memory(d, engine(), storage_->data());
+    block_ = scratch_pool().take(d.get_size());
+    mem_ = memory(d, engine(), block_.ptr);
   }
+  ~Scratchpad() { scratch_pool().give(block_); }
+  Scratchpad(const Scratchpad&) = delete;
+  Scratchpad& operator=(const Scratchpad&) = delete;
   // Adds it to a primitive's arguments.
   void add_to(std::unordered_map<int, memory>& args) const { args.emplace(DNNL_ARG_SCRATCHPAD, mem_); }
 
  private:
-  Storage storage_;
+  ScratchPool::Block block_;
   memory mem_;
 };
 
@@ -662,5 +744,10 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     bias_grad(grad_bias, go, e->s.nhwc);
   }
 }
+
+// [Shared scratchpads] What the pool holds between calls, for tests ([No header]: conv_scratch_test
+// declares these itself).
+size_t scratch_pool_free_bytes() { return scratch_pool().free_bytes(); }
+size_t scratch_pool_free_blocks() { return scratch_pool().free_blocks(); }
 
 }  // namespace chorus::kernels::cpu::onednn
