@@ -181,6 +181,7 @@ if [[ "$mode" == full ]]; then
       //tests/nn:conv_test //tests/nn:loss_test //tests/tensor:reduce_linalg_index_test \
       //tests/tensor:elementwise_test //tests/tensor:unary_test //tests/optim:optim_test \
       //tests/kernels/cpu:capability_test //tests/kernels/cpu:gemm_test //tests/kernels/cpu:conv_weight_grad_test \
+      //tests/kernels/cpu:conv_scratch_test \
       //tests/kernels/shared:pointwise_math_test //tests/kernels/shared:optim_math_test //tests/kernels/shared:philox_test
   done
   # The main server is not needed again; its memory is better left to the sanitizer builds.

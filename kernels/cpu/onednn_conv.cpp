@@ -202,9 +202,10 @@ dnnl::primitive_attr user_scratchpad() {
 // out again only for a request within a quarter of its size (tensor/storage.cpp): oneDNN's
 // Winograd primitives ([Winograd convolutions]) want 7.2, 9.1, 11.0 and 15.5 MB at ResNet-18's
 // batch 16 of 64x64 (1 thread), and all four sizes sat idle and resident there, so ResNet-18's
-// training step peaked 30 MB higher with Winograd than without, above libtorch's peak (Zen 4: 390.5
+// training step peaked 30 MB higher with Winograd than without, above libtorch's peak (Zen 4: 390.6
 // against 374.6 MB; docs/benchmarks.md, session 53). The pool holds one block per convolution
-// running at once (one, outside sim streams), mapped by itself ([Aligned huge mapping],
+// running at once (one, outside sim streams; a call takes the smallest free block that fits, and a
+// primitive whose scratchpad is empty, as most direct ones are, takes none), mapped by itself ([Aligned huge mapping],
 // tensor/storage.cpp, which defines map_huge_aligned: no header) and grown by mapping a larger one;
 // the smaller goes back to the kernel. oneDNN's own default (scratchpad_mode::library) also keeps
 // one grown buffer, per thread; chorus cannot use it (user_scratchpad above). Not counted in
@@ -216,30 +217,50 @@ class ScratchPool {
     size_t bytes = 0;
   };
 
-  // A block of at least `bytes`: the largest free one if it is large enough, else a fresh mapping
-  // (the largest free one, too small, is unmapped: the pool keeps growing toward the largest call).
+  // A block of at least `bytes`: the smallest free one that is large enough, else a fresh mapping
+  // that replaces the largest free one (unmapped: the pool grows toward the largest call).
   Block take(size_t bytes) {
     Block b;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!free_.empty()) {
-        auto largest = std::max_element(free_.begin(), free_.end(),
-                                        [](const Block& x, const Block& y) { return x.bytes < y.bytes; });
-        b = *largest;
-        free_.erase(largest);
+      auto fitting = free_.end(), largest = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->bytes >= bytes && (fitting == free_.end() || it->bytes < fitting->bytes)) fitting = it;
+        if (largest == free_.end() || it->bytes > largest->bytes) largest = it;
+      }
+      const auto pick = fitting != free_.end() ? fitting : largest;
+      if (pick != free_.end()) {
+        b = *pick;
+        free_.erase(pick);
       }
     }
     if (b.ptr != nullptr && b.bytes >= bytes) return b;
-    if (b.ptr != nullptr) ::munmap(b.ptr, b.bytes);
+    const bool replaces = b.ptr != nullptr;
+    if (replaces) ::munmap(b.ptr, b.bytes);
     // Whole 64 KiB granules (as the host allocator's large blocks), not whole 2 MiB pages.
     constexpr size_t kGranule = size_t{64} << 10;
     b.bytes = std::max<size_t>((bytes + kGranule - 1) / kGranule * kGranule, kGranule);
     b.ptr = map_huge_aligned(b.bytes, PROT_READ | PROT_WRITE);
-    if (b.ptr == nullptr) fail("convolution: out of memory mapping a {}-byte oneDNN scratchpad", b.bytes);
+    if (b.ptr == nullptr) {
+      if (replaces) forget_one();
+      fail("convolution: out of memory mapping a {}-byte oneDNN scratchpad", b.bytes);
+    }
+    if (!replaces) {
+      // One block more: room for it in the free list now, so that give never allocates.
+      std::lock_guard<std::mutex> lock(mutex_);
+      try {
+        free_.reserve(blocks_ + 1);
+      } catch (...) {
+        ::munmap(b.ptr, b.bytes);
+        throw;
+      }
+      ++blocks_;
+    }
     return b;
   }
 
-  void give(Block b) {
+  // Never throws (Scratchpad's destructor calls it): the free list has room for every block.
+  void give(Block b) noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
     free_.push_back(b);
   }
@@ -257,8 +278,14 @@ class ScratchPool {
   }
 
  private:
+  void forget_one() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    --blocks_;
+  }
+
   std::mutex mutex_;
   std::vector<Block> free_;
+  size_t blocks_ = 0;  // blocks mapped: free ones and those taken
 };
 
 // Never destroyed: a convolution may run from another static's destructor.
@@ -274,14 +301,24 @@ class Scratchpad {
   template <typename PrimitiveDesc>
   explicit Scratchpad(const PrimitiveDesc& pd) {
     const memory::desc d = pd.scratchpad_desc();
+    if (d.get_size() == 0) return;  // this primitive needs none: no block held from others
     block_ = scratch_pool().take(d.get_size());
-    mem_ = memory(d, engine(), block_.ptr);
+    try {
+      mem_ = memory(d, engine(), block_.ptr);
+    } catch (...) {
+      scratch_pool().give(block_);
+      throw;
+    }
   }
-  ~Scratchpad() { scratch_pool().give(block_); }
+  ~Scratchpad() {
+    if (block_.ptr != nullptr) scratch_pool().give(block_);
+  }
   Scratchpad(const Scratchpad&) = delete;
   Scratchpad& operator=(const Scratchpad&) = delete;
   // Adds it to a primitive's arguments.
-  void add_to(std::unordered_map<int, memory>& args) const { args.emplace(DNNL_ARG_SCRATCHPAD, mem_); }
+  void add_to(std::unordered_map<int, memory>& args) const {
+    if (block_.ptr != nullptr) args.emplace(DNNL_ARG_SCRATCHPAD, mem_);
+  }
 
  private:
   ScratchPool::Block block_;
