@@ -205,11 +205,11 @@ dnnl::primitive_attr user_scratchpad() {
 // training step peaked 30 MB higher with Winograd than without, above libtorch's peak (Zen 4: 390.6
 // against 374.6 MB; docs/benchmarks.md, session 53). The pool holds one block per convolution
 // running at once (one, outside sim streams; a call takes the smallest free block that fits, and a
-// primitive whose scratchpad is empty, as most direct ones are, takes none), mapped by itself ([Aligned huge mapping],
-// tensor/storage.cpp, which defines map_huge_aligned: no header) and grown by mapping a larger one;
-// the smaller goes back to the kernel. oneDNN's own default (scratchpad_mode::library) also keeps
-// one grown buffer, per thread; chorus cannot use it (user_scratchpad above). Not counted in
-// cpu_memory_allocated, as oneDNN's own buffers are not.
+// primitive whose scratchpad is empty, as most direct ones are, takes none), mapped by itself
+// ([Aligned huge mapping], tensor/storage.cpp, which defines map_huge_aligned: no header) and grown
+// by mapping a larger one; the smaller goes back to the kernel. oneDNN's own default
+// (scratchpad_mode::library) also keeps one grown buffer, per thread; chorus cannot use it
+// (user_scratchpad above). Not counted in cpu_memory_allocated, as oneDNN's own buffers are not.
 class ScratchPool {
  public:
   struct Block {
@@ -235,34 +235,24 @@ class ScratchPool {
       }
     }
     if (b.ptr != nullptr && b.bytes >= bytes) return b;
-    const bool replaces = b.ptr != nullptr;
-    if (replaces) ::munmap(b.ptr, b.bytes);
+    if (b.ptr != nullptr) ::munmap(b.ptr, b.bytes);
     // Whole 64 KiB granules (as the host allocator's large blocks), not whole 2 MiB pages.
     constexpr size_t kGranule = size_t{64} << 10;
     b.bytes = std::max<size_t>((bytes + kGranule - 1) / kGranule * kGranule, kGranule);
     b.ptr = map_huge_aligned(b.bytes, PROT_READ | PROT_WRITE);
-    if (b.ptr == nullptr) {
-      if (replaces) forget_one();
-      fail("convolution: out of memory mapping a {}-byte oneDNN scratchpad", b.bytes);
-    }
-    if (!replaces) {
-      // One block more: room for it in the free list now, so that give never allocates.
-      std::lock_guard<std::mutex> lock(mutex_);
-      try {
-        free_.reserve(blocks_ + 1);
-      } catch (...) {
-        ::munmap(b.ptr, b.bytes);
-        throw;
-      }
-      ++blocks_;
-    }
+    if (b.ptr == nullptr) fail("convolution: out of memory mapping a {}-byte oneDNN scratchpad", b.bytes);
     return b;
   }
 
-  // Never throws (Scratchpad's destructor calls it): the free list has room for every block.
+  // Never throws (Scratchpad's destructor calls it): a block the list has no room for goes back to
+  // the kernel instead.
   void give(Block b) noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
-    free_.push_back(b);
+    try {
+      free_.push_back(b);
+    } catch (...) {
+      ::munmap(b.ptr, b.bytes);
+    }
   }
 
   // What free blocks hold (conv_scratch_test, through scratch_pool_free_bytes below).
@@ -278,14 +268,8 @@ class ScratchPool {
   }
 
  private:
-  void forget_one() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    --blocks_;
-  }
-
   std::mutex mutex_;
   std::vector<Block> free_;
-  size_t blocks_ = 0;  // blocks mapped: free ones and those taken
 };
 
 // Never destroyed: a convolution may run from another static's destructor.

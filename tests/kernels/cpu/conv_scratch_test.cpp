@@ -167,7 +167,8 @@ TEST_CASE("Convolutions share one scratchpad block, as large as the largest scra
   CHECK(kc::onednn::scratch_pool_free_bytes() == granules(largest));
   if (winograd == 0) {
     std::printf("CHORUS-SKIP: oneDNN has no Winograd kernels here (%s), so the shapes whose oneDNN scratchpads are "
-                "7-15 MB ran chorus's own Winograd kernels; the pool was checked with the direct shapes' scratchpads only (on AVX2 one of them is not empty)\n",
+                "7-15 MB ran chorus's own Winograd kernels; the pool was checked with the direct shapes' "
+                "scratchpads only (on AVX2 one of them is not empty)\n",
                 kc::onednn::capability().c_str());
   }
 }
