@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/capability.h"
 #include "kernels/cpu/kernels.h"
@@ -212,6 +213,29 @@ bool use_openblas(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row
          !omp_in_parallel() && auto_choice() && onednn_runs_avx2() && (num_threads() == 1 || openblas_built_with_openmp());
 }
 
+// [Products split by hand] oneDNN 2.6's AVX-512 sgemm runs a product whose B it reads transposed
+// (Linear's forward, x W^T) poorly on 2 threads, and at some shapes (128x512x784, 1024x256x1024)
+// with other bits than on one thread: another order of summation. C split into one block of rows
+// or columns per thread, each block one single-threaded call, ran as fast or faster at every such
+// shape of the training steps (Zen 4, 2 threads, GFLOP/s, oneDNN's call / split: the MLP's
+// 128x512x784 162-185 / 191-207 and 128x256x512 132-136 / 190-194; BERT-mini's 1024x256x1024
+// 163-174 / 191-205; BERT-small's 146x30522x512 135 / 194; 32x512x512 56 / 122, slower than its
+// one thread; docs/data/gemm_split_zen4_2026-12-04.txt), and each element gets the sum one thread
+// gives it (a block's k loop is one thread's): one thread's bits (gemm_test, 2 threads, split by
+// columns and by rows). Not below 2^23 multiply-adds (64x64x64 and 100x300x200 took 1.01-1.05x
+// oneDNN's own time split), not for oneDNN's AVX2 code (there the split was as often slower:
+// 128x512x784 0.97-1.05x, 128x256x512 1.00-1.05x), not for a plain B (even), not inside a parallel
+// region, and not with kOneDnn.
+constexpr int64_t kSplitAlign = 16;  // a block's columns start on a multiple of 16 floats (64 bytes)
+
+int64_t split_parts(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row_major, bool c_row_major) {
+  if (a_transposed || b_row_major || !c_row_major) return 1;
+  if (!auto_choice() || onednn_runs_avx2() || omp_in_parallel()) return 1;
+  if (m * n * k < (int64_t{1} << 23)) return 1;
+  const int64_t along = n >= m ? n / kSplitAlign : m;  // blocks the split dimension allows
+  return std::min<int64_t>(num_threads(), along);
+}
+
 // Whether a transposed A may be copied row-major first, or C computed as (B^T A)^T: workarounds for
 // oneDNN's AVX2 sgemm (above). oneDNN's AVX-512 code reads a transposed A at its full rate, where
 // both lost to the plain call (Zen 5, 1 thread, GFLOP/s, workaround / plain dnnl_sgemm:
@@ -234,11 +258,12 @@ bool onednn_workarounds() { return !auto_choice() || onednn_runs_avx2(); }
 // input of every compile action that depends on the library, so it would recompile the whole project
 // in every configuration (docs/build.md); move them into capability.h with the next change that has
 // to touch it.
-enum class GemmRoute : int { kOpenBlas, kOneDnn, kCopyA, kTransposeC };
+enum class GemmRoute : int { kOpenBlas, kOneDnn, kCopyA, kTransposeC, kSplitC };
 
 GemmRoute sgemm_route(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row_major, bool c_row_major,
                       bool beta_zero, int64_t ldb, bool b_aligned) {
   if (use_openblas(m, n, k, a_transposed, b_row_major, c_row_major, ldb, b_aligned)) return GemmRoute::kOpenBlas;
+  if (split_parts(m, n, k, a_transposed, b_row_major, c_row_major) > 1) return GemmRoute::kSplitC;
   if (!a_transposed || !c_row_major || !onednn_workarounds()) return GemmRoute::kOneDnn;
   // A transposed and C much wider than tall (m=256 n=1024 k=1024: 30 GF/s read either way): the
   // transposed product C^T = B^T A has the tall shape the copy serves; C is then its transpose.
@@ -279,6 +304,37 @@ bool sgemm(const Tensor& c, const Tensor& a_in, const Tensor& b, float alpha, fl
     cblas_sgemm(CblasRowMajor, op(A.trans), op(B.trans), static_cast<blasint>(m), static_cast<blasint>(n),
                 static_cast<blasint>(k), alpha, A.ptr, static_cast<blasint>(A.ld), B.ptr, static_cast<blasint>(B.ld),
                 beta, static_cast<float*>(c.raw_data_ptr()), static_cast<blasint>(ldc));
+    return true;
+  }
+  if (route == GemmRoute::kSplitC) {  // [Products split by hand]: A plain, B transposed, C row-major
+    const int64_t parts = split_parts(m, n, k, false, false, true);
+    const SgemmOperand A = sgemm_operand(static_cast<const float*>(a_in.raw_data_ptr()), m, k, ars, acs, false);
+    const SgemmOperand B = sgemm_operand(static_cast<const float*>(b.raw_data_ptr()), k, n, brs, bcs, false);
+    auto* pc = static_cast<float*>(c.raw_data_ptr());
+    const bool by_columns = n >= m;
+    const int64_t extent = by_columns ? n : m;
+    auto bound = [&](int64_t part) {  // where part `part` starts; columns on a multiple of kSplitAlign
+      const int64_t at = extent * part / parts;
+      return by_columns && part < parts ? at / kSplitAlign * kSplitAlign : at;
+    };
+    std::vector<dnnl_status_t> status(static_cast<size_t>(parts), dnnl_success);
+    parallel_for(0, parts, 1, [&](int64_t lo, int64_t hi) {
+      for (int64_t part = lo; part < hi; ++part) {  // one part a thread; inside the region oneDNN runs 1 thread
+        const int64_t from = bound(part), count = bound(part + 1) - from;
+        status[static_cast<size_t>(part)] =
+            by_columns ? dnnl_sgemm('N', 'T', m, count, k, alpha, A.ptr, A.ld, B.ptr + from * B.ld, B.ld, beta,
+                                    pc + from, ldc)
+                       : dnnl_sgemm('N', 'T', count, n, k, alpha, A.ptr + from * A.ld, A.ld, B.ptr, B.ld, beta,
+                                    pc + from * ldc, ldc);
+      }
+    });
+    // A part that failed after another wrote its block cannot fall back to Eigen (beta would apply
+    // twice); oneDNN refuses only arguments, which the whole call would have had too.
+    for (dnnl_status_t st : status) {
+      if (st != dnnl_success) {
+        fail("matmul: oneDNN's sgemm refused a part of an {}x{}x{} product (status {})", m, n, k, static_cast<int>(st));
+      }
+    }
     return true;
   }
   if (route == GemmRoute::kTransposeC) {

@@ -11,6 +11,8 @@
 //   bazel run -c opt //tests/bench:gemm_bench -- --steps --threads 2   (the same at 2 threads; BERT-mini's
 //                                                               attention table is 1 thread only)
 //   bazel run -c opt //tests/bench:gemm_bench -- --attention   (only BERT-mini's per-head attention products)
+//   bazel run -c opt //tests/bench:gemm_bench -- --split       (products reading B transposed, 2 threads:
+//                                                               chorus's split against oneDNN's own call)
 //   bazel run -c opt //tests/bench:gemm_bench -- --matmul-primitive  (dnnl_sgemm against oneDNN's matmul
 //                                                               primitive on the training steps' products)
 #include <cblas.h>
@@ -185,6 +187,19 @@ void step_tables(int threads) {
   step_products("The MLP's training-step products (train_step_bench, batch 128)", kMlpStep, threads);
 }
 
+// --split [--threads T]: products that read B transposed (Linear's forward, x W^T) at the training
+// steps' sizes and around them, T threads (2 by default): chorus splits them by hand where oneDNN
+// runs AVX-512 code ([Products split by hand], kernels/cpu/gemm.cpp), against oneDNN's own
+// multi-threaded call and OpenBLAS's. The 100x300x200 and 64x64x64 rows are below the split's
+// bound (chorus's column is oneDNN's call there).
+const Product kSplitShapes[] = {
+    {'N', 'T', 128, 512, 784, 1},    {'N', 'T', 128, 256, 512, 1},    {'N', 'T', 1024, 256, 1024, 1},
+    {'N', 'T', 146, 30522, 256, 1},  {'N', 'T', 1024, 512, 512, 1},   {'N', 'T', 1024, 2048, 512, 1},
+    {'N', 'T', 1024, 512, 2048, 1},  {'N', 'T', 146, 30522, 512, 1},  {'N', 'T', 4096, 768, 768, 1},
+    {'N', 'T', 4096, 3072, 768, 1},  {'N', 'T', 4096, 768, 3072, 1},  {'N', 'T', 32, 512, 512, 1},
+    {'N', 'T', 512, 128, 4096, 1},   {'N', 'T', 2048, 64, 2048, 1},   {'N', 'T', 256, 256, 256, 1},
+    {'N', 'T', 100, 300, 200, 1},    {'N', 'T', 64, 64, 64, 1}};
+
 // --matmul-primitive: oneDNN 2.6's matmul primitive (on an AVX-512 CPU its brgemm implementation,
 // "brg:avx512_core"; the name is printed) against the dnnl_sgemm chorus calls, on the same
 // training-step products, 1 thread, the same operands and strides (a "T" operand is a transposed
@@ -257,15 +272,17 @@ int main(int argc, char** argv) {
     attention_table();
     return 0;
   }
-  if (argc > 1 && std::string(argv[1]) == "--steps") {
-    int threads = 1;
+  const bool steps = argc > 1 && std::string(argv[1]) == "--steps";
+  if (steps || (argc > 1 && std::string(argv[1]) == "--split")) {
+    int threads = steps ? 1 : 2;
     const bool with_threads = argc == 4 && std::string(argv[2]) == "--threads";
     if (with_threads) threads = std::atoi(argv[3]);
     if ((argc != 2 && !with_threads) || threads < 1 || threads > 256) {
-      std::fprintf(stderr, "gemm_bench --steps: expected nothing more or --threads T (1-256)\n");
+      std::fprintf(stderr, "gemm_bench %s: expected nothing more or --threads T (1-256)\n", argv[1]);
       return 2;
     }
-    step_tables(threads);
+    if (steps) step_tables(threads);
+    else step_products("Products reading B transposed (each shape once)", kSplitShapes, threads);
     return 0;
   }
   if (argc > 1 && std::string(argv[1]) == "--matmul-primitive") {
@@ -273,7 +290,10 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (argc > 1) {
-    std::fprintf(stderr, "gemm_bench: expected no argument, --aligned-b, --steps, --attention or --matmul-primitive, got '%s'\n", argv[1]);
+    std::fprintf(stderr,
+                 "gemm_bench: expected no argument, --aligned-b, --steps, --split, --attention or "
+                 "--matmul-primitive, got '%s'\n",
+                 argv[1]);
     return 2;
   }
   struct Size {
