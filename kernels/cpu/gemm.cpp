@@ -1,8 +1,10 @@
 // Matrix products: float32 through oneDNN's dnnl_sgemm (its own run-time ISA dispatch: AVX-512 where
 // the CPU has it, about twice Eigen's AVX2 rate there; gemm_bench), except the products that read A
 // transposed on a CPU where oneDNN runs its AVX2 code, and those whose B that code would read at
-// colliding addresses, which go to OpenBLAS (see use_openblas and plain_b_collides);
-// everything else through Eigen. The libraries read a strided 2-D view in place when its columns are
+// colliding addresses, which go to OpenBLAS (see use_openblas and plain_b_collides), and those that
+// read B transposed at 2+ threads on a CPU where it runs its AVX-512 code, which are split by hand
+// into one single-threaded call per thread ([Products split by hand]); everything else through
+// Eigen. The libraries read a strided 2-D view in place when its columns are
 // contiguous (row-major) or its rows are (a transposed view, column-major), so t() and transpose()
 // cost float32 no copy; Eigen gets row-major operands only ([One Eigen product per dtype]). Views
 // contiguous in neither dim are copied first.
@@ -214,26 +216,42 @@ bool use_openblas(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row
 }
 
 // [Products split by hand] oneDNN 2.6's AVX-512 sgemm runs a product whose B it reads transposed
-// (Linear's forward, x W^T) poorly on 2 threads, and at some shapes (128x512x784, 1024x256x1024)
-// with other bits than on one thread: another order of summation. C split into one block of rows
-// or columns per thread, each block one single-threaded call, ran as fast or faster at every such
-// shape of the training steps (Zen 4, 2 threads, GFLOP/s, oneDNN's call / split: the MLP's
-// 128x512x784 162-185 / 191-207 and 128x256x512 132-136 / 190-194; BERT-mini's 1024x256x1024
-// 163-174 / 191-205; BERT-small's 146x30522x512 135 / 194; 32x512x512 56 / 122, slower than its
-// one thread; docs/data/gemm_split_zen4_2026-12-04.txt), and each element gets the sum one thread
-// gives it (a block's k loop is one thread's): one thread's bits (gemm_test, 2 threads, split by
-// columns and by rows). Not below 2^23 multiply-adds (64x64x64 and 100x300x200 took 1.01-1.05x
-// oneDNN's own time split), not for oneDNN's AVX2 code (there the split was as often slower:
-// 128x512x784 0.97-1.05x, 128x256x512 1.00-1.05x), not for a plain B (even), not inside a parallel
-// region, and not with kOneDnn.
-constexpr int64_t kSplitAlign = 16;  // a block's columns start on a multiple of 16 floats (64 bytes)
+// (Linear's forward, x W^T) poorly on 2 threads. C split into one block of rows or columns per
+// thread, each block one single-threaded call, ran as fast or faster at every such shape of the
+// training steps (Zen 4, 2 threads, GFLOP/s, oneDNN's call / split: the MLP's 128x512x784 162-185 /
+// 191-207 and 128x256x512 132-136 / 190-194; BERT-mini's 1024x256x1024 163-174 / 191-205;
+// BERT-small's 146x30522x512 135 / 194; and 32x512x512 56 / 122, where oneDNN's 2 threads are
+// slower than its one; docs/data/gemm_split_zen4_2026-12-04.txt). At those shapes the blocks also
+// give one thread's bits, where oneDNN's own 2-thread call sums in another order (128x512x784:
+// gemm_test); not at every shape, since oneDNN picks its kernel by the block's size (128x2048x784
+// split in two differs from one thread in 222,156 of 262,144 elements). Not below 2^23
+// multiply-adds (64x64x64 and 100x300x200 took 1.01-1.05x oneDNN's own time split), no block
+// narrower than 128 columns or shorter than 16 rows (oneDNN's small-n kernels; more blocks than 2
+// were not timed: these CPUs have 2 cores), only where oneDNN runs its AVX-512 code (with its AVX2
+// code the split was as often slower: 128x512x784 0.97-1.05x, 128x256x512 1.00-1.05x), not for a
+// plain B (even), not inside a parallel region, and not with kOneDnn. Any A B^T product outside a
+// parallel region takes it: Linear's forward, conv2d_by_gemm's, attention's score products when
+// the heads are fewer than the threads.
+constexpr int64_t kSplitAlign = 16;     // a column block starts a multiple of 16 floats into C's rows
+constexpr int64_t kSplitColumns = 128;  // the narrowest column block
+constexpr int64_t kSplitRows = 16;      // the shortest row block
+
+// Whether oneDNN runs its AVX-512 code: its own answer, after onednn::configure() (called before any
+// product) applied CHORUS_CPU_CAPABILITY (avx2 and default cap it) and ONEDNN_MAX_CPU_ISA.
+bool onednn_runs_avx512() {
+  static const bool avx512 = [] {
+    onednn::configure();  // the cap first: oneDNN takes none after this query
+    return (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+  }();
+  return avx512;
+}
 
 int64_t split_parts(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row_major, bool c_row_major) {
   if (a_transposed || b_row_major || !c_row_major) return 1;
-  if (!auto_choice() || onednn_runs_avx2() || omp_in_parallel()) return 1;
+  if (!auto_choice() || omp_in_parallel() || !onednn_runs_avx512()) return 1;
   if (m * n * k < (int64_t{1} << 23)) return 1;
-  const int64_t along = n >= m ? n / kSplitAlign : m;  // blocks the split dimension allows
-  return std::min<int64_t>(num_threads(), along);
+  const int64_t blocks = n >= m ? n / kSplitColumns : m / kSplitRows;  // as many as the sizes allow
+  return std::min<int64_t>(num_threads(), blocks);
 }
 
 // Whether a transposed A may be copied row-major first, or C computed as (B^T A)^T: workarounds for
@@ -252,12 +270,13 @@ bool onednn_workarounds() { return !auto_choice() || onednn_runs_avx2(); }
 // as tall) go to OpenBLAS where oneDNN runs AVX2 code (never inside an OpenMP parallel region, nor at
 // 2+ threads with a build of OpenBLAS other than OpenMP's: [OpenBLAS's own threads]), and so
 // do the products whose plain B oneDNN would read in place at colliding addresses (plain_b_collides:
-// ldb and b_aligned say where B's rows lie); every product goes to oneDNN as it is where oneDNN runs
-// AVX-512 code; kOneDnn takes the two workarounds for oneDNN's AVX2 code on every CPU. [No header]
-// gemm_test declares these two itself: a header added to //kernels/cpu (or a change to one) is an
-// input of every compile action that depends on the library, so it would recompile the whole project
-// in every configuration (docs/build.md); move them into capability.h with the next change that has
-// to touch it.
+// ldb and b_aligned say where B's rows lie); where oneDNN runs AVX-512 code every product goes to
+// oneDNN as it is, those that read B transposed at 2+ threads split by hand (kSplitC: [Products
+// split by hand]); kOneDnn takes the two workarounds for oneDNN's AVX2 code on every CPU and never
+// splits. [No header] gemm_test and openblas_probe declare these two themselves: a header added to
+// //kernels/cpu (or a change to one) is an input of every compile action that depends on the
+// library, so it would recompile the whole project in every configuration (docs/build.md); move
+// them into capability.h with the next change that has to touch it.
 enum class GemmRoute : int { kOpenBlas, kOneDnn, kCopyA, kTransposeC, kSplitC };
 
 GemmRoute sgemm_route(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row_major, bool c_row_major,
@@ -310,6 +329,9 @@ bool sgemm(const Tensor& c, const Tensor& a_in, const Tensor& b, float alpha, fl
     const int64_t parts = split_parts(m, n, k, false, false, true);
     const SgemmOperand A = sgemm_operand(static_cast<const float*>(a_in.raw_data_ptr()), m, k, ars, acs, false);
     const SgemmOperand B = sgemm_operand(static_cast<const float*>(b.raw_data_ptr()), k, n, brs, bcs, false);
+    if (parts < 2 || A.trans != 'N' || B.trans != 'T') {
+      fail("matmul: internal error: a product {}x{}x{} routed to the split is not one it takes", m, n, k);
+    }
     auto* pc = static_cast<float*>(c.raw_data_ptr());
     const bool by_columns = n >= m;
     const int64_t extent = by_columns ? n : m;
@@ -319,7 +341,11 @@ bool sgemm(const Tensor& c, const Tensor& a_in, const Tensor& b, float alpha, fl
     };
     std::vector<dnnl_status_t> status(static_cast<size_t>(parts), dnnl_success);
     parallel_for(0, parts, 1, [&](int64_t lo, int64_t hi) {
-      for (int64_t part = lo; part < hi; ++part) {  // one part a thread; inside the region oneDNN runs 1 thread
+      // One part a thread. Inside an active region oneDNN runs one thread; in a team the runtime
+      // shrank to one thread (OMP_DYNAMIC) the region is not active, so say it (this implicit
+      // task's setting only).
+      omp_set_num_threads(1);
+      for (int64_t part = lo; part < hi; ++part) {
         const int64_t from = bound(part), count = bound(part + 1) - from;
         status[static_cast<size_t>(part)] =
             by_columns ? dnnl_sgemm('N', 'T', m, count, k, alpha, A.ptr, A.ld, B.ptr + from * B.ld, B.ld, beta,
@@ -328,12 +354,12 @@ bool sgemm(const Tensor& c, const Tensor& a_in, const Tensor& b, float alpha, fl
                                     pc + from * ldc, ldc);
       }
     });
-    // A part that failed after another wrote its block cannot fall back to Eigen (beta would apply
-    // twice); oneDNN refuses only arguments, which the whole call would have had too.
     for (dnnl_status_t st : status) {
-      if (st != dnnl_success) {
-        fail("matmul: oneDNN's sgemm refused a part of an {}x{}x{} product (status {})", m, n, k, static_cast<int>(st));
-      }
+      if (st == dnnl_success) continue;
+      // With beta 0 Eigen recomputes the whole of C; otherwise a block another part already added
+      // to would take beta twice.
+      if (beta == 0.f) return false;
+      fail("matmul: oneDNN's sgemm failed on a part of an {}x{}x{} product (status {})", m, n, k, static_cast<int>(st));
     }
     return true;
   }

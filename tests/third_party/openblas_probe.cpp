@@ -20,7 +20,7 @@
 
 // kernels/cpu/gemm.cpp defines these (gemm_test declares them the same way: [No header] there).
 namespace chorus::kernels::cpu {
-enum class GemmRoute : int { kOpenBlas, kOneDnn, kCopyA, kTransposeC };
+enum class GemmRoute : int { kOpenBlas, kOneDnn, kCopyA, kTransposeC, kSplitC };
 GemmRoute sgemm_route(int64_t m, int64_t n, int64_t k, bool a_transposed, bool b_row_major, bool c_row_major,
                       bool beta_zero, int64_t ldb, bool b_aligned);
 }  // namespace chorus::kernels::cpu
@@ -29,7 +29,8 @@ namespace {
 
 const char* route_name(chorus::kernels::cpu::GemmRoute r) {
   using R = chorus::kernels::cpu::GemmRoute;
-  return r == R::kOpenBlas ? "openblas" : r == R::kOneDnn ? "onednn" : r == R::kCopyA ? "copy_a" : "transpose_c";
+  return r == R::kOpenBlas ? "openblas" : r == R::kOneDnn ? "onednn" : r == R::kCopyA ? "copy_a"
+                            : r == R::kTransposeC ? "transpose_c" : "split_c";
 }
 
 // The name the loader gave libopenblas.so.0 (the folder it found it in, links not followed).

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cpu/capability.h"
+#include "kernels/cpu/kernels.h"
 #include "tensor/generator.h"
 #include "tensor/ops.h"
 
@@ -270,25 +271,31 @@ TEST_CASE("Transposed-A products from several threads at once give each thread t
 
 // [Products split by hand] (gemm.cpp): where oneDNN runs AVX-512 code, a product that reads B
 // transposed (Linear's forward, x W^T) at 2+ threads is split into one block of C per thread, each a
-// single-threaded dnnl_sgemm: the result is oneDNN's 1-thread call bit for bit (oneDNN's own 2-thread
-// call sums in another order at some shapes, 128x784x512 here) and within float32 rounding of the float64
-// product; uneven blocks (n = 1000), a split by rows (m > n), A read from a slice of a wider tensor,
-// and addmm's beta and alpha.
+// single-threaded dnnl_sgemm. At these shapes the result is oneDNN's 1-thread call bit for bit
+// (oneDNN's own 2-thread call sums in another order at some shapes, 128x784x512 here) and within
+// float32 rounding of the float64 product: column blocks (128x784x512), uneven ones (40x300x1000),
+// row blocks of uneven height (601x260x130), A and B read from slices of wider tensors, and C a
+// slice of a wider tensor with beta 1 (a block written twice, or a guard column touched, shows).
 TEST_CASE("Products reading B transposed are split by hand at 2 threads: one thread's bits", "[cpu][gemm]") {
   GemmGuard guard;
   manual_seed(16);
   using R = kc::GemmRoute;
-  const bool onednn_avx2 = !kc::cpu_has_avx512() || std::string(kc::requested_capability()) == "avx2";
+  // As gemm.cpp asks it: oneDNN's own answer, after CHORUS_CPU_CAPABILITY's cap.
+  const bool onednn_avx512 = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
   set_num_threads(2);
-  if (onednn_avx2) {  // no split for oneDNN's AVX2 code (it was as often slower there)
+  if (!onednn_avx512) {  // no split for oneDNN's AVX2 (or older) code: it was as often slower there
     CHECK(kc::sgemm_route(128, 512, 784, false, false, true, true, 784, true) == R::kOneDnn);
-    std::printf("CHORUS-SKIP: oneDNN runs AVX2 code here, where products are not split; only the route was checked\n");
+    std::printf("CHORUS-SKIP: oneDNN runs no AVX-512 code here, where products are not split; only the route was "
+                "checked\n");
     return;
   }
-  // The route: B transposed, A plain, C row-major, 2 threads, 2^23 multiply-adds or more.
+  // The route: B transposed, A plain, C row-major, 2 threads, 2^23 multiply-adds or more, blocks of
+  // at least 128 columns or 16 rows.
   CHECK(kc::sgemm_route(128, 512, 784, false, false, true, true, 784, true) == R::kSplitC);
   CHECK(kc::sgemm_route(146, 30522, 256, false, false, true, false, 256, true) == R::kSplitC);
   CHECK(kc::sgemm_route(100, 300, 200, false, false, true, true, 200, true) == R::kOneDnn);  // 6M: too small
+  CHECK(kc::sgemm_route(24, 16, 32768, false, false, true, true, 32768, true) == R::kOneDnn);  // 12-row blocks
+  CHECK(kc::sgemm_route(64, 200, 1024, false, false, true, true, 1024, true) == R::kOneDnn);  // 100-column blocks
   CHECK(kc::sgemm_route(128, 512, 784, false, true, true, true, 512, true) == R::kOneDnn);   // B plain
   CHECK(kc::sgemm_route(128, 512, 784, true, false, true, true, 784, true) == R::kOneDnn);   // A transposed
   CHECK(kc::sgemm_route(128, 512, 784, false, false, false, true, 784, true) == R::kOneDnn);  // C column-major
@@ -301,22 +308,21 @@ TEST_CASE("Products reading B transposed are split by hand at 2 threads: one thr
   struct Shape3 {
     int64_t m, k, n;
   };
-  // The MLP's first layer (split by columns), uneven column blocks, a split by rows (m > n).
-  const Shape3 shapes[] = {{128, 784, 512}, {40, 300, 1000}, {600, 260, 130}};
+  const Shape3 shapes[] = {{128, 784, 512}, {40, 300, 1000}, {601, 260, 130}};
   bool own_call_differs = false;
   for (const Shape3& s : shapes) {
     INFO(s.m << " x " << s.k << " x " << s.n);
-    Tensor wide = randn({s.m, s.k + 9});
-    Tensor a = wide.slice(1, 4, 4 + s.k);  // rows k + 9 floats apart
-    Tensor w = randn({s.n, s.k});
+    Tensor a = randn({s.m, s.k + 9}).slice(1, 4, 4 + s.k);  // rows k + 9 floats apart
+    Tensor w = randn({s.n, s.k + 7}).slice(1, 2, 2 + s.k);  // B^T's rows k + 7 floats apart
     Tensor bt = w.t();
+    const int64_t lda = a.stride(0), ldb = w.stride(0);
     // oneDNN's 1-thread call, made here.
     std::vector<float> one(static_cast<size_t>(s.m * s.n));
     set_num_threads(1);
-    REQUIRE(dnnl_sgemm('N', 'T', s.m, s.n, s.k, 1.0f, a.data_ptr<float>(), a.stride(0), w.data_ptr<float>(), s.k, 0.0f,
+    REQUIRE(dnnl_sgemm('N', 'T', s.m, s.n, s.k, 1.0f, a.data_ptr<float>(), lda, w.data_ptr<float>(), ldb, 0.0f,
                        one.data(), s.n) == dnnl_success);
     set_num_threads(2);
-    REQUIRE(kc::sgemm_route(s.m, s.n, s.k, false, false, true, true, s.k, true) == R::kSplitC);
+    REQUIRE(kc::sgemm_route(s.m, s.n, s.k, false, false, true, true, ldb, true) == R::kSplitC);
     const Tensor c = mm(a, bt);
     const float* p = c.data_ptr<float>();
     int64_t differ = 0;
@@ -327,6 +333,20 @@ TEST_CASE("Products reading B transposed are split by hand at 2 threads: one thr
     Tensor bias = randn({s.n});
     check_close(addmm(bias, a, bt, 0.5, 2.0), addmm(bias.to(kFloat64), a64, bt64, 0.5, 2.0), 2 * s.k,
                 "split by hand, addmm beta 0.5 alpha 2");
+    // C a slice of a wider tensor (3 guard columns before, 7 after), beta 1: against oneDNN's 1-thread
+    // call on a copy, every element of the wider tensor.
+    Tensor wide_c = randn({s.m, s.n + 10});
+    Tensor want = wide_c.clone();
+    set_num_threads(1);
+    REQUIRE(dnnl_sgemm('N', 'T', s.m, s.n, s.k, 1.0f, a.data_ptr<float>(), lda, w.data_ptr<float>(), ldb, 1.0f,
+                       want.data_ptr<float>() + 3, s.n + 10) == dnnl_success);
+    set_num_threads(2);
+    kc::gemm(wide_c.slice(1, 3, 3 + s.n), a, bt, 1.0, 1.0);
+    const float* got = wide_c.data_ptr<float>();
+    const float* expect = want.data_ptr<float>();
+    int64_t differ_wide = 0;
+    for (int64_t i = 0; i < wide_c.numel(); ++i) differ_wide += got[i] != expect[i];
+    CHECK(differ_wide == 0);
     // oneDNN's own 2-thread call, for the record: where it differs from one thread, the bit check above
     // is what tells the split from it.
     kc::set_transposed_gemm(kc::TransposedGemm::kOneDnn);
