@@ -28,6 +28,7 @@ const char* name(Point p) {
     case Point::kSimPageableCopyWaits: return "sim_pageable_copy_waits";
     case Point::kSimSharedQueues: return "sim_shared_queues";
     case Point::kSimHostFreeWaits: return "sim_host_free_waits";
+    case Point::kSimNewStreamBarrier: return "sim_new_stream_barrier";
     case Point::kCount: break;
   }
   return "?";

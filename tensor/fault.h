@@ -26,6 +26,7 @@ enum class Point : int {
   kSimPageableCopyWaits,    // sim's copy from pageable host memory waits for its stream first, as CUDA's may (sim)
   kSimSharedQueues,         // sim's streams share hardware queues, where a wait holds up later work, as a GPU's (sim)
   kSimHostFreeWaits,        // sim's host_free blocks the host until every stream has passed it, as cudaFreeHost (sim)
+  kSimNewStreamBarrier,     // a stream made after an allocation's barrier starts after the work it held back (sim)
   kCount
 };
 const char* name(Point p);

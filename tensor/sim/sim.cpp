@@ -874,18 +874,15 @@ class SimRuntime final : public DeviceRuntime {
     refuse_in_host_function("create_stream");
     check_healthy(device, "create_stream");
     const auto shared = host_call();
-    std::lock_guard<std::mutex> lock(mutex_);
-    streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get(), next_queue(device)));
-    return streams_.back().get();
+    return new_stream(device, false);
   }
   StreamHandle default_stream(int device) override {
     check_loaded("default_stream");
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (default_streams_[device] == nullptr) {
-      streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get(), next_queue(device)));
-      default_streams_[device] = streams_.back().get();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (default_streams_[device] != nullptr) return default_streams_[device];
     }
-    return default_streams_[device];
+    return new_stream(device, true);
   }
   bool query_stream(StreamHandle s) override {
     refuse_in_host_function("query_stream");
@@ -1247,21 +1244,50 @@ class SimRuntime final : public DeviceRuntime {
   void barrier_all_streams() { barrier_streams(-1); }
   // The same over one device's streams (device >= 0) or every stream (-1).
   void barrier_streams(int device) {
-    std::vector<std::pair<SimStream*, uint64_t>> tails;
+    Tails tails;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (auto& st : streams_)
         if (device < 0 || st->device() == device) tails.emplace_back(st.get(), st->submitted());
+      (device < 0 ? last_barrier_all_ : last_barrier_[device]) = tails;  // for streams made later
     }
-    for (auto& [stream, tail] : tails) {
-      SimStream* self = stream;
-      stream->submit(Task{[tails, self] {
-                            for (const auto& [other, n] : tails)
-                              if (other != self) other->wait_done(n);
-                          },
-                          {},
-                          true});
+    for (auto& [stream, tail] : tails) submit_barrier(stream, tails);
+  }
+  // A wait on `stream` for the first n tasks of each other stream in `tails` (SimStream* never dangle:
+  // sim's streams live as long as the process, as a pool's do).
+  using Tails = std::vector<std::pair<SimStream*, uint64_t>>;
+  static void submit_barrier(SimStream* stream, const Tails& tails) {
+    stream->submit(Task{[tails, stream] {
+                          for (const auto& [other, n] : tails)
+                            if (other != stream) other->wait_done(n);
+                        },
+                        {},
+                        true});
+  }
+  // [A new stream starts behind the last barrier] CUDA's rule is about commands, not streams: two
+  // commands of different streams cannot run concurrently if an allocation was issued between
+  // them. A stream made after the barrier (create_stream, or a device's default stream made on its
+  // first use) has only commands issued after it, so its first work waits, as the streams that
+  // existed then do, for what every stream of the device had been given before the last device
+  // allocation, and every stream's before the last page-locked allocation or free. Without this
+  // (sim until 2026-12-04) such a stream ran beside that work, more forgiving than a GPU: a design
+  // whose new stream's work feeds what is held before the barrier passes on sim and hangs on a GPU.
+  // fault::Point::kSimNewStreamBarrier removes it (sim_runtime_test).
+  SimStream* new_stream(int device, bool as_default) {
+    SimStream* stream;
+    Tails behind;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (as_default && default_streams_[device] != nullptr) return default_streams_[device];
+      streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get(), next_queue(device)));
+      stream = streams_.back().get();
+      if (as_default) default_streams_[device] = stream;
+      behind = last_barrier_all_;
+      const auto it = last_barrier_.find(device);
+      if (it != last_barrier_.end()) behind.insert(behind.end(), it->second.begin(), it->second.end());
     }
+    if (!behind.empty() && !fault::removed(fault::Point::kSimNewStreamBarrier)) submit_barrier(stream, behind);
+    return stream;
   }
   // The hardware queue of the device's next stream, in turn (called with mutex_ held).
   HardwareQueue* next_queue(int device) {
@@ -1303,6 +1329,8 @@ class SimRuntime final : public DeviceRuntime {
   std::vector<std::unique_ptr<SimStream>> streams_;
   std::vector<SimStream*> default_streams_;
   std::map<uintptr_t, size_t> pinned_;  // pinned host allocations: address -> bytes
+  std::map<int, Tails> last_barrier_;   // per device: each stream's tasks before its last device allocation
+  Tails last_barrier_all_;              // every stream's tasks before the last page-locked allocation or free
   int connections_ = 1;                                      // hardware queues per device (0: one per stream)
   int set_connections_ = -1;                                 // a test's count for streams made from now on (-1: none)
   std::vector<std::map<int, std::vector<std::unique_ptr<HardwareQueue>>>> hardware_;  // per device and count

@@ -775,6 +775,63 @@ TEST_CASE("sim: page-locked and device allocation order later work after all ear
 }
 
 
+TEST_CASE("sim: a stream made after an allocation starts behind the work the allocation held back, as on CUDA") {
+  // CUDA's implicit synchronization is about commands: a command issued after a device (or
+  // page-locked) allocation does not run beside one issued before it on another stream, whatever
+  // stream it goes to, a stream made after the allocation included. Stream a's kernel is held at a
+  // gate the host opens only after the allocation returned and stream c was made and given a
+  // kernel; c's kernel must see a's done.
+  DeviceRuntime& rt = sim_runtime();
+  Stream a = stream_from_pool(Device::sim(0));
+  enum class Call { kHostMalloc, kMalloc };
+  for (const Call what : {Call::kHostMalloc, Call::kMalloc}) {
+    INFO((what == Call::kHostMalloc ? "host_malloc" : "malloc"));
+    a.synchronize();
+    void* pinned = nullptr;
+    void* device_memory = nullptr;
+    std::atomic<int> gate{0}, flag{0}, seen{-1};
+    sim::launch_kernel(a.handle(), [&] {
+      while (gate.load() == 0) std::this_thread::sleep_for(1ms);
+      flag = 1;
+    }, {});
+    std::future<void> call = std::async(std::launch::async, [&] {
+      if (what == Call::kHostMalloc) pinned = rt.host_malloc(64);
+      else device_memory = rt.malloc(0, 4096);
+    });
+    REQUIRE(call.wait_for(60s) == std::future_status::ready);  // the host does not wait for a's kernel
+    call.get();
+    const StreamHandle c = rt.create_stream(0, false);
+    sim::launch_kernel(c, [&] { seen = flag.load(); }, {});
+    gate = 1;
+    rt.synchronize_stream(c);
+    CHECK(seen.load() == 1);  // c's kernel ran after a's, issued before the barrier
+    a.synchronize();
+    if (pinned != nullptr) rt.host_free(pinned);
+    if (device_memory != nullptr) rt.free(0, device_memory);
+  }
+  // The negative control: with the rule removed, c's kernel runs while a's is still held (c is
+  // synchronized before the gate opens, which with the rule in place does not return: bounded by
+  // 60 s on a helper thread, the gate opened either way).
+  fault::RemovedScope no_barrier(fault::Point::kSimNewStreamBarrier);
+  a.synchronize();
+  std::atomic<int> gate{0}, flag{0}, seen{-1};
+  sim::launch_kernel(a.handle(), [&] {
+    while (gate.load() == 0) std::this_thread::sleep_for(1ms);
+    flag = 1;
+  }, {});
+  void* device_memory = rt.malloc(0, 4096);
+  const StreamHandle c = rt.create_stream(0, false);
+  sim::launch_kernel(c, [&] { seen = flag.load(); }, {});
+  std::future<void> sync = std::async(std::launch::async, [&] { rt.synchronize_stream(c); });
+  CHECK(sync.wait_for(60s) == std::future_status::ready);
+  gate = 1;
+  sync.get();
+  CHECK(seen.load() == 0);
+  a.synchronize();
+  rt.free(0, device_memory);
+}
+
+
 // Stream memory operations (what GlooStreamCommunicator orders its staging with): write_value lands
 // after the stream's earlier work (a pinned copy included), wait_value holds later work until the
 // host stores the value; both refuse memory that is not page-locked.
