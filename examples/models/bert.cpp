@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "nn/init.h"
 #include "tensor/ops.h"
@@ -166,12 +167,25 @@ BertForPreTraining::BertForPreTraining(const BertConfig& c) : nn::Module("BertFo
   bert->embeddings->word_embeddings->weight.select(0, 0).zero_();
 }
 
+namespace {
+
+// The tied decoder: logits = t E^T + bias. Outside autocast, F::linear's addmm (the bias broadcast
+// into the logits, then += t E^T): one pass over the logits fewer than matmul then add, and no
+// second logits-sized tensor (BERT-mini's masked LM: 146 x 30522 floats, 17.8 MB). Under autocast,
+// matmul then + bias, as the libtorch and PyTorch peers (train_step_bench, tools/torch_peer.py):
+// addmm would round the bias to bfloat16 (bf16 logits where they give float32).
+Tensor decoder_logits(const Tensor& t, const Tensor& words, const Tensor& bias) {
+  if (!autocast::lower_precision({&t, &words, &bias})) return F::linear(t, words, bias);
+  return matmul(t, words.t()) + bias;
+}
+
+}  // namespace
+
 BertOutputs BertForPreTraining::forward(const Tensor& input_ids, const Tensor& token_type_ids,
                                         const Tensor& attention_mask) {
   Tensor h = bert->forward(input_ids, token_type_ids, attention_mask);
   Tensor t = transform_norm_->forward(F::gelu(transform_dense_->forward(h)));
-  // Tied decoder: logits = t @ E^T + bias.
-  Tensor logits = matmul(t, bert->embeddings->word_embeddings->weight.t()) + decoder_bias_;
+  Tensor logits = decoder_logits(t, bert->embeddings->word_embeddings->weight, decoder_bias_);
   return {logits, seq_relationship_->forward(bert->pool(h))};
 }
 
@@ -179,10 +193,7 @@ Tensor BertForPreTraining::masked_lm_logits(const Tensor& hidden, const Tensor& 
   if (hidden.dim() != 3) fail("BertForPreTraining::masked_lm_logits: expected hidden [B, T, H], got {}", hidden.sizes());
   Tensor picked = index_select(hidden.reshape({-1, hidden.size(2)}), 0, positions);
   Tensor t = transform_norm_->forward(F::gelu(transform_dense_->forward(picked)));
-  // matmul then + bias, as forward() and the pipeline head, and as the libtorch and PyTorch peers
-  // (train_step_bench, tools/torch_peer.py): F::linear's addmm would save a pass over the logits but
-  // round the bias to bfloat16 under autocast (bf16 logits where the others give float32).
-  return matmul(t, bert->embeddings->word_embeddings->weight.t()) + decoder_bias_;
+  return decoder_logits(t, bert->embeddings->word_embeddings->weight, decoder_bias_);
 }
 
 namespace {
@@ -242,7 +253,7 @@ distributed::pipeline::BlockModel BertForPreTraining::pipeline_blocks() {
                         }
                         Tensor picked = index_select(hidden.reshape({-1, hidden.size(2)}), 0, pos);
                         Tensor t = norm->forward(F::gelu(dense->forward(picked)));
-                        return TensorList{matmul(t, words->weight.t()) + bias, index_select(flat, 0, pos)};
+                        return TensorList{decoder_logits(t, words->weight, bias), index_select(flat, 0, pos)};
                       }});
   return m;
 }
