@@ -1273,20 +1273,19 @@ class SimRuntime final : public DeviceRuntime {
   // (sim until 2026-12-04) such a stream ran beside that work, more forgiving than a GPU: a design
   // whose new stream's work feeds what is held before the barrier passes on sim and hangs on a GPU.
   // fault::Point::kSimNewStreamBarrier removes it (sim_runtime_test).
+  // The wait is queued before the lock is let go: another thread's default_stream() may hand the
+  // new default stream out as soon as it is published, and its work must queue behind the wait
+  // (barrier_streams takes a stream's lock under mutex_ too; nothing takes mutex_ under one).
   SimStream* new_stream(int device, bool as_default) {
-    SimStream* stream;
-    Tails behind;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (as_default && default_streams_[device] != nullptr) return default_streams_[device];
-      streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get(), next_queue(device)));
-      stream = streams_.back().get();
-      if (as_default) default_streams_[device] = stream;
-      behind = last_barrier_all_;
-      const auto it = last_barrier_.find(device);
-      if (it != last_barrier_.end()) behind.insert(behind.end(), it->second.begin(), it->second.end());
-    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (as_default && default_streams_[device] != nullptr) return default_streams_[device];
+    streams_.push_back(std::make_unique<SimStream>(device, &memory_, health_[device].get(), next_queue(device)));
+    SimStream* stream = streams_.back().get();
+    Tails behind = last_barrier_all_;
+    const auto it = last_barrier_.find(device);
+    if (it != last_barrier_.end()) behind.insert(behind.end(), it->second.begin(), it->second.end());
     if (!behind.empty() && !fault::removed(fault::Point::kSimNewStreamBarrier)) submit_barrier(stream, behind);
+    if (as_default) default_streams_[device] = stream;
     return stream;
   }
   // The hardware queue of the device's next stream, in turn (called with mutex_ held).

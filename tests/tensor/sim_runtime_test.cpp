@@ -778,14 +778,18 @@ TEST_CASE("sim: page-locked and device allocation order later work after all ear
 TEST_CASE("sim: a stream made after an allocation starts behind the work the allocation held back, as on CUDA") {
   // CUDA's implicit synchronization is about commands: a command issued after a device (or
   // page-locked) allocation does not run beside one issued before it on another stream, whatever
-  // stream it goes to, a stream made after the allocation included. Stream a's kernel is held at a
-  // gate the host opens only after the allocation returned and stream c was made and given a
-  // kernel; c's kernel must see a's done.
+  // stream it goes to, a stream made after the allocation included. Stream a's kernel (sim:0) is
+  // held at a gate; after the allocation returned, stream c is made and given a kernel. While the
+  // gate is shut, c must not finish (a helper thread's synchronize of c has not returned after
+  // 300 ms; without the rule c's kernel runs at once); once it opens, c's kernel sees a's done. A
+  // device allocation holds back the device's streams; a page-locked one every device's, so that
+  // case makes c on sim:1.
   DeviceRuntime& rt = sim_runtime();
+  REQUIRE(rt.device_count() >= 2);
   Stream a = stream_from_pool(Device::sim(0));
   enum class Call { kHostMalloc, kMalloc };
   for (const Call what : {Call::kHostMalloc, Call::kMalloc}) {
-    INFO((what == Call::kHostMalloc ? "host_malloc" : "malloc"));
+    INFO((what == Call::kHostMalloc ? "host_malloc, c on sim:1" : "malloc, c on sim:0"));
     a.synchronize();
     void* pinned = nullptr;
     void* device_memory = nullptr;
@@ -798,12 +802,24 @@ TEST_CASE("sim: a stream made after an allocation starts behind the work the all
       if (what == Call::kHostMalloc) pinned = rt.host_malloc(64);
       else device_memory = rt.malloc(0, 4096);
     });
-    REQUIRE(call.wait_for(60s) == std::future_status::ready);  // the host does not wait for a's kernel
-    call.get();
-    const StreamHandle c = rt.create_stream(0, false);
-    sim::launch_kernel(c, [&] { seen = flag.load(); }, {});
+    const bool returned = call.wait_for(60s) == std::future_status::ready;
+    CHECK(returned);  // the host does not wait for a's kernel
+    std::future<void> sync;
+    if (returned) {
+      call.get();
+      const int device = what == Call::kHostMalloc ? 1 : 0;
+      DeviceGuard on(Device::sim(device));
+      const StreamHandle c = rt.create_stream(device, false);
+      sim::launch_kernel(c, [&] { seen = flag.load(); }, {});
+      sync = std::async(std::launch::async, [&rt, c, device] {
+        DeviceGuard there(Device::sim(device));
+        rt.synchronize_stream(c);
+      });
+      CHECK(sync.wait_for(300ms) == std::future_status::timeout);  // held behind a's kernel
+    }
     gate = 1;
-    rt.synchronize_stream(c);
+    if (sync.valid()) sync.get();
+    if (!returned) call.get();
     CHECK(seen.load() == 1);  // c's kernel ran after a's, issued before the barrier
     a.synchronize();
     if (pinned != nullptr) rt.host_free(pinned);
@@ -830,7 +846,6 @@ TEST_CASE("sim: a stream made after an allocation starts behind the work the all
   a.synchronize();
   rt.free(0, device_memory);
 }
-
 
 // Stream memory operations (what GlooStreamCommunicator orders its staging with): write_value lands
 // after the stream's earlier work (a pinned copy included), wait_value holds later work until the
