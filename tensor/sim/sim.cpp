@@ -942,25 +942,28 @@ class SimRuntime final : public DeviceRuntime {
     }
     if (kind == CopyKind::HostToDevice && !is_pinned(src)) {
       // [A pageable copy waits for its stream]. CUDA stages pageable memory through pinned buffers
-      // of its own, and "may synchronize with the stream" to do so (the runtime API's "API
-      // synchronization behavior"): the host waits until the stream has run what was queued before
-      // the copy, holding the driver lock as a copy to pageable memory does. A host that issues one
-      // while the stream waits for something the same host (or a thread that needs the driver) does
-      // later hangs on a GPU; here too, where before this rule the call returned at once. The
-      // source is read before the call returns (staged), so the caller may reuse it at once.
-      // fault::Point::kSimPageableCopyWaits removes the wait (sim_runtime_test).
+      // of its own, and a copy between device and pageable memory "might be synchronous with
+      // respect to host" (the runtime API's "API synchronization behavior"): the strictest reading,
+      // which sim takes, is that the host waits until the stream has run what was queued before the
+      // copy and the copy itself, holding the driver lock as a copy to pageable memory does. A host
+      // that issues one while the stream, or another stream on its hardware queue, waits for
+      // something the same host (or a thread that needs the driver) does later hangs on a GPU; here
+      // too. Until 2026-12-02 the call returned at once; until 2026-12-04 it waited for the
+      // stream's earlier work only, so a copy held behind another stream's wait on the shared
+      // queue returned (a read-only audit found it). The source is read before the call returns
+      // (staged). fault::Point::kSimPageableCopyWaits removes the wait (sim_runtime_test).
       std::optional<ExclusiveDriver> exclusive;
       std::shared_lock<std::shared_mutex> shared;
-      if (fault::removed(fault::Point::kSimPageableCopyWaits)) {
-        shared = host_call();
-      } else {
-        exclusive.emplace(driver_lock_);
-        as_stream(s)->synchronize();
-        check_healthy(as_stream(s)->device(), "memcpy_async (a copy from pageable host memory, which waits for its stream)");
-      }
+      const bool waits = !fault::removed(fault::Point::kSimPageableCopyWaits);
+      if (waits) exclusive.emplace(driver_lock_);
+      else shared = host_call();
       auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                         static_cast<const char*>(src) + nbytes);
       as_stream(s)->submit(Task{[=] { std::memcpy(dst, staged->data(), nbytes); }, {dst}});
+      if (waits) {
+        as_stream(s)->synchronize();
+        check_healthy(as_stream(s)->device(), "memcpy_async (a copy from pageable host memory, which waits for it)");
+      }
       return;
     }
     const auto shared = host_call();

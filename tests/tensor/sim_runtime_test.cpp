@@ -639,6 +639,54 @@ TEST_CASE("sim: a copy from pageable host memory waits for its stream's earlier 
   rt.free(1, dst);
 }
 
+// The same rule, across streams: the pageable copy waits for itself, so one on an idle stream that
+// shares a hardware queue with another stream's wait does not return until the wait ends (as a
+// synchronous copy behind a GPU's shared queue); on a queue of its own it returns. Before
+// 2026-12-04 sim waited only for the copy's own stream's earlier work, so it returned at once.
+TEST_CASE("sim: a copy from pageable host memory waits for the copy itself, behind another stream's wait on its queue") {
+  DeviceRuntime& rt = sim_runtime();
+  const Device dev = Device::sim(1);
+  const DeviceGuard current(dev);
+  auto* word = static_cast<uint32_t*>(rt.host_malloc(64));
+  void* dst = rt.malloc(1, 256);
+  REQUIRE(dst != nullptr);
+  // Streams a and b made with k queues; a waits for the word; another thread copies 64 floats of
+  // `value` from pageable memory to dst on b. Whether that call returned within `patience` with the
+  // word still 0; then the word is stored, and the copy must have landed.
+  auto copy_returned_during_wait = [&](int k, float value, std::chrono::milliseconds patience) {
+    const ConnectionsScope scope(k);
+    const Stream a(dev, rt.create_stream(1, false)), b(dev, rt.create_stream(1, false));
+    std::atomic_ref<uint32_t>(*word).store(0);
+    rt.stream_wait_value(a.handle(), word, 1);
+    const std::vector<float> pageable(64, value);
+    std::atomic<bool> returned{false};
+    std::thread caller([&] {
+      const DeviceGuard on_thread(dev);
+      rt.memcpy_async(dst, pageable.data(), 256, CopyKind::HostToDevice, b.handle());
+      returned = true;
+    });
+    const auto until = std::chrono::steady_clock::now() + patience;
+    while (!returned && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    const bool early = returned.load();
+    std::atomic_ref<uint32_t>(*word).store(1, std::memory_order_release);
+    caller.join();
+    a.synchronize();
+    b.synchronize();
+    std::vector<float> back(64);
+    rt.memcpy_async(back.data(), dst, 256, CopyKind::DeviceToHost, b.handle());
+    CHECK(back == std::vector<float>(64, value));
+    return early;
+  };
+  CHECK_FALSE(copy_returned_during_wait(1, 4.0f, 300ms));  // one queue: held behind a's wait
+  CHECK(copy_returned_during_wait(2, 5.0f, 20s));          // a queue of its own
+  {
+    fault::RemovedScope at_once(fault::Point::kSimPageableCopyWaits);
+    CHECK(copy_returned_during_wait(1, 6.0f, 20s));
+  }
+  rt.free(1, dst);
+  rt.host_free(word);
+}
+
 // [A host function reads no device memory] (tensor/sim/sim.cpp): a CUDA host function runs on a
 // CPU thread and cannot read device memory, so sim refuses a host task that names some, live or
 // freed, and runs none of it; host memory may be named. Before 2026-12-04 sim opened the named
