@@ -66,6 +66,15 @@ bool host_read_crashes(const unsigned char* p) {
   return WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV;
 }
 
+// A kernel on `stream` that waits until the host sets `gate`, then sets `flag` (the held work of
+// the ordering tests).
+void launch_gated(StreamHandle stream, const std::atomic<int>& gate, std::atomic<int>& flag) {
+  sim::launch_kernel(stream, [&gate, &flag] {
+    while (gate.load() == 0) std::this_thread::sleep_for(1ms);
+    flag = 1;
+  }, {});
+}
+
 // Whether `call`, made on a thread of its own with `device` current, returned within `patience`
 // while a kernel queued before it on `held` was held (the kernel is released and `held`
 // synchronized before this returns).
@@ -782,10 +791,7 @@ TEST_CASE("sim: page-locked and device allocation order later work after all ear
     a.synchronize();
     b.synchronize();
     std::atomic<int> gate{0}, flag{0}, seen{-1};
-    sim::launch_kernel(a.handle(), [&] {
-      while (gate.load() == 0) std::this_thread::sleep_for(1ms);
-      flag = 1;
-    }, {});
+    launch_gated(a.handle(), gate, flag);
     std::future<void> call = std::async(std::launch::async, [&] {
       if (what == Call::kHostMalloc) pinned = rt.host_malloc(64);
       else device_memory = rt.malloc(0, 4096);
@@ -808,10 +814,7 @@ TEST_CASE("sim: page-locked and device allocation order later work after all ear
     INFO((allocate ? "malloc with sim_malloc_barrier removed" : "no call between"));
     fault::RemovedScope no_barrier(fault::Point::kSimMallocBarrier);
     std::atomic<int> gate{0}, flag{0}, seen{-1};
-    sim::launch_kernel(a.handle(), [&] {
-      while (gate.load() == 0) std::this_thread::sleep_for(1ms);
-      flag = 1;
-    }, {});
+    launch_gated(a.handle(), gate, flag);
     void* device_memory = allocate ? rt.malloc(0, 4096) : nullptr;
     sim::launch_kernel(b.handle(), [&] { seen = flag.load(); }, {});
     b.synchronize();
@@ -842,10 +845,7 @@ TEST_CASE("sim: a stream made after an allocation starts behind the work the all
     void* pinned = nullptr;
     void* device_memory = nullptr;
     std::atomic<int> gate{0}, flag{0}, seen{-1};
-    sim::launch_kernel(a.handle(), [&] {
-      while (gate.load() == 0) std::this_thread::sleep_for(1ms);
-      flag = 1;
-    }, {});
+    launch_gated(a.handle(), gate, flag);
     std::future<void> call = std::async(std::launch::async, [&] {
       if (what == Call::kHostMalloc) pinned = rt.host_malloc(64);
       else device_memory = rt.malloc(0, 4096);
@@ -879,10 +879,7 @@ TEST_CASE("sim: a stream made after an allocation starts behind the work the all
   fault::RemovedScope no_barrier(fault::Point::kSimNewStreamBarrier);
   a.synchronize();
   std::atomic<int> gate{0}, flag{0}, seen{-1};
-  sim::launch_kernel(a.handle(), [&] {
-    while (gate.load() == 0) std::this_thread::sleep_for(1ms);
-    flag = 1;
-  }, {});
+  launch_gated(a.handle(), gate, flag);
   void* device_memory = rt.malloc(0, 4096);
   const StreamHandle c = rt.create_stream(0, false);
   sim::launch_kernel(c, [&] { seen = flag.load(); }, {});
