@@ -29,6 +29,7 @@ const char* name(Point p) {
     case Point::kSimSharedQueues: return "sim_shared_queues";
     case Point::kSimHostFreeWaits: return "sim_host_free_waits";
     case Point::kSimNewStreamBarrier: return "sim_new_stream_barrier";
+    case Point::kSimFreeHoldsDriver: return "sim_free_holds_driver";
     case Point::kCount: break;
   }
   return "?";

@@ -27,6 +27,7 @@ enum class Point : int {
   kSimSharedQueues,         // sim's streams share hardware queues, where a wait holds up later work, as a GPU's (sim)
   kSimHostFreeWaits,        // sim's host_free blocks the host until every stream has passed it, as cudaFreeHost (sim)
   kSimNewStreamBarrier,     // a stream made after an allocation's barrier starts after the work it held back (sim)
+  kSimFreeHoldsDriver,      // sim's free and host_free hold the driver lock while they wait, as cuMemFree's writer lock (sim)
   kCount
 };
 const char* name(Point p);

@@ -554,8 +554,19 @@ class SimStream {
 
 thread_local bool t_in_host_function = false;
 std::atomic<int> g_driver_lock_holders{0};  // threads holding the driver lock exclusively (driver_lock_held)
+std::atomic<int> g_frees_waiting{0};        // threads waiting for the device in free or host_free (frees_waiting)
 
-// The driver lock held exclusively by a blocking copy (when the lock is on), counted for tests.
+// While a free or host_free waits for the device (counted for tests).
+class FreeWaiting {
+ public:
+  FreeWaiting() { g_frees_waiting.fetch_add(1); }
+  ~FreeWaiting() { g_frees_waiting.fetch_sub(1); }
+  FreeWaiting(const FreeWaiting&) = delete;
+  FreeWaiting& operator=(const FreeWaiting&) = delete;
+};
+
+// The driver lock held exclusively by a blocking copy, free or host_free (when the lock is on),
+// counted for tests.
 class ExclusiveDriver {
  public:
   explicit ExclusiveDriver(std::shared_mutex& m) : lock_(m, std::defer_lock) {
@@ -771,6 +782,21 @@ class SimRuntime final : public DeviceRuntime {
     if (p != nullptr && !fault::removed(fault::Point::kSimMallocBarrier)) barrier_streams(device);
     return p;
   }
+  // [free holds the driver] While free and host_free wait for the device they hold the driver lock
+  // exclusively, as a blocking copy does (driver_lock_), so every other host thread's device call
+  // waits until the device has drained. CUDA does not document it, but it is what is seen: a live
+  // capture of a hang (lupinemachines/lupine PR #679, 2026) shows cuMemcpyHtoDAsync blocked acquiring
+  // libcuda's internal rwlock while another thread's cuMemFree was on its writer, context-quiescence
+  // path, and the GPU could not drain because a queued stream wait needed a host thread that never
+  // got past that copy; PyTorch held a mutex around cudaFree for years because NCCL deadlocked when
+  // cudaFree came while one thread launched a collective's kernels on several devices (pytorch PR
+  // #880, issue #50925): the later launches waited behind the free. So host work the device waits
+  // for must make no device call at all while any thread may free, which chorus's designs already
+  // keep (NoDeviceCallsGuard on the Gloo lane worker; host functions may make none). Until
+  // 2026-12-04 both waited holding the lock shared, so other threads' calls went on (more
+  // forgiving than CUDA; a read-only audit found it). fault::Point::kSimFreeHoldsDriver removes the
+  // hold and leaves the wait (sim_runtime_test).
+  //
   // As cudaFree, which synchronizes the device first: the host waits until every stream of the
   // device has run the work queued on it so far (which holds raw pointers, as CUDA kernels do), then
   // the segment is unmapped. The caching allocator calls this under its lock (as PyTorch's calls
@@ -782,14 +808,19 @@ class SimRuntime final : public DeviceRuntime {
   void free(int device, void* ptr) override {
     refuse_in_host_function("free");
     check_healthy(device, "free");  // cudaFree returns a sticky error (the cuda backend throws it)
-    const auto shared = host_call();
+    const bool waits = !fault::removed(fault::Point::kSimFreeWaits);
+    std::optional<ExclusiveDriver> exclusive;  // [free holds the driver]
+    std::shared_lock<std::shared_mutex> shared;
+    if (waits && !fault::removed(fault::Point::kSimFreeHoldsDriver)) exclusive.emplace(driver_lock_);
+    else shared = host_call();
     memory_.retire(device, ptr);
     const std::vector<SimStream*> streams = streams_of(device);
     if (streams.empty()) {
       memory_.unmap(ptr);
       return;
     }
-    if (!fault::removed(fault::Point::kSimFreeWaits)) {
+    if (waits) {
+      const FreeWaiting waiting;
       for (SimStream* s : streams) s->synchronize();
       memory_.unmap(ptr);
       return;
@@ -845,7 +876,11 @@ class SimRuntime final : public DeviceRuntime {
   void host_free(void* ptr) override {
     refuse_in_host_function("host_free");
     check_healthy(t_current_device, "host_free");
-    const auto shared = host_call();
+    const bool waits = !fault::removed(fault::Point::kSimHostFreeWaits);
+    std::optional<ExclusiveDriver> exclusive;  // [free holds the driver]
+    std::shared_lock<std::shared_mutex> shared;
+    if (waits && !fault::removed(fault::Point::kSimFreeHoldsDriver)) exclusive.emplace(driver_lock_);
+    else shared = host_call();
     {
       // Forgotten first, as free retires its segment first: a copy another thread queues on the
       // block during the wait is not one from page-locked memory any more.
@@ -853,7 +888,8 @@ class SimRuntime final : public DeviceRuntime {
       pinned_.erase(reinterpret_cast<uintptr_t>(ptr));
     }
     barrier_all_streams();
-    if (!fault::removed(fault::Point::kSimHostFreeWaits)) {
+    if (waits) {
+      const FreeWaiting waiting;
       for (SimStream* s : streams_of(-1)) s->synchronize();
     }
     std::free(ptr);
@@ -1359,6 +1395,7 @@ void set_delay_us(uint32_t max_delay_us) { g_delay_us.store(max_delay_us); }
 void set_driver_lock(bool on) { g_driver_lock.store(on); }
 bool driver_lock() { return g_driver_lock.load(); }
 bool driver_lock_held() { return g_driver_lock_holders.load() > 0; }
+bool frees_waiting() { return g_frees_waiting.load() > 0; }
 void set_connections(int k) { runtime().set_connections(k); }
 uint32_t delay_us() { return g_delay_us.load(); }
 void set_memory_capacity(int device, size_t bytes) { runtime().set_capacity(device, bytes); }

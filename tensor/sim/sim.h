@@ -40,7 +40,8 @@
 //   returns, as CUDA's may to stage it ([A pageable copy waits for its stream], sim.cpp); the
 //   source is read by then. A copy from page-locked memory (host_malloc) returns at once.
 // - The driver lock (on unless CHORUS_SIM_DRIVER_LOCK=0; set_driver_lock): as CUDA's driver, a copy
-//   to or from pageable host memory holds a lock while it waits for its stream, and the device calls
+//   to or from pageable host memory holds a lock while it waits for its stream, and so do free and
+//   host_free while they wait for the device ([free holds the driver], sim.cpp); the device calls
 //   of the process's other host threads (copies, launches, event records and waits, synchronizations
 //   on entry, event and stream creation, stream memory operations, allocations, pinned allocation)
 //   wait for it. Host work that device work waits for must then make no device call (the Gloo
@@ -92,8 +93,12 @@ DeviceRuntime& device_runtime();
 // The driver lock above, on or off (default on; CHORUS_SIM_DRIVER_LOCK=0 turns it off).
 void set_driver_lock(bool on);
 bool driver_lock();
-// Whether a blocking copy holds the driver lock now (for tests that need a call to meet it).
+// Whether a blocking copy, free or host_free holds the driver lock now (for tests that need a call
+// to meet it).
 bool driver_lock_held();
+// Whether a free or host_free is waiting for the device now (for tests; whether it holds the lock
+// or not).
+bool frees_waiting();
 // The hardware queues per device for streams made from now on ([Shared hardware queues], sim.cpp):
 // k >= 1 queues shared in turn, 0 a queue of its own for each stream, kDefaultConnections back to
 // the process's count (CHORUS_SIM_CONNECTIONS). Earlier streams keep theirs.

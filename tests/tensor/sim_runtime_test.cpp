@@ -18,6 +18,7 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -50,6 +51,20 @@ struct ConnectionsScope {
   explicit ConnectionsScope(int k) { sim::set_connections(k); }
   ~ConnectionsScope() { sim::set_connections(sim::kDefaultConnections); }
 };
+
+// Turns sim's driver lock on for a scope (it is on by default; CHORUS_SIM_DRIVER_LOCK=0 turns it off).
+struct DriverLockOn {
+  bool previous = sim::driver_lock();
+  DriverLockOn() { sim::set_driver_lock(true); }
+  ~DriverLockOn() { sim::set_driver_lock(previous); }
+};
+
+// Waits (at most 20 s) until `condition` holds; whether it does.
+bool eventually(const std::function<bool()>& condition) {
+  const auto patience = std::chrono::steady_clock::now() + 20s;
+  while (!condition() && std::chrono::steady_clock::now() < patience) std::this_thread::sleep_for(1ms);
+  return condition();
+}
 
 // Reads one byte at `p` in a child process; true when the child died of SIGSEGV.
 bool host_read_crashes(const unsigned char* p) {
@@ -936,11 +951,7 @@ TEST_CASE("sim: stream_write_value follows earlier work, stream_wait_value holds
 // thread the device waits for could make them on sim and hang on a GPU. (Event queries and memory
 // info do not take it: tensor/sim/sim.h.)
 TEST_CASE("sim: a blocking copy to or from pageable memory holds other threads' device calls") {
-  struct LockScope {
-    bool previous = sim::driver_lock();
-    LockScope() { sim::set_driver_lock(true); }
-    ~LockScope() { sim::set_driver_lock(previous); }
-  } lock_on;
+  const DriverLockOn lock_on;
   DeviceRuntime& rt = sim_runtime();
   Stream s = stream_from_pool(Device::sim(0)), other = stream_from_pool(Device::sim(0));
   auto* words = static_cast<uint32_t*>(rt.host_malloc(64));
@@ -994,6 +1005,80 @@ TEST_CASE("sim: a blocking copy to or from pageable memory holds other threads' 
     }
   }
   rt.free(0, buf);
+  rt.host_free(words);
+}
+
+// [free holds the driver] (tensor/sim/sim.cpp): while free or host_free waits for the device, other
+// host threads' device calls wait too, as behind the writer side of libcuda's internal lock that
+// cuMemFree takes (a live capture of a hang, lupinemachines/lupine PR #679). Here the free waits for
+// a stream held on a page-locked word; each call, made on another thread, must not return until
+// the word is stored. Removed (sim until 2026-12-04: the wait held the lock shared), each call
+// returns while the free still waits.
+TEST_CASE("sim: free and host_free hold other threads' device calls while they wait; removed, the calls go on") {
+  const DriverLockOn lock_on;
+  DeviceRuntime& rt = sim_runtime();
+  const DeviceGuard zero(Device::sim(0));
+  Stream s = stream_from_pool(Device::sim(0)), other = stream_from_pool(Device::sim(0));
+  auto* words = static_cast<uint32_t*>(rt.host_malloc(64));
+  std::vector<void*> allocated;  // by the malloc call, freed at the end
+  std::mutex allocated_mutex;
+  const std::vector<std::pair<const char*, std::function<void()>>> calls{
+      {"record_event", [&] { Event e; e.record(other); }},
+      {"query_stream", [&] { (void)rt.query_stream(other.handle()); }},
+      {"create_event", [&] { rt.destroy_event(rt.create_event(0, false)); }},
+      {"create_stream", [&] { (void)rt.create_stream(0, false); }},
+      {"a kernel launch", [&] { sim::launch_kernel(other.handle(), [] {}, {}); }},
+      {"malloc", [&] {
+         void* p = rt.malloc(1, 64);
+         const std::lock_guard<std::mutex> lock(allocated_mutex);
+         allocated.push_back(p);
+       }},
+  };
+  for (const bool host : {false, true}) {
+    for (const bool removed : {false, true}) {
+      for (const auto& entry : calls) {  // (clang 14 cannot capture a structured binding)
+        const std::function<void()>& call = entry.second;
+        INFO((host ? "host_free" : "free") << (removed ? ", the hold removed, " : " holds ") << entry.first);
+        std::optional<fault::RemovedScope> without;
+        if (removed) without.emplace(fault::Point::kSimFreeHoldsDriver);
+        void* block = host ? rt.host_malloc(64) : rt.malloc(0, 4096);
+        words[0] = 0;
+        rt.stream_wait_value(s.handle(), &words[0], 1);
+        std::atomic<bool> freed{false}, returned{false};
+        std::thread freer([&] {
+          const DeviceGuard on_thread(Device::sim(0));
+          if (host) rt.host_free(block);
+          else rt.free(0, block);
+          freed = true;
+        });
+        const bool waiting = eventually([] { return sim::frees_waiting(); });
+        CHECK(waiting);
+        CHECK(sim::driver_lock_held() == (waiting && !removed));
+        std::thread caller;
+        if (waiting) {
+          caller = std::thread([&] {
+            call();
+            returned = true;
+          });
+          if (removed) {
+            CHECK(eventually([&] { return returned.load(); }));
+          } else {
+            std::this_thread::sleep_for(30ms);
+            CHECK_FALSE(returned.load());
+          }
+          CHECK_FALSE(freed.load());  // the free still waits for s
+        }
+        std::atomic_ref<uint32_t>(words[0]).store(1, std::memory_order_release);
+        freer.join();
+        if (caller.joinable()) caller.join();
+        CHECK(freed.load());
+        CHECK(returned.load() == waiting);
+        s.synchronize();
+        other.synchronize();
+      }
+    }
+  }
+  for (void* p : allocated) rt.free(1, p);
   rt.host_free(words);
 }
 
