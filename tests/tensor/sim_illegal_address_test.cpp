@@ -50,6 +50,17 @@ std::thread free_while_streams_busy(DeviceRuntime& rt, int device, void* ptr) {
   return freer;
 }
 
+// Turns sim's driver lock off for a scope. The cases below that launch on a device while another
+// thread's free of its memory waits need it off: with it on (the default), the launch waits for the
+// free to return ([free holds the driver], tensor/sim/sim.cpp), as behind cuMemFree on a GPU, so the
+// window in which a retired but still mapped segment could be named is closed; the rule they check
+// still holds for CHORUS_SIM_DRIVER_LOCK=0.
+struct DriverLockOff {
+  bool previous = sim::driver_lock();
+  DriverLockOff() { sim::set_driver_lock(false); }
+  ~DriverLockOff() { sim::set_driver_lock(previous); }
+};
+
 }  // namespace
 
 TEST_CASE("sim: a kernel naming another device's memory fails its device, as a GPU kernel without peer access faults") {
@@ -109,7 +120,10 @@ TEST_CASE("sim: a kernel naming memory freed before its launch fails its device;
 
   // Launched by another thread after the free was called, while free still waits for the stream
   // (the segment is still mapped): refused, as on a GPU, where the memory is no longer the
-  // program's once cudaFree has begun.
+  // program's once cudaFree has begun (the driver lock off: DriverLockOff; with it on, the launch
+  // would wait for the free, and the free for the held kernel that is released after the launch: a
+  // hang, as on a GPU).
+  const DriverLockOff lock_off;
   const Device dev = Device::sim(3);
   const DeviceGuard current(dev);
   Stream s = current_stream(dev);
@@ -256,7 +270,9 @@ TEST_CASE("sim: an op on a from_blob tensor over device memory freed under it fa
   Stream s = current_stream(dev);
   CHECK(sync_error(s).empty());
   // The user's memory goes (the tensor does not own it; another thread frees it) while earlier work
-  // still holds the stream, so the segment is freed but not yet unmapped when the op launches.
+  // still holds the stream, so the segment is freed but not yet unmapped when the op launches
+  // (the driver lock off: DriverLockOff).
+  const DriverLockOff lock_off;
   std::atomic<bool> release{false};
   sim::launch_kernel(s.handle(), [&] { while (!release) std::this_thread::sleep_for(1ms); }, {});
   std::thread freer = free_while_streams_busy(rt, 5, seg);
