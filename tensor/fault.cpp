@@ -30,6 +30,7 @@ const char* name(Point p) {
     case Point::kSimHostFreeWaits: return "sim_host_free_waits";
     case Point::kSimNewStreamBarrier: return "sim_new_stream_barrier";
     case Point::kSimFreeHoldsDriver: return "sim_free_holds_driver";
+    case Point::kSimFailedEventWait: return "sim_failed_event_wait";
     case Point::kCount: break;
   }
   return "?";

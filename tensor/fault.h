@@ -28,6 +28,7 @@ enum class Point : int {
   kSimHostFreeWaits,        // sim's host_free blocks the host until every stream has passed it, as cudaFreeHost (sim)
   kSimNewStreamBarrier,     // a stream made after an allocation's barrier starts after the work it held back (sim)
   kSimFreeHoldsDriver,      // sim's free and host_free hold the driver lock while they wait, as cuMemFree's writer lock (sim)
+  kSimFailedEventWait,      // a wait for an event recorded on a failed device fails the waiting device too (sim)
   kCount
 };
 const char* name(Point p);

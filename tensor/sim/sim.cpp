@@ -250,6 +250,19 @@ class Memory {
 
 // ---- Events ------------------------------------------------------------------------------------
 
+// [A wait passes a device's failure on] An event record on a device that has failed (a sticky error,
+// below) still completes on sim, so that a host synchronization returns the error instead of
+// hanging; a GPU's record in a faulted context does not complete normally (CUDA: after such an error
+// "any further CUDA work will return the same error"). So a stream of another device that waits for
+// such a record fails its own device with an error naming the first one, and drops what follows the
+// wait, instead of running it on stale or poisoned data: `y.to(sim:1)` after a fault on sim:0
+// (autograd's copy_across_devices: the destination stream waits for the source stream's event, then
+// copies) raises the fault at sim:1's next synchronization. Until 2026-12-04 the wait passed and
+// the copy delivered the source's poisoned memory with no error (a read-only audit found it). A
+// record that ran before its device failed passes as before. Devices that never wait for the
+// failed one go on (CUDA's documentation reads as process-wide; a GPU's other contexts are not
+// modelled as failing). fault::Point::kSimFailedEventWait removes it (sim_fault_test).
+
 // CUDA's semantics: a wait captures the generation of the latest record at the call and completes
 // when that record's stream has reached it, whatever happens to later records of the same event on
 // other streams (generations recorded on different streams complete in any order, so completion is
@@ -264,11 +277,16 @@ struct SimEvent {
   std::set<uint64_t> done_beyond;    // completed generations > done_prefix (out of order)
   uint64_t when_generation = 0;      // the latest completed generation, and when it completed
   Clock::time_point when;
+  // Generations whose record ran after its device had failed, with the device's first error
+  // ([A wait passes a device's failure on]).
+  std::map<uint64_t, std::string> failed;
 
   bool done(uint64_t generation) const { return generation <= done_prefix || done_beyond.count(generation) != 0; }
-  void complete(uint64_t generation) {
+  // `device_failure`: the recording device's first error, when it had failed by the time the record ran.
+  void complete(uint64_t generation, std::optional<std::string> device_failure = std::nullopt) {
     {
       std::lock_guard<std::mutex> lock(mutex);
+      if (device_failure) failed.emplace(generation, std::move(*device_failure));
       done_beyond.insert(generation);
       while (!done_beyond.empty() && *done_beyond.begin() == done_prefix + 1) {
         done_beyond.erase(done_beyond.begin());
@@ -284,6 +302,13 @@ struct SimEvent {
   void wait_for(uint64_t generation) {
     std::unique_lock<std::mutex> lock(mutex);
     cv.wait(lock, [&] { return done(generation); });
+  }
+  // After wait_for: the first error of the recording device if the record ran after it failed.
+  std::optional<std::string> failure(uint64_t generation) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = failed.find(generation);
+    if (it == failed.end()) return std::nullopt;
+    return it->second;
   }
 };
 
@@ -1140,7 +1165,14 @@ class SimRuntime final : public DeviceRuntime {
     // does not).
     std::lock_guard<std::mutex> lock(ev->mutex);
     const uint64_t generation = ++ev->recorded;
-    as_stream(s)->submit(Task{[ev, generation] { ev->complete(generation); }, {}, true});
+    DeviceHealth* health = health_[ev->device].get();
+    as_stream(s)->submit(Task{[ev, generation, health] {
+                                std::optional<std::string> failure;
+                                if (health->failed.load(std::memory_order_acquire)) failure = health->reason();
+                                ev->complete(generation, std::move(failure));
+                              },
+                              {},
+                              true});
   }
   void stream_wait_event(StreamHandle s, EventHandle e) override {
     refuse_in_host_function("stream_wait_event");
@@ -1153,7 +1185,19 @@ class SimRuntime final : public DeviceRuntime {
       generation = ev->recorded;  // captured now: a later record() does not move this wait
     }
     if (generation == 0) return;
-    Task task{[ev, generation] { ev->wait_for(generation); }, {}, true};
+    const int waiter = as_stream(s)->device();
+    Task task{[ev, generation, waiter] {
+                ev->wait_for(generation);
+                // [A wait passes a device's failure on]
+                if (ev->device == waiter || fault::removed(fault::Point::kSimFailedEventWait)) return;
+                if (const std::optional<std::string> why = ev->failure(generation)) {
+                  fail("sim: a wait on sim:{} for an event recorded on sim:{} after that device had failed ({}): on a "
+                       "GPU such a wait never ends or fails, so nothing after it may run on sim:{}",
+                       waiter, ev->device, *why, waiter);
+                }
+              },
+              {},
+              true};
     task.blocks_queue = true;
     as_stream(s)->submit(std::move(task));
   }

@@ -65,7 +65,8 @@
 //   failed; from then on every call on that device throws a chorus::Error naming the call and the
 //   first error, and the device's streams drop their queued kernels, copies and host functions
 //   (event records and waits still complete, so a host synchronization returns the error instead
-//   of hanging): free, create_stream, total_memory, set_device to it from another device, and
+//   of hanging; a stream of another device that waits for a record made after the failure fails
+//   its own device, naming the first error: [A wait passes a device's failure on], sim.cpp): free, create_stream, total_memory, set_device to it from another device, and
 //   host_malloc/host_free while it is current fail too, as their CUDA calls return the error.
 //   destroy_event still works (it runs in destructors; cudaEventDestroy's error is ignored). The
 //   caching allocator's free in a tensor destructor does not throw: the event records it makes for a

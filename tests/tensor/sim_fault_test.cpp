@@ -2,14 +2,18 @@
 // (fault::fail_next_stream_task, tensor/test_faults.h) fails its device for good, as a CUDA kernel
 // fault does: the host's next synchronization raises it, every later call on the device raises
 // it, the device's queued work never runs, nothing hangs, frees in destructors do not throw, and
-// the process's other device goes on. A process of its own (a failed device stays failed).
+// the process's other devices go on unless they wait for the failed one. A process of its own (a
+// failed device stays failed).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "tensor/caching_allocator.h"
 #include "tensor/error.h"
@@ -172,4 +176,79 @@ TEST_CASE("a stream task that allocates device memory fails its device, naming t
   }
   CHECK(allocated.load());
   CHECK_FALSE(sim::device_error(0).has_value());
+}
+
+// [A wait passes a device's failure on] (tensor/sim/sim.cpp): a tensor copied to another device
+// (autograd's copy_across_devices: the destination's stream waits for an event recorded on the
+// source's stream, then copies) after the kernel that made it faulted the source device. The event
+// record runs after the fault on the source's stream, so the destination's wait fails its device
+// too and the copy raises the fault instead of delivering the source's never-written memory. Removed
+// (sim until 2026-12-04), the copy returned that memory with no error.
+TEST_CASE("a copy from a device that failed before the copy's event fails the destination too; removed, it delivers unwritten memory") {
+  // Returns the copy's error ("" if it returned), and the values it returned.
+  const auto copy_after_fault = [](const Device from, const Device to, bool armed, std::vector<float>& values) {
+    DeviceRuntime& rt = runtime_for(from, "sim_fault_test");
+    auto* word = static_cast<uint32_t*>(rt.host_malloc(64));  // with sim:0 current (it stays healthy)
+    word[0] = 0;
+    std::string message;
+    {
+      const DeviceGuard current(from);
+      Tensor x = ones({256}, {.device = from});
+      const Stream held = current_stream(from), waiting = current_stream(to);
+      held.synchronize();
+      // The source's stream is held until the destination's stream waits for the copy's event, so
+      // that the fault comes after the event's record was issued (as behind a slow kernel on a GPU;
+      // a fault seen first would make the record call itself raise it).
+      rt.stream_wait_value(held.handle(), word, 1);
+      if (armed) fault::fail_next_stream_task(held);
+      Tensor y = x * 2.0;  // armed: this kernel fails `from`
+      std::thread release([&] {
+        const DeviceGuard on_to(to);  // a query of `to`'s default stream is made from `to`
+        const auto patience = std::chrono::steady_clock::now() + 20s;
+        while (rt.query_stream(waiting.handle()) && std::chrono::steady_clock::now() < patience) {
+          std::this_thread::sleep_for(1ms);
+        }
+        std::atomic_ref<uint32_t>(word[0]).store(1, std::memory_order_release);
+      });
+      try {
+        Tensor z = y.to(to).to(kCPU);
+        values.assign(z.data_ptr<float>(), z.data_ptr<float>() + z.numel());
+      } catch (const Error& e) {
+        message = e.what();
+      }
+      release.join();
+    }
+    rt.host_free(word);
+    return message;
+  };
+  std::vector<float> values;
+  // Unarmed first, on the devices the rule's case uses: the copy is right.
+  CHECK(copy_after_fault(Device::sim(3), Device::sim(4), false, values).empty());
+  CHECK(values == std::vector<float>(256, 2.0f));
+
+  values.clear();
+  const std::string message = copy_after_fault(Device::sim(3), Device::sim(4), true, values);
+  INFO(message);
+  CHECK_THAT(message, Catch::Contains("on sim:4 failed") && Catch::Contains("a wait on sim:4 for an event recorded on sim:3") &&
+                          Catch::Contains("injected stream failure"));
+  CHECK(values.empty());
+  REQUIRE(sim::device_error(4).has_value());
+  CHECK_THAT(*sim::device_error(4), Catch::Contains("injected"));
+  CHECK_THROWS_WITH(ones({4}, {.device = Device::sim(4)}).to(kCPU), Catch::Contains("on sim:4 failed"));  // sticky
+  CHECK_FALSE(sim::device_error(0).has_value());  // a device that waited for neither goes on
+
+  // The negative control, on two other devices: without the rule the copy returns, and what it
+  // returns is not y's values (the kernel that would have written them never ran).
+  values.clear();
+  std::string removed_message;
+  {
+    fault::RemovedScope without(fault::Point::kSimFailedEventWait);
+    removed_message = copy_after_fault(Device::sim(5), Device::sim(6), true, values);
+  }
+  INFO(removed_message);
+  CHECK(removed_message.empty());
+  REQUIRE(values.size() == 256);
+  CHECK(std::none_of(values.begin(), values.end(), [](float v) { return v == 2.0f; }));
+  CHECK(sim::device_error(5).has_value());
+  CHECK_FALSE(sim::device_error(6).has_value());
 }
