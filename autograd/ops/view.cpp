@@ -396,6 +396,9 @@ Tensor& copy_into(Tensor& dst, const Tensor& src, const char* op, const char* ba
   } else if (dst.storage() == src.storage() &&
              !(dst.storage_offset() == src.storage_offset() && dst.strides() == src.strides())) {
     kernels::copy(dst, clone(alias_without_history(src)));  // overlapping memory: go through a temporary
+  } else if (dst.storage() == src.storage() && dst.sizes() == src.sizes() && dst.dtype() == src.dtype()) {
+    // The same view (offset and strides too, above): nothing to copy, as PyTorch's copy_ returns at
+    // once for the same tensor; the version still moves and autograd still records below.
   } else {
     kernels::copy(dst, src);
   }

@@ -15,6 +15,10 @@ namespace chorus::kernels::cuda_impl {
 void copy(const Tensor& dst, const Tensor& src) {
   if (dst.numel() == 0) return;
   if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous() && dst.sizes() == src.sizes()) {
+    // The same memory: nothing to copy (a cudaMemcpyAsync onto itself would be an overlapping copy,
+    // undefined). Partly overlapping areas never get here from copy_ (it copies through a temporary);
+    // sim refuses them ([A copy between overlapping areas], kernels/sim/sim_kernels.cpp).
+    if (dst.raw_data_ptr() == src.raw_data_ptr()) return;
     LaunchContext ctx(dst.device());
     check_cuda(cudaMemcpyAsync(dst.raw_data_ptr(), src.raw_data_ptr(), dst.nbytes(), cudaMemcpyDeviceToDevice,
                                ctx.stream),

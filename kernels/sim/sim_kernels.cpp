@@ -10,6 +10,7 @@
 // pointers, every list element's included: the sim device opens exactly those segments while the
 // task runs, so a kernel that touched memory it was not given would crash, as a host read of device
 // memory does.
+#include <cstdint>
 #include <optional>
 #include <tuple>
 #include <type_traits>
@@ -100,6 +101,28 @@ struct OnStream<Kernel, Name> {
   }
 };
 
+// [A copy between overlapping areas] The cuda kernel table copies a tensor into another of the same
+// dtype and sizes, both contiguous, with one cudaMemcpyAsync (kernels/cuda/copy.cu), whose areas may
+// not overlap (CUDA leaves such a copy undefined); sim's copy is a cpu loop, which would give some
+// answer. So sim refuses that case at the launch, as its memcpy_async refuses overlapping areas. One
+// and the same memory on both sides is nothing to copy: the cuda kernel returns without a call, and
+// so does this (copy_ does not get here then: it skips copying a view onto itself, as PyTorch's).
+void copy_checked(const Tensor& dst, const Tensor& src) {
+  if (dst.numel() > 0 && dst.dtype() == src.dtype() && dst.sizes() == src.sizes() && dst.is_contiguous() &&
+      src.is_contiguous()) {
+    const auto d = reinterpret_cast<uintptr_t>(dst.raw_data_ptr()), s = reinterpret_cast<uintptr_t>(src.raw_data_ptr());
+    const auto n = static_cast<uintptr_t>(dst.nbytes());
+    if (d == s) return;
+    if (d < s + n && s < d + n) {
+      fail("the kernel copy on {}: the source ({} bytes at {:#x}) and the destination ({:#x}) overlap; on CUDA this copy "
+           "is one cudaMemcpyAsync, whose areas may not overlap (undefined there), so sim refuses it; copy through a "
+           "temporary (clone) instead",
+           dst.device().str(), n, s, d);
+    }
+  }
+  OnStream<&cpu::copy, names::copy>::run(dst, src);
+}
+
 const KernelTable& sim_table() {
   static const KernelTable table = [] {
     KernelTable t;
@@ -107,6 +130,7 @@ const KernelTable& sim_table() {
 #define CHORUS_SIM_ENTRY(name, params, args) t.name = &OnStream<&cpu::name, names::name>::run;
     CHORUS_KERNEL_LIST(CHORUS_SIM_ENTRY)
 #undef CHORUS_SIM_ENTRY
+    t.copy = &copy_checked;
     return t;
   }();
   return table;

@@ -285,3 +285,35 @@ TEST_CASE("sim: an op on a from_blob tensor over device memory freed under it fa
   CHECK(sim::device_error(5).has_value());
   CHECK_FALSE(sim::device_error(0).has_value());
 }
+
+// [A copy between overlapping areas] (kernels/sim/sim_kernels.cpp): the kernel copy between two
+// contiguous views of one dtype and size is one cudaMemcpyAsync on CUDA, undefined when the areas
+// overlap, so sim refuses it at the launch (not sticky); copy_ between overlapping views goes
+// through a temporary and is right; a view copied onto itself copies nothing (as PyTorch's copy_ of
+// the same tensor) and leaves the values.
+TEST_CASE("sim: the kernel copy between overlapping areas is refused, as one cudaMemcpyAsync between them is undefined; copy_ gets them right") {
+  const Device dev = Device::sim(0);
+  const DeviceGuard current(dev);
+  Tensor buf = arange(64, TensorOptions{.dtype = kFloat32}).to(dev);
+  Tensor head = buf.narrow(0, 0, 48), tail = buf.narrow(0, 16, 48);
+  CHECK_THROWS_WITH(kernels::kernel_table(dev, "copy").copy(tail, head),
+                    Catch::Contains("the kernel copy on sim:0") && Catch::Contains("overlap") &&
+                        Catch::Contains("cudaMemcpyAsync"));
+  CHECK_FALSE(sim::device_error(0).has_value());  // refused at the call: the device goes on
+  std::vector<float> expected(64);
+  for (int i = 0; i < 64; ++i) expected[i] = static_cast<float>(i < 16 ? i : i - 16);
+  tail.copy_(head);  // through a temporary
+  Tensor host = buf.to(kCPU);
+  CHECK(std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + 64) == expected);
+
+  // The same view: no kernel runs, the values stay, the version moves.
+  current_stream(dev).synchronize();
+  const uint64_t tasks_before = sim::tasks_run();
+  const auto version = buf.version();
+  buf.copy_(buf);
+  current_stream(dev).synchronize();
+  CHECK(sim::tasks_run() == tasks_before);
+  CHECK(buf.version() == version + 1);
+  host = buf.to(kCPU);
+  CHECK(std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + 64) == expected);
+}
