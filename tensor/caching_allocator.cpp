@@ -297,7 +297,7 @@ void CachingAllocator::deallocate(void* ptr, Device device) {
   // [Record Stream]: the block may still be in use by work queued on other streams. Record an event
   // on each; the block returns to its pool when process_events sees all of them complete. The
   // records happen outside the mutex: a device call may wait (a driver lock held by another
-  // thread's blocking copy), and nothing else may wait for the allocator meanwhile. The block is
+  // thread's blocking copy, free or host_free), and nothing else may wait for the allocator meanwhile. The block is
   // neither live nor free until its events are pending, so no one else touches it.
   std::set<StreamHandle> streams = std::move(block->stream_uses);
   block->stream_uses.clear();

@@ -506,6 +506,8 @@ class SimStream {
         } catch (const std::exception& e) {
           // A kernel that did (one that called the runtime or the caching allocator: [No device
           // calls on a stream]) faults its device, as a CUDA kernel's trap does: sticky, and named.
+          // So does a wait for an event recorded after its device failed ([A wait passes a device's
+          // failure on]), which throws on purpose.
           health_->fail(fmt::format("a task on stream {} of sim:{} failed: {}", static_cast<const void*>(this), device_,
                                     e.what()));
         }
@@ -580,6 +582,7 @@ class SimStream {
 thread_local bool t_in_host_function = false;
 std::atomic<int> g_driver_lock_holders{0};  // threads holding the driver lock exclusively (driver_lock_held)
 std::atomic<int> g_frees_waiting{0};        // threads waiting for the device in free or host_free (frees_waiting)
+std::atomic<int> g_event_waits{0};          // stream tasks waiting for another stream's event (event_waits_pending)
 
 // While a free or host_free waits for the device (counted for tests).
 class FreeWaiting {
@@ -595,7 +598,8 @@ class FreeWaiting {
 class ExclusiveDriver {
  public:
   explicit ExclusiveDriver(std::shared_mutex& m) : lock_(m, std::defer_lock) {
-    if (!g_driver_lock.load(std::memory_order_relaxed)) return;
+    // (Never on a stream's own thread, sim's device side, as host_call below.)
+    if (t_stream_thread || !g_driver_lock.load(std::memory_order_relaxed)) return;
     lock_.lock();
     g_driver_lock_holders.fetch_add(1);
   }
@@ -817,7 +821,10 @@ class SimRuntime final : public DeviceRuntime {
   // cudaFree came while one thread launched a collective's kernels on several devices (pytorch PR
   // #880, issue #50925): the later launches waited behind the free. So host work the device waits
   // for must make no device call at all while any thread may free, which chorus's designs already
-  // keep (NoDeviceCallsGuard on the Gloo lane worker; host functions may make none). Until
+  // keep (NoDeviceCallsGuard on the Gloo lane worker; host functions may make none). Nor may a
+  // stream task or host function destroy an owning device tensor while any thread may free: that
+  // needs the caching allocator's mutex, which a thread allocating a new segment holds while it
+  // waits here for the lock (none does today: sim kernels hold non-owning views). Until
   // 2026-12-04 both waited holding the lock shared, so other threads' calls went on (more
   // forgiving than CUDA; a read-only audit found it). fault::Point::kSimFreeHoldsDriver removes the
   // hold and leaves the wait (sim_runtime_test).
@@ -1187,7 +1194,9 @@ class SimRuntime final : public DeviceRuntime {
     if (generation == 0) return;
     const int waiter = as_stream(s)->device();
     Task task{[ev, generation, waiter] {
+                g_event_waits.fetch_add(1);
                 ev->wait_for(generation);
+                g_event_waits.fetch_sub(1);
                 // [A wait passes a device's failure on]
                 if (ev->device == waiter || fault::removed(fault::Point::kSimFailedEventWait)) return;
                 if (const std::optional<std::string> why = ev->failure(generation)) {
@@ -1257,7 +1266,8 @@ class SimRuntime final : public DeviceRuntime {
     return a == b ? 0.0 : std::chrono::duration<double, std::milli>(b->when - a->when).count();
   }
 
-  // CUDA's driver holds a lock while a copy to pageable host memory waits for its stream, and the
+  // CUDA's driver holds a lock while a copy to pageable host memory waits for its stream (and while
+  // cuMemFree waits for the device: [free holds the driver]), and the
   // other CUDA calls of the process (copies, launches, event records, allocations) wait for it: a
   // thread that device work waits for must make no CUDA call, or a blocking copy elsewhere
   // deadlocks the process (seen on an H100, 2026-11-26: the Gloo staging thread's copy,
@@ -1440,6 +1450,7 @@ void set_driver_lock(bool on) { g_driver_lock.store(on); }
 bool driver_lock() { return g_driver_lock.load(); }
 bool driver_lock_held() { return g_driver_lock_holders.load() > 0; }
 bool frees_waiting() { return g_frees_waiting.load() > 0; }
+int event_waits_pending() { return g_event_waits.load(); }
 void set_connections(int k) { runtime().set_connections(k); }
 uint32_t delay_us() { return g_delay_us.load(); }
 void set_memory_capacity(int device, size_t bytes) { runtime().set_capacity(device, bytes); }

@@ -100,6 +100,9 @@ bool driver_lock_held();
 // Whether a free or host_free is waiting for the device now (for tests; whether it holds the lock
 // or not).
 bool frees_waiting();
+// How many stream tasks are waiting for an event right now (stream_wait_event's waits that have
+// started and not ended; for tests that must act once a stream is held at such a wait).
+int event_waits_pending();
 // The hardware queues per device for streams made from now on ([Shared hardware queues], sim.cpp):
 // k >= 1 queues shared in turn, 0 a queue of its own for each stream, kDefaultConnections back to
 // the process's count (CHORUS_SIM_CONNECTIONS). Earlier streams keep theirs.

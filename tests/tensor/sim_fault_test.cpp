@@ -194,18 +194,21 @@ TEST_CASE("a copy from a device that failed before the copy's event fails the de
     {
       const DeviceGuard current(from);
       Tensor x = ones({256}, {.device = from});
-      const Stream held = current_stream(from), waiting = current_stream(to);
+      const Stream held = current_stream(from);
       held.synchronize();
       // The source's stream is held until the destination's stream waits for the copy's event, so
       // that the fault comes after the event's record was issued (as behind a slow kernel on a GPU;
       // a fault seen first would make the record call itself raise it).
       rt.stream_wait_value(held.handle(), word, 1);
       if (armed) fault::fail_next_stream_task(held);
-      Tensor y = x * 2.0;  // armed: this kernel fails `from`
+      // Armed: the first task for y (its poison fill; then its kernel is dropped) fails `from`, so y
+      // is never written.
+      Tensor y = x * 2.0;
       std::thread release([&] {
-        const DeviceGuard on_to(to);  // a query of `to`'s default stream is made from `to`
+        // Once `to`'s stream is at the copy's wait for the event (a poll for a busy stream could
+        // catch the poison fill of the copy's destination instead, before the record is issued).
         const auto patience = std::chrono::steady_clock::now() + 20s;
-        while (rt.query_stream(waiting.handle()) && std::chrono::steady_clock::now() < patience) {
+        while (sim::event_waits_pending() == 0 && std::chrono::steady_clock::now() < patience) {
           std::this_thread::sleep_for(1ms);
         }
         std::atomic_ref<uint32_t>(word[0]).store(1, std::memory_order_release);

@@ -307,11 +307,11 @@ TEST_CASE("sim: the kernel copy between overlapping areas is refused, as one cud
   CHECK(std::vector<float>(host.data_ptr<float>(), host.data_ptr<float>() + 64) == expected);
 
   // The same view: no kernel runs, the values stay, the version moves.
-  current_stream(dev).synchronize();
+  synchronize(dev);  // every stream of the device (the clone's allocation queued barrier waits)
   const uint64_t tasks_before = sim::tasks_run();
   const auto version = buf.version();
   buf.copy_(buf);
-  current_stream(dev).synchronize();
+  synchronize(dev);
   CHECK(sim::tasks_run() == tasks_before);
   CHECK(buf.version() == version + 1);
   host = buf.to(kCPU);
