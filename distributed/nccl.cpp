@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <vector>
 
 #include "distributed/gloo.h"
 #include "distributed/init.h"
@@ -126,6 +127,11 @@ class NcclCommunicator final : public Communicator {
     CHORUS_NCCL(ncclReduceScatter(flat.raw_data_ptr(), output.raw_data_ptr(), count(output),
                                   nccl_dtype(output.dtype(), "reduce_scatter"), nccl_op(op), comm(s.device()),
                                   cuda_stream(s)));
+    // Inside an NCCL group the reduce-scatter is only queued on `s` at ncclGroupEnd, so `flat` lives
+    // until then: freed here, its block (of `s`'s own pool, which record_stream does not hold back)
+    // would go to the group's next reduce_scatter's stack, whose copy runs on `s` first, and both
+    // would read the second one's inputs (found by a read-only audit, 2026-12-04).
+    if (open_) group_temporaries_.push_back(std::move(flat));
     (void)work;
   }
   void all_to_all(const TensorList& outputs, const TensorList& inputs, const Stream& s,
@@ -161,6 +167,10 @@ class NcclCommunicator final : public Communicator {
     if (depth_ == 0) fail("ProcessGroupNCCL: group_end() without group_start()");
     if (--depth_ > 0 || !open_) return;
     open_ = false;
+    // Dropped after ncclGroupEnd has queued the group's operations on their streams (then stream
+    // order keeps their blocks until they have run), even if it fails.
+    const std::vector<Tensor> temporaries = std::move(group_temporaries_);
+    group_temporaries_.clear();
     CHORUS_NCCL(ncclGroupEnd());
   }
 
@@ -221,6 +231,7 @@ class NcclCommunicator final : public Communicator {
   std::string aborted_;
   int depth_ = 0;      // group_start() calls not yet ended (the launching thread's)
   bool open_ = false;  // whether this group has called ncclGroupStart
+  std::vector<Tensor> group_temporaries_;  // buffers the open NCCL group's operations read (reduce_scatter's)
 };
 
 const bool g_registered = [] {

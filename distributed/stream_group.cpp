@@ -301,7 +301,21 @@ std::shared_ptr<StreamWork> StreamOrderedGroup::launch(const std::string& name, 
   try {
     for (PendingOp& op : ops) op.call(comm, stream, work);
   } catch (...) {
+    // [A group that fails partway] An op that throws after earlier ops of the group were taken
+    // (NCCL: queued in the open group, and launched by its ncclGroupEnd below) leaves those running
+    // on `stream` with no end event for anyone to wait for. So, as a launch that succeeds: the
+    // tensors' blocks are held until `stream` passes here, and the caller's stream waits for it,
+    // before the error goes up. (Gloo checks every op before taking any, so its groups never get
+    // here with work queued; a NCCL op's checks run as it is issued. Found by a read-only audit,
+    // 2026-12-04.)
+    if (!fault::removed(fault::Point::kGroupRecordStream)) {
+      for (const PendingOp& op : ops)
+        for (const Tensor& t : op.tensors) record_stream(t.storage(), stream);
+    }
     comm.group_end();
+    Event issued;
+    issued.record(stream);
+    current_stream(device).wait(issued);
     throw;
   }
   comm.group_end();

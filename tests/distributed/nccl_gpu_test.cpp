@@ -64,6 +64,18 @@ TEST_CASE("NCCL collectives at world size 1 on cuda:0", "[distributed][nccl][gpu
     CHECK(b.sum().item<double>() == 14.0);
     CHECK(equal(c.cpu(), arange(0, 9, 1)));
   }
+  // Two reduce_scatters in one coalesced group: each reads its own inputs (their stacked copies live
+  // until ncclGroupEnd; freed at once, the second stack took the first's block and both read it).
+  {
+    Tensor o1 = zeros({1000}, {.device = cuda}), o2 = zeros({1000}, {.device = cuda});
+    Tensor i1 = ones({1000}, {.device = cuda}), i2 = arange(0, 1000, 1, TensorOptions{.dtype = kFloat32}).to(cuda);
+    pg->start_coalescing();
+    pg->reduce_scatter(o1, {i1});
+    pg->reduce_scatter(o2, {i2});
+    pg->end_coalescing()->wait();
+    CHECK(equal(o1.cpu(), ones({1000})));
+    CHECK(equal(o2.cpu(), arange(0, 1000, 1, TensorOptions{.dtype = kFloat32})));
+  }
   // The "cpu:gloo,cuda:nccl" spec is the same group as "nccl"; a sim tensor has no backend in it.
   CHECK(parse_backend("cpu:gloo,cuda:nccl").devices.size() == 1);
   // A large allreduce issued after a long compute-stream kernel still reads its final input.

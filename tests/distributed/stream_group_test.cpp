@@ -7,6 +7,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -437,6 +440,104 @@ TEST_CASE("a stream work reports its span on the communication stream from event
     CHECK(work->elapsed_ms() <= host_ms);
   }
   sim::set_delay_us(0);
+  std::filesystem::remove(path);
+}
+
+}  // namespace chorus::distributed
+
+namespace chorus::distributed {
+namespace {
+
+// A communicator whose first allreduce of a group queues a kernel on the communication stream that
+// is held until the test opens `gate` and then writes 7 into its tensor, and whose second throws, as
+// a NCCL op refused after an earlier op of its group was queued (its ncclGroupEnd launches that one).
+class PartlyFailingCommunicator final : public Communicator {
+ public:
+  std::atomic<int> gate{0};
+  std::string name() const override { return "partly-failing"; }
+  void allreduce(const TensorList& tensors, ReduceOp, const Stream& s, const std::shared_ptr<StreamWork>&) override {
+    if (calls_++ > 0) fail("partly-failing: the second op of the group is refused");
+    auto* p = static_cast<float*>(tensors[0].raw_data_ptr());
+    const int64_t n = tensors[0].numel();
+    sim::launch_kernel(s.handle(), [this, p, n] {
+      while (gate.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::fill(p, p + n, 7.0f);
+    }, {p});
+  }
+  void broadcast(const TensorList&, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
+  void allgather(const TensorList&, const Tensor&, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
+  void reduce_scatter(const Tensor&, const TensorList&, ReduceOp, const Stream&, const std::shared_ptr<StreamWork>&) override {
+    unused();
+  }
+  void all_to_all(const TensorList&, const TensorList&, const Stream&, const std::shared_ptr<StreamWork>&) override {
+    unused();
+  }
+  void send(const Tensor&, int, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
+  void recv(const Tensor&, int, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
+  void group_start() override { calls_ = 0; }
+  void group_end() override {}
+  void abort(const std::string&) override {}
+
+ private:
+  [[noreturn]] static void unused() { fail("partly-failing: only allreduce is used"); }
+  int calls_ = 0;
+};
+
+}  // namespace
+
+// [A group that fails partway] (distributed/stream_group.cpp): a coalesced group whose second op is
+// refused after its first was queued on the communication stream. The error reaches the caller;
+// the caller's stream waits for what was queued (its next kernel is held while the op is; without
+// the wait it ran at once), and the first op's tensor, from a side stream's pool, is not reused while
+// that op still writes it (a tensor of the same size made on the side stream after it is dropped,
+// filled with 1, still reads 1 after the op has written its 7s; without the hold it took the
+// dropped one's block at once and read 7).
+TEST_CASE("a coalesced group refused partway holds its tensors and orders the caller's stream after what it queued", "[distributed][sim]") {
+  const std::string path = store_path("chorus_stream_group_partway");
+  std::filesystem::remove(path);
+  auto host = std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 0, 1, GlooOptions{});
+  auto comm = std::make_shared<PartlyFailingCommunicator>();
+  {
+    auto group = std::make_shared<StreamOrderedGroup>(
+        host, StreamOrderedGroup::DeviceCommunicators{{DeviceType::Sim, comm}}, std::chrono::milliseconds(60000),
+        "cpu:gloo,sim:partly-failing");
+    const Device dev = Device::sim(0);
+    const DeviceGuard current(dev);
+    // The first op's tensor comes from a side stream's pool, where nothing waits for the caller: a
+    // stream with a hardware queue of its own, so that the caller's wait below does not hold its
+    // work too (sim's default is one queue per device, [Shared hardware queues]).
+    sim::set_connections(0);
+    const Stream side(dev, runtime_for(dev, "stream_group_test").create_stream(0, false));
+    sim::set_connections(sim::kDefaultConnections);
+    const Stream caller = current_stream(dev);
+    Tensor a;
+    {
+      const StreamGuard on_side(side);
+      a = ones({4096}, {.device = dev});
+    }
+    Tensor b = ones({4096}, {.device = dev});
+    synchronize(dev);
+    group->start_coalescing();
+    group->allreduce({a});
+    group->allreduce({b});
+    CHECK_THROWS_WITH(group->end_coalescing(), Catch::Contains("the second op of the group is refused"));
+    // The caller's next kernel is held behind the op for 300 ms (without the wait it runs, and the
+    // stream is idle, at once).
+    Tensor b_sum = b.sum();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+    while (!caller.query() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK_FALSE(caller.query());
+    a = Tensor();  // the caller drops the first op's tensor while that op is held on the stream
+    Tensor c;
+    {
+      const StreamGuard on_side(side);
+      c = ones({4096}, {.device = dev});  // runs at once on the side stream
+    }
+    comm->gate = 1;
+    synchronize(dev);
+    CHECK(b_sum.item<double>() == 4096.0);
+    CHECK(c.sum().item<double>() == 4096.0);
+  }
   std::filesystem::remove(path);
 }
 
