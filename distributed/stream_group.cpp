@@ -297,6 +297,13 @@ std::shared_ptr<StreamWork> StreamOrderedGroup::launch(const std::string& name, 
     }
     stream_sanitizer::check_launch(name.c_str(), device, stream.handle(), accesses);
   }
+  // The caller may drop its tensors at once: their blocks are not reused before `stream` passes
+  // where this is called.
+  auto hold_tensors = [&] {
+    if (fault::removed(fault::Point::kGroupRecordStream)) return;
+    for (const PendingOp& op : ops)
+      for (const Tensor& t : op.tensors) record_stream(t.storage(), stream);
+  };
   comm.group_start();
   try {
     for (PendingOp& op : ops) op.call(comm, stream, work);
@@ -308,10 +315,7 @@ std::shared_ptr<StreamWork> StreamOrderedGroup::launch(const std::string& name, 
     // before the error goes up. (Gloo checks every op before taking any, so its groups never get
     // here with work queued; a NCCL op's checks run as it is issued. Found by a read-only audit,
     // 2026-12-04.)
-    if (!fault::removed(fault::Point::kGroupRecordStream)) {
-      for (const PendingOp& op : ops)
-        for (const Tensor& t : op.tensors) record_stream(t.storage(), stream);
-    }
+    hold_tensors();
     comm.group_end();
     Event issued;
     issued.record(stream);
@@ -321,11 +325,7 @@ std::shared_ptr<StreamWork> StreamOrderedGroup::launch(const std::string& name, 
   comm.group_end();
   if (sanitized) stream_sanitizer::on_launch(name.c_str(), device, stream.handle(), accesses);
   work->end_event().record(stream);
-  // The caller may drop its tensors at once: their blocks are not reused before `stream` passes here.
-  if (!fault::removed(fault::Point::kGroupRecordStream)) {
-    for (const PendingOp& op : ops)
-      for (const Tensor& t : op.tensors) record_stream(t.storage(), stream);
-  }
+  hold_tensors();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     in_flight_.push_back({work, &comm, std::chrono::steady_clock::now()});

@@ -841,10 +841,7 @@ class SimRuntime final : public DeviceRuntime {
     refuse_in_host_function("free");
     check_healthy(device, "free");  // cudaFree returns a sticky error (the cuda backend throws it)
     const bool waits = !fault::removed(fault::Point::kSimFreeWaits);
-    std::optional<ExclusiveDriver> exclusive;  // [free holds the driver]
-    std::shared_lock<std::shared_mutex> shared;
-    if (waits && !fault::removed(fault::Point::kSimFreeHoldsDriver)) exclusive.emplace(driver_lock_);
-    else shared = host_call();
+    const DriverHold hold(*this, waits && !fault::removed(fault::Point::kSimFreeHoldsDriver));  // [free holds the driver]
     memory_.retire(device, ptr);
     const std::vector<SimStream*> streams = streams_of(device);
     if (streams.empty()) {
@@ -909,10 +906,7 @@ class SimRuntime final : public DeviceRuntime {
     refuse_in_host_function("host_free");
     check_healthy(t_current_device, "host_free");
     const bool waits = !fault::removed(fault::Point::kSimHostFreeWaits);
-    std::optional<ExclusiveDriver> exclusive;  // [free holds the driver]
-    std::shared_lock<std::shared_mutex> shared;
-    if (waits && !fault::removed(fault::Point::kSimFreeHoldsDriver)) exclusive.emplace(driver_lock_);
-    else shared = host_call();
+    const DriverHold hold(*this, waits && !fault::removed(fault::Point::kSimFreeHoldsDriver));  // [free holds the driver]
     {
       // Forgotten first, as free retires its segment first: a copy another thread queues on the
       // block during the wait is not one from page-locked memory any more.
@@ -1020,11 +1014,8 @@ class SimRuntime final : public DeviceRuntime {
       // stream's earlier work only, so a copy held behind another stream's wait on the shared
       // queue returned (a read-only audit found it). The source is read before the call returns
       // (staged). fault::Point::kSimPageableCopyWaits removes the wait (sim_runtime_test).
-      std::optional<ExclusiveDriver> exclusive;
-      std::shared_lock<std::shared_mutex> shared;
       const bool waits = !fault::removed(fault::Point::kSimPageableCopyWaits);
-      if (waits) exclusive.emplace(driver_lock_);
-      else shared = host_call();
+      const DriverHold hold(*this, waits);
       auto staged = std::make_shared<std::vector<char>>(static_cast<const char*>(src),
                                                         static_cast<const char*>(src) + nbytes);
       as_stream(s)->submit(Task{[=] { std::memcpy(dst, staged->data(), nbytes); }, {dst}});
@@ -1279,6 +1270,19 @@ class SimRuntime final : public DeviceRuntime {
     if (t_stream_thread || !g_driver_lock.load(std::memory_order_relaxed)) return {};
     return std::shared_lock<std::shared_mutex>(driver_lock_);
   }
+  // A host call's hold on the lock for its whole duration: exclusive for one that waits for the
+  // device holding it (a copy from pageable memory, free, host_free), else shared as host_call.
+  class DriverHold {
+   public:
+    DriverHold(SimRuntime& rt, bool exclusive) {
+      if (exclusive) exclusive_.emplace(rt.driver_lock_);
+      else shared_ = rt.host_call();
+    }
+
+   private:
+    std::optional<ExclusiveDriver> exclusive_;
+    std::shared_lock<std::shared_mutex> shared_;
+  };
   // A call that then waits for the device (a stream, event or device synchronization) enters the
   // driver as every call does, and waits without holding the lock.
   void enter_driver() { const auto shared = host_call(); }
