@@ -1,6 +1,7 @@
 // GlooStreamCommunicator: see gloo_communicator.h.
 #include "distributed/gloo_communicator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,6 +22,10 @@ struct GlooStreamCommunicator::State {
   std::mutex mutex;
   std::condition_variable cv;
   uint64_t submitted = 0, issued = 0;  // stream tasks queued / that have issued their collectives
+  // [Collectives reach Gloo in the order they were issued] The last ordered group posted (see
+  // LaneWorker::wait_turn), and how many lane workers wait for their turn now (for tests).
+  uint64_t ordered_posted = 0;
+  int waiting_turn = 0;
   std::string aborted;                 // why, once abort() ran
 };
 
@@ -130,13 +135,14 @@ class GlooStreamCommunicator::LaneWorker {
   uint32_t* done_word() const { return reinterpret_cast<uint32_t*>(flags_.ptr) + 1; }
   uint32_t next_sequence() { return ++sequence_; }  // the issuing thread only
   // `after_ready`: whether the job waits for the stream's `ready` word (a group that reads nothing
-  // from the device does not: see group_end). The job is called with whether the stream's copies
-  // to the host are done (its `ready` was seen, or it has none): only then may it write over the
-  // host copies of what it reads.
-  void push(uint32_t sequence, bool after_ready, std::function<void(bool)> job) {
+  // from the device does not: see group_end). `order`: the group's place among the communicator's
+  // ordered groups (0: a group of sends and receives, which is not ordered; see wait_turn). The job
+  // is called with whether the stream's copies to the host are done (its `ready` was seen, or it
+  // has none): only then may it write over the host copies of what it reads.
+  void push(uint32_t sequence, bool after_ready, uint64_t order, std::function<void(bool)> job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      jobs_.push_back({sequence, after_ready, std::move(job)});
+      jobs_.push_back({sequence, after_ready, order, std::move(job)});
     }
     cv_.notify_all();
   }
@@ -150,6 +156,7 @@ class GlooStreamCommunicator::LaneWorker {
   struct Job {
     uint32_t sequence;
     bool after_ready;
+    uint64_t order;
     std::function<void(bool)> run;
   };
   void loop() {
@@ -191,6 +198,7 @@ class GlooStreamCommunicator::LaneWorker {
           break;
         }
       }
+      if (!stopped && job.order != 0) stopped = !wait_turn(job.order);
       if (stopped) {  // the communicator is going away: hand the job back unrun (it owns device tensors)
         std::lock_guard<std::mutex> lock(mutex_);
         finished_.push_back(std::move(job.run));
@@ -209,6 +217,40 @@ class GlooStreamCommunicator::LaneWorker {
   bool aborted() {
     std::lock_guard<std::mutex> lock(state_->mutex);
     return !state_->aborted.empty();
+  }
+  // [Collectives reach Gloo in the order they were issued] Gloo matches the collectives of its
+  // ranks by the order each posts them (the process group's tag sequence), and the lanes of
+  // different streams (each device's collective stream) reach their groups in the order their
+  // streams get there, not the order the host issued them: rank 0's allreduce on sim:1, issued after
+  // one on sim:0 whose stream was still busy, was posted first and summed with rank 1's first
+  // allreduce (stream_group_test, 2026-12-04). So an ordered group (one with a collective) waits
+  // until the one issued before it was posted. Sends and receives are matched by their tags and are
+  // not ordered: a receive must be posted while an earlier send of a shared hardware queue still
+  // waits (see group_end). Returns false when the communicator is going away first; an abort ends
+  // the wait (the aborted group then posts nothing). fault::Point::kGlooCollectiveOrder removed (a
+  // negative control, stream_group_test): the group is posted at once.
+  bool wait_turn(uint64_t order) {
+    if (fault::removed(fault::Point::kGlooCollectiveOrder)) return true;
+    State& s = *state_;
+    auto count_waiting = [&](int by) {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.waiting_turn += by;
+    };
+    count_waiting(+1);
+    bool go = true;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(s.mutex);
+        if (s.cv.wait_for(lock, std::chrono::milliseconds(5), [&] { return s.ordered_posted + 1 >= order || !s.aborted.empty(); })) break;
+      }
+      std::lock_guard<std::mutex> own(mutex_);  // (not under the state's lock)
+      if (stop_) {
+        go = false;
+        break;
+      }
+    }
+    count_waiting(-1);
+    return go;
   }
   const Block flags_;
   const std::shared_ptr<State> state_;
@@ -239,7 +281,9 @@ void GlooStreamCommunicator::release_staging(bool all) {
     std::lock_guard<std::mutex> lock(staging_mutex_);
     std::vector<Staging> still;
     for (Staging& st : staging_) {
-      if (all || st.done.query()) done.push_back(std::move(st));
+      // fault::Point::kGlooStagingReuse removed (a negative control, stream_group_test): the blocks
+      // go back to the pool while the stream may still copy into and out of them.
+      if (all || st.done.query() || fault::removed(fault::Point::kGlooStagingReuse)) done.push_back(std::move(st));
       else still.push_back(std::move(st));
     }
     staging_.swap(still);
@@ -283,7 +327,7 @@ void GlooStreamCommunicator::group_start() {
 }
 
 void GlooStreamCommunicator::add(const char* op, const std::vector<Operand>& operands, const Stream& stream,
-                                 const std::shared_ptr<StreamWork>& work, Issue issue) {
+                                 const std::shared_ptr<StreamWork>& work, Issue issue, bool ordered) {
   if (stream_ && !(*stream_ == stream)) fail("gloo {}: every op of a coalesced group must use one stream", op);
   // Every operand is checked before any is staged: a refused op leaves nothing in the group (an
   // operand staged for it would be copied back at the next group, from a block nobody filled), and
@@ -303,7 +347,7 @@ void GlooStreamCommunicator::add(const char* op, const std::vector<Operand>& ope
   const size_t first = staged_.size();
   // Gloo works on a host copy in page-locked memory (made, filled and copied back in group_end).
   for (const Operand& o : operands) staged_.push_back({alias_without_history(o.tensor), Tensor(), o.read, o.written});
-  jobs_.push_back({std::move(issue), first, operands.size(), work});
+  jobs_.push_back({std::move(issue), first, operands.size(), work, ordered});
   if (implicit) group_end();
 }
 
@@ -345,13 +389,18 @@ void GlooStreamCommunicator::group_end() {
   // back, so that its outputs read as undefined rather than as some earlier group's numbers in a
   // reused block; one it also reads only once the stream has copied it out (else it comes back
   // unchanged). A work the watchdog failed whose Gloo op later ends well gets the op's results.
+  // Its place among the ordered groups (see LaneWorker::wait_turn), taken when it is pushed (a group
+  // that fails before that leaves its number to the next).
+  bool ordered = false;
+  for (const Job& job : jobs) ordered = ordered || job.ordered;
+  const uint64_t order = ordered ? ordered_issued_ + 1 : 0;
   std::vector<bool> read, written;
   for (const StagedTensor& t : staged_tensors) {
     read.push_back(t.read);
     written.push_back(t.written);
   }
   // The collectives of the group, issued on the host copies and waited for.
-  auto run = [jobs, host, aliases, read, written, state](bool copies_done) {
+  auto run = [jobs, host, aliases, read, written, state, order](bool copies_done) {
     std::string aborted;
     {
       std::lock_guard<std::mutex> lock(state->mutex);
@@ -378,6 +427,7 @@ void GlooStreamCommunicator::group_end() {
     {
       std::lock_guard<std::mutex> lock(state->mutex);
       ++state->issued;
+      state->ordered_posted = std::max(state->ordered_posted, order);
     }
     state->cv.notify_all();
     for (size_t j = 0; j < jobs.size(); ++j) {
@@ -436,7 +486,8 @@ void GlooStreamCommunicator::group_end() {
     std::lock_guard<std::mutex> lock(state->mutex);
     ++state->submitted;  // (here: a group that failed before reaching its worker is not waited for)
   }
-  worker.push(sequence, /*after_ready=*/reads, std::move(run));
+  worker.push(sequence, /*after_ready=*/reads, order, std::move(run));
+  if (ordered) ordered_issued_ = order;
   // fault::Point::kGlooDoneFlag removed (a negative control, multiprocess_test): the stream copies
   // the host copies back without waiting for the collectives to have written them.
   if (!fault::removed(fault::Point::kGlooDoneFlag)) rt.stream_wait_value(stream.handle(), worker.done_word(), sequence);
@@ -458,6 +509,16 @@ void GlooStreamCommunicator::abort(const std::string& why) {
   // A collective already inside Gloo ends at Gloo's own timeout (the group's); later ones fail at once.
   std::lock_guard<std::mutex> lock(state_->mutex);
   if (state_->aborted.empty()) state_->aborted = why;
+}
+
+uint64_t GlooStreamCommunicator::groups_posted() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->issued;
+}
+
+int GlooStreamCommunicator::lanes_waiting_turn() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->waiting_turn;
 }
 
 void GlooStreamCommunicator::wait_until_issued() {
@@ -521,13 +582,13 @@ void GlooStreamCommunicator::all_to_all(const TensorList& outputs, const TensorL
 void GlooStreamCommunicator::send(const Tensor& tensor, int dst, int tag, const Stream& stream,
                                   const std::shared_ptr<StreamWork>& work) {
   add("send", {{tensor, true, false}}, stream, work,
-      [dst, tag](ProcessGroup& g, const TensorList& t) { return g.send(t[0], dst, tag); });
+      [dst, tag](ProcessGroup& g, const TensorList& t) { return g.send(t[0], dst, tag); }, /*ordered=*/false);
 }
 
 void GlooStreamCommunicator::recv(const Tensor& tensor, int src, int tag, const Stream& stream,
                                   const std::shared_ptr<StreamWork>& work) {
   add("recv", {{tensor, false, true}}, stream, work,
-      [src, tag](ProcessGroup& g, const TensorList& t) { return g.recv(t[0], src, tag); });
+      [src, tag](ProcessGroup& g, const TensorList& t) { return g.recv(t[0], src, tag); }, /*ordered=*/false);
 }
 
 }  // namespace chorus::distributed

@@ -13,6 +13,7 @@
 // (stream tasks), so CI runs exactly this path.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -51,6 +52,12 @@ class GlooStreamCommunicator final : public Communicator {
   void abort(const std::string& why) override;
   void wait_until_issued() override;
 
+  // For tests: the groups whose collectives were posted to Gloo (or failed at it) so far, and the
+  // lane workers waiting for an earlier group to be posted first (gloo_communicator.cpp,
+  // [Collectives reach Gloo in the order they were issued]).
+  uint64_t groups_posted() const;
+  int lanes_waiting_turn() const;
+
  private:
   // Issues one collective over host tensors (aliases or staged copies of the device tensors).
   using Issue = std::function<std::shared_ptr<Work>(ProcessGroup&, const TensorList&)>;
@@ -63,8 +70,10 @@ class GlooStreamCommunicator final : public Communicator {
     bool read, written;
   };
   // Adds one collective to the open group (all of it, or nothing when an operand is refused).
+  // `ordered`: Gloo matches it by the order it is posted (every collective; not a send or receive,
+  // which their tags match).
   void add(const char* op, const std::vector<Operand>& operands, const Stream& stream,
-           const std::shared_ptr<StreamWork>& work, Issue issue);
+           const std::shared_ptr<StreamWork>& work, Issue issue, bool ordered = true);
   void release_staging(bool all);
   // A block of page-locked host memory from a PinnedPool.
   struct Block {
@@ -88,8 +97,10 @@ class GlooStreamCommunicator final : public Communicator {
     Issue issue;
     size_t first, count;  // its tensors in `aliases`
     std::shared_ptr<StreamWork> work;
+    bool ordered;
   };
   int depth_ = 0;
+  uint64_t ordered_issued_ = 0;  // the last ordered group pushed to a lane worker
   bool discard_ = false;  // an op of the open group was refused: group_end submits none of it
   std::optional<Stream> stream_;
   std::vector<Job> jobs_;

@@ -31,6 +31,8 @@ const char* name(Point p) {
     case Point::kSimNewStreamBarrier: return "sim_new_stream_barrier";
     case Point::kSimFreeHoldsDriver: return "sim_free_holds_driver";
     case Point::kSimFailedEventWait: return "sim_failed_event_wait";
+    case Point::kGlooCollectiveOrder: return "gloo_collective_order";
+    case Point::kGlooStagingReuse: return "gloo_staging_reuse";
     case Point::kCount: break;
   }
   return "?";

@@ -29,6 +29,8 @@ enum class Point : int {
   kSimNewStreamBarrier,     // a stream made after an allocation's barrier starts after the work it held back (sim)
   kSimFreeHoldsDriver,      // sim's free and host_free hold the driver lock while they wait, as cuMemFree's writer lock (sim)
   kSimFailedEventWait,      // a wait for an event recorded on a failed device fails the waiting device too (sim)
+  kGlooCollectiveOrder,     // the Gloo lanes post collectives in the order they were issued, across streams (gloo_communicator)
+  kGlooStagingReuse,        // a group's page-locked staging blocks are reused only once its stream has passed it (gloo_communicator)
   kCount
 };
 const char* name(Point p);

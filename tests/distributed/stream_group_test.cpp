@@ -16,6 +16,7 @@
 #include <future>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "distributed/ddp.h"
 #include "distributed/gloo.h"
@@ -42,6 +43,8 @@ std::string store_path(const std::string& name) {
 }  // namespace
 
 namespace {
+
+constexpr int64_t kStagedN = 256;  // the elements of the two-rank staging tests' tensors
 
 std::shared_ptr<StreamOrderedGroup> one_rank_group(const std::string& path) {
   std::filesystem::remove(path);
@@ -372,6 +375,165 @@ TEST_CASE("Gloo on sim: an in-place reduce_scatter returns its sum, a failed col
   CHECK_THROWS_WITH(group->broadcast({b}, 2), Catch::Contains("broadcast: root 2 is not a rank of a group of size 2"));
   CHECK(equal(b.cpu(), full({4}, 3.0f)));
   std::filesystem::remove(path);
+}
+
+namespace {
+// Rank 0 of two on sim:0 and sim:1 through a GlooStreamCommunicator, rank 1 a thread of this
+// process on the CPU, over a FileStore. Both first allreduce once on each of rank 0's devices (the
+// pool's page-locked chunk and both lanes' flag words then exist, and nothing is in flight). Rank 1
+// then runs `rank1` once rank 0's `rank0` has called release() (or returned, or thrown).
+void two_ranks(const std::string& name, const std::function<void(ProcessGroupGloo&)>& rank1,
+               const std::function<void(StreamOrderedGroup&, GlooStreamCommunicator&, const std::function<void()>& release)>& rank0) {
+  const std::string path = store_path(name);
+  std::filesystem::remove(path);
+  GlooOptions gloo;
+  gloo.timeout = std::chrono::milliseconds(20000);  // a regression that leaves a rank waiting fails, not hangs
+  std::promise<void> go;
+  std::exception_ptr rank1_error;
+  std::thread rank1_thread([&, released = go.get_future()]() mutable {
+    try {
+      ProcessGroupGloo g(std::make_shared<FileStore>(path), 1, 2, gloo);
+      for (int i = 0; i < 2; ++i) g.allreduce({zeros({kStagedN})})->wait();
+      released.wait();
+      rank1(g);
+    } catch (...) {
+      rank1_error = std::current_exception();
+    }
+  });
+  bool released = false;
+  auto release = [&] {
+    if (!std::exchange(released, true)) go.set_value();
+  };
+  struct Joiner {
+    std::thread& t;
+    std::function<void()> release;
+    ~Joiner() {
+      release();
+      t.join();
+    }
+  };
+  {
+    Joiner joiner{rank1_thread, release};
+    auto host = std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 0, 2, gloo);
+    auto comm = std::make_shared<GlooStreamCommunicator>(host);
+    StreamOrderedGroup group(host, StreamOrderedGroup::DeviceCommunicators{{DeviceType::Sim, comm}},
+                             std::chrono::milliseconds(30000), "cpu:gloo,sim:gloo");
+    for (const Device d : {Device::sim(0), Device::sim(1)}) {
+      group.allreduce({zeros({kStagedN}, {.device = d})})->wait_finished();
+      synchronize(d);
+    }
+    rank0(group, *comm, release);
+    synchronize(Device::sim(0));
+    synchronize(Device::sim(1));
+  }
+  std::filesystem::remove(path);
+  if (rank1_error) std::rethrow_exception(rank1_error);
+}
+
+// Rank 1's side of the tests below: A (tens), then B (twenties).
+void rank1_allreduces_10_then_20(ProcessGroupGloo& g) {
+  g.allreduce({full({kStagedN}, 10.0f)})->wait();
+  g.allreduce({full({kStagedN}, 20.0f)})->wait();
+}
+
+// Waits (up to 20 s, a bound only a hang reaches) until `done` holds.
+bool eventually(const std::function<bool()>& done) {
+  const auto patience = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!done() && std::chrono::steady_clock::now() < patience) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return done();
+}
+}  // namespace
+
+// [Collectives reach Gloo in the order they were issued] (gloo_communicator.cpp). Gloo matches the
+// ranks' collectives by the order each posts them, and each device's collective stream has a lane
+// worker of its own that posts a group once its stream has copied the inputs out. Rank 0 issues
+// allreduce A on sim:0 (ones, its stream held on a page-locked word) and then B on sim:1 (fives);
+// rank 1 issues A (tens) and B (twenties). Kept: B's lane, its inputs copied, waits for A to be
+// posted, and the word's release lets both through: A = 11, B = 25. Removed
+// (fault::Point::kGlooCollectiveOrder): B is posted while A's stream is held, Gloo pairs it with
+// rank 1's A, and the sums cross: B = 5 + 10, A = 1 + 20 (found this way: before the rule, the
+// staging test below read A = 21, B = 15 in 3 of 20 runs).
+TEST_CASE("Gloo on sim: collectives issued on two devices reach Gloo in the order they were issued", "[distributed][sim]") {
+  for (const bool removed : {false, true}) {
+    INFO((removed ? "removed" : "kept"));
+    std::optional<fault::RemovedScope> scope;
+    if (removed) scope.emplace(fault::Point::kGlooCollectiveOrder);
+    Tensor a, b;
+    two_ranks(
+        removed ? "chorus_stream_group_order_removed" : "chorus_stream_group_order_kept",
+        rank1_allreduces_10_then_20,
+        [&](StreamOrderedGroup& group, GlooStreamCommunicator& comm, const std::function<void()>& release) {
+          release();  // rank 1 may post A and B at once: the order on rank 0 is what is tested
+          const Device d0 = Device::sim(0), d1 = Device::sim(1);
+          a = full({kStagedN}, 1.0f).to(d0);
+          b = full({kStagedN}, 5.0f).to(d1);
+          DeviceRuntime& rt = runtime_for(d0, "stream_group_test");
+          auto* word = static_cast<uint32_t*>(rt.host_malloc(64));
+          word[0] = 0;
+          const Stream held = current_stream(d0);
+          held.synchronize();
+          const uint64_t before = comm.groups_posted();
+          rt.stream_wait_value(held.handle(), word, 1);  // sim:0's streams stop here (one hardware queue)
+          auto work_a = group.allreduce({a});
+          auto work_b = group.allreduce({b});
+          if (!removed) {
+            CHECK(eventually([&] { return comm.lanes_waiting_turn() == 1; }));  // B's inputs are out, and it waits
+            CHECK(comm.groups_posted() == before);
+          } else {
+            CHECK(eventually([&] { return comm.groups_posted() == before + 1; }));  // B, while A's stream is held
+          }
+          std::atomic_ref<uint32_t>(word[0]).store(1, std::memory_order_release);
+          work_a->wait_finished();
+          work_b->wait_finished();
+          synchronize(d0);
+          rt.host_free(word);
+        });
+    a = a.cpu();
+    b = b.cpu();
+    INFO("A: " << a.narrow(0, 0, 4) << " B: " << b.narrow(0, 0, 4));
+    CHECK(equal(a, full({kStagedN}, removed ? 21.0f : 11.0f)));
+    CHECK(equal(b, full({kStagedN}, removed ? 15.0f : 25.0f)));
+  }
+}
+
+// The Gloo communicator's page-locked staging blocks are one pool per device type, shared by every
+// stream it runs on (the group's lanes, every device of the type), and a group's blocks go back to
+// it only once its stream has passed the group (its `done` event, release_staging). Rank 0 issues
+// allreduce A on sim:0 (ones) and then B on sim:1 (fives); rank 1 joins them (tens, twenties) only
+// once both are posted, so B's stream has copied B's input out. Kept, B takes a block of its own:
+// A = 1 + 10, B = 5 + 20. Removed (fault::Point::kGlooStagingReuse), A's block goes back at B's
+// group_start while A's collective waits in Gloo, B's first-fit block overlaps it (A's was the
+// first fit), and B's input there is overwritten by A's result before Gloo reads it: B is not all
+// 25, whatever order the rest runs in.
+TEST_CASE("Gloo on sim: a group's staging blocks are not reused by another stream before its stream has passed it", "[distributed][sim]") {
+  for (const bool removed : {false, true}) {
+    INFO((removed ? "removed" : "kept"));
+    std::optional<fault::RemovedScope> scope;
+    if (removed) scope.emplace(fault::Point::kGlooStagingReuse);
+    Tensor a, b;
+    two_ranks(
+        removed ? "chorus_stream_group_staging_removed" : "chorus_stream_group_staging_kept",
+        rank1_allreduces_10_then_20,
+        [&](StreamOrderedGroup& group, GlooStreamCommunicator& comm, const std::function<void()>& release) {
+          a = full({kStagedN}, 1.0f).to(Device::sim(0));
+          b = full({kStagedN}, 5.0f).to(Device::sim(1));
+          auto work_a = group.allreduce({a});
+          auto work_b = group.allreduce({b});
+          comm.wait_until_issued();  // both posted to Gloo: B's input is in its host block
+          release();
+          work_a->wait_finished();
+          work_b->wait_finished();
+        });
+    a = a.cpu();
+    b = b.cpu();
+    INFO("A: " << a.narrow(0, 0, 4) << " B: " << b.narrow(0, 0, 4));
+    if (!removed) {
+      CHECK(equal(a, full({kStagedN}, 11.0f)));
+      CHECK(equal(b, full({kStagedN}, 25.0f)));
+    } else {
+      CHECK_FALSE(equal(b, full({kStagedN}, 25.0f)));
+    }
+  }
 }
 
 // DDP destroyed while its allreduces are still queued on the communication stream (slow sim
