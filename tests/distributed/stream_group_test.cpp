@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -25,6 +26,7 @@
 #include "nn/nn.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
+#include "tensor/sanitizers.h"
 #include "tensor/sim/sim.h"
 #include "tensor/stream_sanitizer.h"
 #include "tensor/test_faults.h"
@@ -508,6 +510,10 @@ TEST_CASE("Gloo on sim: collectives issued on two devices reach Gloo in the orde
 TEST_CASE("Gloo on sim: a group's staging blocks are not reused by another stream before its stream has passed it", "[distributed][sim]") {
   for (const bool removed : {false, true}) {
     INFO((removed ? "removed" : "kept"));
+    if (removed && CHORUS_TSAN) {  // the race it shows is real: ThreadSanitizer reports it and stops the test
+      std::printf("CHORUS-SKIP: the staging-reuse control races for real (ThreadSanitizer reports it); it runs in the other builds\n");
+      continue;
+    }
     std::optional<fault::RemovedScope> scope;
     if (removed) scope.emplace(fault::Point::kGlooStagingReuse);
     Tensor a, b;
