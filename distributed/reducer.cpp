@@ -230,7 +230,6 @@ void Reducer::prepare_for_backward(const TensorList& outputs) {
   finalize_queued_ = false;
   next_to_launch_ = 0;
   std::fill(marked_.begin(), marked_.end(), false);
-  std::fill(locally_used_.begin(), locally_used_.end(), false);
   arrival_order_.clear();
   for (auto& b : buckets_) {
     b.pending = b.params.size();
@@ -264,7 +263,14 @@ void Reducer::prepare_for_backward(const TensorList& outputs) {
     if (!unused_this_iteration_[i]) continue;
     auto [bi, s] = location_[i];
     Bucket& b = buckets_[bi];
-    b.views[s].zero_();  // contributes nothing to the sum
+    // [What accumulated is reduced] Unreached by this backward, the parameter contributes the
+    // gradient it holds (no_sync micro-batches may have accumulated one), or nothing; as PyTorch's
+    // mark_variable_ready_dense. (An undefined .grad stays undefined: the bucket's zeros come back to
+    // it only if some rank used the parameter.)
+    if (!identity_reduction()) {
+      if (params_[i].grad().defined()) copy_into_bucket(i, b.views[s]);
+      else b.views[s].zero_();
+    }
     marked_[i] = true;
     --b.pending;
   }
@@ -272,6 +278,11 @@ void Reducer::prepare_for_backward(const TensorList& outputs) {
 }
 
 void Reducer::mark_ready(size_t i) {
+  // [What accumulated is reduced] A gradient that reached the parameter since the last reduction,
+  // in a no_sync() micro-batch too, makes it used (PyTorch's local_used_map_): the synced backward
+  // then reduces it even where that backward does not reach the parameter. Cleared once finalize
+  // has told the ranks.
+  locally_used_[i] = true;
   if (!require_sync_) return;  // no_sync(): gradients accumulate locally
   if (!expect_hooks_) {
     // A backward through the module without DDP's forward (e.g. the module called directly): DDP
@@ -296,7 +307,6 @@ void Reducer::mark_ready(size_t i) {
   Bucket& b = buckets_[bi];
   if (!identity_reduction()) copy_into_bucket(i, b.views[s]);
   marked_[i] = true;
-  locally_used_[i] = true;
   arrival_order_.push_back(i);
   if (b.first_ready == Clock::time_point()) {
     b.first_ready = now;
@@ -366,6 +376,7 @@ void Reducer::finalize() {
     group_->allreduce({used})->wait();
     for (size_t i = 0; i < params_.size(); ++i) globally_used[i] = pu[i] > 0;
   }
+  std::fill(locally_used_.begin(), locally_used_.end(), false);  // told: the next accumulation starts
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!globally_used[i]) continue;
     auto [bi, s] = location_[i];

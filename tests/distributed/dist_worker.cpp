@@ -857,6 +857,95 @@ void scenario_find_unused(const std::shared_ptr<ProcessGroup>& pg, Device device
   }
 }
 
+// no_sync with find_unused_parameters: 3 micro-batches under no_sync, then a synced 4th, twice
+// (zero_grad between), equal to one process's gradients of the sum of every rank's and
+// micro-batch's loss over the world size (PyTorch's semantics: a parameter counts as used when it
+// got a gradient in any micro-batch since the last reduction, and its accumulated gradient goes to
+// the bucket even when this backward does not reach it). Branches: `a` used only in the no_sync
+// micro-batches, on every rank; `b` only in them and only on rank 0; `c` in the synced one on rank
+// 1 and in the no_sync ones on rank 0; `never` by nobody (its .grad stays undefined). Before
+// 2026-12-04 `a` and `b` kept each rank's own sum, unreduced (the ranks' parameters then drift
+// apart), and `c` left out rank 0's share. `view`: gradient_as_bucket_view.
+struct Accumulating : nn::Module {
+  std::shared_ptr<nn::Linear> trunk, a, b, c, never;
+  bool use_a = false, use_b = false, use_c = false;
+  Accumulating() : nn::Module("Accumulating") {
+    manual_seed(13);
+    trunk = register_module("trunk", std::make_shared<nn::Linear>(4, 4));
+    a = register_module("a", std::make_shared<nn::Linear>(4, 4));
+    b = register_module("b", std::make_shared<nn::Linear>(4, 4));
+    c = register_module("c", std::make_shared<nn::Linear>(4, 4));
+    never = register_module("never", std::make_shared<nn::Linear>(4, 4));
+    to(kFloat64);
+  }
+  void choose(int rank, bool synced) {
+    use_a = !synced;
+    use_b = !synced && rank == 0;
+    use_c = synced ? rank == 1 : rank == 0;
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = trunk->forward(x);
+    if (use_a) h = a->forward(h);
+    if (use_b) h = b->forward(h).tanh();
+    if (use_c) h = c->forward(h);
+    return h;
+  }
+};
+
+void scenario_no_sync_unused(const std::shared_ptr<ProcessGroup>& pg, Device device, bool view) {
+  const int rank = pg->rank(), world = pg->size();
+  const int64_t micro = 2, k = 4;
+  auto model = std::make_shared<Accumulating>(), ref = std::make_shared<Accumulating>();
+  model->to(device);
+  DDPOptions opts;
+  opts.find_unused_parameters = true;
+  opts.gradient_as_bucket_view = view;
+  DistributedDataParallel ddp(model, pg, opts);
+  manual_seed(14);
+  Tensor x = randn({world * k * micro, 4}, {.dtype = kFloat64});
+  auto rows = [&](int r, int64_t i) { return x.narrow(0, (r * k + i) * micro, micro); };
+  // The reference: every rank's micro-batches on one process, the sum over the world size.
+  Tensor total = zeros({}, {.dtype = kFloat64});
+  for (int r = 0; r < world; ++r) {
+    for (int64_t i = 0; i < k; ++i) {
+      ref->choose(r, i == k - 1);
+      total = total + ref->forward(rows(r, i)).pow(2).sum();
+    }
+  }
+  (total / static_cast<double>(world)).backward();
+  for (int round = 0; round < 2; ++round) {
+    model->zero_grad();
+    for (int64_t i = 0; i < k; ++i) {
+      model->choose(rank, i == k - 1);
+      auto step = [&] { ddp.forward(rows(rank, i).to(device)).pow(2).sum().backward(); };
+      if (i < k - 1) {
+        auto guard = ddp.no_sync();
+        step();
+      } else {
+        step();
+      }
+    }
+    for (auto& [name, p] : model->named_parameters()) {
+      Tensor rp;
+      for (auto& [n2, q] : ref->named_parameters())
+        if (n2 == name) rp = q;
+      if (name.rfind("never", 0) == 0) {
+        check(!p.grad().defined(), "no_sync_unused: a parameter unused on every rank keeps .grad undefined: " + name);
+        continue;
+      }
+      check(p.grad().defined(), "no_sync_unused: gradient defined for " + name);
+      if (!p.grad().defined()) continue;
+      REQUIRE_DEVICE(p.grad(), device);
+      const double ratio = allclose_ratio(p.grad(), rp.grad(), 1e-10, 1e-12);
+      check(ratio <= 1, fmt::format("no_sync_unused on {} (view {}), round {}: gradient of {} differs by {:.3g} of "
+                                    "rtol 1e-10 + atol 1e-12 x its largest",
+                                    device.str(), view, round, name, ratio));
+    }
+  }
+  std::printf("rank %d: no_sync with find_unused on %s (view %d): every gradient as one process's\n", rank,
+              device.str().c_str(), view);
+}
+
 void scenario_prior_iteration(const std::shared_ptr<ProcessGroup>& pg) {
   auto model = std::make_shared<Branchy>();
   DistributedDataParallel ddp(model, pg);  // no find_unused_parameters; rank0_only/never never used
@@ -1451,7 +1540,9 @@ int main(int argc, char** argv) {
     } else if (scenario == "no_sync") {
       scenario_no_sync(pg, argc > 2 ? Device(argv[2]) : kCPU, argc > 3 ? argv[3] : "");
     }
-    else if (scenario == "find_unused") {
+    else if (scenario == "no_sync_unused") {
+      scenario_no_sync_unused(pg, argc > 2 ? Device(argv[2]) : kCPU, argc > 3 && std::string(argv[3]) == "view");
+    } else if (scenario == "find_unused") {
       scenario_find_unused(pg, argc > 2 ? Device(argv[2]) : kCPU, argc > 3 && std::string(argv[3]) == "static_graph");
     }
     else if (scenario == "prior_iteration") scenario_prior_iteration(pg);

@@ -196,6 +196,14 @@ TEST_CASE("no_sync accumulates locally and the next synced backward reduces the 
   require_all_ok(run_dist_workers(3, {"no_sync"}));
 }
 
+// PyTorch's semantics, which the reducer missed before 2026-12-04 (dist_worker.cpp,
+// scenario_no_sync_unused): a parameter used only in no_sync micro-batches is reduced like any.
+TEST_CASE("no_sync with find_unused_parameters reduces what accumulated, also for branches the synced backward misses", "[distributed][ddp]") {
+  require_all_ok(run_dist_workers(2, {"no_sync_unused"}));
+  require_all_ok(run_dist_workers(3, {"no_sync_unused", "cpu", "view"}));
+  require_all_ok(run_dist_workers(2, {"no_sync_unused", "sim:0", "view"}, {"CHORUS_SIM_DELAY_US=200"}));
+}
+
 TEST_CASE("find_unused_parameters handles a branch used on some ranks only", "[distributed][ddp]") {
   require_all_ok(run_dist_workers(2, {"find_unused"}));
   require_all_ok(run_dist_workers(3, {"find_unused"}));
