@@ -226,7 +226,8 @@ class GlooStreamCommunicator::LaneWorker {
   // allreduce (stream_group_test, 2026-12-04). So an ordered group (one with a collective) waits
   // until the one issued before it was posted. Sends and receives are matched by their tags and are
   // not ordered: a receive must be posted while an earlier send of a shared hardware queue still
-  // waits (see group_end). Returns false when the communicator is going away first; an abort ends
+  // waits (see group_end). A coalesced group that mixes sends or receives with a collective is
+  // ordered as a whole, its sends and receives included. Returns false when the communicator is going away first; an abort ends
   // the wait (the aborted group then posts nothing). fault::Point::kGlooCollectiveOrder removed (a
   // negative control, stream_group_test): the group is posted at once.
   bool wait_turn(uint64_t order) {

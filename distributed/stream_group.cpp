@@ -134,6 +134,15 @@ StreamOrderedGroup::~StreamOrderedGroup() {
       f.work->end_event().synchronize();
       f.work->finish({}, f.work->noted_error());
     } catch (...) {
+      // Its device failed (the watchdog, stopped above, may not have seen it yet): abort the
+      // communicator, or a later group of another device that waits for this one's turn to reach
+      // Gloo (gloo_communicator.cpp, [Collectives reach Gloo in the order they were issued]) would
+      // hold its end event, and this loop, forever.
+      try {
+        f.communicator->abort(fmt::format("{} failed on the communication stream as the group was destroyed",
+                                          f.work->description()));
+      } catch (...) {
+      }
     }
   }
 }

@@ -502,11 +502,12 @@ TEST_CASE("Gloo on sim: collectives issued on two devices reach Gloo in the orde
 // stream it runs on (the group's lanes, every device of the type), and a group's blocks go back to
 // it only once its stream has passed the group (its `done` event, release_staging). Rank 0 issues
 // allreduce A on sim:0 (ones) and then B on sim:1 (fives); rank 1 joins them (tens, twenties) only
-// once both are posted, so B's stream has copied B's input out. Kept, B takes a block of its own:
-// A = 1 + 10, B = 5 + 20. Removed (fault::Point::kGlooStagingReuse), A's block goes back at B's
-// group_start while A's collective waits in Gloo, B's first-fit block overlaps it (A's was the
-// first fit), and B's input there is overwritten by A's result before Gloo reads it: B is not all
-// 25, whatever order the rest runs in.
+// once both are posted, so both streams have copied their inputs out. Kept, B takes a block of its
+// own: A = 1 + 10, B = 5 + 20. Removed (fault::Point::kGlooStagingReuse), A's block goes back at
+// B's group_start (A's stream may not even have copied out yet) and B's first-fit block is A's (the
+// warm-ups leave the pool's front as it was): both copies-out land in that one block, in either
+// order; Gloo, whose process group runs its collectives on one thread in order, runs A there (x +
+// 10, x being 1 or 5) and then B on what A left: B = x + 30, never 25.
 TEST_CASE("Gloo on sim: a group's staging blocks are not reused by another stream before its stream has passed it", "[distributed][sim]") {
   for (const bool removed : {false, true}) {
     INFO((removed ? "removed" : "kept"));
