@@ -1,5 +1,7 @@
 #include "autograd/engine.h"
 
+#include <algorithm>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -7,6 +9,8 @@
 #include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "kernels/layout_conversions.h"
+#include "tensor/caching_allocator.h"
+#include "tensor/fault.h"
 #include "tensor/ops.h"
 
 namespace chorus::autograd {
@@ -20,16 +24,24 @@ struct GraphTask {
 };
 thread_local GraphTask* g_current_task = nullptr;
 
+// The gradients summed so far for one node's outputs, and for each the stream it was made (summed)
+// on: none on the CPU ([Backward runs on the forward's streams]).
+struct InputBuffer {
+  TensorList grads;
+  std::vector<std::optional<Stream>> made_on;
+};
+using InputBuffers = std::unordered_map<Node*, InputBuffer>;
+
 // [Gradient into the pending sum] The node whose backward is running, and the input buffers of the
 // backward pass running it (for pending_gradient below).
 struct Running {
   Node* node = nullptr;
-  std::unordered_map<Node*, TensorList>* buffers = nullptr;
+  InputBuffers* buffers = nullptr;
 };
 thread_local Running g_running;
 
 struct RunningScope {
-  RunningScope(Node* node, std::unordered_map<Node*, TensorList>* buffers) : previous(g_running) {
+  RunningScope(Node* node, InputBuffers* buffers) : previous(g_running) {
     g_running = {node, buffers};
   }
   ~RunningScope() { g_running = previous; }
@@ -81,6 +93,31 @@ bool adds_in_place(const Tensor& slot, const Shape& shape, DType dtype, Device d
          slot.device() == device;
 }
 
+// [Backward runs on the forward's streams] As PyTorch's engine: each node's backward runs on the
+// stream its forward ran on (Node::stream), so work the forward spread over streams keeps that
+// parallelism, and its kernels read the activations in the order that wrote them. A gradient made
+// on one stream and used on another is ordered by an event: where it is summed into a node's input
+// buffer, the sum runs on the consumer's stream (if on the gradient's device; else on the stream
+// that made it) after the streams that made both terms; the gradients' memory is recorded on the
+// stream that uses it, for the caching allocator. The seeds are made on the caller's current
+// streams, so the first nodes wait for those; when the pass ends, the caller's current stream of
+// each device waits for every stream a node ran on, before the callbacks (DDP's finalize) run and
+// before backward() returns: the .grad a caller then reads is ordered as any op's output. With
+// every node on one stream (the common case) none of this queues anything. Removed
+// (fault::Point::kAutogradStreams, engine_test): every backward op runs on the caller's current
+// stream, unordered against a forward on another stream, as chorus did before 2026-12-04.
+bool follows_forward_streams() { return !fault::removed(fault::Point::kAutogradStreams); }
+
+// Later work on `consumer` waits for what `producer` has queued so far, and `t`'s memory stays
+// out of reuse until `consumer` has passed this point.
+void order_after(const Stream& consumer, const Stream& producer, const Tensor& t) {
+  if (consumer == producer) return;
+  Event made;
+  made.record(producer);
+  consumer.wait(made);
+  if (t.defined()) record_stream(t.storage(), consumer);
+}
+
 }  // namespace
 
 // [Gradient into the pending sum] While a node's backward runs, the gradient already summed for its
@@ -99,9 +136,13 @@ Tensor* pending_gradient(size_t input, const Shape& shape, DType dtype, Device d
   const Node::OutputMeta& meta = e.fn->output_meta()[e.input_nr];
   if (meta.shape != shape || meta.dtype != dtype || meta.device != device) return nullptr;
   auto it = g_running.buffers->find(e.fn.get());
-  if (it == g_running.buffers->end() || e.input_nr >= it->second.size()) return nullptr;
-  Tensor& slot = it->second[e.input_nr];
+  if (it == g_running.buffers->end() || e.input_nr >= it->second.grads.size()) return nullptr;
+  Tensor& slot = it->second.grads[e.input_nr];
   if (!slot.defined() || !adds_in_place(slot, shape, dtype, device)) return nullptr;
+  // Only a sum made on the stream the adding backward runs on ([Backward runs on the forward's
+  // streams]): the add is not ordered against another.
+  const std::optional<Stream>& made_on = it->second.made_on[e.input_nr];
+  if (made_on && *made_on != current_stream(device)) return nullptr;
   return &slot;
 }
 
@@ -173,13 +214,31 @@ TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& gra
   // 3. Seed the input buffers of the roots and run nodes as they become ready. Gradients are
   // computed and summed without recording history (the in-place sums below included).
   NoGradGuard no_grad;
-  std::unordered_map<Node*, TensorList> buffers;
+  InputBuffers buffers;
   std::unordered_map<Node*, std::shared_ptr<Node>> owners;
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>, ReadyOrder> ready;
+  const bool follow_streams = follows_forward_streams();
+  std::vector<Stream> streams_run;  // the streams nodes ran on ([Backward runs on the forward's streams])
   auto add_to_buffer = [&](const Edge& e, Tensor g) {
-    TensorList& buf = buffers[e.fn.get()];
-    if (buf.empty()) buf.resize(e.fn->output_meta().size());
-    Tensor& slot = buf[e.input_nr];
+    InputBuffer& buf = buffers[e.fn.get()];
+    if (buf.grads.empty()) {
+      buf.grads.resize(e.fn->output_meta().size());
+      buf.made_on.resize(buf.grads.size());
+    }
+    Tensor& slot = buf.grads[e.input_nr];
+    std::optional<Stream>& made_on = buf.made_on[e.input_nr];
+    // Where the sum is made: the consumer's stream when it is on the gradient's device, else the
+    // one that made the gradient (current: the producing node's, or the caller's for a seed).
+    std::optional<StreamGuard> on_stream;
+    if (follow_streams && g.device().type != DeviceType::CPU) {
+      const Stream made = current_stream(g.device());
+      const std::optional<Stream>& consumer = e.fn->stream();
+      const Stream sum_on = consumer && consumer->device() == g.device() ? *consumer : made;
+      order_after(sum_on, made, g);
+      if (slot.defined() && made_on) order_after(sum_on, *made_on, slot);
+      if (sum_on != made) on_stream.emplace(sum_on);
+      made_on = sum_on;
+    }
     if (!slot.defined()) {
       slot = std::move(g);
     } else if (adds_in_place(slot, g.sizes(), g.dtype(), g.device())) {
@@ -211,9 +270,23 @@ TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& gra
     while (!ready.empty()) {
       std::shared_ptr<Node> node = ready.top();
       ready.pop();
-      TensorList grads = std::move(buffers[node.get()]);
+      InputBuffer buf = std::move(buffers[node.get()]);
       buffers.erase(node.get());
+      TensorList grads = std::move(buf.grads);
       grads.resize(node->output_meta().size());
+      // On the forward's stream, after the streams that made its gradients; kept current while its
+      // gradients go into the next nodes' buffers (they were made on it).
+      std::optional<StreamGuard> on_stream;
+      if (follow_streams && node->stream()) {
+        const Stream& s = *node->stream();
+        for (size_t i = 0; i < grads.size() && i < buf.made_on.size(); ++i) {
+          if (grads[i].defined() && buf.made_on[i] && buf.made_on[i]->device() == s.device()) {
+            order_after(s, *buf.made_on[i], grads[i]);
+          }
+        }
+        on_stream.emplace(s);
+        if (std::find(streams_run.begin(), streams_run.end(), s) == streams_run.end()) streams_run.push_back(s);
+      }
       for (size_t i = 0; i < grads.size(); ++i) {
         const auto& meta = node->output_meta()[i];
         if (!grads[i].defined()) grads[i] = zeros(meta.shape, {.dtype = meta.dtype, .device = meta.device});
@@ -259,6 +332,8 @@ TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& gra
         }
       }
     }
+    // The caller's current streams after every stream a node ran on.
+    for (const Stream& s : streams_run) order_after(current_stream(s.device()), s, Tensor());
     // Callbacks may queue further callbacks; run until none are left.
     static const std::string kCallbacks = "backward callbacks";  // DDP's finalize, e.g.
     layout_conversions::PhaseScope phase(kCallbacks);

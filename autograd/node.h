@@ -7,9 +7,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "tensor/runtime.h"
 #include "tensor/tensor.h"
 
 namespace chorus::autograd {
@@ -67,8 +69,13 @@ class Node : public std::enable_shared_from_this<Node> {
   std::vector<OutputMeta>& output_meta() { return output_meta_; }
   uint32_t add_output(const Tensor& t) {
     output_meta_.push_back({t.sizes(), t.dtype(), t.device()});
+    if (!stream_ && t.device().type != DeviceType::CPU) stream_ = current_stream(t.device());
     return static_cast<uint32_t>(output_meta_.size() - 1);
   }
+  // [Backward runs on the forward's streams] (engine.cpp) The stream the forward ran on: the
+  // current stream of the first device output's device when the node recorded it (a leaf's
+  // AccumulateGrad: when the forward first used the leaf). None when every output is on the CPU.
+  const std::optional<Stream>& stream() const { return stream_; }
 
   // Hooks on non-leaf tensors, keyed by the output they belong to (run before apply).
   int add_tensor_hook(uint32_t output_nr, TensorHook hook);
@@ -85,6 +92,7 @@ class Node : public std::enable_shared_from_this<Node> {
   uint64_t sequence_nr_;
   std::vector<Edge> next_edges_;
   std::vector<OutputMeta> output_meta_;
+  std::optional<Stream> stream_;
   std::map<uint32_t, std::vector<std::pair<int, TensorHook>>> tensor_hooks_;
   std::map<uint32_t, TensorHook> retain_grad_hooks_;
   int next_hook_id_ = 0;

@@ -4,8 +4,13 @@
 // error messages users see when they call these wrongly.
 #include <catch2/catch.hpp>
 
+#include <optional>
+#include <vector>
+
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "tensor/runtime.h"
+#include "tensor/test_faults.h"
 #include "tests/autograd/autograd_testing.h"
 
 namespace chorus {
@@ -424,6 +429,113 @@ TEST_CASE("integer outputs of differentiable inputs carry no history", "[autogra
   auto [values, indices] = max(x, 0);
   CHECK(values.requires_grad());
   CHECK_FALSE(indices.requires_grad());
+}
+
+
+// [Backward runs on the forward's streams] (autograd/engine.cpp), on sim:0 with the stream-order
+// sanitizer (on by default for sim): a forward on a side stream and backward() called on the
+// default stream. Each backward op runs on its forward's stream, after the caller's seed; the
+// default stream then waits for it, so reading .grad there is ordered, and the gradients are the
+// CPU's bit for bit. Removed (fault::Point::kAutogradStreams: every backward op on the caller's
+// stream, as before 2026-12-04), the first backward kernel reads the forward's activations on the
+// default stream with nothing ordering it after the side stream that wrote them: the sanitizer
+// reports it (on a GPU: a silent race).
+TEST_CASE("backward runs on the forward's stream: a forward on a side stream, backward() from the default one", "[autograd][sim]") {
+  const Device dev = Device::sim(0);
+  manual_seed(21);
+  Tensor x = randn({6, 8}, {.dtype = kFloat64}), w = randn({8, 5}, {.dtype = kFloat64}).requires_grad_();
+  (x.matmul(w).tanh() * 3.0).sum().backward();
+  const Stream side = stream_from_pool(dev);
+  REQUIRE_FALSE(side == current_stream(dev));
+  for (const bool removed : {false, true}) {
+    INFO((removed ? "removed" : "kept"));
+    std::optional<fault::RemovedScope> scope;
+    if (removed) scope.emplace(fault::Point::kAutogradStreams);
+    Tensor xd = x.to(dev), wd = w.detach().to(dev).requires_grad_();
+    synchronize(dev);  // the side stream's forward is ordered after the copies
+    Tensor loss;
+    {
+      StreamGuard on_side(side);
+      loss = (xd.matmul(wd).tanh() * 3.0).sum();
+    }
+    if (!removed) {
+      loss.backward();
+      CHECK(equal(wd.grad().cpu(), w.grad()));
+    } else {
+      CHECK_THROWS_WITH(loss.backward(), Catch::Contains("stream-order sanitizer"));
+    }
+    synchronize(dev);
+  }
+}
+
+// Two branches of a forward on two side streams, joined on the default stream: in backward each
+// branch's ops run on its own stream (seen by a hook on the branch's output and on its weight's
+// AccumulateGrad), and the two gradients of the shared input are summed after both streams, on the
+// stream of the node that takes them. The gradients equal the CPU's; the sanitizer finds nothing.
+TEST_CASE("backward runs each branch on its forward's stream and sums across streams after both", "[autograd][sim]") {
+  const Device dev = Device::sim(0);
+  manual_seed(22);
+  Tensor x = randn({4, 6}, {.dtype = kFloat64});
+  Tensor w1 = randn({6, 6}, {.dtype = kFloat64}).requires_grad_(), w2 = randn({6, 3}, {.dtype = kFloat64}).requires_grad_(),
+         w3 = randn({6, 3}, {.dtype = kFloat64}).requires_grad_();
+  auto forward = [](const Tensor& in, const Tensor& a1, const Tensor& a2, const Tensor& a3, const Stream* s1, const Stream* s2,
+                    Tensor* branch_a) {
+    Tensor h = in.matmul(a1), a, b;
+    Event made;
+    if (s1 != nullptr) made.record(current_stream(in.device()));
+    {
+      std::optional<StreamGuard> g;
+      if (s1 != nullptr) {
+        s1->wait(made);
+        g.emplace(*s1);
+      }
+      a = h.tanh().matmul(a2);
+    }
+    {
+      std::optional<StreamGuard> g;
+      if (s2 != nullptr) {
+        s2->wait(made);
+        g.emplace(*s2);
+      }
+      b = h.sigmoid().matmul(a3);
+    }
+    if (s1 != nullptr) {
+      Event ea, eb;
+      ea.record(*s1);
+      eb.record(*s2);
+      current_stream(in.device()).wait(ea);
+      current_stream(in.device()).wait(eb);
+    }
+    if (branch_a != nullptr) *branch_a = a;
+    return (a * b).sum();
+  };
+  forward(x, w1, w2, w3, nullptr, nullptr, nullptr).backward();
+  const Stream s1 = stream_from_pool(dev), s2 = stream_from_pool(dev);
+  REQUIRE_FALSE(s1 == s2);
+  REQUIRE_FALSE(s1 == current_stream(dev));
+  REQUIRE_FALSE(s2 == current_stream(dev));
+  Tensor xd = x.to(dev), w1d = w1.detach().to(dev).requires_grad_(), w2d = w2.detach().to(dev).requires_grad_(),
+         w3d = w3.detach().to(dev).requires_grad_();
+  Tensor a;
+  Tensor loss = forward(xd, w1d, w2d, w3d, &s1, &s2, &a);
+  std::vector<Stream> seen_a, seen_w2;
+  a.register_hook([&](const Tensor&) {
+    seen_a.push_back(current_stream(Device::sim(0)));
+    return Tensor();
+  });
+  w2d.register_hook([&](const Tensor&) {
+    seen_w2.push_back(current_stream(Device::sim(0)));
+    return Tensor();
+  });
+  loss.backward();
+  REQUIRE(seen_a.size() == 1);
+  REQUIRE(seen_w2.size() == 1);
+  CHECK(seen_a[0] == s1);
+  CHECK(seen_w2[0] == s1);
+  CHECK(equal(w1d.grad().cpu(), w1.grad()));
+  CHECK(equal(w2d.grad().cpu(), w2.grad()));
+  CHECK(equal(w3d.grad().cpu(), w3.grad()));
+  synchronize(dev);
 }
 
 }  // namespace chorus
