@@ -5,9 +5,11 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -26,8 +28,23 @@ struct GlooStreamCommunicator::State {
   // LaneWorker::wait_turn), and how many lane workers wait for their turn now (for tests).
   uint64_t ordered_posted = 0;
   int waiting_turn = 0;
+  // [sim runs a device's groups one after another, as NCCL] The last group of each sim device's
+  // order that has finished (see LaneWorker::wait_turn).
+  std::map<int, uint64_t> device_finished;
   std::string aborted;                 // why, once abort() ran
 };
+
+// Whether sim's groups follow NCCL's order ([sim runs a device's groups one after another, as NCCL],
+// group_end): CHORUS_SIM_NCCL_ORDER unset or 1 (the default), 0 off; a test may remove it.
+bool sim_nccl_order() {
+  static const bool on = [] {
+    const char* v = std::getenv("CHORUS_SIM_NCCL_ORDER");
+    if (v == nullptr || std::string(v) == "1") return true;
+    if (std::string(v) == "0") return false;
+    fail("CHORUS_SIM_NCCL_ORDER={}: expected 0 or 1", v);
+  }();
+  return on && !fault::removed(fault::Point::kSimNcclOrder);
+}
 
 // Page-locked host memory for the staged copies and the lanes' flag words, kept for the
 // communicator's life and reused: allocating page-locked memory waits for all device work (CUDA
@@ -139,10 +156,10 @@ class GlooStreamCommunicator::LaneWorker {
   // ordered groups (0: a group of sends and receives, which is not ordered; see wait_turn). The job
   // is called with whether the stream's copies to the host are done (its `ready` was seen, or it
   // has none): only then may it write over the host copies of what it reads.
-  void push(uint32_t sequence, bool after_ready, uint64_t order, std::function<void(bool)> job) {
+  void push(uint32_t sequence, bool after_ready, Turn turn, std::function<void(bool)> job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      jobs_.push_back({sequence, after_ready, order, std::move(job)});
+      jobs_.push_back({sequence, after_ready, turn, std::move(job)});
     }
     cv_.notify_all();
   }
@@ -156,7 +173,7 @@ class GlooStreamCommunicator::LaneWorker {
   struct Job {
     uint32_t sequence;
     bool after_ready;
-    uint64_t order;
+    Turn turn;
     std::function<void(bool)> run;
   };
   void loop() {
@@ -198,7 +215,7 @@ class GlooStreamCommunicator::LaneWorker {
           break;
         }
       }
-      if (!stopped && job.order != 0) stopped = !wait_turn(job.order);
+      if (!stopped && (job.turn.order != 0 || job.turn.device_order != 0)) stopped = !wait_turn(job.turn);
       if (stopped) {  // the communicator is going away: hand the job back unrun (it owns device tensors)
         std::lock_guard<std::mutex> lock(mutex_);
         finished_.push_back(std::move(job.run));
@@ -230,9 +247,18 @@ class GlooStreamCommunicator::LaneWorker {
   // ordered as a whole, its sends and receives included. Returns false when the communicator is going away first; an abort ends
   // the wait (the aborted group then posts nothing). fault::Point::kGlooCollectiveOrder removed (a
   // negative control, stream_group_test): the group is posted at once.
-  bool wait_turn(uint64_t order) {
-    if (fault::removed(fault::Point::kGlooCollectiveOrder)) return true;
+  // [sim runs a device's groups one after another, as NCCL] A group with a device order (sim's
+  // model of NCCL, see group_end) also waits until the group before it on its device has finished.
+  bool wait_turn(const Turn& turn) {
+    const uint64_t order = fault::removed(fault::Point::kGlooCollectiveOrder) ? 0 : turn.order;
     State& s = *state_;
+    auto my_turn = [&] {
+      if (!s.aborted.empty()) return true;
+      if (order != 0 && s.ordered_posted + 1 < order) return false;
+      if (turn.device_order == 0) return true;
+      const auto it = s.device_finished.find(turn.device);
+      return (it == s.device_finished.end() ? 0 : it->second) + 1 >= turn.device_order;
+    };
     auto count_waiting = [&](int by) {
       std::lock_guard<std::mutex> lock(s.mutex);
       s.waiting_turn += by;
@@ -242,7 +268,7 @@ class GlooStreamCommunicator::LaneWorker {
     for (;;) {
       {
         std::unique_lock<std::mutex> lock(s.mutex);
-        if (s.cv.wait_for(lock, std::chrono::milliseconds(5), [&] { return s.ordered_posted + 1 >= order || !s.aborted.empty(); })) break;
+        if (s.cv.wait_for(lock, std::chrono::milliseconds(5), my_turn)) break;
       }
       std::lock_guard<std::mutex> own(mutex_);  // (not under the state's lock)
       if (stop_) {
@@ -395,13 +421,25 @@ void GlooStreamCommunicator::group_end() {
   bool ordered = false;
   for (const Job& job : jobs) ordered = ordered || job.ordered;
   const uint64_t order = ordered ? ordered_issued_ + 1 : 0;
+  // [sim runs a device's groups one after another, as NCCL] On a GPU, chorus's NCCL communicator
+  // of a device runs every operation in the order it was issued, whatever the stream (NCCL's
+  // documented semantics: NVIDIA/nccl issues #574, #783), and a send may wait for its receive to be
+  // posted (always, past NCCL's buffers): a send and then a receive as two groups, on two ranks
+  // that both send first, hang there. The Gloo lanes would pass it (the receive lane posts at
+  // once). So on sim, the judge of the GPU half, every group also waits until the group issued
+  // before it on its device has finished: the same exchange hangs (the watchdog fails it at the
+  // group's timeout), and needs what NCCL needs, one coalesced group. CHORUS_SIM_NCCL_ORDER=0 turns
+  // the model off; fault::Point::kSimNcclOrder removes it in a test.
+  const int device_index = stream.device().index;
+  const bool nccl_order = stream.device().type == DeviceType::Sim && sim_nccl_order();
+  const uint64_t device_order = nccl_order ? device_issued_[device_index] + 1 : 0;
   std::vector<bool> read, written;
   for (const StagedTensor& t : staged_tensors) {
     read.push_back(t.read);
     written.push_back(t.written);
   }
   // The collectives of the group, issued on the host copies and waited for.
-  auto run = [jobs, host, aliases, read, written, state, order](bool copies_done) {
+  auto run = [jobs, host, aliases, read, written, state, order, device_index, device_order](bool copies_done) {
     std::string aborted;
     {
       std::lock_guard<std::mutex> lock(state->mutex);
@@ -450,6 +488,14 @@ void GlooStreamCommunicator::group_end() {
                       static_cast<size_t>(aliases[i].nbytes()));
         }
     }
+    if (device_order != 0) {
+      {
+        std::lock_guard<std::mutex> lock(state->mutex);
+        uint64_t& finished = state->device_finished[device_index];
+        finished = std::max(finished, device_order);
+      }
+      state->cv.notify_all();
+    }
   };
   // On the stream, after the caller's work: copy the tensors the collectives read into their
   // page-locked host copies, write the lane's `ready` word; the lane worker, polling it, runs the collectives and stores
@@ -487,8 +533,9 @@ void GlooStreamCommunicator::group_end() {
     std::lock_guard<std::mutex> lock(state->mutex);
     ++state->submitted;  // (here: a group that failed before reaching its worker is not waited for)
   }
-  worker.push(sequence, /*after_ready=*/reads, order, std::move(run));
+  worker.push(sequence, /*after_ready=*/reads, {order, device_index, device_order}, std::move(run));
   if (ordered) ordered_issued_ = order;
+  if (nccl_order) device_issued_[device_index] = device_order;
   // fault::Point::kGlooDoneFlag removed (a negative control, multiprocess_test): the stream copies
   // the host copies back without waiting for the collectives to have written them.
   if (!fault::removed(fault::Point::kGlooDoneFlag)) rt.stream_wait_value(stream.handle(), worker.done_word(), sequence);

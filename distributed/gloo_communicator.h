@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -75,6 +76,14 @@ class GlooStreamCommunicator final : public Communicator {
   void add(const char* op, const std::vector<Operand>& operands, const Stream& stream,
            const std::shared_ptr<StreamWork>& work, Issue issue, bool ordered = true);
   void release_staging(bool all);
+  // A group's place in the orders its lane worker waits for (gloo_communicator.cpp): among the
+  // communicator's ordered groups (0: not ordered), and among its device's groups under sim's model
+  // of NCCL (0: not modelled).
+  struct Turn {
+    uint64_t order = 0;
+    int device = 0;
+    uint64_t device_order = 0;
+  };
   // A block of page-locked host memory from a PinnedPool.
   struct Block {
     char* ptr = nullptr;
@@ -101,6 +110,7 @@ class GlooStreamCommunicator final : public Communicator {
   };
   int depth_ = 0;
   uint64_t ordered_issued_ = 0;  // the last ordered group pushed to a lane worker
+  std::map<int, uint64_t> device_issued_;  // the last group pushed, per sim device (sim's model of NCCL)
   bool discard_ = false;  // an op of the open group was refused: group_end submits none of it
   std::optional<Stream> stream_;
   std::vector<Job> jobs_;

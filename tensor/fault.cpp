@@ -33,6 +33,7 @@ const char* name(Point p) {
     case Point::kSimFailedEventWait: return "sim_failed_event_wait";
     case Point::kGlooCollectiveOrder: return "gloo_collective_order";
     case Point::kGlooStagingReuse: return "gloo_staging_reuse";
+    case Point::kSimNcclOrder: return "sim_nccl_order";
     case Point::kAutogradStreams: return "autograd_streams";
     case Point::kCount: break;
   }

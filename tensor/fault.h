@@ -31,6 +31,7 @@ enum class Point : int {
   kSimFailedEventWait,      // a wait for an event recorded on a failed device fails the waiting device too (sim)
   kGlooCollectiveOrder,     // the Gloo lanes post collectives in the order they were issued, across streams (gloo_communicator)
   kGlooStagingReuse,        // a group's page-locked staging blocks are reused only once its stream has passed it (gloo_communicator)
+  kSimNcclOrder,            // sim runs each device's Gloo groups one after another, as NCCL a communicator's operations (gloo_communicator)
   kAutogradStreams,         // backward ops run on their forward's streams, ordered after the streams that made their gradients (engine)
   kCount
 };

@@ -384,12 +384,14 @@ namespace {
 // process on the CPU, over a FileStore. Both first allreduce once on each of rank 0's devices (the
 // pool's page-locked chunk and both lanes' flag words then exist, and nothing is in flight). Rank 1
 // then runs `rank1` once rank 0's `rank0` has called release() (or returned, or thrown).
+// `gloo_ms`, `group_ms`: Gloo's timeout and the stream-ordered group's.
 void two_ranks(const std::string& name, const std::function<void(ProcessGroupGloo&)>& rank1,
-               const std::function<void(StreamOrderedGroup&, GlooStreamCommunicator&, const std::function<void()>& release)>& rank0) {
+               const std::function<void(StreamOrderedGroup&, GlooStreamCommunicator&, const std::function<void()>& release)>& rank0,
+               int gloo_ms = 20000, int group_ms = 30000) {
   const std::string path = store_path(name);
   std::filesystem::remove(path);
   GlooOptions gloo;
-  gloo.timeout = std::chrono::milliseconds(20000);  // a regression that leaves a rank waiting fails, not hangs
+  gloo.timeout = std::chrono::milliseconds(gloo_ms);  // a regression that leaves a rank waiting fails, not hangs
   std::promise<void> go;
   std::exception_ptr rank1_error;
   std::thread rank1_thread([&, released = go.get_future()]() mutable {
@@ -419,7 +421,7 @@ void two_ranks(const std::string& name, const std::function<void(ProcessGroupGlo
     auto host = std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 0, 2, gloo);
     auto comm = std::make_shared<GlooStreamCommunicator>(host);
     StreamOrderedGroup group(host, StreamOrderedGroup::DeviceCommunicators{{DeviceType::Sim, comm}},
-                             std::chrono::milliseconds(30000), "cpu:gloo,sim:gloo");
+                             std::chrono::milliseconds(group_ms), "cpu:gloo,sim:gloo");
     for (const Device d : {Device::sim(0), Device::sim(1)}) {
       group.allreduce({zeros({kStagedN}, {.device = d})})->wait_finished();
       synchronize(d);
@@ -495,6 +497,78 @@ TEST_CASE("Gloo on sim: collectives issued on two devices reach Gloo in the orde
     INFO("A: " << a.narrow(0, 0, 4) << " B: " << b.narrow(0, 0, 4));
     CHECK(equal(a, full({kStagedN}, removed ? 21.0f : 11.0f)));
     CHECK(equal(b, full({kStagedN}, removed ? 15.0f : 25.0f)));
+  }
+}
+
+// [sim runs a device's groups one after another, as NCCL] (gloo_communicator.cpp). Rank 0 on sim:0
+// and rank 1 (a thread, CPU) exchange tensors, each sending first: rank 1 sends and then receives,
+// each waited for (chorus's Gloo send waits for its receive, as NCCL's may); rank 0 issues a send
+// and then a receive as two groups. On a GPU, NCCL runs rank 0's receive only after its send, which
+// waits for rank 1's receive, which waits for rank 1's send, which waits for rank 0's receive: a
+// hang. sim models it: the receive is never posted, the watchdog fails it at the group's 1.5 s, and
+// Gloo's 3 s ends the rest. As one coalesced group (what NCCL needs: ncclGroupStart/End, PyTorch's
+// batch_isend_irecv) both arrive. Removed (fault::Point::kSimNcclOrder, the Gloo lanes as they are),
+// the two groups pass, as they would not on a GPU.
+TEST_CASE("sim runs a device's groups in order, as NCCL: a send then a receive, both ranks sending first, hangs; coalesced, it passes", "[distributed][sim]") {
+  struct Case {
+    const char* name;
+    bool removed, coalesced;
+  };
+  for (const Case c : {Case{"chorus_stream_group_nccl_order", false, false}, Case{"chorus_stream_group_nccl_coalesced", false, true},
+                       Case{"chorus_stream_group_nccl_removed", true, false}}) {
+    INFO(c.name);
+    std::optional<fault::RemovedScope> scope;
+    if (c.removed) scope.emplace(fault::Point::kSimNcclOrder);
+    Tensor got0, got1 = zeros({kStagedN});
+    std::string rank1_message, recv_message;
+    bool recv_ok = false;
+    two_ranks(
+        c.name,
+        [&](ProcessGroupGloo& g) {
+          try {
+            g.send(full({kStagedN}, 2.0f), 0, 7)->wait();
+            g.recv(got1, 0, 7)->wait();
+          } catch (const Error& e) {  // the hang, ended by Gloo's timeout
+            rank1_message = e.what();
+          }
+        },
+        [&](StreamOrderedGroup& group, GlooStreamCommunicator&, const std::function<void()>& release) {
+          release();
+          const Device d0 = Device::sim(0);
+          Tensor mine = full({kStagedN}, 1.0f).to(d0);
+          got0 = zeros({kStagedN}, {.device = d0});
+          std::shared_ptr<Work> recv;
+          if (c.coalesced) {
+            group.start_coalescing();
+            group.send(mine, 1, 7);
+            group.recv(got0, 1, 7);
+            recv = group.end_coalescing();
+          } else {
+            group.send(mine, 1, 7);
+            recv = group.recv(got0, 1, 7);
+          }
+          recv->wait_finished();
+          recv_ok = recv->is_success();
+          if (!recv_ok) {
+            try {
+              std::rethrow_exception(recv->exception());
+            } catch (const Error& e) {
+              recv_message = e.what();
+            }
+          }
+        },
+        /*gloo_ms=*/3000, /*group_ms=*/1500);
+    INFO("rank 0's receive: " << recv_message << "; rank 1: " << rank1_message);
+    if (!c.removed && !c.coalesced) {
+      CHECK_FALSE(recv_ok);
+      CHECK_THAT(recv_message, Catch::Contains("timed out after 1500 ms"));
+      CHECK_FALSE(rank1_message.empty());
+    } else {
+      CHECK(recv_ok);
+      CHECK(equal(got0.cpu(), full({kStagedN}, 2.0f)));
+      CHECK(equal(got1, full({kStagedN}, 1.0f)));
+      CHECK(rank1_message.empty());
+    }
   }
 }
 
