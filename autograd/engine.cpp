@@ -115,7 +115,8 @@ void order_after(const Stream& consumer, const Stream& producer, const Tensor& t
   Event made;
   made.record(producer);
   consumer.wait(made);
-  if (t.defined()) record_stream(t.storage(), consumer);
+  // (Memory the allocator does not own, a from_blob seed, is the caller's to keep alive.)
+  if (t.defined() && from_caching_allocator(t.storage())) record_stream(t.storage(), consumer);
 }
 
 }  // namespace
@@ -141,8 +142,8 @@ Tensor* pending_gradient(size_t input, const Shape& shape, DType dtype, Device d
   if (!slot.defined() || !adds_in_place(slot, shape, dtype, device)) return nullptr;
   // Only a sum made on the stream the adding backward runs on ([Backward runs on the forward's
   // streams]): the add is not ordered against another.
-  const std::optional<Stream>& made_on = it->second.made_on[e.input_nr];
-  if (made_on && *made_on != current_stream(device)) return nullptr;
+  const auto& made = it->second.made_on;
+  if (e.input_nr < made.size() && made[e.input_nr] && *made[e.input_nr] != current_stream(device)) return nullptr;
   return &slot;
 }
 
@@ -221,16 +222,15 @@ TensorList Engine::execute(const std::vector<Edge>& roots, const TensorList& gra
   std::vector<Stream> streams_run;  // the streams nodes ran on ([Backward runs on the forward's streams])
   auto add_to_buffer = [&](const Edge& e, Tensor g) {
     InputBuffer& buf = buffers[e.fn.get()];
-    if (buf.grads.empty()) {
-      buf.grads.resize(e.fn->output_meta().size());
-      buf.made_on.resize(buf.grads.size());
-    }
+    if (buf.grads.empty()) buf.grads.resize(e.fn->output_meta().size());
     Tensor& slot = buf.grads[e.input_nr];
-    std::optional<Stream>& made_on = buf.made_on[e.input_nr];
     // Where the sum is made: the consumer's stream when it is on the gradient's device, else the
     // one that made the gradient (current: the producing node's, or the caller's for a seed).
+    // (made_on is sized at the first device gradient: a CPU graph allocates none.)
     std::optional<StreamGuard> on_stream;
     if (follow_streams && g.device().type != DeviceType::CPU) {
+      if (buf.made_on.empty()) buf.made_on.resize(buf.grads.size());
+      std::optional<Stream>& made_on = buf.made_on[e.input_nr];
       const Stream made = current_stream(g.device());
       const std::optional<Stream>& consumer = e.fn->stream();
       const Stream sum_on = consumer && consumer->device() == g.device() ? *consumer : made;

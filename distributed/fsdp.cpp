@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -13,7 +14,9 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "distributed/checkpoint_folder.h"
+#include "distributed/streams_seen.h"
 #include "kernels/dispatch.h"
+#include "tensor/caching_allocator.h"
 #include "tensor/fault.h"
 #include "tensor/ops.h"
 
@@ -46,6 +49,7 @@ struct FullyShardedDataParallel::Flat {
   // This backward: which parameters' gradients arrived, and the reduce-scatter once launched.
   std::vector<bool> arrived;
   size_t ready = 0;
+  StreamsSeen grads_on;  // on a device: the streams the gradients were accumulated on (streams_seen.h)
   bool launched = false;
   Tensor reduce_in, reduce_out;
   std::shared_ptr<Work> reduce_work;
@@ -206,6 +210,7 @@ void FullyShardedDataParallel::build(const FSDPOptions& options) {
             f.arrived[j] = true;
             ++f.ready;
           }
+          if (!f.full.device().is_cpu()) f.grads_on.note(current_stream(f.full.device()));
           if (f.ready == f.params.size()) launch_ready_reductions();
         }));
       }
@@ -288,6 +293,7 @@ void FullyShardedDataParallel::reset_iteration() {
     std::fill(f->arrived.begin(), f->arrived.end(), false);
     f->ready = 0;
     f->launched = false;
+    f->grads_on.clear();
   }
   next_reduction_ = 0;
   for (auto& u : units_) u->fresh = false;  // the shards may have been stepped since
@@ -355,10 +361,15 @@ void FullyShardedDataParallel::launch_reduction(size_t fi) {
   Flat& f = *flats_[fi];
   const int world = group_->size();
   f.reduce_in = zeros({f.shard_numel * world}, {.dtype = f.full.dtype(), .device = f.full.device()});
+  // The gradients may have been made on several streams: read them on the current one after those,
+  // and keep their memory from reuse until it has.
+  std::optional<Stream> reading;
+  if (!f.full.device().is_cpu()) reading = f.grads_on.order_current_after(f.full.device());
   for (size_t j = 0; j < f.params.size(); ++j) {
     Tensor& g = f.params[j].mutable_grad();
     if (!g.defined()) continue;
     f.reduce_in.narrow(0, f.offsets[j], f.params[j].numel()).copy_(g.reshape({-1}));
+    if (reading && !fault::removed(fault::Point::kBucketCopyStreams)) record_stream(g.storage(), *reading);
     g = Tensor();  // the full gradient is not kept
   }
   if (world > 1) {
@@ -405,6 +416,7 @@ void FullyShardedDataParallel::finish_backward() {
     std::fill(f.arrived.begin(), f.arrived.end(), false);
     f.ready = 0;
     f.launched = false;
+    f.grads_on.clear();
   }
   next_reduction_ = 0;
   for (size_t u = 0; u < units_.size(); ++u) reshard(u);

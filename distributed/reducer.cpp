@@ -234,6 +234,7 @@ void Reducer::prepare_for_backward(const TensorList& outputs) {
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     b.work.reset();
+    b.copied_on.clear();
     b.first_ready = b.last_ready = b.launched = b.finished = Clock::time_point();
   }
   if (!options_.find_unused_parameters) return;
@@ -270,6 +271,7 @@ void Reducer::prepare_for_backward(const TensorList& outputs) {
     if (!identity_reduction()) {
       if (params_[i].grad().defined()) copy_into_bucket(i, b.views[s]);
       else b.views[s].zero_();
+      if (device_) b.copied_on.note(current_stream(*device_));
     }
     marked_[i] = true;
     --b.pending;
@@ -305,7 +307,11 @@ void Reducer::mark_ready(size_t i) {
   NoGradGuard no_grad;
   auto [bi, s] = location_[i];
   Bucket& b = buckets_[bi];
-  if (!identity_reduction()) copy_into_bucket(i, b.views[s]);
+  if (!identity_reduction()) {
+    copy_into_bucket(i, b.views[s]);
+    // On the stream of the parameter's AccumulateGrad, which the forward chose (distributed/streams_seen.h).
+    if (device_) b.copied_on.note(current_stream(*device_));
+  }
   marked_[i] = true;
   arrival_order_.push_back(i);
   if (b.first_ready == Clock::time_point()) {
@@ -337,6 +343,7 @@ void Reducer::launch_ready_buckets() {
     Bucket& b = buckets_[next_to_launch_++];
     b.launched = Clock::now();
     if (timing_) timing_->launched[b.index].record(current_stream(*device_));
+    if (device_) b.copied_on.order_current_after(*device_);  // the collective starts from the current stream
     b.work = identity_reduction() ? completed_work("allreduce (world size 1)", {b.buffer}) : comm_hook_(*group_, b);
     // The host clock's end of the collective, for the CPU statistics. On a device the statistics
     // come from events, and the work finishes on the group's watchdog thread long after the host

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "distributed/process_group.h"
+#include "distributed/streams_seen.h"
 #include "tensor/runtime.h"
 #include "tensor/tensor.h"
 
@@ -27,6 +28,7 @@ struct Bucket {
   std::vector<Tensor> views;          // buffer.narrow(...).view(param shape), one per parameter
   size_t pending = 0;                 // gradients not yet copied in this iteration
   std::shared_ptr<Work> work;         // the collective in flight
+  StreamsSeen copied_on;              // on a device: the streams its gradients were copied on this iteration
   std::chrono::steady_clock::time_point first_ready, last_ready, launched, finished;
 };
 

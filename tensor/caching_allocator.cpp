@@ -385,6 +385,12 @@ void CachingAllocator::record_stream(void* ptr, const Stream& stream) {
   if (stream.handle() != it->second->stream) it->second->stream_uses.insert(stream.handle());
 }
 
+bool CachingAllocator::owns(void* ptr, Device device) {
+  DeviceState& st = state(device, "owns");
+  std::lock_guard<std::mutex> lock(st.mutex);
+  return st.live.count(ptr) > 0;
+}
+
 // ---- Events, empty_cache -----------------------------------------------------------------------
 
 // Frees the blocks whose events have all completed. Only queries: never blocks the host.
@@ -537,6 +543,11 @@ size_t max_memory_reserved(Device device) { return memory_stats(device).peak_res
 MemoryStats memory_stats(Device device) { return caching_allocator_for(device.type).stats(device); }
 void reset_peak_memory_stats(Device device) { caching_allocator_for(device.type).reset_peak_memory_stats(device); }
 void empty_cache(Device device) { caching_allocator_for(device.type).empty_cache(device); }
+
+bool from_caching_allocator(const Storage& storage) {
+  if (!storage || storage->data() == nullptr || storage->device().is_cpu()) return false;
+  return caching_allocator_for(storage->device().type).owns(storage->data(), storage->device());
+}
 
 void record_stream(const Storage& storage, const Stream& stream) {
   if (!storage || storage->data() == nullptr) return;

@@ -122,6 +122,8 @@ class CachingAllocator final : public Allocator {
 
   // Marks the live block at `ptr` (on stream's device) as used by `stream`; see [Record Stream].
   void record_stream(void* ptr, const Stream& stream);
+  // Whether `ptr` is a live block of this allocator on `device` (not from_blob memory).
+  bool owns(void* ptr, Device device);
   // Waits for pending events, then returns every free, unsplit segment of `device` to the runtime.
   void empty_cache(Device device);
 
@@ -173,5 +175,8 @@ void empty_cache(Device device);
 // Marks `storage` as used on `stream`: its memory is not reused before the work `stream` has been
 // given so far completes (see [Record Stream]). A no-op for empty storage.
 void record_stream(const Storage& storage, const Stream& stream);
+// Whether `storage`'s memory is a live block of its device's caching allocator: false for the CPU,
+// empty storage, and device memory from from_blob, which record_stream refuses.
+bool from_caching_allocator(const Storage& storage);
 
 }  // namespace chorus

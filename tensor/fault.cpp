@@ -34,6 +34,7 @@ const char* name(Point p) {
     case Point::kGlooCollectiveOrder: return "gloo_collective_order";
     case Point::kGlooStagingReuse: return "gloo_staging_reuse";
     case Point::kSimNcclOrder: return "sim_nccl_order";
+    case Point::kBucketCopyStreams: return "bucket_copy_streams";
     case Point::kAutogradStreams: return "autograd_streams";
     case Point::kCount: break;
   }

@@ -32,6 +32,7 @@ enum class Point : int {
   kGlooCollectiveOrder,     // the Gloo lanes post collectives in the order they were issued, across streams (gloo_communicator)
   kGlooStagingReuse,        // a group's page-locked staging blocks are reused only once its stream has passed it (gloo_communicator)
   kSimNcclOrder,            // sim runs each device's Gloo groups one after another, as NCCL a communicator's operations (gloo_communicator)
+  kBucketCopyStreams,       // DDP's bucket and FSDP's flat collective wait for every stream their gradients were copied on (reducer, fsdp)
   kAutogradStreams,         // backward ops run on their forward's streams, ordered after the streams that made their gradients (engine)
   kCount
 };

@@ -617,6 +617,80 @@ TEST_CASE("Gloo on sim: a group's staging blocks are not reused by another strea
   }
 }
 
+namespace {
+// A forward on two streams: the first layer on `side` (ordered after the caller's stream and back),
+// the second on the caller's. In backward each layer's gradients come on its own stream (autograd's
+// [Backward runs on the forward's streams]), and so do DDP's copies into the bucket.
+struct TwoStreamNet : nn::Module {
+  std::shared_ptr<nn::Linear> first, second;
+  std::optional<Stream> side;
+  TwoStreamNet() : nn::Module("TwoStreamNet") {
+    manual_seed(31);
+    first = register_module("first", std::make_shared<nn::Linear>(6, 8));
+    second = register_module("second", std::make_shared<nn::Linear>(8, 3));
+    to(kFloat64);
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h;
+    if (side) {
+      const Stream caller = current_stream(x.device());
+      Event in;
+      in.record(caller);
+      side->wait(in);
+      {
+        StreamGuard on_side(*side);
+        h = first->forward(x).tanh();
+      }
+      Event out;
+      out.record(*side);
+      caller.wait(out);
+    } else {
+      h = first->forward(x).tanh();
+    }
+    return second->forward(h);
+  }
+};
+}  // namespace
+
+// distributed/streams_seen.h: DDP (one bucket; gradient_as_bucket_view, so even at world size 1 the
+// gradients are copied into it) over a forward on two streams. The bucket fills on both streams and
+// is launched from the last gradient's (the first layer's, on the side stream); its collective must
+// wait for the caller's stream too. Kept: the gradients equal plain training's bit for bit, and the
+// sanitizer finds nothing. Removed (fault::Point::kBucketCopyStreams): the sanitizer reports the
+// collective reading the second layer's copies, which nothing ordered before it.
+TEST_CASE("DDP over a forward on two streams: a bucket's collective waits for every stream its gradients were copied on", "[distributed][sim]") {
+  const std::string path = store_path("chorus_stream_group_two_streams");
+  auto group = one_rank_group(path);
+  const Device sim0 = Device::sim(0);
+  for (const bool removed : {false, true}) {
+    INFO((removed ? "removed" : "kept"));
+    auto model = std::make_shared<TwoStreamNet>(), ref = std::make_shared<TwoStreamNet>();
+    model->to(sim0);
+    model->side = stream_from_pool(sim0);
+    REQUIRE_FALSE(*model->side == current_stream(sim0));
+    DistributedDataParallel ddp(model, group, {.gradient_as_bucket_view = true});
+    REQUIRE(ddp.reducer().buckets().size() == 1);
+    Generator g(32);
+    Tensor x = randn({5, 6}, {.dtype = kFloat64}, &g), y = randint(0, 3, {5}, {.dtype = kInt64}, &g);
+    F::cross_entropy(ref->forward(x), y).backward();
+    std::optional<fault::RemovedScope> scope;
+    if (removed) scope.emplace(fault::Point::kBucketCopyStreams);
+    Tensor xd = x.to(sim0), yd = y.to(sim0);
+    if (!removed) {
+      F::cross_entropy(ddp.forward(xd), yd).backward();
+      const auto a = model->named_parameters(), b = ref->named_parameters();
+      for (size_t i = 0; i < a.size(); ++i) {
+        INFO(a[i].first);
+        CHECK(equal(a[i].second.grad().cpu(), b[i].second.grad()));
+      }
+    } else {
+      CHECK_THROWS_WITH(F::cross_entropy(ddp.forward(xd), yd).backward(), Catch::Contains("stream-order sanitizer"));
+    }
+    synchronize(sim0);
+  }
+  std::filesystem::remove(path);
+}
+
 // DDP destroyed while its allreduces are still queued on the communication stream (slow sim
 // streams): a device work's wait() only orders the current stream, so the reducer must wait on the
 // host for the works before freeing its buckets, and must not hand a completion callback a pointer
