@@ -206,6 +206,12 @@ void FullyShardedDataParallel::build(const FSDPOptions& options) {
             backward_queued_ = true;
             autograd::Engine::get().queue_callback([this] { finish_backward(); });
           }
+          if (f.launched) {
+            fail("FullyShardedDataParallel: the gradient of '{}' came after its flat parameter '{}' was reduced: backward "
+                 "had already reached an earlier block, so the parameter was used outside its own block (each block's "
+                 "parameters must be used only in that block's forward)",
+                 f.names[j], f.name);
+          }
           if (!f.arrived[j]) {
             f.arrived[j] = true;
             ++f.ready;
@@ -342,9 +348,34 @@ TensorList FullyShardedDataParallel::forward(const TensorList& inputs) {
 // ------------------------------------------------------------------ backward
 void FullyShardedDataParallel::pre_backward(size_t u) {
   if (fault::removed(fault::Point::kFsdpPreBackwardGather)) return;
+  launch_reductions_after(u);
   gather(u);
   // Backward runs the blocks in reverse: the one before this is next.
   if (options_.prefetch && u > 0 && units_[u - 1]->block >= 0) start_gather(u - 1);
+}
+
+// [Reductions before the next gather] Backward has reached block unit `u`: every gradient this
+// backward gives the parameters of the units after it has arrived, since the engine runs nodes in
+// the reverse order of the forward that made them (autograd/engine.cpp's ReadyOrder: the highest
+// sequence number first, an AccumulateGrad as soon as it is ready) and unit u's output is made
+// after none of theirs. So a flat of a later unit still waiting holds a parameter this rank did
+// not use (a layer inside the block taken on some ranks only: a gate, an expert); its reduce-scatter
+// goes now, with zeros for that parameter, before this unit's all-gathers. Every rank then issues
+// the same collectives in the same order whatever parameters of a block it used, as NCCL needs (it matches a
+// communicator's operations by issue order). Until 2026-12-04 such a flat waited for the end of
+// backward while the ranks that used the parameter launched it: rank 0 issued an all-gather where
+// rank 1 issued the reduce-scatter (found by a helper's read-only audit; fsdp_worker's "gated"
+// model, and fault::Point::kFsdpReductionsBeforeGather removes it). A gradient that still comes
+// for a launched flat (a block's parameter used in an earlier block's forward) is an error.
+void FullyShardedDataParallel::launch_reductions_after(size_t u) {
+  if (fault::removed(fault::Point::kFsdpReductionsBeforeGather)) return;
+  while (next_reduction_ < reduction_order_.size()) {
+    const size_t fi = reduction_order_[next_reduction_];
+    const Flat& f = *flats_[fi];
+    if (units_[f.unit]->block < 0 || f.unit <= u) break;
+    ++next_reduction_;
+    launch_reduction(fi);
+  }
 }
 
 void FullyShardedDataParallel::launch_ready_reductions() {
@@ -409,6 +440,19 @@ void FullyShardedDataParallel::finish_backward() {
       g.add_(reduced);  // accumulating over backward passes, as .grad does
     } else {
       g = reduced;
+    }
+    // [A reduction's output is read on the caller's stream] reduce_in and reduce_out came from the
+    // pool of the stream the flat's last gradient arrived on (its forward's), and were read here on
+    // the caller's current stream (the add or the cast above; at world size 1 reduce_out is the
+    // gradient itself): kept from reuse until that stream has passed what it queued, as PyTorch's
+    // FSDP record_streams what another stream used before it frees it. Before 2026-12-04 they went
+    // back to the forward stream's pool at once, and a second micro-batch's forward there could take
+    // them while the caller's stream still read them (a helper's audit; stream_group_test's FSDP
+    // case, fault::Point::kFsdpReduceOutStream removes it).
+    if (!f.full.device().is_cpu() && !fault::removed(fault::Point::kFsdpReduceOutStream)) {
+      const Stream reading = current_stream(f.full.device());
+      record_stream(f.reduce_out.storage(), reading);
+      if (!f.reduce_in.is_same(f.reduce_out)) record_stream(f.reduce_in.storage(), reading);
     }
     f.reduce_in = Tensor();
     f.reduce_out = Tensor();

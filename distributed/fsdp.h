@@ -132,6 +132,7 @@ class FullyShardedDataParallel {
   void reshard(size_t unit);
   void pre_backward(size_t unit);
   void on_gradient(size_t flat);
+  void launch_reductions_after(size_t unit);
   void launch_ready_reductions();
   void launch_reduction(size_t flat);
   void finish_backward();

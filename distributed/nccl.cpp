@@ -192,9 +192,9 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  // The device's communicator, made at first use: rank 0 publishes a unique id in the store and
-  // every rank joins with it.
-  // The device's communicator (made outside any NCCL group), with the caller's NCCL group opened.
+  // The device's communicator, made at first use (outside any NCCL group: make_comm), with the
+  // caller's NCCL group opened. Rank 0 publishes a unique id in the store and every rank joins with
+  // it (agree_nccl_unique_id).
   ncclComm_t comm(Device device) {
     ncclComm_t c = make_comm(device);
     if (depth_ > 0 && !open_) {
@@ -208,16 +208,15 @@ class NcclCommunicator final : public Communicator {
     if (!aborted_.empty()) fail("ProcessGroupNCCL: the communicator was aborted: {}", aborted_);
     auto it = comms_.find(device.index);
     if (it != comms_.end()) return it->second;
-    const std::string key = fmt::format("nccl_unique_id_{}", device.index);
+    // By the order communicators are made, not by device: rank 1 on cuda:1 joins rank 0's cuda:0.
+    const Bytes b = agree_nccl_unique_id(*store_, rank_, made_++, device, [] {
+      ncclUniqueId made{};
+      CHORUS_NCCL(ncclGetUniqueId(&made));
+      return Bytes(reinterpret_cast<const uint8_t*>(&made), reinterpret_cast<const uint8_t*>(&made) + sizeof(made));
+    });
     ncclUniqueId id{};
-    if (rank_ == 0) {
-      CHORUS_NCCL(ncclGetUniqueId(&id));
-      store_->set(key, Bytes(reinterpret_cast<const uint8_t*>(&id), reinterpret_cast<const uint8_t*>(&id) + sizeof(id)));
-    } else {
-      const Bytes b = store_->get(key);
-      if (b.size() != sizeof(id)) fail("ProcessGroupNCCL: malformed NCCL unique id in the store ({} bytes)", b.size());
-      std::memcpy(&id, b.data(), sizeof(id));
-    }
+    if (b.size() != sizeof(id)) fail("ProcessGroupNCCL: malformed NCCL unique id in the store ({} bytes, expected {})", b.size(), sizeof(id));
+    std::memcpy(&id, b.data(), sizeof(id));
     DeviceGuard guard(device);
     ncclComm_t c = nullptr;
     CHORUS_NCCL(ncclCommInitRank(&c, size_, id, rank_));
@@ -228,6 +227,7 @@ class NcclCommunicator final : public Communicator {
   int rank_, size_;
   std::mutex mutex_;
   std::map<int, ncclComm_t> comms_;
+  size_t made_ = 0;  // communicators made so far (agree_nccl_unique_id's index)
   std::string aborted_;
   int depth_ = 0;      // group_start() calls not yet ended (the launching thread's)
   bool open_ = false;  // whether this group has called ncclGroupStart
@@ -242,6 +242,29 @@ const bool g_registered = [] {
 }();
 
 }  // namespace
+
+// [NCCL ids by the order communicators are made] Until 2026-12-04 the key was the device's index,
+// which only one GPU (both ranks on cuda:0, the only multi-rank case ever run) made agree: with
+// rank r on cuda:r (chorusrun --nproc-per-node 2 on a two-GPU node) rank 1 waited for
+// "nccl_unique_id_1", which rank 0 never writes, and the group's first collective never started
+// (found by a helper's read-only audit; PyTorch's ProcessGroupNCCL keys its ids by a counter of the
+// communicators the group has made).
+Bytes agree_nccl_unique_id(Store& store, int rank, size_t index, Device device, const std::function<Bytes()>& make_id) {
+  const std::string key = fmt::format("nccl_unique_id_{}", index);
+  if (rank == 0) {
+    Bytes id = make_id();
+    store.set(key, id);
+    return id;
+  }
+  try {
+    return store.get(key);
+  } catch (const Error& e) {
+    fail("ProcessGroupNCCL: rank {} ({}) did not get rank 0's NCCL unique id for the group's communicator #{} (store "
+         "key '{}'): every rank must make its communicators in the same order, one per device it uses in the group's "
+         "collectives: {}",
+         rank, device.str(), index, key, e.what());
+  }
+}
 
 std::shared_ptr<ProcessGroup> make_process_group_nccl(std::shared_ptr<Store> store, int rank, int size,
                                                       NcclOptions options) {

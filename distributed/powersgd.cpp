@@ -40,11 +40,19 @@ CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
   return [state](ProcessGroup& group, Bucket& bucket) -> std::shared_ptr<Work> {
     PowerSGDState::BucketState& bs = state->buckets[bucket.index];
     const int64_t numel = bucket.buffer.numel();
-    if (bs.buffer_numel != numel) {  // a new or rebuilt bucket: its parameters changed
+    // A new or rebuilt bucket: its errors and Q's belonged to other parameters. DDP rebuilds its
+    // buckets after iteration 0 in the order the gradients arrived, which can reorder a bucket's
+    // parameters without changing its size; until 2026-12-04 only a size change reset the state, so
+    // with start_powerSGD_iter 0 each error went to another parameter of the bucket (a shape error,
+    // or a silently wrong sum between equal shapes; found by a helper's audit). PyTorch refuses
+    // start_powerSGD_iter <= 1 with error feedback or warm start instead; here the state follows the
+    // parameters (dist_worker's powersgd scenario, "a bucket reordered by DDP's rebuild").
+    if (bs.buffer_numel != numel || bs.params != bucket.params) {
       const int64_t iterations = bs.iterations;
       bs = PowerSGDState::BucketState();
       bs.iterations = iterations;
       bs.buffer_numel = numel;
+      bs.params = bucket.params;
     }
     if (state->hierarchical && state->hierarchical->nodes() * state->hierarchical->local_size() != group.size()) {
       fail("powerSGD_hook: the hierarchical groups span {} processes ({} nodes x {}), DDP's group {}",

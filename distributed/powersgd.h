@@ -58,6 +58,7 @@ struct PowerSGDState {
   struct BucketState {
     int64_t iterations = 0;
     int64_t buffer_numel = 0;
+    std::vector<size_t> params;  // the bucket's parameters (the reducer's indices) the state below is for
     std::vector<Tensor> errors;  // one per parameter of the bucket (undefined: sent exactly)
     std::vector<Tensor> qs;
     uint64_t draws = 0;  // Q's drawn without warm start

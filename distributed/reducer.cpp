@@ -229,6 +229,7 @@ void Reducer::prepare_for_backward(const TensorList& outputs) {
   expect_hooks_ = true;
   finalize_queued_ = false;
   next_to_launch_ = 0;
+  unused_pending_ = false;
   std::fill(marked_.begin(), marked_.end(), false);
   arrival_order_.clear();
   for (auto& b : buckets_) {
@@ -240,7 +241,8 @@ void Reducer::prepare_for_backward(const TensorList& outputs) {
   if (!options_.find_unused_parameters) return;
   if (!(options_.static_graph && static_unused_known_)) {
     // Walk the graph from the outputs; a parameter whose AccumulateGrad is not reached gets no
-    // gradient this iteration and is marked ready now, so its bucket does not wait forever.
+    // gradient from this backward and is marked ready without one (below), so its bucket does not
+    // wait forever.
     std::unordered_set<const TensorImpl*> reached;
     std::unordered_set<const autograd::Node*> seen;
     std::vector<autograd::Node*> stack;
@@ -260,6 +262,24 @@ void Reducer::prepare_for_backward(const TensorList& outputs) {
     for (size_t i = 0; i < params_.size(); ++i) unused_this_iteration_[i] = !reached.count(params_[i].unsafe_impl());
     static_unused_known_ = true;
   }
+  // [Unused parameters at the first hook] Their gradients go into the buckets at the synced
+  // backward's first hook, not here at its forward, as PyTorch's reducer marks them (autograd_hook's
+  // has_marked_unused_parameters_): backward passes under no_sync() that run between this forward
+  // and that backward still add to them. A pipeline stage does exactly that (its last micro-batch's
+  // forward syncs, and under GPipe and 1F1B earlier micro-batches' backwards follow it); until
+  // 2026-12-04 what they added was overwritten by the value copied here (found by a helper's audit;
+  // pipeline_test's "routed" model). When no parameter is reached at all, no hook will come: they
+  // are marked now.
+  unused_pending_ = true;
+  if (std::all_of(unused_this_iteration_.begin(), unused_this_iteration_.end(), [](bool u) { return u; })) {
+    mark_unused_ready();
+  }
+}
+
+void Reducer::mark_unused_ready() {
+  if (!unused_pending_) return;
+  unused_pending_ = false;
+  NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!unused_this_iteration_[i]) continue;
     auto [bi, s] = location_[i];
@@ -291,6 +311,9 @@ void Reducer::mark_ready(size_t i) {
     // reduces nothing here, as PyTorch does when forward bypassed the wrapper.
     return;
   }
+  // [Unused parameters at the first hook] Before the check below, as PyTorch's autograd_hook: a
+  // parameter the walk found unreached that still gets a gradient is marked twice, and said so.
+  mark_unused_ready();
   if (marked_[i]) {
     fail("DistributedDataParallel: Expected to mark a variable ready only once. This error is caused by one of the "
          "following reasons: 1) use of a module parameter outside the forward function, 2) reused parameters in "

@@ -122,6 +122,8 @@ class Reducer {
   bool incomplete_ = false;          // last synced backward did not reduce every bucket
   bool rebuilt_ = false;
   bool static_unused_known_ = false;
+  bool unused_pending_ = false;      // the unused parameters of this synced backward are not marked yet
+  void mark_unused_ready();
   int64_t iteration_ = 0;
 
   std::chrono::steady_clock::time_point forward_start_, forward_end_, first_ready_;

@@ -36,6 +36,8 @@ const char* name(Point p) {
     case Point::kSimNcclOrder: return "sim_nccl_order";
     case Point::kBucketCopyStreams: return "bucket_copy_streams";
     case Point::kAutogradStreams: return "autograd_streams";
+    case Point::kFsdpReductionsBeforeGather: return "fsdp_reductions_before_gather";
+    case Point::kFsdpReduceOutStream: return "fsdp_reduce_out_stream";
     case Point::kCount: break;
   }
   return "?";

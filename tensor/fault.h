@@ -34,6 +34,8 @@ enum class Point : int {
   kSimNcclOrder,            // sim runs each device's Gloo groups one after another, as NCCL a communicator's operations (gloo_communicator)
   kBucketCopyStreams,       // DDP's bucket and FSDP's flat collective wait for every stream their gradients were copied on (reducer, fsdp)
   kAutogradStreams,         // backward ops run on their forward's streams, ordered after the streams that made their gradients (engine)
+  kFsdpReductionsBeforeGather,  // FSDP full_shard issues later blocks' reduce-scatters before a block's all-gathers in backward (fsdp)
+  kFsdpReduceOutStream,     // FSDP record_streams a reduction's buffers on the stream that reads them after backward (fsdp)
   kCount
 };
 const char* name(Point p);

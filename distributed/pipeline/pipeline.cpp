@@ -374,6 +374,21 @@ void PipelineStage::rethrow(const std::exception& e, const std::string& what, in
 
 void PipelineStage::send(std::vector<Link>& links, const TensorList& values, int kind, int boundary, int micro_batch,
                          const char* what) {
+  // [Boundary tensors on the stage's device] The receiver allocates every tensor on its own device,
+  // and the group routes a send by its tensor's device: a CPU tensor from a cuda stage would go
+  // through Gloo while the peer's receive is an NCCL one, which (NCCL matching by issue order,
+  // ignoring tags) takes the next tensor this rank sends there, or hangs. On sim both went through
+  // one Gloo group and matched by tag, so it passed (a helper's audit, 2026-12-04). Refused before
+  // anything is sent, so the peer's receive fails when this rank exits rather than waiting.
+  for (size_t k = 0; k < values.size(); ++k) {
+    if (values[k].defined() && values[k].device() != device_) {
+      fail("{}: {} of micro-batch {}: tensor {} of the stage's {} is on {}, but this stage runs on {}; every tensor "
+           "crossing a stage boundary must be on the stage's device (e.g. make a mask with .device = the input's "
+           "device, or .to() it)",
+           where(), what, micro_batch, k, kind == kActivation ? "output" : "input gradients", values[k].device().str(),
+           device_.str());
+    }
+  }
   for (Link& l : links) {
     if (kind == kActivation && !l.agreed) {
       if (values.empty() || values.size() > static_cast<size_t>(kMaxTensors)) {

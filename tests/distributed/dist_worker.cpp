@@ -667,6 +667,50 @@ void scenario_powersgd(const std::shared_ptr<ProcessGroup>& pg, Device device) {
                 device.str().c_str(), first, last, static_cast<long long>(state->sent_elements),
                 static_cast<long long>(state->uncompressed_elements), state->compression_rate());
   }
+  {
+    // A bucket reordered by DDP's rebuild: `late` is registered first and applied last, so backward
+    // gives its gradients first and the rebuilt bucket (one, the same size) holds the parameters in
+    // another order. With start_powerSGD_iter 0 the hook has state by then: it must follow the
+    // parameters (powersgd.cpp), not the positions (a 3 x 6 error added to a 6 x 5 gradient).
+    struct Reordered : nn::Module {
+      std::shared_ptr<nn::Linear> late, early;
+      Reordered() : nn::Module("Reordered") {
+        manual_seed(11);
+        late = register_module("late", std::make_shared<nn::Linear>(6, 3));
+        early = register_module("early", std::make_shared<nn::Linear>(5, 6));
+        to(kFloat64);
+      }
+      Tensor forward(const Tensor& x) override { return late->forward(early->forward(x).tanh()); }
+    };
+    auto model = std::make_shared<Reordered>();
+    model->to(device);
+    DistributedDataParallel ddp(model, pg);
+    auto state = std::make_shared<PowerSGDState>();
+    state->start_powerSGD_iter = 0;
+    state->min_compression_rate = 1;
+    ddp.register_comm_hook(powerSGD_hook(state));
+    optim::SGD opt(model->parameters(), {.lr = 0.1});
+    manual_seed(12);
+    Tensor x = randn({4 * world, 5}, f64).narrow(0, 4 * rank, 4).to(device);
+    Tensor y = randint(0, 3, {4 * world}).narrow(0, 4 * rank, 4).to(device);
+    const std::vector<size_t> before = ddp.reducer().buckets().at(0).params;
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      F::cross_entropy(ddp.forward(x), y).backward();
+      opt.step();
+    }
+    const Bucket& bucket = ddp.reducer().buckets().at(0);
+    check(ddp.reducer().buckets().size() == 1 && bucket.params != before,
+          "powerSGD reordered: DDP's rebuild put the bucket's parameters in another order (the case is real)");
+    const PowerSGDState::BucketState& bs = state->buckets.at(0);
+    check(bs.params == bucket.params, "powerSGD reordered: the hook's state is for the rebuilt bucket's parameters");
+    for (size_t i = 0; i < bucket.views.size() && i < bs.errors.size(); ++i) {
+      if (!bs.errors[i].defined()) continue;
+      check(bs.errors[i].sizes() == bucket.views[i].sizes(),
+            fmt::format("powerSGD reordered: error {} is {}, its parameter {}", i, shape_str(bs.errors[i].sizes()),
+                        shape_str(bucket.views[i].sizes())));
+    }
+  }
 }
 
 // The MLP trained 3 steps of SGD with momentum by DDP over `group` (with `hook`, if any) and by DDP

@@ -51,6 +51,33 @@ TEST_CASE("FSDP on sim devices: collectives on the communication stream, ordered
   require_all_ok(run(2, {"equivalence", "mlp", "shard_grad_op", "sim:0"}, env));
 }
 
+// distributed/fsdp.cpp, [Reductions before the next gather]: the middle block holds a layer only rank 1
+// uses, so rank 0's flats of that block miss gradients. CHORUS_DISTRIBUTED_DEBUG=DETAIL compares
+// every collective's op, sequence number and shapes across the ranks before it runs. With the rule
+// every rank issues the same sequence and training equals DDP with find_unused_parameters (within
+// 1e-10); removed, rank 0 reaches the next block's all-gather where rank 1 reaches the gated block's
+// reduce-scatter, and every rank fails naming the mismatch (over NCCL, which matches by issue
+// order, a hang or mixed data).
+TEST_CASE("FSDP with a layer only one rank uses issues the same collectives on every rank", "[distributed][fsdp]") {
+  const std::string detail = "CHORUS_DISTRIBUTED_DEBUG=DETAIL";
+  for (const char* strategy : {"full_shard", "shard_grad_op"}) {
+    INFO(strategy);
+    require_all_ok(run(2, {"equivalence", "gated", strategy}, {detail}));
+  }
+  require_all_ok(run(3, {"equivalence", "gated", "full_shard", "noprefetch"}, {detail}));
+  require_all_ok(run(2, {"equivalence", "gated", "full_shard", "sim:0"}, {detail, "CHORUS_SIM_DELAY_US=200"}));
+  const chorus::testing::Result r =
+      run(2, {"equivalence", "gated", "full_shard"}, {detail, "CHORUS_TEST_FAULT=fsdp_reductions_before_gather"});
+  INFO(r.output);
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(r.codes[rank] == 1);
+    const std::string log = chorus::testing::rank_log(r, rank);
+    CHECK(log.find("collective mismatch detected") != std::string::npos);
+    CHECK(log.find("allgather") != std::string::npos);
+    CHECK(log.find("reduce_scatter") != std::string::npos);
+  }
+}
+
 TEST_CASE("FSDP sharded checkpoints resume bit-exactly, read whole, and reshard to another world size", "[distributed][fsdp][checkpoint]") {
   const char* tmp = std::getenv("TEST_TMPDIR");
   for (const char* model : {"mlp", "gpt"}) {

@@ -1,6 +1,7 @@
 // One process of an FSDP job (fsdp_test starts several, as chorusrun would).
 //
 //   fsdp_worker equivalence <model> <full_shard|shard_grad_op> [cpu|sim:0] [noprefetch] [accumulate]
+//       (model: mlp, transformer, gpt, or gated: an MLP whose middle block has a layer only rank 1 uses)
 //       FullyShardedDataParallel + Adam against DDP + Adam on an identical model, float64: the
 //       losses, the gradient norms and, after 5 steps, every parameter within 1e-10 (relative);
 //       1/N of the elements held per rank; a resharded model's parameters refuse to be read.
@@ -32,6 +33,22 @@ namespace {
 
 constexpr int64_t kPerRank = 3, kSeq = 8;
 
+// A layer whose second half (`gate`) only rank 1 uses: on the other ranks its parameters get no
+// gradient, in the middle of a block the others' backward goes through (as a per-rank expert
+// would). FSDP must issue the same collectives in the same order on every rank anyway
+// (fsdp.cpp, [Reductions before the next gather]); DDP needs find_unused_parameters.
+struct GatedLinear : nn::Module {
+  std::shared_ptr<nn::Linear> main, gate;
+  GatedLinear(int64_t in, int64_t out) : nn::Module("GatedLinear") {
+    main = register_module("main", std::make_shared<nn::Linear>(in, out));
+    gate = register_module("gate", std::make_shared<nn::Linear>(in, out));
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor y = main->forward(x);
+    return g_rank == 1 ? y + gate->forward(x) : y;
+  }
+};
+
 // A model as blocks, its data, its loss on the last block's outputs and on the whole model.
 struct Workload {
   pipeline::BlockModel blocks;
@@ -61,7 +78,13 @@ Workload make_workload(const std::string& kind) {
     return w;
   }
   auto seq = std::make_shared<nn::Sequential>();
-  if (kind == "mlp") {
+  if (kind == "gated") {
+    seq->push_back(std::make_shared<nn::Linear>(10, 24));
+    seq->push_back(std::make_shared<nn::Tanh>());
+    seq->push_back(std::make_shared<GatedLinear>(24, 17));
+    seq->push_back(std::make_shared<nn::ReLU>());
+    seq->push_back(std::make_shared<nn::Linear>(17, 5));
+  } else if (kind == "mlp") {
     seq->push_back(std::make_shared<nn::Linear>(10, 24));
     seq->push_back(std::make_shared<nn::Tanh>());
     seq->push_back(std::make_shared<nn::Linear>(24, 17));  // 17 x 24 + 17: not a multiple of 2, 3 or 4
@@ -111,7 +134,7 @@ void scenario_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::st
   // Matrices and the rest in flat parameters of their own, as a weight-decay split would.
   options.flat_group = [](const std::string&, const Tensor& p) { return p.dim() >= 2 ? "matrix" : "other"; };
   FullyShardedDataParallel fsdp(mine.blocks, pg, options);
-  auto ddp = std::make_shared<DistributedDataParallel>(ref.root, pg);
+  auto ddp = std::make_shared<DistributedDataParallel>(ref.root, pg, DDPOptions{.find_unused_parameters = kind == "gated"});
   // eps 1e-4, not 1e-8: the attention's key bias has a gradient of exactly zero in exact
   // arithmetic (softmax ignores a constant added to every score), so both sides hold rounding
   // noise of ~1e-17 there, which Adam with eps 1e-8 would blow up to steps of +-lr in either
@@ -267,7 +290,7 @@ void scenario_mixed(const std::shared_ptr<ProcessGroup>& pg, const std::string& 
   FullyShardedDataParallel fsdp(mine.blocks, pg, options);
   check(fsdp.module().parameters().front().dtype() == kBFloat16, "mixed: the model's parameters are bf16");
   check(fsdp.parameters().front().dtype() == kFloat32, "mixed: the shards stay float32");
-  auto ddp = std::make_shared<DistributedDataParallel>(ref.root, pg);
+  auto ddp = std::make_shared<DistributedDataParallel>(ref.root, pg, DDPOptions{.find_unused_parameters = kind == "gated"});
   optim::SGD opt(fsdp.parameters(), {.lr = 0.1}), ref_opt(ref.root->parameters(), {.lr = 0.1});
   double worst_loss = 0;
   for (int step = 0; step < 3; ++step) {

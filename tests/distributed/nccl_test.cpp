@@ -2,8 +2,11 @@
 // chorus::Error saying there is no CUDA device, not a crash or a hang.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 
 #include "distributed/init.h"
 #include "distributed/nccl.h"
@@ -58,6 +61,44 @@ TEST_CASE("backend specs: device:backend pairs as PyTorch's, with clear errors",
   CHECK_THROWS_WITH(pg->allreduce({t.to(Device::sim(0))}),
                     Catch::Contains("no backend for sim tensors") && Catch::Contains("cpu:gloo,sim:gloo"));
   destroy_process_group();
+  std::filesystem::remove(path);
+}
+
+// distributed/nccl.cpp, [NCCL ids by the order communicators are made]: two ranks driving different
+// devices (rank 0 on cuda:0, rank 1 on cuda:1, as chorusrun places them on a two-GPU node) agree on
+// the id of each communicator they make, in the order they make them. Keyed by the device's index,
+// as until 2026-12-04, rank 1 would wait for an id rank 0 never publishes (here: the store's timeout).
+// A rank whose rank 0 never publishes gets an error naming itself, its device and the key.
+TEST_CASE("NCCL unique ids: ranks on different devices agree, communicator by communicator", "[distributed][nccl]") {
+  const std::string path = std::filesystem::temp_directory_path() / ("chorus_nccl_id_store_" + std::to_string(::getpid()));
+  std::filesystem::remove(path);
+  const std::chrono::milliseconds timeout(3000);
+  int made = 0;
+  auto run_rank = [&](int rank, int device) {
+    FileStore store(path, timeout);
+    std::vector<Bytes> ids;
+    for (size_t index = 0; index < 2; ++index) {
+      ids.push_back(agree_nccl_unique_id(store, rank, index, Device::cuda(device), [&] {
+        ++made;
+        return Bytes(128, static_cast<uint8_t>(17 + index));
+      }));
+    }
+    return ids;
+  };
+  auto rank1 = std::async(std::launch::async, run_rank, 1, 1);
+  const std::vector<Bytes> ids0 = run_rank(0, 0);
+  const std::vector<Bytes> ids1 = rank1.get();
+  CHECK(made == 2);  // only rank 0 makes ids
+  REQUIRE(ids0.size() == 2);
+  CHECK(ids0 == ids1);
+  CHECK(ids0[0] == Bytes(128, 17));
+  CHECK(ids0[1] == Bytes(128, 18));
+  std::filesystem::remove(path);
+
+  FileStore alone(path, std::chrono::milliseconds(200));
+  CHECK_THROWS_WITH(agree_nccl_unique_id(alone, 1, 0, Device::cuda(1), [] { return Bytes(128, 0); }),
+                    Catch::Contains("rank 1 (cuda:1)") && Catch::Contains("communicator #0") &&
+                        Catch::Contains("nccl_unique_id_0") && Catch::Contains("same order"));
   std::filesystem::remove(path);
 }
 

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "distributed/ddp.h"
+#include "distributed/fsdp.h"
 #include "distributed/gloo.h"
 #include "distributed/gloo_communicator.h"
 #include "distributed/stream_group.h"
@@ -685,6 +686,69 @@ TEST_CASE("DDP over a forward on two streams: a bucket's collective waits for ev
       }
     } else {
       CHECK_THROWS_WITH(F::cross_entropy(ddp.forward(xd), yd).backward(), Catch::Contains("stream-order sanitizer"));
+    }
+    synchronize(sim0);
+  }
+  std::filesystem::remove(path);
+}
+
+// distributed/fsdp.cpp, [A reduction's output is read on the caller's stream]: FSDP (world size 1,
+// full_shard) over a forward run on a side stream, backward() from the default one, four
+// micro-batches accumulated with no host synchronization. Each flat's reduction buffers come from
+// the side stream's pool (its last gradient arrives there); after backward the caller's stream adds
+// them into the shard's gradient, and then they are dropped. Kept: the next micro-batch's forward
+// on the side stream cannot take them before the caller's stream has passed the add, and the
+// gradients equal four CPU backward passes bit for bit. Removed (fault::Point::kFsdpReduceOutStream):
+// the sanitizer reports the buffer handed out again on the side stream while the add may still read it.
+TEST_CASE("FSDP over a forward on a side stream: a reduction's buffers outlive the caller stream's read", "[distributed][sim]") {
+  const std::string path = store_path("chorus_stream_group_fsdp_side");
+  const Device sim0 = Device::sim(0);
+  auto make = [] {
+    manual_seed(41);
+    auto net = std::make_shared<nn::Sequential>();
+    net->push_back(std::make_shared<nn::Linear>(6, 8));
+    net->push_back(std::make_shared<nn::Tanh>());
+    net->push_back(std::make_shared<nn::Linear>(8, 3));
+    net->to(kFloat64);
+    return net;
+  };
+  for (const bool removed : {false, true}) {
+    INFO((removed ? "removed" : "kept"));
+    auto group = one_rank_group(path);
+    auto model = make(), ref = make();
+    model->to(sim0);
+    FullyShardedDataParallel fsdp(pipeline::blocks_of(model), group);
+    const Stream side = stream_from_pool(sim0);
+    REQUIRE_FALSE(side == current_stream(sim0));
+    std::optional<fault::RemovedScope> scope;
+    if (removed) scope.emplace(fault::Point::kFsdpReduceOutStream);
+    Generator g(42);
+    synchronize(sim0);
+    auto micro_batches = [&] {
+      for (int m = 0; m < 4; ++m) {
+        Tensor x = randn({5, 6}, {.dtype = kFloat64}, &g), y = randint(0, 3, {5}, {.dtype = kInt64}, &g);
+        F::cross_entropy(ref->forward(x), y).backward();
+        Tensor loss;
+        {
+          StreamGuard on_side(side);
+          loss = F::cross_entropy(fsdp.forward({x.to(sim0)})[0], y.to(sim0));
+        }
+        loss.backward();
+      }
+    };
+    if (!removed) {
+      micro_batches();
+      const nn::NamedTensors grads = fsdp.named_parameters();
+      REQUIRE(grads.size() == 2);
+      // The shards at world size 1 are whole flats: the parameters in order, end to end.
+      std::vector<Tensor> pieces;
+      for (const Tensor& p : ref->parameters()) pieces.push_back(p.grad().reshape({-1}));
+      Tensor want = cat(pieces, 0);
+      Tensor got = cat({grads[0].second.grad().cpu(), grads[1].second.grad().cpu()}, 0);
+      REQUIRE(got.numel() == want.numel());
+      CHECK(equal(got, want));
+    } else {
+      CHECK_THROWS_WITH(micro_batches(), Catch::Contains("stream-order sanitizer"));
     }
     synchronize(sim0);
   }

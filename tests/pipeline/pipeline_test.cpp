@@ -40,6 +40,14 @@ TEST_CASE("2 stages x 2 replicas, 4 stages and 1+2+1 replicas train exactly as o
                          "mlp/1,1,1,1/8/1f1b", "mlp/1,2,1/2/1f1b"}));
 }
 
+// A layer that only some micro-batches use (the "routed" model: rows 8 and 11 of 16 take it), with
+// 2 replicas of its stage and find_unused_parameters: the gradients it gets in a micro-batch whose
+// backward runs after the synced micro-batch's forward reach the allreduce (reducer.cpp, [Unused
+// parameters at the first hook]).
+TEST_CASE("a layer some micro-batches skip, replicated stage, find_unused_parameters: trains exactly as one process", "[pipeline][equivalence]") {
+  require_all_ok(run(3, {"equivalence", "routed/2,1/4/gpipe", "routed/2,1/4/1f1b"}));
+}
+
 // Real models as blocks (blocks.h): GPT-tiny (its word embedding tied between the first and last
 // stages) and BERT-tiny (input ids, attention mask and labels cross every boundary; tied decoder).
 TEST_CASE("GPT-tiny and BERT-tiny: 2 stages x 2 replicas, 4 stages (GPipe, 1F1B) train exactly as one process", "[pipeline][equivalence][models]") {
@@ -143,6 +151,10 @@ TEST_CASE("a stage killed mid-step makes its neighbours fail with a clear error,
 
 TEST_CASE("a boundary tensor that changes shape after the first step is an error, not a hang", "[pipeline][faults]") {
   require_all_ok(run(2, {"shape_change"}, 60));
+}
+
+TEST_CASE("a boundary tensor not on the stage's device is an error, not a message to the wrong communicator", "[pipeline][faults][sim]") {
+  require_all_ok(run(2, {"wrong_device"}, 60));
 }
 
 TEST_CASE("plans for another model or world size, and batches of the wrong size, are refused", "[pipeline][errors]") {

@@ -17,11 +17,14 @@
 //                           an error naming the pipeline stage and rank 1 within seconds.
 //   shape_change            stage 0's output changes width in step 2: a clear error on rank 0, and
 //                           rank 1 fails instead of hanging.
+//   wrong_device            stages on sim:0; stage 0's output comes back on the CPU in step 2: a
+//                           clear error on rank 0, and rank 1 fails instead of hanging.
 //   errors                  a plan for another model, and batches of the wrong size, are refused;
 //                           so are ranks that disagree on the model or the device, blocks owning
 //                           what the model lacks or a buffer on two stages, and wrong tensor counts.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -89,6 +92,27 @@ struct Shrinker : nn::Module {
   Tensor forward(const Tensor& x) override { return shrink ? x.narrow(1, 0, x.size(1) - 1) : x; }
 };
 
+// x + extra(x) on the rows whose first feature is above 2.5, x elsewhere; a micro-batch with no
+// such row leaves `extra` out of its graph (as a router or a label-dependent head would), so DDP
+// needs find_unused_parameters. Row by row the same function as on the whole batch.
+struct Routed : nn::Module {
+  std::shared_ptr<nn::Linear> extra;
+  Routed() : nn::Module("Routed") { extra = register_module("extra", std::make_shared<nn::Linear>(10, 10)); }
+  Tensor forward(const Tensor& x) override {
+    const Tensor take = x.narrow(1, 0, 1).gt(2.5);
+    if (!any(take).item<bool>()) return x;
+    return x + take.to(x.dtype()) * extra->forward(x);
+  }
+};
+
+// Identity until `to_cpu` is set; then returns its input on the CPU (a tensor built without the
+// input's device, as a mask made with zeros() would be).
+struct ToCpu : nn::Module {
+  ToCpu() : nn::Module("ToCpu") {}
+  bool to_cpu = false;
+  Tensor forward(const Tensor& x) override { return to_cpu ? x.cpu() : x; }
+};
+
 std::shared_ptr<nn::Sequential> make_model(const std::string& kind, uint64_t seed = 42) {
   manual_seed(seed);
   auto net = std::make_shared<nn::Sequential>();
@@ -112,6 +136,10 @@ std::shared_ptr<nn::Sequential> make_model(const std::string& kind, uint64_t see
     net->push_back(std::make_shared<MeanOverTime>());
     net->push_back(std::make_shared<nn::LayerNorm>(Shape{8}));
     net->push_back(std::make_shared<nn::Linear>(8, 5));
+  } else if (kind == "routed") {  // 8 layers: a Routed layer, then the mlp's 7
+    auto mlp = make_model("mlp", seed);
+    net->push_back(std::make_shared<Routed>());
+    for (size_t i = 0; i < mlp->size(); ++i) net->push_back((*mlp)[i]);
   } else if (kind == "wide") {  // for the memory scenario: activations much larger than parameters
     net->push_back(std::make_shared<nn::Linear>(64, 512));
     net->push_back(std::make_shared<nn::Tanh>());
@@ -128,7 +156,15 @@ std::shared_ptr<nn::Sequential> make_model(const std::string& kind, uint64_t see
 Tensor make_input(const std::string& kind, int64_t n, uint64_t seed) {
   manual_seed(seed);
   if (kind == "transformer") return randn({n, 4, 6}, {.dtype = kFloat64});
-  return randn({n, kind == "wide" ? 64 : 10}, {.dtype = kFloat64});
+  Tensor x = randn({n, kind == "wide" ? 64 : 10}, {.dtype = kFloat64});
+  if (kind == "routed") {
+    // Only rows 8 and 11 of 16 take the Routed layer: in 4 micro-batches of 4 rows, 2 for each of
+    // 2 replicas (pipeline.cpp, [Replica mapping]), one row of each replica's third micro-batch,
+    // whose backward comes after the last (synced) micro-batch's forward under GPipe and 1F1B.
+    double* p = x.data_ptr<double>();
+    for (int64_t r = 0; r < n; ++r) p[r * 10] = (r == 8 || r == 11) ? 3.0 : std::clamp(p[r * 10], -2.0, 2.0);
+  }
+  return x;
 }
 
 Tensor make_target(int64_t n, uint64_t seed) {
@@ -378,6 +414,7 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   PipelinePlan plan = test_plan(L, replicas, global, M, schedule);
   PipelineOptions options;
   options.recompute = recompute;
+  options.ddp.find_unused_parameters = kind == "routed";
   if (bf16) options.autocast = kBFloat16;
   if (clip) options.max_grad_norm = kMaxNorm;
   PipelineStage stage(std::move(work.model), plan, pg, options);
@@ -695,27 +732,51 @@ void scenario_killed(const std::shared_ptr<ProcessGroup>& pg) {
   check(s < 10.0, fmt::format("the dead neighbour was noticed within the timeout (took {:.1f} s)", s));
 }
 
-void scenario_shape_change(const std::shared_ptr<ProcessGroup>& pg) {
-  auto shrink = std::make_shared<Shrinker>();
-  auto model = mlp_with(shrink, 3);  // layer 3 sees [rows, 24]; stage 0 = layers [0, 4)
-  PipelinePlan plan = uniform_plan(8, {4}, {1, 1}, 16, 4, "gpipe");
+// A 2-stage MLP pipeline with `extra` as layer 3 (the last of stage 0) trains one step; then rank 0
+// arms `extra` (`arm`) and the second step must fail there with an error holding every one of
+// `sender`, and on rank 1 with one holding every one of `receiver`, both within 10 s.
+void expect_second_step_fails(const std::shared_ptr<ProcessGroup>& pg, std::shared_ptr<nn::Module> extra,
+                              const std::function<void()>& arm, Device device, const std::string& schedule,
+                              const std::vector<std::string>& sender, const std::vector<std::string>& receiver,
+                              const std::string& what) {
+  auto model = mlp_with(std::move(extra), 3);  // layer 3 sees [rows, 24]; stage 0 = layers [0, 4)
+  model->to(device);
+  PipelinePlan plan = uniform_plan(8, {4}, {1, 1}, 16, 4, schedule);
   PipelineStage stage(model, plan, pg);
   optim::SGD opt(stage.parameters(), sgd_options());
   Tensor x = make_input("mlp", 16, 1), y = make_target(16, 1);
   stage.train_step(x, y, cross_entropy, opt);
   const auto start = std::chrono::steady_clock::now();
   if (pg->rank() == 0) {
-    shrink->shrink = true;
-    expect_error([&] { stage.train_step(x, y, cross_entropy, opt); },
-                 {"pipeline stage 0 of 2 (rank 0", "SendActivation of micro-batch 0 to rank 1 in step 1 is float64 [4, 23]",
-                  "agreed in the first step as float64 [4, 24]"},
-                 "a boundary tensor changing shape");
+    arm();
+    expect_error([&] { stage.train_step(x, y, cross_entropy, opt); }, sender, what);
   } else {
-    expect_error([&] { stage.train_step(x, y, cross_entropy, opt); }, {"RecvActivation of micro-batch 0 from rank 0"},
-                 "the neighbour of a stage that failed");
+    expect_error([&] { stage.train_step(x, y, cross_entropy, opt); }, receiver, "the neighbour of a stage that failed");
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   check(s < 10.0, fmt::format("the failure ended the step within the timeout (took {:.1f} s)", s));
+}
+
+void scenario_shape_change(const std::shared_ptr<ProcessGroup>& pg) {
+  auto shrink = std::make_shared<Shrinker>();
+  expect_second_step_fails(pg, shrink, [&] { shrink->shrink = true; }, kCPU, "gpipe",
+                           {"pipeline stage 0 of 2 (rank 0", "SendActivation of micro-batch 0 to rank 1 in step 1 is float64 [4, 23]",
+                            "agreed in the first step as float64 [4, 24]"},
+                           {"RecvActivation of micro-batch 0 from rank 0"}, "a boundary tensor changing shape");
+}
+
+// pipeline.cpp, [Boundary tensors on the stage's device]: stages on sim:0; in step 2 stage 0's
+// output comes back on the CPU. Over NCCL the CPU tensor would go through Gloo while the peer's
+// receive is an NCCL one (a wrong tensor or a hang); on sim both went through Gloo and training went
+// on. Now: a clear error on rank 0 before anything is sent, and rank 1 fails instead of hanging (on
+// a device a receive is ordered on the stream and fails at a later synchronization: which
+// micro-batch's action reports it depends on timing).
+void scenario_wrong_device(const std::shared_ptr<ProcessGroup>& pg) {
+  auto mover = std::make_shared<ToCpu>();
+  expect_second_step_fails(pg, mover, [&] { mover->to_cpu = true; }, Device::sim(0), "1f1b",
+                           {"pipeline stage 0 of 2 (rank 0", "SendActivation of micro-batch 0",
+                            "tensor 0 of the stage's output is on cpu, but this stage runs on sim:0"},
+                           {"RecvActivation of micro-batch", "from rank 0 failed in step 1"}, "a boundary tensor on another device");
 }
 
 void scenario_errors(const std::shared_ptr<ProcessGroup>& pg) {
@@ -794,7 +855,7 @@ int main(int argc, char** argv) {
   }
   const std::string scenario = argv[1];
   chorus::testing::dump_stacks_after_env();
-  const bool faulty = scenario == "killed" || scenario == "shape_change";
+  const bool faulty = scenario == "killed" || scenario == "shape_change" || scenario == "wrong_device";
   try {
     InitOptions init;
     init.timeout = std::chrono::milliseconds(faulty ? 2000 : 60000);
@@ -812,6 +873,8 @@ int main(int argc, char** argv) {
       scenario_killed(pg);
     } else if (scenario == "shape_change") {
       scenario_shape_change(pg);
+    } else if (scenario == "wrong_device") {
+      scenario_wrong_device(pg);
     } else if (scenario == "errors") {
       scenario_errors(pg);
     } else {
