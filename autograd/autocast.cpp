@@ -1,10 +1,12 @@
 // Autocast state (thread-local, as PyTorch's) and the casts the ops ask for; see autocast.h.
 #include "autograd/autocast.h"
 
-#include <unordered_map>
+#include <map>
+#include <utility>
 
 #include "autograd/grad_mode.h"
 #include "autograd/ops/common.h"
+#include "tensor/runtime.h"
 
 namespace chorus::autocast {
 namespace {
@@ -17,14 +19,15 @@ struct State {
   unsigned enabled_mask = 0;  // bit slot(device)
   DType dtype[kDeviceTypes] = {DType::BFloat16, DType::Float16, DType::Float16};
   int depth = 0;  // nested AutocastGuards with enabled = true
-  // A weight's lower-precision copy, keyed by the weight's TensorImpl; the weight is held too so that
-  // its address cannot be reused by another tensor while the entry lives.
+  // A weight's lower-precision copy, keyed by the weight's TensorImpl and, on a device, the stream
+  // the cast ran on; the weight is held too so that its address cannot be reused by another tensor
+  // while the entry lives.
   struct Entry {
     Tensor source;
     Tensor cast;
     uint32_t version;  // the source's version when cast: an in-place update makes the entry stale
   };
-  std::unordered_map<const void*, Entry> cache;
+  std::map<std::pair<const void*, const void*>, Entry> cache;
 };
 
 thread_local State g_state;
@@ -106,7 +109,14 @@ Tensor cast(const Tensor& t, DType dtype) {
   const bool cacheable = dtype != DType::Float32 && t.is_leaf() && t.requires_grad() && g_state.depth > 0 &&
                          autograd::GradMode::is_enabled();
   if (!cacheable) return ops::cast(t, dtype);
-  const void* key = t.unsafe_impl();
+  // [A cast per stream] On a device the copy is made on the current stream, and a use on another
+  // stream would read it with nothing ordering the two (and its memory would go back to the first
+  // stream's pool while the second still reads it): each stream gets its own. Until 2026-12-04 one
+  // weight shared by forwards on two streams under one guard (two branches, a siamese network) read
+  // the first stream's copy unordered (a helper's audit; autocast_test's sim case). PyTorch's cache
+  // is keyed by the tensor alone.
+  const std::pair<const void*, const void*> key{
+      t.unsafe_impl(), t.device().is_cpu() ? nullptr : static_cast<const void*>(current_stream(t.device()).handle())};
   auto it = g_state.cache.find(key);
   if (it != g_state.cache.end() && it->second.cast.dtype() == dtype && it->second.version == t.version())
     return it->second.cast;

@@ -99,17 +99,26 @@ TensorList DistributedDataParallel::run_forward(const std::function<TensorList()
   const bool grad = autograd::GradMode::is_enabled();
   if (grad) reducer_->prepare_for_forward();
   if (joining_) join_round(true);
-  if (options_.broadcast_buffers && group_->size() > 1) {
+  // [Buffers as PyTorch syncs them] Broadcast only when the previous forward was a synced one with
+  // gradients on (PyTorch's require_forward_param_sync), so an evaluation under NoGrad syncs once,
+  // whatever number of batches each rank evaluates; and, inside join(), from the highest rank that
+  // still has data (PyTorch's _find_common_rank), not from rank 0, which may have joined with stale
+  // statistics. Until 2026-12-04 every forward broadcast from rank 0: ranks evaluating different
+  // numbers of batches issued different numbers of broadcasts (a hang or mixed data over NCCL), and
+  // a joined rank 0 reset the others' BatchNorm statistics every round (a helper's audit;
+  // multiprocess_test's "DDP's buffers" case).
+  if (options_.broadcast_buffers && group_->size() > 1 && (joining_ || require_forward_param_sync_)) {
     TensorList buffers = module_->buffers();
     if (!buffers.empty()) {
       NoGradGuard no_grad;
-      group_->broadcast(buffers, 0)->wait();
+      group_->broadcast(buffers, joining_ ? last_active_rank_ : 0)->wait();
     }
   }
   TensorList outputs = call();
   const auto end = Clock::now();
   reducer_->set_forward_times(start, end);
-  if (grad && reducer_->require_sync()) reducer_->prepare_for_backward(outputs);
+  require_forward_param_sync_ = grad && reducer_->require_sync();
+  if (require_forward_param_sync_) reducer_->prepare_for_backward(outputs);
   return outputs;
 }
 
@@ -160,7 +169,7 @@ void DistributedDataParallel::join(const std::function<void()>& loop) {
     NoGradGuard no_grad;
     if (options_.broadcast_buffers) {
       TensorList buffers = module_->buffers();
-      if (!buffers.empty()) group_->broadcast(buffers, 0)->wait();
+      if (!buffers.empty()) group_->broadcast(buffers, last_active_rank_)->wait();  // [Buffers as PyTorch syncs them]
     }
     reducer_->shadow_backward();
   }

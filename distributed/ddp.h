@@ -83,6 +83,7 @@ class DistributedDataParallel : public nn::Module {
   DDPOptions options_;
   std::unique_ptr<Reducer> reducer_;
   bool joining_ = false;
+  bool require_forward_param_sync_ = true;  // the last forward was synced with gradients on: the next broadcasts buffers
   int last_active_rank_ = -1;  // highest rank that had data in the latest join round with any
   // One join round: allreduce of which ranks still have data; returns how many do.
   int64_t join_round(bool active);

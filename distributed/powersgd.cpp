@@ -1,5 +1,7 @@
 #include "distributed/powersgd.h"
 
+#include <cmath>
+
 #include "autograd/grad_mode.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
@@ -129,6 +131,14 @@ CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
       Tensor q_flat = cat(q_parts);
       sum(q_flat);
       state->sent_elements += q_flat.numel();
+      // [An overflowed bucket keeps no state] Q is a sum over ranks: an inf or NaN in any rank's
+      // gradients (float16 training whose loss scale was too large: the GradScaler skips that step)
+      // reaches it on every rank alike. Kept as error or warm-start Q, it would make every later
+      // gradient NaN and every later step skipped, the scale halving for ever (orthogonalize leaves
+      // a NaN column as it is); so the bucket's errors and Q's start again (a helper's audit,
+      // 2026-12-04; dist_worker's powersgd scenario). The bucket itself comes back non-finite, for
+      // the scaler to see.
+      const bool finite = std::isfinite(mul(q_flat, 0.0).sum().to(kFloat64).item<double>());
       offset = 0;
       const double world = static_cast<double>(group.size());
       for (size_t k = 0; k < compressed.size(); ++k) {
@@ -138,10 +148,10 @@ CommHook powerSGD_hook(std::shared_ptr<PowerSGDState> state) {
         offset += m * r;
         Tensor approx = mm(ps[k], q.transpose(0, 1));  // the sum over ranks, approximated
         // What this rank's input held beyond its share of the approximation, for the next step.
-        if (state->use_error_feedback) bs.errors[i] = ms[k] - approx / world;
+        if (state->use_error_feedback) bs.errors[i] = finite ? ms[k] - approx / world : Tensor();
         bucket.views[i].copy_(approx.reshape(bucket.views[i].sizes()));
         // Warm start: next step's Q starts from this one (it converges over the steps).
-        if (state->warm_start) bs.qs[i] = q;
+        if (state->warm_start) bs.qs[i] = finite ? q : Tensor();
       }
     }
     if (exact_work) {

@@ -15,7 +15,11 @@ double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   NoGradGuard no_grad;
   double total = 0;
   if (std::isinf(norm_type)) {
-    for (const Tensor& g : grads) total = std::max(total, g.abs().max().to(kFloat64).item<double>());
+    // A NaN anywhere makes the norm NaN, as PyTorch's (std::max would drop it: max(a, NaN) is a).
+    for (const Tensor& g : grads) {
+      const double m = g.abs().max().to(kFloat64).item<double>();
+      total = std::isnan(m) || std::isnan(total) ? m + total : std::max(total, m);
+    }
   } else {
     for (const Tensor& g : grads) total += std::pow(norm(g.to(kFloat64), norm_type).item<double>(), norm_type);
     total = std::pow(total, 1.0 / norm_type);

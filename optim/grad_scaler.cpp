@@ -70,7 +70,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
       nonfinite = nonfinite.defined() ? add(nonfinite, probe.to(nonfinite.device())) : probe;
     }
   }
-  st.found_inf = nonfinite.defined() && !std::isfinite(nonfinite.to(kCPU).item<float>());
+  st.found_inf = combine_found_inf(nonfinite.defined() && !std::isfinite(nonfinite.to(kCPU).item<float>()));
   st.unscaled = true;
 }
 
@@ -98,8 +98,7 @@ void GradScaler::update(std::optional<double> new_scale) {
   if (new_scale) {
     if (!(*new_scale > 0) || !std::isfinite(*new_scale))
       fail("GradScaler::update: new_scale is {}; expected a finite number > 0", *new_scale);
-    scale_ = *new_scale;
-    growth_tracker_ = 0;
+    scale_ = *new_scale;  // the growth tracker goes on counting, as PyTorch's update(new_scale)
     this_step_.clear();
     return;
   }

@@ -16,7 +16,9 @@
 //   }
 //
 // With DDP the gradients are already averaged over the processes when step() looks at them, so
-// every process sees the same inf/NaN and takes the same decision.
+// every process sees the same inf/NaN and takes the same decision. Where each process's optimizer
+// holds only part of the model (FSDP's shards, a pipeline stage) use distributed::ShardedGradScaler
+// (distributed/sharded_grad_scaler.h), which agrees on it over the group.
 #pragma once
 
 #include <map>
@@ -40,6 +42,7 @@ class GradScaler {
   // chorus::Error for a non-positive init_scale or growth_interval, growth_factor <= 1 or
   // backoff_factor outside (0, 1).
   explicit GradScaler(GradScalerOptions options = {});
+  virtual ~GradScaler() = default;
 
   // loss * scale (the loss itself when disabled).
   Tensor scale(const Tensor& loss) const;
@@ -52,7 +55,8 @@ class GradScaler {
   bool step(Optimizer& optimizer);
   // Once per iteration, after step(): backs the scale off if any optimizer's step was skipped,
   // else counts a good step and grows the scale after growth_interval of them in a row. `new_scale`
-  // sets the scale instead. chorus::Error when no step() or unscale_() came before it.
+  // sets the scale instead (the count of good steps is kept, as PyTorch's). chorus::Error when no
+  // step() or unscale_() came before it.
   void update(std::optional<double> new_scale = std::nullopt);
 
   double get_scale() const { return enabled_ ? scale_ : 1.0; }
@@ -66,6 +70,12 @@ class GradScaler {
   nn::NamedTensors state_dict() const;
   // chorus::Error naming the key when one is missing, of the wrong shape, or out of range.
   void load_state_dict(const nn::NamedTensors& state);
+
+ protected:
+  // Whether unscale_ found inf or NaN, from what this process's gradients said: the same here;
+  // distributed::ShardedGradScaler agrees over a process group (an optimizer holding shards sees
+  // only its own).
+  virtual bool combine_found_inf(bool found_inf) { return found_inf; }
 
  private:
   struct PerOptimizer {

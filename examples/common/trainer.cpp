@@ -328,6 +328,16 @@ std::vector<double> Trainer::evaluate(const data::Dataset& dataset, int64_t limi
       const Lists b = on_device(lists(dataset.get_batch(chunk)));
       add(stats(fsdp_ ? fsdp_->forward(b.inputs) : task_.forward(b.inputs), b.targets));
     }
+    // [Every rank the same number of FSDP forwards] Each FSDP forward all-gathers every unit, so
+    // the ranks must run as many as rank 0, whose share is the largest: a rank with one batch fewer
+    // runs a forward on one example and counts nothing from it. Until 2026-12-04 33 sequences on 2
+    // ranks in batches of 8 gave rank 0 three forwards and rank 1 two, and rank 1's allreduce of
+    // the sums met rank 0's all-gathers (a helper's audit; examples_test's gpt --sharding case).
+    if (fsdp_ && n > 0) {
+      const int64_t most = ((n + job_.world - 1) / job_.world + batch - 1) / batch;
+      const int64_t done = (static_cast<int64_t>(mine.size()) + batch - 1) / batch;
+      for (int64_t k = done; k < most; ++k) (void)fsdp_->forward(on_device(lists(dataset.get_batch({0}))).inputs);
+    }
     model.train();
   }
   if (job_.group && width > 0) {

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <future>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -666,6 +668,28 @@ void scenario_powersgd(const std::shared_ptr<ProcessGroup>& pg, Device device) {
     std::printf("rank %d: powerSGD DDP on %s: loss %.4f -> %.4f, %lld elements sent for %lld (%.2fx)\n", rank,
                 device.str().c_str(), first, last, static_cast<long long>(state->sent_elements),
                 static_cast<long long>(state->uncompressed_elements), state->compression_rate());
+  }
+  {
+    // [An overflowed bucket keeps no state] (powersgd.cpp): rank 0's gradient holds an inf (a
+    // float16 step whose loss scale was too large). The bucket comes back non-finite on every rank
+    // (the scaler skips the step); the next step, with finite gradients, is exact again: a sum of
+    // rank 1 recovered as in the first case, not NaN from an error or Q kept from the overflow.
+    auto state = std::make_shared<PowerSGDState>();
+    state->start_powerSGD_iter = 0;
+    state->min_compression_rate = 1;
+    CommHook hook = powerSGD_hook(state);
+    Tensor overflowed = mm(u, v).clone();
+    if (rank == 0) overflowed.data_ptr<double>()[7] = std::numeric_limits<double>::infinity();
+    Bucket bad = make_bucket(overflowed, bias);
+    hook(*pg, bad)->wait();
+    check(!std::isfinite(mul(bad.views[0].cpu(), 0.0).sum().item<double>()),
+          "powerSGD: a bucket with an inf on one rank comes back non-finite on every rank");
+    Bucket next = make_bucket(mm(u, v), bias);
+    hook(*pg, next)->wait();
+    const Tensor want = sum_over_ranks(mm(u, v));
+    check(max_abs(next.views[0].cpu() - want) <= 1e-12 * max_abs(want),
+          fmt::format("powerSGD: the step after an overflow recovers the rank-1 sum (off by {})",
+                      max_abs(next.views[0].cpu() - want)));
   }
   {
     // A bucket reordered by DDP's rebuild: `late` is registered first and applied last, so backward
@@ -1439,6 +1463,64 @@ void scenario_join(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU
   }
 }
 
+// ddp.cpp, [Buffers as PyTorch syncs them], on a model whose first layer is a BatchNorm (so its
+// running statistics depend on the data alone):
+// - join: rank r trains 1 + r batches; every round's buffers come from the highest rank still
+//   training, so after join every rank holds the statistics of a BatchNorm fed the last rank's
+//   batches in order (exactly). Before, a joined rank 0 broadcast its stale statistics each round.
+// - evaluation under NoGrad: rank r runs 1 + r forwards through DDP, then every rank allreduces:
+//   only the first forward broadcasts the buffers (the one after a synced training forward), so
+//   the collectives match (CHORUS_DISTRIBUTED_DEBUG=DETAIL, set by the test, checks each one).
+//   Before, each forward broadcast, and the ranks' sequences differed.
+void scenario_buffers(const std::shared_ptr<ProcessGroup>& pg) {
+  const int rank = pg->rank(), world = pg->size();
+  auto make = [] {
+    manual_seed(21);
+    auto net = std::make_shared<nn::Sequential>();
+    net->push_back(std::make_shared<nn::BatchNorm1d>(10));
+    net->push_back(std::make_shared<nn::Linear>(10, 5));
+    net->to(kFloat64);
+    return net;
+  };
+  auto batch = [](int r, int64_t i) {
+    manual_seed(1000 + 100 * r + i);
+    return std::make_pair(randn({4, 10}, {.dtype = kFloat64}), randint(0, 5, {4}));
+  };
+  auto model = make();
+  DistributedDataParallel ddp(model, pg);
+  optim::SGD opt(model->parameters(), {.lr = 0.1});
+  ddp.join([&] {
+    for (int64_t i = 0; i < 1 + rank; ++i) {
+      auto [x, y] = batch(rank, i);
+      opt.zero_grad();
+      F::cross_entropy(ddp.forward(x), y).backward();
+      opt.step();
+    }
+  });
+  auto bn = std::make_shared<nn::BatchNorm1d>(10);
+  bn->to(kFloat64);
+  for (int64_t i = 0; i < world; ++i) (void)bn->forward(batch(world - 1, i).first);
+  const nn::NamedTensors want = bn->named_buffers(), got = model->named_buffers();
+  for (const auto& [name, value] : want) {
+    const std::string full_name = "0." + name;
+    const auto it = std::find_if(got.begin(), got.end(), [&](const auto& kv) { return kv.first == full_name; });
+    check(it != got.end(), "join with buffers: the model has " + full_name);
+    if (it == got.end()) continue;
+    const double diff = max_abs((it->second - value).to(kFloat64));
+    check(diff == 0, fmt::format("join with buffers: {} differs from a BatchNorm fed rank {}'s batches by {}", full_name,
+                                 world - 1, diff));
+  }
+  model->eval();
+  {
+    NoGradGuard no_grad;
+    for (int64_t i = 0; i <= rank; ++i) (void)ddp.forward(batch(rank, 10 + i).first);
+  }
+  Tensor done = ones({1}, {.dtype = kFloat64});
+  pg->allreduce({done})->wait();
+  check(done.item<double>() == world, "after an uneven evaluation through DDP, an allreduce sums every rank's 1");
+  std::printf("rank %d: DDP's buffers: from the highest active rank in join, once per evaluation\n", rank);
+}
+
 // The SyncBatchNorm scenarios' network: a convolution and a linear layer, each followed by BatchNorm.
 std::shared_ptr<nn::Sequential> syncbn_net(uint64_t seed) {
   manual_seed(seed);
@@ -1616,6 +1698,7 @@ int main(int argc, char** argv) {
     else if (scenario == "p2p_then_collective") scenario_p2p_then_collective(pg);
     else if (scenario == "p2p_completion") scenario_p2p_completion(pg);
     else if (scenario == "join") scenario_join(pg, argc > 2 ? Device(argv[2]) : kCPU);
+    else if (scenario == "buffers") scenario_buffers(pg);
     else if (scenario == "syncbn") scenario_syncbn(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "zero1") scenario_zero1(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "zero1_mismatch") scenario_zero1_mismatch(pg);

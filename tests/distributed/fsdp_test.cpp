@@ -96,6 +96,12 @@ TEST_CASE("FSDP mixed precision: bf16 gathers and compute over float32 shards tr
   }
 }
 
+// distributed/sharded_grad_scaler.h: an inf in one rank's shard; every rank skips and backs off.
+TEST_CASE("FSDP with ShardedGradScaler: an overflow in one rank's shard skips the step on every rank", "[distributed][fsdp][amp]") {
+  require_all_ok(run(2, {"scaler"}));
+  require_all_ok(run(3, {"scaler"}));
+}
+
 TEST_CASE("FSDP refuses another model on one rank, frozen parameters and blocks owning nothing", "[distributed][fsdp][errors]") {
   require_all_ok(run(2, {"errors"}));
 }

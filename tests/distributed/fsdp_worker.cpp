@@ -5,18 +5,24 @@
 //       FullyShardedDataParallel + Adam against DDP + Adam on an identical model, float64: the
 //       losses, the gradient norms and, after 5 steps, every parameter within 1e-10 (relative);
 //       1/N of the elements held per rank; a resharded model's parameters refuse to be read.
+//   fsdp_worker scaler
+//       an overflow in one rank's shard: ShardedGradScaler skips on every rank, GradScaler on one.
 //   fsdp_worker errors
 //       another model on one rank, a frozen parameter, a block owning nothing: errors on every rank.
 #include <cmath>
 #include <cstdio>
+#include <limits>
+#include <memory>
 #include <string>
 
 #include "autograd/autocast.h"
 #include "distributed/ddp.h"
 #include "distributed/fsdp.h"
 #include "distributed/init.h"
+#include "distributed/sharded_grad_scaler.h"
 #include "examples/models/gpt.h"
 #include "nn/nn.h"
+#include "optim/grad_scaler.h"
 #include "optim/optim.h"
 #include "tensor/ops.h"
 #include "tests/distributed/worker_checks.h"
@@ -330,6 +336,45 @@ void scenario_mixed(const std::shared_ptr<ProcessGroup>& pg, const std::string& 
               kind.c_str(), worst_loss, worst);
 }
 
+// An overflow only one rank's shard holds (rank 1's first shard gets an inf after backward, as a
+// float16 step's reduce-scatter would leave it): with distributed::ShardedGradScaler every rank
+// skips its step and backs the scale off to 32768; with a plain optim::GradScaler (the case is
+// real) rank 1 alone skips and backs off while the others step at 65536.
+void scenario_scaler(const std::shared_ptr<ProcessGroup>& pg) {
+  const int rank = pg->rank(), world = pg->size();
+  for (const bool sharded : {false, true}) {
+    Workload w = make_workload("mlp");
+    FullyShardedDataParallel fsdp(w.blocks, pg, {});
+    optim::SGD opt(fsdp.parameters(), {.lr = 0.1});
+    std::unique_ptr<optim::GradScaler> scaler =
+        sharded ? std::make_unique<ShardedGradScaler>(pg) : std::make_unique<optim::GradScaler>();
+    TensorList in, tg;
+    w.data(kPerRank * world, 7, in, tg);
+    for (Tensor& t : in) t = t.narrow(0, rank * kPerRank, kPerRank);
+    for (Tensor& t : tg) t = t.narrow(0, rank * kPerRank, kPerRank);
+    scaler->scale(w.loss(fsdp.forward(in), tg)).backward();
+    if (rank == 1) fsdp.parameters().front().mutable_grad().data_ptr<double>()[0] = std::numeric_limits<double>::infinity();
+    const bool stepped = scaler->step(opt);
+    scaler->update();
+    Tensor mine = tensor<double>({stepped ? 1.0 : 0.0, scaler->get_scale()});
+    Tensor high = mine.clone(), low = mine.clone();
+    pg->allreduce({high}, ReduceOp::Max)->wait();
+    pg->allreduce({low}, ReduceOp::Min)->wait();
+    const double* h = high.data_ptr<double>();
+    const double* l = low.data_ptr<double>();
+    if (sharded) {
+      check(h[0] == 0.0, fmt::format("ShardedGradScaler: rank {} stepped over an overflow on rank 1", rank));
+      check(h[1] == 32768.0 && l[1] == 32768.0,
+            fmt::format("ShardedGradScaler: the scales are {} to {}, expected 32768 on every rank", l[1], h[1]));
+    } else {
+      check(stepped == (rank != 1) && h[1] == 65536.0 && l[1] == 32768.0,
+            fmt::format("a plain GradScaler: rank {} stepped {}, scales {} to {} (expected rank 1 alone to skip)", rank,
+                        stepped, l[1], h[1]));
+    }
+  }
+  std::printf("rank %d: ShardedGradScaler: every rank skipped an overflow in rank 1's shard\n", rank);
+}
+
 void scenario_errors(const std::shared_ptr<ProcessGroup>& pg) {
   {
     Workload w = make_workload("mlp");
@@ -387,6 +432,8 @@ int main(int argc, char** argv) {
       scenario_mixed(pg, argv[2]);
     } else if (scenario == "errors") {
       scenario_errors(pg);
+    } else if (scenario == "scaler") {
+      scenario_scaler(pg);
     } else {
       std::fprintf(stderr, "fsdp_worker: unknown scenario %s\n", scenario.c_str());
       return 2;

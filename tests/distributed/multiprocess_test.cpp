@@ -247,6 +247,14 @@ TEST_CASE("join lets ranks with fewer batches finish while the others train on",
   require_all_ok(run_dist_workers(3, {"join"}));
 }
 
+// ddp.cpp, [Buffers as PyTorch syncs them]: BatchNorm statistics inside join() from the highest rank
+// with data, and an evaluation of a different number of batches per rank through DDP, with every
+// collective's fingerprint compared across ranks.
+TEST_CASE("DDP's buffers: from the highest rank still training in join, once per evaluation under NoGrad", "[distributed][ddp][join]") {
+  require_all_ok(run_dist_workers(2, {"buffers"}, {"CHORUS_DISTRIBUTED_DEBUG=DETAIL"}));
+  require_all_ok(run_dist_workers(3, {"buffers"}, {"CHORUS_DISTRIBUTED_DEBUG=DETAIL"}));
+}
+
 TEST_CASE("SyncBatchNorm under DDP equals BatchNorm on the whole batch", "[distributed][syncbn]") {
   for (int world = 1; world <= 3; ++world) {
     INFO("world size " << world);

@@ -6,10 +6,12 @@
 #include <catch2/catch.hpp>
 
 #include <memory>
+#include <utility>
 
 #include "autograd/autocast.h"
 #include "nn/nn.h"
 #include "tensor/ops.h"
+#include "tensor/runtime.h"
 
 namespace chorus {
 namespace {
@@ -156,6 +158,49 @@ TEST_CASE("autocast: the weight cache is reused, refreshed after in-place update
   sum(F::linear(x, w2)).backward();
   REQUIRE(w2.grad().defined());
   CHECK(w2.grad().dtype() == kFloat32);
+}
+
+// autograd/autocast.cpp, [A cast per stream]: one weight used by forwards on two streams of sim:0
+// under one guard. Each stream gets its own low-precision copy, made and read on it; with one copy
+// shared (the cache keyed by the weight alone, as until 2026-12-04), the second stream's product read
+// the first stream's cast with nothing ordering them, which sim's stream-order sanitizer reports.
+// The weight's gradient is the CPU's under the same autocast within one bfloat16 rounding (2^-8:
+// on the CPU the two uses share one cast, whose bfloat16 gradient sums both before the float32
+// cast; here each cast's gradient is cast, then summed in float32).
+TEST_CASE("autocast on sim: a weight used on two streams gets a cast on each", "[nn][autocast][sim]") {
+  manual_seed(5);
+  const Device sim0 = Device::sim(0);
+  Tensor w = randn({5, 7}).requires_grad_();
+  Tensor x = randn({3, 7});
+  {
+    AutocastGuard amp(DeviceType::CPU, kBFloat16);
+    sum(add(F::linear(x, w), F::linear(x, w))).backward();
+  }
+  Tensor wd = w.detach().to(sim0).requires_grad_();
+  Tensor xd = x.to(sim0);
+  const Stream caller = current_stream(sim0), s1 = stream_from_pool(sim0), s2 = stream_from_pool(sim0);
+  REQUIRE_FALSE(s1 == s2);
+  REQUIRE_FALSE(s1 == caller);
+  REQUIRE_FALSE(s2 == caller);
+  {
+    AutocastGuard amp(DeviceType::Sim, kBFloat16);
+    Event inputs;
+    inputs.record(caller);
+    Tensor a, b;
+    for (const auto& [stream, out] : {std::pair<Stream, Tensor*>{s1, &a}, std::pair<Stream, Tensor*>{s2, &b}}) {
+      stream.wait(inputs);
+      StreamGuard on(stream);
+      *out = F::linear(xd, wd);
+    }
+    for (const Stream& s : {s1, s2}) {
+      Event done;
+      done.record(s);
+      caller.wait(done);
+    }
+    sum(add(a, b)).backward();
+  }
+  REQUIRE(wd.grad().defined());
+  CHECK(relative_difference(wd.grad().cpu(), w.grad()) < 0.0039);
 }
 
 TEST_CASE("autocast: guards nest, disable, and apply to one device type", "[nn][autocast]") {

@@ -122,6 +122,30 @@ TEST_CASE("GradScaler: a step with inf or NaN is skipped, the scale backs off, t
   CHECK(scaler.get_scale() == 512.0);
 }
 
+// update(new_scale) sets the scale and leaves the count of good steps alone, as PyTorch's does
+// (until 2026-12-04 it reset the count, so a scale set by hand grew growth_interval steps later).
+TEST_CASE("GradScaler: update(new_scale) keeps counting good steps toward the next growth", "[optim][amp]") {
+  manual_seed(2);
+  auto net = make_mlp();
+  optim::SGD opt(net->parameters(), {.lr = 0.01});
+  optim::GradScaler scaler({.init_scale = 256.0, .growth_interval = 3});
+  Tensor x = randn({8, 20}), y = randint(0, 5, {8});
+  auto good_step = [&] {
+    opt.zero_grad();
+    scaler.scale(F::cross_entropy(net->forward(x), y)).backward();
+    REQUIRE(scaler.step(opt));
+    scaler.update();
+  };
+  good_step();
+  good_step();
+  scaler.update(1024.0);  // the scale set by hand; not a step
+  CHECK(scaler.get_scale() == 1024.0);
+  CHECK(scaler.growth_tracker() == 2);
+  good_step();  // the third good step in a row: growth
+  CHECK(scaler.get_scale() == 2048.0);
+  CHECK(scaler.growth_tracker() == 0);
+}
+
 TEST_CASE("GradScaler: misuse and bad options are refused with what was expected", "[optim][amp]") {
   auto net = make_mlp();
   optim::SGD opt(net->parameters(), {.lr = 0.1});

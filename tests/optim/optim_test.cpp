@@ -276,6 +276,10 @@ TEST_CASE("clip_grad_norm_ returns the total norm and scales only when over the 
   CHECK(optim::clip_grad_norm_({a.param, b.param}, 100.0, INFINITY) == Approx(mx1));
   a.param.mutable_grad() = full({3, 4}, NAN, {.dtype = kFloat64});
   CHECK_THROWS_WITH(optim::clip_grad_norm_({a.param}, 1.0, 2.0, true), Catch::Contains("non-finite"));
+  // The infinity norm too, whichever side the NaN is on (until 2026-12-04 std::max dropped it).
+  CHECK_THROWS_WITH(optim::clip_grad_norm_({a.param}, 1.0, INFINITY, true), Catch::Contains("non-finite"));
+  CHECK(std::isnan(optim::clip_grad_norm_({a.param, b.param}, 1.0, INFINITY)));
+  CHECK(std::isnan(optim::clip_grad_norm_({b.param, a.param}, 1.0, INFINITY)));
   b.set_grad(2);
   optim::clip_grad_value_({b.param}, 0.5);
   for (double v : doubles(b.param.grad())) CHECK(std::abs(v) <= 0.5);
