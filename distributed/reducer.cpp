@@ -269,11 +269,29 @@ void Reducer::prepare_for_backward(const TensorList& outputs) {
   // forward syncs, and under GPipe and 1F1B earlier micro-batches' backwards follow it); until
   // 2026-12-04 what they added was overwritten by the value copied here (found by a helper's audit;
   // pipeline_test's "routed" model). When no parameter is reached at all, no hook will come: they
-  // are marked now.
+  // are marked now, and a hook on the outputs queues finalize (the "used" allreduce and the
+  // write-back every other rank runs), which a parameter's hook queues otherwise. Until 2026-12-04
+  // such a rank (its whole replica skipped by a branch) never finalized: its next collective met
+  // the others' "used" allreduce (a helper's audit; dist_worker's "unused_rank" scenario).
   unused_pending_ = true;
   if (std::all_of(unused_this_iteration_.begin(), unused_this_iteration_.end(), [](bool u) { return u; })) {
     mark_unused_ready();
+    for (const Tensor& out : outputs) {
+      if (!out.defined() || !out.requires_grad()) continue;
+      Tensor hooked = out;
+      hooked.register_hook([this](const Tensor&) {
+        queue_finalize();
+        return Tensor();
+      });
+    }
   }
+}
+
+void Reducer::queue_finalize() {
+  if (finalize_queued_ || !expect_hooks_) return;
+  finalize_queued_ = true;
+  first_ready_ = Clock::now();
+  autograd::Engine::get().queue_callback([this] { finalize(); });
 }
 
 void Reducer::mark_unused_ready() {
@@ -322,11 +340,7 @@ void Reducer::mark_ready(size_t i) {
          names_[i], i, group_->rank());
   }
   const auto now = Clock::now();
-  if (!finalize_queued_) {
-    finalize_queued_ = true;
-    first_ready_ = now;
-    autograd::Engine::get().queue_callback([this] { finalize(); });
-  }
+  queue_finalize();
   NoGradGuard no_grad;
   auto [bi, s] = location_[i];
   Bucket& b = buckets_[bi];

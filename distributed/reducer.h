@@ -124,6 +124,7 @@ class Reducer {
   bool static_unused_known_ = false;
   bool unused_pending_ = false;      // the unused parameters of this synced backward are not marked yet
   void mark_unused_ready();
+  void queue_finalize();             // once per synced backward: finalize as the engine's callback
   int64_t iteration_ = 0;
 
   std::chrono::steady_clock::time_point forward_start_, forward_end_, first_ready_;

@@ -1521,6 +1521,46 @@ void scenario_buffers(const std::shared_ptr<ProcessGroup>& pg) {
   std::printf("rank %d: DDP's buffers: from the highest active rank in join, once per evaluation\n", rank);
 }
 
+// reducer.cpp, [Unused parameters at the first hook]: a model whose only layer rank 0 alone uses
+// (rank 1's forward returns its input), find_unused_parameters, 3 steps. Rank 1 reaches no
+// parameter, so no parameter's hook comes there; it must still finalize (the "used" allreduce the
+// others run, and the write-back). Every rank ends each backward with rank 0's gradient averaged
+// (the same on every rank); CHORUS_DISTRIBUTED_DEBUG=DETAIL, set by the test, compares each
+// collective. Before, rank 1 never finalized and its next collective met the "used" allreduce.
+void scenario_unused_rank(const std::shared_ptr<ProcessGroup>& pg) {
+  const int rank = pg->rank();
+  struct Branch : nn::Module {
+    std::shared_ptr<nn::Linear> extra;
+    int rank;
+    explicit Branch(int r) : nn::Module("Branch"), rank(r) {
+      manual_seed(31);
+      extra = register_module("extra", std::make_shared<nn::Linear>(6, 6));
+      to(kFloat64);
+    }
+    Tensor forward(const Tensor& x) override { return rank == 0 ? x + extra->forward(x) : x; }
+  };
+  auto model = std::make_shared<Branch>(rank);
+  DistributedDataParallel ddp(model, pg, DDPOptions{.find_unused_parameters = true});
+  optim::SGD opt(model->parameters(), {.lr = 0.1});
+  for (int step = 0; step < 3; ++step) {
+    manual_seed(40 + 10 * step + rank);
+    Tensor x = randn({4, 6}, {.dtype = kFloat64}).requires_grad_();
+    opt.zero_grad();
+    ddp.forward(x).pow(2.0).sum().backward();
+    const Tensor g = model->extra->weight.grad();
+    check(g.defined(), fmt::format("unused rank: step {}: extra.weight has a gradient", step));
+    if (!g.defined()) return;
+    Tensor high = g.clone(), low = g.clone();
+    pg->allreduce({high}, ReduceOp::Max)->wait();
+    pg->allreduce({low}, ReduceOp::Min)->wait();
+    check(max_abs(high - low) == 0 && max_abs(g) > 0,
+          fmt::format("unused rank: step {}: extra.weight's gradient differs between ranks (by {}) or is zero", step,
+                      max_abs(high - low)));
+    opt.step();
+  }
+  std::printf("rank %d: a rank that reaches no parameter finalizes\n", rank);
+}
+
 // The SyncBatchNorm scenarios' network: a convolution and a linear layer, each followed by BatchNorm.
 std::shared_ptr<nn::Sequential> syncbn_net(uint64_t seed) {
   manual_seed(seed);
@@ -1699,6 +1739,7 @@ int main(int argc, char** argv) {
     else if (scenario == "p2p_completion") scenario_p2p_completion(pg);
     else if (scenario == "join") scenario_join(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "buffers") scenario_buffers(pg);
+    else if (scenario == "unused_rank") scenario_unused_rank(pg);
     else if (scenario == "syncbn") scenario_syncbn(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "zero1") scenario_zero1(pg, argc > 2 ? Device(argv[2]) : kCPU);
     else if (scenario == "zero1_mismatch") scenario_zero1_mismatch(pg);

@@ -255,6 +255,12 @@ TEST_CASE("DDP's buffers: from the highest rank still training in join, once per
   require_all_ok(run_dist_workers(3, {"buffers"}, {"CHORUS_DISTRIBUTED_DEBUG=DETAIL"}));
 }
 
+// reducer.cpp: a rank whose forward reaches no parameter still finalizes each backward.
+TEST_CASE("find_unused_parameters: a rank that reaches no parameter still finalizes", "[distributed][ddp]") {
+  require_all_ok(run_dist_workers(2, {"unused_rank"}, {"CHORUS_DISTRIBUTED_DEBUG=DETAIL"}));
+  require_all_ok(run_dist_workers(3, {"unused_rank"}, {"CHORUS_DISTRIBUTED_DEBUG=DETAIL"}));
+}
+
 TEST_CASE("SyncBatchNorm under DDP equals BatchNorm on the whole batch", "[distributed][syncbn]") {
   for (int world = 1; world <= 3; ++world) {
     INFO("world size " << world);
