@@ -59,6 +59,14 @@ using chorus::testing::g_rank;
 
 double max_abs(const Tensor& t) { return t.to(kFloat64).abs().max().item<double>(); }
 
+// The largest elementwise difference between the ranks' copies of `t` (0: the same on every rank).
+double spread_over_ranks(ProcessGroup& pg, const Tensor& t) {
+  Tensor high = t.cpu().clone(), low = high.clone();
+  pg.allreduce({high}, ReduceOp::Max)->wait();
+  pg.allreduce({low}, ReduceOp::Min)->wait();
+  return max_abs(high - low);
+}
+
 // ------------------------------------------------------------------ collectives
 // Rank r's input for a dtype: deterministic, different per rank, exactly representable in every dtype.
 Tensor rank_input(int rank, DType dt, const Shape& shape) {
@@ -659,12 +667,8 @@ void scenario_powersgd(const std::shared_ptr<ProcessGroup>& pg, Device device) {
     }
     check(last < 0.5 * first, fmt::format("powerSGD DDP: loss {} -> {}, expected to halve", first, last));
     check(state->compression_rate() > 1.5, fmt::format("powerSGD DDP: compression {}", state->compression_rate()));
-    for (const auto& [name, p] : model->named_parameters()) {
-      Tensor mine = p.cpu(), high = mine.clone(), low = mine.clone();
-      pg->allreduce({high}, ReduceOp::Max)->wait();
-      pg->allreduce({low}, ReduceOp::Min)->wait();
-      check(max_abs(high - low) == 0, "powerSGD DDP: replicas differ in " + name);
-    }
+    for (const auto& [name, p] : model->named_parameters())
+      check(spread_over_ranks(*pg, p) == 0, "powerSGD DDP: replicas differ in " + name);
     std::printf("rank %d: powerSGD DDP on %s: loss %.4f -> %.4f, %lld elements sent for %lld (%.2fx)\n", rank,
                 device.str().c_str(), first, last, static_cast<long long>(state->sent_elements),
                 static_cast<long long>(state->uncompressed_elements), state->compression_rate());
@@ -1550,12 +1554,10 @@ void scenario_unused_rank(const std::shared_ptr<ProcessGroup>& pg) {
     const Tensor g = model->extra->weight.grad();
     check(g.defined(), fmt::format("unused rank: step {}: extra.weight has a gradient", step));
     if (!g.defined()) return;
-    Tensor high = g.clone(), low = g.clone();
-    pg->allreduce({high}, ReduceOp::Max)->wait();
-    pg->allreduce({low}, ReduceOp::Min)->wait();
-    check(max_abs(high - low) == 0 && max_abs(g) > 0,
+    const double spread = spread_over_ranks(*pg, g);
+    check(spread == 0 && max_abs(g) > 0,
           fmt::format("unused rank: step {}: extra.weight's gradient differs between ranks (by {}) or is zero", step,
-                      max_abs(high - low)));
+                      spread));
     opt.step();
   }
   std::printf("rank %d: a rank that reaches no parameter finalizes\n", rank);
