@@ -125,7 +125,9 @@ class GlooStreamCommunicator::PinnedPool {
 // group's number once its copies to host memory are done; the worker waits for that, runs the
 // collectives and stores `done` = the number; the stream waits for it before copying the results
 // back. A group that reads nothing from the device (receives, a broadcast away from its root) has
-// no `ready`: the worker runs it when it comes to it (see group_end). The worker makes no device
+// no `ready` on a GPU: the worker runs it when it comes to it (see group_end); on sim with NCCL's
+// order modelled it has one, written when the stream reaches it ([A receive waits for its stream,
+// as NCCL's], group_end). The worker makes no device
 // call at all (see group_end), and releases nothing that owns device memory: a finished job (its works hold device tensors) goes back to the issuing thread,
 // which lets it go in release_staging. Freeing device memory may record events, and on this thread
 // that could deadlock (seen on sim with its driver lock under load: the worker's free waited for
@@ -519,6 +521,17 @@ void GlooStreamCommunicator::group_end() {
   // (sim's default of one; CUDA_DEVICE_MAX_CONNECTIONS on a GPU): the send lane's wait for its
   // `done` word stalls the queue, and a receive waiting for its lane's `ready` behind it would never
   // be posted, so a send/receive ring deadlocked with one queue.
+  //
+  // [A receive waits for its stream, as NCCL's] On a GPU a receive is a kernel of its stream: it is
+  // posted (and a peer's send to it can finish) only once the stream has run the caller's earlier
+  // work. Posting it at once, as the Gloo lanes do, lets a peer's send finish earlier than on a GPU,
+  // so a wait cycle through this rank's compute (a receive behind a kernel that waits for what the
+  // peer does only after its send) would pass here and hang there. So on sim with NCCL's order
+  // modelled (sim_nccl_order), a group that reads nothing has a `ready` word too, written where the
+  // stream reaches it. The ring above does not come back: with NCCL's order a receive issued after
+  // a send runs only once that send has finished, on a GPU too (a ring needs one coalesced group,
+  // which reads, and so always had its `ready`). fault::Point::kSimRecvReady removes it in a test.
+  const bool recv_ready = nccl_order && !fault::removed(fault::Point::kSimRecvReady);
   const uint32_t sequence = worker.next_sequence();
   const StreamDeviceGuard on_device(stream);
   bool reads = false;
@@ -528,12 +541,13 @@ void GlooStreamCommunicator::group_end() {
     rt.memcpy_async(t.host.raw_data_ptr(), t.device.raw_data_ptr(), static_cast<size_t>(t.device.nbytes()),
                     CopyKind::DeviceToHost, stream.handle());
   }
-  if (reads) rt.stream_write_value(stream.handle(), worker.ready_word(), sequence);
+  const bool after_ready = reads || recv_ready;
+  if (after_ready) rt.stream_write_value(stream.handle(), worker.ready_word(), sequence);
   {
     std::lock_guard<std::mutex> lock(state->mutex);
     ++state->submitted;  // (here: a group that failed before reaching its worker is not waited for)
   }
-  worker.push(sequence, /*after_ready=*/reads, {order, device_index, device_order}, std::move(run));
+  worker.push(sequence, after_ready, {order, device_index, device_order}, std::move(run));
   if (ordered) ordered_issued_ = order;
   if (nccl_order) device_issued_[device_index] = device_order;
   // fault::Point::kGlooDoneFlag removed (a negative control, multiprocess_test): the stream copies

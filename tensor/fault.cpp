@@ -38,6 +38,7 @@ const char* name(Point p) {
     case Point::kAutogradStreams: return "autograd_streams";
     case Point::kFsdpReductionsBeforeGather: return "fsdp_reductions_before_gather";
     case Point::kFsdpReduceOutStream: return "fsdp_reduce_out_stream";
+    case Point::kSimRecvReady: return "sim_recv_ready";
     case Point::kCount: break;
   }
   return "?";

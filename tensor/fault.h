@@ -36,6 +36,7 @@ enum class Point : int {
   kAutogradStreams,         // backward ops run on their forward's streams, ordered after the streams that made their gradients (engine)
   kFsdpReductionsBeforeGather,  // FSDP full_shard issues later blocks' reduce-scatters before a block's all-gathers in backward (fsdp)
   kFsdpReduceOutStream,     // FSDP record_streams a reduction's buffers on the stream that reads them after backward (fsdp)
+  kSimRecvReady,            // on sim with NCCL's order, a receive is posted only once its stream reaches it, as NCCL's kernel (gloo_communicator)
   kCount
 };
 const char* name(Point p);

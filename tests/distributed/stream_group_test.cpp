@@ -573,6 +573,78 @@ TEST_CASE("sim runs a device's groups in order, as NCCL: a send then a receive, 
   }
 }
 
+// [A receive waits for its stream, as NCCL's] (gloo_communicator.cpp). On a GPU a receive runs when
+// its stream gets to it, after the caller's earlier kernels. Rank 0 holds sim:0's stream on a
+// page-locked word and then issues a receive; rank 1 (a thread, CPU) sends to it and only then
+// releases the word (the peer's send ending is what this rank's compute waits for: a wait cycle).
+// chorus's Gloo send waits for its receive to be posted. Kept, rank 0's receive is posted only when
+// the stream passes the word, which waits for the send, which waits for the receive: a hang on a
+// GPU, and on sim, where the watchdog fails the receive at the group's 1.5 s and Gloo's 3 s ends the
+// send. Removed (fault::Point::kSimRecvReady, the lanes posting a receive at once), the send ends
+// while the stream is still held, as it could not on a GPU, and the receive gets the twos.
+TEST_CASE("sim posts a receive only once its stream reaches it, as NCCL: a send the held stream waits for hangs", "[distributed][sim]") {
+  for (const bool removed : {false, true}) {
+    INFO((removed ? "removed" : "kept"));
+    std::optional<fault::RemovedScope> scope;
+    if (removed) scope.emplace(fault::Point::kSimRecvReady);
+    std::atomic<uint32_t*> word{nullptr};
+    std::promise<void> word_released;
+    std::string rank1_message, recv_message;
+    bool recv_ok = false, send_ended_while_held = false;
+    Tensor got0;
+    two_ranks(
+        removed ? "chorus_stream_group_recv_ready_removed" : "chorus_stream_group_recv_ready_kept",
+        [&](ProcessGroupGloo& g) {
+          try {
+            g.send(full({kStagedN}, 2.0f), 0, 9)->wait();
+            send_ended_while_held = true;  // (the word is released only below)
+          } catch (const Error& e) {  // the hang, ended by Gloo's timeout
+            rank1_message = e.what();
+          }
+          std::atomic_ref<uint32_t>(word.load()[0]).store(1, std::memory_order_release);
+          word_released.set_value();
+        },
+        [&](StreamOrderedGroup& group, GlooStreamCommunicator&, const std::function<void()>& release) {
+          const Device d0 = Device::sim(0);
+          DeviceRuntime& rt = runtime_for(d0, "stream_group_test");
+          auto* w = static_cast<uint32_t*>(rt.host_malloc(64));
+          w[0] = 0;
+          word.store(w);
+          got0 = zeros({kStagedN}, {.device = d0});
+          const Stream held = current_stream(d0);
+          held.synchronize();
+          rt.stream_wait_value(held.handle(), w, 1);  // the caller's compute, waiting for the peer
+          auto recv = group.recv(got0, 1, 9);
+          release();
+          recv->wait_finished();
+          recv_ok = recv->is_success();
+          if (!recv_ok) {
+            try {
+              std::rethrow_exception(recv->exception());
+            } catch (const Error& e) {
+              recv_message = e.what();
+            }
+          }
+          word_released.get_future().wait();  // rank 1 writes the word whatever happened
+          synchronize(d0);
+          rt.host_free(w);
+        },
+        /*gloo_ms=*/3000, /*group_ms=*/1500);
+    INFO("rank 0's receive: " << recv_message << "; rank 1: " << rank1_message);
+    if (!removed) {
+      CHECK_FALSE(send_ended_while_held);
+      CHECK_FALSE(rank1_message.empty());
+      CHECK_FALSE(recv_ok);
+      CHECK_THAT(recv_message, Catch::Contains("timed out after 1500 ms"));
+    } else {
+      CHECK(send_ended_while_held);
+      CHECK(rank1_message.empty());
+      CHECK(recv_ok);
+      CHECK(equal(got0.cpu(), full({kStagedN}, 2.0f)));
+    }
+  }
+}
+
 // The Gloo communicator's page-locked staging blocks are one pool per device type, shared by every
 // stream it runs on (the group's lanes, every device of the type), and a group's blocks go back to
 // it only once its stream has passed the group (its `done` event, release_staging). Rank 0 issues
