@@ -363,7 +363,8 @@ Tensor index(const Tensor& t, const Tensor& indices) {
 
 Tensor one_hot(const Tensor& labels, int64_t num_classes) {
   Tensor idx = index_as_int64(labels, "one_hot");
-  const int64_t* p = idx.data_ptr<int64_t>();
+  const Tensor host = idx.cpu();  // the checks read the values on the host (device labels too)
+  const int64_t* p = host.data_ptr<int64_t>();
   int64_t mx = -1;
   for (int64_t i = 0; i < idx.numel(); ++i) {
     if (p[i] < 0) fail("one_hot: class values must be non-negative, got {}", p[i]);

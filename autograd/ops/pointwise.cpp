@@ -519,7 +519,16 @@ Tensor& inplace_binary(BinaryOp op, const char* name, Tensor& self, const Tensor
   }
   const DType cd = kernel_dtype(promote_types(rt, self.dtype()), self, &other);
   if (self.dtype() == cd) {
-    kernels::binary(op, self, self, kernel_operand(other, cd), alpha);
+    // `other` over part of self's memory as another view (x.add_(x[0]), a.add_(a.t())): read from a
+    // copy, as copy_ does and NumPy's ufuncs do, so every element sees other's values from before
+    // the op. A kernel reading what it writes through another view gives an order-dependent answer,
+    // and the CPU's sequential loop and a GPU's threads gave different ones (PyTorch refuses it).
+    // The same view (a.mul_(a)) reads each element before writing it and needs no copy.
+    const bool overlaps = other.storage() == self.storage() &&
+                          !(other.storage_offset() == self.storage_offset() && other.sizes() == self.sizes() &&
+                            other.strides() == self.strides() && other.dtype() == self.dtype());
+    const Tensor operand = overlaps ? clone(alias_without_history(other)) : other;
+    kernels::binary(op, self, self, kernel_operand(operand, cd), alpha);
   } else {
     Tensor tmp = new_output(self.sizes(), cd, self.device(), {&self});
     kernels::binary(op, tmp, cast(self, cd), kernel_operand(other, cd), alpha);

@@ -104,30 +104,19 @@ struct Max {  // y > x ? y : x: NaN never wins, as the cpu softmax's row maximum
   template <typename Acc>
   __device__ __forceinline__ Acc operator()(Acc x, Acc y) const { return y > x ? y : x; }
 };
-// Online softmax statistics (a = running maximum, b = sum of exp(x - a)) of two parts of a row. A
-// part with no finite maximum contributes b * exp(-inf) = 0 (or its NaN); when neither has one the
-// sums are added unscaled (0, or NaN if a NaN was seen), since exp(-inf - -inf) is NaN.
+// Online softmax statistics (a = running maximum, b = sum of exp(x - a)) of two parts of a row
+// (sh::online_combine, which the CPU tests walk).
 struct MaxSum {
   template <typename Acc>
   __device__ __forceinline__ Pair<Acc> operator()(Pair<Acc> x, Pair<Acc> y) const {
-    const Acc m = y.a > x.a ? y.a : x.a;
-    if (m == neg_inf<Acc>()) return {m, x.b + y.b};
-    const sh::Exp exp_;
-    return {m, x.b * exp_(x.a - m) + y.b * exp_(y.a - m)};
+    sh::online_combine(x.a, x.b, y.a, y.b);
+    return x;
   }
 };
-// One element v into online statistics s.
+// One element v into online statistics s (sh::online_add).
 template <typename Acc>
 __device__ __forceinline__ void online_add(Pair<Acc>& s, Acc v) {
-  const sh::Exp exp_;
-  if (v > s.a) {  // a new maximum (never for NaN): rescale the sum; exp(v - v) is NaN for v = inf, as on the cpu
-    s.b = (s.a == neg_inf<Acc>() ? Acc(0) : s.b * exp_(s.a - v)) + exp_(v - v);
-    s.a = v;
-  } else if (s.a != neg_inf<Acc>()) {
-    s.b += exp_(v - s.a);
-  } else if (v != v) {
-    s.b = v;  // a NaN before any finite value still makes the row NaN
-  }
+  sh::online_add(s.a, s.b, v);
 }
 
 // Every lane of an aligned group of `lanes` (a power of two <= 32) gets the group's combination.

@@ -502,8 +502,12 @@ CHORUS_HD CHORUS_INLINE T reduced_from_float(float f) {
 }
 
 // Element conversion between any two chorus dtypes. float16/bfloat16 go through float32 (a double
-// is first rounded to float, then to 16 bits, as the CPU always did); everything else is
-// static_cast (so a nonzero value becomes true, and a float becomes an integer by truncation).
+// is first rounded to float, then to 16 bits, as the CPU always did); a float to uint8 goes through
+// int64 (PyTorch's static_cast_with_inter_type: -1.5 is 255 on every device, where a direct cast of a
+// negative float to an unsigned type is undefined, 255 on x86 and 0 on a GPU, whose conversion
+// saturates); everything else is static_cast (so a nonzero value becomes true, and a float becomes
+// an integer by truncation; a float outside a signed type's range, NaN included, is undefined in
+// C++ and differs between x86 and a GPU, in PyTorch too).
 template <typename D>
 struct Cast {
   template <typename S>
@@ -511,6 +515,7 @@ struct Cast {
     if constexpr (std::is_same_v<D, S>) return v;
     else if constexpr (is_reduced_float_v<S>) return Cast<D>{}(reduced_to_float(v));
     else if constexpr (is_reduced_float_v<D>) return reduced_from_float<D>(static_cast<float>(v));
+    else if constexpr (std::is_same_v<D, uint8_t> && std::is_floating_point_v<S>) return static_cast<D>(static_cast<int64_t>(v));
     else return static_cast<D>(v);
   }
 };

@@ -32,7 +32,7 @@ RowPlan plan_rows(const RowProblem& problem) {
   plan.vector_elements = aligned ? static_cast<int>(vec) : 1;
   const int64_t chunks = ceil_div(cols, plan.vector_elements);  // vectors per row
 
-  if (cols * size <= kWarpRowBytes) {
+  if (cols * size <= kWarpRowBytes && ceil_div(chunks, 32) <= kMaxWarpVectors) {
     plan.kernel = RowKernel::Warp;
     // Short rows share a warp: as few lanes as cover the row's vectors, so no lane idles for
     // rows like 32 float32 columns (8 lanes of one 16-byte vector, 4 rows per warp).
@@ -54,7 +54,7 @@ RowPlan plan_rows(const RowProblem& problem) {
   plan.vectors = 1;
   plan.rows_per_block = 1;
   const int64_t cache_bytes = cols * size * problem.row_inputs;
-  plan.cache_in_shared = cache_bytes <= kBlockCacheBytes;
+  plan.cache_in_shared = cache_bytes <= kBlockCacheBytes - kRowStaticSharedBytes;
   plan.shared_bytes = plan.cache_in_shared ? cache_bytes : 0;
   plan.blocks = std::max<int64_t>(1, std::min<int64_t>(rows, sms * std::max(1, 2048 / plan.threads) * 2));
   return plan;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/shared/hd.h"
+#include "kernels/shared/pointwise_math.h"
 
 namespace chorus::kernels::shared {
 
@@ -32,8 +33,14 @@ constexpr int64_t kWarpRowBytes = 4096;
 // Shared memory a block may use for the cached row(s) without opting in to more (the default
 // dynamic limit on every architecture since sm_70).
 constexpr int64_t kBlockCacheBytes = 48 * 1024;
+// Room left in those 48 KiB for the kernels' own static __shared__ arrays (at most 32 pairs of
+// double, 512 bytes, for the block reductions): the default limit is on static and dynamic shared
+// memory together, and a launch asking for more fails (cudaErrorInvalidValue). So a row is cached
+// when its bytes fit in kBlockCacheBytes - kRowStaticSharedBytes.
+constexpr int64_t kRowStaticSharedBytes = 1024;
 // Per-lane register capacity the warp kernel is compiled for: vectors per lane in {1, 2, 4, ... ,
-// kMaxWarpVectors}.
+// kMaxWarpVectors}. A row of at most kWarpRowBytes that would need more (16-bit or 1-byte elements
+// loaded one at a time: over 1024 of them) takes the block kernel.
 constexpr int kMaxWarpVectors = 32;
 constexpr int kWarpThreadsPerBlock = 128;
 
@@ -81,6 +88,38 @@ CHORUS_HD CHORUS_INLINE int64_t warp_column(int lane, int j, int lanes, int vect
 // Block kernel: first column of vector k (0, 1, ...) of thread t.
 CHORUS_HD CHORUS_INLINE int64_t block_column(int thread, int64_t k, int threads, int vector_elements) {
   return (k * threads + thread) * vector_elements;
+}
+
+// Online softmax statistics of part of a row (the block kernel's one pass): m, the running maximum,
+// and s, the sum of exp(x - m). A NaN never becomes the maximum but makes s NaN for good, as the
+// CPU softmax's row is all NaN then: while no finite maximum has been seen s is 0 or NaN and is kept
+// (not reset) when one arrives; exp(v - v) is NaN for v = inf, as on the CPU.
+template <typename Acc>
+CHORUS_HD CHORUS_INLINE void online_add(Acc& m, Acc& s, Acc v) {
+  const Exp exp_;
+  const Acc neg_inf = static_cast<Acc>(-INFINITY);
+  if (v > m) {
+    s = (m == neg_inf ? s : s * exp_(m - v)) + exp_(v - v);
+    m = v;
+  } else if (m != neg_inf) {
+    s += exp_(v - m);
+  } else if (v != v) {
+    s = v;
+  }
+}
+// Two parts' statistics combined into (m, s). A part with no finite maximum adds s * exp(-inf) = 0
+// (or its NaN); when neither has one the sums are added unscaled (0, or NaN if a NaN was seen),
+// since exp(-inf - -inf) is NaN.
+template <typename Acc>
+CHORUS_HD CHORUS_INLINE void online_combine(Acc& m, Acc& s, Acc m2, Acc s2) {
+  const Exp exp_;
+  const Acc top = m2 > m ? m2 : m;
+  if (top == static_cast<Acc>(-INFINITY)) {
+    s = s + s2;
+  } else {
+    s = s * exp_(m - top) + s2 * exp_(m2 - top);
+  }
+  m = top;
 }
 
 }  // namespace chorus::kernels::shared

@@ -161,6 +161,19 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
   if (pad && *pad < 0) *pad += num;
   if (pad && (*pad < 0 || *pad >= num)) fail("embedding: padding_idx {} must be within the {} embeddings", *padding_idx, num);
   Tensor flat = indices.to(kInt64).contiguous().reshape({-1});
+  {
+    // As PyTorch's embedding: indices in [0, num), negative ones refused too (index_select below
+    // would wrap -1 to the last row, and the backward's index_add, given the unwrapped -1, wrote
+    // before the gradient's first row: heap or device memory not its own).
+    const Tensor host = flat.cpu();
+    const int64_t* p = host.data_ptr<int64_t>();
+    for (int64_t i = 0; i < host.numel(); ++i) {
+      if (p[i] < 0 || p[i] >= num) {
+        fail("embedding: index {} is out of range for a weight of {} embeddings (expected indices in [0, {}))", p[i],
+             num, num);
+      }
+    }
+  }
   Tensor rows;
   {
     NoGradGuard no_grad;  // the gradient is recorded below with padding handled

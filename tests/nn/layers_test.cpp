@@ -135,6 +135,21 @@ TEST_CASE("embedding picks rows for indices of any shape; gradients accumulate p
                             {randn({6, 3}, kF64Grad, &gen)}));
 }
 
+// As PyTorch's: an index outside [0, num_embeddings) is refused, a negative one too. Before, -1 was
+// wrapped to the last row in the forward (index_select's rule) and the backward's index_add, given
+// the -1, wrote before the gradient's first row (a heap write past the allocation's start).
+TEST_CASE("embedding refuses an index outside [0, num_embeddings), negative ones included", "[nn][embedding]") {
+  Tensor w = randn({10, 4}, kF64Grad);
+  CHECK_THROWS_WITH(F::embedding(tensor(std::vector<int64_t>{3, -1}), w),
+                    Catch::Contains("embedding: index -1 is out of range for a weight of 10 embeddings") &&
+                        Catch::Contains("[0, 10)"));
+  CHECK_THROWS_WITH(F::embedding(tensor(std::vector<int32_t>{10}), w), Catch::Contains("index 10 is out of range"));
+  const Tensor on_sim = tensor(std::vector<int64_t>{0, 1}).to(Device::sim(0));  // read back to the host
+  CHECK_THROWS_WITH(F::embedding(on_sim, randn({1, 4}).to(Device::sim(0))),
+                    Catch::Contains("index 1 is out of range for a weight of 1 embeddings"));
+  CHECK_FALSE(w.grad().defined());
+}
+
 // BERT's and GPT's word embeddings are also their output projection: the weight gets the rows of
 // the embedding's gradient and the projection's whole-table gradient.
 TEST_CASE("embedding of a tied weight: its rows are added into the projection's gradient", "[nn][embedding]") {

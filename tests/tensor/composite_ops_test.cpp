@@ -187,6 +187,42 @@ TEST_CASE("the composite ops on the sim device equal the CPU's", "[tensor][compo
   CHECK(same([](const Tensor& x, const Tensor&) { return nonzero(gt(x, 0)); }));
 }
 
+// An in-place op whose operand is another view of self's memory reads the operand as it was before
+// the op (NumPy's rule, and copy_'s), on the CPU and on sim alike. Before, the kernel read what it
+// had already written: the CPU's loop gave x.add_(x[0])'s second row 12, 24, 36 and a.add_(a.t())
+// [[2, 5], [8, 8]], while a GPU's threads, reading before writing, gave other values.
+TEST_CASE("an in-place op whose operand overlaps self as another view reads the operand from before the op",
+          "[tensor][composite][sim]") {
+  for (const Device d : {kCPU, Device::sim(0)}) {
+    INFO(d.str());
+    Tensor x = f64({1, 2, 3, 10, 20, 30}, {2, 3}).to(d);
+    x.add_(x.select(0, 0));
+    CHECK(matches_exactly(x.cpu(), {2, 3}, {2, 4, 6, 11, 22, 33}));
+    Tensor a = f64({1, 2, 3, 4}, {2, 2}).to(d);
+    a.add_(a.t());
+    CHECK(matches_exactly(a.cpu(), {2, 2}, {2, 5, 5, 8}));
+    Tensor b = f64({1, 2, 3, 4}, {4}).to(d);
+    b.narrow(0, 1, 3).mul_(b.narrow(0, 0, 3));  // shifted by one element
+    CHECK(matches_exactly(b.cpu(), {4}, {1, 2, 6, 12}));
+    Tensor c = f64({1, 2, 3}, {3}).to(d);
+    c.mul_(c);  // the same view: no copy needed, each element read before it is written
+    CHECK(matches_exactly(c.cpu(), {3}, {1, 4, 9}));
+  }
+}
+
+// one_hot's checks read the labels on the host: device labels are copied there (before, their
+// device pointer was read on the host).
+TEST_CASE("one_hot of labels on sim equals the CPU's and refuses bad classes", "[tensor][index][sim]") {
+  const Tensor labels = tensor(std::vector<int64_t>{2, 0, 1});
+  const Tensor got = one_hot(labels.to(Device::sim(0)), 4);
+  CHECK(got.device() == Device::sim(0));
+  CHECK(equal(got.cpu(), one_hot(labels, 4)));
+  CHECK(one_hot(labels.to(Device::sim(0))).size(1) == 3);
+  CHECK_THROWS_WITH(one_hot(tensor(std::vector<int64_t>{1, -2}).to(Device::sim(0)), 3),
+                    Catch::Contains("one_hot: class values must be non-negative, got -2"));
+  CHECK_THROWS_WITH(one_hot(labels.to(Device::sim(0)), 2), Catch::Contains("class value 2 is out of range for num_classes 2"));
+}
+
 // Tensor.uniform_/normal_/bernoulli_: the values' range and moments over 200,000 draws (bounds
 // of more than 5 standard errors), non-contiguous targets filled everywhere, the same draws as
 // the sim device's for one seed, and autograd's rules for in-place ops.

@@ -155,6 +155,26 @@ TEST_CASE("integer and bool arithmetic is exact, wraps like the C type, and bool
   CHECK(testing::matches_exactly(mul(t, f), {4}, {1, 0, 0, 0}));
 }
 
+// A float (or double, float16, bfloat16) to uint8 goes through int64, as PyTorch's cast does on every
+// device: -1 is 255 and 300 is 44 (300 mod 256). A direct cast of a negative float to an unsigned
+// type is undefined in C++ (x86 gives 255, a GPU's saturating conversion 0).
+TEST_CASE("a float cast to uint8 wraps through int64, as PyTorch's", "[tensor][elementwise]") {
+  const std::vector<double> v{-1.0, -1.5, -200.7, 300.0, 255.9, 0.5, -0.5};
+  const std::vector<double> expected{255, 255, 56, 44, 255, 0, 0};
+  for (DType from : {kFloat32, kFloat64, kFloat16, kBFloat16}) {
+    INFO(dtype_name(from));
+    const Tensor x = tensor(v).to(from);
+    std::vector<double> want = expected;
+    if (from == kFloat16 || from == kBFloat16) {  // the 16-bit value first, then the cast
+      const Tensor stored = x.to(kFloat64);
+      for (size_t i = 0; i < v.size(); ++i)
+        want[i] = static_cast<uint8_t>(static_cast<int64_t>(stored.data_ptr<double>()[i]));
+    }
+    CHECK(testing::matches_exactly(x.to(kUInt8), {static_cast<int64_t>(v.size())}, want));
+    CHECK(testing::matches_exactly(x.to(Device::sim(0)).to(kUInt8).cpu(), {static_cast<int64_t>(v.size())}, want));
+  }
+}
+
 TEST_CASE("type promotion between tensors follows PyTorch, 0-d tensors lifting only the category",
           "[tensor][elementwise][promotion]") {
   struct Promotion {

@@ -6,6 +6,7 @@
 // Tagged "gpu": needs a CUDA device, and fails (not skips) without one.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -132,6 +133,13 @@ TEST_CASE("casts among all dtypes equal the CPU's, bit for bit", "[cuda][gpu]") 
       CHECK(same(src_g.to(to), src.to(to)));                     // contiguous
       CHECK(same(t(src_g).to(to), t(src).to(to)));               // transposed (strided)
     }
+  }
+  // Negative and out-of-range floats to uint8 go through int64 on both devices (PyTorch's rule;
+  // before, the GPU's saturating conversion gave 0 for -1.5 where the CPU gave 255).
+  const Tensor wide = tensor(std::vector<double>{-1.0, -1.5, -200.7, 300.0, 255.9, 0.5, -0.5});
+  for (DType from : {kFloat32, kFloat64, kFloat16, kBFloat16}) {
+    INFO(dtype_name(from) << " -> uint8, negative and past 255");
+    CHECK(same(wide.to(from).to(kGpu).to(kUInt8), wide.to(from).to(kUInt8)));
   }
 }
 
@@ -452,7 +460,10 @@ TEST_CASE("softmax, log_softmax and layer_norm row kernels at their boundaries",
   uint64_t seed = 500;
   for (DType dt : {kFloat32, kFloat64}) {
     const double tol = dt == kFloat32 ? 1e-5 : 1e-12;
-    for (int64_t cols : {1, 31, 32, 33, 127, 512, 513, 1023, 1024, 1025, 4096, 10000}) {
+    // 6144 and 12288: a cached row at the 48 KiB that static and dynamic shared memory share by
+    // default (kRowStaticSharedBytes, kernels/shared/row_plan.h; before, float32 12288 forward and
+    // 6144 backward, float64 6144 forward, asked for more and the launch failed).
+    for (int64_t cols : {1, 31, 32, 33, 127, 512, 513, 1023, 1024, 1025, 4096, 6144, 10000, 12288}) {
       for (bool misaligned : {false, true}) {
         const int64_t rows = cols >= 4096 ? 9 : 37;
         INFO(dtype_name(dt) << " rows " << rows << " cols " << cols << (misaligned ? " misaligned" : ""));
@@ -462,6 +473,14 @@ TEST_CASE("softmax, log_softmax and layer_norm row kernels at their boundaries",
         if (cols > 2) {  // some -inf entries; row 2 entirely -inf
           base.narrow(0, 5, 1).fill_(-INFINITY);
           base.narrow(0, 2 * cols + (misaligned ? 1 : 0), cols).fill_(-INFINITY);
+          // Row 3: a NaN first (the block kernel's online statistics once reset the sum when a
+          // finite value followed, leaving the rest of the row finite); row 4: a NaN after a prefix
+          // of -inf. Both rows are all NaN on the CPU.
+          const int64_t row3 = 3 * cols + (misaligned ? 1 : 0), row4 = 4 * cols + (misaligned ? 1 : 0);
+          base.narrow(0, row3, 1).fill_(NAN);
+          const int64_t prefix = std::min<int64_t>(cols - 2, 40);
+          base.narrow(0, row4, prefix).fill_(-INFINITY);
+          base.narrow(0, row4 + prefix, 1).fill_(NAN);
         }
         const int64_t at = misaligned ? 1 : 0;
         const Tensor x = base.narrow(0, at, rows * cols).reshape({rows, cols});
@@ -832,7 +851,11 @@ TEST_CASE("float16 and bfloat16 softmax, layer_norm and cross_entropy on cuda:0 
   require_gpu();
   for (DType dt : {kFloat16, kBFloat16}) {
     const double tol = dt == kBFloat16 ? 2e-2 : 5e-3;
-    for (int64_t cols : {int64_t(64), int64_t(333), int64_t(1024), int64_t(5000)}) {
+    // 1500 and 2047: rows of at most 4 KiB loaded one element at a time (no multiple of 8), which
+    // once asked the warp kernel for 64 vectors per lane (no such instantiation: the op threw);
+    // 12288: layer_norm's backward rows not cached (the shared-memory limit).
+    for (int64_t cols : {int64_t(64), int64_t(333), int64_t(1024), int64_t(1500), int64_t(2047), int64_t(5000),
+                         int64_t(12288)}) {
       INFO(dtype_name(dt) << " cols " << cols);
       const int64_t rows = 67;
       const Tensor x = randn_cpu({rows, cols}, 91, dt), gy = randn_cpu({rows, cols}, 92, dt);

@@ -7,6 +7,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -25,15 +26,11 @@ sm::RowPlan plan(int64_t rows, int64_t cols, int64_t size, uint64_t address = 0,
                         .addresses = {address, 0}, .sms = 132});
 }
 
-// Online softmax statistics (max, sum of exp(x - max)), as kernels/cuda/row_kernels.h combines them.
+// Online softmax statistics (max, sum of exp(x - max)), with the functions the CUDA block kernel
+// runs (sm::online_add per element, sm::online_combine across threads).
 struct Stats {
   double m = -std::numeric_limits<double>::infinity(), s = 0;
 };
-Stats combine(Stats x, Stats y) {
-  const double m = std::max(x.m, y.m);
-  if (m == -std::numeric_limits<double>::infinity()) return {m, x.s + y.s};
-  return {m, x.s * std::exp(x.m - m) + y.s * std::exp(y.m - m)};
-}
 
 // Runs the plan's launch on the CPU: softmax of x [rows, cols] into y, counting writes per element.
 void emulate_softmax(const sm::RowPlan& p, const float* x, float* y, int64_t rows, int64_t cols,
@@ -96,9 +93,10 @@ void emulate_softmax(const sm::RowPlan& p, const float* x, float* y, int64_t row
       for (int t = 0; t < p.threads; ++t)
         for (int64_t k = 0; sm::block_column(t, k, p.threads, V) < cols; ++k)
           for (int i = 0; i < V; ++i)
-            per_thread[t] = combine(per_thread[t], {x[row * cols + sm::block_column(t, k, p.threads, V) + i], 1.0});
+            sm::online_add(per_thread[t].m, per_thread[t].s,
+                           static_cast<double>(x[row * cols + sm::block_column(t, k, p.threads, V) + i]));
       Stats all;
-      for (const Stats& s : per_thread) all = combine(all, s);
+      for (const Stats& s : per_thread) sm::online_combine(all.m, all.s, s.m, s.s);
       for (int t = 0; t < p.threads; ++t)
         for (int64_t k = 0; sm::block_column(t, k, p.threads, V) < cols; ++k)
           for (int i = 0; i < V; ++i) {
@@ -164,8 +162,44 @@ TEST_CASE("longer rows take a block each, cached in shared memory when they fit"
   CHECK((!p.cache_in_shared && p.shared_bytes == 0));
   p = plan(1 << 20, 100000, 4);
   CHECK((p.threads == 1024 && !p.cache_in_shared && p.blocks == 132 * 2 * 2));
+  // The 48 KiB a block may use by default hold the kernels' static arrays too: a row of 48 KiB
+  // (float32 12288 columns, GPT-3's width) is not cached; one that leaves kRowStaticSharedBytes is.
+  p = plan(5, 12288, 4);
+  CHECK((p.kernel == sm::RowKernel::Block && !p.cache_in_shared && p.shared_bytes == 0));
+  p = plan(5, 12032, 4);
+  CHECK((p.cache_in_shared && p.shared_bytes == 12032 * 4));
+  p = plan(5, 6144, 4, 0, 2);  // a backward's two rows of 24 KiB
+  CHECK(!p.cache_in_shared);
+  p = plan(5, 12288, 2, 0, 2);  // bf16 layer_norm backward at 12288
+  CHECK(!p.cache_in_shared);
   CHECK_THROWS_AS(plan(-1, 4, 4), Error);
   CHECK_THROWS_AS(plan(1, 4, 3), Error);
+}
+
+TEST_CASE("every warp plan fits the kernels' instantiations; a block plan's shared memory fits the default limit", "[row_plan]") {
+  // dispatch_row_shape (kernels/cuda/row_kernels.h) instantiates vectors per lane 1 ... kMaxWarpVectors
+  // with vectors * vector_elements * size <= kWarpRowBytes / 32. 16-bit rows loaded one element at a
+  // time (a column count no multiple of 8, or a misaligned view) of 1025-2048 columns needed 64.
+  sm::RowPlan p = plan(4, 1500, 2, 2);  // bf16, Whisper's 1500 frames
+  CHECK((p.kernel == sm::RowKernel::Block && p.vector_elements == 1));
+  for (int64_t size : {1, 2, 4, 8}) {
+    for (uint64_t address : {uint64_t(0), uint64_t(size % 16)}) {
+      for (int64_t cols = 1; cols <= 3 * sm::kWarpRowBytes / size; ++cols) {
+        for (int inputs : {1, 2}) {
+          p = plan(3, cols, size, address, inputs);
+          if (p.kernel == sm::RowKernel::Warp) {
+            const bool fits = p.vectors >= 1 && p.vectors <= sm::kMaxWarpVectors && (p.vectors & (p.vectors - 1)) == 0 &&
+                              p.vectors * p.vector_elements * size <= sm::kWarpRowBytes / 32 &&
+                              static_cast<int64_t>(p.lanes) * p.vectors * p.vector_elements >= cols;
+            if (!fits) FAIL("size " << size << " cols " << cols << " address " << address << ": vectors " << p.vectors);
+          } else {
+            if (p.shared_bytes + sm::kRowStaticSharedBytes > sm::kBlockCacheBytes)
+              FAIL("size " << size << " cols " << cols << ": shared " << p.shared_bytes);
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("the emulated launch computes softmax equal to chorus's, every element written once", "[row_plan]") {
@@ -178,6 +212,16 @@ TEST_CASE("the emulated launch computes softmax equal to chorus's, every element
         const Tensor base = mul(randn({rows * cols + 1}, {}, &g), 4.0);
         const Tensor x = base.narrow(0, misaligned ? 1 : 0, rows * cols).reshape({rows, cols}).contiguous();
         const float* px = x.data_ptr<float>() + 0;
+        if (rows >= 3 && cols >= 3) {
+          // A NaN first in row 0 (a thread's first element, before any finite one); in row 1 a NaN
+          // after a prefix of -inf (a causal mask); row 2 all -inf. The CPU's rows 0-2 are all NaN.
+          float* w = x.data_ptr<float>();
+          w[0] = std::nanf("");
+          const int64_t prefix = std::min<int64_t>(cols - 2, 40);
+          for (int64_t c = 0; c < prefix; ++c) w[cols + c] = -INFINITY;
+          w[cols + prefix] = std::nanf("");
+          for (int64_t c = 0; c < cols; ++c) w[2 * cols + c] = -INFINITY;
+        }
         // The address the plan sees: the view's own (contiguous() keeps an offset view as it is).
         const sm::RowPlan p = sm::plan_rows({.rows = rows, .cols = cols, .element_size_bytes = 4, .row_inputs = 1,
                                              .addresses = {reinterpret_cast<uint64_t>(px)}, .sms = 2});
@@ -189,11 +233,18 @@ TEST_CASE("the emulated launch computes softmax equal to chorus's, every element
         const float* pe = expected.data_ptr<float>();
         double worst = 0;
         bool once = true;
+        int64_t nan_mismatches = 0;
         for (int64_t i = 0; i < rows * cols; ++i) {
-          worst = std::max(worst, static_cast<double>(std::abs(y[i] - pe[i])));
+          if (std::isnan(y[i]) || std::isnan(pe[i])) {
+            nan_mismatches += std::isnan(y[i]) != std::isnan(pe[i]);
+          } else {
+            worst = std::max(worst, static_cast<double>(std::abs(y[i] - pe[i])));
+          }
           once = once && writes[i] == 1;
         }
+        if (rows >= 3 && cols >= 3) CHECK(std::isnan(pe[cols - 1]));  // the reference's NaN row
         CHECK(once);
+        CHECK(nan_mismatches == 0);
         CHECK(worst <= 1e-6);
       }
     }
