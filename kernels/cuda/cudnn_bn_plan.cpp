@@ -53,6 +53,11 @@ std::optional<std::string> batch_norm_fallback_reason(const BatchNormCall& call)
   if (!fits_int(call.n) || !fits_int(call.c) || !fits_int(call.s)) {
     return fmt::format("[n={}, c={}, s={}] does not fit cuDNN's int dims", call.n, call.c, call.s);
   }
+  // cuDNN's tensor descriptors take at most 2^31 - 1 elements (cudnnSetTensorNdDescriptor answers
+  // NOT_SUPPORTED past it): float32 [64, 64, 512, 1024] is 2^31, 8 GiB, and fits an H200.
+  if (call.c * call.s > INT_MAX || call.n > INT_MAX / (call.c * call.s)) {
+    return fmt::format("[n={}, c={}, s={}] has more elements than cuDNN's 2^31 - 1 per tensor", call.n, call.c, call.s);
+  }
   if (call.s == 1) {
     return std::string(
         "x is rows of channels (channels-last, or one position per channel): chorus's rows kernels; cuDNN's "

@@ -19,6 +19,13 @@
 #include "tensor/error.h"
 #include "tensor/runtime.h"
 
+static_assert(static_cast<int>(chorus::kernels::cudnn_plan::MathType::Default) == CUDNN_DEFAULT_MATH &&
+                  static_cast<int>(chorus::kernels::cudnn_plan::MathType::TensorOp) == CUDNN_TENSOR_OP_MATH &&
+                  static_cast<int>(chorus::kernels::cudnn_plan::MathType::TensorOpAllowConversion) ==
+                      CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&
+                  static_cast<int>(chorus::kernels::cudnn_plan::MathType::Fma) == CUDNN_FMA_MATH,
+              "kernels/cuda/cudnn_plan.h's MathType must be cudnnMathType_t's values");
+
 namespace chorus::kernels::cuda_impl {
 namespace {
 
@@ -47,9 +54,9 @@ struct ConvolutionDescriptor {
                                                 CUDNN_CROSS_CORRELATION, cudnn_type(p.conv.compute)),
                 "cudnnSetConvolutionNdDescriptor");
     check_cudnn(cudnnSetConvolutionGroupCount(d, p.conv.groups), "cudnnSetConvolutionGroupCount");
-    // The search below tries the math types this allows; FMA math keeps float32 out of TF32.
-    check_cudnn(cudnnSetConvolutionMathType(d, p.tensor_ops ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION : CUDNN_FMA_MATH),
-                "cudnnSetConvolutionMathType");
+    // The search below tries the math types this allows (the plan's: FMA math keeps float32 out of
+    // TF32, and no plan lets cuDNN convert float32 data to float16).
+    check_cudnn(cudnnSetConvolutionMathType(d, static_cast<cudnnMathType_t>(p.math)), "cudnnSetConvolutionMathType");
   }
   void set_math(int math) {
     check_cudnn(cudnnSetConvolutionMathType(d, static_cast<cudnnMathType_t>(math)), "cudnnSetConvolutionMathType");
@@ -101,10 +108,11 @@ Tensor search_workspace(Device device, int64_t& bytes) {
 // that is asked for; records it in the cache.
 template <typename Perf>
 cp::AlgoChoice pick(const std::vector<Perf>& results, int returned, int64_t limit, bool deterministic,
-                    const cp::ConvKey& key) {
+                    cp::MathType math, const cp::ConvKey& key) {
   for (int i = 0; i < returned; ++i) {
     const Perf& r = results[i];
     if (r.status != CUDNN_STATUS_SUCCESS) continue;
+    if (!cp::result_math_allowed(math, static_cast<int>(r.mathType))) continue;
     if (static_cast<int64_t>(r.memory) > limit) continue;
     if (deterministic && r.determinism != CUDNN_DETERMINISTIC) continue;
     cp::AlgoChoice c{static_cast<int>(r.algo), static_cast<int>(r.mathType), static_cast<int64_t>(r.memory)};
@@ -118,14 +126,19 @@ cp::AlgoChoice pick(const std::vector<Perf>& results, int returned, int64_t limi
 // The cached choice for `key`, or cuDNN's search (`find` runs cudnnFind*AlgorithmEx with the
 // workspace, its size, the result capacity and the output slots) picked and cached.
 template <typename Perf, typename Size, typename Find>
-cp::AlgoChoice choose(Device device, bool deterministic, const cp::ConvKey& key, int count, Size size, Find find) {
-  if (std::optional<cp::AlgoChoice> cached = cp::AlgoCache::global().find(key)) return *cached;
+cp::AlgoChoice choose(Device device, bool deterministic, cp::MathType math, const cp::ConvKey& key, int count, Size size,
+                      Find find) {
+  // (a choice made under a larger workspace limit than today's is searched again)
+  if (std::optional<cp::AlgoChoice> cached =
+          cp::AlgoCache::global().find(key, ::chorus::cuda::cudnn_workspace_limit())) {
+    return *cached;
+  }
   int64_t limit = search_bytes(count, size);
   Tensor ws = search_workspace(device, limit);
   std::vector<Perf> results(count);
   int returned = 0;
   find(ws.raw_data_ptr(), limit, count, &returned, results.data());
-  return pick(results, returned, limit, deterministic, key);
+  return pick(results, returned, limit, deterministic, math, key);
 }
 
 bool cudnn_can_run(const Tensor& x, const Tensor& weight) {
@@ -179,7 +192,7 @@ void conv2d(const Tensor& out, const Tensor& x, const Tensor& weight, const Tens
   const Scalars s(call.plan.conv.compute);
   const cp::ConvKey key = call.key(cp::Direction::Forward);
   const auto choice = choose<cudnnConvolutionFwdAlgoPerf_t>(
-      call.device, call.deterministic, key, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+      call.device, call.deterministic, call.plan.math, key, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
       [&](int algo, size_t* bytes) {
         return cudnnGetConvolutionForwardWorkspaceSize(call.handle, xd.d, wd.d, cd.d, yd.d,
                                                        static_cast<cudnnConvolutionFwdAlgo_t>(algo), bytes);
@@ -247,7 +260,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     ConvolutionDescriptor cd(call.plan);
     const cp::ConvKey key = call.key(cp::Direction::BackwardData);
     const auto choice = choose<cudnnConvolutionBwdDataAlgoPerf_t>(
-        call.device, call.deterministic, key, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+        call.device, call.deterministic, call.plan.math, key, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
         [&](int algo, size_t* bytes) {
           return cudnnGetConvolutionBackwardDataWorkspaceSize(call.handle, wd.d, yd.d, cd.d, xd.d,
                                                               static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), bytes);
@@ -271,7 +284,7 @@ void conv2d_backward(const Tensor& grad_x, const Tensor& grad_weight, const Tens
     ConvolutionDescriptor cd(call.plan);
     const cp::ConvKey key = call.key(cp::Direction::BackwardFilter);
     const auto choice = choose<cudnnConvolutionBwdFilterAlgoPerf_t>(
-        call.device, call.deterministic, key, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+        call.device, call.deterministic, call.plan.math, key, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
         [&](int algo, size_t* bytes) {
           return cudnnGetConvolutionBackwardFilterWorkspaceSize(call.handle, xd.d, yd.d, cd.d, wd.d,
                                                                 static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo),

@@ -126,7 +126,27 @@ ConvPlan plan_conv2d(const Shape& x_sizes, const Strides& x_strides, const Shape
   p.bias.dims = {1, p.w.dims[0], 1, 1};
   p.bias.strides = {p.w.dims[0], 1, 1, 1};
   p.tensor_ops = type == DataType::Half || type == DataType::BFloat16 || (type == DataType::Float && allow_tf32);
+  p.math = type == DataType::Half || type == DataType::BFloat16 ? MathType::TensorOp
+           : p.tensor_ops                                        ? MathType::Default
+                                                                 : MathType::Fma;
+  // [Size-1 strides] A size-1 dim's stride is any number in chorus (and PyTorch), but cuDNN wants
+  // the packed stride of the layout there (PyTorch's fixSizeOneDimStride): a [N, C, 1, 1] input
+  // that batch norm left with NCHW strides, before a channels-last 3x3 convolution, would otherwise
+  // reach cuDNN as NCHW-strided beside an NHWC filter. The key reads these strides too.
+  for (TensorDesc* t : {&p.x, &p.y}) {
+    const std::array<int, 4> inner_first =
+        p.channels_last ? std::array<int, 4>{1, 3, 2, 0} : std::array<int, 4>{3, 2, 1, 0};
+    int64_t z = 1;
+    for (int d : inner_first) {
+      if (t->dims[d] == 1) t->strides[d] = to_int(z, "a size-1 dim's stride");
+      else z *= t->dims[d];
+    }
+  }
   return p;
+}
+
+bool result_math_allowed(MathType plan, int result) {
+  return result != static_cast<int>(MathType::TensorOpAllowConversion) || plan == MathType::TensorOpAllowConversion;
 }
 
 size_t ConvKeyHash::operator()(const ConvKey& k) const {
@@ -173,10 +193,10 @@ std::string describe(const ConvKey& k) {
                      k.tensor_ops ? ", tensor ops" : "", k.deterministic ? ", deterministic" : "");
 }
 
-std::optional<AlgoChoice> AlgoCache::find(const ConvKey& key) const {
+std::optional<AlgoChoice> AlgoCache::find(const ConvKey& key, int64_t max_workspace) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = map_.find(key);
-  if (it == map_.end()) return std::nullopt;
+  if (it == map_.end() || it->second.workspace > max_workspace) return std::nullopt;
   return it->second;
 }
 

@@ -65,6 +65,9 @@ struct ConvDesc {
 // "float32", "float64", "float16", "bfloat16" (messages and descriptions).
 const char* type_name(DataType t);
 
+// cuDNN's math types (cudnnMathType_t's values; kernels/cuda/cudnn_conv.cpp checks them).
+enum class MathType { Default = 0, TensorOp = 1, TensorOpAllowConversion = 2, Fma = 3 };
+
 struct ConvPlan {
   TensorDesc x, y;    // input and output (also dx and dy: the gradients share their layouts)
   FilterDesc w;       // weight (and dw)
@@ -72,7 +75,16 @@ struct ConvPlan {
   TensorDesc bias;    // [1, K, 1, 1] (cudnnAddTensor / cudnnConvolutionBackwardBias)
   bool channels_last = false;  // x and y are NHWC in memory (the filter then must be KRSC too)
   bool tensor_ops = false;     // tensor-core math allowed (half/bfloat16 always; float with TF32 allowed)
+  // The convolution descriptor's math type, as PyTorch sets it: float16/bfloat16 TensorOp, float32
+  // with TF32 allowed Default (TF32 on tensor cores), else Fma (float32 without TF32, float64).
+  // Never TensorOpAllowConversion: for float32 data that lets cuDNN convert to float16 (range
+  // 6.1e-5 to 65504, so large activations become inf and small gradients 0).
+  MathType math = MathType::Fma;
 };
+
+// Whether a search result that ran with math type `result` may be taken for a plan of math type
+// `plan`: any but a down-converting one unless the plan allows it.
+bool result_math_allowed(MathType plan, int result);
 
 // chorus::Error when a size or stride does not fit cuDNN's int, a tensor is not 4-D, the dtype has
 // no cuDNN type, or the weight's layout does not match the input's (cuDNN wants a KRSC filter with
@@ -118,7 +130,9 @@ struct AlgoChoice {
 };
 class AlgoCache {
  public:
-  std::optional<AlgoChoice> find(const ConvKey& key) const;
+  // The cached choice, unless it needs more workspace than `max_workspace` (the limit lowered since
+  // it was made: chorus::cuda::set_cudnn_workspace_limit): then none, and the caller searches again.
+  std::optional<AlgoChoice> find(const ConvKey& key, int64_t max_workspace = INT64_MAX) const;
   void insert(const ConvKey& key, const AlgoChoice& choice);
   size_t size() const;
   void clear();

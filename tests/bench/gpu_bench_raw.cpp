@@ -131,7 +131,7 @@ Conv::Conv(const Tensor& x, const Tensor& w, const Tensor& y, const Tensor& dy, 
                                           s.plan.conv.dilation.data(), CUDNN_CROSS_CORRELATION,
                                           cudnn_type(s.plan.conv.compute)),
           "cudnnSetConvolutionNdDescriptor");
-    check(cudnnSetConvolutionMathType(d, s.plan.tensor_ops ? CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION : CUDNN_FMA_MATH),
+    check(cudnnSetConvolutionMathType(d, static_cast<cudnnMathType_t>(s.plan.math)),
           "cudnnSetConvolutionMathType");
   }
   check(cudnnSetStream(cudnn(), stream_of(x)), "cudnnSetStream");

@@ -110,6 +110,15 @@ TEST_CASE("cudnn bn plan: which calls fall back to chorus's kernels, and why", "
   CHECK_THAT(reason(call(P::ForwardTraining, 0, 16, 49)), Catch::Contains("empty input [n=0, c=16, s=49]"));
   CHECK_THAT(reason(call(P::BackwardTraining, int64_t{3} << 31, 16, 1)),
              Catch::Contains("[n=6442450944, c=16, s=1] does not fit cuDNN's int"));
+  // Every dim fits an int, but not the element count: float32 [64, 64, 512, 1024] is 2^31 (8 GiB);
+  // cuDNN's descriptors refuse it, chorus's kernels take it. One element fewer goes to cuDNN.
+  for (P pass : {P::ForwardTraining, P::ForwardInference, P::BackwardTraining}) {
+    CHECK_THAT(reason(call(pass, 64, 64, 512 * 1024)),
+               Catch::Contains("[n=64, c=64, s=524288] has more elements than cuDNN's 2^31 - 1 per tensor"));
+    CHECK_THAT(reason(call(pass, 2, int64_t{1} << 16, int64_t{1} << 15)), Catch::Contains("more elements than cuDNN's"));
+    CHECK_FALSE(cp::batch_norm_fallback_reason(call(pass, 1, 1, INT_MAX)).has_value());  // 2^31 - 1 elements
+    CHECK_THAT(reason(call(pass, 1, 2, int64_t{1} << 30)), Catch::Contains("more elements than cuDNN's"));
+  }
 }
 
 }  // namespace chorus

@@ -315,6 +315,38 @@ TEST_CASE("cuDNN conv2d takes channels-last tensors as they are", "[cuda][cudnn]
   CHECK(rel_diff(yg.contiguous(), expected) < 1e-5);
 }
 
+// float32 with TF32 (the default) keeps float32's range: inputs past float16's largest value
+// (65504) and output gradients below its smallest (6e-8) come through. Until 2026-12-04 the
+// descriptor allowed CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION, under which cuDNN may convert float32
+// data to float16 (inf and 0 there). TF32 keeps 10 mantissa bits: 2e-2 relative against the CPU.
+TEST_CASE("cuDNN conv2d in float32 with TF32 keeps float32's range", "[cuda][cudnn][gpu]") {
+  cuda::require_device("cudnn_gpu_test");
+  Settings keep;
+  cuda::set_cudnn_allow_tf32(true);
+  for (bool cl : {false, true}) {
+    INFO((cl ? "channels-last" : "NCHW"));
+    auto run_scaled = [&](Device device) {
+      manual_seed(21);
+      Tensor x = mul(randn({8, 64, 14, 14}), 1e5).to(device);
+      if (cl) x = x.contiguous(MemoryFormat::ChannelsLast);
+      x.requires_grad_();
+      Tensor w = randn({64, 64, 3, 3}).to(device);
+      if (cl) w = w.contiguous(MemoryFormat::ChannelsLast);
+      w.requires_grad_();
+      Tensor y = F::conv2d(x, w, Tensor(), {1, 1}, {1, 1});
+      Tensor g = mul(randn(y.sizes()), 1e-9).to(device);
+      sum(mul(y, g)).backward();
+      return std::vector<Tensor>{y, x.grad(), w.grad()};
+    };
+    const auto gpu = run_scaled(kGpu), cpu = run_scaled(Device::cpu());
+    for (int i = 0; i < 3; ++i) {
+      INFO("output " << i << " (y, dx, dw)");
+      CHECK(all(isfinite(gpu[i].cpu())).item<bool>());
+      CHECK(rel_diff(gpu[i], cpu[i]) < 2e-2);
+    }
+  }
+}
+
 TEST_CASE("cuDNN: deterministic mode, the algorithm cache, workspace limits, the fallback", "[cuda][cudnn][gpu]") {
   cuda::require_device("cudnn_gpu_test");
   Settings keep;
@@ -335,6 +367,15 @@ TEST_CASE("cuDNN: deterministic mode, the algorithm cache, workspace limits, the
   const Case small{2, 6, 6, 9, 9, 3, 1, 1, 1, 1};
   const auto none = run(small, kFloat64, kGpu, 4), cpu = run(small, kFloat64, Device::cpu(), 4);
   for (int i = 0; i < 4; ++i) CHECK(rel_diff(none[i], cpu[i]) < 1e-12);
+  // A shape searched under the 1 GiB limit, run again with none: the cached choice is used only if
+  // it needs no workspace (else searched again), and the values stay right.
+  cuda::set_cudnn_workspace_limit(int64_t{1} << 30);
+  (void)run(c, kFloat32, kGpu, 6);
+  cuda::set_cudnn_workspace_limit(0);
+  const auto again = run(c, kFloat32, kGpu, 6), again_cpu = run(c, kFloat32, Device::cpu(), 6);
+  for (int i = 0; i < 4; ++i) CHECK(rel_diff(again[i], again_cpu[i]) < 2e-2);  // TF32
+  for (const auto& [key, choice] : cp::AlgoCache::global().entries())
+    if (key.x_dims == std::array<int, 4>{8, 32, 16, 16} && !key.deterministic) CHECK(choice.workspace == 0);
   // cuDNN off: the direct kernels give the same results.
   cuda::set_cudnn_enabled(false);
   const auto direct = run(small, kFloat64, kGpu, 4);

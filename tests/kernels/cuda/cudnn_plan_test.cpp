@@ -65,6 +65,20 @@ TEST_CASE("cudnn plan: NCHW descriptors are the tensors' own sizes and strides",
                                            window(56, 56, 3, 3, 2, 1, 1), 1, false);
     CHECK(h.tensor_ops);
     CHECK(h.conv.compute == cp::DataType::Float);  // accumulate in float
+    CHECK(h.math == cp::MathType::TensorOp);
+  }
+  // The descriptor's math type, as PyTorch's: float32 with TF32 CUDNN_DEFAULT_MATH, without it and
+  // float64 CUDNN_FMA_MATH; never CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION, which lets cuDNN convert
+  // float32 data to float16 (until 2026-12-04 float32 with TF32 asked for it, and the H200's search
+  // took such algorithms: 'm2' in gpu_bench's conv rows).
+  CHECK(p.math == cp::MathType::Default);
+  CHECK(cp::plan_conv2d(x, nchw_strides(x), w, nchw_strides(w), y, nchw_strides(y), kFloat32,
+                        window(56, 56, 3, 3, 2, 1, 1), 1, false).math == cp::MathType::Fma);
+  CHECK(d.math == cp::MathType::Fma);
+  for (cp::MathType m : {cp::MathType::Default, cp::MathType::TensorOp, cp::MathType::Fma}) {
+    CHECK_FALSE(cp::result_math_allowed(m, static_cast<int>(cp::MathType::TensorOpAllowConversion)));
+    CHECK(cp::result_math_allowed(m, static_cast<int>(m)));
+    CHECK(cp::result_math_allowed(m, static_cast<int>(cp::MathType::Fma)));
   }
 }
 
@@ -97,6 +111,19 @@ TEST_CASE("cudnn plan: channels-last tensors get NHWC strides and a KRSC filter"
                                          window(1, 1, 3, 3, 1, 1, 1), 1, true);
   CHECK(q.channels_last);
   CHECK(q.w.format == cp::FilterFormat::NHWC);
+  // [Size-1 strides] cuDNN gets the NHWC strides of the size-1 dims, not the NCHW ones the tensors
+  // carry (PyTorch's fixSizeOneDimStride): x {32, 1, 1, 1} -> {32, 1, 32, 32}, y {64, 1, 1, 1} ->
+  // {64, 1, 64, 64}. Before, the plan passed {32, 1, 1, 1} beside an NHWC filter.
+  CHECK(q.x.strides == std::array<int, 4>{32, 1, 32, 32});
+  CHECK(q.y.strides == std::array<int, 4>{64, 1, 64, 64});
+  CHECK(cp::conv_key(q, cp::Direction::Forward, 0, false).x_strides == std::array<int, 4>{32, 1, 32, 32});
+  // NCHW with a size-1 batch and width whose strides are anything: packed NCHW strides there.
+  const Shape x2{1, 32, 5, 1}, y2{1, 64, 5, 1};
+  const cp::ConvPlan r = cp::plan_conv2d(x2, {7, 5, 1, 99}, w, nchw_strides(w), y2, {11, 5, 1, 3}, kFloat32,
+                                         window(5, 1, 3, 3, 1, 1, 1), 1, true);
+  CHECK_FALSE(r.channels_last);
+  CHECK(r.x.strides == std::array<int, 4>{160, 5, 1, 1});
+  CHECK(r.y.strides == std::array<int, 4>{320, 5, 1, 1});
   CHECK_FALSE(cp::plan_conv2d(x1, nchw_strides(x1), w, nchw_strides(w), y1, nchw_strides(y1), kFloat32,
                               window(1, 1, 3, 3, 1, 1, 1), 1, true)
                   .channels_last);
@@ -176,6 +203,11 @@ TEST_CASE("cudnn plan: algorithm keys tell every choice apart, and the cache hol
   REQUIRE(cache.find(base).has_value());
   CHECK(cache.find(base)->algorithm == 6);
   CHECK(cache.find(base)->workspace == 4096);
+  // A choice that needs more workspace than today's limit (set_cudnn_workspace_limit lowered since
+  // it was made) is searched again: the cache has none for it.
+  CHECK(cache.find(base, 4096).has_value());
+  CHECK_FALSE(cache.find(base, 4095).has_value());
+  CHECK_FALSE(cache.find(base, 0).has_value());
   CHECK_FALSE(cache.find(others[0]).has_value());
   CHECK(cache.size() == 1);
   cache.insert(others[0], {1, 0, 0});
