@@ -24,7 +24,7 @@ Tensor flat_output(const std::function<Tensor(const TensorList&)>& f, const Tens
   if (!y.defined()) fail("gradcheck: the function returned an undefined tensor");
   // clone(): the output may be a view of an input (view ops, to() to the same dtype), and the
   // perturbed input is restored before the two outputs are compared.
-  return y.to(kFloat64).reshape({-1}).clone();
+  return y.to(kFloat64).reshape({-1}).cpu().clone();  // (read on the host below: a device output comes back)
 }
 
 }  // namespace
@@ -35,6 +35,12 @@ bool gradcheck(const std::function<Tensor(const TensorList&)>& f, const TensorLi
     if (inputs[i].requires_grad() && inputs[i].dtype() != kFloat64) {
       fail("gradcheck: input {} requires grad but has dtype {}; use float64 inputs for finite differences", i,
            dtype_name(inputs[i].dtype()));
+    }
+    // The finite differences perturb the inputs through host pointers: a device input would be read
+    // and written on the host (a crash on sim, an illegal access on CUDA).
+    if (inputs[i].defined() && !inputs[i].device().is_cpu()) {
+      fail("gradcheck: input {} is on {}; expected CPU inputs (the function may move them to a device itself)", i,
+           inputs[i].device().str());
     }
   }
   // Numerical Jacobian columns: perturb each input element in place (no history involved).
@@ -72,7 +78,7 @@ bool gradcheck(const std::function<Tensor(const TensorList&)>& f, const TensorLi
       fail("gradcheck: the output does not require grad although input {} does (no differentiable path)", i);
     }
     for (int64_t j = 0; j < m; ++j) {
-      Tensor onehot = zeros({m}, {.dtype = y.dtype()});
+      Tensor onehot = zeros({m}, {.dtype = y.dtype(), .device = y.device()});
       {
         NoGradGuard guard;
         onehot.select(0, j).fill_(1);

@@ -122,6 +122,14 @@ void check_inplace(const Tensor& self, const char* op, bool will_record) {
   }
 }
 
+void check_no_internal_overlap(const Tensor& self, const char* op) {
+  if (has_internal_overlap(self)) {
+    fail("{}: more than one element of the written-to tensor (shape {}, strides {}) refers to a single memory "
+         "location, so the result would depend on the order of the writes; clone() it before writing to it",
+         op, shape_str(self.sizes()), shape_str(self.strides()));
+  }
+}
+
 void record_inplace(const char* name, const Tensor& self, const TensorList& others, BackwardFn backward) {
   const AutogradMeta* meta = self.unsafe_impl()->autograd_meta();
   if (meta == nullptr || !meta->is_view()) {

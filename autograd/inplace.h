@@ -26,6 +26,12 @@ namespace chorus::autograd {
 // view with several elements at one memory location (expand), whose gradient would be ambiguous.
 void check_inplace(const Tensor& self, const char* op, bool will_record);
 
+// Refuses, naming `op`, in any mode, a written tensor with several elements at one memory location
+// (an expanded view): an op that reads what it writes (add_, clamp_, copy_ of differing values)
+// would give an answer that depends on the order of the writes, a sequential CPU loop's one and a
+// GPU's another (PyTorch's assert_no_internal_overlap). fill_ writes one value and stays allowed.
+void check_no_internal_overlap(const Tensor& self, const char* op);
+
 // Records an in-place op that has written `self`: `backward` maps the gradient of the new self to
 // the gradients of {the old self, others...}. On a non-view this is record(name, {self, others...},
 // {self}, backward); on a view it rebases the history onto the base (CopySlices).

@@ -44,8 +44,16 @@ const std::shared_ptr<autograd::Node> kNoNode;
 const Shape& Tensor::sizes() const { return checked(impl_, "sizes").sizes(); }
 const Strides& Tensor::strides() const { return checked(impl_, "strides").strides(); }
 int64_t Tensor::dim() const { return static_cast<int64_t>(checked(impl_, "dim").sizes().size()); }
-int64_t Tensor::size(int64_t d) const { return sizes()[wrap_dim("size", d, dim())]; }
-int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim("stride", d, dim())]; }
+// (A 0-d tensor has no dims: wrap_dim takes 0 and -1 there, as PyTorch's does for ops that treat a
+// scalar as one element, but size(0) and stride(0) have nothing to return.)
+int64_t Tensor::size(int64_t d) const {
+  if (dim() == 0) fail("size: dimension {} was given, but the tensor has no dimensions (0-d)", d);
+  return sizes()[wrap_dim("size", d, dim())];
+}
+int64_t Tensor::stride(int64_t d) const {
+  if (dim() == 0) fail("stride: dimension {} was given, but the tensor has no dimensions (0-d)", d);
+  return strides()[wrap_dim("stride", d, dim())];
+}
 int64_t Tensor::numel() const { return checked(impl_, "numel").numel(); }
 int64_t Tensor::storage_offset() const { return checked(impl_, "storage_offset").storage_offset(); }
 DType Tensor::dtype() const { return checked(impl_, "dtype").dtype(); }
@@ -175,7 +183,14 @@ Tensor make_tensor(const Shape& shape, DType dtype, Device device, MemoryFormat 
     if (s < 0) fail("empty: negative dimension {} in shape {}", s, shape_str(shape));
   }
   Strides strides = strides_for(shape, format);  // checks the rank for ChannelsLast before allocating
-  size_t nbytes = static_cast<size_t>(numel_of(shape)) * element_size(dtype);
+  // The byte count must not wrap (float32 [2^62] is 2^64 bytes: 0 after the wrap, and a 64-byte
+  // block written 2^62 times), nor come near SIZE_MAX where the allocator rounds it up.
+  size_t nbytes = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(numel_of(shape)), element_size(dtype), &nbytes) ||
+      nbytes > (size_t{1} << 62)) {
+    fail("empty: a {} tensor of shape {} needs more bytes than a process can address", dtype_name(dtype),
+         shape_str(shape));
+  }
   auto storage = std::make_shared<StorageImpl>(nbytes, device);
   return Tensor(std::make_shared<TensorImpl>(std::move(storage), 0, shape, std::move(strides), dtype));
 }

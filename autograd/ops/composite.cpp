@@ -100,6 +100,7 @@ Tensor roll(const Tensor& t, const std::vector<int64_t>& shifts, const std::vect
   Tensor out = t;
   for (size_t i = 0; i < dims.size(); ++i) {
     const int64_t d = wrap_dim("roll", dims[i], t.dim());
+    if (t.dim() == 0) continue;  // one element (dim 0 or -1 of a 0-d tensor): nothing moves
     const int64_t n = t.size(d);
     if (n == 0) continue;
     const int64_t s = ((shifts[i] % n) + n) % n;
@@ -107,7 +108,7 @@ Tensor roll(const Tensor& t, const std::vector<int64_t>& shifts, const std::vect
     Tensor index = remainder(add(positions(n, t.device()), n - s), Scalar(n));
     out = index_select(out, d, index);
   }
-  return out;
+  return t.dim() == 0 ? clone(t) : out;
 }
 
 Tensor repeat(const Tensor& t, const std::vector<int64_t>& repeats) {
@@ -141,6 +142,8 @@ Tensor repeat_interleave(const Tensor& t, int64_t repeats, std::optional<int64_t
   if (repeats < 0) fail("repeat_interleave: got repeats {}; expected a count >= 0", repeats);
   if (!dim) return repeat_interleave(t.reshape({-1}), repeats, 0);
   const int64_t d = wrap_dim("repeat_interleave", *dim, t.dim());
+  // A 0-d tensor is one element along its one allowed dim (0 or -1): as a [1] tensor.
+  if (t.dim() == 0) return repeat_interleave(t.reshape({1}), repeats, 0);
   Shape expanded = t.sizes(), result = t.sizes();
   expanded.insert(expanded.begin() + d + 1, repeats);
   result[d] *= repeats;
@@ -274,21 +277,29 @@ std::pair<Tensor, Tensor> sort(const Tensor& t, int64_t dim, bool descending) {
   // Sort rows of the input moved to the last dim, on the host; NaN counts as the largest value
   // (PyTorch's order), ties keep their order (stable).
   const Tensor moved = t.detach().transpose(d, -1).contiguous();
-  const std::vector<double> v = host_values<double>(moved);
   const int64_t n = moved.size(-1), rows = n == 0 ? 0 : moved.numel() / n;
   std::vector<int64_t> order(static_cast<size_t>(moved.numel()));
-  for (int64_t r = 0; r < rows; ++r) {
-    int64_t* o = order.data() + r * n;
-    const double* row = v.data() + r * n;
-    std::iota(o, o + n, int64_t{0});
-    auto less = [row](int64_t a, int64_t b) {
-      const double x = row[a], y = row[b];
-      if (std::isnan(x)) return false;
-      return std::isnan(y) || x < y;
-    };
-    if (descending) std::stable_sort(o, o + n, [&](int64_t a, int64_t b) { return less(b, a); });
-    else std::stable_sort(o, o + n, less);
-  }
+  // Integer keys are compared as int64 (as doubles, int64 values past 2^53 would tie or misorder).
+  auto sort_rows = [&]<typename K>(const std::vector<K>& v) {
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t* o = order.data() + r * n;
+      const K* row = v.data() + r * n;
+      std::iota(o, o + n, int64_t{0});
+      auto less = [row](int64_t a, int64_t b) {
+        const K x = row[a], y = row[b];
+        if constexpr (std::is_floating_point_v<K>) {
+          if (std::isnan(x)) return false;
+          return std::isnan(y) || x < y;
+        } else {
+          return x < y;
+        }
+      };
+      if (descending) std::stable_sort(o, o + n, [&](int64_t a, int64_t b) { return less(b, a); });
+      else std::stable_sort(o, o + n, less);
+    }
+  };
+  if (is_floating(moved.dtype())) sort_rows(host_values<double>(moved));
+  else sort_rows(host_values<int64_t>(moved));
   Tensor indices = tensor<int64_t>(order, moved.sizes()).transpose(d, -1).contiguous().to(t.device());
   return {gather(t, d, indices), indices};
 }

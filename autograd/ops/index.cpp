@@ -195,6 +195,7 @@ Tensor index_select(const Tensor& t, int64_t dim, const Tensor& index) {
   check_defined(t, "index_select", "input");
   check_kernels(t, "index_select");
   Tensor idx = index_as_int64(index, "index_select");
+  check_same_device(t, idx, "index_select");
   if (idx.dim() > 1) fail("index_select: index must be 0-D or 1-D, got shape {}", shape_str(index.sizes()));
   Tensor x = t.dim() == 0 ? reshape(alias_without_history(t), {1}) : alias_without_history(t);
   const int64_t d = wrap_dim("index_select", dim, x.dim());
@@ -220,6 +221,7 @@ Tensor gather(const Tensor& t, int64_t dim, const Tensor& index) {
   check_defined(t, "gather", "input");
   check_kernels(t, "gather");
   Tensor idx = index_as_int64(index, "gather");
+  check_same_device(t, idx, "gather");
   const int64_t d = wrap_dim("gather", dim, t.dim());
   check_gather_shapes("gather", t, d, idx, nullptr);
   check_index_range(idx, t.dim() == 0 ? 1 : t.size(d), "gather", d);
@@ -244,6 +246,8 @@ Tensor scatter_impl(const char* name, const Tensor& t, int64_t dim, const Tensor
   check_defined(t, name, "input");
   check_kernels(t, name);
   Tensor idx = index_as_int64(index, name);
+  check_same_device(t, idx, name);
+  if (!src_is_scalar) check_same_device(t, src, name);
   const int64_t d = wrap_dim(name, dim, t.dim());
   check_gather_shapes(name, t, d, idx, src_is_scalar ? nullptr : &src);
   check_index_range(idx, t.dim() == 0 ? 1 : t.size(d), name, d);

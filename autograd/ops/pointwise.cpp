@@ -505,6 +505,7 @@ Tensor& inplace_binary(BinaryOp op, const char* name, Tensor& self, const Tensor
   }
   const bool record = autograd::any_requires_grad({&self, &other}) && is_floating(self.dtype());
   autograd::check_inplace(self, name, record);
+  autograd::check_no_internal_overlap(self, name);
   // mul_ and div_ need self's old value for other's gradient; a private clone, so that nothing
   // (this op included) can overwrite it.
   const bool needs_before = op == BinaryOp::Mul || op == BinaryOp::Div;
@@ -592,6 +593,7 @@ Tensor& clamp_(Tensor& t, std::optional<Scalar> min, std::optional<Scalar> max) 
   check_defined(t, "clamp_", "self");
   const bool record = autograd::any_requires_grad({&t});
   autograd::check_inplace(t, "clamp_", record);
+  autograd::check_no_internal_overlap(t, "clamp_");
   Tensor result = [&] {
     autograd::NoGradGuard guard;
     return clamp(t, min, max);

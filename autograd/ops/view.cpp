@@ -102,8 +102,8 @@ Tensor slice(const Tensor& t, int64_t dim, std::optional<int64_t> start, std::op
   hi = std::clamp<int64_t>(hi, lo, size);
   Shape s = t.sizes();
   Strides st = t.strides();
-  s[d] = (hi - lo + step - 1) / step;
-  st[d] *= step;
+  s[d] = hi == lo ? 0 : (hi - lo - 1) / step + 1;  // (no overflow for a step near INT64_MAX)
+  if (s[d] > 1) st[d] *= step;  // (one element or none: any stride; a huge step would overflow)
   const Shape in_shape = t.sizes();
   return view_with_history(t, s, st, t.storage_offset() + lo * t.stride(d), "SliceBackward",
                            [in_shape, d, lo, hi, step](const TensorList& g) -> TensorList {
@@ -123,7 +123,7 @@ Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
     fail("narrow: start {} is out of range for dim {} of size {} (expected [{}, {}])", start, d, size, -size, size);
   }
   if (start < 0) start += size;
-  if (length < 0 || start + length > size) {
+  if (length < 0 || length > size - start) {
     fail("narrow: start ({}) + length ({}) exceeds dimension size ({}) of dim {} in shape {}", start, length, size,
          d, shape_str(t.sizes()));
   }
@@ -205,6 +205,10 @@ Tensor expand(const Tensor& t, const Shape& shape) {
       continue;
     }
     const int64_t have = t.sizes()[i - off];
+    if (shape[i] < -1) {
+      fail("expand: size {} at dimension {} is negative (target sizes {}; -1 keeps the existing size)", shape[i], i,
+           shape_str(shape));
+    }
     const int64_t want = shape[i] == -1 ? have : shape[i];
     if (have != want && have != 1) {
       fail("expand: the expanded size of the tensor ({}) must match the existing size ({}) at non-singleton "
@@ -243,7 +247,11 @@ Tensor as_strided(const Tensor& t, const Shape& sizes, const Strides& strides, s
       fail("as_strided: negative size or stride (sizes {}, strides {})", shape_str(sizes), shape_str(strides));
     }
     if (sizes[i] == 0) { max_index = -1; break; }
-    max_index += (sizes[i] - 1) * strides[i];
+    int64_t reach = 0;
+    if (__builtin_mul_overflow(sizes[i] - 1, strides[i], &reach) || __builtin_add_overflow(max_index, reach, &max_index)) {
+      fail("as_strided: sizes {} with strides {} and offset {} reach past any storage (the last element's index "
+           "overflows int64)", shape_str(sizes), shape_str(strides), offset);
+    }
   }
   const int64_t capacity = static_cast<int64_t>(t.storage()->nbytes() / t.element_size());
   if (offset < 0 || max_index >= capacity) {
@@ -416,6 +424,7 @@ Tensor& copy_into(Tensor& dst, const Tensor& src, const char* op, const char* ba
 Tensor& copy_(Tensor& dst, const Tensor& src) {
   check_defined(dst, "copy_", "self");
   check_defined(src, "copy_", "src");
+  autograd::check_no_internal_overlap(dst, "copy_");  // (fill_ with a tensor value below writes one value: allowed)
   return copy_into(dst, src, "copy_", "CopyBackwards");
 }
 

@@ -184,7 +184,12 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
   Tensor out = ops::reshaped_result(rows, shape);
   if (autograd::any_requires_grad({&weight})) {
     const Shape wshape = weight.sizes();
-    autograd::record("EmbeddingBackward", {weight}, {out}, [flat, pad, wshape](const TensorList& g) -> TensorList {
+    // The indices are saved with their version: `flat` may share the caller's storage (a contiguous
+    // int64 tensor), and indices changed in place before backward (a reused batch buffer) would
+    // send the gradient's rows elsewhere, out of range even (the check above ran in the forward).
+    autograd::record("EmbeddingBackward", {weight}, {out},
+                     [saved = autograd::SavedTensor(flat), pad, wshape](const TensorList& g) -> TensorList {
+      const Tensor flat = saved.unpack("embedding");
       Tensor g2 = g[0].contiguous().reshape({-1, wshape[1]});
       if (pad) g2 = masked_fill(g2, eq(flat, *pad).unsqueeze(1), 0);
       // [Gradient into the pending sum] A tied weight (BERT's and GPT's word embeddings, also their

@@ -292,6 +292,23 @@ Tensor max_pool2d(const Tensor& input, Pair kernel_size, std::optional<Pair> str
   const Pair st = stride.value_or(kernel_size);
   check_pool_args(op, kernel_size, st, padding, dilation);
   const Window2d w = make_window(op, in4, kernel_size, st, padding, dilation, ceil_mode);
+  // With dilation a window's taps can all fall in the padding (padding is checked against the
+  // undilated kernel, as PyTorch's): such a window has no element, and its gradient had nowhere to
+  // go (the backward wrote it one past its row: into the next plane, or past the buffer). PyTorch
+  // outputs -inf there (pytorch/pytorch#114216); refused here, naming the window.
+  auto check_taps = [&](int64_t out, int64_t in, int64_t stride, int64_t pad, int64_t k, int64_t dil, const char* axis) {
+    for (int64_t o = 0; o < out; ++o) {
+      bool any = false;
+      for (int64_t i = 0; i < k && !any; ++i) any = o * stride - pad + i * dil >= 0 && o * stride - pad + i * dil < in;
+      if (!any) {
+        fail("{}: the window of output {} {} covers only padding (input {} {}, kernel {}, stride {}, padding {}, "
+             "dilation {}); expected every window to reach the input",
+             op, axis, o, axis == std::string("row") ? "height" : "width", in, k, stride, pad, dil);
+      }
+    }
+  };
+  check_taps(w.out_h, w.in_h, w.stride_h, w.pad_h, w.kernel_h, w.dilation_h, "row");
+  check_taps(w.out_w, w.in_w, w.stride_w, w.pad_w, w.kernel_w, w.dilation_w, "column");
   const DType cd = ops::product_dtype(in4);
   const MemoryFormat format = pool_format(in4);
   Tensor x = pool_operand(in4, cd, format);

@@ -173,8 +173,13 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
     const int64_t ignore = options.ignore_index;
     const double smoothing = options.label_smoothing;
     const Shape logits_shape = logits2d.sizes();
+    // The targets are saved with their version (target1d may share the caller's storage): targets
+    // changed in place before backward are refused, as PyTorch's, not read (the range check ran in
+    // the forward).
+    const autograd::SavedTensor saved_target(target1d);
     autograd::record("CrossEntropyBackward", {logits2d}, {out},
                      [=](const TensorList& g) -> TensorList {
+                       const Tensor target1d = saved_target.unpack("cross_entropy");
                        // row_scale[r] = upstream gradient of row r (divided by the mean's denominator).
                        Tensor scale;
                        if (reduction == Reduction::None) {
@@ -200,6 +205,9 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions&
   Shape loss_shape;
   flatten_classes("nll_loss", input, target, logp2d, target1d, loss_shape);
   const int64_t C = input.size(1);
+  if (options.weight.defined() && (options.weight.dim() != 1 || options.weight.size(0) != C)) {
+    fail("nll_loss: weight of shape {} must have one entry per class ({})", shape_str(options.weight.sizes()), C);
+  }
   check_targets("nll_loss", target1d, C, options.ignore_index);
   Tensor valid = ne(target1d, options.ignore_index);
   Tensor safe = where(valid, target1d, zeros_like(target1d));
