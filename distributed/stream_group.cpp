@@ -310,8 +310,13 @@ std::shared_ptr<StreamWork> StreamOrderedGroup::launch(const std::string& name, 
   // where this is called.
   auto hold_tensors = [&] {
     if (fault::removed(fault::Point::kGroupRecordStream)) return;
+    // (Device memory from from_blob is the caller's to keep alive, as in the engine: record_stream
+    // refuses it, and refused here, after the group was issued, the caller got an error for a
+    // collective that still ran, with no end event to wait for, and a failing group's error path
+    // threw before group_end, leaving the communicator's group open.)
     for (const PendingOp& op : ops)
-      for (const Tensor& t : op.tensors) record_stream(t.storage(), stream);
+      for (const Tensor& t : op.tensors)
+        if (from_caching_allocator(t.storage())) record_stream(t.storage(), stream);
   };
   comm.group_start();
   try {

@@ -258,7 +258,19 @@ void* CachingAllocator::hand_out(DeviceState& st, Block* block, size_t size, siz
   // nothing ordering the two: ThreadSanitizer reported it in stream_group_tsan_test's negative
   // control (2026-12-04: one fresh-clone CI, after many that passed; 6 runs of 6 with
   // CHORUS_SIM_DELAY_US=3000). stream_sanitizer_test checks the rule without timing.
-  if (stream_sanitizer::active(runtime_.type())) stream_sanitizer::on_allocate(st.device, block->ptr, size, block->stream);
+  // A refused hand-out gives the block back to its pool (merged with the split-off rest) before the
+  // report goes up: else it stayed live with no owner, never freed, its segment never released.
+  if (stream_sanitizer::active(runtime_.type())) {
+    try {
+      stream_sanitizer::on_allocate(st.device, block->ptr, size, block->stream);
+    } catch (...) {
+      st.live.erase(block->ptr);
+      block->allocated = false;
+      block->requested = 0;
+      free_block(st, block);
+      throw;
+    }
+  }
   // Poisoned (where the runtime does it: sim) in stream order, so that a reader another stream
   // still has of the block's last tenant sees garbage, as on a GPU that reused the memory.
   runtime_.poison(block->ptr, size, block->stream);
@@ -451,6 +463,7 @@ void CachingAllocator::release_cached_segments(DeviceState& st) {
 }
 
 void CachingAllocator::empty_cache(Device device) {
+  check_device_calls_allowed("CachingAllocator::empty_cache");  // (it waits for events and frees segments)
   DeviceState& st = state(device, "empty_cache");
   synchronize_events(st);
   std::lock_guard<std::mutex> lock(st.mutex);

@@ -50,8 +50,13 @@
 //   for), reserved (segments), peaks of allocated and reserved, counts of allocations, frees, OOMs,
 //   OOM retries and runtime mallocs/frees; snapshot() lists every segment and block.
 // - Threads. One mutex per device guards its pools, table and statistics. deallocate may run on any
-//   thread, the stream worker threads of the sim device included; the lock is never held while the
-//   host waits on the device (a stream task may free a tensor, and it must not wait for us).
+//   thread that may make device calls. The lock is not held while the host waits for events
+//   (synchronize_events), but it is held while empty_cache and the out-of-memory retry return
+//   segments to the runtime, as PyTorch's allocator holds its own around cudaFree, and cudaFree
+//   (sim's free too) waits for the device: so work the device waits for must not wait for this
+//   lock. Stream tasks make no device calls ([No device calls on a stream], tensor/sim/sim.cpp) and
+//   sim's kernels hold non-owning views, so none frees a tensor; a task that captured the last
+//   owner of a device tensor, destroyed on its stream's thread, could deadlock against a free.
 //
 // Each device type has one CachingAllocator, installed by its backend at static initialization
 // (install_caching_allocator registers it as the type's Allocator); the free functions at the end

@@ -573,6 +573,27 @@ TEST_CASE("sim runs a device's groups in order, as NCCL: a send then a receive, 
   }
 }
 
+// A collective on device memory the caller owns (from_blob over part of a sim tensor): record_stream
+// refuses such memory, and the group took the refusal after it had issued the collective, so the
+// caller got an error for a collective that still ran, with no end event to wait for. Now the group
+// holds only the caching allocator's blocks, as the engine does, and the work orders the caller.
+TEST_CASE("a collective on device memory from from_blob runs, and its work orders the caller", "[distributed][sim]") {
+  const std::string path = store_path("chorus_stream_group_from_blob");
+  auto group = one_rank_group(path);
+  const Device d = Device::sim(0);
+  Tensor base = full({2 * kStagedN}, 3.0f).to(d);
+  Tensor v = from_blob(static_cast<float*>(base.raw_data_ptr()) + kStagedN, {kStagedN}, {.device = d});
+  auto work = group->allreduce({v});
+  work->wait();
+  v.mul_(2.0f);  // on the caller's stream, after the collective (the wait ordered it)
+  work->wait_finished();
+  CHECK(work->is_success());
+  CHECK(equal(base.narrow(0, kStagedN, kStagedN).cpu(), full({kStagedN}, 6.0f)));
+  CHECK(equal(base.narrow(0, 0, kStagedN).cpu(), full({kStagedN}, 3.0f)));
+  synchronize(d);
+  std::filesystem::remove(path);
+}
+
 // [A receive waits for its stream, as NCCL's] (gloo_communicator.cpp). On a GPU a receive runs when
 // its stream gets to it, after the caller's earlier kernels. Rank 0 holds sim:0's stream on a
 // page-locked word and then issues a receive; rank 1 (a thread, CPU) sends to it and only then

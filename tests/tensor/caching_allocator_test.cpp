@@ -538,8 +538,10 @@ TEST_CASE("a thread under NoDeviceCallsGuard has its allocations, frees and runt
     attempt([&] { alloc.allocate(64, dev); });
     attempt([&] { runtime_for(dev, "Stream::query"); });
     attempt([&] { default_stream(dev).query(); });
+    attempt([&] { alloc.empty_cache(dev); });  // it waits for events and frees segments: refused at once
   }).join();
-  REQUIRE(refused.size() == 4);
+  REQUIRE(refused.size() == 5);
+  CHECK_THAT(refused[4], Catch::Contains("CachingAllocator::empty_cache") && Catch::Contains("the test's worker"));
   CHECK_THAT(refused[0], Catch::Contains("CachingAllocator::deallocate") && Catch::Contains("an inner scope"));
   CHECK_THAT(refused[1], Catch::Contains("CachingAllocator::allocate") && Catch::Contains("the test's worker"));
   CHECK_THAT(refused[2], Catch::Contains("Stream::query") && Catch::Contains("must make none"));
