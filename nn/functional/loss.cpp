@@ -176,7 +176,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
     // The targets are saved with their version (target1d may share the caller's storage): targets
     // changed in place before backward are refused, as PyTorch's, not read (the range check ran in
     // the forward).
-    const autograd::SavedTensor saved_target(target1d);
+    const autograd::SavedTensor saved_target(target1d), saved_weight(cw);  // (cw may be the caller's weight)
     autograd::record("CrossEntropyBackward", {logits2d}, {out},
                      [=](const TensorList& g) -> TensorList {
                        const Tensor target1d = saved_target.unpack("cross_entropy");
@@ -188,6 +188,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
                          scale = ops::cast(ops::cast(g[0], kFloat64) / denom, cd).expand({rows}).contiguous();
                        }
                        Tensor grad = make_tensor({rows, C}, probs.dtype(), probs.device());
+                       const Tensor cw = saved_weight.unpack("cross_entropy");
                        kernels::cross_entropy_backward(grad, scale, probs, target1d, cw, ignore, smoothing);
                        return {grad};
                      });

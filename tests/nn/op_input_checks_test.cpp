@@ -102,6 +102,11 @@ TEST_CASE("embedding and cross_entropy refuse indices changed in place before ba
   Tensor loss = F::cross_entropy(logits, target);
   target.fill_(1);
   CHECK_THROWS_WITH(loss.backward(), Contains("modified by an inplace operation") && Contains("cross_entropy"));
+  // Class weights changed in place before backward: refused too (the backward read them).
+  Tensor weight = ones({5}, {.dtype = kFloat64});
+  Tensor weighted = F::cross_entropy(logits, tensor(std::vector<int64_t>{0, 4, 2}), {.weight = weight});
+  weight.fill_(2.0);
+  CHECK_THROWS_WITH(weighted.backward(), Contains("modified by an inplace operation"));
   // Unchanged indices: backward as before.
   Tensor idx2 = tensor(std::vector<int64_t>{1, 1});
   F::embedding(idx2, w).sum().backward();
