@@ -39,6 +39,8 @@ const char* name(Point p) {
     case Point::kFsdpReductionsBeforeGather: return "fsdp_reductions_before_gather";
     case Point::kFsdpReduceOutStream: return "fsdp_reduce_out_stream";
     case Point::kSimRecvReady: return "sim_recv_ready";
+    case Point::kSimProcessFault: return "sim_process_fault";
+    case Point::kPinnedCopyWaits: return "pinned_copy_waits";
     case Point::kCount: break;
   }
   return "?";

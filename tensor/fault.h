@@ -37,6 +37,8 @@ enum class Point : int {
   kFsdpReductionsBeforeGather,  // FSDP full_shard issues later blocks' reduce-scatters before a block's all-gathers in backward (fsdp)
   kFsdpReduceOutStream,     // FSDP record_streams a reduction's buffers on the stream that reads them after backward (fsdp)
   kSimRecvReady,            // on sim with NCCL's order, a receive is posted only once its stream reaches it, as NCCL's kernel (gloo_communicator)
+  kSimProcessFault,         // sim's first device error fails every device of the process, as CUDA documents a kernel fault (sim)
+  kPinnedCopyWaits,         // a copy to a device from page-locked host memory waits for its stream before returning (to, copy_)
   kCount
 };
 const char* name(Point p);

@@ -7,8 +7,9 @@
 // Semantics are CUDA's: work on one stream runs in order; streams run concurrently; an event
 // captures the work submitted to a stream before record(); stream.wait(event) orders later work on
 // the stream after that captured work (a later record() of the same event does not affect an
-// earlier wait); the host blocks only in synchronize() calls, which are counted (host_sync_count),
-// so a test can assert that a training step never blocks.
+// earlier wait); the host blocks only in synchronize() calls and in copies between the host and a
+// device (to(), copy_: one from pageable host memory may wait for its stream, as sim's always does),
+// all of which are counted (host_sync_count), so a test can assert that a training step never blocks.
 #pragma once
 
 #include <cstddef>
@@ -45,6 +46,10 @@ class DeviceRuntime {
   // Page-locked host memory, the only host memory an asynchronous copy may read or write.
   virtual void* host_malloc(size_t nbytes) = 0;
   virtual void host_free(void* ptr) = 0;
+  // Whether `ptr` is in page-locked host memory (host_malloc's, or another's the runtime knows): a
+  // copy from it returns before it is read (copy_across_devices then waits for it, as PyTorch's
+  // blocking copy does). No device call: a lookup (cudaPointerGetAttributes on cuda).
+  virtual bool is_page_locked(const void* /*ptr*/) { return false; }
 
   virtual StreamHandle create_stream(int device, bool high_priority) = 0;
   virtual StreamHandle default_stream(int device) = 0;

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "autograd/ops/common.h"
+#include "tensor/fault.h"
 #include "tensor/runtime.h"
 #include "tensor/stream_sanitizer.h"
 
@@ -322,6 +323,16 @@ namespace {
 // on the current streams. Host-to-device returns once the runtime has read the host memory (CUDA
 // stages pageable memory and may first wait for the stream's earlier work, as sim always does);
 // device-to-host blocks until the data is there, as PyTorch's blocking copies do.
+//
+// [A copy from page-locked memory waits for it] A copy from page-locked host memory (a CPU tensor
+// over host_malloc's memory, a reused staging buffer) is not staged: the runtime returns at once
+// and the device reads the memory when the stream gets there (cudaMemcpyAsync, and sim). So the
+// host waits for the stream before returning, as PyTorch's blocking copy does for every copy
+// (copy_ with non_blocking=False: cudaMemcpyAsync then cudaStreamSynchronize): the caller may
+// then write the memory at once. Until 2026-12-05 to()/copy_ returned with the copy still queued,
+// and a write to the source right after it changed what the device got (a read-only audit found
+// it). Pageable memory needs no wait (read before the call returns). fault::Point::kPinnedCopyWaits
+// removes it (sim_runtime_test).
 void copy_across_devices(const Tensor& dst, const Tensor& src) {
   const size_t nbytes = static_cast<size_t>(src.numel()) * src.element_size();
   if (nbytes == 0) return;
@@ -332,8 +343,16 @@ void copy_across_devices(const Tensor& dst, const Tensor& src) {
     if (stream_sanitizer::active(to.type)) {
       stream_sanitizer::on_launch("copy from the host", to, stream.handle(), {stream_sanitizer::access_of(dst, true)});
     }
-    const StreamDeviceGuard on_device(stream);
-    rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), nbytes, CopyKind::HostToDevice, stream.handle());
+    {
+      const StreamDeviceGuard on_device(stream);
+      rt.memcpy_async(dst.raw_data_ptr(), src.raw_data_ptr(), nbytes, CopyKind::HostToDevice, stream.handle());
+    }
+    // [A copy from page-locked memory waits for it]
+    if (rt.is_page_locked(src.raw_data_ptr())) {
+      if (!fault::removed(fault::Point::kPinnedCopyWaits)) stream.synchronize();
+    } else {
+      note_host_sync();  // pageable: the runtime may have waited for the stream (sim always does)
+    }
   } else if (to.is_cpu()) {
     DeviceRuntime& rt = runtime_for(from, "to");
     const Stream stream = current_stream(from);

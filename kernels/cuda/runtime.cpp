@@ -147,6 +147,14 @@ class CudaRuntime final : public DeviceRuntime {
     return p;
   }
   void host_free(void* ptr) override { CHORUS_CUDA(cudaFreeHost(ptr)); }
+  bool is_page_locked(const void* ptr) override {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, ptr) != cudaSuccess) {
+      (void)cudaGetLastError();  // not a pointer CUDA knows (before CUDA 11 this was an error): pageable
+      return false;
+    }
+    return attributes.type == cudaMemoryTypeHost;
+  }
 
   StreamHandle create_stream(int device, bool high_priority) override {
     const OnDevice on_device(device);

@@ -259,9 +259,10 @@ class Memory {
 // (autograd's copy_across_devices: the destination stream waits for the source stream's event, then
 // copies) raises the fault at sim:1's next synchronization. Until 2026-12-04 the wait passed and
 // the copy delivered the source's poisoned memory with no error (a read-only audit found it). A
-// record that ran before its device failed passes as before. Devices that never wait for the
-// failed one go on (CUDA's documentation reads as process-wide; a GPU's other contexts are not
-// modelled as failing). fault::Point::kSimFailedEventWait removes it (sim_fault_test).
+// record that ran before its device failed passes as before. Since 2026-12-05 the first failure
+// fails every device of the process ([A device error ends the process's CUDA], below), which covers
+// this case too; this rule stays for a process run with that one removed (the tests that fail one
+// device beside healthy ones). fault::Point::kSimFailedEventWait removes it (sim_fault_test).
 
 // CUDA's semantics: a wait captures the generation of the latest record at the call and completes
 // when that record's stream has reached it, whatever happens to later records of the same event on
@@ -321,20 +322,51 @@ struct SimEvent {
 // host function is dropped; event records and waits still complete, so nobody waits forever for
 // work that will never run, as CUDA's synchronizations return the error instead of hanging).
 
+//
+// [A device error ends the process's CUDA] CUDA's documentation of such an error
+// (cudaErrorIllegalAddress, cudaErrorLaunchFailure) says it "leaves the process in an inconsistent
+// state and any further CUDA work will return the same error", so the process must exit: not only
+// the faulted device's calls. A GPU's other contexts may in fact go on, but nothing promises it, and
+// sim must not be more forgiving than the contract: the first device to fail fails every other
+// device of the process too, each naming it and its error. So a design that carries on after a fault
+// on another device of the process (an emergency checkpoint from a healthy device's state, a
+// pipeline stage on another device finishing its step) fails on sim as it may on a GPU. Until
+// 2026-12-05 sim failed only the faulted device and those that waited for it ([A wait passes a
+// device's failure on]). fault::Point::kSimProcessFault removes it (sim_process_fault_test); the
+// tests that check one device's failure beside healthy ones in one process run with it removed.
+
 struct DeviceHealth {
   std::atomic<bool> failed{false};
   std::mutex mutex;
   std::string why;
+  int device = 0;
+  const std::vector<std::unique_ptr<DeviceHealth>>* process = nullptr;  // every device's, this one's included
 
   void fail(const std::string& reason) {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (failed.load()) return;  // the first error is the one every later call reports
-    why = reason;
-    failed.store(true);
+    if (!set(reason)) return;  // the first error is the one every later call reports
+    if (process == nullptr || fault::removed(fault::Point::kSimProcessFault)) return;
+    // [A device error ends the process's CUDA]
+    for (const auto& other : *process) {
+      if (other.get() == this) continue;
+      other->set(fmt::format("sim:{} failed, and CUDA's documentation leaves the whole process inconsistent after a "
+                             "kernel fault (\"any further CUDA work will return the same error\"), every device's "
+                             "work included: {}",
+                             device, reason));
+    }
   }
   std::string reason() {
     std::lock_guard<std::mutex> lock(mutex);
     return why;
+  }
+
+ private:
+  // Records the device's first error; false if it had one already.
+  bool set(const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (failed.load()) return false;
+    why = reason;
+    failed.store(true);
+    return true;
   }
 };
 
@@ -759,7 +791,11 @@ class SimRuntime final : public DeviceRuntime {
     g_driver_lock.store(settings.driver_lock);
     capacity_.assign(count_, size_t(settings.memory_mb) << 20);
     default_streams_.resize(count_, nullptr);
-    for (int d = 0; d < count_; ++d) health_.push_back(std::make_unique<DeviceHealth>());
+    for (int d = 0; d < count_; ++d) {
+      health_.push_back(std::make_unique<DeviceHealth>());
+      health_.back()->device = d;
+      health_.back()->process = &health_;
+    }
     connections_ = settings.connections;
     hardware_.resize(count_);
     created_.resize(count_);
@@ -931,6 +967,23 @@ class SimRuntime final : public DeviceRuntime {
     --it;
     return addr < it->first + it->second;
   }
+  bool is_page_locked(const void* ptr) override { return is_pinned(ptr); }
+  // The host side of an asynchronous copy that starts in a page-locked block must end in it: the
+  // copy's task reads or writes [ptr, ptr + nbytes) later, and past the block's end is memory the
+  // host may have handed to anyone (on a GPU, a range part page-locked and part not is not one
+  // asynchronous copy). Refused at the call, as a device side past its segment's end is.
+  void check_pinned_range(const void* ptr, size_t nbytes, const char* side, const char* kind_name) {
+    const auto addr = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = pinned_.upper_bound(addr);
+    --it;  // is_pinned(ptr) holds: a block starts at or before it
+    const uintptr_t end = it->first + it->second;
+    if (addr + nbytes > end) {
+      fail("sim: memcpy_async ({}) of {} bytes: the {} {} has only {} bytes of its page-locked block (of {} bytes at "
+           "{:#x}) from there",
+           kind_name, nbytes, side, ptr, end - addr, it->second, it->first);
+    }
+  }
 
   StreamHandle create_stream(int device, bool /*high_priority*/) override {
     refuse_in_host_function("create_stream");
@@ -1025,6 +1078,8 @@ class SimRuntime final : public DeviceRuntime {
       }
       return;
     }
+    if (kind == CopyKind::HostToDevice) check_pinned_range(src, nbytes, "source", kind_name);
+    if (kind == CopyKind::DeviceToHost) check_pinned_range(dst, nbytes, "destination", kind_name);
     const auto shared = host_call();
     as_stream(s)->submit(Task{[=] { std::memcpy(dst, src, nbytes); }, {dst, src}});
   }

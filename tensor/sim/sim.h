@@ -68,6 +68,9 @@
 //   of hanging; a stream of another device that waits for a record made after the failure fails
 //   its own device, naming the first error: [A wait passes a device's failure on], sim.cpp): free, create_stream, total_memory, set_device to it from another device, and
 //   host_malloc/host_free while it is current fail too, as their CUDA calls return the error.
+//   The first device to fail fails every other device of the process too, naming it, as CUDA
+//   documents such an error as leaving the whole process inconsistent ([A device error ends the
+//   process's CUDA], sim.cpp; fault::Point::kSimProcessFault removes it).
 //   destroy_event still works (it runs in destructors; cudaEventDestroy's error is ignored). The
 //   caching allocator's free in a tensor destructor does not throw: the event records it makes for a
 //   block used on other streams are refused, and the block is kept out of its pools for good.

@@ -711,6 +711,66 @@ TEST_CASE("sim: a copy from pageable host memory waits for the copy itself, behi
   rt.host_free(word);
 }
 
+// [A copy from page-locked memory waits for it] (autograd/ops/view.cpp): a copy from page-locked
+// host memory is not staged, so to() and copy_ wait for the stream before returning, as PyTorch's
+// blocking copy does; the caller may write the memory at once. Removed (chorus until 2026-12-05),
+// they returned with the copy still queued behind a held kernel, and a write made right after
+// reached the device. Also: an asynchronous copy that starts in a page-locked block and runs past
+// its end is refused at the call.
+TEST_CASE("to() and copy_ from page-locked host memory return once the device has read it; removed, a write right after reaches the device") {
+  DeviceRuntime& rt = sim_runtime();
+  const Device dev = Device::sim(1);
+  const DeviceGuard current(dev);  // a kernel launches on a stream of the current device
+  const Stream s = current_stream(dev);  // the caller thread's current stream too (the default one)
+  auto* pinned = static_cast<float*>(rt.host_malloc(64 * sizeof(float)));
+  const Tensor h = from_blob(pinned, {64});
+  const auto values = [](const Tensor& d) {
+    const Tensor c = d.to(kCPU);
+    return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+  };
+  // `copy` makes the copy from h, then the same thread writes `after` into the page-locked memory
+  // at once; whether that returned while a kernel queued before it on s was held.
+  Tensor d;
+  const auto copied_then_wrote = [&](const std::function<void()>& copy, float after, std::chrono::milliseconds patience) {
+    return returned_while_held(s, [&] {
+      copy();
+      std::fill(pinned, pinned + 64, after);
+    }, patience);
+  };
+  std::fill(pinned, pinned + 64, 1.0f);
+  CHECK_FALSE(copied_then_wrote([&] { d = h.to(dev); }, 2.0f, 300ms));
+  CHECK(values(d) == std::vector<float>(64, 1.0f));
+  Tensor e = zeros({64}, {.device = dev});
+  CHECK_FALSE(copied_then_wrote([&] { e.copy_(h); }, 3.0f, 300ms));
+  CHECK(values(e) == std::vector<float>(64, 2.0f));
+  {
+    fault::RemovedScope at_once(fault::Point::kPinnedCopyWaits);
+    CHECK(copied_then_wrote([&] { d = h.to(dev); }, 4.0f, 20s));
+    CHECK(values(d) == std::vector<float>(64, 4.0f));  // the write made after to() returned
+  }
+  // Either kind of copy counts as a host synchronization (host_sync_count): the pinned one waits,
+  // and one from pageable memory may (sim's waits for its stream).
+  uint64_t before = host_sync_count();
+  d = h.to(dev);
+  CHECK(host_sync_count() > before);
+  before = host_sync_count();
+  d = full({64}, 1.0).to(dev);
+  CHECK(host_sync_count() > before);
+  // A copy starting inside the block and running past its end is refused, both directions.
+  void* dst = rt.malloc(1, 256);
+  REQUIRE(dst != nullptr);
+  CHECK_THROWS_WITH(rt.memcpy_async(dst, pinned + 32, 256, CopyKind::HostToDevice, s.handle()),
+                    Catch::Contains("the source") && Catch::Contains("has only 128 bytes of its page-locked block"));
+  CHECK_THROWS_WITH(rt.memcpy_async(pinned + 48, dst, 256, CopyKind::DeviceToHost, s.handle()),
+                    Catch::Contains("the destination") && Catch::Contains("has only 64 bytes of its page-locked block"));
+  CHECK_NOTHROW(rt.memcpy_async(dst, pinned, 256, CopyKind::HostToDevice, s.handle()));
+  s.synchronize();
+  rt.free(1, dst);
+  d = Tensor();
+  e = Tensor();
+  rt.host_free(pinned);
+}
+
 // [A host function reads no device memory] (tensor/sim/sim.cpp): a CUDA host function runs on a
 // CPU thread and cannot read device memory, so sim refuses a host task that names some, live or
 // freed, and runs none of it; host memory may be named. Before 2026-12-04 sim opened the named
