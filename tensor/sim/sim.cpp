@@ -959,29 +959,31 @@ class SimRuntime final : public DeviceRuntime {
   void check_pinned(const void* ptr, const char* what) {
     if (!is_pinned(ptr)) fail("sim: {} on {}, which is not page-locked host memory (host_malloc)", what, ptr);
   }
-  bool is_pinned(const void* ptr) {
+  // The page-locked block (start, size) holding `ptr`, if any.
+  std::optional<std::pair<uintptr_t, size_t>> pinned_block(const void* ptr) {
     const auto addr = reinterpret_cast<uintptr_t>(ptr);
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = pinned_.upper_bound(addr);
-    if (it == pinned_.begin()) return false;
+    if (it == pinned_.begin()) return std::nullopt;
     --it;
-    return addr < it->first + it->second;
+    if (addr >= it->first + it->second) return std::nullopt;
+    return std::make_pair(it->first, it->second);
   }
+  bool is_pinned(const void* ptr) { return pinned_block(ptr).has_value(); }
   bool is_page_locked(const void* ptr) override { return is_pinned(ptr); }
   // The host side of an asynchronous copy that starts in a page-locked block must end in it: the
   // copy's task reads or writes [ptr, ptr + nbytes) later, and past the block's end is memory the
   // host may have handed to anyone (on a GPU, a range part page-locked and part not is not one
   // asynchronous copy). Refused at the call, as a device side past its segment's end is.
   void check_pinned_range(const void* ptr, size_t nbytes, const char* side, const char* kind_name) {
+    const auto block = pinned_block(ptr);
+    if (!block) fail("sim: memcpy_async ({}): the {} {} is no longer page-locked host memory", kind_name, side, ptr);
     const auto addr = reinterpret_cast<uintptr_t>(ptr);
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = pinned_.upper_bound(addr);
-    --it;  // is_pinned(ptr) holds: a block starts at or before it
-    const uintptr_t end = it->first + it->second;
+    const uintptr_t end = block->first + block->second;
     if (addr + nbytes > end) {
       fail("sim: memcpy_async ({}) of {} bytes: the {} {} has only {} bytes of its page-locked block (of {} bytes at "
            "{:#x}) from there",
-           kind_name, nbytes, side, ptr, end - addr, it->second, it->first);
+           kind_name, nbytes, side, ptr, end - addr, block->second, block->first);
     }
   }
 
