@@ -759,9 +759,27 @@ void FullyShardedDataParallel::save_checkpoint(const std::string& dir, const opt
   if (world > 1) group_->barrier()->wait();
 }
 
+// A rank that cannot load (a damaged file, a mismatched model, a different `expect`) fails every
+// rank with it, rather than leaving the others to hang in the first collective of the next step.
 nn::Checkpoint FullyShardedDataParallel::load_checkpoint(const std::string& dir, optim::Optimizer& optimizer,
                                                          optim::LRScheduler* scheduler, const nn::Metadata& expect) {
   if (backward_queued_) fail("FullyShardedDataParallel::load_checkpoint: called during a backward pass");
+  nn::Checkpoint mine;
+  std::string error;
+  try {
+    mine = load_checkpoint_here(dir, optimizer, scheduler, expect);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree(error, fmt::format("loading the checkpoint in {}", dir));
+  mine.restore_rng();
+  for (auto& u : units_) u->fresh = false;
+  return mine;
+}
+
+nn::Checkpoint FullyShardedDataParallel::load_checkpoint_here(const std::string& dir, optim::Optimizer& optimizer,
+                                                              optim::LRScheduler* scheduler,
+                                                              const nn::Metadata& expect) {
   const int world = group_->size(), rank = group_->rank();
   const nlohmann::json index = read_index(dir);
   const int saved_world = index["world_size"].get<int>();
@@ -776,7 +794,8 @@ nn::Checkpoint FullyShardedDataParallel::load_checkpoint(const std::string& dir,
   nn::Checkpoint& mine = files.front();
   for (const auto& [key, value] : expect) {
     auto it = mine.extra.find(key);
-    if (it != mine.extra.end() && it->second != value) {
+    if (it == mine.extra.end()) fail("FSDP checkpoint {} does not say which {} it was written with", dir, key);
+    if (it->second != value) {
       fail("FSDP checkpoint {} was written with {} {}, not the {} asked for now", dir, key, it->second, value);
     }
   }
@@ -852,8 +871,6 @@ nn::Checkpoint FullyShardedDataParallel::load_checkpoint(const std::string& dir,
     dst.copy_(entry(with_buffers->model, name, dir).to(b.device()).to(b.dtype()));
   }
   if (scheduler && !mine.scheduler.empty()) scheduler->load_state_dict(mine.scheduler);
-  mine.restore_rng();
-  for (auto& u : units_) u->fresh = false;
   return mine;
 }
 

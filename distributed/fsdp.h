@@ -108,8 +108,9 @@ class FullyShardedDataParallel {
   // bit-exact) or another (every file read, each flat parameter and each optimizer buffer of a
   // shard's size reassembled and cut again for this world size). The optimizer must hold this
   // wrapper's shards in the same groups as the one saved. Each key of `expect` must have the same
-  // value in the checkpoint's extras. Returns the checkpoint (step, epoch, extras) of this rank's
-  // file (another world size: rank 0's).
+  // value in the checkpoint's extras (a key it lacks is an error). Returns the checkpoint (step,
+  // epoch, extras) of this rank's file (another world size: rank 0's). Every rank calls it; an
+  // error on one rank (a damaged file, say) is raised on every rank, naming the cause there.
   nn::Checkpoint load_checkpoint(const std::string& dir, optim::Optimizer& optimizer, optim::LRScheduler* scheduler,
                                  const nn::Metadata& expect = {});
 
@@ -139,6 +140,9 @@ class FullyShardedDataParallel {
   void reset_iteration();
   // One allreduce of failures: an error on any rank ends the call on every rank.
   void agree(const std::string& error, const std::string& what);
+  // load_checkpoint's work on this rank, before the ranks agree that every one of them succeeded.
+  nn::Checkpoint load_checkpoint_here(const std::string& dir, optim::Optimizer& optimizer,
+                                      optim::LRScheduler* scheduler, const nn::Metadata& expect);
   // For each of the optimizer's parameters, in its order: the index of the flat parameter whose
   // shard it is (an error for any other tensor).
   std::vector<size_t> optimizer_flats(const optim::Optimizer& optimizer) const;

@@ -125,28 +125,30 @@ void Module::train(bool on) {
   for (auto& [n, m] : children_) m->train(on);
 }
 
-void Module::to(Device device, std::optional<DType> dtype) {
+void Module::to(Device device, std::optional<DType> dtype) { convert(device, dtype); }
+
+// As PyTorch's module.to(dtype): floating-point tensors change dtype and every tensor stays on its
+// own device (a model split over devices stays split).
+void Module::to(DType dtype) {
+  if (!is_floating(dtype)) fail("{}::to: expected a floating-point dtype, got {}", type_name_, dtype_name(dtype));
+  convert(std::nullopt, dtype);
+}
+
+void Module::convert(std::optional<Device> device, std::optional<DType> dtype) {
   NoGradGuard no_grad;
+  auto convert_one = [&](const Tensor& t) {
+    Tensor out = device ? t.to(*device) : t;
+    if (dtype && is_floating(t.dtype())) out = out.to(*dtype);
+    return out;
+  };
   auto move = [&](const Tensor& t) {
-    Tensor moved = t.to(device);
-    if (dtype && is_floating(t.dtype())) moved = moved.to(*dtype);
+    Tensor moved = convert_one(t);
     if (!moved.is_same(t)) t.set_data(moved);
-    if (t.grad().defined()) {
-      Tensor g = t.grad().to(device);
-      if (dtype && is_floating(g.dtype())) g = g.to(*dtype);
-      const_cast<Tensor&>(t).mutable_grad() = g;
-    }
+    if (t.grad().defined()) const_cast<Tensor&>(t).mutable_grad() = convert_one(t.grad());
   };
   for (auto& [n, t] : parameters_) move(t);
   for (auto& [n, t] : buffers_) move(t);
-  for (auto& [n, m] : children_) m->to(device, dtype);
-}
-
-void Module::to(DType dtype) {
-  if (!is_floating(dtype)) fail("{}::to: expected a floating-point dtype, got {}", type_name_, dtype_name(dtype));
-  const auto params = parameters();
-  Device device = params.empty() ? kCPU : params[0].device();
-  to(device, dtype);
+  for (auto& [n, m] : children_) m->convert(device, dtype);
 }
 
 void Module::to(MemoryFormat format) {

@@ -58,6 +58,7 @@ class Module : public std::enable_shared_from_this<Module> {
   bool is_training() const { return training_; }
   // Moves parameters and buffers; a dtype applies to floating-point tensors only (as in PyTorch).
   void to(Device device, std::optional<DType> dtype = std::nullopt);
+  // Floating-point parameters and buffers (and their gradients) to `dtype`, each on its own device.
   void to(DType dtype);
   // Every 4-D parameter and buffer (convolution weights) in `format`, as PyTorch's
   // model.to(memory_format=torch.channels_last); other ranks are left as they are. With the input
@@ -86,6 +87,8 @@ class Module : public std::enable_shared_from_this<Module> {
 
  private:
   void add_child(const std::string& name, std::shared_ptr<Module> module);
+  // to(Device, DType) and to(DType): a device moves every tensor, a dtype the floating-point ones.
+  void convert(std::optional<Device> device, std::optional<DType> dtype);
   void check_new_name(const std::string& name, const char* what) const;
   void collect(const std::string& prefix, bool params, bool recurse, NamedTensors& out) const;
   std::string str_indented(int indent) const;

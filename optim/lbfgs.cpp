@@ -305,17 +305,19 @@ Tensor LBFGS::step(const Closure& closure) {
 NamedTensors LBFGS::state_dict() const {
   NamedTensors out = Optimizer::state_dict();
   auto scalar = [](double v) { return full({}, v, TensorOptions{.dtype = kFloat64}); };
+  // Snapshots in host memory (as Optimizer::state_dict's buffers), not second copies on the device.
+  auto host = [](const Tensor& t) { return t.device().is_cpu() ? t.clone() : t.cpu(); };
   out.emplace_back("lbfgs.func_evals", scalar(static_cast<double>(func_evals_)));
   out.emplace_back("lbfgs.n_iter", scalar(static_cast<double>(n_iter_)));
   if (n_iter_ == 0) return out;
-  out.emplace_back("lbfgs.d", d_.clone());
+  out.emplace_back("lbfgs.d", host(d_));
   out.emplace_back("lbfgs.t", scalar(t_));
   out.emplace_back("lbfgs.H_diag", scalar(h_diag_));
-  out.emplace_back("lbfgs.prev_flat_grad", prev_flat_grad_.clone());
+  out.emplace_back("lbfgs.prev_flat_grad", host(prev_flat_grad_));
   out.emplace_back("lbfgs.prev_loss", scalar(prev_loss_));
   const int64_t n = d_.numel(), k = static_cast<int64_t>(old_dirs_.size());
-  out.emplace_back("lbfgs.old_dirs", k ? stack(old_dirs_, 0) : zeros({0, n}, d_.options()));
-  out.emplace_back("lbfgs.old_stps", k ? stack(old_stps_, 0) : zeros({0, n}, d_.options()));
+  out.emplace_back("lbfgs.old_dirs", k ? stack(old_dirs_, 0).cpu() : zeros({0, n}, {.dtype = d_.dtype()}));
+  out.emplace_back("lbfgs.old_stps", k ? stack(old_stps_, 0).cpu() : zeros({0, n}, {.dtype = d_.dtype()}));
   Tensor ro = zeros({k}, TensorOptions{.dtype = kFloat64});
   for (int64_t i = 0; i < k; ++i) ro.data_ptr<double>()[i] = ro_[static_cast<size_t>(i)];
   out.emplace_back("lbfgs.ro", ro);
@@ -352,8 +354,9 @@ void LBFGS::load_state_dict(const NamedTensors& state) {
     }
     return t.item<double>();
   };
-  // The options first (the base class checks them), then the iteration state against them.
-  Optimizer::load_state_dict(rest);
+  // The options first (the base class checks them), then the iteration state against them; nothing
+  // changes until all of it has been checked.
+  LoadedState base = read_state_dict(rest);
   const int64_t func_evals = count("func_evals"), n_iter = count("n_iter");
   int64_t n = 0;
   for (const Tensor& p : params()) n += p.numel();
@@ -379,20 +382,21 @@ void LBFGS::load_state_dict(const NamedTensors& state) {
     const Tensor& od = take("old_dirs");
     const Tensor& os = take("old_stps");
     const Tensor& r = take("ro");
-    const auto history = static_cast<int64_t>(groups_[0].options.at("history_size"));
+    const auto history = static_cast<int64_t>(base.options[0].at("history_size"));
     if (od.dim() != 2 || od.size(1) != n || od.size(0) > history || os.sizes() != od.sizes() || r.dim() != 1 ||
         r.size(0) != od.size(0)) {
       fail("LBFGS.load_state_dict: the history has old_dirs {}, old_stps {} and ro {}; expected [k, {}], [k, {}] "
            "and [k] with k <= history_size {}",
            shape_str(od.sizes()), shape_str(os.sizes()), shape_str(r.sizes()), n, n, history);
     }
-    const Tensor rd = r.to(kFloat64).contiguous();
+    const Tensor rd = r.cpu().to(kFloat64).contiguous();
     for (int64_t i = 0; i < od.size(0); ++i) {
       dirs.push_back(od.select(0, i).to(like.dtype).to(like.device).clone());
       stps.push_back(os.select(0, i).to(like.dtype).to(like.device).clone());
       ro.push_back(rd.data_ptr<double>()[i]);
     }
   }
+  apply_state_dict(std::move(base));
   d_ = d;
   prev_flat_grad_ = prev_grad;
   t_ = t;

@@ -37,6 +37,13 @@ RMSprop::RMSprop(std::vector<ParamGroup> groups, RMSpropOptions options)
   for (const ParamGroup& g : groups_) check_options(g.options);
 }
 
+std::vector<std::string> RMSprop::required_state(const Options& group) const {
+  std::vector<std::string> out{"step", "square_avg"};
+  if (group.at("momentum") > 0) out.push_back("momentum_buffer");
+  if (group.at("centered") != 0) out.push_back("grad_avg");
+  return out;
+}
+
 void RMSprop::check_options(const Options& o) const {
   for (const char* key : {"lr", "eps", "weight_decay", "momentum", "alpha"}) check_nonnegative("RMSprop", o, key);
 }
@@ -53,9 +60,11 @@ void RMSprop::step() {
       if (!st.count("square_avg")) {
         st["step"] = zeros({}, TensorOptions{.dtype = kFloat64});
         st["square_avg"] = zeros(p.sizes(), p.options());
-        if (momentum > 0) st["momentum_buffer"] = zeros(p.sizes(), p.options());
-        if (centered) st["grad_avg"] = zeros(p.sizes(), p.options());
       }
+      // Also when momentum or centered was turned on after the state was made: they start then.
+      if (momentum > 0 && !st.count("momentum_buffer")) st["momentum_buffer"] = zeros(p.sizes(), p.options());
+      if (centered && !st.count("grad_avg")) st["grad_avg"] = zeros(p.sizes(), p.options());
+      check_state(p, st);
       next_step(st);
       const Tensor g = decayed_grad(p, wd);
       Tensor& square_avg = st.at("square_avg");
@@ -107,6 +116,7 @@ void Adagrad::step() {
         st["step"] = zeros({}, TensorOptions{.dtype = kFloat64});
         st["sum"] = full(p.sizes(), init, p.options());
       }
+      check_state(p, st);
       const double step = next_step(st);
       const Tensor g = decayed_grad(p, wd);
       const double clr = lr / (1 + (step - 1) * lr_decay);
@@ -146,6 +156,7 @@ void Adamax::step() {
         st["exp_avg"] = zeros(p.sizes(), p.options());
         st["exp_inf"] = zeros(p.sizes(), p.options());
       }
+      check_state(p, st);
       const double step = next_step(st);
       const Tensor g = decayed_grad(p, wd);
       Tensor& exp_avg = st.at("exp_avg");

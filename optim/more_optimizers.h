@@ -25,7 +25,7 @@ class RMSprop : public Optimizer {
 
  protected:
   void check_options(const Options& o) const override;
-  std::vector<std::string> required_state() const override { return {"step", "square_avg"}; }
+  std::vector<std::string> required_state(const Options& group) const override;
 };
 
 struct AdagradOptions {
@@ -45,7 +45,10 @@ class Adagrad : public Optimizer {
 
  protected:
   void check_options(const Options& o) const override;
-  std::vector<std::string> required_state() const override { return {"step", "sum"}; }
+  std::vector<std::string> required_state(const Options& group) const override {
+    (void)group;
+    return {"step", "sum"};
+  }
 };
 
 struct AdamaxOptions {
@@ -65,7 +68,10 @@ class Adamax : public Optimizer {
 
  protected:
   void check_options(const Options& o) const override;
-  std::vector<std::string> required_state() const override { return {"step", "exp_avg", "exp_inf"}; }
+  std::vector<std::string> required_state(const Options& group) const override {
+    (void)group;
+    return {"step", "exp_avg", "exp_inf"};
+  }
 };
 
 }  // namespace chorus::optim

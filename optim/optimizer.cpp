@@ -100,12 +100,15 @@ std::vector<std::vector<size_t>> buckets_by(const std::vector<Key>& keys) {
 }
 
 // Adam's per-parameter state on its first step (the per-tensor and multi-tensor paths alike).
+// amsgrad turned on after the state was made starts its running maximum then, from zeros as on a
+// first step (PyTorch raises a KeyError there); without it the step would silently be plain Adam's.
 void init_adam_state(std::map<std::string, Tensor>& st, const Tensor& p, bool amsgrad) {
-  if (st.count("exp_avg")) return;
-  st["step"] = zeros({}, TensorOptions{.dtype = kFloat64});
-  st["exp_avg"] = zeros_like(p);
-  st["exp_avg_sq"] = zeros_like(p);
-  if (amsgrad) st["max_exp_avg_sq"] = zeros_like(p);
+  if (!st.count("exp_avg")) {
+    st["step"] = zeros({}, TensorOptions{.dtype = kFloat64});
+    st["exp_avg"] = zeros_like(p);
+    st["exp_avg_sq"] = zeros_like(p);
+  }
+  if (amsgrad && !st.count("max_exp_avg_sq")) st["max_exp_avg_sq"] = zeros_like(p);
 }
 
 }  // namespace
@@ -205,7 +208,11 @@ NamedTensors Optimizer::state_dict() const {
     for (const Tensor& p : g.params) {
       auto it = state_.find(p.unsafe_impl());
       if (it != state_.end()) {
-        for (const auto& [name, t] : it->second) out.emplace_back("state." + std::to_string(index) + "." + name, t.clone());
+        // A snapshot in host memory: a device buffer copied on the device would double the
+        // optimizer's device memory while a checkpoint is written.
+        for (const auto& [name, t] : it->second) {
+          out.emplace_back("state." + std::to_string(index) + "." + name, t.device().is_cpu() ? t.clone() : t.cpu());
+        }
       }
       ++index;
     }
@@ -213,10 +220,17 @@ NamedTensors Optimizer::state_dict() const {
   return out;
 }
 
-void Optimizer::load_state_dict(const NamedTensors& state) {
+void Optimizer::load_state_dict(const NamedTensors& state) { apply_state_dict(read_state_dict(state)); }
+
+Optimizer::LoadedState Optimizer::read_state_dict(const NamedTensors& state) const {
   std::vector<Tensor> flat;
-  for (const ParamGroup& g : groups_)
-    for (const Tensor& p : g.params) flat.push_back(p);
+  std::vector<size_t> group_of;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    for (const Tensor& p : groups_[gi].params) {
+      flat.push_back(p);
+      group_of.push_back(gi);
+    }
+  }
   std::vector<Options> options(groups_.size());
   std::map<int64_t, std::map<std::string, Tensor>> buffers;
   for (const auto& [name, t] : state) {
@@ -276,10 +290,8 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
     }
     check_options(options[gi]);
   }
-  for (size_t gi = 0; gi < groups_.size(); ++gi) groups_[gi].options = options[gi];
-  state_.clear();
   for (const auto& [index, bufs] : buffers) {
-    for (const std::string& want : required_state()) {
+    for (const std::string& want : required_state(options[group_of[index]])) {
       if (!bufs.count(want)) {
         std::vector<std::string> have;
         for (const auto& [k, v] : bufs) have.push_back(k);
@@ -294,7 +306,36 @@ void Optimizer::load_state_dict(const NamedTensors& state) {
       }
     }
   }
-  for (auto& [index, bufs] : buffers) state_[flat[index].unsafe_impl()] = std::move(bufs);
+  return {std::move(options), std::move(buffers)};
+}
+
+void Optimizer::apply_state_dict(LoadedState loaded) {
+  std::vector<const void*> flat;
+  for (const ParamGroup& g : groups_)
+    for (const Tensor& p : g.params) flat.push_back(p.unsafe_impl());
+  for (size_t gi = 0; gi < groups_.size(); ++gi) groups_[gi].options = std::move(loaded.options[gi]);
+  state_.clear();
+  for (auto& [index, bufs] : loaded.buffers) state_[flat[index]] = std::move(bufs);
+}
+
+void Optimizer::check_state(const Tensor& param, const std::map<std::string, Tensor>& state) const {
+  for (const auto& [name, t] : state) {
+    if (name == "step") {
+      if (!t.device().is_cpu() || t.dtype() != kFloat64 || t.numel() != 1) {
+        fail("{}: the 'step' state of parameter {} is a {} {} tensor of shape {}; expected a float64 CPU scalar",
+             name_, global_index(param), t.device().str(), dtype_name(t.dtype()), shape_str(t.sizes()));
+      }
+      continue;
+    }
+    if (t.dtype() != param.dtype() || t.device() != param.device() || t.sizes() != param.sizes()) {
+      fail("{}: the state '{}' of parameter {} is {} on {} with shape {}, but the parameter is {} on {} with shape "
+           "{}: it changed (Module::to?) after the optimizer made its state. Move or cast the model before building "
+           "the optimizer, or save state_dict() and load_state_dict() it again, which puts each buffer on its "
+           "parameter's device and dtype",
+           name_, name, global_index(param), dtype_name(t.dtype()), t.device().str(), shape_str(t.sizes()),
+           dtype_name(param.dtype()), param.device().str(), shape_str(param.sizes()));
+    }
+  }
 }
 
 // ------------------------------------------------------------------ SGD
@@ -347,6 +388,7 @@ void SGD::step() {
           (*st)["momentum_buffer"] = zeros_like(p);
           first = true;
         }
+        check_state(p, *st);
       }
       Raw raw = raw_operands("SGD", p);
       kernels::sgd_step(raw.param, raw.grad, st ? in_layout(st->at("momentum_buffer"), raw.param) : Tensor(), lr, wd,
@@ -378,6 +420,7 @@ void SGD::step_multi_tensor(ParamGroup& group) {
         st["momentum_buffer"] = zeros_like(p);
         first = true;
       }
+      check_state(p, st);
       buffers[i] = in_layout(st.at("momentum_buffer"), pending.raws[i].param);
     }
     keys.emplace_back(p.device(), p.dtype(), first);
@@ -414,6 +457,12 @@ Adam::Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions options
 
 AdamW::AdamW(std::vector<ParamGroup> groups, AdamOptions options) : Adam("AdamW", std::move(groups), options, true) {}
 
+std::vector<std::string> Adam::required_state(const Options& group) const {
+  std::vector<std::string> out{"step", "exp_avg", "exp_avg_sq"};
+  if (group.at("amsgrad") != 0) out.push_back("max_exp_avg_sq");
+  return out;
+}
+
 void Adam::check_options(const Options& o) const {
   if (!(o.at("lr") >= 0) || !std::isfinite(o.at("lr"))) {
     fail("{}: invalid learning rate {} (must be finite and >= 0)", name_, o.at("lr"));
@@ -443,11 +492,12 @@ void Adam::step() {
       if (!p.grad().defined()) continue;
       auto& st = state_of(p);
       init_adam_state(st, p, amsgrad);
+      check_state(p, st);
+      Raw raw = raw_operands(name_, p);
       double* step = st["step"].data_ptr<double>();
       *step += 1;
       const AdamBiasCorrection bc = adam_bias_correction(lr, b1, b2, *step);
-      const bool use_max = amsgrad && st.count("max_exp_avg_sq");
-      Raw raw = raw_operands(name_, p);
+      const bool use_max = amsgrad;
       kernels::adam_step(raw.param, raw.grad, in_layout(st.at("exp_avg"), raw.param),
                          in_layout(st.at("exp_avg_sq"), raw.param),
                          use_max ? in_layout(st.at("max_exp_avg_sq"), raw.param) : Tensor(), lr, b1, b2, eps, wd,
@@ -474,14 +524,19 @@ void Adam::step_multi_tensor(ParamGroup& group) {
   const size_t n = pending.params.size();
   std::vector<std::map<std::string, Tensor>*> states;
   std::vector<std::tuple<Device, DType, double, bool>> keys;
+  // Every state checked before any step count moves, so a refused step leaves all of them as they were.
   for (size_t i = 0; i < n; ++i) {
     const Tensor& p = *pending.params[i];
     auto& st = state_of(p);
     init_adam_state(st, p, amsgrad);
-    double* step = st["step"].data_ptr<double>();
-    *step += 1;
-    keys.emplace_back(p.device(), p.dtype(), *step, amsgrad && st.count("max_exp_avg_sq"));
+    check_state(p, st);
     states.push_back(&st);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const Tensor& p = *pending.params[i];
+    double* step = states[i]->at("step").data_ptr<double>();
+    *step += 1;
+    keys.emplace_back(p.device(), p.dtype(), *step, amsgrad);
   }
   for (const std::vector<size_t>& bucket : buckets_by(keys)) {
     const bool use_max = std::get<3>(keys[bucket.front()]);

@@ -59,9 +59,28 @@ class Optimizer {
   // Per-parameter state buffers, created on first use.
   std::map<std::string, Tensor>& state_of(const Tensor& param);
   virtual void check_options(const Options& options) const = 0;
-  // The buffers a loaded state must hold for one parameter (e.g. Adam: step, exp_avg, exp_avg_sq),
-  // so a state missing one is an error at load naming it, not a failure inside step().
-  virtual std::vector<std::string> required_state() const { return {}; }
+  // The buffers a loaded state must hold for one parameter of a group with these options (e.g.
+  // Adam: step, exp_avg, exp_avg_sq, and max_exp_avg_sq with amsgrad), so a state missing one is an
+  // error at load naming it, not a failure inside step().
+  virtual std::vector<std::string> required_state(const Options& group) const {
+    (void)group;
+    return {};
+  }
+  // Before a step reads or changes `param`'s state: every buffer has the parameter's dtype, device
+  // and shape, and `step` is a float64 CPU scalar. A model moved or cast (Module::to) after the
+  // optimizer made its state would otherwise be stepped with buffers of another type or device;
+  // the error names the buffer and the fix. Call it before incrementing `step`.
+  void check_state(const Tensor& param, const std::map<std::string, Tensor>& state) const;
+
+  // load_state_dict in two halves, so that a subclass with state of its own (LBFGS) checks all of
+  // it before anything changes: read_state_dict checks and changes nothing; apply_state_dict
+  // cannot fail.
+  struct LoadedState {
+    std::vector<Options> options;                                // per group
+    std::map<int64_t, std::map<std::string, Tensor>> buffers;    // per global parameter index
+  };
+  LoadedState read_state_dict(const NamedTensors& state) const;
+  void apply_state_dict(LoadedState loaded);
 
   std::string name_;
   Options defaults_;
@@ -116,7 +135,9 @@ class SGD : public Optimizer {
 
  protected:
   void check_options(const Options& o) const override;
-  std::vector<std::string> required_state() const override { return {"momentum_buffer"}; }
+  std::vector<std::string> required_state(const Options& group) const override {
+    return group.at("momentum") != 0 ? std::vector<std::string>{"momentum_buffer"} : std::vector<std::string>{};
+  }
 
  private:
   void step_multi_tensor(ParamGroup& group);
@@ -144,7 +165,7 @@ class Adam : public Optimizer {
  protected:
   Adam(std::string name, std::vector<ParamGroup> groups, AdamOptions options, bool decoupled);
   void check_options(const Options& o) const override;
-  std::vector<std::string> required_state() const override { return {"step", "exp_avg", "exp_avg_sq"}; }
+  std::vector<std::string> required_state(const Options& group) const override;
   bool decoupled_;
 
  private:

@@ -966,6 +966,7 @@ nn::NamedTensors PipelineStage::gather_state_dict(int dst) {
 void PipelineStage::load_state_dict(const nn::NamedTensors& whole_model, bool strict) {
   std::set<std::string> known(whole_names_.begin(), whole_names_.end());
   std::vector<nn::NamedTensors> mine(chunks_.size());
+  std::vector<std::pair<Tensor*, Tensor>> pending_unowned;  // set once every check has passed
   std::set<std::string> given;
   for (const auto& [name, t] : whole_model) {
     if (!known.count(name)) {
@@ -979,20 +980,35 @@ void PipelineStage::load_state_dict(const nn::NamedTensors& whole_model, bool st
     auto local = local_name_.find(name);
     if (local != local_name_.end()) {
       mine[local->second.first].emplace_back(local->second.second, t);
-    } else if (auto u = unowned_.find(name); u != unowned_.end() && u->second.sizes() == t.sizes()) {
-      u->second = t.to(u->second.dtype()).cpu().clone();
+    } else if (auto u = unowned_.find(name); u != unowned_.end()) {
+      // A tensor no block owns (kept with the stage so the gathered state dict is whole): checked as
+      // the owned ones, so strict loading refuses a wrong shape rather than keeping the old value.
+      if (u->second.sizes() != t.sizes()) {
+        if (strict) {
+          fail("{}: load_state_dict: '{}' has shape {} in the state dict, but the model's is {}", where(), name,
+               shape_str(t.sizes()), shape_str(u->second.sizes()));
+        }
+        continue;
+      }
+      pending_unowned.emplace_back(&u->second, t);
     }
   }
   if (strict) {
     std::vector<std::string> missing;
     for (const auto& [name, local] : local_name_)
       if (!given.count(name)) missing.push_back(name);
+    // What no block owns is stage 0's to save (its checkpoint file holds them; the other stages'
+    // files do not), so stage 0 requires them.
+    if (stage_ == 0)
+      for (const auto& [name, t] : unowned_)
+        if (!given.count(name)) missing.push_back(name);
     if (!missing.empty()) {
       fail("{}: load_state_dict: the state dict lacks {} tensor(s) of this stage: {}", where(), missing.size(),
            fmt::join(missing, ", "));
     }
   }
   for (size_t c = 0; c < chunks_.size(); ++c) chunks_[c].module->load_state_dict(mine[c], strict);
+  for (auto& [dst, t] : pending_unowned) *dst = t.to(dst->dtype()).cpu().clone();
 }
 
 // ------------------------------------------------------------------ checkpoints

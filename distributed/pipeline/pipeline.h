@@ -187,8 +187,9 @@ class PipelineStage {
   // whole model's state_dict(): a tied parameter once, and tensors no block owns with the values
   // they had when the stage was made (or were loaded since).
   nn::NamedTensors gather_state_dict(int dst = 0);
-  // Loads this stage's entries of a whole-model state dict (every name must be the model's;
-  // strict: every entry of this stage present with its shape).
+  // Loads this stage's entries of a whole-model state dict, and the tensors no block owns (every
+  // name must be the model's; strict: every entry of this stage present with its shape, a tensor
+  // no block owns with its shape, and on stage 0, which saves those, present too).
   void load_state_dict(const nn::NamedTensors& whole_model, bool strict = true);
 
   // [Pipeline checkpoints] A training checkpoint sharded by stage, in folder `dir` (made if

@@ -11,6 +11,8 @@
 //       another model on one rank, a frozen parameter, a block owning nothing: errors on every rank.
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <string>
@@ -265,9 +267,43 @@ void scenario_checkpoint(const std::shared_ptr<ProcessGroup>& pg, const std::str
     Workload plain = make_workload(kind);
     plain.root->load_state_dict(whole);
     check(max_difference(plain.root->state_dict(), at3) == 0, "a one-process model loaded from the folder");
+    // One rank's file damaged (a copy of the folder, a byte of rank 1's last tensor flipped): every
+    // rank's load fails, rank 1 naming the checksum and the others naming rank 1's failure, rather
+    // than the others resuming and hanging in the next step's first collective.
+    const std::string damaged = dir + "_damaged";
+    if (rank == 0) {
+      namespace fs = std::filesystem;
+      fs::remove_all(damaged);
+      fs::copy(dir, damaged);
+      std::string rank1;
+      for (const auto& e : fs::directory_iterator(damaged)) {
+        const std::string name = e.path().filename().string();
+        if (name.find(fmt::format("-rank1-of-{}.safetensors", world)) != std::string::npos) rank1 = e.path().string();
+      }
+      check(!rank1.empty(), "the damaged copy has no rank-1 file");
+      std::fstream f(rank1, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(-3, std::ios::end);
+      const char byte = static_cast<char>(f.get() ^ 0x40);
+      f.seekp(-3, std::ios::end);
+      f.put(byte);
+    }
+    pg->barrier()->wait();
+    Run d = make();
+    if (rank == 1) {
+      expect_error([&] { d.fsdp->load_checkpoint(damaged, *d.opt, d.sched.get(), {{"model", kind}}); },
+                   {"loading the checkpoint in " + damaged + " failed", "does not match its checksum"},
+                   "the rank whose file is damaged");
+    } else {
+      expect_error([&] { d.fsdp->load_checkpoint(damaged, *d.opt, d.sched.get(), {{"model", kind}}); },
+                   {"loading the checkpoint in " + damaged + " failed on 1 other rank(s)"},
+                   "a rank whose own file is sound");
+    }
+    expect_error([&] { d.fsdp->load_checkpoint(dir, *d.opt, d.sched.get(), {{"model", kind}, {"data", "x"}}); },
+                 {"does not say which data it was written with"}, "an identity key the checkpoint lacks");
     if (rank == 0) nn::save_safetensors(dir + "/expected.safetensors", final_a);
-    std::printf("rank %d: %s %s checkpoint at world %d: resumed bit-exactly, read whole\n", rank, kind.c_str(),
-                strategy.c_str(), world);
+    std::printf("rank %d: %s %s checkpoint at world %d: resumed bit-exactly, read whole; a damaged rank-1 file fails "
+                "every rank\n",
+                rank, kind.c_str(), strategy.c_str(), world);
   } else {
     Run b = make();
     const nn::Checkpoint c = b.fsdp->load_checkpoint(dir, *b.opt, b.sched.get());

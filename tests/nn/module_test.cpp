@@ -165,6 +165,39 @@ TEST_CASE("to(dtype) converts floating parameters and buffers only, and layers' 
   CHECK_THAT(error_message([&] { block->to(kInt32); }), Catch::Contains("floating-point dtype"));
 }
 
+TEST_CASE("to(dtype) keeps every tensor on its own device: a buffer-only module and a model split over two devices",
+          "[nn][module][sim]") {
+  // As PyTorch's module.to(dtype): only the dtype changes. A module without parameters (BatchNorm
+  // without affine) on sim:0 keeps its running statistics there, and a model split over sim:0 and
+  // sim:1 stays split, gradients included.
+  auto norm = std::make_shared<nn::BatchNorm1d>(4, 1e-5, 0.1, /*affine=*/false);
+  norm->to(Device::sim(0));
+  norm->to(kFloat64);
+  for (const auto& [n, t] : norm->named_buffers()) {
+    INFO(n);
+    CHECK(t.device() == Device::sim(0));
+    if (is_floating(t.dtype())) CHECK(t.dtype() == kFloat64);
+  }
+  auto first = std::make_shared<nn::Linear>(3, 2), second = std::make_shared<nn::Linear>(2, 1);
+  auto split = std::make_shared<nn::Sequential>();
+  split->push_back(first);
+  split->push_back(second);
+  first->to(Device::sim(0));
+  second->to(Device::sim(1));
+  const std::vector<double> w0 = doubles(first->weight.cpu()), w1 = doubles(second->weight.cpu());
+  first->weight.mutable_grad() = ones({2, 3}, {.device = Device::sim(0)});
+  split->to(kFloat64);
+  CHECK(first->weight.device() == Device::sim(0));
+  CHECK(first->bias.device() == Device::sim(0));
+  CHECK(first->weight.grad().device() == Device::sim(0));
+  CHECK(first->weight.grad().dtype() == kFloat64);
+  CHECK(second->weight.device() == Device::sim(1));
+  CHECK(second->bias.device() == Device::sim(1));
+  CHECK(second->weight.dtype() == kFloat64);
+  check_close(first->weight.cpu(), w0, 0);
+  check_close(second->weight.cpu(), w1, 0);
+}
+
 TEST_CASE("zero_grad sets gradients to none by default, or zeroes them in place", "[nn][module]") {
   manual_seed(1);
   nn::Linear fc(3, 2);

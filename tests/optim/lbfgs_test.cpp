@@ -6,6 +6,7 @@
 #include "tests/libtorch_testing.h"  // after the torch headers ([Narrow torch headers])
 
 #include <cmath>
+#include <functional>
 
 #include "optim/optim.h"
 #include "tensor/ops.h"
@@ -36,6 +37,16 @@ Problem make_problem(uint64_t seed) {
   Problem p{chorus::randn({12, 5}, {.dtype = chorus::kFloat64}, &g), chorus::randn({12, 3}, {.dtype = chorus::kFloat64}, &g)};
   p.y = chorus::mul(chorus::tanh(p.y), 0.8);
   return p;
+}
+
+// The closure step() evaluates: the loss at (w, b), with gradients.
+std::function<Tensor()> loss_closure(const Problem& problem, o::LBFGS& which, Tensor& w, Tensor& b) {
+  return [&problem, &which, &w, &b] {
+    which.zero_grad();
+    Tensor l = problem.loss(w, b);
+    l.backward();
+    return l;
+  };
 }
 
 }  // namespace
@@ -114,14 +125,7 @@ TEST_CASE("LBFGS state goes through state_dict; bad use is refused", "[optim]") 
   const o::LBFGSOptions options{.lr = 1, .max_iter = 4, .history_size = 3,
                                 .line_search = o::LBFGSOptions::LineSearch::StrongWolfe};
   o::LBFGS opt({w, b}, options);
-  auto closure_for = [&](o::LBFGS& which, Tensor& pw, Tensor& pb) {
-    return [&] {
-      which.zero_grad();
-      Tensor l = problem.loss(pw, pb);
-      l.backward();
-      return l;
-    };
-  };
+  auto closure_for = [&](o::LBFGS& which, Tensor& pw, Tensor& pb) { return loss_closure(problem, which, pw, pb); };
   opt.step(closure_for(opt, w, b));
   opt.step(closure_for(opt, w, b));
   const auto state = opt.state_dict();
@@ -143,8 +147,46 @@ TEST_CASE("LBFGS state goes through state_dict; bad use is refused", "[optim]") 
   for (auto& [name, t] : bad) {
     if (name == "lbfgs.d") t = chorus::zeros({4}, {.dtype = chorus::kFloat64});
   }
+  // A refused state changes nothing: the options it carried (lr 7 here) are not applied either.
+  for (auto& [name, t] : bad) {
+    if (name == "param_groups.0.lr") t = chorus::full({}, 7.0, {.dtype = chorus::kFloat64});
+  }
+  const int64_t iterations = again.n_iter();
   CHECK_THROWS_WITH(again.load_state_dict(bad), Catch::Contains("'lbfgs.d' has shape [4], expected [18]"));
+  CHECK(again.param_groups()[0].lr() == 1);
+  CHECK(again.n_iter() == iterations);
   o::LBFGS two({w}, {});
   two.add_param_group({{b}, {}});
   CHECK_THROWS_WITH(two.step(closure_for(two, w, b)), Catch::Contains("doesn't support per-parameter options"));
+}
+
+TEST_CASE("LBFGS on sim:0: state_dict is in host memory, and a state on the device loads and continues identically",
+          "[optim][sim]") {
+  const chorus::Device sim = chorus::Device::sim(0);
+  Problem problem = make_problem(13);
+  problem.x = problem.x.to(sim);
+  problem.y = problem.y.to(sim);
+  chorus::Generator g(9);
+  Tensor w = chorus::randn({5, 3}, {.dtype = chorus::kFloat64}, &g).to(sim).requires_grad_();
+  Tensor b = chorus::randn({3}, {.dtype = chorus::kFloat64}, &g).to(sim).requires_grad_();
+  const o::LBFGSOptions options{.lr = 1, .max_iter = 4, .history_size = 3};
+  o::LBFGS opt({w, b}, options);
+  auto closure_for = [&](o::LBFGS& which, Tensor& pw, Tensor& pb) { return loss_closure(problem, which, pw, pb); };
+  opt.step(closure_for(opt, w, b));
+  opt.step(closure_for(opt, w, b));
+  auto state = opt.state_dict();
+  for (const auto& [name, t] : state) {
+    INFO(name);
+    CHECK(t.device().is_cpu());
+  }
+  // The same state with every tensor on the device (as a caller may hold it) loads too.
+  for (auto& [name, t] : state) t = t.to(sim);
+  Tensor w2 = w.detach().clone().requires_grad_(), b2 = b.detach().clone().requires_grad_();
+  o::LBFGS again({w2, b2}, options);
+  again.load_state_dict(state);
+  CHECK(again.n_iter() == opt.n_iter());
+  opt.step(closure_for(opt, w, b));
+  again.step(closure_for(again, w2, b2));
+  CHECK(chorus::equal(w.cpu(), w2.cpu()));
+  CHECK(chorus::equal(b.cpu(), b2.cpu()));
 }

@@ -6,6 +6,10 @@
 #include <limits>
 
 #include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
 #include <numbers>
 #include <vector>
 
@@ -305,6 +309,199 @@ TEST_CASE("SGD with momentum and Adam train a linear model: the loss falls", "[o
     }
     CHECK(last < 0.01 * first);
   }
+}
+
+
+// The optimizers whose state a step reads, each in the configurations that step it differently.
+std::vector<std::pair<std::string, std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>)>>>
+stateful_optimizers() {
+  using P = std::vector<Tensor>;
+  return {
+      {"SGD momentum", [](P p) { return std::make_unique<optim::SGD>(p, optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .foreach = false}); }},
+      {"SGD momentum foreach", [](P p) { return std::make_unique<optim::SGD>(p, optim::SGDOptions{.lr = 0.1, .momentum = 0.9, .foreach = true}); }},
+      {"Adam", [](P p) { return std::make_unique<optim::Adam>(p, optim::AdamOptions{.lr = 0.01, .foreach = false}); }},
+      {"Adam amsgrad foreach", [](P p) { return std::make_unique<optim::Adam>(p, optim::AdamOptions{.lr = 0.01, .amsgrad = true, .foreach = true}); }},
+      {"AdamW fused", [](P p) { return std::make_unique<optim::AdamW>(p, optim::AdamOptions{.lr = 0.01, .weight_decay = 0.01, .fused = true}); }},
+      {"RMSprop", [](P p) { return std::make_unique<optim::RMSprop>(p, optim::RMSpropOptions{.lr = 0.01, .momentum = 0.5, .centered = true}); }},
+      {"Adagrad", [](P p) { return std::make_unique<optim::Adagrad>(p, optim::AdagradOptions{.lr = 0.1}); }},
+      {"Adamax", [](P p) { return std::make_unique<optim::Adamax>(p, optim::AdamaxOptions{.lr = 0.01}); }},
+  };
+}
+
+void set_grads(nn::Module& m, uint64_t seed) {
+  Generator gen(seed);
+  for (Tensor& p : m.parameters()) {
+    p.mutable_grad() = randn(p.sizes(), {.dtype = p.dtype()}, &gen).to(p.device());
+  }
+}
+
+bool same_state(const nn::NamedTensors& a, const nn::NamedTensors& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].first != b[i].first || a[i].second.dtype() != b[i].second.dtype() ||
+        !equal(a[i].second.cpu(), b[i].second.cpu())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST_CASE("after Module::to changes a parameter's dtype or device, step refuses the old state and changes nothing",
+          "[optim][state][sim]") {
+  // PyTorch steps such a state into an error inside its kernels; chorus's kernels would read a
+  // float32 buffer as float64 (out of bounds on a GPU). The step is refused before any step count
+  // or buffer moves, naming the buffer and the fix; after a state_dict round trip (which puts the
+  // state on each parameter's device and dtype) the step equals a CPU float64 optimizer's.
+  for (const auto& [label, make] : stateful_optimizers()) {
+    INFO(label);
+    auto model = std::make_shared<nn::Linear>(3, 2);
+    model->to(Device::sim(0));
+    auto opt = make(model->parameters());
+    set_grads(*model, 1);
+    opt->step();
+    model->to(kFloat64);
+    set_grads(*model, 2);
+    const nn::NamedTensors before = opt->state_dict();
+    const std::vector<double> weight = doubles(model->weight.cpu());
+    const std::string error = [&] {
+      try {
+        opt->step();
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    }();
+    CHECK_THAT(error, Catch::Contains("of parameter 0 is float32 on sim:0 with shape [2, 3], but the parameter is "
+                                      "float64 on sim:0 with shape [2, 3]") &&
+                          Catch::Contains("load_state_dict"));
+    CHECK(same_state(opt->state_dict(), before));
+    check_vec(doubles(model->weight.cpu()), weight, 0);
+
+    // The fix the error names, against the same step on the CPU in float64.
+    opt->load_state_dict(opt->state_dict());
+    auto cpu_model = std::make_shared<nn::Linear>(3, 2);
+    cpu_model->to(kFloat64);
+    cpu_model->load_state_dict(model->state_dict());
+    auto cpu_opt = make(cpu_model->parameters());
+    cpu_opt->load_state_dict(opt->state_dict());
+    for (size_t i = 0; i < 2; ++i) {
+      cpu_model->parameters()[i].mutable_grad() = model->parameters()[i].grad().cpu();
+    }
+    opt->step();
+    cpu_opt->step();
+    check_vec(doubles(model->weight.cpu()), doubles(cpu_model->weight), 0);
+    check_vec(doubles(model->bias.cpu()), doubles(cpu_model->bias), 0);
+
+    // A device change is refused the same way.
+    auto cpu_first = std::make_shared<nn::Linear>(3, 2);
+    auto moved_opt = make(cpu_first->parameters());
+    set_grads(*cpu_first, 3);
+    moved_opt->step();
+    cpu_first->to(Device::sim(0));
+    set_grads(*cpu_first, 4);
+    CHECK_THROWS_WITH(moved_opt->step(), Catch::Contains("is float32 on cpu with shape [2, 3], but the parameter is "
+                                                         "float32 on sim:0"));
+  }
+}
+
+TEST_CASE("amsgrad turned on after the state was made keeps a running maximum from then on; a loaded amsgrad state "
+          "must hold it",
+          "[optim][adam][state]") {
+  for (const bool foreach : {false, true}) {
+    INFO("foreach " << foreach);
+    Problem pr(21);
+    optim::Adam opt({pr.param}, {.lr = 0.01, .foreach = foreach});
+    pr.set_grad(0);
+    opt.step();
+    opt.param_groups()[0].options["amsgrad"] = 1;
+    pr.set_grad(1);
+    opt.step();
+    auto state_of = [&](const std::string& key) {
+      for (const auto& [name, t] : opt.state_dict())
+        if (name == "state.0." + key) return t;
+      return Tensor();
+    };
+    REQUIRE(state_of("max_exp_avg_sq").defined());
+    // Started from zeros on this step, as on a first step: max(0, v) = v.
+    check_vec(doubles(state_of("max_exp_avg_sq")), doubles(state_of("exp_avg_sq")), 0);
+    const std::vector<double> peak = doubles(state_of("max_exp_avg_sq"));
+    // A zero gradient: v decays, the maximum stays, and the update divides by the maximum.
+    const std::vector<double> p_before = doubles(pr.param), m_before = doubles(state_of("exp_avg"));
+    pr.param.mutable_grad() = zeros({3, 4}, {.dtype = kFloat64});
+    opt.step();
+    check_vec(doubles(state_of("max_exp_avg_sq")), peak, 0);
+    std::vector<double> want(p_before.size());
+    const double step_size = 0.01 / (1 - std::pow(0.9, 3)), bc2 = std::sqrt(1 - std::pow(0.999, 3));
+    for (size_t i = 0; i < want.size(); ++i) {
+      want[i] = p_before[i] - step_size * (0.9 * m_before[i]) / (std::sqrt(peak[i]) / bc2 + 1e-8);
+    }
+    check_vec(doubles(pr.param), want, 1e-12);
+
+    // A saved state that says amsgrad but lacks the buffer (not written by chorus) is refused.
+    Problem other(22);
+    optim::Adam plain({other.param}, {.lr = 0.01});
+    other.set_grad(0);
+    plain.step();
+    nn::NamedTensors claimed = plain.state_dict();
+    for (auto& [name, t] : claimed)
+      if (name == "param_groups.0.amsgrad") t = full({}, 1.0, {.dtype = kFloat64});
+    CHECK_THROWS_WITH(opt.load_state_dict(claimed), Catch::Contains("has no 'max_exp_avg_sq'"));
+  }
+}
+
+TEST_CASE("state_dict snapshots device state in host memory; a refused load_state_dict changes nothing",
+          "[optim][state][sim]") {
+  auto model = std::make_shared<nn::Linear>(3, 2);
+  model->to(Device::sim(0));
+  optim::Adam opt(model->parameters(), {.lr = 0.01});
+  set_grads(*model, 5);
+  opt.step();
+  const nn::NamedTensors state = opt.state_dict();
+  for (const auto& [name, t] : state) {
+    INFO(name);
+    CHECK(t.device().is_cpu());
+  }
+  // Valid options (lr 5) with a parameter's state missing a buffer: neither is applied.
+  nn::NamedTensors bad;
+  for (const auto& [name, t] : state) {
+    if (name == "state.1.exp_avg_sq") continue;
+    bad.emplace_back(name, name == "param_groups.0.lr" ? full({}, 5.0, {.dtype = kFloat64}) : t);
+  }
+  CHECK_THROWS_WITH(opt.load_state_dict(bad), Catch::Contains("the state of parameter 1 has no 'exp_avg_sq'"));
+  CHECK(opt.param_groups()[0].lr() == 0.01);
+  CHECK(same_state(opt.state_dict(), state));
+  // RMSprop with momentum and centered needs their buffers too.
+  optim::RMSprop rms(model->parameters(), {.lr = 0.01, .momentum = 0.5, .centered = true});
+  rms.step();
+  nn::NamedTensors no_momentum;
+  for (const auto& [name, t] : rms.state_dict())
+    if (name != "state.0.momentum_buffer") no_momentum.emplace_back(name, t);
+  CHECK_THROWS_WITH(rms.load_state_dict(no_momentum), Catch::Contains("the state of parameter 0 has no 'momentum_buffer'"));
+}
+
+TEST_CASE("RMSprop with momentum or centered turned on after its state was made starts those buffers then",
+          "[optim][state]") {
+  Problem pr(23);
+  optim::RMSprop opt({pr.param}, {.lr = 0.01});
+  pr.set_grad(0);
+  opt.step();
+  opt.param_groups()[0].options["momentum"] = 0.5;
+  opt.param_groups()[0].options["centered"] = 1;
+  const std::vector<double> p_before = doubles(pr.param);
+  nn::NamedTensors st = opt.state_dict();
+  std::vector<double> sq;
+  for (const auto& [name, t] : st)
+    if (name == "state.0.square_avg") sq = doubles(t);
+  pr.set_grad(1);
+  opt.step();
+  // From zeros: grad_avg = 0.01 g, buf = g / (sqrt(v - grad_avg^2) + eps), p -= lr buf.
+  const std::vector<double> g = doubles(pr.grads[1]);
+  std::vector<double> want(g.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double v = 0.99 * sq[i] + 0.01 * g[i] * g[i], avg = 0.01 * g[i];
+    want[i] = p_before[i] - 0.01 * g[i] / (std::sqrt(v - avg * avg) + 1e-8);
+  }
+  check_vec(doubles(pr.param), want, 1e-12);
 }
 
 }  // namespace

@@ -524,6 +524,25 @@ void run_equivalence(const std::shared_ptr<ProcessGroup>& pg, const std::string&
   fresh_work.root->to(device);
   PipelineStage fresh(std::move(fresh_work.model), plan, pg);
   fresh.load_state_dict(nn::load_safetensors(path).tensors);
+  if (kind == "bert") {
+    // BERT's pooler is a tensor no block owns (the masked-LM loss does not use it): a strict load
+    // refuses it with the wrong shape on every stage, and without it on stage 0, which saves it.
+    const std::string pooler = "bert.pooler.dense.weight";
+    nn::NamedTensors wrong = nn::load_safetensors(path).tensors, without;
+    for (auto& [name, t] : wrong) {
+      if (name == pooler) t = zeros({3}, {.dtype = t.dtype()});
+    }
+    for (const auto& [name, t] : nn::load_safetensors(path).tensors)
+      if (name != pooler) without.emplace_back(name, t);
+    expect_error([&] { fresh.load_state_dict(wrong); }, {"'" + pooler + "' has shape [3] in the state dict"},
+                 tag + ": the pooler with the wrong shape");
+    if (fresh.is_first()) {
+      expect_error([&] { fresh.load_state_dict(without); }, {"lacks", pooler}, tag + ": stage 0 without the pooler");
+    } else {
+      fresh.load_state_dict(without);
+    }
+    fresh.load_state_dict(wrong, /*strict=*/false);  // non-strict: skipped, as a module's
+  }
   nn::NamedTensors trained = stage.state_dict(), restored = fresh.state_dict();
   check(trained.size() == restored.size(), tag + ": the fresh stage has other tensors");
   for (size_t i = 0; i < std::min(trained.size(), restored.size()); ++i) {
