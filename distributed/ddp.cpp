@@ -1,6 +1,7 @@
 #include "distributed/ddp.h"
 
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -11,12 +12,22 @@ namespace chorus::distributed {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+// A cap in MiB as bytes; one too large for int64 (infinity included) is no cap.
+int64_t cap_bytes(double mb) {
+  const double bytes = mb * 1024 * 1024;
+  return bytes >= 9.2e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(bytes);
+}
+}  // namespace
+
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<ProcessGroup> group,
                                                  DDPOptions options)
     : nn::Module("DistributedDataParallel"), module_(std::move(module)), group_(std::move(group)), options_(options) {
   if (!module_) fail("DistributedDataParallel: module is null");
   if (!group_) fail("DistributedDataParallel: process group is null (call init_process_group first)");
-  if (options_.bucket_cap_mb <= 0 || options_.first_bucket_cap_mb <= 0) {
+  // NaN fails `> 0` too; infinity (or any cap past 2^63 bytes) means no cap: one bucket per dtype
+  // and device.
+  if (!(options_.bucket_cap_mb > 0) || !(options_.first_bucket_cap_mb > 0)) {
     fail("DistributedDataParallel: bucket caps must be positive, got bucket_cap_mb={} first_bucket_cap_mb={}",
          options_.bucket_cap_mb, options_.first_bucket_cap_mb);
   }
@@ -40,8 +51,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   }
   reducer_ = std::make_unique<Reducer>(
       params, names, group_,
-      ReducerOptions{.bucket_cap_bytes = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024),
-                     .first_bucket_cap_bytes = static_cast<int64_t>(options_.first_bucket_cap_mb * 1024 * 1024),
+      ReducerOptions{.bucket_cap_bytes = cap_bytes(options_.bucket_cap_mb),
+                     .first_bucket_cap_bytes = cap_bytes(options_.first_bucket_cap_mb),
                      .find_unused_parameters = options_.find_unused_parameters,
                      .gradient_as_bucket_view = options_.gradient_as_bucket_view,
                      .static_graph = options_.static_graph});

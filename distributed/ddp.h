@@ -21,7 +21,7 @@
 namespace chorus::distributed {
 
 struct DDPOptions {
-  double bucket_cap_mb = 25.0;
+  double bucket_cap_mb = 25.0;  // > 0; infinity: no cap (one bucket per dtype and device)
   double first_bucket_cap_mb = 1.0;
   bool broadcast_buffers = true;
   bool find_unused_parameters = false;

@@ -10,6 +10,8 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "distributed/stream_group.h"
+#include "tensor/caching_allocator.h"
+#include "tensor/fault.h"
 #include "tensor/ops.h"
 
 namespace chorus::distributed {
@@ -41,8 +43,8 @@ Reducer::Reducer(std::vector<Tensor> params, std::vector<std::string> names, std
   // registration order; after the first iteration they are rebuilt in the order actually seen.
   std::vector<size_t> order(n);
   for (size_t i = 0; i < n; ++i) order[i] = n - 1 - i;
-  build_buckets(order);
   if (n > 0 && !params_[0].device().is_cpu()) device_ = params_[0].device();
+  build_buckets(order);
   for (size_t i = 0; i < n; ++i) {
     hooks_.push_back(params_[i].register_post_accumulate_grad_hook([this, i](Tensor&) { mark_ready(i); }));
   }
@@ -129,6 +131,21 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       if (old_grads[i].defined()) params_[i].mutable_grad() = view;
     }
   }
+  // [A bucket's first writes wait for its fill] The zeros above are written on the stream current
+  // here; the gradients are copied in on their AccumulateGrad streams (a backward under another
+  // stream than the one DDP was made on), which wait for this event once each (write_to_buckets).
+  if (device_) {
+    buckets_made_.record(current_stream(*device_));
+    ordered_after_made_.assign(1, current_stream(*device_));
+  }
+}
+
+void Reducer::order_after_buckets_made() {
+  if (!device_ || fault::removed(fault::Point::kDdpBucketFillOrder)) return;
+  const Stream current = current_stream(*device_);
+  if (std::find(ordered_after_made_.begin(), ordered_after_made_.end(), current) != ordered_after_made_.end()) return;
+  current.wait(buckets_made_);
+  ordered_after_made_.push_back(current);
 }
 
 std::vector<std::vector<size_t>> Reducer::bucket_assignment() const {
@@ -307,6 +324,7 @@ void Reducer::mark_unused_ready() {
     // mark_variable_ready_dense. (An undefined .grad stays undefined: the bucket's zeros come back to
     // it only if some rank used the parameter.)
     if (!identity_reduction()) {
+      order_after_buckets_made();
       if (params_[i].grad().defined()) copy_into_bucket(i, b.views[s]);
       else b.views[s].zero_();
       if (device_) b.copied_on.note(current_stream(*device_));
@@ -345,6 +363,7 @@ void Reducer::mark_ready(size_t i) {
   auto [bi, s] = location_[i];
   Bucket& b = buckets_[bi];
   if (!identity_reduction()) {
+    order_after_buckets_made();
     copy_into_bucket(i, b.views[s]);
     // On the stream of the parameter's AccumulateGrad, which the forward chose (distributed/streams_seen.h).
     if (device_) b.copied_on.note(current_stream(*device_));
@@ -381,7 +400,7 @@ void Reducer::launch_ready_buckets() {
     b.launched = Clock::now();
     if (timing_) timing_->launched[b.index].record(current_stream(*device_));
     if (device_) b.copied_on.order_current_after(*device_);  // the collective starts from the current stream
-    b.work = identity_reduction() ? completed_work("allreduce (world size 1)", {b.buffer}) : comm_hook_(*group_, b);
+    b.work = identity_reduction() ? completed_work("allreduce (world size 1)", {b.buffer}) : checked_hook(b);
     // The host clock's end of the collective, for the CPU statistics. On a device the statistics
     // come from events, and the work finishes on the group's watchdog thread long after the host
     // has moved on (perhaps past a rebuild of buckets_), so no callback touches a bucket there.
@@ -407,7 +426,12 @@ void Reducer::finalize() {
   for (auto& b : buckets_) {
     b.work->wait();
     const TensorList& result = b.work->result();
-    if (!result.empty() && !result[0].is_same(b.buffer)) b.buffer.copy_(result[0]);
+    if (!result.empty() && !result[0].is_same(b.buffer)) {
+      b.buffer.copy_(result[0]);
+      if (device_ && !fault::removed(fault::Point::kDdpBucketRecordStream)) {
+        record_stream(result[0].storage(), current_stream(*device_));
+      }
+    }
   }
   const bool identity = identity_reduction();
   std::vector<bool> globally_used(params_.size(), !identity);
@@ -464,6 +488,19 @@ void Reducer::finalize() {
     st.spans.push_back({"forward", 0.0, us(forward_end_), 0});
     stats_.push_back(std::move(st));
   }
+  // [A bucket is recorded on the streams that used it] The buckets come from the pool of the stream
+  // current when they were made (at construction, or at the rebuild below), and the gradients were
+  // copied in on their AccumulateGrad streams and are copied out (or read as views) on this one.
+  // The process group records only its communication stream. Recorded here, a bucket freed by the
+  // rebuild below or by ~Reducer (perhaps under another stream) is not handed out again before
+  // these streams have passed their use of it (stream_group_test; fault::Point::kDdpBucketRecordStream).
+  if (device_ && !fault::removed(fault::Point::kDdpBucketRecordStream)) {
+    const Stream current = current_stream(*device_);
+    for (const Bucket& b : buckets_) {
+      record_stream(b.buffer.storage(), current);
+      for (const Stream& s : b.copied_on.streams()) record_stream(b.buffer.storage(), s);
+    }
+  }
   // Rebuild the buckets once, in the order gradients arrived in the first iteration, as rank 0
   // saw it (every rank must use the same layout).
   if (!rebuilt_ && arrival_order_.size() == params_.size() && !options_.find_unused_parameters) {
@@ -479,12 +516,31 @@ void Reducer::finalize() {
   ++iteration_;
 }
 
+std::shared_ptr<Work> Reducer::checked_hook(Bucket& b) {
+  std::shared_ptr<Work> work = comm_hook_(*group_, b);
+  if (!work) {
+    fail("DistributedDataParallel: the communication hook returned no Work for bucket {} (expected the Work of the "
+         "collective it issued, e.g. group.allreduce({{bucket.buffer}}))",
+         b.index);
+  }
+  return work;
+}
+
+// The collectives of a backward this rank no longer runs, matched with zeros (as PyTorch's join
+// hook, which allreduces zeros_like(bucket)): over scratch buckets, so that gradients that are
+// views of the buckets (gradient_as_bucket_view) keep this rank's last values.
 void Reducer::shadow_backward() {
   NoGradGuard no_grad;
-  for (Bucket& b : buckets_) {
-    b.buffer.zero_();
-    auto work = comm_hook_(*group_, b);
-    work->wait();
+  for (const Bucket& b : buckets_) {
+    Bucket zeros_bucket;
+    zeros_bucket.index = b.index;
+    zeros_bucket.params = b.params;
+    zeros_bucket.offsets = b.offsets;
+    zeros_bucket.buffer = zeros_like(b.buffer);
+    for (size_t s = 0; s < b.views.size(); ++s) {
+      zeros_bucket.views.push_back(zeros_bucket.buffer.narrow(0, b.offsets[s], b.views[s].numel()).view(b.views[s].sizes()));
+    }
+    checked_hook(zeros_bucket)->wait();
   }
   if (options_.find_unused_parameters) {
     Tensor used = zeros({static_cast<int64_t>(params_.size())}, {.dtype = kInt32});

@@ -92,6 +92,8 @@ class Reducer {
   void set_forward_times(std::chrono::steady_clock::time_point start, std::chrono::steady_clock::time_point end);
 
  private:
+  // comm_hook_ on `b`, its Work checked (a hook that returns none is an error naming the bucket).
+  std::shared_ptr<Work> checked_hook(Bucket& b);
   void build_buckets(const std::vector<size_t>& order);
   void mark_ready(size_t param);
   // Copies parameter i's gradient into its bucket view, pre-divided by the world size.
@@ -142,6 +144,11 @@ class Reducer {
   bool records_stats() const { return iteration_ < 10 || iteration_ % 100 == 0; }
   void resolve_device_stats(bool wait);
   std::optional<Device> device_;
+  // On a device: recorded where the buckets were made (filled), and the streams ordered after it
+  // since ([A bucket's first writes wait for its fill], reducer.cpp).
+  Event buckets_made_;
+  std::vector<Stream> ordered_after_made_;
+  void order_after_buckets_made();
   std::unique_ptr<DeviceTiming> timing_;
   std::vector<DeviceTiming> unresolved_;
 };

@@ -33,6 +33,7 @@ class StreamsSeen {
     return current;
   }
   void clear() { streams_.clear(); }
+  const std::vector<Stream>& streams() const { return streams_; }
 
  private:
   std::vector<Stream> streams_;

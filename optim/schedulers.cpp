@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <numbers>
 
 #include "tensor/ops.h"
@@ -41,9 +42,11 @@ NamedTensors LRScheduler::state_dict() const {
 }
 
 void LRScheduler::load_state_dict(const NamedTensors& state) {
+  // Checked whole into locals first: a refused state changes nothing.
   bool have_epoch = false;
+  int64_t epoch = last_epoch_;
   std::vector<double> bases = base_lrs_;
-  size_t seen = 0;
+  std::set<size_t> seen;
   for (const auto& [name, t] : state) {
     if (t.numel() != 1) fail("LRScheduler.load_state_dict: '{}' must hold one value, got shape {}", name, shape_str(t.sizes()));
     if (name == "last_epoch") {
@@ -52,7 +55,8 @@ void LRScheduler::load_state_dict(const NamedTensors& state) {
       if (e < -1 || e > (int64_t(1) << 40)) {
         fail("LRScheduler.load_state_dict: last_epoch {} is outside [-1, 2^40] (corrupt state?)", e);
       }
-      last_epoch_ = e;
+      if (have_epoch) fail("LRScheduler.load_state_dict: 'last_epoch' appears twice");
+      epoch = e;
       have_epoch = true;
     } else if (name.rfind("base_lrs.", 0) == 0) {
       const std::string digits = name.substr(9);
@@ -61,19 +65,20 @@ void LRScheduler::load_state_dict(const NamedTensors& state) {
       }
       const size_t g = std::stoul(digits);
       if (g >= bases.size()) fail("LRScheduler.load_state_dict: '{}' but the optimizer has {} groups", name, bases.size());
+      if (!seen.insert(g).second) fail("LRScheduler.load_state_dict: '{}' appears twice", name);
       bases[g] = t.item<double>();
       if (!(bases[g] >= 0) || !std::isfinite(bases[g])) {
         fail("LRScheduler.load_state_dict: '{}' = {} is not a valid learning rate (finite, >= 0)", name, bases[g]);
       }
-      ++seen;
     } else {
       fail("LRScheduler.load_state_dict: unexpected key '{}' (expected last_epoch, base_lrs.<g>)", name);
     }
   }
-  if (!have_epoch || seen != bases.size()) {
+  if (!have_epoch || seen.size() != bases.size()) {
     fail("LRScheduler.load_state_dict: expected last_epoch and {} base_lrs entries, got {} entries", bases.size(),
          state.size());
   }
+  last_epoch_ = epoch;
   base_lrs_ = bases;
   apply();
 }
@@ -254,10 +259,22 @@ void ReduceLROnPlateau::load_state_dict(const NamedTensors& state) {
       if (name == key) return t.to(kFloat64).item<double>();
     fail("ReduceLROnPlateau.load_state_dict: the state has no '{}'", key);
   };
-  best_ = get("best");
-  num_bad_epochs_ = static_cast<int64_t>(get("num_bad_epochs"));
-  cooldown_counter_ = static_cast<int64_t>(get("cooldown_counter"));
-  last_epoch_ = static_cast<int64_t>(get("last_epoch"));
+  // Every value checked before any is taken: a refused state changes nothing.
+  auto count = [&](const char* key, double lo) {
+    const double v = get(key);
+    if (!(v >= lo) || v > 1e15 || v != std::floor(v)) {
+      fail("ReduceLROnPlateau.load_state_dict: '{}' is {}, expected a whole number >= {}", key, v, lo);
+    }
+    return static_cast<int64_t>(v);
+  };
+  const double best = get("best");
+  if (std::isnan(best)) fail("ReduceLROnPlateau.load_state_dict: 'best' is NaN");
+  const int64_t bad = count("num_bad_epochs", 0), cooldown = count("cooldown_counter", 0),
+                epoch = count("last_epoch", -1);
+  best_ = best;
+  num_bad_epochs_ = bad;
+  cooldown_counter_ = cooldown;
+  last_epoch_ = epoch;
 }
 
 }  // namespace chorus::optim

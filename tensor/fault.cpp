@@ -41,6 +41,8 @@ const char* name(Point p) {
     case Point::kSimRecvReady: return "sim_recv_ready";
     case Point::kSimProcessFault: return "sim_process_fault";
     case Point::kPinnedCopyWaits: return "pinned_copy_waits";
+    case Point::kDdpBucketRecordStream: return "ddp_bucket_record_stream";
+    case Point::kDdpBucketFillOrder: return "ddp_bucket_fill_order";
     case Point::kCount: break;
   }
   return "?";

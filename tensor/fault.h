@@ -39,6 +39,8 @@ enum class Point : int {
   kSimRecvReady,            // on sim with NCCL's order, a receive is posted only once its stream reaches it, as NCCL's kernel (gloo_communicator)
   kSimProcessFault,         // sim's first device error fails every device of the process, as CUDA documents a kernel fault (sim)
   kPinnedCopyWaits,         // a copy to a device from page-locked host memory waits for its stream before returning (to, copy_)
+  kDdpBucketRecordStream,   // DDP record_streams its buckets on the streams that copied into and out of them (reducer)
+  kDdpBucketFillOrder,      // a stream's first copy into DDP's buckets waits for their fill on the stream they were made on (reducer)
   kCount
 };
 const char* name(Point p);

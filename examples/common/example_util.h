@@ -4,16 +4,20 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <fmt/ranges.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "autograd/autocast.h"
 #include "data/dataset.h"
+#include "distributed/checkpoint_folder.h"
 #include "distributed/ddp.h"
 #include "distributed/init.h"
 #include "nn/nn.h"
@@ -163,6 +167,47 @@ inline bool should_resume(const std::string& resume, const std::string& checkpoi
   return resume == "auto" && !checkpoint_path.empty() && std::filesystem::exists(checkpoint_path);
 }
 
+// should_resume, decided by every rank of `group` together (null: running alone). Each rank looks
+// for the checkpoint on its own file system; when some find it and others do not (a
+// --checkpoint-dir that is not one folder shared by every node, or a file system that has not yet
+// seen the file), every rank fails naming the ranks that found none, rather than replicas training
+// from different states or hanging in a checkpoint's collectives.
+inline bool agree_to_resume(const std::string& program, const std::string& resume, const std::string& checkpoint_path,
+                            distributed::ProcessGroup* group) {
+  const bool mine = should_resume(resume, checkpoint_path);
+  if (group == nullptr || group->size() == 1) return mine;
+  const int world = group->size();
+  Tensor found = zeros({world}, {.dtype = kFloat64});
+  if (mine) found.data_ptr<double>()[group->rank()] = 1;
+  group->allreduce({found})->wait();
+  std::vector<int> without;
+  for (int r = 0; r < world; ++r)
+    if (found.data_ptr<double>()[r] == 0) without.push_back(r);
+  if (without.empty()) return true;
+  if (static_cast<int>(without.size()) == world) return false;
+  fail("{}: --resume auto: rank(s) {} of {} find no checkpoint at {} while the others do; every rank must see the "
+       "same --checkpoint-dir (one folder shared by every node)",
+       program, fmt::join(without, ", "), world, checkpoint_path);
+}
+
+// Runs `fn` on every rank of `group` (null: alone); an error on one rank is raised on every rank
+// (naming the cause on the rank that had it), so a load that fails on one rank does not leave the
+// others training into a collective it never joins.
+inline void on_every_rank(distributed::ProcessGroup* group, const std::string& program, const std::string& what,
+                          const std::function<void()>& fn) {
+  if (group == nullptr || group->size() == 1) {
+    fn();
+    return;
+  }
+  std::string error;
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  distributed::agree_on_failure(*group, error, program, what);
+}
+
 // --amp none|bf16|fp16, as the examples share it: the forward pass and loss under autocast in
 // bfloat16 or float16 (float32 master weights and gradients), and with fp16 a GradScaler around the
 // backward and the optimizer step (a step whose gradients overflowed is skipped).
@@ -253,7 +298,8 @@ inline nn::Checkpoint load_checkpoint(const std::string& path, nn::Module& model
   nn::Checkpoint c = nn::Checkpoint::load(path);
   for (const auto& [key, value] : expect) {
     auto it = c.extra.find(key);
-    if (it != c.extra.end() && it->second != value) {
+    if (it == c.extra.end()) fail("the checkpoint {} does not say which {} it was written with", path, key);
+    if (it->second != value) {
       fail("the checkpoint {} was written with {} {}, not the {} asked for now", path, key, it->second, value);
     }
   }

@@ -178,16 +178,18 @@ int64_t Trainer::start(optim::Optimizer& optimizer, optim::LRScheduler* schedule
   if (scheduler == nullptr && !checkpoint_path_.empty()) {
     fail("{}: Trainer::start without a scheduler, but checkpoints hold one (--checkpoint-dir)", o_.program);
   }
-  resumed_ = should_resume(o_.flags.resume, checkpoint_path_);
+  resumed_ = agree_to_resume(o_.program, o_.flags.resume, checkpoint_path_, job_.group.get());
   int64_t step = 0;
   if (resumed_) {
     nn::Checkpoint c;
-    if (stage_) {
+    if (stage_) {  // (these two agree across ranks themselves)
       c = stage_->load_checkpoint(o_.flags.checkpoint_dir, optimizer, scheduler, o_.identity);
     } else if (fsdp_) {  // any world size: the shards are cut again when it differs
       c = fsdp_->load_checkpoint(o_.flags.checkpoint_dir, optimizer, scheduler, o_.identity);
     } else {
-      c = load_checkpoint(checkpoint_path_, *model_, optimizer, *scheduler, o_.identity, amp_->scaler());
+      on_every_rank(job_.group.get(), o_.program, fmt::format("loading the checkpoint {}", checkpoint_path_), [&] {
+        c = load_checkpoint(checkpoint_path_, *model_, optimizer, *scheduler, o_.identity, amp_->scaler());
+      });
     }
     step = c.step;
     guard_.resumed(c.extra, step, checkpoint_path_);

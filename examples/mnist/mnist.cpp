@@ -181,8 +181,12 @@ int main(int argc, char** argv) {
     int start_epoch = 0;
     int64_t step = 0, skip_in_epoch = 0;
     const std::string ckpt_path = f.checkpoint_dir.empty() ? "" : f.checkpoint_dir + "/checkpoint.safetensors";
-    if (examples::should_resume(f.resume, ckpt_path)) {
-      nn::Checkpoint c = examples::load_checkpoint(ckpt_path, *net, *opt, sched, {{"dataset", f.dataset}, {"model", f.model}});
+    if (examples::agree_to_resume("mnist", f.resume, ckpt_path, job.group.get())) {
+      nn::Checkpoint c;
+      examples::on_every_rank(job.group.get(), "mnist", fmt::format("loading the checkpoint {}", ckpt_path), [&] {
+        c = examples::load_checkpoint(ckpt_path, *net, *opt, sched, {{"dataset", f.dataset}, {"model", f.model}},
+                                      amp.scaler());
+      });
       start_epoch = static_cast<int>(c.epoch);
       step = c.step;
       guard.resumed(c.extra, step, ckpt_path);
@@ -264,7 +268,7 @@ int main(int argc, char** argv) {
           if (rank == 0) {
             nn::Metadata extra = guard.metadata();
             extra.insert({{"dataset", f.dataset}, {"model", f.model}, {"step_in_epoch", std::to_string(in_epoch)}});
-            examples::save_checkpoint(ckpt_path, *net, *opt, sched, epoch, step, extra);
+            examples::save_checkpoint(ckpt_path, *net, *opt, sched, epoch, step, extra, amp.scaler());
             log(fmt::format("saved {} at epoch {} step {}", ckpt_path, epoch + 1, in_epoch));
           }
         }
@@ -291,7 +295,7 @@ int main(int argc, char** argv) {
         if (rank == 0) {
           nn::Metadata extra = guard.metadata();
           extra.insert({{"dataset", f.dataset}, {"model", f.model}});
-          examples::save_checkpoint(ckpt_path, *net, *opt, sched, epoch + 1, step, extra);
+          examples::save_checkpoint(ckpt_path, *net, *opt, sched, epoch + 1, step, extra, amp.scaler());
           log(fmt::format("saved {}", ckpt_path));
         }
       }

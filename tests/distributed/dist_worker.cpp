@@ -1465,6 +1465,27 @@ void scenario_join(const std::shared_ptr<ProcessGroup>& pg, Device device = kCPU
     check(ratio <= 1, fmt::format("join on {}: parameter {} differs from the reference by {:.3g} of rtol 1e-9 + atol "
                                   "1e-12 x its largest", device.str(), a[i].first, ratio));
   }
+  // With gradient_as_bucket_view a rank's gradients are views of the buckets: the collectives it
+  // shadows after its last batch must not overwrite them (they are matched with zeros of their
+  // own, as PyTorch's join hook), so each rank ends with the gradients of its own last step.
+  auto viewed = make_model("mlp", kFloat64);
+  viewed->to(device);
+  DistributedDataParallel views(viewed, pg, {.gradient_as_bucket_view = true});
+  std::vector<Tensor> last;
+  views.join([&] {
+    for (int64_t i = 0; i < 1 + rank; ++i) {
+      viewed->zero_grad();
+      F::cross_entropy(views.forward(batch(rank, i, false).to(device)), batch(rank, i, true).to(device)).backward();
+    }
+    last.clear();
+    for (const Tensor& p : viewed->parameters()) last.push_back(p.grad().cpu().clone());
+  });
+  const auto params = viewed->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    check(equal(params[i].grad().cpu(), last[i]),
+          fmt::format("join with gradient_as_bucket_view on {}: rank {}'s gradient {} changed after its last step",
+                      device.str(), rank, i));
+  }
 }
 
 // ddp.cpp, [Buffers as PyTorch syncs them], on a model whose first layer is a BatchNorm (so its

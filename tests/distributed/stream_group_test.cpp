@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -844,6 +845,148 @@ TEST_CASE("FSDP over a forward on a side stream: a reduction's buffers outlive t
       CHECK_THROWS_WITH(micro_batches(), Catch::Contains("stream-order sanitizer"));
     }
     synchronize(sim0);
+  }
+  std::filesystem::remove(path);
+}
+
+// distributed/reducer.cpp, [A bucket is recorded on the streams that used it]: DDP (world size 1,
+// bucket views, so the buckets go through the communication stream) made on the default stream,
+// its first backward run under a side stream. That iteration's rebuild drops the buckets made at
+// construction, which came from the default stream's pool and were last read on the side stream
+// (the rebuild copies the gradients, views of them, into the new buckets); they are freed when the
+// DDP is destroyed, from the default stream. The host then waits for a collective issued from the
+// default stream (the communication stream has passed the buckets' collectives; nothing the side
+// stream did after them is ordered for the host) and allocates the old
+// buckets' sizes on the default stream until it is handed memory of an old bucket. Kept: that
+// happens once the side stream has passed its reads, with no report, and the gradients are plain
+// training's bit for bit. Removed (fault::Point::kDdpBucketRecordStream): the sanitizer refuses the
+// hand-out while the side stream may still read the memory. And [A bucket's first writes wait for
+// its fill]: removed (kDdpBucketFillOrder), the side stream's first copy into a bucket is
+// reported, unordered with the zeros the default stream wrote into it.
+TEST_CASE("DDP made on the default stream and trained on a side stream: dropped buckets outlive the side stream's reads", "[distributed][sim]") {
+  const std::string path = store_path("chorus_stream_group_ddp_side");
+  const Device sim0 = Device::sim(0);
+  auto make = [] {
+    manual_seed(43);
+    auto net = std::make_shared<nn::Sequential>();
+    net->push_back(std::make_shared<nn::Linear>(8, 16));
+    net->push_back(std::make_shared<nn::Tanh>());
+    net->push_back(std::make_shared<nn::Linear>(16, 3));
+    net->to(kFloat64);
+    return net;
+  };
+  for (const std::string mode : {"kept", "ddp_bucket_record_stream removed", "ddp_bucket_fill_order removed"}) {
+    INFO(mode);
+    const bool removed = mode == "ddp_bucket_record_stream removed";
+    auto group = one_rank_group(path);
+    auto model = make(), ref = make();
+    model->to(sim0);
+    synchronize(sim0);
+    std::optional<fault::RemovedScope> fill_scope;
+    if (mode == "ddp_bucket_fill_order removed") fill_scope.emplace(fault::Point::kDdpBucketFillOrder);
+    std::optional<DistributedDataParallel> ddp;
+    ddp.emplace(model, group,
+                DDPOptions{.bucket_cap_mb = 0.0003, .first_bucket_cap_mb = 0.0003, .gradient_as_bucket_view = true});
+    std::vector<std::pair<uintptr_t, size_t>> old;
+    for (const Bucket& b : ddp->reducer().buckets()) {
+      old.emplace_back(reinterpret_cast<uintptr_t>(b.buffer.raw_data_ptr()), b.buffer.nbytes());
+    }
+    REQUIRE(old.size() > 1);
+    const Stream side = stream_from_pool(sim0);
+    REQUIRE_FALSE(side == current_stream(sim0));
+    std::optional<fault::RemovedScope> scope;
+    if (removed) scope.emplace(fault::Point::kDdpBucketRecordStream);
+    Generator g(44);
+    Tensor x = randn({5, 8}, {.dtype = kFloat64}, &g), y = randint(0, 3, {5}, {.dtype = kInt64}, &g);
+    F::cross_entropy(ref->forward(x), y).backward();
+    if (fill_scope) {
+      // The buckets' zeros were written on the default stream; the side stream's first copy into
+      // them is unordered with that without the wait.
+      StreamGuard on_side(side);
+      CHECK_THROWS_WITH(F::cross_entropy(ddp->forward(x.to(sim0)), y.to(sim0)).backward(),
+                        Catch::Contains("stream-order sanitizer") && Catch::Contains("fill on stream 0"));
+      synchronize(sim0);
+      continue;
+    }
+    {
+      StreamGuard on_side(side);
+      F::cross_entropy(ddp->forward(x.to(sim0)), y.to(sim0)).backward();
+    }
+    for (const Bucket& b : ddp->reducer().buckets()) {
+      const auto p = reinterpret_cast<uintptr_t>(b.buffer.raw_data_ptr());
+      for (const auto& [q, bytes] : old) REQUIRE(p != q);  // rebuilt
+    }
+    ddp.reset();  // the old buckets go (the first iterations' statistics held them until now)
+    Tensor one = zeros({1}, {.dtype = kFloat64, .device = sim0});
+    group->allreduce({one})->wait_finished();
+    auto overlaps_old = [&](const Tensor& t) {
+      const auto p = reinterpret_cast<uintptr_t>(t.raw_data_ptr());
+      for (const auto& [q, bytes] : old)
+        if (p < q + bytes && q < p + t.nbytes()) return true;
+      return false;
+    };
+    bool handed_out = false;
+    std::string error;
+    std::vector<Tensor> held;  // held, so each allocation takes memory not yet handed out
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    try {
+      while (!handed_out && held.size() < 20000 && std::chrono::steady_clock::now() < deadline) {
+        for (const auto& [q, bytes] : old) {
+          held.push_back(empty({static_cast<int64_t>(bytes / sizeof(double))}, {.dtype = kFloat64, .device = sim0}));
+          handed_out = handed_out || overlaps_old(held.back());
+        }
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    held.clear();
+    synchronize(sim0);
+    if (removed) {
+      CHECK_THAT(error, Catch::Contains("stream-order sanitizer") && Catch::Contains("handed out again on stream 0") &&
+                            Catch::Contains("may still read it"));
+    } else {
+      CHECK(error.empty());
+      CHECK(handed_out);
+      const auto a = model->named_parameters(), b = ref->named_parameters();
+      for (size_t i = 0; i < a.size(); ++i) {
+        INFO(a[i].first);
+        CHECK(equal(a[i].second.grad().cpu(), b[i].second.grad()));
+      }
+    }
+  }
+  std::filesystem::remove(path);
+}
+
+// A communication hook that returns no Work is an error naming the bucket (it was a null
+// dereference); a NaN bucket cap is refused; an infinite cap means one bucket (it was cast to
+// INT64_MIN: a bucket per parameter).
+TEST_CASE("DDP refuses a hook that returns no Work and a NaN bucket cap; an infinite cap is one bucket", "[distributed][sim]") {
+  const std::string path = store_path("chorus_stream_group_ddp_options");
+  auto group = one_rank_group(path);
+  auto make = [] {
+    auto net = std::make_shared<nn::Sequential>();
+    net->push_back(std::make_shared<nn::Linear>(6, 5));
+    net->push_back(std::make_shared<nn::Linear>(5, 3));
+    return net;
+  };
+  CHECK_THROWS_WITH(DistributedDataParallel(make(), group, {.bucket_cap_mb = std::nan("")}),
+                    Catch::Contains("bucket caps must be positive, got bucket_cap_mb=nan"));
+  CHECK_THROWS_WITH(DistributedDataParallel(make(), group, {.first_bucket_cap_mb = std::nan("")}),
+                    Catch::Contains("first_bucket_cap_mb=nan"));
+  DistributedDataParallel whole(make(), group, {.bucket_cap_mb = INFINITY, .first_bucket_cap_mb = INFINITY});
+  CHECK(whole.reducer().buckets().size() == 1);
+  DistributedDataParallel split(make(), group, {.bucket_cap_mb = 1e-9, .first_bucket_cap_mb = 1e-9});
+  CHECK(split.reducer().buckets().size() == 4);
+  for (const Device device : {kCPU, Device::sim(0)}) {
+    INFO(device.str());
+    auto net = make();
+    net->to(device);
+    DistributedDataParallel hooked(net, group);
+    hooked.register_comm_hook([](ProcessGroup&, Bucket&) { return std::shared_ptr<Work>(); });
+    Tensor x = randn({4, 6}).to(device), y = randint(0, 3, {4}).to(device);
+    CHECK_THROWS_WITH(F::cross_entropy(hooked.forward(x), y).backward(),
+                      Catch::Contains("the communication hook returned no Work for bucket 0"));
+    if (!device.is_cpu()) synchronize(device);
   }
   std::filesystem::remove(path);
 }

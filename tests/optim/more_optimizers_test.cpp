@@ -203,4 +203,17 @@ TEST_CASE("ReduceLROnPlateau: patience, cooldown, min_lr and its state", "[optim
   copy.load_state_dict(plateau.state_dict());
   CHECK(copy.num_bad_epochs() == plateau.num_bad_epochs());
   CHECK_THROWS_WITH(o::ReduceLROnPlateau(sgd, {.factor = 2.0}), Catch::Contains("factor is 2"));
+  // A refused state (a negative counter) changes nothing; best was taken first before.
+  auto bad = plateau.state_dict();
+  for (auto& [name, t] : bad) {
+    if (name == "best") t = chorus::full({}, -5.0, {.dtype = chorus::kFloat64});
+    if (name == "num_bad_epochs") t = chorus::full({}, -1.0, {.dtype = chorus::kFloat64});
+  }
+  const auto before = copy.state_dict();
+  CHECK_THROWS_WITH(copy.load_state_dict(bad), Catch::Contains("'num_bad_epochs' is -1, expected a whole number >= 0"));
+  const auto after = copy.state_dict();
+  for (size_t i = 0; i < before.size(); ++i) {
+    INFO(before[i].first);
+    CHECK(after[i].second.item<double>() == before[i].second.item<double>());
+  }
 }

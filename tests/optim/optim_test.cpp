@@ -253,6 +253,20 @@ TEST_CASE("schedulers follow their closed forms and resume from state", "[optim]
   s2.step();
   CHECK(opt2.param_groups()[0].lr() == opt.param_groups()[0].lr());
   CHECK_THROWS_WITH(optim::StepLR(opt, 0), Catch::Contains("step_size must be positive"));
+  // A refused state changes nothing (last_epoch was taken before the check that refused it).
+  const int64_t epoch = s2.last_epoch();
+  CHECK_THROWS_WITH(s2.load_state_dict({{"last_epoch", full({}, 7.0, {.dtype = kFloat64})}}),
+                    Catch::Contains("expected last_epoch and 1 base_lrs entries"));
+  CHECK(s2.last_epoch() == epoch);
+  // Two groups: base_lrs.0 twice is not a state for both.
+  Problem q(8);
+  optim::SGD two({optim::ParamGroup{{p.param}, {}}, optim::ParamGroup{{q.param}, {}}}, {.lr = 0.1});
+  optim::StepLR s3(two, 2, 0.5);
+  const Tensor lr = full({}, 0.3, {.dtype = kFloat64});
+  CHECK_THROWS_WITH(s3.load_state_dict({{"last_epoch", full({}, 1.0, {.dtype = kFloat64})}, {"base_lrs.0", lr},
+                                        {"base_lrs.0", lr}}),
+                    Catch::Contains("'base_lrs.0' appears twice"));
+  CHECK(s3.last_epoch() == 0);
 }
 
 TEST_CASE("clip_grad_norm_ returns the total norm and scales only when over the max", "[optim][clip]") {
