@@ -1,6 +1,8 @@
 // ZeroRedundancyOptimizer (ZeRO stage 1): see zero_redundancy_optimizer.h.
 #include "distributed/zero_redundancy_optimizer.h"
 
+#include "distributed/checkpoint_folder.h"
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -92,7 +94,7 @@ NamedTensors recv_named(ProcessGroup& g, int src) {
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<optim::ParamGroup> groups,
                                                  std::shared_ptr<ProcessGroup> group, Factory make)
-    : Optimizer("ZeroRedundancyOptimizer", groups, defaults_of(make, groups)), group_(std::move(group)) {
+    : Optimizer("ZeroRedundancyOptimizer", groups, defaults_of(make, groups)), group_(std::move(group)), make_(make) {
   if (!group_) fail("ZeroRedundancyOptimizer: no process group given");
   const int world = group_->size(), rank = group_->rank();
   std::vector<Tensor> flat;
@@ -257,28 +259,22 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   parts[to] = std::move(mine);
   for (int r = 0; r < world; ++r)
     if (r != to) parts[r] = recv_named(*group_, r);
-  // In a one-process optimizer's order: every group's options, then the state by parameter.
-  std::map<size_t, NamedTensors> options;
+  // In a one-process optimizer's order: every group's options, then the state by parameter. The
+  // options are the wrapper's (every rank's are the same; sync_options copies them into the local
+  // groups), so a group no rank holds a parameter of is written too.
   std::map<int64_t, NamedTensors> state;
   for (const NamedTensors& part : parts) {
     for (const auto& entry : part) {
-      const std::string& name = entry.first;  // (not a structured binding: clang 14 cannot capture one)
-      const Tensor& t = entry.second;
-      if (auto g = split_indexed(name, "param_groups.")) {
-        NamedTensors& o = options[static_cast<size_t>(g->first)];
-        if (std::none_of(o.begin(), o.end(), [&](const auto& e) { return e.first == name; })) o.emplace_back(name, t.cpu());
-      } else if (auto s = split_indexed(name, "state.")) {
-        state[s->first].emplace_back(name, t.cpu());
-      }
+      if (auto s = split_indexed(entry.first, "state.")) state[s->first].emplace_back(entry.first, entry.second.cpu());
     }
   }
   NamedTensors whole;
-  for (auto& [gi, entries] : options) {
-    // num_params last, as Optimizer::state_dict writes it.
-    std::stable_partition(entries.begin(), entries.end(), [](const auto& e) {
-      return e.first.size() < 11 || e.first.compare(e.first.size() - 11, 11, ".num_params") != 0;
-    });
-    whole.insert(whole.end(), entries.begin(), entries.end());
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const std::string prefix = "param_groups." + std::to_string(gi) + ".";
+    for (const auto& [key, value] : groups_[gi].options) {
+      whole.emplace_back(prefix + key, full({}, value, {.dtype = kFloat64}));
+    }
+    whole.emplace_back(prefix + "num_params", full({}, static_cast<double>(groups_[gi].params.size()), {.dtype = kInt64}));
   }
   for (auto& [index, entries] : state) whole.insert(whole.end(), entries.begin(), entries.end());
   consolidated_ = std::move(whole);
@@ -293,8 +289,31 @@ NamedTensors ZeroRedundancyOptimizer::state_dict() const {
   return *consolidated_;
 }
 
+void ZeroRedundancyOptimizer::check_options(const optim::Options& options) const {
+  Tensor probe = zeros({1}).requires_grad_();
+  (void)make_({optim::ParamGroup{{probe}, options}});
+}
+
+// Every rank calls it. The state is checked whole (the local optimizer's load included) before the
+// wrapper's options change, and the ranks agree: a refusal on one rank (one that holds the
+// parameters whose state is wrong) is raised on every rank, and no rank changes anything.
 void ZeroRedundancyOptimizer::load_state_dict(const NamedTensors& state) {
+  std::string error;
+  std::vector<optim::Options> options;
+  try {
+    options = read_whole_state(state);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  agree_on_failure(*group_, error, "ZeroRedundancyOptimizer", "load_state_dict");
+  for (size_t gi = 0; gi < groups_.size(); ++gi) groups_[gi].options = options[gi];
+  consolidated_.reset();
+}
+
+std::vector<optim::Options> ZeroRedundancyOptimizer::read_whole_state(const NamedTensors& state) {
   const int rank = group_->rank();
+  std::vector<optim::Options> options;
+  for (const optim::ParamGroup& g : groups_) options.push_back(g.options);
   NamedTensors local;
   for (const auto& [name, t] : state) {
     if (auto g = split_indexed(name, "param_groups.")) {
@@ -317,7 +336,7 @@ void ZeroRedundancyOptimizer::load_state_dict(const NamedTensors& state) {
         continue;
       }
       if (!defaults_.count(g->second)) fail("ZeroRedundancyOptimizer::load_state_dict: unknown option '{}' in '{}'", g->second, name);
-      groups_[gi].options[g->second] = t.item<double>();
+      options[gi][g->second] = t.item<double>();
       if (lg >= 0) local.emplace_back("param_groups." + std::to_string(lg) + "." + g->second, t);
     } else if (auto s = split_indexed(name, "state.")) {
       if (s->first >= static_cast<int64_t>(owner_.size())) {
@@ -330,8 +349,11 @@ void ZeroRedundancyOptimizer::load_state_dict(const NamedTensors& state) {
       fail("ZeroRedundancyOptimizer::load_state_dict: unexpected key '{}' (expected param_groups.* and state.*)", name);
     }
   }
+  // The local optimizer checks its shard's buffers, and changes nothing when it refuses; every
+  // group's options are checked by the wrapped kind's rules on every rank (check_options).
+  for (size_t gi = 0; gi < groups_.size(); ++gi) check_options(options[gi]);
   if (local_) local_->load_state_dict(local);
-  consolidated_.reset();
+  return options;
 }
 
 }  // namespace chorus::distributed

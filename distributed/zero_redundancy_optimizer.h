@@ -63,13 +63,19 @@ class ZeroRedundancyOptimizer final : public optim::Optimizer {
   void load_state_dict(const optim::NamedTensors& state) override;
 
  protected:
-  void check_options(const optim::Options&) const override {}
+  // The wrapped kind's checks, through a throwaway optimizer made by the factory (every rank checks
+  // every group, whether or not it holds parameters of it).
+  void check_options(const optim::Options& options) const override;
 
  private:
   // The wrapper's options copied into the local groups (a scheduler changes the wrapper's).
   void sync_options();
+  // load_state_dict's checks and the local optimizer's load: the wrapper's options to take, or an
+  // error with nothing changed.
+  std::vector<optim::Options> read_whole_state(const optim::NamedTensors& state);
 
   std::shared_ptr<ProcessGroup> group_;
+  Factory make_;
   std::vector<int> owner_;                      // per global parameter index
   std::vector<int64_t> local_index_;            // per global index: index in the local optimizer, or -1
   std::vector<int> local_group_;                // per wrapper group: the local group, or -1

@@ -567,6 +567,33 @@ void scenario_zero1(const std::shared_ptr<ProcessGroup>& pg, Device device) {
       }
     }
   }
+  // A refused state changes nothing on any rank, and every rank refuses it: an invalid option
+  // (checked by Adam's rules on every rank), and a buffer of the wrong shape (found by the rank
+  // holding that parameter's state only, and raised on every rank) with a valid lr beside it.
+  nn::NamedTensors bad_lr = plain.state_dict(), bad_shape = plain.state_dict();
+  for (auto& [name, t] : bad_lr)
+    if (name == "param_groups.0.lr") t = full({}, -1.0, {.dtype = kFloat64});
+  for (auto& [name, t] : bad_shape) {
+    if (name == "param_groups.0.lr") t = full({}, 0.5, {.dtype = kFloat64});
+    if (name == "state.0.exp_avg") t = zeros({7}, {.dtype = kFloat64});
+  }
+  expect_error([&] { zero.load_state_dict(bad_lr); }, {"load_state_dict failed", "invalid learning rate -1"},
+               "zero1: a state with lr -1");
+  check(zero.param_groups()[0].lr() == 0.01, fmt::format("zero1: a refused load left lr {}", zero.param_groups()[0].lr()));
+  expect_error([&] { zero.load_state_dict(bad_shape); }, {"ZeroRedundancyOptimizer: load_state_dict failed"},
+               "zero1: a state with a buffer of the wrong shape");
+  check(zero.param_groups()[0].lr() == 0.01, fmt::format("zero1: a refused load left lr {}", zero.param_groups()[0].lr()));
+  // A group no rank holds a parameter of is in the consolidated state, which loads into a
+  // one-process optimizer over the same groups.
+  auto two = make_model("mlp", kFloat64);
+  ZeroRedundancyOptimizer with_empty({optim::ParamGroup{two->parameters(), {}}, optim::ParamGroup{{}, {{"lr", 0.5}}}}, pg, adam);
+  with_empty.consolidate_state_dict(0);
+  if (rank == 0) {
+    auto one = make_model("mlp", kFloat64);
+    optim::Adam same_groups({optim::ParamGroup{one->parameters(), {}}, optim::ParamGroup{{}, {}}}, {.lr = 0.01});
+    same_groups.load_state_dict(with_empty.state_dict());
+    check(same_groups.param_groups()[1].lr() == 0.5, "zero1: the empty group's options came back");
+  }
 }
 
 // ZeRO-1 given another model on rank 1 (an extra layer): every rank raises at construction, naming

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "nn/serialize.h"
 #include "tensor/runtime.h"
 #include "tests/examples/example_runs.h"
 #include <string>
@@ -116,6 +117,19 @@ TEST_CASE("resnet --amp fp16: overflowing steps skipped, and the loss scale resu
   // The scale came back with the checkpoint (a fresh 65536 would skip again and end elsewhere).
   CHECK(b2.summary["loss_scale"].get<double>() == a.summary["loss_scale"].get<double>());
   CHECK(b2.summary["last_batch_loss"].get<double>() == a.summary["last_batch_loss"].get<double>());
+}
+
+TEST_CASE("mnist --amp fp16 checkpoints its loss scale", "[examples][amp]") {
+  // Before 2026-12-05 mnist wrote no grad_scaler section: a resumed fp16 run started again at 65536.
+  const std::string dir = scratch("mnist_amp_scale");
+  Run a = run(binary("examples/mnist/mnist") +
+              " --max-steps 3 --epochs 1 --threads 1 --log-every 0 --test-limit 100 --amp fp16 --checkpoint-every 2 "
+              "--checkpoint-dir " +
+              dir);
+  INFO(a.output);
+  REQUIRE(a.code == 0);
+  const chorus::nn::Checkpoint c = chorus::nn::Checkpoint::load(dir + "/checkpoint.safetensors");
+  CHECK_FALSE(c.grad_scaler.empty());
 }
 
 TEST_CASE("bert --amp bf16 trains like float32", "[examples][bert][amp][asan]") {

@@ -5,8 +5,14 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <utility>
 
+#include "distributed/gloo.h"
 #include "distributed/pipeline/blocks.h"
+#include "distributed/store.h"
 #include "examples/common/trainer.h"
 #include "nn/functional/loss.h"
 #include "tensor/ops.h"
@@ -211,6 +217,61 @@ TEST_CASE("Trainer: a checkpoint resumes to the same next step", "[examples][tra
   optim::SGD opt_c(c.parameters(), {.lr = 0.3});
   optim::StepLR sched_c(opt_c, 1);
   CHECK_THROWS_WITH(c.start(opt_c, &sched_c), Catch::Contains("written with model mlp, not the cnn asked for now"));
+  // A key the checkpoint does not carry is refused too (as FSDP's and the pipeline's resumes do):
+  // it was written by another program, or before the key existed.
+  o.identity = {{"model", "mlp"}, {"seq_len", "128"}};
+  auto fourth = make_mlp();
+  Mlp* fourth_raw = fourth.get();
+  examples::Trainer d(o, job, fourth, task_of(fourth_raw));
+  optim::SGD opt_d(d.parameters(), {.lr = 0.3});
+  optim::StepLR sched_d(opt_d, 1);
+  CHECK_THROWS_WITH(d.start(opt_d, &sched_d), Catch::Contains("does not say which seq_len it was written with"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("--resume auto is decided by every rank together: ranks that disagree all fail, naming who found none",
+          "[examples][checkpoint][distributed]") {
+  // Two ranks in threads over a FileStore: rank 0 sees a checkpoint, rank 1 (another node's
+  // --checkpoint-dir) does not. Each alone would decide differently (one resuming, one starting
+  // afresh); together both fail with the same error. When both see one, or neither, they agree.
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("chorus_trainer_resume_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "a");
+  fs::create_directories(dir / "b");
+  const std::string there = (dir / "a" / "checkpoint.safetensors").string();
+  const std::string missing = (dir / "b" / "checkpoint.safetensors").string();
+  { std::ofstream(there) << "x"; }
+  auto run = [&](const std::string& store, const std::string& path0, const std::string& path1) {
+    auto st = std::make_shared<distributed::FileStore>((dir / store).string());
+    std::string out[2];
+    auto rank = [&](int r) {
+      try {
+        distributed::ProcessGroupGloo group(st, r, 2);
+        out[r] = examples::agree_to_resume("test", "auto", r == 0 ? path0 : path1, &group) ? "resume" : "fresh";
+      } catch (const std::exception& e) {
+        out[r] = e.what();
+      }
+    };
+    std::thread t1(rank, 1);
+    rank(0);
+    t1.join();
+    return std::pair<std::string, std::string>(out[0], out[1]);
+  };
+  const auto split = run("store1", there, missing);
+  for (const std::string& got : {split.first, split.second}) {
+    CHECK_THAT(got, Catch::Contains("test: --resume auto: rank(s) 1 of 2 find no checkpoint") &&
+                        Catch::Contains("one folder shared by every node"));
+  }
+  const auto both = run("store2", there, there);
+  CHECK(both.first == "resume");
+  CHECK(both.second == "resume");
+  const auto neither = run("store3", missing, missing);
+  CHECK(neither.first == "fresh");
+  CHECK(neither.second == "fresh");
+  // Alone, each decides by its own file.
+  CHECK(examples::agree_to_resume("test", "auto", there, nullptr));
+  CHECK_FALSE(examples::agree_to_resume("test", "auto", missing, nullptr));
   fs::remove_all(dir);
 }
 
