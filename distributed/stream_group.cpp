@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <optional>
+#include <thread>
 
 #include "distributed/gloo.h"
 #include "distributed/gloo_communicator.h"
@@ -127,12 +128,25 @@ StreamOrderedGroup::~StreamOrderedGroup() {
   }
   cv_.notify_all();
   watchdog_.join();
-  // Works still in flight finish when their collectives do (bounded by the backend's timeout); the
-  // communicators (and their stream tasks' state) outlive this, being shared.
+  // Works still in flight finish when their collectives do; the communicators (and their stream
+  // tasks' state) outlive this, being shared. Polled up to the group's timeout, then the
+  // communicator is aborted, as the watchdog would: a Gloo collective ends at Gloo's own timeout,
+  // but an NCCL kernel waiting for a peer that is gone runs until its communicator is aborted, so
+  // a synchronize alone would never return (written for NCCL; not yet run on a GPU, docs/gpu.md).
   for (InFlight& f : in_flight_) {
     try {
+      std::string aborted;
+      while (!f.work->end_event().query()) {
+        if (std::chrono::steady_clock::now() - f.issued > timeout_) {
+          aborted = fmt::format("{} timed out after {} ms as the group was destroyed", f.work->description(),
+                                timeout_.count());
+          f.communicator->abort(aborted);
+          break;
+        }
+        std::this_thread::sleep_for(kWatchdogPoll);
+      }
       f.work->end_event().synchronize();
-      f.work->finish({}, f.work->noted_error());
+      f.work->finish({}, aborted.empty() ? f.work->noted_error() : std::make_exception_ptr(Error(aborted)));
     } catch (...) {
       // Its device failed (the watchdog, stopped above, may not have seen it yet): abort the
       // communicator, or a later group of another device that waits for this one's turn to reach

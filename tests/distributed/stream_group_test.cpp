@@ -16,7 +16,9 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -1100,6 +1102,50 @@ class PartlyFailingCommunicator final : public Communicator {
   int calls_ = 0;
 };
 
+// A communicator whose allreduce queues a kernel that waits for a peer that never comes, as an NCCL
+// kernel does once its peer has gone: it ends only when the communicator is aborted (or the test
+// releases it).
+class PeerGoneCommunicator final : public Communicator {
+ public:
+  std::atomic<bool> released{false};
+  std::string name() const override { return "peer-gone"; }
+  void allreduce(const TensorList& tensors, ReduceOp, const Stream& s, const std::shared_ptr<StreamWork>&) override {
+    auto* p = static_cast<float*>(tensors[0].raw_data_ptr());
+    sim::launch_kernel(s.handle(), [this, p] {
+      while (!released.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      *p = 0.0f;
+    }, {p});
+  }
+  void broadcast(const TensorList&, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
+  void allgather(const TensorList&, const Tensor&, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
+  void reduce_scatter(const Tensor&, const TensorList&, ReduceOp, const Stream&, const std::shared_ptr<StreamWork>&) override {
+    unused();
+  }
+  void all_to_all(const TensorList&, const TensorList&, const Stream&, const std::shared_ptr<StreamWork>&) override {
+    unused();
+  }
+  void send(const Tensor&, int, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
+  void recv(const Tensor&, int, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
+  void group_start() override {}
+  void group_end() override {}
+  void abort(const std::string& why) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      aborted_with_ = why;
+    }
+    released = true;
+  }
+  std::string aborted_with() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return aborted_with_;
+  }
+
+ private:
+  [[noreturn]] static void unused() { fail("peer-gone: only allreduce is used"); }
+  mutable std::mutex mutex_;
+  std::string aborted_with_;
+};
+
 }  // namespace
 
 // [A group that fails partway] (distributed/stream_group.cpp): a coalesced group whose second op is
@@ -1155,6 +1201,43 @@ TEST_CASE("a coalesced group refused partway holds its tensors and orders the ca
     CHECK(b_sum.item<double>() == 4096.0);
     CHECK(c.sum().item<double>() == 4096.0);
   }
+  std::filesystem::remove(path);
+}
+
+// A group destroyed while a collective waits for a peer that has gone (NCCL's case: its kernel runs
+// until the communicator is aborted). The destructor stops the watchdog, so it must itself abort the
+// communicator once the work is past the group's timeout; the work ends failed, naming why. Without
+// the abort the destructor waits forever: the test releases the kernel after 60 s (only that hang
+// reaches it) and fails.
+TEST_CASE("a group destroyed with a collective whose peer has gone aborts the communicator at the group's timeout", "[distributed][sim]") {
+  const std::string path = store_path("chorus_stream_group_peer_gone");
+  std::filesystem::remove(path);
+  auto host = std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 0, 1, GlooOptions{});
+  auto comm = std::make_shared<PeerGoneCommunicator>();
+  const Device dev = Device::sim(0);
+  Tensor t = ones({16}).to(dev);
+  auto group = std::make_shared<StreamOrderedGroup>(host, StreamOrderedGroup::DeviceCommunicators{{DeviceType::Sim, comm}},
+                                                    std::chrono::milliseconds(1500), "cpu:gloo,sim:peer-gone");
+  std::shared_ptr<Work> work = group->allreduce({t});
+  std::atomic<bool> destroyed{false};
+  std::thread destroyer([&destroyed, g = std::move(group)]() mutable {
+    g.reset();
+    destroyed = true;
+  });
+  const auto start = std::chrono::steady_clock::now();
+  while (!destroyed && std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const bool rescued = !destroyed;
+  if (rescued) comm->released = true;
+  destroyer.join();
+  CHECK_FALSE(rescued);
+  CHECK_THAT(comm->aborted_with(),
+             Catch::Contains("allreduce #1 on sim:0") && Catch::Contains("timed out after 1500 ms as the group was destroyed"));
+  REQUIRE(work->is_completed());
+  CHECK_FALSE(work->is_success());
+  synchronize(dev);
+  CHECK(t.cpu().sum().item<double>() == 15.0);  // the kernel ran once released: its one write landed
   std::filesystem::remove(path);
 }
 
