@@ -41,7 +41,13 @@ cublasHandle_t handle_for(int device) {
   constexpr int kMaxDevices = 64;
   thread_local std::array<cublasHandle_t, kMaxDevices> handles{};
   CHORUS_CHECK(device >= 0 && device < kMaxDevices, "cuBLAS: device index {} out of range", device);
-  if (handles[device] == nullptr) check_cublas(::chorus::cuda::cublas().create(&handles[device]), "cublasCreate");
+  if (handles[device] == nullptr) {
+    // cublasCreate allocates device memory and makes a blocking copy (the host waits for the legacy
+    // default stream): counted as a host synchronization, as sim models it ([A library handle is
+    // made at a thread's first call], kernels/sim/sim_kernels.cpp).
+    check_cublas(::chorus::cuda::cublas().create(&handles[device]), "cublasCreate");
+    note_host_sync();
+  }
   return handles[device];
 }
 

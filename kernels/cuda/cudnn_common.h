@@ -26,7 +26,12 @@ inline cudnnHandle_t handle_for(int device) {
   constexpr int kMaxDevices = 64;
   thread_local std::array<cudnnHandle_t, kMaxDevices> handles{};
   CHORUS_CHECK(device >= 0 && device < kMaxDevices, "cuDNN: device index {} out of range", device);
-  if (handles[device] == nullptr) check_cudnn(cudnnCreate(&handles[device]), "cudnnCreate");
+  if (handles[device] == nullptr) {
+    // Counted as a host synchronization, as sim models a handle's creation ([A library handle is
+    // made at a thread's first call], kernels/sim/sim_kernels.cpp).
+    check_cudnn(cudnnCreate(&handles[device]), "cudnnCreate");
+    note_host_sync();
+  }
   return handles[device];
 }
 

@@ -10,8 +10,10 @@
 // pointers, every list element's included: the sim device opens exactly those segments while the
 // task runs, so a kernel that touched memory it was not given would crash, as a host read of device
 // memory does.
+#include <array>
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 
@@ -19,6 +21,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/nn_basic.h"
 #include "kernels/dispatch.h"
+#include "tensor/fault.h"
 #include "tensor/runtime.h"
 #include "tensor/sim/sim.h"
 
@@ -80,6 +83,49 @@ CHORUS_KERNEL_LIST(CHORUS_SIM_NAME)
 #undef CHORUS_SIM_NAME
 }  // namespace names
 
+// [A library handle is made at a thread's first call] The CUDA kernel table calls cuBLAS for gemm
+// and bmm and may call cuDNN for convolutions, batch norm and max pooling, through a handle made at
+// a host thread's first such call on a device and kept for the thread's life (handle_for in
+// kernels/cuda/blas.cpp and cudnn_common.h). Making one is not free of synchronization: cublasCreate
+// "allocates hardware resources on the host and device" (cuBLAS's documentation), and a profile of
+// it shows three cudaMalloc calls and a blocking cudaMemcpy, which on the legacy default stream
+// (chorus's default stream on CUDA) waits for everything queued there; cudnnCreate also allocates
+// device resources, and sim takes the same, stricter reading for it. So sim does the same at a
+// thread's first call of each library on a device: a device allocation (an implicit
+// synchronization of the device's streams, tensor/sim/sim.h) that it keeps, as the handle keeps its
+// resources, and a blocking copy from pageable memory on the device's default stream, which returns
+// once that stream has run what was queued before it. The host blocks there, so it counts in
+// host_sync_count, as it does on CUDA. A design in which a thread's first product waits for
+// something that only that thread would do later hangs here as on a GPU.
+// fault::Point::kSimLibraryHandle removes it (sim_runtime_test's negative control).
+enum class Library : size_t { kCublas, kCudnn, kCount };
+
+void make_library_handle(const Device& device, Library library) {
+  constexpr int kMaxDevices = 64;
+  thread_local std::array<std::array<bool, kMaxDevices>, static_cast<size_t>(Library::kCount)> made{};
+  CHORUS_CHECK(device.index >= 0 && device.index < kMaxDevices, "sim: device index {} out of range", device.index);
+  bool& done = made[static_cast<size_t>(library)][static_cast<size_t>(device.index)];
+  if (done || fault::removed(fault::Point::kSimLibraryHandle)) return;
+  DeviceRuntime& rt = ::chorus::sim::device_runtime();
+  constexpr size_t kBytes = 256;
+  void* resources = rt.malloc(device.index, kBytes);  // kept, as a handle's resources are
+  const std::array<unsigned char, kBytes> zeros{};
+  rt.memcpy_async(resources, zeros.data(), kBytes, CopyKind::HostToDevice, rt.default_stream(device.index));
+  note_host_sync();
+  done = true;
+}
+
+template <const char* Name>
+constexpr std::optional<Library> library_of() {
+  constexpr std::string_view n = Name;
+  if (n == names::gemm || n == names::bmm) return Library::kCublas;
+  if (n == names::conv2d || n == names::conv2d_backward || n == names::batch_norm || n == names::batch_norm_backward ||
+      n == names::max_pool2d || n == names::max_pool2d_backward) {
+    return Library::kCudnn;
+  }
+  return std::nullopt;
+}
+
 template <auto Kernel, const char* Name>
 struct OnStream;
 
@@ -93,6 +139,7 @@ struct OnStream<Kernel, Name> {
     // The tensors' device is current while the kernel is launched, as CUDA's LaunchContext makes it
     // (a CUDA kernel launch on a stream of another device fails; sim refuses it the same way).
     const DeviceGuard guard(device);
+    if constexpr (constexpr std::optional<Library> library = library_of<Name>()) make_library_handle(device, *library);
     const Stream stream = current_stream(device);
     ::chorus::sim::launch_kernel(
         stream.handle(),

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/dispatch.h"
 #include "tensor/error.h"
 #include "tensor/ops.h"
 #include "tensor/runtime.h"
@@ -1268,6 +1269,96 @@ TEST_CASE("sim: unload child", "[.sim_unload_child]") {
   holder.pinned = rt.host_malloc(64);  // the first device call of this process
   holder.event = rt.create_event(0, false);
   std::printf("before exit: device calls work\n");
+}
+
+// [A library handle is made at a thread's first call] (kernels/sim/sim_kernels.cpp): a host
+// thread's first product on a device (cuBLAS's handle on CUDA) does not return while the device's
+// default stream is held, though the product itself goes to a side stream; nor does its first
+// convolution (cuDNN's handle), after products. The blocking is counted as one host
+// synchronization. A later product on the same thread, or one on a thread that already made its
+// handle, returns during the hold. Removed (sim_library_handle), a new thread's first product and
+// first convolution return at once.
+TEST_CASE("sim: a thread's first product or convolution on a device waits for the default stream, as making a cuBLAS or cuDNN handle") {
+  const Device dev = Device::sim(1);
+  const DeviceGuard current(dev);
+  const Stream held = default_stream(dev);
+  const Stream side = stream_from_pool(dev);
+  Tensor a, b, x, w;
+  {
+    // Made on the side stream, which reads them: the stream-order sanitizer orders by stream and
+    // by each host thread's own synchronizations, and the products run on other threads.
+    const StreamGuard on_side(side);
+    a = ones({8, 8}).to(dev), b = ones({8, 8}).to(dev);
+    x = ones({1, 2, 5, 5}).to(dev), w = ones({3, 2, 3, 3}).to(dev);
+  }
+  synchronize(dev);
+  uint64_t syncs = 0;
+  Tensor conv_out;
+  auto product = [&] {
+    const StreamGuard on_side(side);
+    const uint64_t before = host_sync_count();
+    Tensor c = mm(a, b);
+    syncs = host_sync_count() - before;
+  };
+  auto convolution = [&] {
+    const StreamGuard on_side(side);
+    kernels::Window2d win;
+    win.in_h = win.in_w = 5;
+    win.out_h = win.out_w = 3;
+    win.kernel_h = win.kernel_w = 3;
+    Tensor out = empty({1, 3, 3, 3}, {.device = dev});
+    const uint64_t before = host_sync_count();
+    kernels::kernel_table(dev, "conv2d").conv2d(out, x, w, Tensor(), win, 1);
+    syncs = host_sync_count() - before;
+    conv_out = out;
+  };
+  CHECK_FALSE(returned_while_held(held, product, 300ms));
+  CHECK(syncs == 1);
+  CHECK_FALSE(returned_while_held(held, [&] { product(); }, 300ms));  // a new thread again
+  {
+    fault::RemovedScope at_once(fault::Point::kSimLibraryHandle);
+    CHECK(returned_while_held(held, product, 20s));
+    CHECK(syncs == 0);
+    CHECK(returned_while_held(held, convolution, 20s));
+    CHECK(syncs == 0);
+  }
+  // One thread: its first product (the stream idle) makes the handle; a second, during the hold,
+  // returns; its first convolution then waits.
+  std::atomic<int> step{0};
+  std::atomic<bool> second_returned{false}, convolution_returned{false};
+  uint64_t second_syncs = 99;
+  std::thread worker([&] {
+    const DeviceGuard on_thread(dev);
+    product();
+    step = 1;
+    while (step.load() != 2) std::this_thread::sleep_for(1ms);
+    product();
+    second_syncs = syncs;
+    second_returned = true;
+    convolution();
+    convolution_returned = true;
+  });
+  while (step.load() != 1) std::this_thread::sleep_for(1ms);
+  std::atomic<bool> release{false};
+  std::promise<void> busy;
+  sim::launch_kernel(held.handle(), [&] {
+    busy.set_value();
+    while (!release) std::this_thread::sleep_for(1ms);
+  }, {});
+  busy.get_future().wait();
+  step = 2;
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  while (!second_returned && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  CHECK(second_returned.load());
+  CHECK(second_syncs == 0);
+  std::this_thread::sleep_for(300ms);
+  CHECK_FALSE(convolution_returned.load());
+  release = true;
+  worker.join();
+  CHECK(convolution_returned.load());
+  CHECK(syncs == 1);
+  synchronize(dev);
+  CHECK(conv_out.cpu().sum().item<double>() == 27.0 * 18.0);  // each of the 27 outputs sums 2 x 3 x 3 ones
 }
 
 TEST_CASE("sim: the runtime unloads at exit as CUDA's does; later calls raise DeviceUnloading") {
