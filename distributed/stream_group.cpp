@@ -128,36 +128,74 @@ StreamOrderedGroup::~StreamOrderedGroup() {
   }
   cv_.notify_all();
   watchdog_.join();
-  // Works still in flight finish when their collectives do; the communicators (and their stream
-  // tasks' state) outlive this, being shared. Polled up to the group's timeout, then the
-  // communicator is aborted, as the watchdog would: a Gloo collective ends at Gloo's own timeout,
-  // but an NCCL kernel waiting for a peer that is gone runs until its communicator is aborted, so
-  // a synchronize alone would never return (written for NCCL; not yet run on a GPU, docs/gpu.md).
-  for (InFlight& f : in_flight_) {
+  // [A destroyed group ends its works as the watchdog would] Works still in flight finish when
+  // their collectives do; the communicators (and their stream tasks' state) outlive this, being
+  // shared. Each is polled up to the group's timeout from its issue (the watchdog's clock), and an
+  // error its communicator reports (NCCL's async error) or its device raises ends the wait at once.
+  // The first failure aborts its communicator, as the watchdog does: a Gloo collective ends at
+  // Gloo's own timeout, but an NCCL kernel waiting for a peer that is gone runs until its
+  // communicator is aborted, so a synchronize alone would never return (written for NCCL; not yet
+  // run on a GPU, docs/gpu.md); and a later group of another device that waits for this one's turn
+  // to reach Gloo (gloo_communicator.cpp, [Collectives reach Gloo in the order they were issued])
+  // would hold its end event forever. Every later work then fails naming that failure, with its
+  // communicator aborted too, as the watchdog fails the rest of a failed group: none is reported
+  // a success over an aborted communicator. fault::Point::kGroupDestroyAborts removes the timeout
+  // and the error checks (a plain synchronize, as before 2026-12-05; stream_group_test).
+  std::optional<std::string> cause;
+  auto abort_quietly = [](InFlight& f, const std::string& why) {
     try {
-      std::string aborted;
-      while (!f.work->end_event().query()) {
+      f.communicator->abort(why);
+    } catch (...) {
+    }
+  };
+  auto finish_quietly = [](InFlight& f, std::exception_ptr error) {
+    try {
+      f.work->finish({}, std::move(error));
+    } catch (...) {
+    }
+  };
+  const bool checked = !fault::removed(fault::Point::kGroupDestroyAborts);
+  for (InFlight& f : in_flight_) {
+    if (cause) {
+      abort_quietly(f, *cause);
+      finish_quietly(f, std::make_exception_ptr(Error(fmt::format(
+                            "{} was aborted: an earlier collective of the group failed ({})", f.work->description(), *cause))));
+      continue;
+    }
+    std::string why;
+    try {
+      while (checked && !f.work->end_event().query()) {
+        if (std::optional<std::string> error = f.communicator->async_error()) {
+          why = *error;
+          break;
+        }
         if (std::chrono::steady_clock::now() - f.issued > timeout_) {
-          aborted = fmt::format("{} timed out after {} ms as the group was destroyed", f.work->description(),
-                                timeout_.count());
-          f.communicator->abort(aborted);
+          why = fmt::format("timed out after {} ms", timeout_.count());
           break;
         }
         std::this_thread::sleep_for(kWatchdogPoll);
       }
-      f.work->end_event().synchronize();
-      f.work->finish({}, aborted.empty() ? f.work->noted_error() : std::make_exception_ptr(Error(aborted)));
-    } catch (...) {
-      // Its device failed (the watchdog, stopped above, may not have seen it yet): abort the
-      // communicator, or a later group of another device that waits for this one's turn to reach
-      // Gloo (gloo_communicator.cpp, [Collectives reach Gloo in the order they were issued]) would
-      // hold its end event, and this loop, forever.
-      try {
-        f.communicator->abort(fmt::format("{} failed on the communication stream as the group was destroyed",
-                                          f.work->description()));
-      } catch (...) {
+      if (why.empty()) {
+        f.work->end_event().synchronize();
+        if (std::optional<std::string> noted = f.work->noted_message()) {
+          why = *noted;
+        } else {
+          finish_quietly(f, nullptr);
+          continue;
+        }
       }
+    } catch (const DeviceUnloading&) {
+      // The process is exiting and the runtime has unloaded: counted as finished, as the watchdog does.
+      finish_quietly(f, nullptr);
+      continue;
+    } catch (const std::exception& e) {
+      why = fmt::format("the device reported an error: {}", e.what());
+    } catch (...) {
+      why = "the device reported an error";
     }
+    cause = fmt::format("{} failed on the communication stream as the group was destroyed: {}", f.work->description(), why);
+    abort_quietly(f, *cause);
+    finish_quietly(f, std::make_exception_ptr(Error(*cause)));
   }
 }
 

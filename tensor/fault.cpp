@@ -43,6 +43,7 @@ const char* name(Point p) {
     case Point::kPinnedCopyWaits: return "pinned_copy_waits";
     case Point::kDdpBucketRecordStream: return "ddp_bucket_record_stream";
     case Point::kDdpBucketFillOrder: return "ddp_bucket_fill_order";
+    case Point::kGroupDestroyAborts: return "group_destroy_aborts";
     case Point::kSimLibraryHandle: return "sim_library_handle";
     case Point::kCount: break;
   }

@@ -41,6 +41,7 @@ enum class Point : int {
   kPinnedCopyWaits,         // a copy to a device from page-locked host memory waits for its stream before returning (to, copy_)
   kDdpBucketRecordStream,   // DDP record_streams its buckets on the streams that copied into and out of them (reducer)
   kDdpBucketFillOrder,      // a stream's first copy into DDP's buckets waits for their fill on the stream they were made on (reducer)
+  kGroupDestroyAborts,      // a destroyed stream-ordered group fails and aborts works past its timeout or with a communicator error (stream_group)
   kSimLibraryHandle,        // sim makes a thread's first product or cuDNN op on a device an allocation and a blocking copy, as cublasCreate/cudnnCreate (kernels/sim)
   kCount
 };

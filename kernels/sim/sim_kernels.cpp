@@ -84,7 +84,8 @@ CHORUS_KERNEL_LIST(CHORUS_SIM_NAME)
 }  // namespace names
 
 // [A library handle is made at a thread's first call] The CUDA kernel table calls cuBLAS for gemm
-// and bmm and may call cuDNN for convolutions, batch norm and max pooling, through a handle made at
+// and bmm and may call cuDNN for convolutions, batch norm and pooling (max, average, adaptive
+// average; kernels/cuda/cudnn_pool.cpp), through a handle made at
 // a host thread's first such call on a device and kept for the thread's life (handle_for in
 // kernels/cuda/blas.cpp and cudnn_common.h). Making one is not free of synchronization: cublasCreate
 // "allocates hardware resources on the host and device" (cuBLAS's documentation), and a profile of
@@ -120,7 +121,8 @@ constexpr std::optional<Library> library_of() {
   constexpr std::string_view n = Name;
   if (n == names::gemm || n == names::bmm) return Library::kCublas;
   if (n == names::conv2d || n == names::conv2d_backward || n == names::batch_norm || n == names::batch_norm_backward ||
-      n == names::max_pool2d || n == names::max_pool2d_backward) {
+      n == names::max_pool2d || n == names::max_pool2d_backward || n == names::avg_pool2d ||
+      n == names::avg_pool2d_backward || n == names::adaptive_avg_pool2d || n == names::adaptive_avg_pool2d_backward) {
     return Library::kCudnn;
   }
   return std::nullopt;

@@ -35,8 +35,9 @@
 //   ([Shared hardware queues], sim.cpp). One queue per device by default (the strictest);
 //   CHORUS_SIM_CONNECTIONS=k (1-32) gives k, taken in turn as streams are made, 0 one per stream.
 // - A math library's handle (kernels/sim/sim_kernels.cpp): a host thread's first product, and its
-//   first convolution, batch norm or max pool, on a device makes a kept device allocation and a
-//   blocking copy on the device's default stream, as cublasCreate does on CUDA.
+//   first convolution, batch norm or pooling, on a device makes a kept device allocation (an
+//   implicit synchronization, above) and a blocking copy on the device's default stream, as
+//   cublasCreate does on CUDA.
 // - Delay injection: CHORUS_SIM_DELAY_US=N (or set_delay_us) sleeps a random 0..N us before every
 //   task, so a missing synchronization shows up as a wrong result in tests.
 // - A copy from pageable host memory to the device waits for its stream's earlier work before it

@@ -1108,7 +1108,12 @@ class PartlyFailingCommunicator final : public Communicator {
 class PeerGoneCommunicator final : public Communicator {
  public:
   std::atomic<bool> released{false};
+  std::atomic<bool> report_error{false};  // async_error() reports the peer gone, as NCCL's may
   std::string name() const override { return "peer-gone"; }
+  std::optional<std::string> async_error() override {
+    if (report_error) return std::string("peer-gone: the remote peer closed its connection");
+    return std::nullopt;
+  }
   void allreduce(const TensorList& tensors, ReduceOp, const Stream& s, const std::shared_ptr<StreamWork>&) override {
     auto* p = static_cast<float*>(tensors[0].raw_data_ptr());
     sim::launch_kernel(s.handle(), [this, p] {
@@ -1204,12 +1209,20 @@ TEST_CASE("a coalesced group refused partway holds its tensors and orders the ca
   std::filesystem::remove(path);
 }
 
-// A group destroyed while a collective waits for a peer that has gone (NCCL's case: its kernel runs
-// until the communicator is aborted). The destructor stops the watchdog, so it must itself abort the
-// communicator once the work is past the group's timeout; the work ends failed, naming why. Without
-// the abort the destructor waits forever: the test releases the kernel after 60 s (only that hang
-// reaches it) and fails.
-TEST_CASE("a group destroyed with a collective whose peer has gone aborts the communicator at the group's timeout", "[distributed][sim]") {
+namespace {
+
+// One group on sim:0 with a PeerGoneCommunicator and the given timeout: an allreduce is issued, then
+// the group is destroyed on a thread of its own. `during` runs while the destructor may be waiting.
+// Without the destructor's own timeout the destroy never returns: the test releases the kernel after
+// `rescue` (only that hang reaches it) and says so.
+struct DestroyOutcome {
+  bool rescued = false;
+  double seconds = 0;  // from the allreduce's issue to the destructor's return
+  std::string aborted_with;
+  std::shared_ptr<Work> work;
+};
+DestroyOutcome destroy_with_allreduce_in_flight(std::chrono::milliseconds timeout, std::chrono::seconds rescue,
+                                                const std::function<void(PeerGoneCommunicator&)>& during) {
   const std::string path = store_path("chorus_stream_group_peer_gone");
   std::filesystem::remove(path);
   auto host = std::make_shared<ProcessGroupGloo>(std::make_shared<FileStore>(path), 0, 1, GlooOptions{});
@@ -1217,28 +1230,83 @@ TEST_CASE("a group destroyed with a collective whose peer has gone aborts the co
   const Device dev = Device::sim(0);
   Tensor t = ones({16}).to(dev);
   auto group = std::make_shared<StreamOrderedGroup>(host, StreamOrderedGroup::DeviceCommunicators{{DeviceType::Sim, comm}},
-                                                    std::chrono::milliseconds(1500), "cpu:gloo,sim:peer-gone");
-  std::shared_ptr<Work> work = group->allreduce({t});
+                                                    timeout, "cpu:gloo,sim:peer-gone");
+  DestroyOutcome out;
+  const auto start = std::chrono::steady_clock::now();
+  out.work = group->allreduce({t});
   std::atomic<bool> destroyed{false};
   std::thread destroyer([&destroyed, g = std::move(group)]() mutable {
     g.reset();
     destroyed = true;
   });
-  const auto start = std::chrono::steady_clock::now();
-  while (!destroyed && std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  const bool rescued = !destroyed;
-  if (rescued) comm->released = true;
+  during(*comm);
+  while (!destroyed && std::chrono::steady_clock::now() - start < rescue) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  out.rescued = !destroyed;
+  if (out.rescued) comm->released = true;
   destroyer.join();
-  CHECK_FALSE(rescued);
-  CHECK_THAT(comm->aborted_with(),
-             Catch::Contains("allreduce #1 on sim:0") && Catch::Contains("timed out after 1500 ms as the group was destroyed"));
-  REQUIRE(work->is_completed());
-  CHECK_FALSE(work->is_success());
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  out.aborted_with = comm->aborted_with();
   synchronize(dev);
   CHECK(t.cpu().sum().item<double>() == 15.0);  // the kernel ran once released: its one write landed
   std::filesystem::remove(path);
+  return out;
+}
+
+}  // namespace
+
+// [A destroyed group ends its works as the watchdog would] (distributed/stream_group.cpp): a group
+// destroyed while a collective waits for a peer that has gone (NCCL's case: its kernel runs until the
+// communicator is aborted). The destructor has stopped the watchdog, so it must itself abort the
+// communicator once the work is past the group's timeout (counted from the issue), or at once when
+// the communicator reports an error; the work ends failed, naming why. A work that ends within the
+// timeout is left alone. Removed (group_destroy_aborts), the destructor waits forever: the test
+// releases the kernel after 6 s.
+TEST_CASE("a group destroyed with a collective whose peer has gone aborts the communicator at the group's timeout", "[distributed][sim]") {
+  const auto nothing = [](PeerGoneCommunicator&) {};
+  {
+    INFO("the peer never comes: aborted at the group's 3 s timeout");
+    const DestroyOutcome o = destroy_with_allreduce_in_flight(std::chrono::milliseconds(3000), std::chrono::seconds(60), nothing);
+    CHECK_FALSE(o.rescued);
+    CHECK(o.seconds >= 3.0);
+    CHECK_THAT(o.aborted_with, Catch::Contains("allreduce #1 on sim:0") && Catch::Contains("as the group was destroyed") &&
+                                   Catch::Contains("timed out after 3000 ms"));
+    REQUIRE(o.work->is_completed());
+    CHECK_FALSE(o.work->is_success());
+  }
+  {
+    // Reported 500 ms into the destruction, whose first step stops the watchdog (had the watchdog
+    // still seen it, it would have aborted with the same error; the destructor's own message is
+    // checked in the timeout case above).
+    INFO("the communicator reports the peer gone: aborted long before the 60 s timeout, naming the communicator's error");
+    const DestroyOutcome o = destroy_with_allreduce_in_flight(std::chrono::milliseconds(60000), std::chrono::seconds(30),
+                                                              [](PeerGoneCommunicator& c) {
+                                                                std::this_thread::sleep_for(std::chrono::milliseconds(500));
+                                                                c.report_error = true;
+                                                              });
+    CHECK_FALSE(o.rescued);
+    CHECK_THAT(o.aborted_with, Catch::Contains("the remote peer closed its connection"));
+    REQUIRE(o.work->is_completed());
+    CHECK_FALSE(o.work->is_success());
+  }
+  {
+    INFO("the collective ends within the timeout: nothing aborted, the work a success");
+    const DestroyOutcome o = destroy_with_allreduce_in_flight(std::chrono::milliseconds(60000), std::chrono::seconds(30),
+                                                              [](PeerGoneCommunicator& c) {
+                                                                std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                                                                c.released = true;
+                                                              });
+    CHECK_FALSE(o.rescued);
+    CHECK(o.aborted_with.empty());
+    REQUIRE(o.work->is_completed());
+    CHECK(o.work->is_success());
+  }
+  {
+    INFO("removed: the destructor waits until the test releases the kernel");
+    fault::RemovedScope plain(fault::Point::kGroupDestroyAborts);
+    const DestroyOutcome o = destroy_with_allreduce_in_flight(std::chrono::milliseconds(1000), std::chrono::seconds(6), nothing);
+    CHECK(o.rescued);
+    CHECK(o.aborted_with.empty());
+  }
 }
 
 }  // namespace chorus::distributed

@@ -1273,11 +1273,11 @@ TEST_CASE("sim: unload child", "[.sim_unload_child]") {
 
 // [A library handle is made at a thread's first call] (kernels/sim/sim_kernels.cpp): a host
 // thread's first product on a device (cuBLAS's handle on CUDA) does not return while the device's
-// default stream is held, though the product itself goes to a side stream; nor does its first
-// convolution (cuDNN's handle), after products. The blocking is counted as one host
+// default stream is held, though the product itself goes to a side stream; nor does a new thread's
+// first average pool, nor a thread's first convolution (cuDNN's handle) after products. The blocking is counted as one host
 // synchronization. A later product on the same thread, or one on a thread that already made its
-// handle, returns during the hold. Removed (sim_library_handle), a new thread's first product and
-// first convolution return at once.
+// handle, returns during the hold. Removed (sim_library_handle), a new thread's first product,
+// convolution and average pool return at once.
 TEST_CASE("sim: a thread's first product or convolution on a device waits for the default stream, as making a cuBLAS or cuDNN handle") {
   const Device dev = Device::sim(1);
   const DeviceGuard current(dev);
@@ -1312,14 +1312,25 @@ TEST_CASE("sim: a thread's first product or convolution on a device waits for th
     syncs = host_sync_count() - before;
     conv_out = out;
   };
+  auto average_pool = [&] {  // a classifier head's global average pool: cuDNN on CUDA too
+    const StreamGuard on_side(side);
+    Tensor out = empty({1, 2, 1, 1}, {.device = dev});
+    const uint64_t before = host_sync_count();
+    kernels::kernel_table(dev, "adaptive_avg_pool2d").adaptive_avg_pool2d(out, x, 5, 5, 1, 1);
+    syncs = host_sync_count() - before;
+  };
   CHECK_FALSE(returned_while_held(held, product, 300ms));
   CHECK(syncs == 1);
   CHECK_FALSE(returned_while_held(held, [&] { product(); }, 300ms));  // a new thread again
+  CHECK_FALSE(returned_while_held(held, average_pool, 300ms));
+  CHECK(syncs == 1);
   {
     fault::RemovedScope at_once(fault::Point::kSimLibraryHandle);
     CHECK(returned_while_held(held, product, 20s));
     CHECK(syncs == 0);
     CHECK(returned_while_held(held, convolution, 20s));
+    CHECK(syncs == 0);
+    CHECK(returned_while_held(held, average_pool, 20s));
     CHECK(syncs == 0);
   }
   // One thread: its first product (the stream idle) makes the handle; a second, during the hold,
