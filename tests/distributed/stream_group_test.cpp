@@ -1067,10 +1067,28 @@ TEST_CASE("a stream work reports its span on the communication stream from event
 namespace chorus::distributed {
 namespace {
 
+// The test communicators below implement allreduce only; any other collective is an error naming them.
+class AllreduceOnlyCommunicator : public Communicator {
+ public:
+  void broadcast(const TensorList&, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
+  void allgather(const TensorList&, const Tensor&, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
+  void reduce_scatter(const Tensor&, const TensorList&, ReduceOp, const Stream&, const std::shared_ptr<StreamWork>&) override {
+    unused();
+  }
+  void all_to_all(const TensorList&, const TensorList&, const Stream&, const std::shared_ptr<StreamWork>&) override {
+    unused();
+  }
+  void send(const Tensor&, int, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
+  void recv(const Tensor&, int, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
+
+ private:
+  [[noreturn]] void unused() const { fail("{}: only allreduce is used", name()); }
+};
+
 // A communicator whose first allreduce of a group queues a kernel on the communication stream that
 // is held until the test opens `gate` and then writes 7 into its tensor, and whose second throws, as
 // a NCCL op refused after an earlier op of its group was queued (its ncclGroupEnd launches that one).
-class PartlyFailingCommunicator final : public Communicator {
+class PartlyFailingCommunicator final : public AllreduceOnlyCommunicator {
  public:
   std::atomic<int> gate{0};
   std::string name() const override { return "partly-failing"; }
@@ -1083,29 +1101,18 @@ class PartlyFailingCommunicator final : public Communicator {
       std::fill(p, p + n, 7.0f);
     }, {p});
   }
-  void broadcast(const TensorList&, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
-  void allgather(const TensorList&, const Tensor&, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
-  void reduce_scatter(const Tensor&, const TensorList&, ReduceOp, const Stream&, const std::shared_ptr<StreamWork>&) override {
-    unused();
-  }
-  void all_to_all(const TensorList&, const TensorList&, const Stream&, const std::shared_ptr<StreamWork>&) override {
-    unused();
-  }
-  void send(const Tensor&, int, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
-  void recv(const Tensor&, int, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
   void group_start() override { calls_ = 0; }
   void group_end() override {}
   void abort(const std::string&) override {}
 
  private:
-  [[noreturn]] static void unused() { fail("partly-failing: only allreduce is used"); }
   int calls_ = 0;
 };
 
 // A communicator whose allreduce queues a kernel that waits for a peer that never comes, as an NCCL
 // kernel does once its peer has gone: it ends only when the communicator is aborted (or the test
 // releases it).
-class PeerGoneCommunicator final : public Communicator {
+class PeerGoneCommunicator final : public AllreduceOnlyCommunicator {
  public:
   std::atomic<bool> released{false};
   std::atomic<bool> report_error{false};  // async_error() reports the peer gone, as NCCL's may
@@ -1121,16 +1128,6 @@ class PeerGoneCommunicator final : public Communicator {
       *p = 0.0f;
     }, {p});
   }
-  void broadcast(const TensorList&, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
-  void allgather(const TensorList&, const Tensor&, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
-  void reduce_scatter(const Tensor&, const TensorList&, ReduceOp, const Stream&, const std::shared_ptr<StreamWork>&) override {
-    unused();
-  }
-  void all_to_all(const TensorList&, const TensorList&, const Stream&, const std::shared_ptr<StreamWork>&) override {
-    unused();
-  }
-  void send(const Tensor&, int, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
-  void recv(const Tensor&, int, int, const Stream&, const std::shared_ptr<StreamWork>&) override { unused(); }
   void group_start() override {}
   void group_end() override {}
   void abort(const std::string& why) override {
@@ -1146,7 +1143,6 @@ class PeerGoneCommunicator final : public Communicator {
   }
 
  private:
-  [[noreturn]] static void unused() { fail("peer-gone: only allreduce is used"); }
   mutable std::mutex mutex_;
   std::string aborted_with_;
 };
